@@ -1,0 +1,1 @@
+"""tokenmill operator: reconciles DatasetGeneration resources (kopf)."""

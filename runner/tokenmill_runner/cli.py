@@ -1,0 +1,139 @@
+"""`tokenmill` command line: run, sim-server (and, as they land, report, inspect, plan)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from contextlib import ExitStack
+
+from .config import API_KEY_ENV, RunnerConfig
+from .spec import DatasetGeneration, SpecError, load_spec_file
+
+logger = logging.getLogger("tokenmill")
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def _setup_logging(verbose: int) -> None:
+    level = logging.DEBUG if verbose > 1 else logging.INFO
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if verbose < 2:
+        for noisy in ("httpx", "httpcore", "botocore", "boto3", "urllib3", "aiohttp.access"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _add_run_parser(commands: argparse._SubParsersAction) -> None:
+    run = commands.add_parser("run", help="run a DatasetGeneration on this machine (no cluster)")
+    run.add_argument("spec", help="DatasetGeneration YAML file")
+    run.add_argument("--server", action="append", default=[], metavar="URL",
+                     help="SGLang base URL (repeat for several); default: start the built-in simulator")
+    run.add_argument("--out", metavar="URI", help="output folder or s3:// prefix (default: spec.output.uri)")
+    run.add_argument("--s3-endpoint", metavar="URL", help="S3 endpoint for s3:// sources, tokenizer and output")
+    run.add_argument("--name", help="name used in logs (default: metadata.name)")
+    run.add_argument("--worker-index", type=int, default=int(os.environ.get("JOB_COMPLETION_INDEX", "0")),
+                     help="this worker's index (default: $JOB_COMPLETION_INDEX or 0)")
+    run.add_argument("--workers", type=int, default=None, help="number of workers (default: spec.runner.parallelism)")
+    run.add_argument("--server-wait", type=float, default=1800.0, metavar="SECONDS",
+                     help="how long to wait for the servers' /health")
+    run.add_argument("--sim-time-scale", type=float, default=50.0,
+                     help="built-in simulator only: simulated seconds per real second")
+    run.add_argument("--sim-max-running-requests", type=int, default=256,
+                     help="built-in simulator only: continuous-batching slots")
+    run.add_argument("--sim-seed", type=int, default=0, help="built-in simulator only: output seed")
+    run.set_defaults(handler=_cmd_run)
+
+
+def _add_sim_parser(commands: argparse._SubParsersAction) -> None:
+    from .simulator import add_arguments
+
+    sim = commands.add_parser("sim-server", help="the SGLang-compatible simulator (/generate, /health, /metrics…)")
+    add_arguments(sim)
+    sim.set_defaults(handler=_cmd_sim_server)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tokenmill", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="count", default=1, help="more logging (-vv for debug)")
+    parser.add_argument("-q", "--quiet", action="store_const", const=0, dest="verbose", help="warnings only")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_run_parser(commands)
+    _add_sim_parser(commands)
+    return parser
+
+
+def runner_config(resource: DatasetGeneration, args: argparse.Namespace, servers: list[str]) -> RunnerConfig:
+    spec = resource.spec
+    if args.s3_endpoint:
+        spec = spec.model_copy(update={"output": spec.output.model_copy(update={"endpoint": args.s3_endpoint})})
+    return RunnerConfig(
+        spec=spec, name=args.name or resource.metadata.name, servers=servers,
+        output_uri=args.out or spec.output.uri, worker_index=args.worker_index,
+        worker_count=args.workers or spec.runner.parallelism, server_wait_s=args.server_wait,
+    )
+
+
+def _start_simulator(resource: DatasetGeneration, args: argparse.Namespace, stack: ExitStack) -> str:
+    from .pretokenize import local_model_folder
+    from .simulator import SimConfig, SimServer
+
+    model = resource.spec.model
+    folder = local_model_folder(model.tokenizer or model.path, args.s3_endpoint or resource.spec.output.endpoint)
+    config = SimConfig(model_path=folder, seed=args.sim_seed, time_scale=args.sim_time_scale,
+                       max_running_requests=args.sim_max_running_requests)
+    server = stack.enter_context(SimServer(config))
+    logger.info("no --server given: started the built-in SGLang simulator at %s (time scale %gx)",
+                server.url, args.sim_time_scale)
+    return server.url
+
+
+async def _run_async(config: RunnerConfig) -> int:
+    from .pipeline import iter_summary_lines, prepare
+
+    runner = await prepare(config, os.environ.get(API_KEY_ENV))
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, runner.request_stop)
+    summary = await runner.run()
+    for line in iter_summary_lines(summary):
+        print(line)
+    return EXIT_INTERRUPTED if summary.interrupted else EXIT_OK
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    resource = load_spec_file(args.spec)
+    with ExitStack() as stack:
+        servers = args.server or [_start_simulator(resource, args, stack)]
+        config = runner_config(resource, args, servers)
+        return asyncio.run(_run_async(config))
+
+
+def _cmd_sim_server(args: argparse.Namespace) -> int:
+    from .simulator import config_from_args, serve
+
+    serve(config_from_args(args), args.host, args.port)
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _setup_logging(args.verbose)
+    try:
+        return args.handler(args)
+    except SpecError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except Exception as error:  # the CLI's last line of defence: one clear line, details at debug level
+        logger.debug("failure", exc_info=True)
+        print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

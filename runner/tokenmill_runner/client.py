@@ -1,0 +1,213 @@
+"""SGLang's native /generate over async httpx: ids in, ids out, retried where a retry can help.
+
+Several server URLs are used at once; each request goes to the server with the fewest requests outstanding from
+this client (ties rotate), which keeps replicas evenly loaded even when outputs vary 100x in length.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+
+logger = logging.getLogger(__name__)
+
+RETRYABLE_STATUS = {429, 500, 502, 503, 504}
+FATAL_STATUS = {401, 403, 404}
+
+
+@dataclass(frozen=True)
+class Generation:
+    output_ids: list[int]
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str  # stop | length
+    matched_stop: int | None
+    latency_s: float
+    attempts: int
+    server: str
+
+
+@dataclass(frozen=True)
+class GenerationFailure:
+    reason: str  # retries_exhausted | server_rejected | output_mismatch
+    message: str
+    attempts: int
+
+
+class ServerFatalError(RuntimeError):
+    """A server answer that no retry or other sample can fix (wrong API key, wrong URL): stop the run."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_attempts: int = 6
+    base_delay_s: float = 0.5
+    max_delay_s: float = 30.0
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        # Full jitter: spreads retries of many requests that failed together (a server restart) over time.
+        return rng.uniform(0, min(self.max_delay_s, self.base_delay_s * 2 ** (attempt - 1)))
+
+
+class _Retry(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def parse_generation(body: Any, server: str, attempts: int) -> Generation | GenerationFailure:
+    """Check one /generate answer; raise _Retry for an abort, return a failure for a malformed answer."""
+    if not isinstance(body, dict) or "meta_info" not in body:
+        return GenerationFailure("bad_response", f"{server}: /generate answered without meta_info", attempts)
+    meta = body["meta_info"]
+    finish = meta.get("finish_reason") or {}
+    kind = finish.get("type")
+    if kind == "abort":
+        raise _Retry(f"{server}: request aborted: {finish.get('message', 'no message')}")
+    output_ids = body.get("output_ids")
+    if output_ids is None:
+        return GenerationFailure(
+            "bad_response",
+            f"{server}: /generate returned no output_ids; SGLang <= v0.4.10 needs --skip-tokenizer-init, "
+            "newer versions return them by default",
+            attempts,
+        )
+    completion = int(meta.get("completion_tokens", -1))
+    if len(output_ids) != completion:
+        return GenerationFailure(
+            "output_mismatch",
+            f"{server}: len(output_ids)={len(output_ids)} but completion_tokens={completion}; SGLang "
+            "v0.5.0-v0.5.4.post2 prepends prompt tokens to output_ids: use v0.5.5 or newer",
+            attempts,
+        )
+    matched = finish.get("matched")
+    return Generation(
+        output_ids=output_ids,
+        prompt_tokens=int(meta.get("prompt_tokens", 0)),
+        completion_tokens=completion,
+        finish_reason=str(kind),
+        matched_stop=matched if isinstance(matched, int) else None,
+        latency_s=float(meta.get("e2e_latency", 0.0)),
+        attempts=attempts,
+        server=server,
+    )
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        body = orjson.loads(response.content)
+        if isinstance(body, dict):
+            error = body.get("error")
+            if isinstance(error, dict) and error.get("message"):
+                return str(error["message"])
+            if body.get("message"):
+                return str(body["message"])
+    except orjson.JSONDecodeError:
+        pass
+    return response.text[:300] or response.reason_phrase
+
+
+class GenerateClient:
+    def __init__(self, servers: Sequence[str], *, api_key: str | None = None, concurrency: int = 64,
+                 retry: RetryPolicy | None = None, timeout_s: float = 3600.0, seed: int | None = None) -> None:
+        if not servers:
+            raise ValueError("at least one server URL is needed")
+        self.servers = [url.rstrip("/") for url in servers]
+        self.outstanding = {url: 0 for url in self.servers}
+        self.retry = retry or RetryPolicy()
+        self.retries = 0  # attempts beyond the first, over the whole run
+        self._rng = random.Random(seed)
+        self._turn = 0
+        headers = {"Content-Type": "application/json"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        self._http = httpx.AsyncClient(
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s, connect=30.0),
+            limits=httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8),
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    def pick_server(self) -> str:
+        least = min(self.outstanding.values())
+        candidates = [url for url in self.servers if self.outstanding[url] == least]
+        self._turn += 1
+        return candidates[self._turn % len(candidates)]
+
+    async def generate(self, input_ids: list[int], sampling_params: dict[str, Any]) -> Generation | GenerationFailure:
+        body = orjson.dumps({"input_ids": input_ids, "sampling_params": sampling_params})
+        last_error = "no attempt made"
+        for attempt in range(1, self.retry.max_attempts + 1):
+            if attempt > 1:
+                self.retries += 1
+                await asyncio.sleep(self.retry.delay(attempt - 1, self._rng))
+            server = self.pick_server()
+            self.outstanding[server] += 1
+            try:
+                return await self._attempt(server, body, attempt)
+            except _Retry as retry:
+                last_error = retry.message
+                logger.debug("attempt %d failed: %s", attempt, last_error)
+            finally:
+                self.outstanding[server] -= 1
+        return GenerationFailure(
+            "retries_exhausted", f"gave up after {self.retry.max_attempts} attempts; last error: {last_error}",
+            self.retry.max_attempts,
+        )
+
+    async def _attempt(self, server: str, body: bytes, attempt: int) -> Generation | GenerationFailure:
+        try:
+            response = await self._http.post(f"{server}/generate", content=body)
+        except httpx.TransportError as error:
+            raise _Retry(f"{server}: {type(error).__name__}: {error or 'connection failed'}") from None
+        if response.status_code == 200:
+            try:
+                payload = orjson.loads(response.content)
+            except orjson.JSONDecodeError:
+                raise _Retry(f"{server}: /generate answered 200 with a body that is not JSON") from None
+            return parse_generation(payload, server, attempt)
+        message = _error_message(response)
+        if response.status_code in RETRYABLE_STATUS:
+            raise _Retry(f"{server}: HTTP {response.status_code}: {message}")
+        if response.status_code in FATAL_STATUS:
+            hint = " (check the server API key)" if response.status_code in (401, 403) else ""
+            raise ServerFatalError(f"{server}/generate: HTTP {response.status_code}: {message}{hint}")
+        return GenerationFailure("server_rejected", f"{server}: HTTP {response.status_code}: {message}", attempt)
+
+
+async def get_json(url: str, path: str, api_key: str | None = None, timeout_s: float = 10.0) -> Any:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with httpx.AsyncClient(timeout=timeout_s, headers=headers) as http:
+        response = await http.get(f"{url.rstrip('/')}{path}")
+        response.raise_for_status()
+        return response.json()
+
+
+async def wait_until_healthy(url: str, timeout_s: float, api_key: str | None = None,
+                             poll_s: float = 2.0) -> None:
+    """Poll /health until it answers 200 (SGLang answers 503 until its warm-up generation is done)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    last = "no answer yet"
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with httpx.AsyncClient(timeout=30.0, headers=headers) as http:
+        while loop.time() < deadline:
+            try:
+                response = await http.get(f"{url.rstrip('/')}/health")
+                if response.status_code == 200:
+                    return
+                last = f"HTTP {response.status_code}"
+            except httpx.TransportError as error:
+                last = f"{type(error).__name__}"
+            logger.info("waiting for %s to become healthy (%s)", url, last)
+            await asyncio.sleep(poll_s)
+    raise TimeoutError(f"{url} did not become healthy within {timeout_s:.0f}s (last: {last})")

@@ -1,0 +1,30 @@
+"""The runner's configuration: the spec plus what this process is (servers, worker index, output)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .spec import DatasetGenerationSpec
+
+API_KEY_ENV = "TOKENMILL_API_KEY"
+
+
+class RunnerConfig(BaseModel):
+    """Everything one runner process needs. Secrets (the server API key) come from the environment only."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    spec: DatasetGenerationSpec
+    name: str = Field("local", description="DatasetGeneration name, for logs and metrics labels.")
+    servers: list[str] = Field(min_length=1, description="SGLang base URLs.")
+    output_uri: str
+    worker_index: int = Field(0, ge=0)
+    worker_count: int = Field(1, ge=1)
+    server_wait_s: float = Field(1800.0, gt=0, description="How long to wait for the servers to become healthy.")
+    progress_log_s: float = Field(10.0, gt=0, description="Progress log interval when stderr is not a terminal.")
+
+    @model_validator(mode="after")
+    def _index_in_range(self) -> RunnerConfig:
+        if self.worker_index >= self.worker_count:
+            raise ValueError(f"worker index {self.worker_index} must be below the worker count {self.worker_count}")
+        return self

@@ -1,0 +1,433 @@
+"""The main job: stream prompts → pre-tokenize → /generate → shards, as one continuous stream.
+
+One producer reads and tokenizes prompts of every dataset in turn (the datasets expected to run longest first)
+into a bounded queue; `concurrency` workers keep that many requests in flight across all servers, so the server's
+batch stays full across dataset and shard boundaries until the very end. Results go to per-dataset shard buffers
+that commit by count or age. Whatever is interrupted, only committed samples count, and a restart skips them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import statistics
+import time
+from array import array
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from itertools import islice
+from typing import Any
+
+import orjson
+
+from .client import Generation, GenerateClient, RetryPolicy, get_json, wait_until_healthy
+from .config import RunnerConfig
+from .pretokenize import PromptEncoder, TokenizerInfo, describe_tokenizer, load_tokenizer, local_model_folder
+from .progress import ProgressDisplay, Snapshot, ThroughputMeter
+from .prompts import Prompt, RowError, belongs_to_worker, count_rows, id_hash, read_prompts, source_format
+from .rows import build_row, failure_record, too_long_record
+from .shards import (
+    CommittedIndex,
+    ShardBuffer,
+    ShardContent,
+    clean_leftovers,
+    commit_shard,
+    committed_index,
+    new_run_token,
+    new_shard_id,
+    read_markers,
+)
+from .spec import DatasetSpec, SamplingSpec
+from .storage import Storage, open_storage
+
+logger = logging.getLogger(__name__)
+
+READ_BATCH = 256
+TOKENIZE_BATCH = 64
+COMMIT_ATTEMPTS = 5
+MAX_PARALLEL_COMMITS = 4
+RUN_METADATA = "run.json"
+
+
+@dataclass
+class DatasetState:
+    spec: DatasetSpec
+    index: int  # position in spec.datasets, for error messages that name the field
+    sampling: SamplingSpec
+    committed: CommittedIndex
+    buffer: ShardBuffer
+    rows: int  # rows of the source this worker is expected to handle
+    skipped: int = 0
+    generated: int = 0
+    completion_tokens: int = 0
+    truncated: int = 0
+    failed: Counter[str] = field(default_factory=Counter)
+    lengths: array = field(default_factory=lambda: array("i"))
+    seen: set[int] = field(default_factory=set)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def done(self) -> int:
+        return self.skipped + self.generated + sum(self.failed.values())
+
+
+@dataclass(frozen=True)
+class DatasetSummary:
+    name: str
+    rows: int
+    skipped: int
+    generated: int
+    failed: dict[str, int]
+    completion_tokens: int
+    truncated: int
+    median_completion: float | None
+    mean_completion: float | None
+    max_completion: int | None
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    output_uri: str
+    datasets: list[DatasetSummary]
+    elapsed_s: float
+    retries: int
+    interrupted: bool
+    concurrency: int
+    context_length: int
+
+
+def summarize(state: DatasetState) -> DatasetSummary:
+    lengths = state.lengths
+    return DatasetSummary(
+        name=state.name, rows=state.rows, skipped=state.skipped, generated=state.generated,
+        failed=dict(state.failed), completion_tokens=state.completion_tokens, truncated=state.truncated,
+        median_completion=statistics.median(lengths) if lengths else None,
+        mean_completion=statistics.fmean(lengths) if lengths else None,
+        max_completion=max(lengths) if lengths else None,
+    )
+
+
+class Runner:
+    """Runs the stream for prepared datasets; setup (tokenizer, servers, ledger) happens in `prepare`."""
+
+    def __init__(self, config: RunnerConfig, storage: Storage, encoder: PromptEncoder, info: TokenizerInfo,
+                 client: GenerateClient, states: list[DatasetState], context_length: int, concurrency: int,
+                 display: ProgressDisplay | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.storage = storage
+        self.encoder = encoder
+        self.info = info
+        self.client = client
+        self.states = states
+        self.context_length = context_length
+        self.concurrency = concurrency
+        self.display = display or ProgressDisplay(log_every_s=config.progress_log_s)
+        self.clock = clock
+        self.meter = ThroughputMeter()
+        self.in_flight = 0
+        self._run_token = new_run_token()
+        self._sequence = 0
+        self._commits: set[asyncio.Task[None]] = set()
+        self._commit_slots = asyncio.Semaphore(MAX_PARALLEL_COMMITS)
+        self._stop = asyncio.Event()
+        self._fatal: BaseException | None = None
+        self._started = clock()
+
+    # -- control -------------------------------------------------------------------------------------------
+    def request_stop(self) -> None:
+        """Graceful stop (SIGTERM): commit what is finished, drop what is in flight (regenerated on resume)."""
+        logger.warning("stop requested: committing finished samples; in-flight requests will be redone on resume")
+        self._stop.set()
+
+    def _fail(self, error: BaseException) -> None:
+        if self._fatal is None:
+            self._fatal = error
+        self._stop.set()
+
+    async def run(self) -> RunSummary:
+        queue: asyncio.Queue[tuple[DatasetState, Prompt, list[int]]] = asyncio.Queue(maxsize=self.concurrency)
+        producer = asyncio.create_task(self._guard(self._produce(queue)))
+        workers = [asyncio.create_task(self._guard(self._work(queue))) for _ in range(self.concurrency)]
+        ticker = asyncio.create_task(self._tick())
+        drained = asyncio.create_task(self._drain(producer, queue))
+        stopped = asyncio.create_task(self._stop.wait())
+        await asyncio.wait({drained, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        tasks = [producer, drained, stopped, ticker, *workers]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._flush_all()
+        await self.client.aclose()
+        self.display.close(self.snapshot())
+        if self._fatal is not None:
+            raise self._fatal
+        return RunSummary(
+            output_uri=self.storage.root_uri, datasets=[summarize(s) for s in self.states],
+            elapsed_s=self.clock() - self._started, retries=self.client.retries,
+            interrupted=self._stop.is_set(), concurrency=self.concurrency, context_length=self.context_length,
+        )
+
+    async def _guard(self, coroutine: Any) -> None:
+        try:
+            await coroutine
+        except asyncio.CancelledError:
+            raise
+        except BaseException as error:  # noqa: BLE001 - a failed producer or worker must stop the run, loudly
+            self._fail(error)
+
+    async def _drain(self, producer: asyncio.Task[None], queue: asyncio.Queue[Any]) -> None:
+        await producer
+        await queue.join()
+
+    # -- producing -----------------------------------------------------------------------------------------
+    async def _produce(self, queue: asyncio.Queue[tuple[DatasetState, Prompt, list[int]]]) -> None:
+        for state in self.states:
+            spec = state.spec
+            fmt = source_format(spec.source, spec.format)
+            rows = read_prompts(spec.source, fmt, self.config.spec.output.endpoint, spec.limit)
+            while chunk := await asyncio.to_thread(lambda: list(islice(rows, READ_BATCH))):
+                prompts = self._admit(state, chunk)
+                for start in range(0, len(prompts), TOKENIZE_BATCH):
+                    batch = prompts[start:start + TOKENIZE_BATCH]
+                    encoded = await asyncio.to_thread(self.encoder.encode_batch, batch)
+                    for prompt, ids in zip(batch, encoded, strict=True):
+                        if ids := self._checked(state, prompt, ids):
+                            await queue.put((state, prompt, ids))
+
+    def _admit(self, state: DatasetState, chunk: list[Prompt | RowError]) -> list[Prompt]:
+        """Drop other workers' rows and committed ones; record bad rows; return the prompts to generate."""
+        prompts: list[Prompt] = []
+        now = self.clock()
+        for item in chunk:
+            if not belongs_to_worker(item, self.config.worker_index, self.config.worker_count):
+                continue
+            if state.committed.is_done(item.line, item.sample_id):
+                state.skipped += 1
+                continue
+            if isinstance(item, RowError):
+                self._record_error(state, item.as_record(state.name), now)
+                continue
+            key = id_hash(item.sample_id)
+            if key in state.seen:
+                error = RowError(item.line, item.sample_id, "duplicate_sample_id",
+                                 f"line {item.line}: sample_id {item.sample_id!r} appeared on an earlier line; "
+                                 "only the first is generated")
+                self._record_error(state, error.as_record(state.name), now)
+                continue
+            state.seen.add(key)
+            prompts.append(item)
+        return prompts
+
+    def _checked(self, state: DatasetState, prompt: Prompt, ids: list[int] | RowError) -> list[int] | None:
+        if isinstance(ids, RowError):
+            self._record_error(state, ids.as_record(state.name), self.clock())
+            return None
+        max_new = state.sampling.max_new_tokens or 0
+        if len(ids) + max_new > self.context_length:
+            record = too_long_record(state.name, prompt, len(ids), max_new, self.context_length, state.index)
+            self._record_error(state, record, self.clock())
+            return None
+        return ids
+
+    # -- generating ----------------------------------------------------------------------------------------
+    async def _work(self, queue: asyncio.Queue[tuple[DatasetState, Prompt, list[int]]]) -> None:
+        while True:
+            state, prompt, ids = await queue.get()
+            self.in_flight += 1
+            try:
+                result = await self.client.generate(ids, state.sampling.to_sglang())
+            finally:
+                self.in_flight -= 1
+            now = self.clock()
+            if isinstance(result, Generation):
+                self._record_row(state, prompt, ids, result, now)
+            else:
+                self._record_error(state, failure_record(state.name, prompt, result), now)
+            queue.task_done()
+
+    def _record_row(self, state: DatasetState, prompt: Prompt, ids: list[int], result: Generation,
+                    now: float) -> None:
+        max_new = state.sampling.max_new_tokens or 0
+        state.buffer.add_row(build_row(state.name, prompt, ids, result, max_new, self.info), now)
+        state.generated += 1
+        state.completion_tokens += result.completion_tokens
+        state.truncated += result.finish_reason == "length"
+        state.lengths.append(result.completion_tokens)
+        self.meter.record(now, 1, result.completion_tokens)
+        if state.buffer.is_due(now):
+            self._commit(state)
+
+    def _record_error(self, state: DatasetState, record: dict[str, Any], now: float) -> None:
+        logger.warning("%s: %s", state.name, record["message"])
+        state.buffer.add_error(record, now)
+        state.failed[record["reason"]] += 1
+        self.meter.record(now, 1, 0)
+        if state.buffer.is_due(now):
+            self._commit(state)
+
+    # -- committing ----------------------------------------------------------------------------------------
+    def _commit(self, state: DatasetState) -> None:
+        content = state.buffer.take()
+        self._sequence += 1
+        shard_id = new_shard_id(self.config.worker_index, self._sequence, self._run_token)
+        task = asyncio.create_task(self._write(state.name, shard_id, content))
+        self._commits.add(task)
+        task.add_done_callback(self._commits.discard)
+
+    async def _write(self, dataset: str, shard_id: str, content: ShardContent) -> None:
+        async with self._commit_slots:
+            for attempt in range(1, COMMIT_ATTEMPTS + 1):
+                try:
+                    await asyncio.to_thread(
+                        commit_shard, self.storage, dataset, shard_id, self.config.worker_index, content
+                    )
+                    logger.debug("committed %s/%s: %d rows, %d errors", dataset, shard_id,
+                                 len(content.rows), len(content.errors))
+                    return
+                except Exception as error:  # storage errors of every kind; retried, then fatal
+                    if attempt == COMMIT_ATTEMPTS:
+                        self._fail(RuntimeError(f"cannot commit shard {dataset}/{shard_id}: {error}"))
+                        return
+                    logger.warning("commit of %s/%s failed (%s); retrying", dataset, shard_id, error)
+                    await asyncio.sleep(2 ** attempt)
+
+    async def _flush_all(self) -> None:
+        for state in self.states:
+            if len(state.buffer):
+                self._commit(state)
+        while self._commits:
+            await asyncio.gather(*list(self._commits), return_exceptions=True)
+
+    async def _tick(self, every_s: float = 0.5) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            now = self.clock()
+            for state in self.states:
+                if state.buffer.is_due(now):
+                    self._commit(state)
+            self.display.show(self.snapshot(), now)
+
+    def snapshot(self) -> Snapshot:
+        now = self.clock()
+        samples_per_s, tokens_per_s = self.meter.rates(now, self._started)
+        return Snapshot(
+            done=sum(s.done for s in self.states), total=sum(s.rows for s in self.states),
+            failed=sum(sum(s.failed.values()) for s in self.states), samples_per_s=samples_per_s,
+            tokens_per_s=tokens_per_s, in_flight=self.in_flight, elapsed_s=now - self._started,
+        )
+
+
+# -- setup -------------------------------------------------------------------------------------------------
+def resolve_context_length(config: RunnerConfig, server_info: dict[str, Any], info: TokenizerInfo) -> int:
+    """The spec wins, then what the server reports, then the model's config.json."""
+    configured = config.spec.server.context_length
+    for value in (configured, server_info.get("context_length"), info.model_context_length):
+        if isinstance(value, int) and value > 0:
+            return value
+    raise ValueError(
+        "cannot tell the context length: set spec.server.contextLength (the server did not report one and the "
+        "model's config.json has no max_position_embeddings)"
+    )
+
+
+def resolve_concurrency(config: RunnerConfig, server_infos: list[dict[str, Any]]) -> int:
+    """auto: twice the servers' running slots, so SGLang always has a queue to refill its batch from."""
+    configured = config.spec.runner.concurrency
+    if isinstance(configured, int):
+        return configured
+    slots = 0
+    for info in server_infos:
+        states = info.get("internal_states") or [{}]
+        slots += int(info.get("max_running_requests") or states[0].get("effective_max_running_requests_per_dp")
+                     or 256)
+    return max(32, min(4096, 2 * slots))
+
+
+def _worker_rows(total: int, config: RunnerConfig) -> int:
+    return total if config.worker_count == 1 else -(-total // config.worker_count)
+
+
+def prepare_states(config: RunnerConfig, storage: Storage) -> tuple[list[DatasetState], dict[str, int]]:
+    """Read the ledger and count the sources before any request is sent (a missing file fails here, cheaply)."""
+    spec = config.spec
+    states, totals = [], {}
+    for index, dataset in enumerate(spec.datasets):
+        fmt = source_format(dataset.source, dataset.format)
+        totals[dataset.name] = count_rows(dataset.source, fmt, spec.output.endpoint, dataset.limit)
+        removed = clean_leftovers(storage, dataset.name, config.worker_index)
+        if removed:
+            logger.info("%s: removed %d uncommitted leftover files of worker %d", dataset.name, removed,
+                        config.worker_index)
+        committed = committed_index(read_markers(storage, dataset.name))
+        states.append(DatasetState(
+            spec=dataset, index=index, sampling=spec.sampling_for(dataset), committed=committed,
+            buffer=ShardBuffer(spec.runner.shard_max_samples, spec.runner.shard_max_seconds),
+            rows=_worker_rows(totals[dataset.name], config),
+        ))
+    # Longest expected outputs first, so the run does not end on one long request with an idle GPU.
+    states.sort(key=lambda state: -(state.sampling.max_new_tokens or 0))
+    return states, totals
+
+
+def run_metadata(config: RunnerConfig, info: TokenizerInfo, context_length: int,
+                 totals: dict[str, int]) -> bytes:
+    from . import __version__
+
+    return orjson.dumps({
+        "version": 1,
+        "tokenmill": __version__,
+        "name": config.name,
+        "started_at": datetime.now(UTC).isoformat(),
+        "spec": config.spec.model_dump(mode="json", by_alias=True),
+        "tokenizer": info.as_dict(),
+        "context_length": context_length,
+        "datasets": {name: {"rows": rows} for name, rows in totals.items()},
+        "workers": config.worker_count,
+    }, option=orjson.OPT_INDENT_2)
+
+
+async def prepare(config: RunnerConfig, api_key: str | None) -> Runner:
+    spec = config.spec
+    storage = open_storage(config.output_uri, spec.output.endpoint, spec.output.region)
+    tokenizer_location = spec.model.tokenizer or spec.model.path
+    folder = await asyncio.to_thread(local_model_folder, tokenizer_location, spec.output.endpoint)
+    tokenizer = await asyncio.to_thread(load_tokenizer, folder, spec.model.trust_remote_code)
+    info = describe_tokenizer(tokenizer, tokenizer_location, spec.model.reasoning.end_token,
+                              spec.model.tool_call_token, folder)
+    states, totals = await asyncio.to_thread(prepare_states, config, storage)
+    await asyncio.gather(*(wait_until_healthy(url, config.server_wait_s, api_key) for url in config.servers))
+    server_infos = await asyncio.gather(*(get_json(url, "/server_info", api_key) for url in config.servers))
+    context_length = resolve_context_length(config, server_infos[0], info)
+    concurrency = resolve_concurrency(config, server_infos)
+    if config.worker_index == 0:
+        storage.put(RUN_METADATA, run_metadata(config, info, context_length, totals))
+    client = GenerateClient(
+        config.servers, api_key=api_key, concurrency=concurrency,
+        retry=RetryPolicy(max_attempts=spec.runner.max_attempts),
+        timeout_s=spec.runner.request_timeout_seconds,
+    )
+    logger.info("generating %s into %s: %d servers, concurrency %d, context length %d",
+                ", ".join(s.name for s in states), storage.root_uri, len(config.servers), concurrency,
+                context_length)
+    return Runner(config, storage, PromptEncoder(tokenizer), info, client, states, context_length, concurrency)
+
+
+def iter_summary_lines(summary: RunSummary) -> Iterator[str]:
+    header = f"{'dataset':<20} {'rows':>7} {'done before':>11} {'generated':>9} {'failed':>6} " \
+             f"{'tokens':>11} {'median':>7} {'mean':>7} {'max':>6} {'truncated':>9}"
+    yield header
+    for d in summary.datasets:
+        median = f"{d.median_completion:.0f}" if d.median_completion is not None else "-"
+        mean = f"{d.mean_completion:.0f}" if d.mean_completion is not None else "-"
+        yield (f"{d.name:<20} {d.rows:>7} {d.skipped:>11} {d.generated:>9} {sum(d.failed.values()):>6} "
+               f"{d.completion_tokens:>11,} {median:>7} {mean:>7} {d.max_completion or '-':>6} {d.truncated:>9}")
+        for reason, count in sorted(d.failed.items()):
+            yield f"    failed: {reason}: {count}"
+    yield (f"{summary.retries} retries, concurrency {summary.concurrency}, context length "
+           f"{summary.context_length}, {summary.elapsed_s:.1f}s")
+    yield f"output: {summary.output_uri}"

@@ -1,0 +1,196 @@
+"""Prompt rows: streamed from JSONL or Parquet (local or S3), validated one by one.
+
+A row is `{"sample_id": ..., "messages": [{role, content, tool_calls?}], "tools": [...]?}`. A bad row becomes a
+`RowError` naming its line and what to fix; it never stops the stream.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from .storage import open_storage, split_uri
+
+ROLES = ("system", "user", "assistant", "tool")
+PARQUET_BATCH_ROWS = 1024
+
+
+@dataclass(frozen=True)
+class Prompt:
+    line: int  # 1-based line (JSONL) or row (Parquet) number in the source
+    sample_id: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+
+
+@dataclass(frozen=True)
+class RowError:
+    line: int
+    sample_id: str | None
+    reason: str  # a stable code, counted in summaries and reports
+    message: str  # what is wrong and what to do
+
+    def as_record(self, dataset: str) -> dict[str, Any]:
+        return {"dataset": dataset, "line": self.line, "sample_id": self.sample_id,
+                "reason": self.reason, "message": self.message}
+
+
+def source_format(source: str, declared: str = "auto") -> str:
+    if declared != "auto":
+        return declared
+    return "parquet" if source.rstrip("/").lower().endswith(".parquet") else "jsonl"
+
+
+def _open_source(source: str, endpoint: str | None) -> io.BufferedIOBase:
+    parent, name = split_uri(source)
+    return open_storage(parent, endpoint).open_read(name)
+
+
+def read_jsonl(source: str, endpoint: str | None = None, limit: int | None = None) -> Iterator[tuple[int, bytes]]:
+    """(line number, raw line) for each non-blank line, streamed; at most `limit` rows."""
+    rows = 0
+    with _open_source(source, endpoint) as handle:
+        for number, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                continue
+            if limit is not None and rows >= limit:
+                return
+            rows += 1
+            yield number, raw
+
+
+def read_parquet(source: str, endpoint: str | None = None, limit: int | None = None) -> Iterator[tuple[int, Any]]:
+    """(row number, row dict) streamed in record batches; S3 objects are spooled to a temporary file first
+    because Parquet needs random access to its footer."""
+    import pyarrow.parquet as pq
+
+    with tempfile.TemporaryFile() as spool:
+        if source.startswith("s3://"):
+            with _open_source(source, endpoint) as body:
+                while chunk := body.read(8 * 1024 * 1024):
+                    spool.write(chunk)
+            spool.seek(0)
+            parquet = pq.ParquetFile(spool)
+        else:
+            parquet = pq.ParquetFile(source.removeprefix("file://"))
+        number = 0
+        for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS):
+            for row in batch.to_pylist():
+                if limit is not None and number >= limit:
+                    return
+                number += 1
+                yield number, row
+
+
+def count_rows(source: str, fmt: str, endpoint: str | None = None, limit: int | None = None) -> int:
+    """Rows the source will yield, for progress and ETA (a streaming pass; Parquet reads only its footer)."""
+    if fmt == "parquet" and not source.startswith("s3://"):
+        import pyarrow.parquet as pq
+
+        rows = pq.ParquetFile(source.removeprefix("file://")).metadata.num_rows
+    elif fmt == "parquet":
+        rows = sum(1 for _ in read_parquet(source, endpoint, limit))
+    else:
+        rows = sum(1 for _ in read_jsonl(source, endpoint, limit))
+    return rows if limit is None else min(rows, limit)
+
+
+def parse_line(line: int, raw: bytes | dict[str, Any]) -> Prompt | RowError:
+    if isinstance(raw, dict):
+        row = raw
+    else:
+        try:
+            row = orjson.loads(raw)
+        except orjson.JSONDecodeError as error:
+            return RowError(line, None, "invalid_json", f"line {line}: not valid JSON ({error})")
+    if not isinstance(row, dict):
+        return RowError(line, None, "not_an_object", f"line {line}: expected a JSON object, got {type(row).__name__}")
+    return validate_row(line, row)
+
+
+def _sample_id(line: int, row: dict[str, Any]) -> str | RowError:
+    value = row.get("sample_id")
+    if value is None:
+        # Many public datasets have no ids; the line number is stable for an unchanged file.
+        return f"L{line}"
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        return RowError(line, None, "invalid_sample_id",
+                        f"line {line}: sample_id must be a string or an integer, got {type(value).__name__}")
+    text = str(value)
+    if not text:
+        return RowError(line, None, "invalid_sample_id", f"line {line}: sample_id is empty")
+    return text
+
+
+def _message_error(line: int, sample_id: str, index: int, message: Any) -> RowError | None:
+    where = f"line {line} (sample {sample_id}): messages[{index}]"
+    if not isinstance(message, dict):
+        return RowError(line, sample_id, "invalid_message", f"{where} must be an object with role and content")
+    role = message.get("role")
+    if role not in ROLES:
+        return RowError(line, sample_id, "unknown_role",
+                        f"{where}.role is {role!r}; use one of {', '.join(ROLES)}")
+    content = message.get("content")
+    if content is None and role == "assistant" and message.get("tool_calls"):
+        return None
+    if not isinstance(content, str):
+        kind = "missing" if "content" not in message else f"a {type(content).__name__}"
+        return RowError(line, sample_id, "non_string_content",
+                        f"{where}.content is {kind}; tokenmill needs a string (flatten multi-part content first)")
+    tool_calls = message.get("tool_calls")
+    if tool_calls is not None and not isinstance(tool_calls, list):
+        return RowError(line, sample_id, "invalid_tool_calls", f"{where}.tool_calls must be a list")
+    return None
+
+
+def validate_row(line: int, row: dict[str, Any]) -> Prompt | RowError:
+    sample_id = _sample_id(line, row)
+    if isinstance(sample_id, RowError):
+        return sample_id
+    messages = row.get("messages")
+    if messages is None:
+        return RowError(line, sample_id, "missing_messages", f"line {line} (sample {sample_id}): no 'messages' field")
+    if not isinstance(messages, list) or not messages:
+        return RowError(line, sample_id, "empty_messages",
+                        f"line {line} (sample {sample_id}): 'messages' must be a non-empty list")
+    for index, message in enumerate(messages):
+        if error := _message_error(line, sample_id, index, message):
+            return error
+    tools = row.get("tools")
+    if isinstance(tools, str):  # Parquet exports often keep tools as a JSON string
+        try:
+            tools = orjson.loads(tools)
+        except orjson.JSONDecodeError:
+            return RowError(line, sample_id, "invalid_tools", f"line {line} (sample {sample_id}): tools is not JSON")
+    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
+        return RowError(line, sample_id, "invalid_tools",
+                        f"line {line} (sample {sample_id}): 'tools' must be a list of objects")
+    return Prompt(line, sample_id, messages, tools or None)
+
+
+def id_hash(sample_id: str) -> int:
+    """A stable 64-bit key: the same in every process (unlike hash()), and small to keep in sets."""
+    return int.from_bytes(hashlib.blake2b(sample_id.encode(), digest_size=8).digest(), "little")
+
+
+def belongs_to_worker(item: Prompt | RowError, index: int, count: int) -> bool:
+    """Samples are split across runner workers by sample id, so duplicates of an id meet in one worker."""
+    if count == 1:
+        return True
+    key = id_hash(item.sample_id) if item.sample_id is not None else item.line
+    return key % count == index
+
+
+def read_prompts(source: str, fmt: str, endpoint: str | None = None,
+                 limit: int | None = None) -> Iterator[Prompt | RowError]:
+    rows: Iterable[tuple[int, Any]] = (
+        read_parquet(source, endpoint, limit) if fmt == "parquet" else read_jsonl(source, endpoint, limit)
+    )
+    for line, raw in rows:
+        yield parse_line(line, raw)

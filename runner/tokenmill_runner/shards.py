@@ -1,0 +1,223 @@
+"""Shards, commit markers and the ledger of what is committed.
+
+Layout under the output root, per dataset:
+    <dataset>/shards/<shard_id>.parquet   rows (zstd Parquet)
+    <dataset>/errors/<shard_id>.jsonl     per-sample errors recorded with this commit
+    <dataset>/commits/<shard_id>.json     the commit marker, written last
+
+A shard exists for readers only once its marker exists: data first, then the marker (each write atomic). The
+marker lists the sample ids with the per-sample lengths and flags the report needs, so progress and reports never
+scan the shards. Files without a marker are leftovers of a killed worker; that worker deletes them on restart.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import secrets
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .prompts import id_hash
+from .storage import TMP_MARK, Storage
+
+logger = logging.getLogger(__name__)
+
+MARKER_VERSION = 1
+COMMITS, SHARDS, ERRORS = "commits", "shards", "errors"
+
+ROW_SCHEMA = pa.schema([
+    ("sample_id", pa.string()),
+    ("dataset", pa.string()),
+    ("line", pa.int64()),
+    ("prompt_ids", pa.list_(pa.int32())),
+    ("output_ids", pa.list_(pa.int32())),
+    ("prompt_tokens", pa.int32()),
+    ("completion_tokens", pa.int32()),
+    ("finish_reason", pa.string()),
+    ("matched_stop", pa.int64()),
+    ("reasoning_end", pa.int32()),
+    ("has_tool_call", pa.bool_()),
+    ("max_new_tokens", pa.int32()),
+    ("latency_s", pa.float64()),
+    ("attempts", pa.int16()),
+])
+
+# Per-sample columns copied into the commit marker (everything but the token ids).
+MARKER_COLUMNS = ("sample_id", "line", "prompt_tokens", "completion_tokens", "finish_reason", "matched_stop",
+                  "reasoning_end", "has_tool_call", "max_new_tokens", "latency_s")
+ERROR_COLUMNS = ("line", "sample_id", "reason")
+
+
+def new_shard_id(worker: int, sequence: int, run_token: str) -> str:
+    # The worker prefix lets each worker clean up only its own leftovers; the run token keeps a restarted
+    # worker's names distinct from anything its killed predecessor left behind.
+    return f"w{worker:03d}-{run_token}-{sequence:06d}"
+
+
+def new_run_token() -> str:
+    return secrets.token_hex(4)
+
+
+@dataclass
+class ShardContent:
+    rows: list[dict[str, Any]]
+    errors: list[dict[str, Any]]
+
+
+@dataclass
+class ShardBuffer:
+    """Rows and errors waiting for a commit; rolls by count or by age. Pure: the caller supplies the clock."""
+
+    max_samples: int
+    max_seconds: float
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    opened_at: float | None = None
+
+    def _touch(self, now: float) -> None:
+        if self.opened_at is None:
+            self.opened_at = now
+
+    def add_row(self, row: dict[str, Any], now: float) -> None:
+        self._touch(now)
+        self.rows.append(row)
+
+    def add_error(self, record: dict[str, Any], now: float) -> None:
+        self._touch(now)
+        self.errors.append(record)
+
+    def __len__(self) -> int:
+        return len(self.rows) + len(self.errors)
+
+    def is_due(self, now: float) -> bool:
+        if not len(self):
+            return False
+        return len(self.rows) >= self.max_samples or now - (self.opened_at or now) >= self.max_seconds
+
+    def take(self) -> ShardContent:
+        content = ShardContent(self.rows, self.errors)
+        self.rows, self.errors, self.opened_at = [], [], None
+        return content
+
+
+def encode_rows(rows: list[dict[str, Any]]) -> bytes:
+    table = pa.Table.from_pylist(rows, schema=ROW_SCHEMA)
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression="zstd")
+    return sink.getvalue()
+
+
+def decode_rows(data: bytes) -> list[dict[str, Any]]:
+    return pq.read_table(io.BytesIO(data)).to_pylist()
+
+
+def encode_errors(errors: list[dict[str, Any]]) -> bytes:
+    return b"".join(orjson.dumps(record) + b"\n" for record in errors)
+
+
+def build_marker(dataset: str, shard_id: str, worker: int, content: ShardContent,
+                 data_bytes: int) -> dict[str, Any]:
+    return {
+        "version": MARKER_VERSION,
+        "dataset": dataset,
+        "shard_id": shard_id,
+        "worker": worker,
+        "committed_at": datetime.now(UTC).isoformat(),
+        "data": f"{SHARDS}/{shard_id}.parquet" if content.rows else None,
+        "data_bytes": data_bytes,
+        "errors": f"{ERRORS}/{shard_id}.jsonl" if content.errors else None,
+        "samples": {name: [row[name] for row in content.rows] for name in MARKER_COLUMNS},
+        "failed": {name: [error[name] for error in content.errors] for name in ERROR_COLUMNS},
+    }
+
+
+def commit_shard(storage: Storage, dataset: str, shard_id: str, worker: int, content: ShardContent) -> dict[str, Any]:
+    """Write data, then errors, then the marker. A crash before the marker leaves only ignorable leftovers."""
+    data_bytes = 0
+    if content.rows:
+        data = encode_rows(content.rows)
+        data_bytes = len(data)
+        storage.put(f"{dataset}/{SHARDS}/{shard_id}.parquet", data)
+    if content.errors:
+        storage.put(f"{dataset}/{ERRORS}/{shard_id}.jsonl", encode_errors(content.errors))
+    marker = build_marker(dataset, shard_id, worker, content, data_bytes)
+    storage.put(f"{dataset}/{COMMITS}/{shard_id}.json", orjson.dumps(marker))
+    return marker
+
+
+def _shard_id_of(key: str) -> str:
+    return key.rsplit("/", 1)[-1].split(".", 1)[0]
+
+
+def read_markers(storage: Storage, dataset: str, threads: int = 16) -> list[dict[str, Any]]:
+    """Every commit marker of a dataset, oldest first."""
+    keys = [key for key in storage.list(f"{dataset}/{COMMITS}/") if key.endswith(".json")]
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        markers = list(pool.map(lambda key: orjson.loads(storage.get(key)), keys))
+    markers.sort(key=lambda marker: (marker["committed_at"], marker["shard_id"]))
+    return markers
+
+
+@dataclass
+class CommittedIndex:
+    """What is already committed for one dataset: ids with a row, and source lines with a recorded error."""
+
+    ids: set[int] = field(default_factory=set)
+    failed_lines: set[int] = field(default_factory=set)
+    rows: int = 0
+    errors: int = 0
+    completion_tokens: int = 0
+
+    def add_marker(self, marker: dict[str, Any]) -> None:
+        samples, failed = marker["samples"], marker["failed"]
+        self.ids.update(id_hash(sample_id) for sample_id in samples["sample_id"])
+        self.failed_lines.update(failed["line"])
+        self.rows += len(samples["sample_id"])
+        self.errors += len(failed["line"])
+        self.completion_tokens += sum(samples["completion_tokens"])
+
+    def is_done(self, line: int, sample_id: str | None) -> bool:
+        return line in self.failed_lines or (sample_id is not None and id_hash(sample_id) in self.ids)
+
+
+def committed_index(markers: Iterable[dict[str, Any]]) -> CommittedIndex:
+    index = CommittedIndex()
+    for marker in markers:
+        index.add_marker(marker)
+    return index
+
+
+def leftovers(storage: Storage, dataset: str, worker: int | None = None) -> Iterator[str]:
+    """Data and error files without a commit marker (of one worker, or of all when worker is None)."""
+    markers = [key for key in storage.list(f"{dataset}/{COMMITS}/") if key.endswith(".json")]
+    committed = {_shard_id_of(key) for key in markers}
+    prefix = "" if worker is None else f"w{worker:03d}-"
+    for folder in (SHARDS, ERRORS, COMMITS):
+        for key in storage.list(f"{dataset}/{folder}/"):
+            shard_id = _shard_id_of(key)
+            if shard_id.startswith(prefix) and (shard_id not in committed or TMP_MARK in key):
+                yield key
+
+
+def clean_leftovers(storage: Storage, dataset: str, worker: int) -> int:
+    removed = 0
+    for key in list(leftovers(storage, dataset, worker)):
+        logger.info("removing uncommitted leftover %s", storage.uri(key))
+        storage.delete(key)
+        removed += 1
+    return removed
+
+
+def read_committed_rows(storage: Storage, dataset: str) -> Iterator[dict[str, Any]]:
+    """All committed rows of a dataset (reads the shards; for inspection and tests, not for progress)."""
+    for marker in read_markers(storage, dataset):
+        if marker["data"]:
+            yield from decode_rows(storage.get(f"{dataset}/{marker['data']}"))

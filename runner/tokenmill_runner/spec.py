@@ -1,0 +1,301 @@
+"""The DatasetGeneration resource as pydantic models: the one source of truth.
+
+`tokenmill run SPEC.yaml` reads these models, the operator imports them, and the CRD in `crds/` is generated from
+them. Field names are the Kubernetes (camelCase) names; Python attributes are snake_case.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+API_VERSION = "tokenmill.io/v1alpha1"
+KIND = "DatasetGeneration"
+
+Auto = Literal["auto"]
+
+
+def _number_to_string(value: Any) -> Any:
+    # Kubernetes manifests keep fractions as strings (floats do not round-trip through every YAML/JSON tool);
+    # accept a bare number from a hand-written spec and store it the Kubernetes way.
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return repr(float(value))
+    return value
+
+
+def _parse_decimal(value: str) -> str:
+    try:
+        float(value)
+    except ValueError:
+        raise ValueError(f"must be a decimal number written as a string, e.g. \"0.6\"; got {value!r}") from None
+    return value
+
+
+def _fraction(value: str) -> str:
+    number = float(_parse_decimal(value))
+    if not 0.0 < number < 1.0:
+        raise ValueError(f"must be a fraction strictly between 0 and 1, e.g. \"0.05\"; got {value!r}")
+    return value
+
+
+DecimalString = Annotated[str, BeforeValidator(_number_to_string), AfterValidator(_parse_decimal)]
+FractionString = Annotated[str, BeforeValidator(_number_to_string), AfterValidator(_fraction)]
+
+DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+class SpecModel(BaseModel):
+    """camelCase on the wire, snake_case in Python; unknown fields are errors (a typo must not be ignored)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class ReasoningSpec(SpecModel):
+    end_token: str | None = Field(
+        "</think>",
+        description="Token that ends the reasoning part of an output; looked up in the tokenizer, never by id. "
+        "null for a model without reasoning.",
+    )
+
+
+class ModelSpec(SpecModel):
+    path: str = Field(
+        description="Model location: s3://bucket/prefix/, pvc://claim/path, a Hugging Face id, or (local runs) a folder."
+    )
+    tokenizer: str | None = Field(None, description="Tokenizer location; defaults to the model path.")
+    trust_remote_code: bool = Field(False, description="Allow the tokenizer's and model's own Python code to run.")
+    reasoning: ReasoningSpec = Field(default_factory=ReasoningSpec, description="How reasoning is delimited.")
+    tool_call_token: str | None = Field(
+        None,
+        description="Token that opens a tool call in outputs; defaults to the first known one the tokenizer has "
+        "(<|tool_calls_section_begin|>, <tool_call>, <｜tool▁calls▁begin｜>).",
+    )
+
+
+class SamplingSpec(SpecModel):
+    """Sampling parameters sent to SGLang's /generate. Unset fields fall back to the spec-level defaults."""
+
+    max_new_tokens: int | None = Field(
+        None, gt=0, description="Output token cap. SGLang's own default (128) silently truncates reasoning."
+    )
+    temperature: DecimalString | None = Field(None, description="Sampling temperature as a string, e.g. \"0.6\".")
+    top_p: DecimalString | None = Field(None, description="Nucleus sampling mass in (0, 1], as a string.")
+    top_k: int | None = Field(None, description="Top-k; -1 for the whole vocabulary.")
+    min_p: DecimalString | None = Field(None, description="Min-p in [0, 1], as a string.")
+    stop_token_ids: list[int] | None = Field(None, description="Extra stop token ids besides the model's EOS.")
+
+    def merged_over(self, defaults: SamplingSpec) -> SamplingSpec:
+        """This dataset's values where set, the defaults elsewhere."""
+        own = self.model_dump(exclude_none=True)
+        return defaults.model_copy(update=own)
+
+    def to_sglang(self) -> dict[str, Any]:
+        """The `sampling_params` object of a /generate request."""
+        params: dict[str, Any] = {"max_new_tokens": self.max_new_tokens}
+        for name in ("temperature", "top_p", "min_p"):
+            value = getattr(self, name)
+            if value is not None:
+                params[name] = float(value)
+        if self.top_k is not None:
+            params["top_k"] = self.top_k
+        if self.stop_token_ids:
+            params["stop_token_ids"] = list(self.stop_token_ids)
+        return params
+
+
+class DefaultSamplingSpec(SamplingSpec):
+    max_new_tokens: int | None = Field(
+        10240, gt=0, description="Output token cap for every dataset that does not set its own."
+    )
+
+
+class DatasetSpec(SpecModel):
+    name: str = Field(description="Dataset name; also its folder under the output URI.")
+    source: str = Field(description="Prompt rows: a .jsonl or .parquet file, local or s3://.")
+    format: Literal["auto", "jsonl", "parquet"] = Field(
+        "auto", description="Row format; auto picks by the file extension (.parquet, else JSONL)."
+    )
+    limit: int | None = Field(None, gt=0, description="Use only the first N rows of the source.")
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec, description="Overrides of the default sampling.")
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_folder_name(cls, value: str) -> str:
+        if not DATASET_NAME.match(value):
+            raise ValueError(
+                f"dataset name {value!r} must be 1-63 letters, digits, '_', '.' or '-' (it names a folder)"
+            )
+        return value
+
+
+class ServerSpec(SpecModel):
+    """How the operator runs SGLang; `tokenmill run` uses only contextLength from here."""
+
+    image: str = Field("lmsysorg/sglang:v0.5.6", description="SGLang image (>= v0.5.5: output_ids are exact).")
+    gpus_per_node: int = Field(8, gt=0, description="GPUs per node.")
+    gpu_product: str | None = Field(None, description="nvidia.com/gpu.product label of the nodes to use.")
+    replicas: int = Field(1, gt=0, description="Independent server replicas.")
+    tensor_parallel: int | Auto = Field("auto", description="Tensor-parallel size per replica, or auto.")
+    mem_fraction_static: FractionString | Auto = Field("auto", description="--mem-fraction-static, or auto.")
+    context_length: int | Auto = Field("auto", description="Context length, or auto (from the server/model).")
+    max_running_requests: int | Auto = Field("auto", description="--max-running-requests, or auto.")
+    kv_cache_dtype: str = Field("auto", description="--kv-cache-dtype.")
+    extra_args: list[str] = Field(default_factory=list, description="Extra SGLang flags, appended verbatim.")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Extra node selector for server pods.")
+    tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Extra tolerations.")
+    resources: dict[str, Any] = Field(default_factory=dict, description="Extra container resources.")
+
+
+class RunnerSpec(SpecModel):
+    image: str | None = Field(None, description="Runner image; defaults to the operator's own version.")
+    parallelism: int = Field(1, gt=0, description="Runner workers (Indexed Job completions); samples split by id.")
+    concurrency: int | Auto = Field(
+        "auto", description="Requests in flight per worker; auto = twice the servers' max running requests."
+    )
+    shard_max_samples: int = Field(256, gt=0, description="Commit a shard when it holds this many samples.")
+    shard_max_seconds: int = Field(60, gt=0, description="Commit a shard at least this often (seconds).")
+    max_attempts: int = Field(6, gt=0, description="Attempts per sample before it is recorded as failed.")
+    request_timeout_seconds: int = Field(3600, gt=0, description="Timeout of one /generate request.")
+
+
+class OutputSpec(SpecModel):
+    uri: str = Field(description="Where shards, commit markers, errors and the report go: s3://bucket/prefix/ or a folder.")
+    endpoint: str | None = Field(None, description="S3 endpoint URL for S3-compatible stores.")
+    region: str | None = Field(None, description="S3 region.")
+    credentials_secret: str | None = Field(
+        None, description="Secret with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY for S3 (cluster runs)."
+    )
+
+    @field_validator("uri")
+    @classmethod
+    def _known_scheme(cls, value: str) -> str:
+        if "://" in value and not value.startswith(("s3://", "file://")):
+            raise ValueError(f"output uri {value!r}: use s3://bucket/prefix/ or a local folder")
+        return value
+
+
+class ValidationSpec(SpecModel):
+    max_truncated_fraction: FractionString = Field(
+        "0.05", description="Most samples that may hit max_new_tokens before the report warns."
+    )
+    min_reasoning_fraction: FractionString = Field(
+        "0.9", description="Fewest samples that must contain the end-of-reasoning token."
+    )
+    max_error_fraction: FractionString = Field("0.01", description="Most samples that may fail.")
+
+
+class DatasetGenerationSpec(SpecModel):
+    model: ModelSpec
+    server: ServerSpec = Field(default_factory=ServerSpec)
+    sampling: DefaultSamplingSpec = Field(default_factory=DefaultSamplingSpec)
+    datasets: list[DatasetSpec] = Field(min_length=1)
+    runner: RunnerSpec = Field(default_factory=RunnerSpec)
+    output: OutputSpec
+    validation: ValidationSpec = Field(default_factory=ValidationSpec)
+    suspend: bool = Field(False, description="Scale everything to zero; resuming continues from what is committed.")
+
+    @model_validator(mode="after")
+    def _unique_dataset_names(self) -> DatasetGenerationSpec:
+        seen: set[str] = set()
+        for index, dataset in enumerate(self.datasets):
+            if dataset.name in seen:
+                raise ValueError(f"datasets[{index}].name {dataset.name!r} is used twice; names must be unique")
+            seen.add(dataset.name)
+        return self
+
+    def sampling_for(self, dataset: DatasetSpec) -> SamplingSpec:
+        return dataset.sampling.merged_over(self.sampling)
+
+
+class ObjectMeta(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+    namespace: str | None = None
+
+
+class DatasetGeneration(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+    api_version: Literal["tokenmill.io/v1alpha1"] = Field(API_VERSION, alias="apiVersion")
+    kind: Literal["DatasetGeneration"] = KIND
+    metadata: ObjectMeta
+    spec: DatasetGenerationSpec
+    status: dict[str, Any] | None = None
+
+
+class SpecError(ValueError):
+    """A spec that cannot be used; the message names the file and the field."""
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        else:
+            parts.append(("." if parts else "") + str(item))
+    return "".join(parts)
+
+
+def format_validation_error(source: str, error: ValidationError) -> str:
+    lines = [f"{source}: invalid DatasetGeneration"]
+    for item in error.errors():
+        lines.append(f"  {_field_path(item['loc'])}: {item['msg']}")
+    return "\n".join(lines)
+
+
+def parse_document(document: Any, source: str = "<spec>") -> DatasetGeneration:
+    if not isinstance(document, dict):
+        raise SpecError(f"{source}: expected a DatasetGeneration mapping, got {type(document).__name__}")
+    try:
+        return DatasetGeneration.model_validate(document)
+    except ValidationError as error:
+        raise SpecError(format_validation_error(source, error)) from None
+
+
+def load_spec_file(path: str | Path) -> DatasetGeneration:
+    """Read a DatasetGeneration YAML file; relative local paths in it are resolved against its folder."""
+    path = Path(path)
+    try:
+        document = yaml.safe_load(path.read_text())
+    except OSError as error:
+        raise SpecError(f"cannot read spec {path}: {error.strerror}") from None
+    except yaml.YAMLError as error:
+        raise SpecError(f"{path}: not valid YAML: {error}") from None
+    resource = parse_document(document, str(path))
+    return resolve_relative_paths(resource, path.resolve().parent)
+
+
+def _resolve(value: str | None, base: Path, may_be_hub_id: bool = False) -> str | None:
+    if value is None or "://" in value or value.startswith("/"):
+        return value
+    if may_be_hub_id and not value.startswith(("./", "../")) and not (base / value).exists():
+        return value  # a Hugging Face id such as moonshotai/Kimi-K2.5
+    return str((base / value).resolve())
+
+
+def resolve_relative_paths(resource: DatasetGeneration, base: Path) -> DatasetGeneration:
+    spec = resource.spec
+    model = spec.model.model_copy(
+        update={
+            "path": _resolve(spec.model.path, base, may_be_hub_id=True),
+            "tokenizer": _resolve(spec.model.tokenizer, base, may_be_hub_id=True),
+        }
+    )
+    datasets = [d.model_copy(update={"source": _resolve(d.source, base)}) for d in spec.datasets]
+    output = spec.output.model_copy(update={"uri": _resolve(spec.output.uri, base)})
+    new_spec = spec.model_copy(update={"model": model, "datasets": datasets, "output": output})
+    return resource.model_copy(update={"spec": new_spec})

@@ -1,0 +1,192 @@
+"""Object storage at the edge: a local folder or an S3 prefix behind one small interface.
+
+Keys are '/'-separated paths relative to the storage root. Every `put` is atomic (a reader sees the whole object
+or nothing): local files are written to a temporary name and renamed, S3 objects appear whole on completion.
+That atomicity is what the commit protocol in `shards.py` relies on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Protocol
+
+logger = logging.getLogger(__name__)
+
+MULTIPART_THRESHOLD = 64 * 1024 * 1024
+TMP_MARK = ".tmp-"
+
+
+class StorageError(RuntimeError):
+    """A storage operation failed; the message names the URI."""
+
+
+class Storage(Protocol):
+    root_uri: str
+
+    def put(self, key: str, data: bytes) -> None: ...
+    def get(self, key: str) -> bytes: ...
+    def list(self, prefix: str = "") -> Iterator[str]: ...
+    def delete(self, key: str) -> None: ...
+    def exists(self, key: str) -> bool: ...
+    def open_read(self, key: str) -> IO[bytes]: ...
+    def uri(self, key: str) -> str: ...
+
+
+@dataclass(frozen=True)
+class S3Location:
+    bucket: str
+    prefix: str  # "" or ends with "/"
+
+    @classmethod
+    def parse(cls, uri: str) -> S3Location:
+        if not uri.startswith("s3://"):
+            raise StorageError(f"{uri!r} is not an s3:// URI")
+        bucket, _, prefix = uri[len("s3://"):].partition("/")
+        if not bucket:
+            raise StorageError(f"{uri!r} has no bucket name")
+        prefix = prefix.strip("/")
+        return cls(bucket, prefix + "/" if prefix else "")
+
+
+class LocalStorage:
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root).resolve()
+        self.root_uri = str(self.root)
+
+    def _path(self, key: str) -> Path:
+        return self.root / key
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=path.name + TMP_MARK, dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def get(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            raise StorageError(f"{self.uri(key)} does not exist") from None
+
+    def open_read(self, key: str) -> IO[bytes]:
+        try:
+            return self._path(key).open("rb")
+        except FileNotFoundError:
+            raise StorageError(f"{self.uri(key)} does not exist") from None
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        base = self._path(prefix)
+        folder = base if base.is_dir() else base.parent
+        if not folder.is_dir():
+            return
+        for path in sorted(folder.rglob("*")):
+            key = path.relative_to(self.root).as_posix()
+            if path.is_file() and key.startswith(prefix):
+                yield key
+
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def uri(self, key: str) -> str:
+        return str(self._path(key))
+
+
+class S3Storage:
+    def __init__(self, uri: str, endpoint: str | None = None, region: str | None = None) -> None:
+        self.location = S3Location.parse(uri)
+        self.root_uri = f"s3://{self.location.bucket}/{self.location.prefix}"
+        self._client = s3_client(endpoint, region)
+
+    def _key(self, key: str) -> str:
+        return self.location.prefix + key
+
+    def put(self, key: str, data: bytes) -> None:
+        import io
+
+        from boto3.s3.transfer import TransferConfig
+
+        config = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=MULTIPART_THRESHOLD)
+        try:
+            self._client.upload_fileobj(io.BytesIO(data), self.location.bucket, self._key(key), Config=config)
+        except Exception as error:  # botocore raises many unrelated types
+            raise StorageError(f"cannot write {self.uri(key)}: {error}") from error
+
+    def get(self, key: str) -> bytes:
+        with self.open_read(key) as body:
+            return body.read()
+
+    def open_read(self, key: str) -> IO[bytes]:
+        try:
+            response = self._client.get_object(Bucket=self.location.bucket, Key=self._key(key))
+        except self._client.exceptions.NoSuchKey:
+            raise StorageError(f"{self.uri(key)} does not exist") from None
+        except Exception as error:
+            raise StorageError(f"cannot read {self.uri(key)}: {error}") from error
+        return response["Body"]
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        paginator = self._client.get_paginator("list_objects_v2")
+        try:
+            for page in paginator.paginate(Bucket=self.location.bucket, Prefix=self._key(prefix)):
+                for item in page.get("Contents", []):
+                    yield item["Key"][len(self.location.prefix):]
+        except Exception as error:
+            raise StorageError(f"cannot list {self.uri(prefix)}: {error}") from error
+
+    def delete(self, key: str) -> None:
+        self._client.delete_object(Bucket=self.location.bucket, Key=self._key(key))
+
+    def exists(self, key: str) -> bool:
+        try:
+            self._client.head_object(Bucket=self.location.bucket, Key=self._key(key))
+        except Exception:
+            return False
+        return True
+
+    def uri(self, key: str) -> str:
+        return f"s3://{self.location.bucket}/{self._key(key)}"
+
+
+def s3_client(endpoint: str | None = None, region: str | None = None):  # -> botocore client
+    import boto3
+    from botocore.config import Config
+
+    # Path-style addressing works with every S3-compatible store; virtual-host style needs DNS per bucket.
+    config = Config(s3={"addressing_style": "path"}, retries={"max_attempts": 8, "mode": "standard"})
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"),
+        region_name=region or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
+        config=config,
+    )
+
+
+def open_storage(uri: str, endpoint: str | None = None, region: str | None = None) -> Storage:
+    if uri.startswith("s3://"):
+        return S3Storage(uri, endpoint, region)
+    if uri.startswith("file://"):
+        uri = uri[len("file://"):]
+    return LocalStorage(uri)
+
+
+def split_uri(uri: str) -> tuple[str, str]:
+    """Split a file URI into (parent URI, name) so a single object can be read through `open_storage`."""
+    stripped = uri.rstrip("/")
+    parent, _, name = stripped.rpartition("/")
+    return parent or ".", name

@@ -1,0 +1,27 @@
+from tokenmill_runner.progress import Snapshot, ThroughputMeter, eta_seconds, format_duration, render_line
+
+
+def test_rates_follow_the_window_not_the_whole_run():
+    meter = ThroughputMeter(window_s=10)
+    meter.record(0.0, 100, 1000)  # a fast start...
+    for t in range(20, 30):
+        meter.record(float(t), 1, 10)  # ...then one sample a second
+    samples_per_s, tokens_per_s = meter.rates(30.0, started=0.0)
+    assert samples_per_s == 1.0 and tokens_per_s == 10.0
+    assert meter.samples == 110
+
+
+def test_eta():
+    assert eta_seconds(100, 2.0) == 50.0
+    assert eta_seconds(0, 0.0) == 0.0
+    assert eta_seconds(5, 0.0) is None
+    assert format_duration(3661) == "01:01:01" and format_duration(90061) == "1d 01:01:01"
+    assert format_duration(None) == "--:--:--"
+
+
+def test_progress_line_shows_what_a_person_asks():
+    line = render_line(Snapshot(done=250, total=1000, failed=3, samples_per_s=5.0, tokens_per_s=4321.0,
+                                in_flight=64, elapsed_s=50.0))
+    for part in ("250/1000", "25.0%", "failed 3", "4,321 tok/s", "5.00 samples/s", "in flight 64",
+                 "ETA 00:02:30"):
+        assert part in line

@@ -1,0 +1,91 @@
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tokenmill_runner.prompts import Prompt, RowError, belongs_to_worker, count_rows, parse_line, read_prompts
+
+
+def line(obj) -> bytes:
+    return orjson.dumps(obj)
+
+
+GOOD = {"sample_id": 7, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def test_good_row_keeps_its_id_as_string():
+    prompt = parse_line(3, line(GOOD))
+    assert isinstance(prompt, Prompt) and prompt.sample_id == "7" and prompt.line == 3 and prompt.tools is None
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason", "fragment"),
+    [
+        (b'{"sample_id": 1, "messages": [', "invalid_json", "line 5: not valid JSON"),
+        (b"[1, 2]", "not_an_object", "expected a JSON object"),
+        (line({"sample_id": "x"}), "missing_messages", "no 'messages'"),
+        (line({"sample_id": "x", "messages": []}), "empty_messages", "non-empty list"),
+        (line({"sample_id": "x", "messages": [{"role": "bot", "content": "a"}]}), "unknown_role",
+         "messages[0].role is 'bot'"),
+        (line({"sample_id": "x", "messages": [{"role": "user", "content": [{"type": "text"}]}]}),
+         "non_string_content", "messages[0].content is a list"),
+        (line({"sample_id": "x", "messages": [{"role": "user"}]}), "non_string_content", "content is missing"),
+        (line({"sample_id": "x", "messages": [{"role": "user", "content": "a"}], "tools": {"a": 1}}),
+         "invalid_tools", "'tools' must be a list"),
+        (line({"sample_id": [1], "messages": [{"role": "user", "content": "a"}]}), "invalid_sample_id", "sample_id"),
+    ],
+)
+def test_bad_rows_say_line_and_reason(raw, reason, fragment):
+    error = parse_line(5, raw)
+    assert isinstance(error, RowError)
+    assert error.reason == reason and error.line == 5
+    assert fragment in error.message
+
+
+def test_assistant_with_tool_calls_may_have_null_content():
+    row = {"sample_id": "t", "messages": [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function",
+                                                               "function": {"name": "w", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c", "content": "sunny"},
+        {"role": "user", "content": "thanks"}]}
+    assert isinstance(parse_line(1, line(row)), Prompt)
+
+
+def test_missing_id_falls_back_to_line_number():
+    prompt = parse_line(12, line({"messages": [{"role": "user", "content": "a"}]}))
+    assert prompt.sample_id == "L12"
+
+
+def test_jsonl_streams_with_blank_lines_and_limit(tmp_path):
+    path = tmp_path / "p.jsonl"
+    rows = [line({"sample_id": i, "messages": [{"role": "user", "content": str(i)}]}) for i in range(5)]
+    path.write_bytes(rows[0] + b"\n\n" + b"\n".join(rows[1:]) + b"\n")
+    items = list(read_prompts(str(path), "jsonl"))
+    assert [p.line for p in items] == [1, 3, 4, 5, 6]
+    assert [p.sample_id for p in read_prompts(str(path), "jsonl", limit=2)] == ["0", "1"]
+    assert count_rows(str(path), "jsonl") == 5 and count_rows(str(path), "jsonl", limit=3) == 3
+
+
+def test_parquet_rows_with_json_string_tools(tmp_path):
+    path = tmp_path / "p.parquet"
+    table = pa.table({
+        "sample_id": ["a", "b"],
+        "messages": [[{"role": "user", "content": "x"}], [{"role": "user", "content": "y"}]],
+        "tools": ['[{"type": "function", "function": {"name": "f"}}]', None],
+    })
+    pq.write_table(table, path)
+    items = list(read_prompts(str(path), "parquet"))
+    assert [p.sample_id for p in items] == ["a", "b"]
+    assert items[0].tools == [{"type": "function", "function": {"name": "f"}}] and items[1].tools is None
+    assert count_rows(str(path), "parquet") == 2
+
+
+def test_workers_split_samples_without_overlap():
+    prompts = [Prompt(i, f"id-{i}", [], None) for i in range(1, 400)]
+    shares = [[p for p in prompts if belongs_to_worker(p, w, 3)] for w in range(3)]
+    assert sum(len(s) for s in shares) == len(prompts)
+    assert all(len(s) > 80 for s in shares)
+    duplicate = Prompt(999, "id-5", [], None)
+    assert [belongs_to_worker(duplicate, w, 3) for w in range(3)] == [belongs_to_worker(prompts[4], w, 3)
+                                                                      for w in range(3)]

@@ -1,0 +1,71 @@
+from tokenmill_runner.shards import (
+    ShardBuffer,
+    ShardContent,
+    commit_shard,
+    committed_index,
+    decode_rows,
+    leftovers,
+    read_committed_rows,
+    read_markers,
+)
+from tokenmill_runner.storage import LocalStorage
+
+
+def row(i: int, dataset: str = "d") -> dict:
+    return {"sample_id": f"s{i}", "dataset": dataset, "line": i + 1, "prompt_ids": [1, 2, 3],
+            "output_ids": [5] * i + [9], "prompt_tokens": 3, "completion_tokens": i + 1,
+            "finish_reason": "stop", "matched_stop": 9, "reasoning_end": None if i % 2 else 0,
+            "has_tool_call": bool(i % 3 == 0), "max_new_tokens": 100, "latency_s": 0.5, "attempts": 1}
+
+
+def error(line: int) -> dict:
+    return {"dataset": "d", "line": line, "sample_id": None, "reason": "invalid_json", "message": f"line {line}"}
+
+
+def test_buffer_rolls_by_count():
+    buffer = ShardBuffer(max_samples=3, max_seconds=60)
+    for i in range(2):
+        buffer.add_row(row(i), now=0.0)
+    assert not buffer.is_due(1.0)
+    buffer.add_row(row(2), now=1.0)
+    assert buffer.is_due(1.0)
+    content = buffer.take()
+    assert len(content.rows) == 3 and len(buffer) == 0 and not buffer.is_due(100.0)
+
+
+def test_buffer_rolls_by_age_from_its_first_item():
+    buffer = ShardBuffer(max_samples=100, max_seconds=10)
+    assert not buffer.is_due(1000.0)  # empty buffers never commit
+    buffer.add_error(error(1), now=5.0)
+    buffer.add_row(row(1), now=14.0)
+    assert not buffer.is_due(14.9)
+    assert buffer.is_due(15.0)
+
+
+def test_rows_and_markers_round_trip(tmp_path):
+    storage = LocalStorage(tmp_path)
+    content = ShardContent([row(i) for i in range(4)], [error(10)])
+    marker = commit_shard(storage, "d", "w000-abc-000001", 0, content)
+    rows = decode_rows(storage.get("d/shards/w000-abc-000001.parquet"))
+    assert rows == content.rows
+    [read] = read_markers(storage, "d")
+    assert read == marker
+    assert read["samples"]["sample_id"] == ["s0", "s1", "s2", "s3"]
+    assert read["samples"]["completion_tokens"] == [1, 2, 3, 4]
+    assert read["samples"]["reasoning_end"] == [0, None, 0, None]
+    assert read["failed"] == {"line": [10], "sample_id": [None], "reason": ["invalid_json"]}
+    index = committed_index([read])
+    assert index.is_done(99, "s2") and index.is_done(10, None) and not index.is_done(11, "s9")
+    assert list(read_committed_rows(storage, "d")) == content.rows
+
+
+def test_uncommitted_files_are_leftovers_of_their_worker_only(tmp_path):
+    storage = LocalStorage(tmp_path)
+    commit_shard(storage, "d", "w000-aaa-000001", 0, ShardContent([row(1)], []))
+    storage.put("d/shards/w000-bbb-000002.parquet", b"partial")  # killed before its marker
+    storage.put("d/shards/w001-ccc-000001.parquet", b"other worker")
+    (tmp_path / "d/commits/w000-bbb-000003.json.tmp-x1").write_bytes(b"{")
+    assert sorted(leftovers(storage, "d", worker=0)) == ["d/commits/w000-bbb-000003.json.tmp-x1",
+                                                        "d/shards/w000-bbb-000002.parquet"]
+    assert "d/shards/w001-ccc-000001.parquet" in set(leftovers(storage, "d"))
+    assert [m["shard_id"] for m in read_markers(storage, "d")] == ["w000-aaa-000001"]

@@ -1,0 +1,86 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tokenmill_runner.spec import SpecError, load_spec_file, parse_document
+
+MINIMAL = {
+    "apiVersion": "tokenmill.io/v1alpha1",
+    "kind": "DatasetGeneration",
+    "metadata": {"name": "t"},
+    "spec": {
+        "model": {"path": "/models/m"},
+        "sampling": {"temperature": "0.6", "maxNewTokens": 1000},
+        "datasets": [{"name": "a", "source": "/p/a.jsonl", "sampling": {"maxNewTokens": 32768, "topK": 20}},
+                     {"name": "b", "source": "/p/b.jsonl"}],
+        "output": {"uri": "s3://bucket/run/"},
+    },
+}
+
+
+def doc(**spec_updates):
+    document = yaml.safe_load(yaml.safe_dump(MINIMAL))
+    document["spec"].update(spec_updates)
+    return document
+
+
+def test_dataset_sampling_overrides_defaults():
+    spec = parse_document(doc()).spec
+    a, b = spec.datasets
+    assert spec.sampling_for(a).to_sglang() == {"max_new_tokens": 32768, "temperature": 0.6, "top_k": 20}
+    assert spec.sampling_for(b).to_sglang() == {"max_new_tokens": 1000, "temperature": 0.6}
+
+
+def test_default_max_new_tokens_is_not_sglangs_128():
+    document = doc(sampling={})
+    spec = parse_document(document).spec
+    assert spec.sampling_for(spec.datasets[1]).max_new_tokens == 10240
+
+
+@pytest.mark.parametrize(
+    ("update", "fragment"),
+    [
+        ({"datasets": [{"name": "a", "source": "x"}, {"name": "a", "source": "y"}]}, "used twice"),
+        ({"sampling": {"maxNewTokens": 0}}, "spec.sampling.maxNewTokens"),
+        ({"sampling": {"temperature": "warm"}}, "spec.sampling.temperature"),
+        ({"validation": {"maxTruncatedFraction": "1.5"}}, "spec.validation.maxTruncatedFraction"),
+        ({"output": {"uri": "gs://bucket/x"}}, "spec.output.uri"),
+        ({"datasets": [{"name": "bad name!", "source": "x"}]}, "spec.datasets[0].name"),
+        ({"datasets": [{"name": "a", "source": "x", "limt": 5}]}, "spec.datasets[0].limt"),
+        ({"datasets": []}, "spec.datasets"),
+    ],
+)
+def test_bad_specs_name_the_field(update, fragment):
+    with pytest.raises(SpecError) as error:
+        parse_document(doc(**update), "my.yaml")
+    assert fragment in str(error.value)
+    assert "my.yaml" in str(error.value)
+
+
+def test_numbers_become_decimal_strings():
+    spec = parse_document(doc(sampling={"temperature": 0.7, "topP": 1})).spec
+    assert spec.sampling.temperature == "0.7" and spec.sampling.top_p == "1.0"
+
+
+def test_relative_paths_resolve_against_the_spec_folder(tmp_path: Path):
+    document = doc(model={"path": "./model"}, output={"uri": "../out"},
+                   datasets=[{"name": "a", "source": "prompts/a.jsonl"}])
+    folder = tmp_path / "examples"
+    folder.mkdir()
+    (folder / "spec.yaml").write_text(yaml.safe_dump(document))
+    spec = load_spec_file(folder / "spec.yaml").spec
+    assert spec.model.path == str(folder / "model")
+    assert spec.datasets[0].source == str(folder / "prompts" / "a.jsonl")
+    assert spec.output.uri == str(tmp_path / "out")
+
+
+def test_hub_ids_stay_hub_ids(tmp_path: Path):
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(doc(model={"path": "moonshotai/Kimi-K2.5"})))
+    assert load_spec_file(tmp_path / "s.yaml").spec.model.path == "moonshotai/Kimi-K2.5"
+
+
+def test_examples_parse():
+    repo = Path(__file__).resolve().parents[2]
+    for path in sorted((repo / "examples").glob("*.yaml")):
+        load_spec_file(path)
