@@ -56,6 +56,30 @@ def _add_sim_parser(commands: argparse._SubParsersAction) -> None:
     sim.set_defaults(handler=_cmd_sim_server)
 
 
+def _add_report_parser(commands: argparse._SubParsersAction) -> None:
+    report = commands.add_parser("report", help="the validation report of what is committed under URI")
+    report.add_argument("uri", help="output folder or s3:// prefix of a run")
+    report.add_argument("--s3-endpoint", metavar="URL", help="S3 endpoint for S3-compatible stores")
+    report.set_defaults(handler=_cmd_report)
+
+
+def _add_inspect_parser(commands: argparse._SubParsersAction) -> None:
+    inspect = commands.add_parser("inspect", help="decode committed samples into system/user/reasoning/answer/…")
+    inspect.add_argument("uri", help="output folder or s3:// prefix of a run")
+    inspect.add_argument("--dataset", action="append", help="dataset(s) to look in (default: all)")
+    which = inspect.add_mutually_exclusive_group()
+    which.add_argument("--sample", metavar="ID", help="one sample by its sample_id")
+    which.add_argument("--shortest", type=int, metavar="N", help="the N shortest outputs")
+    which.add_argument("--longest", type=int, metavar="N", help="the N longest outputs")
+    which.add_argument("--random", type=int, metavar="N", help="N random samples (default: 1)")
+    inspect.add_argument("--seed", type=int, default=0, help="seed for --random")
+    inspect.add_argument("--json", action="store_true", help="exact JSON: every part's ids and full text")
+    inspect.add_argument("--keep", type=int, default=120, help="tokens shown at each end of a long part")
+    inspect.add_argument("--tokenizer", help="tokenizer folder (default: the one recorded in run.json)")
+    inspect.add_argument("--s3-endpoint", metavar="URL", help="S3 endpoint for S3-compatible stores")
+    inspect.set_defaults(handler=_cmd_inspect)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tokenmill", description=__doc__)
     parser.add_argument("-v", "--verbose", action="count", default=1, help="more logging (-vv for debug)")
@@ -63,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_run_parser(commands)
     _add_sim_parser(commands)
+    _add_report_parser(commands)
+    _add_inspect_parser(commands)
     return parser
 
 
@@ -101,7 +127,23 @@ async def _run_async(config: RunnerConfig) -> int:
     summary = await runner.run()
     for line in iter_summary_lines(summary):
         print(line)
-    return EXIT_INTERRUPTED if summary.interrupted else EXIT_OK
+    if summary.interrupted:
+        return EXIT_INTERRUPTED
+    if config.worker_count == 1:  # with several workers the operator reports once all are done
+        _print_report(runner.storage)
+    return EXIT_OK
+
+
+def _print_report(storage) -> None:
+    from .report import write_report
+    from .report_markdown import summary
+
+    report, written = write_report(storage)
+    print()
+    print(summary(report))
+    print("report files:")
+    for uri in written:
+        print(f"  {uri}")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -110,6 +152,26 @@ def _cmd_run(args: argparse.Namespace) -> int:
         servers = args.server or [_start_simulator(resource, args, stack)]
         config = runner_config(resource, args, servers)
         return asyncio.run(_run_async(config))
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from .storage import open_storage
+
+    storage = open_storage(args.uri, args.s3_endpoint)
+    _print_report(storage)
+    return EXIT_OK
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from .decode import Selection, inspect_samples
+    from .storage import open_storage
+
+    storage = open_storage(args.uri, args.s3_endpoint)
+    selection = Selection(args.sample, args.shortest, args.longest, args.random, args.seed)
+    text = inspect_samples(storage, selection, args.dataset, as_json=args.json, keep=args.keep,
+                           tokenizer_folder=args.tokenizer, endpoint=args.s3_endpoint)
+    print(text)
+    return EXIT_OK
 
 
 def _cmd_sim_server(args: argparse.Namespace) -> int:

@@ -1,0 +1,193 @@
+"""`tokenmill inspect`: decode committed samples into their parts with the run's own tokenizer.
+
+Prompt parts come from splitting `prompt_ids` at end-of-turn tokens and reading each turn's role header; output
+parts from the recorded `reasoning_end` index, the tool-call opener and the stop token. Splitting is pure; reading
+shards and loading the tokenizer are at the edge (`select_rows`, `load_run_tokenizer`).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import orjson
+
+from .pretokenize import load_tokenizer, local_model_folder
+from .shards import decode_rows, read_markers
+from .storage import Storage
+
+ROLE_LABELS = {"tool_declare": "tools", "system": "system", "user": "user", "assistant": "assistant",
+               "tool": "tool result"}
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str
+    start: int  # index of the part's first token in prompt_ids or output_ids
+    ids: list[int]
+
+    def as_dict(self, tokenizer: Any) -> dict[str, Any]:
+        return {**asdict(self), "tokens": len(self.ids), "text": tokenizer.decode(self.ids, skip_special_tokens=False)}
+
+
+def _turn_label(tokenizer: Any, ids: list[int], special: set[int]) -> tuple[str, int]:
+    """(role label, index where the turn's content starts) from a turn's header, e.g. <|im_user|>user<|im_middle|>."""
+    first = next((i for i, t in enumerate(ids) if t not in special), None)
+    if first is None:
+        return "special", 0
+    header_end = next((i for i in range(first, len(ids)) if ids[i] in special), None)
+    if header_end is None:
+        text = tokenizer.decode(ids[first:], skip_special_tokens=False)
+        header = text.split("\n", 1)[0].strip()
+        return ROLE_LABELS.get(header, header or "text"), first
+    header = tokenizer.decode(ids[first:header_end], skip_special_tokens=False).strip()
+    return ROLE_LABELS.get(header, header or "text"), header_end + 1
+
+
+def prompt_parts(tokenizer: Any, prompt_ids: list[int], end_of_turn: set[int]) -> list[Part]:
+    special = set(tokenizer.all_special_ids)
+    parts, start = [], 0
+    for index, token in enumerate(prompt_ids + [None]):
+        if token is None or token in end_of_turn:
+            turn = prompt_ids[start:index]
+            if turn:
+                label, content = _turn_label(tokenizer, turn, special)
+                name = label if token is not None else "generation prompt"
+                body = turn if token is None else turn[content:]
+                parts.append(Part(name, start + (0 if token is None else content), body))
+            start = index + 1
+    return parts
+
+
+def output_parts(row: dict[str, Any], tool_call_id: int | None) -> list[Part]:
+    output = row["output_ids"]
+    stop = row["finish_reason"] == "stop" and row["matched_stop"] is not None and output[-1:] == [row["matched_stop"]]
+    body_end = len(output) - 1 if stop else len(output)
+    end = row["reasoning_end"]
+    parts: list[Part] = []
+    if end is None:
+        label = "reasoning (truncated, no end token)" if row["finish_reason"] == "length" else "output (no end token)"
+        if body_end:
+            parts.append(Part(label, 0, output[:body_end]))
+        rest_start = body_end
+    else:
+        parts.append(Part("reasoning", 0, output[:end]))
+        parts.append(Part("end of reasoning", end, output[end:end + 1]))
+        rest_start = end + 1
+    if rest_start < body_end:
+        rest = output[rest_start:body_end]
+        call = rest.index(tool_call_id) if tool_call_id is not None and tool_call_id in rest else None
+        if call is None:
+            parts.append(Part("answer", rest_start, rest))
+        else:
+            if call:
+                parts.append(Part("answer", rest_start, rest[:call]))
+            parts.append(Part("tool calls", rest_start + call, rest[call:]))
+    if stop:
+        parts.append(Part("stop token", body_end, output[body_end:]))
+    return parts
+
+
+def _elide(tokenizer: Any, ids: list[int], keep: int) -> str:
+    if len(ids) <= 2 * keep + 20:
+        return tokenizer.decode(ids, skip_special_tokens=False)
+    head = tokenizer.decode(ids[:keep], skip_special_tokens=False)
+    tail = tokenizer.decode(ids[-keep:], skip_special_tokens=False)
+    return f"{head}\n      … [{len(ids) - 2 * keep} tokens hidden] …\n{tail}"
+
+
+def render_sample(tokenizer: Any, row: dict[str, Any], prompt: list[Part], output: list[Part],
+                  keep: int = 120) -> str:
+    stop = f" ({tokenizer.decode([row['matched_stop']], skip_special_tokens=False)})" if row["matched_stop"] is not None else ""
+    lines = [
+        f"══ {row['dataset']} · sample {row['sample_id']} (line {row['line']}) ══",
+        f"finish: {row['finish_reason']}{stop} · prompt {row['prompt_tokens']} tokens · completion "
+        f"{row['completion_tokens']} tokens (max {row['max_new_tokens']}) · latency {row['latency_s']:.1f}s",
+    ]
+    for title, parts in (("PROMPT", prompt), ("OUTPUT", output)):
+        lines.append(f"┌─ {title}")
+        for part in parts:
+            lines.append(f"├── {part.name} · {len(part.ids)} tokens · at {part.start}")
+            lines += ["│   " + text for text in _elide(tokenizer, part.ids, keep).splitlines() or [""]]
+    return "\n".join(lines)
+
+
+def sample_json(tokenizer: Any, row: dict[str, Any], prompt: list[Part], output: list[Part]) -> dict[str, Any]:
+    return {
+        "dataset": row["dataset"], "sample_id": row["sample_id"], "line": row["line"],
+        "finish_reason": row["finish_reason"], "matched_stop": row["matched_stop"],
+        "prompt_tokens": row["prompt_tokens"], "completion_tokens": row["completion_tokens"],
+        "max_new_tokens": row["max_new_tokens"], "reasoning_end": row["reasoning_end"],
+        "has_tool_call": row["has_tool_call"],
+        "prompt": [p.as_dict(tokenizer) for p in prompt], "output": [p.as_dict(tokenizer) for p in output],
+    }
+
+
+@dataclass(frozen=True)
+class Selection:
+    sample_id: str | None = None
+    shortest: int | None = None
+    longest: int | None = None
+    random: int | None = None
+    seed: int = 0
+
+
+def _candidates(storage: Storage, datasets: list[str]) -> list[tuple[str, dict[str, Any], int]]:
+    """(dataset, marker, position in marker) for every committed sample."""
+    found = []
+    for dataset in datasets:
+        for marker in read_markers(storage, dataset):
+            found += [(dataset, marker, i) for i in range(len(marker["samples"]["sample_id"]))]
+    return found
+
+
+def select_rows(storage: Storage, datasets: list[str], selection: Selection) -> list[dict[str, Any]]:
+    """Pick samples from the markers, then read only the shards that hold them."""
+    candidates = _candidates(storage, datasets)
+    length = lambda c: c[1]["samples"]["completion_tokens"][c[2]]  # noqa: E731
+    if selection.sample_id is not None:
+        chosen = [c for c in candidates if c[1]["samples"]["sample_id"][c[2]] == selection.sample_id]
+    elif selection.shortest:
+        chosen = sorted(candidates, key=length)[:selection.shortest]
+    elif selection.longest:
+        chosen = sorted(candidates, key=length, reverse=True)[:selection.longest]
+    else:
+        count = min(selection.random or 1, len(candidates))
+        chosen = random.Random(selection.seed).sample(candidates, count)
+    shards: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    rows = []
+    for dataset, marker, position in chosen:
+        key = (dataset, marker["data"])
+        if key not in shards:
+            shards[key] = decode_rows(storage.get(f"{dataset}/{marker['data']}"))
+        rows.append(shards[key][position])
+    return rows
+
+
+class NothingToInspect(LookupError):
+    """No committed sample matches the selection."""
+
+
+def inspect_samples(storage: Storage, selection: Selection, datasets: list[str] | None = None, *,
+                    as_json: bool = False, keep: int = 120, tokenizer_folder: str | None = None,
+                    endpoint: str | None = None) -> str:
+    """Decode the selected samples of a run with the tokenizer recorded in its run.json."""
+    run = orjson.loads(storage.get("run.json"))
+    names = datasets or [d["name"] for d in run["spec"]["datasets"]]
+    rows = select_rows(storage, names, selection)
+    if not rows:
+        raise NothingToInspect(f"no committed sample matches in {', '.join(names)} under {storage.root_uri}")
+    info = run["tokenizer"]
+    folder = tokenizer_folder or local_model_folder(info["location"], endpoint)
+    tokenizer = load_tokenizer(folder, run["spec"]["model"].get("trustRemoteCode", False))
+    end_of_turn = set(info["eos_token_ids"])
+    decoded = []
+    for row in rows:
+        prompt = prompt_parts(tokenizer, row["prompt_ids"], end_of_turn)
+        output = output_parts(row, info["tool_call_id"])
+        decoded.append(sample_json(tokenizer, row, prompt, output) if as_json
+                       else render_sample(tokenizer, row, prompt, output, keep))
+    if as_json:
+        return orjson.dumps(decoded, option=orjson.OPT_INDENT_2).decode()
+    return "\n\n".join(decoded)

@@ -1,0 +1,123 @@
+"""report.json → Markdown tables a person reads in a terminal or a pull request. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+MARKS = {"pass": "PASS", "warn": "WARN", "fail": "FAIL"}
+
+
+def _num(value: float | None, digits: int = 0) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.{digits}f}"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def table(header: list[str], rows: Iterable[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines + [""]
+
+
+def _per_dataset(report: dict[str, Any], row: Callable[[dict[str, Any]], list[str]],
+                 overall: bool = True) -> Iterable[list[str]]:
+    for name, data in report["datasets"].items():
+        yield [name, *row(data)]
+    if overall and len(report["datasets"]) > 1:
+        yield ["**overall**", *row(report["overall"])]
+
+
+def _dist_row(d: dict[str, Any]) -> list[str]:
+    return [str(d["count"]), *(_num(d[k]) for k in ("mean", "median", "stdev", "p10", "p25", "p75", "p90", "p95",
+                                                    "p99", "max"))]
+
+
+def completion_table(report: dict[str, Any]) -> list[str]:
+    header = ["dataset", "n", "mean", "median", "stdev", "p10", "p25", "p75", "p90", "p95", "p99", "max"]
+    return table(header, _per_dataset(report, lambda d: _dist_row(d["completion_tokens"])))
+
+
+def findings_lines(report: dict[str, Any]) -> list[str]:
+    return [f"- **{MARKS[f['level']]}** {f['message']}" for f in report["findings"]] + [""]
+
+
+def _shares_row(d: dict[str, Any]) -> list[str]:
+    shares, truncated = d["length_shares"], d["truncated"]
+    caps = "/".join(str(c) for c in truncated["caps"]) or "-"
+    return [_pct(shares[k]) for k in ("under_100", "under_300", "under_500", "over_1000", "over_5000")] + [
+        _pct(truncated["share"]), f"{truncated['at_cap']} at {caps}"]
+
+
+def _finish_row(d: dict[str, Any]) -> list[str]:
+    reasons = d["finish_reasons"]
+    stops = ", ".join(f"{token} ×{count}" for token, count in d["stop_tokens"].items()) or "-"
+    return [str(reasons.get(k, 0)) for k in ("stop", "length", "abort")] + [stops]
+
+
+def _reasoning_row(d: dict[str, Any]) -> list[str]:
+    r = d["reasoning"]
+    return [_pct(r["present_share"]), _num(r["reasoning_tokens"]["median"]), _num(r["reasoning_tokens"]["p90"]),
+            _num(r["answer_tokens"]["median"]), _num(r["answer_tokens"]["p90"]), str(r["truncated_while_reasoning"]),
+            _pct(d["tool_calls"]["share"])]
+
+
+def _prompt_row(d: dict[str, Any]) -> list[str]:
+    p, budget = d["prompt_tokens"], d["context_budget"]
+    return [_num(p["median"]), _num(p["p99"]), _num(p["max"]), _num(budget["max_prompt_plus_cap"]),
+            _num(budget["context_length"]), _num(budget["headroom_tokens"])]
+
+
+def _drift_rows(report: dict[str, Any]) -> Iterable[list[str]]:
+    for name, data in report["datasets"].items():
+        drift = data["order_drift"]
+        if drift is None:
+            yield [name, "-", "-", "-", f"too few samples ({data['samples']})"]
+            continue
+        verdict = "yes, beyond chance" if drift["significant"] else "no"
+        yield [name, f"{drift['first_mean']:.0f} / {drift['first_median']:.0f} (first {drift['first_n']})",
+               f"{drift['rest_mean']:.0f} / {drift['rest_median']:.0f} ({drift['rest_n']})",
+               f"{drift['p_value']:.1e}", verdict]
+
+
+def _error_rows(report: dict[str, Any]) -> Iterable[list[str]]:
+    for name, data in report["datasets"].items():
+        for reason, count in data["errors_by_reason"].items():
+            yield [name, reason, str(count)]
+
+
+def render(report: dict[str, Any], images: list[str]) -> str:
+    lines = [f"# tokenmill report: {report.get('name') or report['output_uri']}", "",
+             f"Verdict: **{MARKS[report['verdict']]}** · output `{report['output_uri']}` · "
+             f"context length {report['context_length']} · generated {report['generated_at']}", "",
+             "## Findings", "", *findings_lines(report),
+             "## Completion length (tokens)", "", *completion_table(report),
+             "## Length shares", "",
+             *table(["dataset", "<100", "<300", "<500", ">1000", ">5000", "hit maxNewTokens", "at cap"],
+                    _per_dataset(report, _shares_row)),
+             "## Finish reasons", "",
+             *table(["dataset", "stop", "length", "abort", "stop tokens matched (id ×count)"],
+                    _per_dataset(report, _finish_row)),
+             f"## Reasoning ({report['tokenizer'].get('reasoning_end_token')}) and tool calls", "",
+             *table(["dataset", "with end token", "reasoning median", "reasoning p90", "answer median", "answer p90",
+                     "truncated while reasoning", "tool calls"], _per_dataset(report, _reasoning_row)),
+             "## Prompts and context budget", "",
+             *table(["dataset", "prompt median", "prompt p99", "prompt max", "max prompt + cap", "context",
+                     "headroom"], _per_dataset(report, _prompt_row)),
+             "## Order drift (completion tokens, mean / median)", "",
+             *table(["dataset", "first committed", "rest", "p-value", "differs"], _drift_rows(report))]
+    errors = list(_error_rows(report))
+    lines += ["## Errors", ""] + (table(["dataset", "reason", "count"], errors) if errors else ["none", ""])
+    if images:
+        lines += ["## Plots", ""] + [f"![{image}]({image})" for image in images] + [""]
+    return "\n".join(lines)
+
+
+def summary(report: dict[str, Any]) -> str:
+    """What `tokenmill report` and `make demo` print: the verdict, the findings, the length table."""
+    lines = [f"Report verdict: {MARKS[report['verdict']]}", *findings_lines(report), *completion_table(report)]
+    return "\n".join(lines)

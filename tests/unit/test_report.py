@@ -1,0 +1,202 @@
+"""The report's statistics, checked against values computed here, independently, from the shards' rows."""
+
+from __future__ import annotations
+
+import math
+import random
+import struct
+
+import orjson
+import pytest
+
+from tokenmill_runner.report import build_report, load_ledger, write_report
+from tokenmill_runner.shards import ShardContent, commit_shard, read_committed_rows
+from tokenmill_runner.stats import mann_whitney
+from tokenmill_runner.storage import LocalStorage
+
+END, TOOL, EOS = 50, 60, 9
+
+
+def run_json(datasets, end_id=END, validation=None) -> dict:
+    return {"name": "crafted", "context_length": 8192,
+            "spec": {"datasets": [{"name": d} for d in datasets], "validation": validation or {}},
+            "tokenizer": {"reasoning_end_token": "</think>", "reasoning_end_id": end_id, "tool_call_id": TOOL,
+                          "eos_token_ids": [EOS]}}
+
+
+def make_row(dataset: str, i: int, length: int, cap: int, reasoning: int | None, tool: bool = False) -> dict:
+    finish = "length" if length >= cap else "stop"
+    length = min(length, cap)
+    output = [7] * length
+    if reasoning is not None and reasoning < length - 1:
+        output[reasoning] = END
+    else:
+        reasoning = None
+    if tool and reasoning is not None and reasoning + 2 < length - 1:
+        output[reasoning + 2] = TOOL
+    if finish == "stop":
+        output[-1] = EOS
+    return {"sample_id": f"{dataset}-{i}", "dataset": dataset, "line": i + 1, "prompt_ids": [1] * (10 + i % 50),
+            "output_ids": output, "prompt_tokens": 10 + i % 50, "completion_tokens": length, "finish_reason": finish,
+            "matched_stop": EOS if finish == "stop" else None, "reasoning_end": reasoning,
+            "has_tool_call": TOOL in output, "max_new_tokens": cap, "latency_s": 0.1 * (i % 7), "attempts": 1}
+
+
+def commit_rows(storage, dataset, rows, per_shard=37, errors=()):
+    for n, start in enumerate(range(0, len(rows), per_shard)):
+        commit_shard(storage, dataset, f"w000-t-{n:06d}", 0, ShardContent(rows[start:start + per_shard], []))
+    if errors:
+        commit_shard(storage, dataset, "w000-t-err", 0, ShardContent([], list(errors)))
+
+
+def percentile(values, q):
+    data = sorted(values)
+    position = (len(data) - 1) * q / 100
+    low, high = math.floor(position), math.ceil(position)
+    return data[low] + (data[high] - data[low]) * (position - low)
+
+
+@pytest.fixture
+def crafted(tmp_path):
+    storage = LocalStorage(tmp_path)
+    rng = random.Random(7)
+    lengths = [int(rng.lognormvariate(math.log(470), 1.6)) + 1 for _ in range(400)]
+    rows = [make_row("glaive", i, n, 2048, reasoning=(None if i % 10 == 0 else n // 2), tool=i % 3 == 0)
+            for i, n in enumerate(lengths)]
+    commit_rows(storage, "glaive", rows, errors=[
+        {"dataset": "glaive", "line": 999, "sample_id": None, "reason": "invalid_json", "message": "line 999"},
+        {"dataset": "glaive", "line": 1000, "sample_id": "x", "reason": "prompt_too_long", "message": "line 1000"}])
+    storage.put("run.json", orjson.dumps(run_json(["glaive"])))
+    return storage
+
+
+def test_distribution_and_shares_match_the_rows(crafted):
+    report = build_report(load_ledger(crafted))
+    rows = list(read_committed_rows(crafted, "glaive"))
+    completions = [r["completion_tokens"] for r in rows]
+    got = report["datasets"]["glaive"]
+    dist = got["completion_tokens"]
+    assert dist["count"] == len(rows) == 400
+    assert dist["mean"] == pytest.approx(sum(completions) / len(completions))
+    for q in (10, 25, 75, 90, 95, 99):
+        assert dist[f"p{q}"] == pytest.approx(percentile(completions, q)), q
+    assert dist["median"] == pytest.approx(percentile(completions, 50))
+    assert dist["max"] == max(completions) == 2048
+    mean = sum(completions) / len(completions)
+    assert dist["stdev"] == pytest.approx(math.sqrt(sum((c - mean) ** 2 for c in completions) / (len(completions) - 1)))
+    shares = got["length_shares"]
+    assert shares["under_100"] == pytest.approx(sum(c < 100 for c in completions) / 400)
+    assert shares["under_500"] == pytest.approx(sum(c < 500 for c in completions) / 400)
+    assert shares["over_1000"] == pytest.approx(sum(c > 1000 for c in completions) / 400)
+    assert shares["over_5000"] == 0.0
+    truncated = [r for r in rows if r["finish_reason"] == "length"]
+    assert got["truncated"]["count"] == len(truncated) > 0
+    assert got["truncated"]["at_cap"] == sum(r["completion_tokens"] >= r["max_new_tokens"] for r in rows)
+    assert got["truncated"]["caps"] == [2048]
+    assert got["finish_reasons"] == {"stop": 400 - len(truncated), "length": len(truncated)}
+    assert got["stop_tokens"] == {str(EOS): 400 - len(truncated)}
+    assert got["errors_by_reason"] == {"invalid_json": 1, "prompt_too_long": 1}
+    assert got["error_share"] == pytest.approx(2 / 402)
+    assert got["tool_calls"]["share"] == pytest.approx(sum(r["has_tool_call"] for r in rows) / 400)
+    prompt = got["prompt_tokens"]
+    assert prompt["max"] == max(r["prompt_tokens"] for r in rows)
+    assert got["context_budget"]["max_prompt_plus_cap"] == max(r["prompt_tokens"] for r in rows) + 2048
+
+
+def test_reasoning_present_absent_truncated(crafted):
+    got = build_report(load_ledger(crafted))["datasets"]["glaive"]["reasoning"]
+    rows = list(read_committed_rows(crafted, "glaive"))
+    with_end = [r for r in rows if END in r["output_ids"]]
+    assert got["present"] == len(with_end)
+    assert got["present_share"] == pytest.approx(len(with_end) / 400)
+    reasoning = [r["output_ids"].index(END) for r in with_end]
+    answers = [len(r["output_ids"]) - r["output_ids"].index(END) - 1 - (r["output_ids"][-1] == EOS) for r in with_end]
+    assert got["reasoning_tokens"]["median"] == pytest.approx(percentile(reasoning, 50))
+    assert got["answer_tokens"]["p90"] == pytest.approx(percentile(answers, 90))
+    truncated_reasoning = [r for r in rows if END not in r["output_ids"] and r["finish_reason"] == "length"]
+    assert got["truncated_while_reasoning"] == len(truncated_reasoning)
+
+
+def test_order_drift_detected_when_injected(tmp_path):
+    storage = LocalStorage(tmp_path)
+    rng = random.Random(1)
+    first = [int(rng.lognormvariate(math.log(250), 0.8)) + 1 for _ in range(100)]
+    rest = [int(rng.lognormvariate(math.log(900), 0.8)) + 1 for _ in range(388)]
+    rows = [make_row("b", i, n, 100000, reasoning=n // 2) for i, n in enumerate(first + rest)]
+    commit_rows(storage, "b", rows)
+    storage.put("run.json", orjson.dumps(run_json(["b"])))
+    report = build_report(load_ledger(storage))
+    drift = report["datasets"]["b"]["order_drift"]
+    assert drift["significant"] and drift["first_n"] == 100 and drift["rest_n"] == 388
+    assert drift["first_mean"] == pytest.approx(sum(first) / 100)
+    assert drift["rest_mean"] == pytest.approx(sum(rest) / 388)
+    [finding] = [f for f in report["findings"] if f["check"] == "order_drift"]
+    assert "first 100 committed samples average" in finding["message"] and finding["level"] == "warn"
+
+
+def test_no_drift_reported_when_order_is_random(crafted):
+    report = build_report(load_ledger(crafted))
+    assert report["datasets"]["glaive"]["order_drift"]["significant"] is False
+    assert not [f for f in report["findings"] if f["check"] == "order_drift"]
+
+
+def test_mann_whitney_against_a_hand_computed_case():
+    # U for [1, 2, 3] vs [4, 5, 6, 7]: every first value is below every second, U1 = 0.
+    z, p = mann_whitney([1, 2, 3], [4, 5, 6, 7])
+    expected_z = (0 - 3 * 4 / 2) / math.sqrt(3 * 4 * (3 + 4 + 1) / 12)
+    assert z == pytest.approx(expected_z)
+    assert p == pytest.approx(math.erfc(abs(expected_z) / math.sqrt(2)))
+
+
+def test_truncation_checked_against_the_dataset_threshold(tmp_path):
+    storage = LocalStorage(tmp_path)
+    rows = [make_row("r", i, 5000 if i < 30 else 100 + i, 4096, reasoning=10) for i in range(200)]
+    commit_rows(storage, "r", rows)
+    storage.put("run.json", orjson.dumps(run_json(["r"], validation={"maxTruncatedFraction": "0.1"})))
+    report = build_report(load_ledger(storage))
+    assert report["datasets"]["r"]["truncated"]["share"] == pytest.approx(30 / 200)
+    [finding] = [f for f in report["findings"] if f["check"] == "truncated"]
+    assert finding["level"] == "warn" and "4096" in finding["message"] and finding["threshold"] == 0.1
+    assert report["verdict"] == "warn"
+
+
+def test_broken_reasoning_fails_with_the_likely_causes(tmp_path):
+    storage = LocalStorage(tmp_path)
+    rows = [make_row("b5", i, 300 + i, 8192, reasoning=None) for i in range(150)]  # end token stripped
+    commit_rows(storage, "b5", rows)
+    storage.put("run.json", orjson.dumps(run_json(["b5"])))
+    report = build_report(load_ledger(storage))
+    assert report["verdict"] == "fail"
+    [finding] = [f for f in report["findings"] if f["check"] == "reasoning"]
+    assert finding["level"] == "fail"
+    for cause in ("reasoning parser", "chat API", "endToken"):
+        assert cause in finding["message"]
+
+
+def test_healthy_run_passes(tmp_path):
+    storage = LocalStorage(tmp_path)
+    rng = random.Random(3)
+    rows = [make_row("ok", i, rng.randint(200, 3000), 8192, reasoning=100) for i in range(300)]
+    commit_rows(storage, "ok", rows)
+    storage.put("run.json", orjson.dumps(run_json(["ok"])))
+    report = build_report(load_ledger(storage))
+    assert report["verdict"] == "pass", report["findings"]
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_report_files_one_png_per_dataset(crafted, tmp_path):
+    commit_rows(crafted, "second", [make_row("second", i, 100 + i, 512, reasoning=5) for i in range(50)])
+    crafted.put("run.json", orjson.dumps(run_json(["glaive", "second"])))
+    report, written = write_report(crafted)
+    assert sorted(p.rsplit("/", 1)[-1] for p in written) == ["glaive.png", "report.json", "report.md", "second.png"]
+    for name in ("glaive", "second"):
+        assert png_size(crafted.get(f"report/{name}.png")) == (1400, 560)
+    stored = orjson.loads(crafted.get("report/report.json"))
+    assert stored["schema"] == "tokenmill.report/v1" and stored["verdict"] == report["verdict"]
+    markdown = crafted.get("report/report.md").decode()
+    assert "| glaive | 400 |" in markdown and "![glaive.png](glaive.png)" in markdown
+    assert report["overall"]["completion_tokens"]["count"] == 450
