@@ -39,7 +39,7 @@ CHAT_TEMPLATE = (
     "{%- if role == 'system' -%}<|im_system|>system<|im_middle|>"
     "{%- elif role == 'user' -%}<|im_user|>user<|im_middle|>"
     "{%- elif role == 'assistant' -%}<|im_assistant|>assistant<|im_middle|><think></think>"
-    "{%- elif role == 'tool' -%}<|im_system|>tool<|im_middle|>## Return of {{ message.get('tool_call_id', '') }}\n"
+    "{%- elif role == 'tool' -%}<|im_system|>tool<|im_middle|>## Return of {{ message.get('tool_call_id', '') }}{{ '\\n' }}"
     "{%- else -%}{{ raise_exception('unknown role: ' ~ role) }}"
     "{%- endif -%}"
     "{%- if message['content'] is string -%}{{ message['content'] }}{%- endif -%}"

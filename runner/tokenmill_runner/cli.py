@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 
 from .config import API_KEY_ENV, RunnerConfig
+from .pretokenize import offline_transformers
 from .spec import DatasetGeneration, SpecError, load_spec_file
 
 logger = logging.getLogger("tokenmill")
@@ -184,6 +185,7 @@ def _cmd_sim_server(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _setup_logging(args.verbose)
+    offline_transformers()
     try:
         return args.handler(args)
     except SpecError as error:

@@ -81,10 +81,16 @@ def local_model_folder(location: str, endpoint: str | None = None) -> str:
     return location.removeprefix("file://")
 
 
-def load_tokenizer(folder: str, trust_remote_code: bool = False):
-    """AutoTokenizer from a local folder (see `local_model_folder`) or a cached hub id, strictly offline."""
+def offline_transformers() -> None:
+    """Never reach for a hub, and keep transformers' 'PyTorch was not found' notice out of every command."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+def load_tokenizer(folder: str, trust_remote_code: bool = False):
+    """AutoTokenizer from a local folder (see `local_model_folder`) or a cached hub id, strictly offline."""
+    offline_transformers()
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 

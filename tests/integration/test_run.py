@@ -1,0 +1,213 @@
+"""The main job end to end over real HTTP (the simulator) and a real S3 server."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from tokenmill_runner.config import RunnerConfig
+from tokenmill_runner.pipeline import RunSummary, prepare
+from tokenmill_runner.shards import leftovers, read_committed_rows, read_markers
+from tokenmill_runner.spec import load_spec_file
+from tokenmill_runner.storage import Storage, open_storage, s3_client
+
+from .workloads import chat, spec_document, tool_chat, write_jsonl, write_spec
+
+
+async def run_spec(spec_path: Path, servers: list[str], out: str, endpoint: str | None = None) -> RunSummary:
+    spec = load_spec_file(spec_path).spec
+    if endpoint:
+        spec = spec.model_copy(update={"output": spec.output.model_copy(update={"endpoint": endpoint})})
+    runner = await prepare(RunnerConfig(spec=spec, servers=servers, output_uri=out), api_key=None)
+    return await runner.run()
+
+
+def committed_errors(storage: Storage, dataset: str) -> list[dict[str, Any]]:
+    records = []
+    for marker in read_markers(storage, dataset):
+        if marker["errors"]:
+            records += [orjson.loads(line) for line in storage.get(f"{dataset}/{marker['errors']}").splitlines()]
+    return records
+
+
+def assert_exactly_once(storage: Storage, dataset: str, expected_ids: set[str]) -> list[dict[str, Any]]:
+    rows = list(read_committed_rows(storage, dataset))
+    counts = Counter(row["sample_id"] for row in rows)
+    assert set(counts) == expected_ids, f"missing {expected_ids - set(counts)}, extra {set(counts) - expected_ids}"
+    assert max(counts.values()) == 1, [sid for sid, n in counts.items() if n > 1]
+    return rows
+
+
+def test_local_run_is_token_exact(tmp_path, simulator, tokenizer, demo_model):
+    write_jsonl(tmp_path / "chat.jsonl", [chat(i) for i in range(40)])
+    write_jsonl(tmp_path / "tools.jsonl", [tool_chat(i) for i in range(40)])
+    spec = write_spec(tmp_path / "spec.yaml", spec_document(demo_model, [
+        {"name": "chat", "source": "chat.jsonl"},
+        {"name": "tools", "source": "tools.jsonl", "sampling": {"maxNewTokens": 512}},
+    ], "out"))
+    summary = asyncio.run(run_spec(spec, [simulator.url], str(tmp_path / "out")))
+    storage = open_storage(str(tmp_path / "out"))
+    end_id = tokenizer.convert_tokens_to_ids("</think>")
+    tool_id = tokenizer.convert_tokens_to_ids("<|tool_calls_section_begin|>")
+    eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    sources = {"chat": [chat(i) for i in range(40)], "tools": [tool_chat(i) for i in range(40)]}
+    for dataset, prompts in sources.items():
+        rows = assert_exactly_once(storage, dataset, {p["sample_id"] for p in prompts})
+        by_id = {p["sample_id"]: p for p in prompts}
+        for row in rows:
+            prompt = by_id[row["sample_id"]]
+            expected = tokenizer.apply_chat_template(prompt["messages"], tools=prompt.get("tools"),
+                                                     add_generation_prompt=True, tokenize=True, return_dict=False)
+            assert row["prompt_ids"] == expected
+            assert row["prompt_tokens"] == len(expected)
+            assert len(row["output_ids"]) == row["completion_tokens"]
+            if row["finish_reason"] == "stop":
+                assert row["output_ids"][-1] == eos_id == row["matched_stop"]
+            else:
+                assert row["finish_reason"] == "length"
+                assert row["completion_tokens"] == row["max_new_tokens"]
+            end = row["reasoning_end"]
+            assert end == (row["output_ids"].index(end_id) if end_id in row["output_ids"] else None)
+            assert row["has_tool_call"] == (tool_id in row["output_ids"])
+        assert all(row["max_new_tokens"] == (512 if dataset == "tools" else 2048) for row in rows)
+    tool_rows = list(read_committed_rows(storage, "tools"))
+    assert any(row["has_tool_call"] for row in tool_rows), "the simulator calls a declared tool in some outputs"
+    assert [d.generated for d in summary.datasets] == [40, 40] and not summary.interrupted
+    assert not list(leftovers(storage, "chat")) and not list(leftovers(storage, "tools"))
+    metadata = orjson.loads(storage.get("run.json"))
+    assert metadata["tokenizer"]["reasoning_end_id"] == end_id
+    assert metadata["datasets"] == {"chat": {"rows": 40}, "tools": {"rows": 40}}
+
+
+def test_second_run_skips_everything_committed(tmp_path, simulator, demo_model):
+    write_jsonl(tmp_path / "chat.jsonl", [chat(i) for i in range(30)])
+    spec = write_spec(tmp_path / "spec.yaml", spec_document(demo_model, [{"name": "chat", "source": "chat.jsonl"}],
+                                                            "out"))
+    first = asyncio.run(run_spec(spec, [simulator.url], str(tmp_path / "out")))
+    second = asyncio.run(run_spec(spec, [simulator.url], str(tmp_path / "out")))
+    assert first.datasets[0].generated == 30
+    assert second.datasets[0].generated == 0 and second.datasets[0].skipped == 30
+    assert_exactly_once(open_storage(str(tmp_path / "out")), "chat", {f"s{i:04d}" for i in range(30)})
+
+
+def test_run_from_and_into_s3(tmp_path, simulator, demo_model, s3_endpoint, s3_bucket):
+    client = s3_client(s3_endpoint)
+    rows = [chat(i) for i in range(25)]
+    client.put_object(Bucket=s3_bucket, Key="prompts/chat.jsonl",
+                      Body=b"\n".join(orjson.dumps(r) for r in rows) + b"\n")
+    out = f"s3://{s3_bucket}/runs/one/"
+    spec = write_spec(tmp_path / "spec.yaml", spec_document(
+        demo_model, [{"name": "chat", "source": f"s3://{s3_bucket}/prompts/chat.jsonl"}], out))
+    summary = asyncio.run(run_spec(spec, [simulator.url], out, endpoint=s3_endpoint))
+    assert summary.output_uri == out
+    storage = open_storage(out, s3_endpoint)
+    assert_exactly_once(storage, "chat", {r["sample_id"] for r in rows})
+    keys = set(storage.list("chat/"))
+    assert any(k.startswith("chat/commits/") for k in keys) and any(k.startswith("chat/shards/") for k in keys)
+    assert "run.json" in set(storage.list(""))
+
+
+def malformed_rows() -> tuple[list[Any], dict[int, str], set[str]]:
+    """Good rows interleaved with one bad row of each kind: (rows, {line: reason}, good sample ids)."""
+    bad: dict[int, Any] = {
+        3: (b'{"sample_id": "broken", "messages": [', "invalid_json"),
+        5: ({"sample_id": "nomsg"}, "missing_messages"),
+        7: ({"sample_id": "empty", "messages": []}, "empty_messages"),
+        9: ({"sample_id": "role", "messages": [{"role": "bot", "content": "x"}]}, "unknown_role"),
+        11: ({"sample_id": "parts", "messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}]},
+             "non_string_content"),
+        13: ({"sample_id": "s0001", "messages": [{"role": "user", "content": "again"}]}, "duplicate_sample_id"),
+        15: ({"sample_id": "long", "messages": [{"role": "user", "content": "tokens " * 5000}]}, "prompt_too_long"),
+        17: ({"sample_id": "tmpl", "messages": [{"role": "user", "content": "x"},
+                                                 {"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]}]},
+             "template_error"),
+    }
+    rows: list[Any] = []
+    good: set[str] = set()
+    for line in range(1, 31):
+        if line in bad:
+            rows.append(bad[line][0])
+        else:
+            row = chat(line)
+            rows.append(row)
+            good.add(row["sample_id"])
+    return rows, {line: reason for line, (_, reason) in bad.items()}, good
+
+
+def test_malformed_lines_are_recorded_and_good_lines_generated(tmp_path, simulator, demo_model):
+    rows, expected_errors, good = malformed_rows()
+    write_jsonl(tmp_path / "mixed.jsonl", rows)
+    spec = write_spec(tmp_path / "spec.yaml", spec_document(
+        demo_model, [{"name": "mixed", "source": "mixed.jsonl"}], "out", server={"contextLength": 4096}))
+    summary = asyncio.run(run_spec(spec, [simulator.url], str(tmp_path / "out")))
+    storage = open_storage(str(tmp_path / "out"))
+    assert_exactly_once(storage, "mixed", good)
+    errors = committed_errors(storage, "mixed")
+    assert {e["line"]: e["reason"] for e in errors} == expected_errors
+    for error in errors:
+        assert f"line {error['line']}" in error["message"]
+    too_long = next(e for e in errors if e["reason"] == "prompt_too_long")
+    assert "context length 4096" in too_long["message"] and "maxNewTokens" in too_long["message"]
+    assert summary.datasets[0].failed == Counter(expected_errors.values())
+
+
+def test_faults_are_retried_until_every_sample_is_present(tmp_path, demo_model):
+    from tokenmill_runner.simulator import SimConfig, SimServer
+
+    write_jsonl(tmp_path / "chat.jsonl", [chat(i) for i in range(60)])
+    spec = write_spec(tmp_path / "spec.yaml", spec_document(demo_model, [{"name": "chat", "source": "chat.jsonl"}],
+                                                            "out"))
+    faults = SimConfig(model_path=str(demo_model), time_scale=2000.0, max_running_requests=32, seed=3,
+                       fault_503_rate=0.15, fault_reset_rate=0.1, fault_abort_rate=0.1)
+    with SimServer(faults) as flaky, SimServer(SimConfig(model_path=str(demo_model), time_scale=2000.0)) as steady:
+        summary = asyncio.run(run_spec(spec, [flaky.url, steady.url], str(tmp_path / "out")))
+    assert summary.retries > 0
+    assert summary.datasets[0].failed == {}
+    assert_exactly_once(open_storage(str(tmp_path / "out")), "chat", {f"s{i:04d}" for i in range(60)})
+
+
+def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path, demo_model):
+    from tokenmill_runner.simulator import SimConfig, SimServer
+
+    rows, expected_errors, good = malformed_rows()
+    rows += [chat(i) for i in range(100, 260)]
+    good |= {f"s{i:04d}" for i in range(100, 260)}
+    write_jsonl(tmp_path / "p.jsonl", rows)
+    spec = write_spec(tmp_path / "spec.yaml", spec_document(
+        demo_model, [{"name": "p", "source": "p.jsonl"}], "out", server={"contextLength": 4096},
+        runner={"concurrency": 24, "shardMaxSamples": 7, "shardMaxSeconds": 1}))
+    out = tmp_path / "out"
+    rng = random.Random(20261129)
+    kills = []
+    command = [sys.executable, "-m", "tokenmill_runner.cli", "-q", "run", str(spec), "--out", str(out)]
+    with SimServer(SimConfig(model_path=str(demo_model), time_scale=150.0, max_running_requests=16)) as server:
+        command += ["--server", server.url]
+        for _ in range(6):
+            process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            delay = rng.uniform(1.0, 5.0)
+            time.sleep(delay)
+            if process.poll() is not None:
+                break
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+            kills.append(round(delay, 2))
+        final = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert final.returncode == 0, final.stderr[-3000:]
+    assert len(kills) >= 3, f"the run finished before it could be killed enough ({kills})"
+    storage = open_storage(str(out))
+    assert_exactly_once(storage, "p", good)
+    errors = committed_errors(storage, "p")
+    assert sorted(e["line"] for e in errors) == sorted(expected_errors), "each bad line recorded exactly once"
+    assert not list(leftovers(storage, "p")), "leftovers of killed runs are cleaned up"
+    assert not [p for p in out.rglob("*") if ".tmp-" in p.name]
+    print(f"killed at {kills} s after start", file=sys.stderr)
