@@ -79,6 +79,10 @@ class ModelSpec(SpecModel):
     tokenizer: str | None = Field(None, description="Tokenizer location; defaults to the model path.")
     trust_remote_code: bool = Field(False, description="Allow the tokenizer's and model's own Python code to run.")
     reasoning: ReasoningSpec = Field(default_factory=ReasoningSpec, description="How reasoning is delimited.")
+    weight_bytes: int | None = Field(
+        None, gt=0,
+        description="Total weight size in bytes; default: model.safetensors.index.json total_size at the model path.",
+    )
     tool_call_token: str | None = Field(
         None,
         description="Token that opens a tool call in outputs; defaults to the first known one the tokenizer has "
@@ -148,12 +152,20 @@ class ServerSpec(SpecModel):
     image: str = Field("lmsysorg/sglang:v0.5.6", description="SGLang image (>= v0.5.5: output_ids are exact).")
     gpus_per_node: int = Field(8, gt=0, description="GPUs per node.")
     gpu_product: str | None = Field(None, description="nvidia.com/gpu.product label of the nodes to use.")
+    gpu_memory_mib: int | None = Field(
+        None, gt=0, description="Memory of one GPU in MiB; default: known from gpuProduct (e.g. NVIDIA-H200: 143771)."
+    )
     replicas: int = Field(1, gt=0, description="Independent server replicas.")
     tensor_parallel: int | Auto = Field("auto", description="Tensor-parallel size per replica, or auto.")
     mem_fraction_static: FractionString | Auto = Field("auto", description="--mem-fraction-static, or auto.")
     context_length: int | Auto = Field("auto", description="Context length, or auto (from the server/model).")
     max_running_requests: int | Auto = Field("auto", description="--max-running-requests, or auto.")
     kv_cache_dtype: str = Field("auto", description="--kv-cache-dtype.")
+    port: int = Field(30000, gt=0, lt=65536, description="SGLang HTTP port (/generate, /health, /metrics).")
+    startup_timeout_seconds: int = Field(
+        3600, gt=0, description="How long a server may load weights before its startup probe fails it."
+    )
+    shm_size: str = Field("64Gi", description="Size of the in-memory /dev/shm volume (NCCL needs a large one).")
     extra_args: list[str] = Field(default_factory=list, description="Extra SGLang flags, appended verbatim.")
     node_selector: dict[str, str] = Field(default_factory=dict, description="Extra node selector for server pods.")
     tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Extra tolerations.")
@@ -199,13 +211,19 @@ class ValidationSpec(SpecModel):
 
 
 class DatasetGenerationSpec(SpecModel):
-    model: ModelSpec
-    server: ServerSpec = Field(default_factory=ServerSpec)
-    sampling: DefaultSamplingSpec = Field(default_factory=DefaultSamplingSpec)
-    datasets: list[DatasetSpec] = Field(min_length=1)
-    runner: RunnerSpec = Field(default_factory=RunnerSpec)
-    output: OutputSpec
-    validation: ValidationSpec = Field(default_factory=ValidationSpec)
+    """Generate outputs of one model for every prompt of a list of datasets."""
+
+    model: ModelSpec = Field(description="The target model and its tokenizer.")
+    server: ServerSpec = Field(default_factory=ServerSpec, description="How SGLang is run (cluster runs).")
+    sampling: DefaultSamplingSpec = Field(
+        default_factory=DefaultSamplingSpec, description="Sampling defaults for every dataset."
+    )
+    datasets: list[DatasetSpec] = Field(min_length=1, description="The prompt datasets, processed as one stream.")
+    runner: RunnerSpec = Field(default_factory=RunnerSpec, description="The runner workers.")
+    output: OutputSpec = Field(description="Where the shards and the report go.")
+    validation: ValidationSpec = Field(
+        default_factory=ValidationSpec, description="Thresholds of the validation report's checks."
+    )
     suspend: bool = Field(False, description="Scale everything to zero; resuming continues from what is committed.")
 
     @model_validator(mode="after")

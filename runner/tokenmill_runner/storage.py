@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
@@ -108,10 +108,11 @@ class LocalStorage:
 
 
 class S3Storage:
-    def __init__(self, uri: str, endpoint: str | None = None, region: str | None = None) -> None:
+    def __init__(self, uri: str, endpoint: str | None = None, region: str | None = None,
+                 credentials: Mapping[str, str] | None = None) -> None:
         self.location = S3Location.parse(uri)
         self.root_uri = f"s3://{self.location.bucket}/{self.location.prefix}"
-        self._client = s3_client(endpoint, region)
+        self._client = s3_client(endpoint, region, credentials)
 
     def _key(self, key: str) -> str:
         return self.location.prefix + key
@@ -163,7 +164,9 @@ class S3Storage:
         return f"s3://{self.location.bucket}/{self._key(key)}"
 
 
-def s3_client(endpoint: str | None = None, region: str | None = None):  # -> botocore client
+def s3_client(endpoint: str | None = None, region: str | None = None,
+              credentials: Mapping[str, str] | None = None):  # -> botocore client
+    """An S3 client; credentials (AWS_* keys, e.g. from a Kubernetes Secret) default to the environment."""
     import boto3
     from botocore.config import Config
 
@@ -174,12 +177,16 @@ def s3_client(endpoint: str | None = None, region: str | None = None):  # -> bot
         endpoint_url=endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"),
         region_name=region or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
         config=config,
+        aws_access_key_id=(credentials or {}).get("AWS_ACCESS_KEY_ID"),
+        aws_secret_access_key=(credentials or {}).get("AWS_SECRET_ACCESS_KEY"),
+        aws_session_token=(credentials or {}).get("AWS_SESSION_TOKEN"),
     )
 
 
-def open_storage(uri: str, endpoint: str | None = None, region: str | None = None) -> Storage:
+def open_storage(uri: str, endpoint: str | None = None, region: str | None = None,
+                 credentials: Mapping[str, str] | None = None) -> Storage:
     if uri.startswith("s3://"):
-        return S3Storage(uri, endpoint, region)
+        return S3Storage(uri, endpoint, region, credentials)
     if uri.startswith("file://"):
         uri = uri[len("file://"):]
     return LocalStorage(uri)

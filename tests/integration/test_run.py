@@ -211,3 +211,44 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path, demo_m
     assert not list(leftovers(storage, "p")), "leftovers of killed runs are cleaned up"
     assert not [p for p in out.rglob("*") if ".tmp-" in p.name]
     print(f"killed at {kills} s after start", file=sys.stderr)
+
+
+def tokenmill(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tokenmill_runner.cli", "-q", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_run_report_and_inspect_from_the_command_line_on_s3(tmp_path, demo_model, s3_endpoint, s3_bucket):
+    rows = [tool_chat(i) for i in range(30)] + [chat(i) for i in range(30, 60)]
+    write_jsonl(tmp_path / "p.jsonl", rows)
+    out = f"s3://{s3_bucket}/cli/"
+    spec = write_spec(tmp_path / "spec.yaml", spec_document(demo_model, [{"name": "mixed", "source": "p.jsonl"}],
+                                                            out))
+    run = tokenmill("run", str(spec), "--s3-endpoint", s3_endpoint, "--sim-time-scale", "2000")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "Report verdict:" in run.stdout and f"{out}report/report.json" in run.stdout
+
+    report = tokenmill("report", out, "--s3-endpoint", s3_endpoint)
+    assert report.returncode == 0 and "| mixed | 60 |" in report.stdout
+
+    inspected = tokenmill("inspect", out, "--s3-endpoint", s3_endpoint, "--random", "5", "--json")
+    assert inspected.returncode == 0, inspected.stderr
+    samples = orjson.loads(inspected.stdout)
+    stored = {r["sample_id"]: r for r in read_committed_rows(open_storage(out, s3_endpoint), "mixed")}
+    by_id = {r["sample_id"]: r for r in rows}
+    assert len(samples) == 5
+    for sample in samples:
+        row = stored[sample["sample_id"]]
+        assert [t for part in sample["output"] for t in part["ids"]] == row["output_ids"]
+        parts = {part["name"]: part["text"] for part in sample["prompt"]}
+        messages = {m["role"]: m["content"] for m in by_id[sample["sample_id"]]["messages"]}
+        assert parts["user"] == messages["user"] and parts["system"] == messages["system"]
+        if "tools" in by_id[sample["sample_id"]]:
+            assert orjson.loads(parts["tools"]) == by_id[sample["sample_id"]]["tools"]
+        names = [part["name"] for part in sample["output"]]
+        assert names[-1] == "stop token" or sample["finish_reason"] == "length"
+        if "tool calls" in names:
+            assert "functions.get_weather" in sample["output"][names.index("tool calls")]["text"]
+
+    longest = tokenmill("inspect", out, "--s3-endpoint", s3_endpoint, "--longest", "1")
+    assert longest.returncode == 0 and "══ mixed · sample" in longest.stdout and "┌─ OUTPUT" in longest.stdout

@@ -1,0 +1,261 @@
+"""The DatasetGeneration CRD, generated from the pydantic spec and status models.
+
+pydantic's JSON schema is turned into a Kubernetes structural schema (refs inlined, no anyOf/null, int-or-string
+for `auto` fields), then CEL rules are attached for what a schema cannot say. `python -m
+tokenmill_operator.crd` rewrites crds/; a test fails when the committed file is stale.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tokenmill_runner.spec import API_VERSION, DatasetGenerationSpec
+
+from .status import DatasetGenerationStatus
+
+GROUP, VERSION = API_VERSION.split("/")
+PLURAL, SINGULAR, KIND = "datasetgenerations", "datasetgeneration", "DatasetGeneration"
+CRD_FILE = Path(__file__).resolve().parents[2] / "crds" / f"{PLURAL}.{GROUP}.yaml"
+
+KEEP = ("type", "description", "default", "nullable", "minimum", "maximum", "minLength", "maxLength", "pattern", "enum",
+        "minItems", "maxItems", "format")
+Path_ = tuple[str, ...]
+
+
+def _resolve(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    if "$ref" in node:
+        target = dict(defs[node["$ref"].rsplit("/", 1)[-1]])
+        if "description" in node:
+            target["description"] = node["description"]
+        for key in ("default",):
+            if key in node:
+                target[key] = node[key]
+        return target
+    return node
+
+
+def _merge_any_of(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    options = [_resolve(o, defs) for o in node["anyOf"] if o.get("type") != "null"]
+    types = {o.get("type") for o in options}
+    base = {k: v for k, v in node.items() if k != "anyOf"}
+    if len(options) < len(node["anyOf"]) and base.get("default") is not None:
+        # An explicit null must survive: Kubernetes prunes non-nullable nulls and would re-apply the default.
+        base["nullable"] = True
+    if len(options) == 1:
+        return {**options[0], **base}
+    if types == {"integer", "string"}:
+        # `N | "auto"`: Kubernetes' int-or-string, checked by a CEL rule below.
+        return {**base, "x-kubernetes-int-or-string": True, "x-kubernetes-validations": [
+            {"rule": "type(self) == int || self == 'auto'", "message": "must be an integer or \"auto\""}]}
+    if types == {"string"}:
+        return {**base, "type": "string"}
+    raise ValueError(f"cannot express {node} in a structural schema")
+
+
+def structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """pydantic JSON schema node → structural OpenAPI v3 schema node."""
+    node = _resolve(node, defs)
+    if "anyOf" in node:
+        node = _merge_any_of(node, defs)
+    out: dict[str, Any] = {k: node[k] for k in KEEP if k in node}
+    for key in ("x-kubernetes-int-or-string", "x-kubernetes-validations"):
+        if key in node:
+            out[key] = node[key]
+    if out.get("default", 0) is None:
+        del out["default"]
+    if "const" in node:
+        out["enum"] = [node["const"]]
+    if "exclusiveMinimum" in node:
+        out["minimum"] = node["exclusiveMinimum"] + (1 if node.get("type") == "integer" else 0)
+    if "properties" in node:
+        out["properties"] = {name: structural(child, defs) for name, child in node["properties"].items()}
+        required = node.get("required") or []
+        if required:
+            out["required"] = list(required)
+        for name, child in out["properties"].items():
+            # Kubernetes applies nested defaults only inside objects that exist: default optional objects to {}.
+            if child.get("type") == "object" and "properties" in child and name not in required \
+                    and not child.get("required"):
+                child.setdefault("default", {})
+    if "items" in node:
+        out["items"] = structural(node["items"], defs)
+    extra = node.get("additionalProperties")
+    if extra is True or (node.get("type") == "object" and not node.get("properties") and extra is None):
+        out["x-kubernetes-preserve-unknown-fields"] = True
+    elif isinstance(extra, dict):
+        out["additionalProperties"] = structural(extra, defs)
+    return out
+
+
+def _schema_of(model: type) -> dict[str, Any]:
+    schema = model.model_json_schema(by_alias=True)
+    return structural(schema, schema.get("$defs", {}))
+
+
+def _at(schema: dict[str, Any], path: Path_) -> dict[str, Any]:
+    node = schema
+    for part in path:
+        node = node["items"] if part == "[]" else node["properties"][part]
+    return node
+
+
+def _rule(rule: str, message: str, reason: str | None = None, field_path: str | None = None) -> dict[str, str]:
+    validation = {"rule": rule, "message": message}
+    if reason:
+        validation["reason"] = reason
+    if field_path:
+        validation["fieldPath"] = field_path
+    return validation
+
+
+FRACTION_RULE = "self.matches('^[0-9]*[.]?[0-9]+$') && double(self) > 0.0 && double(self) < 1.0"
+DECIMAL_RULE = "self.matches('^-?[0-9]*[.]?[0-9]+$')"
+OPERATOR_FLAGS = ["--model-path", "--model", "--tokenizer-path", "--host", "--port", "--tp-size", "--tp",
+                  "--tensor-parallel-size", "--api-key", "--nnodes", "--node-rank", "--dist-init-addr"]
+
+# Bounds keep CEL's cost estimate finite; the numbers are far above any real run.
+BOUNDS: dict[Path_, dict[str, Any]] = {
+    ("datasets",): {"maxItems": 64},
+    ("datasets", "[]", "name"): {"maxLength": 63, "pattern": "^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"},
+    ("datasets", "[]", "source"): {"maxLength": 2048},
+    ("model", "path"): {"maxLength": 2048, "minLength": 1},
+    ("output", "uri"): {"maxLength": 2048},
+    ("server", "extraArgs"): {"maxItems": 128},
+    ("server", "extraArgs", "[]"): {"maxLength": 4096},
+    ("sampling", "stopTokenIds"): {"maxItems": 64},
+    ("datasets", "[]", "sampling", "stopTokenIds"): {"maxItems": 64},
+    ("runner", "parallelism"): {"maximum": 256},
+    ("output", "credentialsSecret"): {"maxLength": 253, "pattern": "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"},
+    ("output", "endpoint"): {"maxLength": 2048, "pattern": "^https?://"},
+}
+
+RULES: dict[Path_, list[dict[str, str]]] = {
+    (): [
+        _rule("oldSelf.model.path == self.model.path || (oldSelf.suspend && self.suspend)",
+              "spec.model.path cannot change while the run is active: outputs of two models would mix under one "
+              "output URI; suspend it first, or create a new DatasetGeneration", "FieldValueForbidden",
+              ".model.path"),
+        _rule("oldSelf.output.uri == self.output.uri || (oldSelf.suspend && self.suspend)",
+              "spec.output.uri cannot change while the run is active: committed shards would be left behind; "
+              "suspend it first, or create a new DatasetGeneration", "FieldValueForbidden", ".output.uri"),
+        _rule("type(self.server.contextLength) != int || self.datasets.all(d, !has(d.sampling) || "
+              "!has(d.sampling.maxNewTokens) || d.sampling.maxNewTokens < self.server.contextLength)",
+              "every dataset's sampling.maxNewTokens must be below server.contextLength (the prompt needs room too)",
+              "FieldValueInvalid", ".datasets"),
+        _rule("!has(self.sampling.maxNewTokens) || type(self.server.contextLength) != int || "
+              "self.sampling.maxNewTokens < self.server.contextLength",
+              "sampling.maxNewTokens must be below server.contextLength (the prompt needs room too)",
+              "FieldValueInvalid", ".sampling.maxNewTokens"),
+    ],
+    ("datasets",): [_rule("self.all(d, self.exists_one(e, e.name == d.name))",
+                          "dataset names must be unique (each names an output folder)", "Duplicate")],
+    ("datasets", "[]", "source"): [_rule("self.startsWith('s3://')",
+                                         "in a cluster, sources are read from S3: use s3://bucket/key.jsonl "
+                                         "(local files work only with `tokenmill run`)")],
+    ("output", "uri"): [_rule("self.matches('^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$')",
+                              "output.uri must be s3://bucket/prefix/ (a local folder works only with "
+                              "`tokenmill run`)")],
+    ("server",): [
+        _rule("type(self.tensorParallel) != int || self.tensorParallel in [1, 2, 4, 8, 16, 32, 64]",
+              "server.tensorParallel must be a power of two (1-64) or \"auto\"", "FieldValueInvalid",
+              ".tensorParallel"),
+        _rule("type(self.tensorParallel) != int || self.tensorParallel <= self.gpusPerNode || "
+              "self.tensorParallel % self.gpusPerNode == 0",
+              "server.tensorParallel above gpusPerNode must span whole nodes (a multiple of gpusPerNode)",
+              "FieldValueInvalid", ".tensorParallel"),
+        _rule("self.extraArgs.all(a, !(a.split('=')[0] in " + str(OPERATOR_FLAGS).replace('"', "'") + "))",
+              "server.extraArgs must not set flags the operator manages (model path, host, port, "
+              "tensor parallel, API key, multi-node): use the spec fields instead", "FieldValueForbidden",
+              ".extraArgs"),
+    ],
+    ("server", "memFractionStatic"): [_rule("self == 'auto' || (" + FRACTION_RULE + ")",
+                                            "must be \"auto\" or a fraction between 0 and 1 as a string, e.g. \"0.85\"")],
+    ("validation", "maxTruncatedFraction"): [_rule(FRACTION_RULE, "must be a fraction between 0 and 1, e.g. \"0.05\"")],
+    ("validation", "minReasoningFraction"): [_rule(FRACTION_RULE, "must be a fraction between 0 and 1, e.g. \"0.9\"")],
+    ("validation", "maxErrorFraction"): [_rule(FRACTION_RULE, "must be a fraction between 0 and 1, e.g. \"0.01\"")],
+}
+for _prefix in (("sampling",), ("datasets", "[]", "sampling")):
+    for _name in ("temperature", "topP", "minP"):
+        RULES[(*_prefix, _name)] = [_rule(DECIMAL_RULE, "must be a decimal number written as a string, e.g. \"0.6\"")]
+
+
+def spec_schema() -> dict[str, Any]:
+    schema = _schema_of(DatasetGenerationSpec)
+    for path, bounds in BOUNDS.items():
+        _at(schema, path).update(bounds)
+    for path, rules in RULES.items():
+        node = _at(schema, path)
+        node["x-kubernetes-validations"] = node.get("x-kubernetes-validations", []) + rules
+    return schema
+
+
+def status_schema() -> dict[str, Any]:
+    schema = _schema_of(DatasetGenerationStatus)
+    conditions = _at(schema, ("conditions",))
+    conditions.update({"maxItems": 16, "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
+    return schema
+
+
+PRINTER_COLUMNS = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase", "description": "Display-only phase."},
+    {"name": "Progress", "type": "string", "jsonPath": ".status.progress.display",
+     "description": "Committed and failed samples of the total."},
+    {"name": "Tokens/s", "type": "integer", "jsonPath": ".status.progress.tokensPerSecond",
+     "description": "Committed output tokens per second."},
+    {"name": "ETA", "type": "string", "jsonPath": ".status.progress.eta", "description": "Time left."},
+    {"name": "Verdict", "type": "string", "jsonPath": ".status.report.verdict", "priority": 1,
+     "description": "The validation report's verdict."},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def crd() -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{GROUP}", "labels": {"app.kubernetes.io/name": "tokenmill"}},
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {"kind": KIND, "plural": PLURAL, "singular": SINGULAR, "shortNames": ["dsgen"],
+                      "categories": ["tokenmill"]},
+            "versions": [{
+                "name": VERSION, "served": True, "storage": True,
+                "subresources": {"status": {}},
+                "additionalPrinterColumns": PRINTER_COLUMNS,
+                "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "description": "DatasetGeneration mills prompt datasets into token-exact outputs of a model "
+                                   "served by SGLang, with shards, commit markers and a validation report in S3.",
+                    "required": ["spec"],
+                    "properties": {
+                        "apiVersion": {"type": "string", "description": "tokenmill.io/v1alpha1"},
+                        "kind": {"type": "string", "description": "DatasetGeneration"},
+                        "metadata": {"type": "object"},
+                        "spec": spec_schema(),
+                        "status": status_schema(),
+                    },
+                }},
+            }],
+        },
+    }
+
+
+def render() -> str:
+    header = "# Generated by `python -m tokenmill_operator.crd` from the pydantic models; do not edit.\n"
+    return header + yaml.safe_dump(crd(), sort_keys=False, width=120)
+
+
+def main() -> int:
+    CRD_FILE.parent.mkdir(parents=True, exist_ok=True)
+    CRD_FILE.write_text(render())
+    sys.stdout.write(f"wrote {CRD_FILE}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

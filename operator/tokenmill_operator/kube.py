@@ -1,0 +1,94 @@
+"""The one layer that talks to the Kubernetes API (besides kopf itself): apply, get, list, delete, patch.
+
+Children are applied with server-side apply under one field manager, so re-running a reconcile is a no-op and
+fields other controllers own (StatefulSet status, Job status) are never touched.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from functools import cache
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import NotFoundError
+
+logger = logging.getLogger(__name__)
+
+FIELD_MANAGER = "tokenmill-operator"
+
+
+def load_config() -> None:
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+
+
+class Kube:
+    def __init__(self, api_client: client.ApiClient | None = None) -> None:
+        self.api_client = api_client or client.ApiClient()
+        self.dynamic = DynamicClient(self.api_client)
+        self._resources: dict[tuple[str, str], Any] = {}
+
+    def _resource(self, api_version: str, kind: str) -> Any:
+        key = (api_version, kind)
+        if key not in self._resources:
+            self._resources[key] = self.dynamic.resources.get(api_version=api_version, kind=kind)
+        return self._resources[key]
+
+    def apply(self, body: dict[str, Any]) -> dict[str, Any]:
+        resource = self._resource(body["apiVersion"], body["kind"])
+        meta = body["metadata"]
+        result = resource.server_side_apply(body=body, name=meta["name"], namespace=meta.get("namespace"),
+                                            field_manager=FIELD_MANAGER, force_conflicts=True)
+        return result.to_dict()
+
+    def create_if_absent(self, body: dict[str, Any]) -> bool:
+        """Create; leave an existing object alone (Jobs: their pod template is immutable; Secrets: keep the key)."""
+        resource = self._resource(body["apiVersion"], body["kind"])
+        try:
+            resource.create(body=body, namespace=body["metadata"].get("namespace"))
+        except ApiException as error:
+            if error.status == 409:
+                return False
+            raise
+        return True
+
+    def get(self, api_version: str, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
+        try:
+            return self._resource(api_version, kind).get(name=name, namespace=namespace).to_dict()
+        except NotFoundError:
+            return None
+
+    def list(self, api_version: str, kind: str, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
+        label_selector = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+        items = self._resource(api_version, kind).get(namespace=namespace, label_selector=label_selector)
+        return [item.to_dict() for item in items.items]
+
+    def delete(self, api_version: str, kind: str, name: str, namespace: str) -> bool:
+        try:
+            self._resource(api_version, kind).delete(name=name, namespace=namespace,
+                                                     body={"propagationPolicy": "Background"})
+        except NotFoundError:
+            return False
+        return True
+
+    def patch(self, api_version: str, kind: str, name: str, namespace: str, body: dict[str, Any]) -> None:
+        self._resource(api_version, kind).patch(name=name, namespace=namespace, body=body,
+                                                content_type="application/merge-patch+json")
+
+    def secret_data(self, name: str, namespace: str) -> dict[str, str]:
+        secret = self.get("v1", "Secret", name, namespace)
+        if secret is None:
+            raise LookupError(f"Secret {namespace}/{name} does not exist")
+        return {key: base64.b64decode(value).decode() for key, value in (secret.get("data") or {}).items()}
+
+
+@cache
+def default_kube() -> Kube:
+    load_config()
+    return Kube()

@@ -1,0 +1,65 @@
+"""The DatasetGeneration status as pydantic models (the CRD's status schema is generated from them)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from .planner import ServerPlan
+
+CONDITION_TYPES = ("ServerReady", "Progressing", "Stalled", "Succeeded", "Failed", "Ready")
+Phase = Literal["Pending", "Planning", "StartingServer", "Generating", "Reporting", "Succeeded", "Failed",
+                "Suspended"]
+
+
+class StatusModel(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class Condition(StatusModel):
+    """metav1.Condition."""
+
+    type: str = Field(description="Condition type: ServerReady, Progressing, Stalled, Succeeded, Failed or Ready.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(description="One-word CamelCase reason.")
+    message: str = Field("", description="What a person should know, and what to do.")
+    last_transition_time: str = Field(description="When the status last changed (RFC 3339).")
+    observed_generation: int = Field(0, description="The .metadata.generation this condition was computed for.")
+
+
+class Progress(StatusModel):
+    completed: int = Field(0, description="Samples committed with a generated output.")
+    failed: int = Field(0, description="Samples recorded as failed (see the errors/ folder of each dataset).")
+    total: int = Field(0, description="Samples to process (rows of the sources, after limits).")
+    generated_tokens: int = Field(0, description="Output tokens committed.")
+    tokens_per_second: int = Field(0, description="Committed output tokens per second, recent window.")
+    samples_per_second: str = Field("0", description="Committed samples per second, recent window (decimal).")
+    eta_seconds: int | None = Field(None, description="Estimated seconds until every sample is committed.")
+    eta: str = Field("", description="ETA as HH:MM:SS, for kubectl.")
+    display: str = Field("", description="completed+failed/total (percent), for kubectl.")
+
+
+class DatasetProgress(Progress):
+    name: str = Field(description="Dataset name.")
+
+
+class ReportStatus(StatusModel):
+    uri: str = Field(description="Where report.json, report.md and the plots are.")
+    verdict: Literal["pass", "warn", "fail"] = Field(description="The report's verdict.")
+    findings: list[str] = Field(default_factory=list, description="The report's warnings and failures.")
+
+
+class DatasetGenerationStatus(StatusModel):
+    observed_generation: int = Field(0, description="The .metadata.generation the status reflects.")
+    phase: Phase = Field("Pending", description="Display-only summary of the conditions.")
+    message: str = Field("", description="What is happening now, or what went wrong and what to do.")
+    conditions: list[Condition] = Field(default_factory=list, description="metav1.Condition list.")
+    server_plan: ServerPlan | None = Field(None, description="The server plan in use, with its arithmetic.")
+    progress: Progress = Field(default_factory=Progress, description="Progress over all datasets.")
+    datasets: list[DatasetProgress] = Field(default_factory=list, description="Progress per dataset.")
+    report: ReportStatus | None = Field(None, description="The validation report, once written.")
+    start_time: str | None = Field(None, description="When generation started.")
+    completion_time: str | None = Field(None, description="When the run succeeded or failed.")
+    last_commit_time: str | None = Field(None, description="Time of the newest commit marker.")
