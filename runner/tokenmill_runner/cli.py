@@ -1,4 +1,4 @@
-"""`tokenmill` command line: run, sim-server (and, as they land, report, inspect, plan)."""
+"""`tokenmill` command line: run, sim-server, report, inspect (and plan, from the operator package)."""
 
 from __future__ import annotations
 
@@ -90,7 +90,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sim_parser(commands)
     _add_report_parser(commands)
     _add_inspect_parser(commands)
+    _add_plugin_parsers(commands)
     return parser
+
+
+def _add_plugin_parsers(commands: argparse._SubParsersAction) -> None:
+    """Subcommands other installed packages add (the operator adds `plan`); the runner never imports them."""
+    from importlib.metadata import entry_points
+
+    for entry in entry_points(group="tokenmill.commands"):
+        entry.load()(commands)
 
 
 def runner_config(resource: DatasetGeneration, args: argparse.Namespace, servers: list[str]) -> RunnerConfig:

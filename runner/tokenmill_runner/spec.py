@@ -176,7 +176,8 @@ class RunnerSpec(SpecModel):
     image: str | None = Field(None, description="Runner image; defaults to the operator's own version.")
     parallelism: int = Field(1, gt=0, description="Runner workers (Indexed Job completions); samples split by id.")
     concurrency: int | Auto = Field(
-        "auto", description="Requests in flight per worker; auto = twice the servers' max running requests."
+        "auto", description="Requests in flight per worker; auto = what the servers run at once plus half again "
+        "as a queue, split over the workers.",
     )
     shard_max_samples: int = Field(256, gt=0, description="Commit a shard when it holds this many samples.")
     shard_max_seconds: int = Field(60, gt=0, description="Commit a shard at least this often (seconds).")

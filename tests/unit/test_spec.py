@@ -84,3 +84,19 @@ def test_examples_parse():
     repo = Path(__file__).resolve().parents[2]
     for path in sorted((repo / "examples").glob("*.yaml")):
         load_spec_file(path)
+
+
+def test_auto_concurrency_fills_the_servers_and_keeps_a_queue():
+    from tokenmill_runner.config import RunnerConfig
+    from tokenmill_runner.pipeline import resolve_concurrency
+
+    spec = parse_document(doc()).spec  # longest cap 32768 -> typical request 512 + 0.15 * 32768 = 5427 tokens
+    one = RunnerConfig(spec=spec, servers=["http://a"], output_uri="/tmp/x")
+    kv_bound = {"max_running_requests": 2048, "max_total_num_tokens": 868_000}
+    assert resolve_concurrency(one, [kv_bound]) == int(159 * 1.5) + 64  # 868000 // 5427 = 159 requests fit
+    slot_bound = {"max_running_requests": 100, "max_total_num_tokens": 10_000_000}
+    assert resolve_concurrency(one, [slot_bound, slot_bound]) == 364
+    four = RunnerConfig(spec=spec, servers=["http://a"], output_uri="/tmp/x", worker_count=4)
+    assert resolve_concurrency(four, [slot_bound]) == 54  # ceil(214 / 4)
+    fixed = spec.model_copy(update={"runner": spec.runner.model_copy(update={"concurrency": 7})})
+    assert resolve_concurrency(RunnerConfig(spec=fixed, servers=["http://a"], output_uri="/tmp/x"), [kv_bound]) == 7
