@@ -111,6 +111,10 @@ CORPUS_JSON = [
 ]
 
 
+# About 90M parameters in BF16 for the config below (embeddings + 8 layers of attention and MLP).
+DEMO_WEIGHT_BYTES = 180_000_000
+
+
 def corpus() -> list[str]:
     lines = [line for line in CORPUS_TEXT.splitlines() if line.strip()]
     lines += [json.dumps(item) for item in CORPUS_JSON]
@@ -161,6 +165,10 @@ def build(out_dir: Path) -> None:
     fast.save_pretrained(out_dir)
     config = model_config(fast)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    # No weights ship with the demo model (the simulator needs none); the index records what the planner reads.
+    (out_dir / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": DEMO_WEIGHT_BYTES}, "weight_map": {}}, indent=2) + "\n"
+    )
     (out_dir / "generation_config.json").write_text(
         json.dumps({"eos_token_id": config["eos_token_id"], "bos_token_id": config["bos_token_id"]}, indent=2) + "\n"
     )

@@ -36,7 +36,7 @@ def objects(resource, plan, runner_image: str) -> list[dict]:
     spec = resource.spec
     owner = manifests.owner_reference({"apiVersion": resource.api_version, "kind": resource.kind,
                                        "metadata": {"name": name, "uid": PLACEHOLDER_UID}})
-    urls = names.server_urls(name, namespace, plan, spec.server.port)
+    urls = names.server_urls(name, namespace, spec.server.port, plan.replicas, plan.nodes_per_replica)
     return [
         manifests.api_key_secret(name, namespace, owner, "<generated at create time>"),
         manifests.server_service(name, namespace, owner, spec),

@@ -95,12 +95,12 @@ def make_plan(spec: DatasetGenerationSpec, credentials: dict[str, str] | None) -
 
 
 def observe_server(kube: Kube, name: str, namespace: str) -> ServerState | None:
-    statefulset = kube.get("apps/v1", "StatefulSet", names.server(name), namespace)
+    statefulset = kube.get("apps/v1", "StatefulSet", names.server_name(name), namespace)
     if statefulset is None:
         return None
     desired = statefulset["spec"].get("replicas") or 0
     ready = (statefulset.get("status") or {}).get("readyReplicas") or 0
-    for pod in kube.list("v1", "Pod", namespace, names.selector_labels(name, "server")):
+    for pod in kube.list("v1", "Pod", namespace, names.selector_labels(name, names.SERVER_COMPONENT)):
         problem = pod_problem(pod)
         if problem:
             return ServerState(desired, ready, *problem)
@@ -123,7 +123,7 @@ def pod_problem(pod: dict[str, Any]) -> tuple[str, str] | None:
 
 
 def observe_job(kube: Kube, name: str, namespace: str) -> tuple[JobState | None, datetime | None]:
-    job = kube.get("batch/v1", "Job", names.runner(name), namespace)
+    job = kube.get("batch/v1", "Job", names.runner_name(name), namespace)
     if job is None:
         return None, None
     status = job.get("status") or {}
@@ -190,7 +190,8 @@ def _ensure_children(kube: Kube, context: Context, plan: ServerPlan, settings: O
     if create_job:
         image = spec.runner.image or settings.runner_image
         job = manifests.runner_job(name, namespace, owner, spec, plan, image,
-                                   names.server_urls(name, namespace, plan, spec.server.port))
+                                   names.server_urls(name, namespace, spec.server.port, plan.replicas,
+                                                     plan.nodes_per_replica))
         template_labels = job["spec"]["template"]["metadata"].setdefault("labels", {})
         template_labels.update(settings.runner_pod_labels)
         kube.create_if_absent(job)
@@ -200,11 +201,11 @@ def _apply(kube: Kube, context: Context, decision: Decision, plan: ServerPlan | 
            settings: OperatorSettings, job: JobState | None) -> None:
     name, namespace = context.name, context.namespace
     if decision.delete_server:
-        kube.delete("apps/v1", "StatefulSet", names.server(name), namespace)
+        kube.delete("apps/v1", "StatefulSet", names.server_name(name), namespace)
     elif plan is not None:
         _ensure_children(kube, context, plan, settings, decision.server_replicas, decision.create_job)
     if job is not None and job.suspended != decision.suspend_job and not job.complete:
-        kube.patch("batch/v1", "Job", names.runner(name), namespace, {"spec": {"suspend": decision.suspend_job}})
+        kube.patch("batch/v1", "Job", names.runner_name(name), namespace, {"spec": {"suspend": decision.suspend_job}})
 
 
 def reconcile(kube: Kube, context: Context, cache: MarkerCache, settings: OperatorSettings) -> Decision:

@@ -20,6 +20,12 @@ logger = logging.getLogger(__name__)
 
 RETRYABLE_STATUS = {429, 500, 502, 503, 504}
 FATAL_STATUS = {401, 403, 404}
+# httpcore's connection pool does O(pool size) work per request, so hundreds of connections in one pool cost
+# quadratic CPU; requests are spread over several small pools ("lanes") instead.
+LANE_CONNECTIONS = 64
+# SGLang (uvicorn) closes idle keep-alive connections after 5 s; drop them first, or a request sent on a
+# connection the server is closing fails with a ReadError.
+KEEPALIVE_EXPIRY_S = 4.0
 
 
 @dataclass(frozen=True)
@@ -128,14 +134,17 @@ class GenerateClient:
         headers = {"Content-Type": "application/json"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
-        self._http = httpx.AsyncClient(
-            headers=headers,
-            timeout=httpx.Timeout(timeout_s, connect=30.0),
-            limits=httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8),
-        )
+        lanes = max(1, -(-concurrency // LANE_CONNECTIONS))
+        per_lane = -(-concurrency // lanes) + 4
+        limits = httpx.Limits(max_connections=per_lane, max_keepalive_connections=per_lane,
+                              keepalive_expiry=KEEPALIVE_EXPIRY_S)
+        timeout = httpx.Timeout(timeout_s, connect=30.0, pool=None)
+        self._lanes = [httpx.AsyncClient(headers=headers, timeout=timeout, limits=limits) for _ in range(lanes)]
+        self._lane_load = [0] * lanes
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        for lane in self._lanes:
+            await lane.aclose()
 
     def pick_server(self) -> str:
         least = min(self.outstanding.values())
@@ -164,9 +173,17 @@ class GenerateClient:
             self.retry.max_attempts,
         )
 
+    async def _post(self, url: str, body: bytes) -> httpx.Response:
+        lane = self._lane_load.index(min(self._lane_load))
+        self._lane_load[lane] += 1
+        try:
+            return await self._lanes[lane].post(url, content=body)
+        finally:
+            self._lane_load[lane] -= 1
+
     async def _attempt(self, server: str, body: bytes, attempt: int) -> Generation | GenerationFailure:
         try:
-            response = await self._http.post(f"{server}/generate", content=body)
+            response = await self._post(f"{server}/generate", body)
         except httpx.TransportError as error:
             raise _Retry(f"{server}: {type(error).__name__}: {error or 'connection failed'}") from None
         if response.status_code == 200:

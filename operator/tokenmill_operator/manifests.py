@@ -1,0 +1,563 @@
+"""The Kubernetes objects a DatasetGeneration owns, as plain dicts. Pure functions: no client, no I/O.
+
+The operator applies these idempotently (get-or-create / patch), so every builder is deterministic: the same spec
+and plan always give the same object. Each child carries a controller owner reference (garbage collection deletes
+it with the DatasetGeneration) and an explicit label set from `names.labels`, never a copy of the CR's labels.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from tokenmill_runner.config import API_KEY_ENV
+from tokenmill_runner.spec import API_VERSION, KIND, DatasetGenerationSpec
+
+from . import names
+from .planner import ServerPlan
+
+# aws-cli image used by the init container that copies s3:// weights into the pod. The spec has no field for it
+# yet; pinned (not `latest`) so a restarted pod runs the same copier. Its entrypoint is `aws`.
+DEFAULT_MODEL_SYNC_IMAGE = "amazon/aws-cli:2.27.0"
+
+API_KEY_SECRET_KEY = "api-key"
+SERVER_API_KEY_ENV = "SGLANG_API_KEY"
+SERVER_CONTAINER = "sglang"
+RUNNER_CONTAINER = "runner"
+MODELS_MOUNT = "/models"
+TOKENIZER_MOUNT = "/tokenizer"
+S3_FOLDER = "model"  # s3:// weights are copied to <mount>/model, e.g. /models/model
+CONFIG_MOUNT = "/etc/tokenmill"
+SPEC_KEY = "spec.yaml"
+RUNNER_METRICS_PORT = 9400
+RUNNER_UID = 10001
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
+GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+PROBE_PERIOD_S = 10
+# `tokenmill run` exits 2 only from argparse (tokenmill_runner.cli.EXIT_USAGE): a bad command line. The operator
+# builds the same command line for every index, so no retry and no other index can succeed either.
+RUNNER_EXIT_USAGE = 2
+# Only the tokenizer of an s3:// tokenizer location is needed; skip weights if it points at a full model prefix.
+_WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf", "*.msgpack", "*.h5", "*.ckpt")
+
+Manifest = dict[str, Any]
+
+
+# ---------------------------------------------------------------------------------------------------- metadata
+
+
+def owner_reference(body: dict[str, Any]) -> dict[str, Any]:
+    """Controller owner reference to a DatasetGeneration object (as kopf passes `body`)."""
+    metadata = body["metadata"]
+    return {
+        "apiVersion": body.get("apiVersion", API_VERSION),
+        "kind": body.get("kind", KIND),
+        "name": metadata["name"],
+        "uid": metadata["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(object_name: str, namespace: str, owner: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
+    return {"name": object_name, "namespace": namespace, "labels": dict(labels), "ownerReferences": [dict(owner)]}
+
+
+# ---------------------------------------------------------------------------------------------- model location
+
+
+@dataclass(frozen=True)
+class PodFiles:
+    """Where a model or tokenizer location appears inside a pod, and what the pod needs to put it there."""
+
+    path: str
+    volumes: tuple[Manifest, ...] = ()
+    mounts: tuple[Manifest, ...] = ()
+    init_containers: tuple[Manifest, ...] = ()
+
+
+def _pvc_parts(location: str) -> tuple[str, str]:
+    claim, _, sub = location.removeprefix("pvc://").partition("/")
+    if not claim:
+        raise ValueError(f"{location!r}: expected pvc://claim/path/in/volume")
+    return claim, sub.strip("/")
+
+
+def _pvc_files(location: str, volume: str, root: str) -> PodFiles:
+    claim, sub = _pvc_parts(location)
+    return PodFiles(
+        path=f"{root}/{sub}" if sub else root,
+        volumes=({"name": volume, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}},),
+        mounts=({"name": volume, "mountPath": root, "readOnly": True},),
+    )
+
+
+def _s3_files(location: str, volume: str, root: str, spec: DatasetGenerationSpec,
+              excludes: tuple[str, ...] = ()) -> PodFiles:
+    target = f"{root}/{S3_FOLDER}"
+    # No sizeLimit: the weights land on the node's ephemeral disk, which must hold the whole model (Kimi-K2.5:
+    # ~600 GB). Each server pod copies them again; a pre-filled ReadOnlyMany PVC avoids that (pvc://).
+    return PodFiles(
+        path=target,
+        volumes=({"name": volume, "emptyDir": {}},),
+        mounts=({"name": volume, "mountPath": root, "readOnly": True},),
+        init_containers=(_sync_container(location, volume, root, target, spec, excludes),),
+    )
+
+
+def _sync_container(location: str, volume: str, root: str, target: str, spec: DatasetGenerationSpec,
+                    excludes: tuple[str, ...]) -> Manifest:
+    source = location if location.endswith("/") else location + "/"  # a prefix, never a sibling like prefix-v2
+    command = ["aws", "s3", "sync", source, target, "--no-progress"]
+    if spec.output.endpoint:
+        command += ["--endpoint-url", spec.output.endpoint]
+    for pattern in excludes:
+        command += ["--exclude", pattern]
+    env = [{"name": "HOME", "value": "/tmp"}]
+    if spec.output.region:
+        env += [{"name": "AWS_DEFAULT_REGION", "value": spec.output.region}]
+    container: Manifest = {
+        "name": f"sync-{volume}",
+        "image": DEFAULT_MODEL_SYNC_IMAGE,
+        "command": command,
+        "env": env,
+        "volumeMounts": [{"name": volume, "mountPath": root}],
+        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if spec.output.credentials_secret:
+        container["envFrom"] = [{"secretRef": {"name": spec.output.credentials_secret}}]
+    return container
+
+
+def _place(location: str, volume: str, root: str, spec: DatasetGenerationSpec,
+           excludes: tuple[str, ...] = ()) -> PodFiles:
+    if location.startswith("pvc://"):
+        return _pvc_files(location, volume, root)
+    if location.startswith("s3://"):
+        return _s3_files(location, volume, root, spec, excludes)
+    # A Hugging Face id (or a path baked into the image): SGLang downloads it itself, which needs internet access
+    # from the GPU nodes and repeats the download in every pod on every start.
+    return PodFiles(path=location)
+
+
+def server_model_files(spec: DatasetGenerationSpec) -> tuple[PodFiles, PodFiles | None]:
+    """(model, tokenizer or None) as the server pod sees them."""
+    model = _place(spec.model.path, "models", MODELS_MOUNT, spec)
+    tokenizer = spec.model.tokenizer
+    if tokenizer is None or tokenizer == spec.model.path:
+        return model, None
+    if tokenizer.startswith("pvc://") and spec.model.path.startswith("pvc://"):
+        claim, sub = _pvc_parts(tokenizer)
+        if claim == _pvc_parts(spec.model.path)[0]:  # one claim mounted once, not as two volumes
+            return model, PodFiles(path=f"{MODELS_MOUNT}/{sub}" if sub else MODELS_MOUNT)
+    return model, _place(tokenizer, "tokenizer", TOKENIZER_MOUNT, spec, _WEIGHT_PATTERNS)
+
+
+def runner_tokenizer_files(spec: DatasetGenerationSpec) -> PodFiles:
+    """The tokenizer as a runner pod sees it. The runner fetches s3:// tokenizer files itself, but it cannot reach
+    a PVC: a pvc:// location is mounted read-only (the claim must allow several pods, e.g. ReadOnlyMany)."""
+    location = spec.model.tokenizer or spec.model.path
+    if location.startswith("pvc://"):
+        return _pvc_files(location, "models", MODELS_MOUNT)
+    return PodFiles(path=location)
+
+
+# -------------------------------------------------------------------------------------------------------- secret
+
+
+def api_key_secret(name: str, namespace: str, owner: dict[str, Any], api_key: str) -> Manifest:
+    """The server API key. Generated once by the caller and kept: a new key would lock out running workers."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(names.api_key_secret_name(name), namespace, owner,
+                              names.labels(name, names.SERVER_COMPONENT)),
+        "type": "Opaque",
+        # `data`, not `stringData`: what is written is what reads back, so an apply compares equal.
+        "data": {API_KEY_SECRET_KEY: base64.b64encode(api_key.encode()).decode()},
+    }
+
+
+# -------------------------------------------------------------------------------------------------------- server
+
+
+def server_service(name: str, namespace: str, owner: dict[str, Any], spec: DatasetGenerationSpec) -> Manifest:
+    """Headless Service giving every server pod a stable DNS name (the runner talks to rank-0 pods directly)."""
+    port = spec.server.port
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(names.server_name(name), namespace, owner, names.labels(name, names.SERVER_COMPONENT)),
+        "spec": {
+            "clusterIP": "None",
+            # Ranks of a multi-node replica must resolve each other while loading weights, long before any is
+            # ready; and the runner waits for /health itself.
+            "publishNotReadyAddresses": True,
+            "selector": names.selector_labels(name, names.SERVER_COMPONENT),
+            "ports": [
+                {"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"},
+                {"name": "dist", "port": names.dist_port(port), "targetPort": "dist", "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def sglang_args(name: str, spec: DatasetGenerationSpec, plan: ServerPlan, model_path: str,
+                tokenizer_path: str | None = None) -> list[str]:
+    """launch_server flags, extraArgs last so a user's flag wins (argparse keeps the last value).
+
+    No --reasoning-parser and no --tool-call-parser: the runner sends input_ids to /generate and keeps the raw
+    output_ids, so parsers would only risk rewriting text; the seeds' data loss came from exactly that layer.
+    """
+    server = spec.server
+    args = ["--model-path", model_path]
+    if tokenizer_path:
+        args += ["--tokenizer-path", tokenizer_path]
+    args += [
+        "--host", "0.0.0.0",  # SGLang's default 127.0.0.1 is unreachable from other pods
+        "--port", str(server.port),
+        "--tp-size", str(plan.tensor_parallel),
+        "--mem-fraction-static", plan.mem_fraction_static,
+        "--context-length", str(plan.context_length),
+        "--max-running-requests", str(plan.max_running_requests),
+    ]
+    if plan.kv_cache_dtype != "auto":
+        args += ["--kv-cache-dtype", plan.kv_cache_dtype]
+    if spec.model.trust_remote_code:
+        args += ["--trust-remote-code"]
+    args += [
+        "--enable-metrics",
+        # Expanded by the kubelet from the env var (itself from the Secret): the key never appears in the spec.
+        "--api-key", f"$({SERVER_API_KEY_ENV})",
+        "--served-model-name", name,
+    ]
+    return args + list(server.extra_args)
+
+
+def multi_node_script(name: str, namespace: str, nodes: int, port: int) -> str:
+    """bash that turns the StatefulSet pod index into --nnodes/--node-rank/--dist-init-addr, then execs SGLang.
+
+    Pods [k·nodes, (k+1)·nodes) form replica k; its rank-0 pod hosts the torch.distributed store. The script
+    avoids `$(`: the kubelet would try to expand it as a variable reference.
+    """
+    sts = names.server_name(name)
+    return "\n".join([
+        "set -eu",
+        'index="${POD_INDEX:-${HOSTNAME##*-}}"',  # the label-based env needs Kubernetes >= 1.28; else the hostname
+        'case "$index" in ""|*[!0-9]*) echo "tokenmill: cannot tell the pod index from \'$index\'" >&2; exit 1;; esac',
+        f"declare -i nodes={nodes}",
+        'declare -i rank="index % nodes"',
+        'declare -i leader="index - rank"',
+        'echo "tokenmill: pod $index is node rank $rank of $nodes; replica leader is pod $leader" >&2',
+        'exec python3 -m sglang.launch_server --nnodes "$nodes" --node-rank "$rank" '
+        f'--dist-init-addr "{sts}-${{leader}}.{sts}.{namespace}.svc:{port}" "$@"',
+    ])
+
+
+def _server_env(name: str, multi_node: bool) -> list[Manifest]:
+    env: list[Manifest] = [{
+        "name": SERVER_API_KEY_ENV,
+        "valueFrom": {"secretKeyRef": {"name": names.api_key_secret_name(name), "key": API_KEY_SECRET_KEY}},
+    }]
+    if multi_node:
+        env.append({"name": "POD_INDEX",
+                    "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{POD_INDEX_LABEL}']"}}})
+    return env
+
+
+def _server_resources(spec: DatasetGenerationSpec, plan: ServerPlan) -> Manifest:
+    # The plan's GPU count wins over spec.server.resources: --tp-size was computed from it.
+    extra = spec.server.resources
+    gpus = str(plan.gpus_per_node)
+    return {
+        **extra,
+        "limits": {**extra.get("limits", {}), GPU_RESOURCE: gpus},
+        "requests": {**extra.get("requests", {}), GPU_RESOURCE: gpus},
+    }
+
+
+def _server_probes(port_name: str, startup_timeout_s: int) -> dict[str, Manifest]:
+    # /health and /health_generate both run a one-token generation (up to SGLANG_HEALTH_CHECK_TIMEOUT = 20 s on a
+    # stuck scheduler), so a 1 s probe timeout flaps under load. Liveness and readiness start only after the
+    # startup probe passed, so weight loading and CUDA-graph capture are budgeted by the startup probe alone.
+    # Ranks >= 1 of a multi-node replica answer these paths from SGLang's dummy health server.
+    def http(path: str) -> Manifest:
+        return {"path": path, "port": port_name}
+
+    return {
+        "startupProbe": {"httpGet": http("/health"), "periodSeconds": PROBE_PERIOD_S, "timeoutSeconds": 10,
+                         "failureThreshold": max(1, math.ceil(startup_timeout_s / PROBE_PERIOD_S))},
+        "readinessProbe": {"httpGet": http("/health_generate"), "periodSeconds": 15, "timeoutSeconds": 10,
+                           "failureThreshold": 3},
+        "livenessProbe": {"httpGet": http("/health"), "periodSeconds": 30, "timeoutSeconds": 20,
+                          "failureThreshold": 5},
+    }
+
+
+def _server_container(name: str, namespace: str, spec: DatasetGenerationSpec, plan: ServerPlan,
+                      model: PodFiles, tokenizer: PodFiles | None) -> Manifest:
+    server = spec.server
+    multi_node = plan.nodes_per_replica > 1
+    args = sglang_args(name, spec, plan, model.path, tokenizer.path if tokenizer else None)
+    if multi_node:
+        script = multi_node_script(name, namespace, plan.nodes_per_replica, names.dist_port(server.port))
+        command = ["bash", "-c", script, "sglang-launch"]  # "$@" in the script = args below
+    else:
+        command = ["python3", "-m", "sglang.launch_server"]
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, *model.mounts, *(tokenizer.mounts if tokenizer else ())]
+    return {
+        "name": SERVER_CONTAINER,
+        "image": server.image,
+        "command": command,
+        "args": args,
+        "env": _server_env(name, multi_node),
+        "ports": [
+            {"name": "http", "containerPort": server.port, "protocol": "TCP"},
+            {"name": "dist", "containerPort": names.dist_port(server.port), "protocol": "TCP"},
+        ],
+        "resources": _server_resources(spec, plan),
+        "volumeMounts": mounts,
+        **_server_probes("http", server.startup_timeout_seconds),
+        # SGLang images run as root (and their caches belong to root), so no runAsNonRoot and no read-only root
+        # filesystem here. Over TCP and NVLink, NCCL needs no capability (CUDA IPC handles travel over Unix
+        # sockets): drop them all. InfiniBand/RoCE would need IPC_LOCK, device mounts and host networking, which
+        # the spec does not express yet. Never privileged.
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+
+
+def _tolerations(extra: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    # Set explicitly: the ExtendedResourceToleration admission plugin that would add it is not enabled everywhere.
+    return [dict(GPU_TOLERATION)] + [dict(item) for item in extra if item != GPU_TOLERATION]
+
+
+def _node_selector(spec: DatasetGenerationSpec, plan: ServerPlan) -> dict[str, str]:
+    product = plan.gpu_product or spec.server.gpu_product
+    selector = {GPU_PRODUCT_LABEL: product} if product else {}
+    return {**selector, **spec.server.node_selector}
+
+
+def _server_pod(name: str, namespace: str, spec: DatasetGenerationSpec, plan: ServerPlan) -> Manifest:
+    model, tokenizer = server_model_files(spec)
+    files = [model] + ([tokenizer] if tokenizer else [])
+    pod_spec: Manifest = {
+        # Service links would inject <SERVICE>_PORT variables; one named like an SGLANG_* setting would change it.
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,  # SGLang never talks to the Kubernetes API
+        "terminationGracePeriodSeconds": 60,
+        "tolerations": _tolerations(spec.server.tolerations),
+        "containers": [_server_container(name, namespace, spec, plan, model, tokenizer)],
+        "volumes": [
+            # NCCL and PyTorch need far more than the 64 MiB default /dev/shm; tmpfs counts as pod memory.
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.server.shm_size}},
+            *(volume for item in files for volume in item.volumes),
+        ],
+    }
+    init_containers = [container for item in files for container in item.init_containers]
+    if init_containers:
+        pod_spec["initContainers"] = init_containers
+    node_selector = _node_selector(spec, plan)
+    if node_selector:
+        pod_spec["nodeSelector"] = node_selector
+    return {"metadata": {"labels": names.labels(name, names.SERVER_COMPONENT)}, "spec": pod_spec}
+
+
+def server_statefulset(name: str, namespace: str, owner: dict[str, Any], spec: DatasetGenerationSpec,
+                       plan: ServerPlan, replicas: int | None = None) -> Manifest:
+    """SGLang pods: plan.replicas × plan.nodes_per_replica of them, or `replicas` (0 to free the GPUs)."""
+    count = plan.replicas * plan.nodes_per_replica if replicas is None else replicas
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": _metadata(names.server_name(name), namespace, owner, names.labels(name, names.SERVER_COMPONENT)),
+        "spec": {
+            "replicas": count,
+            "serviceName": names.server_name(name),
+            # All ranks of a replica must start together: OrderedReady would wait for rank 0 to be ready, which it
+            # never is until the other ranks joined.
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": names.selector_labels(name, names.SERVER_COMPONENT)},
+            "template": _server_pod(name, namespace, spec, plan),
+        },
+    }
+
+
+def network_policy(name: str, namespace: str, owner: dict[str, Any], spec: DatasetGenerationSpec) -> Manifest:
+    """Only this instance's runner may call the servers' API. Kubelet probes are node traffic, which common
+    network plugins always allow."""
+    http = [{"protocol": "TCP", "port": spec.server.port}]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(names.network_policy_name(name), namespace, owner,
+                              names.labels(name, names.SERVER_COMPONENT)),
+        "spec": {
+            "podSelector": {"matchLabels": names.selector_labels(name, names.SERVER_COMPONENT)},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [{"podSelector": {"matchLabels": names.selector_labels(name, names.RUNNER_COMPONENT)}}],
+                 "ports": http},
+                # Ranks of a multi-node replica: torch.distributed store plus NCCL's dynamically chosen ports.
+                {"from": [{"podSelector": {"matchLabels": names.selector_labels(name, names.SERVER_COMPONENT)}}]},
+                # Extra: Prometheus (any namespace, by its usual pod label) scrapes /metrics on the HTTP port;
+                # SGLang exempts /metrics and /health from the API key.
+                {"from": [{"namespaceSelector": {},
+                           "podSelector": {"matchLabels": {names.LABEL_NAME: "prometheus"}}}],
+                 "ports": http},
+            ],
+        },
+    }
+
+
+# -------------------------------------------------------------------------------------------------------- runner
+
+
+def runner_document(name: str, namespace: str, spec: DatasetGenerationSpec) -> dict[str, Any]:
+    """The DatasetGeneration document `tokenmill run` reads in the runner pod. The one change: a pvc:// tokenizer
+    becomes the folder where the runner pod mounts it (the runner cannot open pvc:// locations itself)."""
+    dumped = spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+    tokenizer = runner_tokenizer_files(spec)
+    if tokenizer.volumes:
+        dumped["model"]["tokenizer"] = tokenizer.path
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name, "namespace": namespace},
+            "spec": dumped}
+
+
+def runner_configmap(name: str, namespace: str, owner: dict[str, Any], spec: DatasetGenerationSpec) -> Manifest:
+    document = runner_document(name, namespace, spec)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(names.runner_configmap_name(name), namespace, owner,
+                              names.labels(name, names.RUNNER_COMPONENT)),
+        "data": {SPEC_KEY: yaml.safe_dump(document, sort_keys=False, allow_unicode=True)},
+    }
+
+
+def runner_args(spec: DatasetGenerationSpec, server_urls: list[str]) -> list[str]:
+    args = ["run", f"{CONFIG_MOUNT}/{SPEC_KEY}", "--out", spec.output.uri,
+            "--workers", str(spec.runner.parallelism)]
+    for url in server_urls:
+        args += ["--server", url]
+    if spec.output.endpoint:
+        args += ["--s3-endpoint", spec.output.endpoint]
+    return args
+
+
+def _runner_env(name: str, spec: DatasetGenerationSpec) -> list[Manifest]:
+    env: list[Manifest] = [
+        {"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": names.api_key_secret_name(name),
+                                                             "key": API_KEY_SECRET_KEY}}},
+        # The root filesystem is read-only: every cache and home goes to the /tmp emptyDir.
+        {"name": "HOME", "value": "/tmp"},
+        {"name": "HF_HOME", "value": "/tmp/hf"},
+        {"name": "TOKENMILL_CACHE", "value": "/tmp/tokenmill"},
+    ]
+    if spec.output.region:
+        env.append({"name": "AWS_DEFAULT_REGION", "value": spec.output.region})
+    return env
+
+
+def _pod_failure_policy() -> Manifest:
+    # Rules are evaluated in order; unmatched failures count against backoffLimitPerIndex (exit 1 covers both
+    # transient trouble, e.g. S3 or a server that was not up in time, and spec errors: retrying is the safe side).
+    return {"rules": [
+        # Eviction, preemption, node drain: not the worker's fault, and it resumes from what is committed.
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+        {"action": "FailJob",
+         "onExitCodes": {"containerName": RUNNER_CONTAINER, "operator": "In", "values": [RUNNER_EXIT_USAGE]}},
+    ]}
+
+
+def _runner_container(name: str, spec: DatasetGenerationSpec, image: str, server_urls: list[str],
+                      tokenizer: PodFiles) -> Manifest:
+    container: Manifest = {
+        "name": RUNNER_CONTAINER,
+        "image": image,
+        "command": ["tokenmill"],
+        "args": runner_args(spec, server_urls),
+        "env": _runner_env(name, spec),
+        "ports": [{"name": "metrics", "containerPort": RUNNER_METRICS_PORT, "protocol": "TCP"}],
+        # The runner holds tokenized prompts of a bounded in-flight window plus one open shard per dataset:
+        # 2Gi typical; the 8Gi ceiling leaves room for long-context prompts and a large tokenizer.
+        "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "8Gi"}},
+        "volumeMounts": [
+            {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+            *tokenizer.mounts,
+        ],
+        "securityContext": {
+            "readOnlyRootFilesystem": True,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        # Replaced pods are deleted before their successor starts, so keep the last words in the pod status.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if spec.output.credentials_secret:
+        container["envFrom"] = [{"secretRef": {"name": spec.output.credentials_secret, "optional": False}}]
+    return container
+
+
+def _runner_pod(name: str, spec: DatasetGenerationSpec, image: str, server_urls: list[str]) -> Manifest:
+    tokenizer = runner_tokenizer_files(spec)
+    return {
+        "metadata": {"labels": names.labels(name, names.RUNNER_COMPONENT)},
+        "spec": {
+            "restartPolicy": "Never",  # required by podFailurePolicy; retries are new pods, counted per index
+            "enableServiceLinks": False,
+            "automountServiceAccountToken": False,  # the runner reads S3 and calls SGLang, never the API server
+            # SIGTERM commits finished samples before exiting; in-flight requests are redone on resume.
+            "terminationGracePeriodSeconds": 60,
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": RUNNER_UID,
+                "runAsGroup": RUNNER_UID,
+                "fsGroup": RUNNER_UID,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [_runner_container(name, spec, image, server_urls, tokenizer)],
+            "volumes": [
+                {"name": "config", "configMap": {"name": names.runner_configmap_name(name)}},
+                # No sizeLimit: S3 Parquet sources are spooled here whole (Parquet needs its footer first).
+                {"name": "tmp", "emptyDir": {}},
+                *tokenizer.volumes,
+            ],
+        },
+    }
+
+
+def runner_job(name: str, namespace: str, owner: dict[str, Any], spec: DatasetGenerationSpec, plan: ServerPlan,
+               image: str, server_urls: list[str]) -> Manifest:
+    """Indexed Job: worker i ($JOB_COMPLETION_INDEX) takes the samples whose id hashes to i."""
+    del plan  # the servers' sizes reach the runner through the servers themselves (/server_info)
+    workers = spec.runner.parallelism
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _metadata(names.runner_name(name), namespace, owner, names.labels(name, names.RUNNER_COMPONENT)),
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": workers,
+            "parallelism": workers,
+            "backoffLimitPerIndex": 3,
+            # Let every index use its own retries: one failing worker must not stop the others' progress.
+            "maxFailedIndexes": workers,
+            # A replacement starts only once its predecessor is gone: the commit protocol assumes at most one live
+            # worker per index (two would write the same shards).
+            "podReplacementPolicy": "Failed",
+            "podFailurePolicy": _pod_failure_policy(),
+            "suspend": spec.suspend,
+            # No ttlSecondsAfterFinished: the operator reads the finished Job's status.
+            "template": _runner_pod(name, spec, image, server_urls),
+        },
+    }

@@ -1,0 +1,99 @@
+"""The simulator's settings, and the `tokenmill sim-server` flags that fill them (one flag per field)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields
+
+from .profiles import AUTO, PROFILES
+
+DEFAULT_HOST = "127.0.0.1"  # like SGLang: pods must pass --host 0.0.0.0
+DEFAULT_PORT = 30000
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    model_path: str  # folder with config.json and tokenizer files (e.g. examples/demo-model)
+    seed: int = 0
+    max_running_requests: int = 256
+    # KV pool in tokens; admission reserves prompt + final output length (SGLang reserves less and retracts). The
+    # default holds 256 requests of 10k+ tokens, so by default slots, not KV, bound the batch (as in DESIGN.md).
+    max_total_tokens: int = 4_000_000
+    context_length: int | None = None  # None: config.json max_position_embeddings
+    step_ms: float = 20.0  # simulated decode step time at an empty batch
+    step_ms_per_request: float = 0.05  # added per running request
+    prefill_ms_per_1k_tokens: float = 30.0  # added to the step that admits a prompt
+    time_scale: float = 1.0  # simulated seconds per real second (100 => 100x faster)
+    profile: str = AUTO  # auto | glaive | reasoning | swe
+    startup_seconds: float = 0.0  # real seconds of "weight loading": /health answers 503 until then
+    fault_503_rate: float = 0.0  # share of /generate requests answered 503 (like a full queue)
+    fault_reset_rate: float = 0.0  # share whose connection is dropped instead of answered
+    fault_abort_rate: float = 0.0  # share of items finishing with finish_reason {type: abort}
+    fault_slow_rate: float = 0.0  # share answered only after fault_slow_seconds extra (real) seconds
+    fault_slow_seconds: float = 5.0
+    max_queued_requests: int | None = None  # like SGLang --max-queued-requests: more waiting => 503
+    api_key: str | None = None  # like SGLang --api-key: "Authorization: Bearer <key>" or 401 (/health, /metrics open)
+    served_model_name: str | None = None  # metrics' model_name label; defaults to model_path
+
+    def __post_init__(self) -> None:
+        if self.profile != AUTO and self.profile not in PROFILES:
+            raise ValueError(f"unknown profile {self.profile!r}; choose auto or one of {sorted(PROFILES)}")
+        if self.time_scale <= 0:
+            raise ValueError("time_scale must be positive")
+        if self.max_running_requests < 1 or self.max_total_tokens < 1:
+            raise ValueError("max_running_requests and max_total_tokens must be at least 1")
+        for name in ("fault_503_rate", "fault_reset_rate", "fault_abort_rate", "fault_slow_rate"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be within [0, 1]")
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model_path
+
+
+_HELP = {
+    "model_path": "folder with config.json, generation_config.json and tokenizer files",
+    "seed": "seed of every drawn output (same seed + same prompt => same output)",
+    "max_running_requests": "continuous-batching slots",
+    "max_total_tokens": "KV cache pool in tokens (prompt + output reserved per running request)",
+    "context_length": "context length (default: config.json max_position_embeddings)",
+    "step_ms": "simulated decode step time in ms at an empty batch",
+    "step_ms_per_request": "simulated ms added to each step per running request",
+    "prefill_ms_per_1k_tokens": "simulated ms added to a step per 1000 prompt tokens it admits",
+    "time_scale": "simulated seconds per real second (1000 => a 20 ms step takes 20 us)",
+    "profile": "output-length profile: auto picks glaive (tools declared), swe (long prompt) or reasoning",
+    "startup_seconds": "real seconds during which /health and /health_generate answer 503 (weight loading)",
+    "fault_503_rate": "share of /generate requests answered 503",
+    "fault_reset_rate": "share of /generate requests whose connection is dropped without an answer",
+    "fault_abort_rate": "share of requests finishing with finish_reason type abort",
+    "fault_slow_rate": "share of /generate requests delayed by --fault-slow-seconds",
+    "fault_slow_seconds": "real seconds of delay for slow requests",
+    "max_queued_requests": "waiting-queue limit; newcomers beyond it get 503 (SGLang --max-queued-requests)",
+    "api_key": "require 'Authorization: Bearer KEY' (SGLang --api-key)",
+    "served_model_name": "model name in /metrics labels (default: the model path)",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add one flag per SimConfig field, plus --host and --port."""
+    defaults = {f.name: f.default for f in fields(SimConfig)}
+    parser.add_argument("--model-path", "--model", dest="model_path", required=True, help=_HELP["model_path"])
+    parser.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default {DEFAULT_HOST})")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    typed: dict[str, type] = {
+        "seed": int, "max_running_requests": int, "max_total_tokens": int, "context_length": int,
+        "step_ms": float, "step_ms_per_request": float, "prefill_ms_per_1k_tokens": float, "time_scale": float,
+        "profile": str, "startup_seconds": float, "fault_503_rate": float, "fault_reset_rate": float,
+        "fault_abort_rate": float, "fault_slow_rate": float, "fault_slow_seconds": float,
+        "max_queued_requests": int, "api_key": str, "served_model_name": str,
+    }
+    for name, kind in typed.items():
+        flag = "--" + name.replace("_", "-")
+        extra = {"choices": [AUTO, *sorted(PROFILES)]} if name == "profile" else {}
+        default = defaults[name]
+        shown = "" if default is None or name == "api_key" else f" (default {default})"
+        parser.add_argument(flag, dest=name, type=kind, default=default, help=_HELP[name] + shown, **extra)
+
+
+def config_from_args(args: argparse.Namespace) -> SimConfig:
+    return SimConfig(**{f.name: getattr(args, f.name) for f in fields(SimConfig)})

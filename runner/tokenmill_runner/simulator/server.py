@@ -1,0 +1,391 @@
+"""The HTTP edge: SGLang's endpoints on aiohttp, over the pure output generator and capacity model.
+
+Endpoints: POST/PUT /generate, GET /health and /health_generate, /model_info and /server_info (plus their
+deprecated /get_* aliases), /metrics. Times reported in responses and metrics are simulated seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import random
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from http import HTTPStatus
+from typing import Any
+
+import orjson
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from .capacity import CapacityModel, CapacityParams, Job
+from .config import SimConfig
+from .engine import Engine, QueueFull, SimClock
+from .metrics import SchedulerSnapshot, SimMetrics
+from .model import LoadedModel, load_model
+from .protocol import (ApiError, GenerateItem, GenerateRequest, abort_error, bad_request, parse_generate,
+                       reasoning_token_count, response_item)
+from .tokens import Finished, OutputGenerator
+
+logger = logging.getLogger(__name__)
+
+READY_LINE = "The server is fired up and ready to roll!"
+VERSION = "tokenmill-sim"
+HEALTH_CHECK_TIMEOUT_S = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT
+KEEPALIVE_TIMEOUT_S = 5.0  # SGLANG_TIMEOUT_KEEP_ALIVE: idle pooled connections are closed after 5 s
+MAX_BODY_BYTES = 512 * 1024 * 1024  # a batch of long prompts is large; SGLang's server sets no small limit
+SHUTDOWN_TIMEOUT_S = 2.0
+QUEUE_FULL = "The request queue is full."
+FAULT_ABORT_MESSAGE = "Abort in running batch (tokenmill simulator fault injection)."
+SIM_KEY: web.AppKey[Simulator] = web.AppKey("simulator")
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_model(model_path: str) -> LoadedModel:
+    # Tests start many servers on one model; tokenizers are safe to share across threads for encode/decode.
+    return load_model(model_path)
+
+
+@dataclass
+class _Outcome:
+    item: GenerateItem
+    finished: Finished
+    job: Job
+    aborted: bool
+
+
+class Simulator:
+    """State behind one app: the model, the engine, metrics and fault dice."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.model = _cached_model(config.model_path)
+        self.context_length = config.context_length or self.model.files.context_length
+        self.generator = OutputGenerator(self.model.vocab, self.model.bank, self.model.encode, self.model.decode,
+                                         config.seed, config.profile)
+        self.capacity = CapacityParams(config.max_running_requests, config.max_total_tokens, config.step_ms,
+                                       config.step_ms_per_request, config.prefill_ms_per_1k_tokens)
+        self.engine: Engine | None = None
+        self.metrics = SimMetrics(config.model_name, self.snapshot)
+        # Faults are drawn per request from one stream, not per prompt: a retry of a failed prompt can succeed.
+        self.fault_rng = random.Random(config.seed ^ 0xFA17)
+        self.in_flight: set[str] = set()
+        self.started_at = time.monotonic()
+
+    # ---- lifecycle ----------------------------------------------------------------------------------------
+    async def on_startup(self, app: web.Application) -> None:
+        self.engine = Engine(CapacityModel(self.capacity), SimClock(self.config.time_scale),
+                             self.config.max_queued_requests)
+        self.engine.start()
+        self.started_at = time.monotonic()
+        asyncio.get_running_loop().call_later(self.config.startup_seconds, logger.info, READY_LINE)
+
+    async def on_cleanup(self, app: web.Application) -> None:
+        if self.engine is not None:
+            await self.engine.stop()
+
+    def is_ready(self) -> bool:
+        return time.monotonic() - self.started_at >= self.config.startup_seconds
+
+    def _engine(self) -> Engine:
+        assert self.engine is not None, "the app has not started"
+        return self.engine
+
+    def snapshot(self) -> SchedulerSnapshot:
+        engine = self._engine()
+        engine.sync()
+        model = engine.model
+        return SchedulerSnapshot(model.running, model.queued, model.decode_throughput(), model.used_tokens(),
+                                 self.config.max_total_tokens, self.context_length)
+
+    # ---- /generate ----------------------------------------------------------------------------------------
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError as error:
+            return _json(HTTPStatus.BAD_REQUEST, {"object": "error", "message": f"Invalid JSON body: {error}",
+                                                  "type": "Bad Request", "param": None, "code": 400})
+        try:
+            parsed = parse_generate(body, self.model.vocab_size, self.context_length)
+            self._claim_rids(parsed)
+        except ApiError as error:
+            return _json(error.status, error.body)
+        try:
+            return await self._serve(request, parsed)
+        except ApiError as error:
+            return _json(error.status, error.body)
+        finally:
+            self.in_flight.difference_update(item.rid for item in parsed.items)
+
+    def _claim_rids(self, parsed: GenerateRequest) -> None:
+        if any(item.rid in self.in_flight for item in parsed.items):
+            raise bad_request("Duplicate request ID detected")
+        self.in_flight.update(item.rid for item in parsed.items)
+
+    async def _serve(self, request: web.Request, parsed: GenerateRequest) -> web.StreamResponse:
+        dice = [self.fault_rng.random() for _ in range(3)]
+        if dice[0] < self.config.fault_503_rate:
+            self.metrics.observe_aborted()
+            raise abort_error(HTTPStatus.SERVICE_UNAVAILABLE, QUEUE_FULL)
+        answers = [self._answer(outcome) for outcome in await self._run(parsed.items)]
+        if dice[1] < self.config.fault_reset_rate:
+            return _drop_connection(request)  # generated and counted, but the answer is lost on the way
+        if dice[2] < self.config.fault_slow_rate:
+            await asyncio.sleep(self.config.fault_slow_seconds)
+        return _json(HTTPStatus.OK, answers if parsed.batch else answers[0])
+
+    async def _run(self, items: list[GenerateItem]) -> list[_Outcome]:
+        engine = self._engine()
+        outcomes: list[_Outcome] = []
+        try:
+            for item in items:
+                finished, aborted = self._finish(item)
+                try:
+                    job = engine.submit(len(item.input_ids), len(finished.output_ids))
+                except QueueFull:
+                    self.metrics.observe_aborted()
+                    raise abort_error(HTTPStatus.SERVICE_UNAVAILABLE, QUEUE_FULL) from None
+                outcomes.append(_Outcome(item, finished, job, aborted))
+            await asyncio.gather(*(outcome.job.handle for outcome in outcomes))
+        except BaseException:
+            # The client went away (or the batch was refused): free the engine's slots like SGLang's abort.
+            for outcome in outcomes:
+                engine.cancel(outcome.job)
+            raise
+        return outcomes
+
+    def _finish(self, item: GenerateItem) -> tuple[Finished, bool]:
+        finished = self.generator.generate(item.input_ids, item.params)
+        abort_draw, cut_draw = self.fault_rng.random(), self.fault_rng.random()
+        if abort_draw >= self.config.fault_abort_rate:
+            return finished, False
+        kept = finished.output_ids[:int(len(finished.output_ids) * cut_draw)]
+        reason = {"type": "abort", "message": FAULT_ABORT_MESSAGE, "status_code": None, "err_type": None}
+        return Finished(kept, reason, None, finished.marks), True
+
+    def _answer(self, outcome: _Outcome) -> dict[str, Any]:
+        job, finished, item = outcome.job, outcome.finished, outcome.item
+        assert job.finished_at is not None and job.admitted_at is not None and job.first_token_at is not None
+        e2e = job.finished_at - job.arrival
+        if outcome.aborted:
+            self.metrics.observe_aborted()
+        else:
+            self.metrics.observe_finished(len(item.input_ids), len(finished.output_ids), e2e,
+                                          job.first_token_at - job.arrival, job.admitted_at - job.arrival)
+        text = self.generator.text(finished, item.params)
+        reasoning = reasoning_token_count(item, finished.output_ids, self.model.vocab.think_end)
+        return response_item(item, finished, text, round(e2e, 6), reasoning)
+
+    # ---- health and info ----------------------------------------------------------------------------------
+    async def health(self, request: web.Request) -> web.Response:
+        if not self.is_ready():
+            return web.Response(status=HTTPStatus.SERVICE_UNAVAILABLE)
+        engine = self._engine()
+        engine.sync()
+        if engine.model.running:
+            return web.Response(status=HTTPStatus.OK)  # a busy server is producing output: healthy
+        # Like SGLang's health request: one token through the scheduler, never refused for a full queue.
+        job = engine.submit(1, 1, enforce_queue_limit=False)
+        try:
+            await asyncio.wait_for(job.handle, HEALTH_CHECK_TIMEOUT_S)
+        except TimeoutError:
+            engine.cancel(job)
+            return web.Response(status=HTTPStatus.SERVICE_UNAVAILABLE)
+        return web.Response(status=HTTPStatus.OK)
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        return _json(HTTPStatus.OK, {
+            "model_path": self.config.model_path,
+            "tokenizer_path": self.config.model_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": self.model.files.model_type,
+            "architectures": self.model.files.architectures,
+        })
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        snapshot = self.snapshot()
+        args = self.server_args()
+        return _json(HTTPStatus.OK, {
+            **args,
+            "status": "ready" if self.is_ready() else "starting",
+            "max_total_num_tokens": self.config.max_total_tokens,
+            "max_req_input_len": min(self.context_length - 1, self.config.max_total_tokens - 1),
+            "internal_states": [{
+                **args,
+                "last_gen_throughput": snapshot.gen_throughput,
+                "memory_usage": {"weight": 0.0, "kvcache": 0.0, "token_capacity": self.config.max_total_tokens,
+                                 "graph": 0.0},
+                "effective_max_running_requests_per_dp": self.config.max_running_requests,
+            }],
+            "version": VERSION,
+            "simulator": {key: value for key, value in asdict(self.config).items() if key != "api_key"},
+        })
+
+    def server_args(self) -> dict[str, Any]:
+        """The ServerArgs fields the simulator models, under SGLang's names."""
+        config = self.config
+        return {
+            "model_path": config.model_path,
+            "tokenizer_path": config.model_path,
+            "served_model_name": config.model_name,
+            "skip_tokenizer_init": False,
+            "trust_remote_code": False,
+            "context_length": self.context_length,
+            "tp_size": 1,
+            "dp_size": 1,
+            "pp_size": 1,
+            "ep_size": 1,
+            "mem_fraction_static": None,
+            "max_running_requests": config.max_running_requests,
+            "max_queued_requests": config.max_queued_requests,
+            "max_total_tokens": config.max_total_tokens,
+            "chunked_prefill_size": 8192,
+            "max_prefill_tokens": 16384,
+            "schedule_policy": "fcfs",
+            "kv_cache_dtype": "auto",
+            "random_seed": config.seed,
+            "enable_metrics": True,
+            "reasoning_parser": None,
+            "tool_call_parser": None,
+            "api_key_set": config.api_key is not None,
+        }
+
+    async def metrics_endpoint(self, request: web.Request) -> web.Response:
+        response = web.Response(body=self.metrics.exposition())
+        response.content_type = CONTENT_TYPE_LATEST.split(";")[0]
+        response.charset = "utf-8"
+        return response
+
+
+def _json(status: int, payload: Any) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(payload), content_type="application/json")
+
+
+def _drop_connection(request: web.Request) -> web.StreamResponse:
+    """Close the socket without an answer, as a crashed server or a broken proxy would."""
+    if request.transport is not None:
+        request.transport.abort()
+    return web.Response(status=HTTPStatus.INTERNAL_SERVER_ERROR)  # never reaches the client
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _auth_middleware(api_key: str) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    expected = f"Bearer {api_key}"
+
+    @web.middleware
+    async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
+        # SGLang's add_api_key_middleware: /health* and /metrics stay open for probes and scrapers.
+        open_path = request.path.startswith("/health") or request.path.startswith("/metrics")
+        if request.method == "OPTIONS" or open_path or request.headers.get("Authorization") == expected:
+            return await handler(request)
+        return _json(HTTPStatus.UNAUTHORIZED, {"error": "Unauthorized"})
+
+    return authenticate
+
+
+def build_app(config: SimConfig) -> web.Application:
+    """An aiohttp app serving SGLang's API from the simulator; loads the tokenizer now."""
+    simulator = Simulator(config)
+    middlewares = [_auth_middleware(config.api_key)] if config.api_key else []
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares)
+    app[SIM_KEY] = simulator
+    app.on_startup.append(simulator.on_startup)
+    app.on_cleanup.append(simulator.on_cleanup)
+    app.router.add_route("POST", "/generate", simulator.generate)
+    app.router.add_route("PUT", "/generate", simulator.generate)
+    for path in ("/health", "/health_generate"):
+        app.router.add_get(path, simulator.health)
+    for path in ("/model_info", "/get_model_info"):
+        app.router.add_get(path, simulator.model_info)
+    for path in ("/server_info", "/get_server_info"):
+        app.router.add_get(path, simulator.server_info)
+    app.router.add_get("/metrics", simulator.metrics_endpoint)
+    return app
+
+
+_SERVER_KWARGS: dict[str, Any] = {
+    "keepalive_timeout": KEEPALIVE_TIMEOUT_S,
+    "handler_cancellation": True,  # a client that hangs up frees its slots, as SGLang aborts disconnected requests
+    "access_log": None,
+}
+
+
+class SimServer:
+    """The simulator on a background thread with its own event loop; `with SimServer(config) as s: s.url`."""
+
+    def __init__(self, config: SimConfig, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.config = config
+        self.host = host
+        self.port = port
+        self.url = ""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._thread: threading.Thread | None = None
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+
+    def start(self) -> SimServer:
+        app = build_app(self.config)  # in the caller's thread, so a bad model path raises here
+        self._thread = threading.Thread(target=self._main, args=(app,), name="tokenmill-sim-server", daemon=True)
+        self._thread.start()
+        self._started.wait()
+        if self._error is not None:
+            raise RuntimeError(f"the simulator failed to start: {self._error}") from self._error
+        return self
+
+    def _main(self, app: web.Application) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._listen(app))
+        except BaseException as error:  # reported to start()'s caller
+            self._error = error
+            self._started.set()
+            loop.close()
+            return
+        self._started.set()
+        try:
+            loop.run_forever()
+        finally:
+            assert self._runner is not None
+            loop.run_until_complete(self._runner.cleanup())
+            loop.close()
+
+    async def _listen(self, app: web.Application) -> None:
+        self._runner = web.AppRunner(app, shutdown_timeout=SHUTDOWN_TIMEOUT_S, **_SERVER_KWARGS)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, backlog=4096)
+        await site.start()
+        host, port = self._runner.addresses[0][:2]
+        self.port = port
+        self.url = f"http://{host}:{port}"
+
+    def stop(self) -> None:
+        if self._loop is not None and self._thread is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+        self._thread = None
+
+    def __enter__(self) -> SimServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def serve(config: SimConfig, host: str, port: int) -> None:
+    """Run the simulator in the foreground until SIGINT/SIGTERM."""
+    app = build_app(config)
+    logger.info("tokenmill simulator for %s on http://%s:%d (time scale %gx, %d slots)", config.model_path, host,
+                port, config.time_scale, config.max_running_requests)
+    web.run_app(app, host=host, port=port, backlog=4096, print=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+                **_SERVER_KWARGS)

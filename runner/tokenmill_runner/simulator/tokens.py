@@ -1,0 +1,407 @@
+"""What the simulated model "generates": token sequences with a real model's structure, deterministic per prompt.
+
+An output is reasoning text, `</think>`, then an answer, a Kimi-format tool-call section (when the prompt declares
+tools) or, rarely, a short clarifying question, then the end-of-sequence token. Every special id is looked up in the
+tokenizer; nothing here hard-codes an id. The functions take `encode`/`decode` callables rather than a tokenizer so
+the structure can be tested on its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import textbank
+from .profiles import CLARIFICATION_REASONING_TOKENS, CLARIFICATION_SHARE, LengthProfile, choose_profile
+
+logger = logging.getLogger(__name__)
+
+Encode = Callable[[str], list[int]]
+Decode = Callable[[Sequence[int], bool], str]  # (ids, skip_special_tokens) -> text
+
+THINK_END = "</think>"
+TOOL_CALL_SHARE = 0.6  # of prompts that declare tools, the share answered with a tool call
+SECOND_CALL_SHARE = 0.15  # of tool-call answers, the share with two calls
+FILL_BATCH = 32  # sentences drawn per RNG call
+TOOL_TOKENS = {
+    "section_begin": "<|tool_calls_section_begin|>",
+    "section_end": "<|tool_calls_section_end|>",
+    "call_begin": "<|tool_call_begin|>",
+    "argument_begin": "<|tool_call_argument_begin|>",
+    "call_end": "<|tool_call_end|>",
+}
+DECLARE_TOKENS = {"system": "<|im_system|>", "middle": "<|im_middle|>", "end": "<|im_end|>"}
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """The ids the generator needs, resolved from one tokenizer."""
+
+    eos_ids: frozenset[int]  # config ∪ generation_config ∪ tokenizer eos: the default token stops
+    eos: int  # the one the model emits at the end of a turn
+    think_end: int
+    tool: Mapping[str, int] | None  # TOOL_TOKENS keys -> ids; None when the tokenizer lacks them
+    declare: Mapping[str, int] | None  # DECLARE_TOKENS keys -> ids
+    tool_declare: tuple[int, ...]  # ids of the text "tool_declare" after <|im_system|>
+
+    @classmethod
+    def resolve(cls, token_to_id: Mapping[str, int], encode: Encode, eos_ids: Iterable[int],
+                primary_eos: int | None) -> Vocabulary:
+        if THINK_END not in token_to_id:
+            raise ValueError(f"the tokenizer has no {THINK_END!r} token; the simulator models a reasoning model")
+        eos_set = frozenset(eos_ids)
+        if not eos_set:
+            raise ValueError("no end-of-sequence id in config.json, generation_config.json or the tokenizer")
+        eos = primary_eos if primary_eos in eos_set else min(eos_set)
+        return cls(
+            eos_ids=eos_set,
+            eos=eos,
+            think_end=token_to_id[THINK_END],
+            tool=_lookup(token_to_id, TOOL_TOKENS),
+            declare=_lookup(token_to_id, DECLARE_TOKENS),
+            tool_declare=tuple(encode("tool_declare")),
+        )
+
+
+def _lookup(token_to_id: Mapping[str, int], names: Mapping[str, str]) -> dict[str, int] | None:
+    if not all(token in token_to_id for token in names.values()):
+        return None
+    return {key: token_to_id[token] for key, token in names.items()}
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A run of output tokens and its text as SGLang decodes it by default (special tokens skipped)."""
+
+    ids: tuple[int, ...]
+    text: str
+
+
+@dataclass(frozen=True)
+class TokenBank:
+    """Pre-tokenized sentences, so building an output is list concatenation, not tokenization."""
+
+    reasoning: tuple[Piece, ...]
+    answer: tuple[Piece, ...]
+    clarification: tuple[Piece, ...]
+
+    @classmethod
+    def build(cls, encode: Encode, decode: Decode) -> TokenBank:
+        def tokenize(sentences: Iterable[str]) -> tuple[Piece, ...]:
+            pieces = (tuple(encode(s)) for s in sentences)
+            return tuple(Piece(ids, decode(ids, True)) for ids in pieces)
+
+        return cls(tokenize(textbank.REASONING), tokenize(textbank.ANSWER), tokenize(textbank.CLARIFICATION))
+
+    def all_pieces(self) -> tuple[Piece, ...]:
+        return self.reasoning + self.answer + self.clarification
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    parameters: Mapping[str, Any] = field(default_factory=dict)  # JSON schema of the arguments
+
+
+@dataclass(frozen=True)
+class OutputPlan:
+    """Everything random about one prompt's output, drawn once from hash(seed, prompt)."""
+
+    profile: str
+    kind: str  # answer | tool_call | clarification
+    length: int  # target natural length in tokens (the materialized length may overshoot by one sentence)
+    reasoning: int  # target tokens before </think>
+    tool_calls: tuple[tuple[str, str], ...]  # (function name, JSON arguments)
+    text_seed: int  # seeds the sentence choice
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = 128  # SGLang's default, far too small for reasoning models
+    stop_token_ids: frozenset[int] = frozenset()
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = False
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A prefix of an output's natural token sequence, with the text of each whole piece in it."""
+
+    ids: list[int]
+    marks: list[tuple[int, str]]  # (end offset in ids, text of the piece ending there), for whole pieces only
+
+
+@dataclass(frozen=True)
+class Finished:
+    output_ids: list[int]
+    finish_reason: dict[str, Any]  # SGLang's shape: {type: stop, matched} | {type: length, length}
+    matched_stop: int | None
+    marks: list[tuple[int, str]] = field(default_factory=list)  # piece texts, to build `text` without decoding
+
+
+def prompt_digest(seed: int, input_ids: Sequence[int]) -> int:
+    """A 64-bit digest of (seed, prompt): the only source of randomness for a prompt's output."""
+    payload = seed.to_bytes(8, "little", signed=True) + array("q", input_ids).tobytes()
+    return int.from_bytes(hashlib.blake2b(payload, digest_size=8).digest(), "little")
+
+
+def find_sequence(haystack: Sequence[int], needle: Sequence[int], start: int = 0) -> int:
+    """Index of the first occurrence of `needle` in `haystack` at or after `start`, or -1."""
+    if not needle:
+        return -1
+    first = needle[0]
+    size = len(needle)
+    while True:
+        try:
+            index = haystack.index(first, start)  # type: ignore[call-arg]
+        except ValueError:
+            return -1
+        if list(haystack[index:index + size]) == list(needle):
+            return index
+        start = index + 1
+
+
+def declared_tools(input_ids: Sequence[int], vocab: Vocabulary, decode: Decode) -> tuple[ToolSpec, ...]:
+    """Tools declared in the prompt's `<|im_system|>tool_declare<|im_middle|>[...]<|im_end|>` block, if any."""
+    if vocab.declare is None or not vocab.tool_declare:
+        return ()
+    marker = [vocab.declare["system"], *vocab.tool_declare, vocab.declare["middle"]]
+    begin = find_sequence(input_ids, marker)
+    if begin < 0:
+        return ()
+    body_start = begin + len(marker)
+    try:
+        body_end = list(input_ids).index(vocab.declare["end"], body_start)
+    except ValueError:
+        return ()
+    try:
+        declared = json.loads(decode(input_ids[body_start:body_end], False))
+    except (ValueError, UnicodeDecodeError):
+        logger.debug("tool_declare block is not JSON; treating the prompt as tool-free")
+        return ()
+    return tuple(_tool_specs(declared))
+
+
+def _tool_specs(declared: Any) -> Iterator[ToolSpec]:
+    for item in declared if isinstance(declared, list) else []:
+        function = item.get("function", item) if isinstance(item, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("name"), str) and function["name"]:
+            parameters = function.get("parameters")
+            yield ToolSpec(function["name"], parameters if isinstance(parameters, dict) else {})
+
+
+def fake_arguments(parameters: Mapping[str, Any], rng: random.Random) -> dict[str, Any]:
+    """Plausible arguments for a JSON schema: every required property, and some optional ones."""
+    properties = parameters.get("properties")
+    if not isinstance(properties, dict):
+        return {}
+    required = set(parameters.get("required") or [])
+    arguments = {}
+    for name, schema in properties.items():
+        if name in required or rng.random() < 0.4:
+            arguments[name] = _fake_value(schema if isinstance(schema, dict) else {}, rng, name)
+    return arguments
+
+
+def _fake_value(schema: Mapping[str, Any], rng: random.Random, name: str = "") -> Any:
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return rng.choice(schema["enum"])
+    kind = schema.get("type")
+    if kind == "integer":
+        return rng.randint(1, 100)
+    if kind == "number":
+        return round(rng.uniform(1, 1000), 2)
+    if kind == "boolean":
+        return rng.random() < 0.5
+    if kind == "array":
+        return [_fake_value(schema.get("items") or {}, rng, name)]
+    if kind == "object":
+        return fake_arguments(schema, rng)
+    if any(hint in name.lower() for hint in ("city", "location", "place", "destination")):
+        return rng.choice(textbank.PLACES)
+    return rng.choice(textbank.ARGUMENT_WORDS)
+
+
+def make_plan(digest: int, profile: LengthProfile, tools: Sequence[ToolSpec], can_call_tools: bool) -> OutputPlan:
+    """Draw lengths and the output's kind for one prompt."""
+    rng = random.Random(digest)
+    length = profile.draw(rng)
+    share = rng.uniform(*profile.reasoning_share)
+    kind_draw = rng.random()
+    tool_draw = rng.random()
+    text_seed = rng.getrandbits(64)
+    if kind_draw < CLARIFICATION_SHARE:
+        reasoning = rng.randint(*CLARIFICATION_REASONING_TOKENS)
+        return OutputPlan(profile.name, "clarification", reasoning + 45, reasoning, (), text_seed)
+    calls: tuple[tuple[str, str], ...] = ()
+    if tools and can_call_tools and tool_draw < TOOL_CALL_SHARE:
+        count = 2 if rng.random() < SECOND_CALL_SHARE else 1
+        chosen = [rng.choice(tools) for _ in range(count)]
+        calls = tuple((t.name, json.dumps(fake_arguments(t.parameters, rng), ensure_ascii=False)) for t in chosen)
+    kind = "tool_call" if calls else "answer"
+    return OutputPlan(profile.name, kind, length, max(1, int(length * share)), calls, text_seed)
+
+
+class OutputBuilder:
+    """Materializes a plan into token ids, lazily, so a 40k-token plan cut at 2k costs 2k tokens of work."""
+
+    def __init__(self, vocab: Vocabulary, bank: TokenBank, encode: Encode) -> None:
+        self.vocab = vocab
+        self.bank = bank
+        self.encode = encode
+
+    def natural(self, plan: OutputPlan, limit: int) -> Draft:
+        """The output through its end-of-sequence token, or its first `limit` tokens if that is shorter."""
+        out: list[int] = []
+        marks: list[tuple[int, str]] = []
+        for piece in self._pieces(plan):
+            out.extend(piece.ids)
+            if len(out) >= limit:
+                if len(out) == limit:
+                    marks.append((limit, piece.text))
+                return Draft(out[:limit], marks)
+            marks.append((len(out), piece.text))
+        return Draft(out, marks)
+
+    def continuation(self, plan: OutputPlan, count: int) -> list[int]:
+        """What the model babbles after its end-of-sequence token when ignore_eos keeps it going."""
+        rng = random.Random(plan.text_seed ^ 0x5EED)
+        out: list[int] = []
+        while len(out) < count:
+            out.extend(rng.choice(self.bank.answer).ids)
+        return out[:count]
+
+    def _pieces(self, plan: OutputPlan) -> Iterator[Piece]:
+        rng = random.Random(plan.text_seed)
+        reasoning = 0
+        for piece in _fill(self.bank.reasoning, plan.reasoning, rng):
+            reasoning += len(piece.ids)
+            yield piece
+        yield Piece((self.vocab.think_end,), "")
+        if plan.kind == "clarification":
+            yield rng.choice(self.bank.clarification)
+        elif plan.kind == "tool_call" and self.vocab.tool is not None:
+            yield self._tool_section(plan.tool_calls)
+        else:
+            # The answer takes what the reasoning left of the planned length (the reasoning overshoots its
+            # target by part of a sentence), so lengths follow the profile closely.
+            yield from _fill(self.bank.answer, max(1, plan.length - reasoning - 2), rng)
+        yield Piece((self.vocab.eos,), "")
+
+    def _tool_section(self, calls: Sequence[tuple[str, str]]) -> Piece:
+        tool = self.vocab.tool
+        assert tool is not None
+        ids = [tool["section_begin"]]
+        text = []
+        for index, (name, arguments) in enumerate(calls):
+            header = f"functions.{name}:{index}"
+            ids += [tool["call_begin"], *self.encode(header), tool["argument_begin"], *self.encode(arguments),
+                    tool["call_end"]]
+            text += [header, arguments]
+        ids.append(tool["section_end"])
+        return Piece(tuple(ids), "".join(text))
+
+
+def _fill(bank: Sequence[Piece], tokens: int, rng: random.Random) -> Iterator[Piece]:
+    # Sentences are drawn in fixed batches (one rng.choices call each, much cheaper than one choice per sentence);
+    # the batches do not depend on where the output is cut, so every cut is a prefix of the same sequence.
+    produced = 0
+    while True:
+        for piece in rng.choices(bank, k=FILL_BATCH):
+            if produced >= tokens:
+                return
+            produced += len(piece.ids)
+            yield piece
+
+
+def apply_stops(draft: Draft, params: SamplingParams, stop_ids: frozenset[int],
+                continuation: Callable[[int], list[int]]) -> Finished:
+    """Cut an output the way SGLang's scheduler does: at the first stop token (kept), else at max_new_tokens.
+
+    `draft` must hold at least min(natural length, max_new_tokens) tokens; `continuation(n)` supplies what
+    follows the end-of-sequence token when ignore_eos disables token stops.
+    """
+    limit = params.max_new_tokens
+    head = draft.ids[:limit]
+    if params.ignore_eos:
+        if len(head) < limit:
+            head = head + continuation(limit - len(head))
+        return Finished(head, {"type": "length", "length": limit}, None, draft.marks)
+    stop_at = _first_stop(head, stop_ids)
+    if stop_at is not None:
+        matched = head[stop_at]
+        return Finished(head[:stop_at + 1], {"type": "stop", "matched": matched}, matched, draft.marks)
+    return Finished(head, {"type": "length", "length": limit}, None, draft.marks)
+
+
+def _first_stop(ids: list[int], stop_ids: frozenset[int]) -> int | None:
+    best: int | None = None
+    for stop in stop_ids:
+        try:
+            index = ids.index(stop, 0, len(ids) if best is None else best)
+        except ValueError:
+            continue
+        best = index
+    return best
+
+
+class OutputGenerator:
+    """Prompt ids + sampling params -> the finished output, deterministic for (seed, prompt)."""
+
+    def __init__(self, vocab: Vocabulary, bank: TokenBank, encode: Encode, decode: Decode, seed: int,
+                 profile: str) -> None:
+        self.vocab = vocab
+        self.encode = encode
+        self.decode = decode
+        self.seed = seed
+        self.profile = profile
+        self.builder = OutputBuilder(vocab, bank, encode)
+        self.concatenative = _decodes_piecewise(bank, vocab, decode)
+        if not self.concatenative:
+            logger.info("this tokenizer does not decode piece by piece; every response text is decoded in full")
+
+    def plan(self, input_ids: Sequence[int]) -> OutputPlan:
+        tools = declared_tools(input_ids, self.vocab, self.decode)
+        profile = choose_profile(self.profile, len(input_ids), bool(tools))
+        return make_plan(prompt_digest(self.seed, input_ids), profile, tools, self.vocab.tool is not None)
+
+    def generate(self, input_ids: Sequence[int], params: SamplingParams) -> Finished:
+        plan = self.plan(input_ids)
+        draft = self.builder.natural(plan, params.max_new_tokens)
+        stops = frozenset() if params.ignore_eos else self.vocab.eos_ids | params.stop_token_ids
+        return apply_stops(draft, params, stops, lambda n: self.builder.continuation(plan, n))
+
+    def text(self, finished: Finished, params: SamplingParams) -> str:
+        """The response's `text`: like SGLang's detokenizer, the matched stop token is trimmed unless no_stop_trim."""
+        ids = finished.output_ids
+        end = len(ids) - 1 if finished.matched_stop is not None and not params.no_stop_trim else len(ids)
+        if not (params.skip_special_tokens and self.concatenative):
+            return self.decode(ids[:end], params.skip_special_tokens)
+        # Whole pieces contribute their known text; only a cut piece at the end is decoded (about half the cost
+        # of a response otherwise goes to decoding).
+        parts: list[str] = []
+        start = 0
+        for mark, text in finished.marks:
+            if mark > end:
+                break
+            parts.append(text)
+            start = mark
+        if start < end:
+            parts.append(self.decode(ids[start:end], True))
+        return "".join(parts)
+
+
+def _decodes_piecewise(bank: TokenBank, vocab: Vocabulary, decode: Decode) -> bool:
+    """Whether decode(a + b) == decode(a) + decode(b) here (true for byte-level BPE on whole characters)."""
+    pieces = list(bank.all_pieces()) + [Piece((vocab.think_end,), ""), Piece((vocab.eos,), "")]
+    for first, second in zip(pieces, pieces[1:] + pieces[:1], strict=True):
+        if decode(first.ids + second.ids, True) != first.text + second.text:
+            return False
+    return True

@@ -1,0 +1,470 @@
+"""The simulator's pure parts: length profiles, token structure, the capacity model, the wire format, the flags."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import statistics
+import time
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tokenmill_runner.simulator import SimConfig, add_arguments, config_from_args
+from tokenmill_runner.simulator.capacity import CapacityModel, CapacityParams, Job
+from tokenmill_runner.simulator.model import LoadedModel, load_model
+from tokenmill_runner.simulator.profiles import (AUTO, CLARIFICATION_SHARE, PROFILES, SWE_PROMPT_TOKENS,
+                                                 choose_profile)
+from tokenmill_runner.simulator.protocol import ApiError, parse_generate
+from tokenmill_runner.simulator.tokens import OutputGenerator, SamplingParams, declared_tools, prompt_digest
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string",
+                   "enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}}}
+SEARCH_TOOL = {"type": "function", "function": {
+    "name": "search_restaurants", "description": "Find restaurants",
+    "parameters": {"type": "object", "properties": {"cuisine": {"type": "string"}, "max_results": {
+        "type": "integer"}}, "required": ["cuisine", "max_results"]}}}
+
+
+# ---- fixtures ---------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def model(demo_model: Path) -> LoadedModel:
+    return load_model(str(demo_model))
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer(demo_model: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(demo_model), local_files_only=True)
+
+
+def generator(model: LoadedModel, seed: int = 0, profile: str = AUTO) -> OutputGenerator:
+    return OutputGenerator(model.vocab, model.bank, model.encode, model.decode, seed, profile)
+
+
+def chat_ids(tokenizer: Any, text: str, tools: list[dict[str, Any]] | None = None) -> list[int]:
+    messages = [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": text}]
+    return list(tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True,
+                                              return_dict=False))
+
+
+def random_prompts(count: int, seed: int, length: int = 24) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[5] + [rng.randrange(16, 1100) for _ in range(length)] + [8, 14] for _ in range(count)]
+
+
+def quantile(values: list[int], share: float) -> int:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+# ---- profiles ---------------------------------------------------------------------------------------------------
+def test_profile_figures_match_the_seeds() -> None:
+    glaive = PROFILES["glaive"]
+    assert glaive.quantile(0.5) == pytest.approx(470, rel=0.05)
+    assert glaive.quantile(0.9) == pytest.approx(3700, rel=0.06)
+    assert glaive.quantile(0.1) == pytest.approx(113, rel=0.15)
+    assert 0.025 <= 1 - glaive.cdf(10240) <= 0.035  # ~3 % run past the B1 cap
+    reasoning = PROFILES["reasoning"]
+    assert reasoning.quantile(0.5) == pytest.approx(2500, rel=0.02)
+    assert reasoning.quantile(0.9) == pytest.approx(9000, rel=0.05)
+    assert PROFILES["swe"].quantile(0.5) == pytest.approx(1200, rel=0.02)
+    for profile in PROFILES.values():
+        assert sum(c.weight for c in profile.components) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_draws_follow_the_profile(name: str) -> None:
+    profile = PROFILES[name]
+    rng = random.Random(7)
+    draws = [profile.draw(rng) for _ in range(20_000)]
+    for share in (0.25, 0.75, 0.9):
+        assert quantile(draws, share) == pytest.approx(profile.quantile(share), rel=0.08)
+    beyond = sum(d > 10240 for d in draws) / len(draws)
+    assert beyond == pytest.approx(1 - profile.cdf(10240), abs=0.006)
+    assert min(draws) >= profile.min_tokens and max(draws) <= profile.max_tokens
+
+
+def test_generated_lengths_over_many_prompts_and_seeds(model: LoadedModel) -> None:
+    lengths: list[int] = []
+    kinds: list[str] = []
+    for seed in range(3):
+        gen = generator(model, seed, "glaive")
+        for prompt in random_prompts(1500, seed + 50):
+            lengths.append(len(gen.generate(prompt, SamplingParams(max_new_tokens=10240)).output_ids))
+            kinds.append(gen.plan(prompt).kind)
+    assert 330 <= statistics.median(lengths) <= 650  # the median sits between the two modes: it moves
+    assert 3300 <= quantile(lengths, 0.9) <= 4300
+    assert 0.02 <= sum(n == 10240 for n in lengths) / len(lengths) <= 0.045
+    assert 0.5 * CLARIFICATION_SHARE <= kinds.count("clarification") / len(kinds) <= 2 * CLARIFICATION_SHARE
+    assert 1150 <= statistics.mean(lengths) <= 1700
+
+
+def test_auto_profile_follows_prompt_features(model: LoadedModel, hf_tokenizer: Any) -> None:
+    assert choose_profile(AUTO, 100, declares_tools=True).name == "glaive"
+    assert choose_profile(AUTO, SWE_PROMPT_TOKENS, declares_tools=False).name == "swe"
+    assert choose_profile(AUTO, SWE_PROMPT_TOKENS - 1, declares_tools=False).name == "reasoning"
+    assert choose_profile("swe", 10, declares_tools=True).name == "swe"
+    gen = generator(model)
+    assert gen.plan(chat_ids(hf_tokenizer, "Weather in Paris?", [WEATHER_TOOL])).profile == "glaive"
+    assert gen.plan(chat_ids(hf_tokenizer, "Prove that 2 + 2 = 4.")).profile == "reasoning"
+    assert gen.plan(chat_ids(hf_tokenizer, "fix this code: " + "x = 1\n" * 1000)).profile == "swe"
+
+
+# ---- determinism --------------------------------------------------------------------------------------------------
+def test_same_seed_and_prompt_give_the_same_output(model: LoadedModel) -> None:
+    params = SamplingParams(max_new_tokens=20000)
+    prompts = random_prompts(20, 1)
+    first = [generator(model, 3).generate(p, params).output_ids for p in prompts]
+    again = [generator(model, 3).generate(p, params).output_ids for p in prompts]
+    other_seed = [generator(model, 4).generate(p, params).output_ids for p in prompts]
+    assert first == again
+    assert sum(a != b for a, b in zip(first, other_seed, strict=True)) >= 18
+    assert len({tuple(ids) for ids in first}) == len(prompts)  # different prompts, different outputs
+    assert prompt_digest(0, [1, 2]) != prompt_digest(0, [2, 1]) != prompt_digest(1, [2, 1])
+
+
+def test_a_cut_output_is_a_prefix_of_the_full_one(model: LoadedModel) -> None:
+    gen = generator(model)
+    for prompt in random_prompts(10, 2):
+        full = gen.generate(prompt, SamplingParams(max_new_tokens=50_000)).output_ids
+        for limit in (1, 7, len(full) // 2, len(full) - 1):
+            assert gen.generate(prompt, SamplingParams(max_new_tokens=limit)).output_ids == full[:limit]
+
+
+# ---- token structure ------------------------------------------------------------------------------------------
+def test_reasoning_then_answer_then_eos(model: LoadedModel) -> None:
+    gen = generator(model, profile="reasoning")
+    eos, end = model.vocab.eos, model.vocab.think_end
+    for prompt in random_prompts(200, 3):
+        result = gen.generate(prompt, SamplingParams(max_new_tokens=100_000))
+        ids = result.output_ids
+        assert result.finish_reason == {"type": "stop", "matched": eos} and result.matched_stop == eos
+        assert ids[-1] == eos and ids.count(eos) == 1
+        assert ids.count(end) == 1 and 0 < ids.index(end) < len(ids) - 2
+        assert not set(ids[:ids.index(end)]) & {eos, end, *(model.vocab.tool or {}).values()}
+    text = gen.text(gen.generate(random_prompts(1, 4)[0], SamplingParams(max_new_tokens=100_000)), SamplingParams())
+    assert re.fullmatch(r"[A-Za-z0-9 ,.:;?!'\-\n+=]+", text), text[:200]
+
+
+def test_reasoning_share_follows_the_profile(model: LoadedModel) -> None:
+    gen = generator(model, profile="reasoning")
+    shares = []
+    for prompt in random_prompts(200, 5):
+        ids = gen.generate(prompt, SamplingParams(max_new_tokens=100_000)).output_ids
+        if gen.plan(prompt).kind == "answer":
+            shares.append(ids.index(model.vocab.think_end) / len(ids))
+    low, high = PROFILES["reasoning"].reasoning_share
+    assert low - 0.1 <= min(shares) and max(shares) <= high + 0.02
+    assert statistics.mean(shares) == pytest.approx((low + high) / 2, abs=0.05)
+
+
+def test_tool_calls_are_kimi_formatted_and_name_a_declared_tool(model: LoadedModel, hf_tokenizer: Any) -> None:
+    gen = generator(model)
+    tool = model.vocab.tool
+    assert tool is not None
+    calls = 0
+    prompts = [chat_ids(hf_tokenizer, f"Plan a dinner number {i}", [WEATHER_TOOL, SEARCH_TOOL]) for i in range(150)]
+    declared = {"get_weather": WEATHER_TOOL, "search_restaurants": SEARCH_TOOL}
+    for prompt in prompts:
+        ids = gen.generate(prompt, SamplingParams(max_new_tokens=100_000)).output_ids
+        if tool["section_begin"] not in ids:
+            continue
+        calls += 1
+        end = ids.index(model.vocab.think_end)
+        assert ids[end + 1] == tool["section_begin"] and ids[-2] == tool["section_end"]
+        assert ids[-1] == model.vocab.eos
+        section = model.decode(ids[end + 1:-1], False)
+        found = re.findall(r"<\|tool_call_begin\|>functions\.(\w+):(\d+)<\|tool_call_argument_begin\|>(.*?)"
+                           r"<\|tool_call_end\|>", section)
+        assert section.startswith("<|tool_calls_section_begin|><|tool_call_begin|>")
+        assert found and [int(index) for _, index, _ in found] == list(range(len(found)))
+        for name, _, arguments in found:
+            schema = declared[name]["function"]["parameters"]
+            assert set(schema["required"]) <= set(json.loads(arguments)) <= set(schema["properties"])
+    assert 0.45 <= calls / len(prompts) <= 0.75  # ~60 % of prompts with tools answer with a call
+
+
+def test_tools_are_read_from_the_prompt(model: LoadedModel, hf_tokenizer: Any) -> None:
+    ids = chat_ids(hf_tokenizer, "hi", [WEATHER_TOOL, SEARCH_TOOL])
+    assert [t.name for t in declared_tools(ids, model.vocab, model.decode)] == ["get_weather", "search_restaurants"]
+    assert declared_tools(chat_ids(hf_tokenizer, "hi"), model.vocab, model.decode) == ()
+    # A user who merely types "tool_declare" declares nothing.
+    assert declared_tools(chat_ids(hf_tokenizer, "tool_declare [1]"), model.vocab, model.decode) == ()
+
+
+def test_max_new_tokens_truncates_even_mid_reasoning(model: LoadedModel) -> None:
+    gen = generator(model, profile="reasoning")
+    prompt = random_prompts(1, 6)[0]
+    result = gen.generate(prompt, SamplingParams(max_new_tokens=20))
+    assert len(result.output_ids) == 20 and model.vocab.think_end not in result.output_ids
+    assert result.finish_reason == {"type": "length", "length": 20} and result.matched_stop is None
+    empty = gen.generate(prompt, SamplingParams(max_new_tokens=0))
+    assert empty.output_ids == [] and empty.finish_reason == {"type": "length", "length": 0}
+
+
+def test_stop_token_ids_stop_at_the_first_match_and_keep_it(model: LoadedModel) -> None:
+    gen = generator(model)
+    end = model.vocab.think_end
+    prompt = random_prompts(1, 7)[0]
+    full = gen.generate(prompt, SamplingParams(max_new_tokens=100_000)).output_ids
+    result = gen.generate(prompt, SamplingParams(max_new_tokens=100_000, stop_token_ids=frozenset({end})))
+    assert result.output_ids == full[:full.index(end) + 1]
+    assert result.finish_reason == {"type": "stop", "matched": end}
+    word = full[3]  # an ordinary token stops too, at its first occurrence
+    result = gen.generate(prompt, SamplingParams(max_new_tokens=100_000, stop_token_ids=frozenset({word, end})))
+    assert result.output_ids == full[:full.index(word) + 1] and result.matched_stop == word
+
+
+def test_ignore_eos_generates_exactly_max_new_tokens(model: LoadedModel) -> None:
+    gen = generator(model)
+    prompt = next(p for p in random_prompts(50, 8) if gen.plan(p).length < 1500)
+    natural = gen.generate(prompt, SamplingParams(max_new_tokens=5000)).output_ids
+    result = gen.generate(prompt, SamplingParams(max_new_tokens=5000, ignore_eos=True))
+    assert len(result.output_ids) == 5000 and result.finish_reason == {"type": "length", "length": 5000}
+    assert result.output_ids[:len(natural)] == natural  # the end token is generated, it just does not stop
+    ignored = gen.generate(prompt, SamplingParams(max_new_tokens=300, ignore_eos=True,
+                                                   stop_token_ids=frozenset({model.vocab.think_end})))
+    assert len(ignored.output_ids) == 300  # ignore_eos disables every token stop
+
+
+def test_text_matches_a_full_decode(model: LoadedModel, hf_tokenizer: Any) -> None:
+    gen = generator(model)
+    prompts = random_prompts(60, 9) + [chat_ids(hf_tokenizer, f"q{i}", [WEATHER_TOOL]) for i in range(20)]
+    for prompt in prompts:
+        natural = gen.generate(prompt, SamplingParams(max_new_tokens=100_000)).output_ids
+        variants = [SamplingParams(max_new_tokens=100_000), SamplingParams(max_new_tokens=len(natural) // 2),
+                    SamplingParams(max_new_tokens=100_000, no_stop_trim=True),
+                    SamplingParams(max_new_tokens=100_000, skip_special_tokens=False),
+                    SamplingParams(max_new_tokens=3000, ignore_eos=True),
+                    SamplingParams(max_new_tokens=100_000, stop_token_ids=frozenset({natural[5]}))]
+        for params in variants:
+            result = gen.generate(prompt, params)
+            trimmed = result.matched_stop is not None and not params.no_stop_trim
+            ids = result.output_ids[:-1] if trimmed else result.output_ids
+            assert gen.text(result, params) == hf_tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens)
+
+
+def test_clarifications_are_short(model: LoadedModel) -> None:
+    gen = generator(model)
+    prompts = [p for p in random_prompts(800, 10) if gen.plan(p).kind == "clarification"]
+    assert prompts
+    for prompt in prompts:
+        ids = gen.generate(prompt, SamplingParams(max_new_tokens=100_000)).output_ids
+        assert 60 <= len(ids) <= 130 and ids[-1] == model.vocab.eos
+        assert "?" in model.decode(ids[ids.index(model.vocab.think_end):], True)
+
+
+# ---- capacity model -------------------------------------------------------------------------------------------
+def drain(model: CapacityModel) -> list[Job]:
+    done: list[Job] = []
+    while (when := model.next_event_time()) is not None:
+        done += model.advance_to(when)
+    return done
+
+
+def concurrency_peak(jobs: list[Job]) -> int:
+    events = sorted([(j.admitted_at, 1) for j in jobs] + [(j.finished_at, -1) for j in jobs])
+    level = peak = 0
+    for _, delta in events:  # ends sort before starts at the same instant: a slot is reused at its step boundary
+        level += delta
+        peak = max(peak, level)
+    return peak
+
+
+def test_never_more_than_max_running_requests() -> None:
+    model = CapacityModel(CapacityParams(max_running_requests=8))
+    rng = random.Random(1)
+    jobs: list[Job] = []
+    done: list[Job] = []
+    now = 0.0
+    for _ in range(300):
+        now += rng.expovariate(20.0)
+        done += model.advance_to(now)
+        assert model.running <= 8
+        job = Job(rng.randrange(10, 2000), rng.randrange(1, 400), now)
+        model.submit(job)
+        jobs.append(job)
+    done += drain(model)
+    assert sorted(map(id, done)) == sorted(map(id, jobs))
+    assert concurrency_peak(jobs) == 8
+    for job in jobs:
+        assert job.arrival <= job.admitted_at < job.first_token_at <= job.finished_at
+
+
+def test_makespan_of_equal_requests_matches_the_step_arithmetic() -> None:
+    params = CapacityParams(max_running_requests=16, step_ms=20.0, step_ms_per_request=0.05,
+                            prefill_ms_per_1k_tokens=30.0)
+    model = CapacityModel(params)
+    jobs = [Job(1000, 100, 0.0) for _ in range(32)]
+    for job in jobs:
+        model.submit(job)
+    drain(model)
+    batch = 100 * params.step_seconds(16) + params.prefill_seconds(16 * 1000)
+    assert max(j.finished_at for j in jobs) == pytest.approx(2 * batch)
+    first, second = jobs[:16], jobs[16:]
+    assert all(j.finished_at == pytest.approx(batch) for j in first)
+    assert all(j.admitted_at == pytest.approx(batch) for j in second)  # they waited one full batch
+    ttft = params.step_seconds(16) + params.prefill_seconds(16 * 1000)
+    assert all(j.first_token_at - j.arrival == pytest.approx(ttft) for j in first)
+    assert model.generated_tokens == 32 * 100
+
+
+def test_the_kv_pool_limits_admission() -> None:
+    model = CapacityModel(CapacityParams(max_running_requests=100, max_total_tokens=3 * (500 + 50)))
+    jobs = [Job(500, 50, 0.0) for _ in range(9)]
+    for job in jobs:
+        model.submit(job)
+    model.advance_to(0.0)
+    assert model.running == 3 and model.queued == 6
+    assert model.used_tokens() == 3 * (500 + 1)  # prompts plus the first token of each
+    drain(model)
+    assert concurrency_peak(jobs) == 3
+    # A request larger than the whole pool still runs, alone.
+    big = Job(10_000, 10, model.boundary)
+    model.submit(big)
+    assert [job is big for job in drain(model)] == [True]
+
+
+def test_an_arrival_waits_for_the_next_step_boundary() -> None:
+    params = CapacityParams(max_running_requests=4, prefill_ms_per_1k_tokens=0.0)
+    model = CapacityModel(params)
+    long = Job(10, 1000, 0.0)
+    model.submit(long)
+    dt = params.step_seconds(1)
+    arrival = 10.5 * dt  # in the middle of step 10
+    model.advance_to(arrival)
+    late = Job(10, 5, arrival)
+    model.submit(late)
+    drain(model)
+    assert late.admitted_at == pytest.approx(11 * dt)
+    assert late.finished_at == pytest.approx(11 * dt + 5 * params.step_seconds(2))
+
+
+def test_cancel_frees_the_slot_and_skips_the_queue() -> None:
+    params = CapacityParams(max_running_requests=1, prefill_ms_per_1k_tokens=0.0)
+    model = CapacityModel(params)
+    first, queued, third = Job(10, 10_000, 0.0), Job(10, 10, 0.0), Job(10, 10, 0.0)
+    for job in (first, queued, third):
+        model.submit(job)
+    model.advance_to(1.0)
+    model.cancel(queued)
+    model.cancel(first)
+    assert model.running == 0 and model.queued == 1 and model.reserved == 0
+    done = drain(model)
+    assert done == [third] and third.admitted_at == pytest.approx(model.boundary - 10 * params.step_seconds(1))
+    assert third.admitted_at < 2.0
+
+
+def test_the_model_jumps_between_events() -> None:
+    lengths = random.Random(2)
+    model = CapacityModel(CapacityParams(max_running_requests=256))
+    # Lengths as the server sees them: cut at a max_new_tokens of 10240.
+    jobs = [Job(200, min(10240, PROFILES["glaive"].draw(lengths)), 0.0) for _ in range(20_000)]
+    started = time.perf_counter()
+    for job in jobs:
+        model.submit(job)
+    calls = 0
+    while (when := model.next_event_time()) is not None:
+        model.advance_to(when)
+        calls += 1
+    assert time.perf_counter() - started < 5.0
+    assert calls <= 2 * len(jobs)
+    assert model.completed == len(jobs) and model.generated_tokens == sum(j.steps for j in jobs)
+    # Full batches until the tail: throughput close to 256 slots' worth.
+    ideal = sum(j.steps for j in jobs) / 256 * CapacityParams().step_seconds(256)
+    assert max(j.finished_at for j in jobs) < 1.5 * ideal + 10
+
+
+def test_gauges_describe_the_batch() -> None:
+    params = CapacityParams(max_running_requests=4)
+    model = CapacityModel(params)
+    for _ in range(6):
+        model.submit(Job(100, 1000, 0.0))
+    model.advance_to(1.0)
+    assert model.running == 4 and model.queued == 2
+    assert model.decode_throughput() == pytest.approx(4 / params.step_seconds(4))
+    assert model.used_tokens() == 4 * 100 + 4 * model.step
+
+
+# ---- wire format ------------------------------------------------------------------------------------------------
+def parse(body: Any, vocab: int = 1000, context: int = 4096) -> Any:
+    return parse_generate(body, vocab, context)
+
+
+def error_of(body: Any, **kwargs: int) -> str:
+    with pytest.raises(ApiError) as caught:
+        parse(body, **kwargs)
+    assert caught.value.status == 400
+    return caught.value.body["error"]["message"]
+
+
+def test_single_and_batched_requests_parse() -> None:
+    single = parse({"input_ids": [1, 2, 3], "rid": "a"})
+    assert not single.batch and single.items[0].rid == "a"
+    assert single.items[0].params == SamplingParams(max_new_tokens=128)  # SGLang's default
+    batch = parse({"input_ids": [[1], [2, 3]], "rid": "r",
+                   "sampling_params": [{"max_new_tokens": 5}, {"max_new_tokens": 6, "ignore_eos": True,
+                                                              "stop_token_ids": [7]}]})
+    assert batch.batch and [i.rid for i in batch.items] == ["r_0", "r_1"]
+    assert batch.items[1].params == SamplingParams(6, frozenset({7}), ignore_eos=True)
+    broadcast = parse({"input_ids": [[1], [2]], "sampling_params": {"max_new_tokens": 9}, "rid": ["x", "y"]})
+    assert [i.params.max_new_tokens for i in broadcast.items] == [9, 9] and broadcast.items[1].rid == "y"
+    assert len({i.rid for i in parse({"input_ids": [[1], [2]]}).items}) == 2
+
+
+def test_validation_messages_follow_sglang() -> None:
+    assert error_of({"input_ids": []}) == "input_ids cannot be empty."
+    assert error_of({"input_ids": [[1], []]}) == "input_ids cannot be empty."
+    assert error_of({"input_ids": [1, 1000]}) == \
+        "The input_ids [1, 1000] contains values greater than the vocab size (1000)."
+    assert error_of({"input_ids": [1] * 10}, context=10) == \
+        "The input (10 tokens) is longer than the model's context length (10 tokens)."
+    assert error_of({"input_ids": [1] * 6, "sampling_params": {"max_new_tokens": 5}}, context=10) == (
+        "Requested token count exceeds the model's maximum context length of 10 tokens. You requested a total of "
+        "11 tokens: 6 tokens from the input messages and 5 tokens for the completion. Please reduce the number of "
+        "tokens in the input messages or the completion to fit within the limit.")
+    parse({"input_ids": [1] * 6}, context=10)  # without an explicit max_new_tokens SGLang does not check the total
+    assert "input_ids" in error_of({"text": "hello"})
+    assert "max_tokens" in error_of({"input_ids": [1], "sampling_params": {"max_tokens": 5}})
+    assert "max_new_tokens" in error_of({"input_ids": [1], "sampling_params": {"max_new_tokens": -1}})
+    assert error_of({"input_ids": [[1], [2]], "rid": ["a", "a"]}) == "Duplicate request ID detected"
+    assert "length" in error_of({"input_ids": [[1], [2]], "sampling_params": [{}]})
+    assert "integers" in error_of({"input_ids": [1, "2"]})
+
+
+# ---- flags --------------------------------------------------------------------------------------------------------
+def test_every_config_field_has_a_flag() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--model-path", "m"])
+    assert config_from_args(args) == SimConfig(model_path="m")
+    assert (args.host, args.port) == ("127.0.0.1", 30000)
+    argv = ["--model", "m", "--seed", "3", "--max-running-requests", "7", "--max-total-tokens", "900",
+            "--context-length", "800", "--step-ms", "1.5", "--step-ms-per-request", "0.5",
+            "--prefill-ms-per-1k-tokens", "2", "--time-scale", "100", "--profile", "swe", "--startup-seconds", "4",
+            "--fault-503-rate", "0.1", "--fault-reset-rate", "0.2", "--fault-abort-rate", "0.3",
+            "--fault-slow-rate", "0.4", "--fault-slow-seconds", "0.5", "--max-queued-requests", "9",
+            "--api-key", "k", "--served-model-name", "kimi", "--host", "0.0.0.0", "--port", "1"]
+    config = config_from_args(parser.parse_args(argv))
+    flagged = {action.dest for action in parser._actions}
+    assert {f.name for f in fields(SimConfig)} <= flagged
+    assert config == SimConfig("m", 3, 7, 900, 800, 1.5, 0.5, 2.0, 100.0, "swe", 4.0, 0.1, 0.2, 0.3, 0.4, 0.5, 9,
+                               "k", "kimi")
+    assert config.model_name == "kimi"
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="profile"):
+        SimConfig("m", profile="chat")
+    with pytest.raises(ValueError, match="fault_abort_rate"):
+        SimConfig("m", fault_abort_rate=2.0)
+    with pytest.raises(ValueError, match="time_scale"):
+        SimConfig("m", time_scale=0)
