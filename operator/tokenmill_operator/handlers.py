@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from tokenmill_runner.spec import DatasetGenerationSpec
 
+from . import metrics
 from .crd import GROUP, PLURAL, VERSION
 from .kube import default_kube
 from .reconcile import Context, MarkerCache, OperatorSettings, reconcile
@@ -31,6 +32,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 60
     default_kube()
+    metrics.serve(int(os.environ.get("TOKENMILL_METRICS_PORT", "8081")))
 
 
 def _previous(status: dict[str, Any]) -> DatasetGenerationStatus:
@@ -52,7 +54,12 @@ def _run(body: kopf.Body, patch: kopf.Patch, uid: str) -> None:
         raise kopf.PermanentError(message) from None
     context = Context(body=dict(body), name=meta["name"], namespace=meta["namespace"],
                       generation=meta.get("generation", 0), spec=spec, previous=_previous(status))
-    decision = reconcile(default_kube(), context, CACHES.setdefault(uid, MarkerCache()), SETTINGS)
+    try:
+        decision = reconcile(default_kube(), context, CACHES.setdefault(uid, MarkerCache()), SETTINGS)
+    except Exception:
+        metrics.RECONCILE_ERRORS.inc()
+        raise
+    metrics.publish(context.name, context.namespace, decision.status, spec.validation.model_dump(), spec.model.path)
     for event in decision.events:
         kopf.event(body, type=event.type, reason=event.reason, message=event.message)
     new_status = decision.status.model_dump(mode="json", by_alias=True, exclude_none=True)
@@ -75,6 +82,7 @@ def on_timer(body: kopf.Body, patch: kopf.Patch, uid: str, **_: Any) -> None:
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
-def on_delete(uid: str, **_: Any) -> None:
+def on_delete(uid: str, name: str, namespace: str, **_: Any) -> None:
     # Children go with their owner (garbage collection); the data in storage is kept on purpose.
     CACHES.pop(uid, None)
+    metrics.forget(name, namespace)

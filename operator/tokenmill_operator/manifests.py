@@ -445,7 +445,7 @@ def runner_configmap(name: str, namespace: str, owner: dict[str, Any], spec: Dat
 
 def runner_args(spec: DatasetGenerationSpec, server_urls: list[str]) -> list[str]:
     args = ["run", f"{CONFIG_MOUNT}/{SPEC_KEY}", "--out", spec.output.uri,
-            "--workers", str(spec.runner.parallelism)]
+            "--workers", str(spec.runner.parallelism), "--metrics-port", str(RUNNER_METRICS_PORT)]
     for url in server_urls:
         args += ["--server", url]
     if spec.output.endpoint:

@@ -22,13 +22,15 @@ def parse_time(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
-def _counts(markers: Iterable[dict[str, Any]]) -> tuple[int, int, int]:
-    completed = failed = tokens = 0
+def _counts(markers: Iterable[dict[str, Any]]) -> tuple[int, int, int, int]:
+    """(completed, failed, tokens, truncated)."""
+    completed = failed = tokens = truncated = 0
     for marker in markers:
         completed += len(marker["samples"]["sample_id"])
         failed += len(marker["failed"]["line"])
         tokens += sum(marker["samples"]["completion_tokens"])
-    return completed, failed, tokens
+        truncated += sum(1 for reason in marker["samples"].get("finish_reason", []) if reason == "length")
+    return completed, failed, tokens, truncated
 
 
 def _rates(markers: list[dict[str, Any]], now: datetime, started: datetime | None) -> tuple[float, float]:
@@ -38,18 +40,18 @@ def _rates(markers: list[dict[str, Any]], now: datetime, started: datetime | Non
     span = RATE_WINDOW.total_seconds()
     if started is not None and started > since:
         span = max((now - started).total_seconds(), 1.0)
-    completed, failed, tokens = _counts(recent)
+    completed, failed, tokens, _ = _counts(recent)
     return (completed + failed) / span, tokens / span
 
 
 def progress_of(markers: list[dict[str, Any]], total: int, now: datetime, started: datetime | None,
                 name: str | None = None) -> Progress:
-    completed, failed, tokens = _counts(markers)
+    completed, failed, tokens, truncated = _counts(markers)
     samples_per_s, tokens_per_s = _rates(markers, now, started)
     eta = eta_seconds(total - completed - failed, samples_per_s)
     share = (completed + failed) / total if total else 0.0
     fields = dict(
-        completed=completed, failed=failed, total=total, generated_tokens=tokens,
+        completed=completed, failed=failed, total=total, generated_tokens=tokens, truncated=truncated,
         tokens_per_second=int(round(tokens_per_s)), samples_per_second=f"{samples_per_s:.3f}",
         eta_seconds=int(eta) if eta is not None else None, eta=format_duration(eta) if eta is not None else "",
         display=f"{completed + failed}/{total} ({share:.1%})",

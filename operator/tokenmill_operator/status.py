@@ -34,6 +34,7 @@ class Progress(StatusModel):
     failed: int = Field(0, description="Samples recorded as failed (see the errors/ folder of each dataset).")
     total: int = Field(0, description="Samples to process (rows of the sources, after limits).")
     generated_tokens: int = Field(0, description="Output tokens committed.")
+    truncated: int = Field(0, description="Committed samples that hit maxNewTokens (finish_reason length).")
     tokens_per_second: int = Field(0, description="Committed output tokens per second, recent window.")
     samples_per_second: str = Field("0", description="Committed samples per second, recent window (decimal).")
     eta_seconds: int | None = Field(None, description="Estimated seconds until every sample is committed.")

@@ -39,6 +39,8 @@ def _add_run_parser(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--worker-index", type=int, default=int(os.environ.get("JOB_COMPLETION_INDEX", "0")),
                      help="this worker's index (default: $JOB_COMPLETION_INDEX or 0)")
     run.add_argument("--workers", type=int, default=None, help="number of workers (default: spec.runner.parallelism)")
+    run.add_argument("--metrics-port", type=int, default=_env_int("TOKENMILL_METRICS_PORT"),
+                     help="serve Prometheus metrics on this port (default: $TOKENMILL_METRICS_PORT, else off)")
     run.add_argument("--server-wait", type=float, default=1800.0, metavar="SECONDS",
                      help="how long to wait for the servers' /health")
     run.add_argument("--sim-time-scale", type=float, default=50.0,
@@ -47,6 +49,11 @@ def _add_run_parser(commands: argparse._SubParsersAction) -> None:
                      help="built-in simulator only: continuous-batching slots")
     run.add_argument("--sim-seed", type=int, default=0, help="built-in simulator only: output seed")
     run.set_defaults(handler=_cmd_run)
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    return int(value) if value else None
 
 
 def _add_sim_parser(commands: argparse._SubParsersAction) -> None:
@@ -107,7 +114,8 @@ def runner_config(resource: DatasetGeneration, args: argparse.Namespace, servers
     if args.s3_endpoint:
         spec = spec.model_copy(update={"output": spec.output.model_copy(update={"endpoint": args.s3_endpoint})})
     return RunnerConfig(
-        spec=spec, name=args.name or resource.metadata.name, servers=servers,
+        spec=spec, name=args.name or resource.metadata.name, namespace=resource.metadata.namespace or "",
+        servers=servers, metrics_port=args.metrics_port,
         output_uri=args.out or spec.output.uri, worker_index=args.worker_index,
         worker_count=args.workers or spec.runner.parallelism, server_wait_s=args.server_wait,
     )

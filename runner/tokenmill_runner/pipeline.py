@@ -24,6 +24,7 @@ import orjson
 
 from .client import Generation, GenerateClient, RetryPolicy, get_json, wait_until_healthy
 from .config import RunnerConfig
+from .metrics import RunnerMetrics
 from .pretokenize import PromptEncoder, TokenizerInfo, describe_tokenizer, load_tokenizer, local_model_folder
 from .progress import ProgressDisplay, Snapshot, ThroughputMeter
 from .prompts import Prompt, RowError, belongs_to_worker, count_rows, id_hash, read_prompts, source_format
@@ -121,7 +122,8 @@ class Runner:
 
     def __init__(self, config: RunnerConfig, storage: Storage, encoder: PromptEncoder, info: TokenizerInfo,
                  client: GenerateClient, states: list[DatasetState], context_length: int, concurrency: int,
-                 display: ProgressDisplay | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 metrics: RunnerMetrics | None = None, display: ProgressDisplay | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.storage = storage
         self.encoder = encoder
@@ -130,6 +132,7 @@ class Runner:
         self.states = states
         self.context_length = context_length
         self.concurrency = concurrency
+        self.metrics = metrics or RunnerMetrics.create(config.name, config.namespace, config.worker_index)
         self.display = display or ProgressDisplay(log_every_s=config.progress_log_s)
         self.clock = clock
         self.meter = ThroughputMeter()
@@ -167,6 +170,7 @@ class Runner:
         await asyncio.gather(*tasks, return_exceptions=True)
         await self._flush_all()
         await self.client.aclose()
+        self._publish_remaining()
         self.display.close(self.snapshot())
         if self._fatal is not None:
             raise self._fatal
@@ -243,14 +247,18 @@ class Runner:
         while True:
             state, prompt, ids = await queue.get()
             self.in_flight += 1
+            self.metrics.set_in_flight(self.in_flight)
             try:
                 result = await self.client.generate(ids, state.sampling.to_sglang())
             finally:
                 self.in_flight -= 1
+                self.metrics.set_in_flight(self.in_flight)
             now = self.clock()
             if isinstance(result, Generation):
+                self.metrics.answered(state.name, result.attempts, True, result.completion_tokens, result.latency_s)
                 self._record_row(state, prompt, ids, result, now)
             else:
+                self.metrics.answered(state.name, result.attempts, False, 0, 0.0)
                 self._record_error(state, failure_record(state.name, prompt, result), now)
             queue.task_done()
 
@@ -292,6 +300,7 @@ class Runner:
                     )
                     logger.debug("committed %s/%s: %d rows, %d errors", dataset, shard_id,
                                  len(content.rows), len(content.errors))
+                    self.metrics.committed(dataset, len(content.rows), [e["reason"] for e in content.errors])
                     return
                 except Exception as error:  # storage errors of every kind; retried, then fatal
                     if attempt == COMMIT_ATTEMPTS:
@@ -314,7 +323,12 @@ class Runner:
             for state in self.states:
                 if state.buffer.is_due(now):
                     self._commit(state)
+            self._publish_remaining()
             self.display.show(self.snapshot(), now)
+
+    def _publish_remaining(self) -> None:
+        for state in self.states:
+            self.metrics.set_remaining(state.name, state.rows - state.done)
 
     def snapshot(self) -> Snapshot:
         now = self.clock()
@@ -418,6 +432,9 @@ async def prepare(config: RunnerConfig, api_key: str | None) -> Runner:
     concurrency = resolve_concurrency(config, server_infos)
     if config.worker_index == 0:
         storage.put(RUN_METADATA, run_metadata(config, info, context_length, totals))
+    metrics = RunnerMetrics.create(config.name, config.namespace, config.worker_index)
+    if config.metrics_port:
+        metrics.serve(config.metrics_port)
     client = GenerateClient(
         config.servers, api_key=api_key, concurrency=concurrency,
         retry=RetryPolicy(max_attempts=spec.runner.max_attempts),
@@ -426,7 +443,8 @@ async def prepare(config: RunnerConfig, api_key: str | None) -> Runner:
     logger.info("generating %s into %s: %d servers, concurrency %d, context length %d",
                 ", ".join(s.name for s in states), storage.root_uri, len(config.servers), concurrency,
                 context_length)
-    return Runner(config, storage, PromptEncoder(tokenizer), info, client, states, context_length, concurrency)
+    return Runner(config, storage, PromptEncoder(tokenizer), info, client, states, context_length, concurrency,
+                  metrics=metrics)
 
 
 def iter_summary_lines(summary: RunSummary) -> Iterator[str]:

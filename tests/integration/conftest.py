@@ -1,45 +1,12 @@
-"""Real servers on loopback for integration tests: an S3 server (moto's, over HTTP) and the SGLang simulator."""
+"""The SGLang simulator on loopback for integration tests (the S3 server fixture is in tests/conftest.py)."""
 
 from __future__ import annotations
 
-import os
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@pytest.fixture(scope="session")
-def s3_endpoint() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-
-    os.environ.update(S3_ENV)
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def s3_bucket(s3_endpoint: str, request: pytest.FixtureRequest) -> str:
-    from tokenmill_runner.storage import s3_client
-
-    name = "t-" + request.node.name.lower().replace("_", "-").replace("[", "-").replace("]", "")[:50]
-    s3_client(s3_endpoint).create_bucket(Bucket=name)
-    return name
 
 
 @pytest.fixture
@@ -48,5 +15,3 @@ def simulator(demo_model: Path) -> Iterator[Any]:
 
     with SimServer(SimConfig(model_path=str(demo_model), time_scale=2000.0, max_running_requests=64)) as server:
         yield server
-
-

@@ -176,6 +176,35 @@ def test_faults_are_retried_until_every_sample_is_present(tmp_path, demo_model):
     assert_exactly_once(open_storage(str(tmp_path / "out")), "chat", {f"s{i:04d}" for i in range(60)})
 
 
+def test_runner_metrics_count_what_happened(tmp_path, demo_model):
+    from tokenmill_runner.simulator import SimConfig, SimServer
+
+    rows, expected_errors, good = malformed_rows()
+    write_jsonl(tmp_path / "p.jsonl", rows)
+    spec = load_spec_file(write_spec(tmp_path / "spec.yaml", spec_document(
+        demo_model, [{"name": "p", "source": "p.jsonl"}], "out", server={"contextLength": 4096}))).spec
+    config = RunnerConfig(spec=spec, name="m", namespace="ns", servers=["x"], output_uri=str(tmp_path / "out"))
+
+    async def go():
+        with SimServer(SimConfig(model_path=str(demo_model), time_scale=2000.0, fault_503_rate=0.3, seed=5)) as sim:
+            runner = await prepare(config.model_copy(update={"servers": [sim.url]}), api_key=None)
+            summary = await runner.run()
+        return runner.metrics.registry, summary
+
+    registry, summary = asyncio.run(go())
+    labels = {"dsgen": "m", "namespace": "ns", "dataset": "p", "worker": "0"}
+    value = registry.get_sample_value
+    assert value("tokenmill_runner_committed_samples_total", labels) == len(good)
+    assert value("tokenmill_runner_requests_total", {**labels, "outcome": "ok"}) == len(good)
+    assert value("tokenmill_runner_requests_total", {**labels, "outcome": "retried"}) == summary.retries > 0
+    assert value("tokenmill_runner_failed_samples_total", {**labels, "reason": "duplicate_sample_id"}) == 1
+    tokens = sum(r["completion_tokens"] for r in read_committed_rows(open_storage(str(tmp_path / "out")), "p"))
+    assert value("tokenmill_runner_generated_tokens_total", labels) == tokens
+    assert value("tokenmill_runner_samples_remaining", labels) == 0
+    assert value("tokenmill_runner_in_flight_requests", {"dsgen": "m", "namespace": "ns", "worker": "0"}) == 0
+    assert value("tokenmill_runner_request_latency_seconds_count", labels) == len(good)
+
+
 def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path, demo_model):
     from tokenmill_runner.simulator import SimConfig, SimServer
 

@@ -158,3 +158,27 @@ def test_progress_rates_and_eta_from_marker_times():
     assert overall.display == "170/600 (28.3%)"
     assert [d.name for d in facts.datasets] == ["a", "b"] and facts.datasets[1].failed == 20
     assert facts.last_commit_time == T0 - timedelta(minutes=2)
+
+
+def test_operator_metrics_follow_the_status_and_vanish_on_delete():
+    from tokenmill_operator import metrics
+    from tokenmill_operator.status import DatasetProgress
+
+    report = ReportStatus(uri="s3://b/r/report/report.json", verdict="pass")
+    decision = decide(observed(report=report, progress=ProgressFacts(
+        overall=Progress(completed=90, failed=10, total=100, generated_tokens=5000, truncated=9),
+        datasets=[DatasetProgress(name="B1", completed=90, failed=10, total=100, truncated=9)], last_commit_time=T0)))
+    validation = {"max_truncated_fraction": "0.05", "max_error_fraction": "0.01"}
+    metrics.publish("r", "ns", decision.status, validation, "s3://models/m/")
+    value = metrics.REGISTRY.get_sample_value
+    assert value("tokenmill_dsgen_phase", {"dsgen": "r", "namespace": "ns", "phase": "Succeeded"}) == 1
+    assert value("tokenmill_dsgen_phase", {"dsgen": "r", "namespace": "ns", "phase": "Generating"}) == 0
+    assert value("tokenmill_dsgen_samples_remaining", {"dsgen": "r", "namespace": "ns", "dataset": ""}) == 0
+    assert value("tokenmill_dsgen_truncated_fraction", {"dsgen": "r", "namespace": "ns", "dataset": "B1"}) == 0.1
+    assert value("tokenmill_dsgen_error_fraction", {"dsgen": "r", "namespace": "ns", "dataset": ""}) == 0.1
+    assert value("tokenmill_dsgen_truncated_fraction_threshold", {"dsgen": "r", "namespace": "ns"}) == 0.05
+    assert value("tokenmill_dsgen_condition", {"dsgen": "r", "namespace": "ns", "condition": "Succeeded",
+                                               "status": "True"}) == 1
+    assert value("tokenmill_dsgen_last_commit_timestamp_seconds", {"dsgen": "r", "namespace": "ns"}) == T0.timestamp()
+    metrics.forget("r", "ns")
+    assert b'dsgen="r"' not in metrics.exposition()

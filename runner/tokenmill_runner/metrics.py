@@ -1,0 +1,82 @@
+"""The runner's Prometheus metrics (names and labels: docs/metrics.md), in a registry of their own."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+logger = logging.getLogger(__name__)
+
+LATENCY_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600, float("inf"))
+BASE = ("dsgen", "namespace")
+
+
+@dataclass
+class RunnerMetrics:
+    registry: CollectorRegistry
+    requests: Counter
+    generated_tokens: Counter
+    committed_samples: Counter
+    failed_samples: Counter
+    in_flight: Gauge
+    latency: Histogram
+    last_commit: Gauge
+    remaining: Gauge
+    labels: dict[str, str]
+
+    @classmethod
+    def create(cls, dsgen: str, namespace: str, worker: int) -> RunnerMetrics:
+        registry = CollectorRegistry()
+        per_dataset = (*BASE, "dataset", "worker")
+        return cls(
+            registry=registry,
+            requests=Counter("tokenmill_runner_requests", "/generate attempts by outcome",
+                             (*per_dataset, "outcome"), registry=registry),
+            generated_tokens=Counter("tokenmill_runner_generated_tokens", "Output tokens received", per_dataset,
+                                     registry=registry),
+            committed_samples=Counter("tokenmill_runner_committed_samples", "Samples in committed shards",
+                                      per_dataset, registry=registry),
+            failed_samples=Counter("tokenmill_runner_failed_samples", "Samples recorded as errors, by reason",
+                                   (*per_dataset, "reason"), registry=registry),
+            in_flight=Gauge("tokenmill_runner_in_flight_requests", "Requests sent and not yet answered",
+                            (*BASE, "worker"), registry=registry),
+            latency=Histogram("tokenmill_runner_request_latency_seconds", "Latency of successful requests",
+                              per_dataset, buckets=LATENCY_BUCKETS, registry=registry),
+            last_commit=Gauge("tokenmill_runner_last_commit_timestamp_seconds", "Unix time of the last commit",
+                              per_dataset, registry=registry),
+            remaining=Gauge("tokenmill_runner_samples_remaining", "Samples this worker still has to process",
+                            per_dataset, registry=registry),
+            labels={"dsgen": dsgen, "namespace": namespace, "worker": str(worker)},
+        )
+
+    def _of(self, dataset: str) -> dict[str, str]:
+        return {**self.labels, "dataset": dataset}
+
+    def answered(self, dataset: str, attempts: int, ok: bool, tokens: int, latency_s: float) -> None:
+        labels = self._of(dataset)
+        if attempts > 1:
+            self.requests.labels(**labels, outcome="retried").inc(attempts - 1)
+        self.requests.labels(**labels, outcome="ok" if ok else "failed").inc()
+        if ok:
+            self.generated_tokens.labels(**labels).inc(tokens)
+            self.latency.labels(**labels).observe(latency_s)
+
+    def committed(self, dataset: str, rows: int, reasons: list[str]) -> None:
+        labels = self._of(dataset)
+        self.committed_samples.labels(**labels).inc(rows)
+        for reason in reasons:
+            self.failed_samples.labels(**labels, reason=reason).inc()
+        self.last_commit.labels(**labels).set(time.time())
+
+    def set_in_flight(self, count: int) -> None:
+        self.in_flight.labels(**self.labels).set(count)
+
+    def set_remaining(self, dataset: str, count: int) -> None:
+        self.remaining.labels(**self._of(dataset)).set(max(count, 0))
+
+    def serve(self, port: int) -> None:
+        start_http_server(port, registry=self.registry)
+        logger.info("metrics on :%d/metrics", port)
