@@ -135,24 +135,28 @@ BOUNDS: dict[Path_, dict[str, Any]] = {
 
 RULES: dict[Path_, list[dict[str, str]]] = {
     (): [
-        _rule("oldSelf.model.path == self.model.path || (oldSelf.suspend && self.suspend)",
+        _rule("oldSelf.model.path == self.model.path || (has(oldSelf.suspend) && oldSelf.suspend && has(self.suspend) "
+              "&& self.suspend)",
               "spec.model.path cannot change while the run is active: outputs of two models would mix under one "
               "output URI; suspend it first, or create a new DatasetGeneration", "FieldValueForbidden",
               ".model.path"),
-        _rule("oldSelf.output.uri == self.output.uri || (oldSelf.suspend && self.suspend)",
+        _rule("oldSelf.output.uri == self.output.uri || (has(oldSelf.suspend) && oldSelf.suspend && has(self.suspend) "
+              "&& self.suspend)",
               "spec.output.uri cannot change while the run is active: committed shards would be left behind; "
               "suspend it first, or create a new DatasetGeneration", "FieldValueForbidden", ".output.uri"),
-        _rule("type(self.server.contextLength) != int || self.datasets.all(d, !has(d.sampling) || "
+        _rule("!has(self.server) || !has(self.server.contextLength) || type(self.server.contextLength) != int || "
+              "self.datasets.all(d, !has(d.sampling) || "
               "!has(d.sampling.maxNewTokens) || d.sampling.maxNewTokens < self.server.contextLength)",
               "every dataset's sampling.maxNewTokens must be below server.contextLength (the prompt needs room too)",
               "FieldValueInvalid", ".datasets"),
-        _rule("!has(self.sampling.maxNewTokens) || type(self.server.contextLength) != int || "
+        _rule("!has(self.sampling) || !has(self.sampling.maxNewTokens) || !has(self.server) || "
+              "!has(self.server.contextLength) || type(self.server.contextLength) != int || "
               "self.sampling.maxNewTokens < self.server.contextLength",
               "sampling.maxNewTokens must be below server.contextLength (the prompt needs room too)",
               "FieldValueInvalid", ".sampling.maxNewTokens"),
     ],
     ("datasets",): [_rule("self.all(d, self.exists_one(e, e.name == d.name))",
-                          "dataset names must be unique (each names an output folder)", "Duplicate")],
+                          "dataset names must be unique (each names an output folder)")],
     ("datasets", "[]", "source"): [_rule("self.startsWith('s3://')",
                                          "in a cluster, sources are read from S3: use s3://bucket/key.jsonl "
                                          "(local files work only with `tokenmill run`)")],
@@ -160,14 +164,16 @@ RULES: dict[Path_, list[dict[str, str]]] = {
                               "output.uri must be s3://bucket/prefix/ (a local folder works only with "
                               "`tokenmill run`)")],
     ("server",): [
-        _rule("type(self.tensorParallel) != int || self.tensorParallel in [1, 2, 4, 8, 16, 32, 64]",
+        _rule("!has(self.tensorParallel) || type(self.tensorParallel) != int || "
+              "self.tensorParallel in [1, 2, 4, 8, 16, 32, 64]",
               "server.tensorParallel must be a power of two (1-64) or \"auto\"", "FieldValueInvalid",
               ".tensorParallel"),
-        _rule("type(self.tensorParallel) != int || self.tensorParallel <= self.gpusPerNode || "
-              "self.tensorParallel % self.gpusPerNode == 0",
+        _rule("!has(self.tensorParallel) || !has(self.gpusPerNode) || type(self.tensorParallel) != int || "
+              "self.tensorParallel <= self.gpusPerNode || self.tensorParallel % self.gpusPerNode == 0",
               "server.tensorParallel above gpusPerNode must span whole nodes (a multiple of gpusPerNode)",
               "FieldValueInvalid", ".tensorParallel"),
-        _rule("self.extraArgs.all(a, !(a.split('=')[0] in " + str(OPERATOR_FLAGS).replace('"', "'") + "))",
+        _rule("!has(self.extraArgs) || self.extraArgs.all(a, !(a.split('=')[0] in "
+              + str(OPERATOR_FLAGS).replace('"', "'") + "))",
               "server.extraArgs must not set flags the operator manages (model path, host, port, "
               "tensor parallel, API key, multi-node): use the spec fields instead", "FieldValueForbidden",
               ".extraArgs"),
@@ -181,6 +187,10 @@ RULES: dict[Path_, list[dict[str, str]]] = {
 for _prefix in (("sampling",), ("datasets", "[]", "sampling")):
     for _name in ("temperature", "topP", "minP"):
         RULES[(*_prefix, _name)] = [_rule(DECIMAL_RULE, "must be a decimal number written as a string, e.g. \"0.6\"")]
+        BOUNDS[(*_prefix, _name)] = {"maxLength": 32}
+for _path in (("server", "memFractionStatic"), ("validation", "maxTruncatedFraction"),
+              ("validation", "minReasoningFraction"), ("validation", "maxErrorFraction")):
+    BOUNDS[_path] = {"maxLength": 32}
 
 
 def spec_schema() -> dict[str, Any]:
