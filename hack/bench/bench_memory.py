@@ -66,6 +66,8 @@ def main() -> None:
         simulator.terminate()
         simulator.wait()
     (small, small_rss, _), (large, large_rss, _) = results[0], results[-1]
+    if large == small:
+        return
     print(f"peak RSS ratio {large}/{small} prompts: {large_rss / small_rss:.2f}x "
           f"({(large_rss - small_rss) * 1024 * 1024 / (large - small):.0f} bytes per extra prompt)")
 

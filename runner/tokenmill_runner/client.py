@@ -22,7 +22,7 @@ RETRYABLE_STATUS = {429, 500, 502, 503, 504}
 FATAL_STATUS = {401, 403, 404}
 # httpcore's connection pool does O(pool size) work per request, so hundreds of connections in one pool cost
 # quadratic CPU; requests are spread over several small pools ("lanes") instead.
-LANE_CONNECTIONS = 64
+LANE_CONNECTIONS = 16
 # SGLang (uvicorn) closes idle keep-alive connections after 5 s; drop them first, or a request sent on a
 # connection the server is closing fails with a ReadError.
 KEEPALIVE_EXPIRY_S = 4.0
