@@ -5107,7 +5107,7 @@ def frame_ci(sc: dict) -> str:
         f"CI on `main` of {sc['repo']} is red. We added a regression test for the bug tracked as "
         f"\"{sc['title']}\" and it fails, as expected. Now we need the fix. Recent history:",
         "```\n" + "\n".join(sc["commits"]) + "\n```",
-        f"From the report:\n\n> " + summary.replace("\n", "\n> "),
+        "From the report:\n\n> " + summary.replace("\n", "\n> "),
         "The failing job's output:",
         f"```\n{sc['test_output']}\n```",
         f"The new test (`{test_path}`):",

@@ -536,10 +536,10 @@ def _runner_pod(name: str, spec: DatasetGenerationSpec, image: str, server_urls:
     }
 
 
-def runner_job(name: str, namespace: str, owner: dict[str, Any], spec: DatasetGenerationSpec, plan: ServerPlan,
-               image: str, server_urls: list[str]) -> Manifest:
-    """Indexed Job: worker i ($JOB_COMPLETION_INDEX) takes the samples whose id hashes to i."""
-    del plan  # the servers' sizes reach the runner through the servers themselves (/server_info)
+def runner_job(name: str, namespace: str, owner: dict[str, Any], spec: DatasetGenerationSpec, image: str,
+               server_urls: list[str]) -> Manifest:
+    """Indexed Job: worker i ($JOB_COMPLETION_INDEX) takes the samples whose id hashes to i. The servers' sizes
+    reach the runner through the servers themselves (/server_info), not through the plan."""
     workers = spec.runner.parallelism
     return {
         "apiVersion": "batch/v1",

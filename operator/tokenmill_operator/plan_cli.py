@@ -43,7 +43,7 @@ def objects(resource, plan, runner_image: str) -> list[dict]:
         manifests.network_policy(name, namespace, owner, spec),
         manifests.server_statefulset(name, namespace, owner, spec, plan),
         manifests.runner_configmap(name, namespace, owner, spec),
-        manifests.runner_job(name, namespace, owner, spec, plan, spec.runner.image or runner_image, urls),
+        manifests.runner_job(name, namespace, owner, spec, spec.runner.image or runner_image, urls),
     ]
 
 

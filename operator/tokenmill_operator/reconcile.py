@@ -17,7 +17,6 @@ from typing import Any
 import orjson
 
 from tokenmill_runner.report import write_report
-from tokenmill_runner.shards import read_markers
 from tokenmill_runner.spec import DatasetGenerationSpec
 from tokenmill_runner.storage import Storage, open_storage
 
@@ -189,7 +188,7 @@ def _ensure_children(kube: Kube, context: Context, plan: ServerPlan, settings: O
     kube.apply(manifests.server_statefulset(name, namespace, owner, spec, plan, server_replicas))
     if create_job:
         image = spec.runner.image or settings.runner_image
-        job = manifests.runner_job(name, namespace, owner, spec, plan, image,
+        job = manifests.runner_job(name, namespace, owner, spec, image,
                                    names.server_urls(name, namespace, spec.server.port, plan.replicas,
                                                      plan.nodes_per_replica))
         template_labels = job["spec"]["template"]["metadata"].setdefault("labels", {})

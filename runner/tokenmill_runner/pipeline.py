@@ -56,6 +56,10 @@ TYPICAL_PROMPT_TOKENS = 512
 TYPICAL_OUTPUT_SHARE = 0.15
 
 
+def _take(items: Iterator[Any], count: int) -> list[Any]:
+    return list(islice(items, count))
+
+
 @dataclass
 class DatasetState:
     spec: DatasetSpec
@@ -198,7 +202,7 @@ class Runner:
             spec = state.spec
             fmt = source_format(spec.source, spec.format)
             rows = read_prompts(spec.source, fmt, self.config.spec.output.endpoint, spec.limit)
-            while chunk := await asyncio.to_thread(lambda: list(islice(rows, READ_BATCH))):
+            while chunk := await asyncio.to_thread(_take, rows, READ_BATCH):
                 prompts = self._admit(state, chunk)
                 for start in range(0, len(prompts), TOKENIZE_BATCH):
                     batch = prompts[start:start + TOKENIZE_BATCH]

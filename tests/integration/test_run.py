@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import pytest
 
 from tokenmill_runner.config import RunnerConfig
 from tokenmill_runner.pipeline import RunSummary, prepare

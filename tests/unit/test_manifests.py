@@ -72,7 +72,7 @@ def statefulset(s: DatasetGenerationSpec | None = None, p: ServerPlan | None = N
 
 
 def job(s: DatasetGenerationSpec | None = None, urls: list[str] | None = None) -> dict:
-    return manifests.runner_job(NAME, NAMESPACE, OWNER, s or spec(), plan(), "ghcr.io/x/tokenmill:0.1.0",
+    return manifests.runner_job(NAME, NAMESPACE, OWNER, s or spec(), "ghcr.io/x/tokenmill:0.1.0",
                                 urls or URLS)
 
 
@@ -505,7 +505,7 @@ def test_long_name_children_are_consistent():
     sts = manifests.server_statefulset(long, NAMESPACE, OWNER, s, plan())
     service = manifests.server_service(long, NAMESPACE, OWNER, s)
     assert sts["spec"]["serviceName"] == service["metadata"]["name"]
-    j = manifests.runner_job(long, NAMESPACE, OWNER, s, plan(), "img", names.server_urls(long, NAMESPACE, 30000, 1))
+    j = manifests.runner_job(long, NAMESPACE, OWNER, s, "img", names.server_urls(long, NAMESPACE, 30000, 1))
     assert volume(j, "config")["configMap"]["name"] == manifests.runner_configmap(long, NAMESPACE, OWNER, s)[
         "metadata"]["name"]
     assert names.api_key_secret_name(long) in yaml.safe_dump(j)

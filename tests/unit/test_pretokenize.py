@@ -29,7 +29,7 @@ def test_batch_ids_equal_apply_chat_template_token_for_token(tokenizer):
                         {"role": "user", "content": "ünïcödé ✓ 天气"}], TOOLS),
     ]
     encoded = PromptEncoder(tokenizer).encode_batch(prompts)
-    for prompt, ids in zip(prompts, encoded):
+    for prompt, ids in zip(prompts, encoded, strict=True):
         expected = tokenizer.apply_chat_template(prompt.messages, tools=prompt.tools, add_generation_prompt=True,
                                                  tokenize=True, return_dict=False)
         assert ids == expected
