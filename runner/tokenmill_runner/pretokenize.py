@@ -35,6 +35,7 @@ class TokenizerInfo:
     location: str
     vocab_size: int
     eos_token_ids: list[int]
+    eos_tokens: dict[str, str]  # id (as a JSON key) -> token text, so reports can name the stop tokens
     reasoning_end_token: str | None
     reasoning_end_id: int | None
     tool_call_token: str | None
@@ -157,8 +158,10 @@ def describe_tokenizer(tokenizer: Any, location: str, end_token: str | None,
         if tool_token:
             raise TokenizerError(f"spec.model.toolCallToken {tool_token!r} is not a single token at {location}")
         tool_token = None
+    eos_ids = _eos_ids(tokenizer, folder)
     return TokenizerInfo(
-        location=location, vocab_size=len(tokenizer), eos_token_ids=_eos_ids(tokenizer, folder),
+        location=location, vocab_size=len(tokenizer), eos_token_ids=eos_ids,
+        eos_tokens={str(i): tokenizer.convert_ids_to_tokens(i) for i in eos_ids if i < len(tokenizer)},
         reasoning_end_token=end_token, reasoning_end_id=end_id, tool_call_token=tool_token,
         tool_call_id=tool_id, model_context_length=model_context_length(folder),
     )

@@ -135,7 +135,12 @@ def _context_budget(s: dict[str, list[Any]], context_length: int | None) -> dict
     }
 
 
-def dataset_report(ledger: DatasetLedger, context_length: int | None, reasoning_expected: bool) -> dict[str, Any]:
+def _stop_name(token_id: int, names: dict[str, str]) -> str:
+    return f"{names[str(token_id)]} ({token_id})" if str(token_id) in names else str(token_id)
+
+
+def dataset_report(ledger: DatasetLedger, context_length: int | None, reasoning_expected: bool,
+                   stop_names: dict[str, str] | None = None) -> dict[str, Any]:
     s = ledger.samples
     completions = s["completion_tokens"]
     n, errors = len(completions), sum(ledger.errors.values())
@@ -149,7 +154,8 @@ def dataset_report(ledger: DatasetLedger, context_length: int | None, reasoning_
         "completion_tokens": distribution(completions).as_dict(),
         "length_shares": length_shares(completions),
         "finish_reasons": dict(sorted(Counter(s["finish_reason"]).items())),
-        "stop_tokens": {str(k): v for k, v in sorted(Counter(m for m in s["matched_stop"] if m is not None).items())},
+        "stop_tokens": {_stop_name(k, stop_names or {}): v
+                        for k, v in sorted(Counter(m for m in s["matched_stop"] if m is not None).items())},
         "truncated": _truncation(s),
         "reasoning": _reasoning(s, reasoning_expected),
         "tool_calls": {"count": sum(s["has_tool_call"]), "share": _share(sum(s["has_tool_call"]), n)},
@@ -241,7 +247,8 @@ def build_report(ledger: Ledger, now: datetime | None = None) -> dict[str, Any]:
     end_token = tokenizer.get("reasoning_end_token")
     expected = tokenizer.get("reasoning_end_id") is not None
     limits = Thresholds.from_run(run)
-    datasets = {d.name: dataset_report(d, context_length, expected) for d in ledger.datasets}
+    names = tokenizer.get("eos_tokens") or {}
+    datasets = {d.name: dataset_report(d, context_length, expected, names) for d in ledger.datasets}
     findings = [f for name, rep in datasets.items() for f in dataset_findings(name, rep, limits, end_token)]
     verdict = max((f["level"] for f in findings), key=LEVELS.index, default="fail")
     return {
@@ -255,7 +262,7 @@ def build_report(ledger: Ledger, now: datetime | None = None) -> dict[str, Any]:
         "verdict": verdict,
         "findings": findings,
         # Drift is about commit order within one dataset; a concatenation of datasets has no such order.
-        "overall": {**dataset_report(_merged(ledger.datasets), context_length, expected), "order_drift": None},
+        "overall": {**dataset_report(_merged(ledger.datasets), context_length, expected, names), "order_drift": None},
         "datasets": datasets,
     }
 

@@ -100,7 +100,7 @@ def render(report: dict[str, Any], images: list[str]) -> str:
              *table(["dataset", "<100", "<300", "<500", ">1000", ">5000", "hit maxNewTokens", "at cap"],
                     _per_dataset(report, _shares_row)),
              "## Finish reasons", "",
-             *table(["dataset", "stop", "length", "abort", "stop tokens matched (id ×count)"],
+             *table(["dataset", "stop", "length", "abort", "stop tokens matched"],
                     _per_dataset(report, _finish_row)),
              f"## Reasoning ({report['tokenizer'].get('reasoning_end_token')}) and tool calls", "",
              *table(["dataset", "with end token", "reasoning median", "reasoning p90", "answer median", "answer p90",

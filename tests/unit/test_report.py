@@ -21,7 +21,7 @@ def run_json(datasets, end_id=END, validation=None) -> dict:
     return {"name": "crafted", "context_length": 8192,
             "spec": {"datasets": [{"name": d} for d in datasets], "validation": validation or {}},
             "tokenizer": {"reasoning_end_token": "</think>", "reasoning_end_id": end_id, "tool_call_id": TOOL,
-                          "eos_token_ids": [EOS]}}
+                          "eos_token_ids": [EOS], "eos_tokens": {str(EOS): "<|im_end|>"}}}
 
 
 def make_row(dataset: str, i: int, length: int, cap: int, reasoning: int | None, tool: bool = False) -> dict:
@@ -94,7 +94,7 @@ def test_distribution_and_shares_match_the_rows(crafted):
     assert got["truncated"]["at_cap"] == sum(r["completion_tokens"] >= r["max_new_tokens"] for r in rows)
     assert got["truncated"]["caps"] == [2048]
     assert got["finish_reasons"] == {"stop": 400 - len(truncated), "length": len(truncated)}
-    assert got["stop_tokens"] == {str(EOS): 400 - len(truncated)}
+    assert got["stop_tokens"] == {f"<|im_end|> ({EOS})": 400 - len(truncated)}
     assert got["errors_by_reason"] == {"invalid_json": 1, "prompt_too_long": 1}
     assert got["error_share"] == pytest.approx(2 / 402)
     assert got["tool_calls"]["share"] == pytest.approx(sum(r["has_tool_call"] for r in rows) / 400)
