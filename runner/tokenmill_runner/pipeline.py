@@ -54,6 +54,7 @@ RUN_METADATA = "run.json"
 # 10240 cap, prompts 75-1130 tokens).
 TYPICAL_PROMPT_TOKENS = 512
 TYPICAL_OUTPUT_SHARE = 0.15
+MIN_OBSERVED_ROWS = 32
 
 
 def _take(items: Iterator[Any], count: int) -> list[Any]:
@@ -400,8 +401,16 @@ def prepare_states(config: RunnerConfig, storage: Storage) -> tuple[list[Dataset
             rows=_worker_rows(totals[dataset.name], config),
         ))
     # Longest expected outputs first, so the run does not end on one long request with an idle GPU.
-    states.sort(key=lambda state: -(state.sampling.max_new_tokens or 0))
+    states.sort(key=lambda state: -expected_output_tokens(state))
     return states, totals
+
+
+def expected_output_tokens(state: DatasetState) -> float:
+    """Mean output length observed in what is committed (after a restart), else a share of the cap."""
+    committed = state.committed
+    if committed.rows >= MIN_OBSERVED_ROWS:
+        return committed.completion_tokens / committed.rows
+    return TYPICAL_OUTPUT_SHARE * (state.sampling.max_new_tokens or 0)
 
 
 def run_metadata(config: RunnerConfig, info: TokenizerInfo, context_length: int,

@@ -100,3 +100,20 @@ def test_auto_concurrency_fills_the_servers_and_keeps_a_queue():
     assert resolve_concurrency(four, [slot_bound]) == 54  # ceil(214 / 4)
     fixed = spec.model_copy(update={"runner": spec.runner.model_copy(update={"concurrency": 7})})
     assert resolve_concurrency(RunnerConfig(spec=fixed, servers=["http://a"], output_uri="/tmp/x"), [kv_bound]) == 7
+
+
+def test_datasets_run_longest_expected_first():
+    from tokenmill_runner.pipeline import DatasetState, expected_output_tokens
+    from tokenmill_runner.shards import CommittedIndex, ShardBuffer
+
+    spec = parse_document(doc()).spec
+
+    def state(index: int, rows: int = 0, tokens: int = 0) -> DatasetState:
+        dataset = spec.datasets[index]
+        committed = CommittedIndex(rows=rows, completion_tokens=tokens)
+        return DatasetState(spec=dataset, index=index, sampling=spec.sampling_for(dataset), committed=committed,
+                            buffer=ShardBuffer(1, 1), rows=10)
+
+    assert expected_output_tokens(state(0)) == 0.15 * 32768  # nothing seen yet: a share of the cap
+    assert expected_output_tokens(state(1)) == 0.15 * 1000
+    assert expected_output_tokens(state(1, rows=40, tokens=40 * 9000)) == 9000  # what was committed wins
