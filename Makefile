@@ -6,7 +6,7 @@ HOST_PYTHON ?= python3
 INSTALLED := $(VENV)/.installed
 DEMO_OUT ?= out/demo
 
-.PHONY: install demo test unit integration e2e bench clean
+.PHONY: install demo test unit integration chart e2e bench clean
 
 install: $(INSTALLED)
 
@@ -30,6 +30,10 @@ unit: install
 
 integration: install
 	$(VENV)/bin/pytest -q tests/integration
+
+## chart: Helm chart, alert rules (promtool), dashboard and Argo CD health checks (needs helm and promtool)
+chart: install tools
+	$(VENV)/bin/pytest -q tests/chart
 
 e2e: install tools
 	$(VENV)/bin/pytest -q tests/e2e

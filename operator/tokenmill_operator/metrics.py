@@ -48,49 +48,66 @@ _PER_RESOURCE = (COMPLETED, FAILED, TOTAL, REMAINING, TOKENS, TOKENS_PER_S, ETA,
                  ERRORS_LIMIT, PHASE, CONDITION, LAST_COMMIT, INFO)
 
 
-def _progress(key: dict[str, str], dataset: str, progress: Progress) -> None:
+Series = set[tuple[Gauge, tuple[str, ...]]]
+
+
+def _set(touched: Series, metric: Gauge, value: float, **labels: str) -> None:
+    metric.labels(**labels).set(value)
+    touched.add((metric, tuple(labels[name] for name in metric._labelnames)))  # noqa: SLF001
+
+
+def _progress(touched: Series, key: dict[str, str], dataset: str, progress: Progress) -> None:
     labels = {**key, "dataset": dataset}
-    COMPLETED.labels(**labels).set(progress.completed)
-    FAILED.labels(**labels).set(progress.failed)
-    TOTAL.labels(**labels).set(progress.total)
-    REMAINING.labels(**labels).set(max(progress.total - progress.completed - progress.failed, 0))
-    TOKENS.labels(**labels).set(progress.generated_tokens)
-    TOKENS_PER_S.labels(**labels).set(progress.tokens_per_second)
-    if progress.eta_seconds is not None:
-        ETA.labels(**labels).set(progress.eta_seconds)
     processed = progress.completed + progress.failed
-    ERRORS.labels(**labels).set(progress.failed / processed if processed else 0.0)
-    TRUNCATED.labels(**labels).set(progress.truncated / progress.completed if progress.completed else 0.0)
+    for metric, value in (
+        (COMPLETED, progress.completed), (FAILED, progress.failed), (TOTAL, progress.total),
+        (REMAINING, max(progress.total - processed, 0)), (TOKENS, progress.generated_tokens),
+        (TOKENS_PER_S, progress.tokens_per_second), (ERRORS, progress.failed / processed if processed else 0.0),
+        (TRUNCATED, progress.truncated / progress.completed if progress.completed else 0.0),
+    ):
+        _set(touched, metric, value, **labels)
+    if progress.eta_seconds is not None:
+        _set(touched, ETA, progress.eta_seconds, **labels)
 
 
 def publish(name: str, namespace: str, status: DatasetGenerationStatus, validation: dict[str, Any],
             model: str) -> None:
-    """Set every series of one resource from its new status."""
-    forget(name, namespace)
+    """Set every series of one resource from its new status, then drop its series that no longer apply (a
+    dataset, a condition status or an ETA that went away). Never remove-then-set: a scrape in between would see
+    the resource vanish, resetting alerts' `for:` timers and `delta()`."""
+    touched: Series = set()
     key = {"dsgen": name, "namespace": namespace}
-    _progress(key, "", status.progress)
+    _progress(touched, key, "", status.progress)
     for dataset in status.datasets:
-        _progress(key, dataset.name, dataset)
-    TRUNCATED_LIMIT.labels(**key).set(float(validation["max_truncated_fraction"]))
-    ERRORS_LIMIT.labels(**key).set(float(validation["max_error_fraction"]))
+        _progress(touched, key, dataset.name, dataset)
+    _set(touched, TRUNCATED_LIMIT, float(validation["max_truncated_fraction"]), **key)
+    _set(touched, ERRORS_LIMIT, float(validation["max_error_fraction"]), **key)
     for phase in PHASES:
-        PHASE.labels(**key, phase=phase).set(1 if status.phase == phase else 0)
-    conditions = {c.type: c.status for c in status.conditions}
-    for type_ in CONDITION_TYPES:
-        if type_ in conditions:
-            CONDITION.labels(**key, condition=type_, status=conditions[type_]).set(1)
+        _set(touched, PHASE, 1 if status.phase == phase else 0, **key, phase=phase)
+    for condition in status.conditions:
+        if condition.type in CONDITION_TYPES:
+            _set(touched, CONDITION, 1, **key, condition=condition.type, status=condition.status)
     if status.last_commit_time:
-        LAST_COMMIT.labels(**key).set(parse_time(status.last_commit_time).timestamp())
-    INFO.labels(**key, model=model, verdict=status.report.verdict if status.report else "").set(1)
+        _set(touched, LAST_COMMIT, parse_time(status.last_commit_time).timestamp(), **key)
+    _set(touched, INFO, 1, **key, model=model, verdict=status.report.verdict if status.report else "")
+    for metric, labels in _series_of(name, namespace) - touched:
+        metric.remove(*labels)
 
 
-def forget(name: str, namespace: str) -> None:
-    """Drop every series of one resource (before republishing, and when it is deleted)."""
+def _series_of(name: str, namespace: str) -> Series:
+    found = set()
     for metric in _PER_RESOURCE:
         for labels in list(metric._metrics):  # noqa: SLF001 - prometheus_client has no public listing
             values = dict(zip(metric._labelnames, labels, strict=True))  # noqa: SLF001
             if values["dsgen"] == name and values["namespace"] == namespace:
-                metric.remove(*labels)
+                found.add((metric, labels))
+    return found
+
+
+def forget(name: str, namespace: str) -> None:
+    """Drop every series of one resource (when it is deleted)."""
+    for metric, labels in _series_of(name, namespace):
+        metric.remove(*labels)
 
 
 def serve(port: int) -> None:

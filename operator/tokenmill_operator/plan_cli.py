@@ -26,7 +26,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     plan.add_argument("spec", help="DatasetGeneration YAML file (model path: s3:// prefix or a local folder)")
     plan.add_argument("--json", action="store_true", help="the plan and the objects as JSON")
     plan.add_argument("--s3-endpoint", metavar="URL", help="S3 endpoint for the model files")
-    plan.add_argument("--runner-image", default="ghcr.io/tokenmill/tokenmill:0.1.0", help="runner image to show")
+    plan.add_argument("--runner-image", default="ghcr.io/tokenmill/tokenmill-runner:0.1.0", help="runner image to show")
     plan.set_defaults(handler=run)
 
 

@@ -36,7 +36,7 @@ SERVER_PROBLEMS = ("ImagePullBackOff", "ErrImagePull", "CrashLoopBackOff", "Crea
 
 @dataclass(frozen=True)
 class OperatorSettings:
-    runner_image: str = os.environ.get("TOKENMILL_RUNNER_IMAGE", "ghcr.io/tokenmill/tokenmill:0.1.0")
+    runner_image: str = os.environ.get("TOKENMILL_RUNNER_IMAGE", "ghcr.io/tokenmill/tokenmill-runner:0.1.0")
     stall_after_s: float = float(os.environ.get("TOKENMILL_STALL_SECONDS", "900"))
     # Extra labels on runner pods (JSON object); the e2e tests use it to hold Job pods running under kwok.
     runner_pod_labels: dict[str, str] = field(

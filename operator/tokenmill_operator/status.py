@@ -10,7 +10,7 @@ from pydantic.alias_generators import to_camel
 from .planner import ServerPlan
 
 CONDITION_TYPES = ("ServerReady", "Progressing", "Stalled", "Succeeded", "Failed", "Ready")
-Phase = Literal["Pending", "Planning", "StartingServer", "Generating", "Reporting", "Succeeded", "Failed",
+Phase = Literal["Pending", "StartingServer", "Generating", "Reporting", "Succeeded", "Failed",
                 "Suspended"]
 
 

@@ -11,6 +11,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 logger = logging.getLogger(__name__)
 
 LATENCY_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600, float("inf"))
+LENGTH_BUCKETS = (32, 64, 100, 128, 256, 300, 500, 512, 1000, 1024, 2048, 4096, 5000, 8192, 10240, 16384, 32768,
+                  65536, float("inf"))
 BASE = ("dsgen", "namespace")
 
 
@@ -23,6 +25,7 @@ class RunnerMetrics:
     failed_samples: Counter
     in_flight: Gauge
     latency: Histogram
+    completion_tokens: Histogram
     last_commit: Gauge
     remaining: Gauge
     labels: dict[str, str]
@@ -45,6 +48,8 @@ class RunnerMetrics:
                             (*BASE, "worker"), registry=registry),
             latency=Histogram("tokenmill_runner_request_latency_seconds", "Latency of successful requests",
                               per_dataset, buckets=LATENCY_BUCKETS, registry=registry),
+            completion_tokens=Histogram("tokenmill_runner_completion_tokens", "Output tokens per generated sample",
+                                        per_dataset, buckets=LENGTH_BUCKETS, registry=registry),
             last_commit=Gauge("tokenmill_runner_last_commit_timestamp_seconds", "Unix time of the last commit",
                               per_dataset, registry=registry),
             remaining=Gauge("tokenmill_runner_samples_remaining", "Samples this worker still has to process",
@@ -63,6 +68,7 @@ class RunnerMetrics:
         if ok:
             self.generated_tokens.labels(**labels).inc(tokens)
             self.latency.labels(**labels).observe(latency_s)
+            self.completion_tokens.labels(**labels).observe(tokens)
 
     def committed(self, dataset: str, rows: int, reasons: list[str]) -> None:
         labels = self._of(dataset)

@@ -432,6 +432,11 @@ def run_metadata(config: RunnerConfig, info: TokenizerInfo, context_length: int,
 
 async def prepare(config: RunnerConfig, api_key: str | None) -> Runner:
     spec = config.spec
+    # Metrics first: tokenizer loading and the source count can take minutes, and an absent runner is alerted on.
+    metrics = RunnerMetrics.create(config.name, config.namespace, config.worker_index)
+    metrics.set_in_flight(0)
+    if config.metrics_port:
+        metrics.serve(config.metrics_port)
     storage = open_storage(config.output_uri, spec.output.endpoint, spec.output.region)
     tokenizer_location = spec.model.tokenizer or spec.model.path
     folder = await asyncio.to_thread(local_model_folder, tokenizer_location, spec.output.endpoint)
@@ -445,9 +450,6 @@ async def prepare(config: RunnerConfig, api_key: str | None) -> Runner:
     concurrency = resolve_concurrency(config, server_infos)
     if config.worker_index == 0:
         storage.put(RUN_METADATA, run_metadata(config, info, context_length, totals))
-    metrics = RunnerMetrics.create(config.name, config.namespace, config.worker_index)
-    if config.metrics_port:
-        metrics.serve(config.metrics_port)
     client = GenerateClient(
         config.servers, api_key=api_key, concurrency=concurrency,
         retry=RetryPolicy(max_attempts=spec.runner.max_attempts),

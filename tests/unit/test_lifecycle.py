@@ -182,3 +182,20 @@ def test_operator_metrics_follow_the_status_and_vanish_on_delete():
     assert value("tokenmill_dsgen_last_commit_timestamp_seconds", {"dsgen": "r", "namespace": "ns"}) == T0.timestamp()
     metrics.forget("r", "ns")
     assert b'dsgen="r"' not in metrics.exposition()
+
+
+def test_republishing_drops_only_series_that_went_away():
+    from tokenmill_operator import metrics
+
+    validation = {"max_truncated_fraction": "0.05", "max_error_fraction": "0.01"}
+    starting = decide(observed(server=ServerState(desired=1, ready=0)))
+    metrics.publish("q", "ns", starting.status, validation, "m")
+    value = metrics.REGISTRY.get_sample_value
+    ready_false = {"dsgen": "q", "namespace": "ns", "condition": "ServerReady", "status": "False"}
+    assert value("tokenmill_dsgen_condition", ready_false) == 1
+    generating = decide(observed(previous=starting.status))
+    metrics.publish("q", "ns", generating.status, validation, "m")
+    assert value("tokenmill_dsgen_condition", ready_false) is None
+    assert value("tokenmill_dsgen_condition", {**ready_false, "status": "True"}) == 1
+    assert value("tokenmill_dsgen_phase", {"dsgen": "q", "namespace": "ns", "phase": "Generating"}) == 1
+    metrics.forget("q", "ns")

@@ -1,0 +1,57 @@
+{{/*
+Least privilege for the operator (kopf --standalone: no peering objects). Every rule says what needs it.
+scope=cluster: one ClusterRole with everything, bound cluster-wide.
+scope=namespace: a Role with the namespaced rules in each watched namespace, plus a ClusterRole with only the
+CRD rule (kopf scans CustomResourceDefinitions, which are cluster-scoped).
+*/}}
+{{- define "tokenmill.namespacedRules" -}}
+# kopf: list/watch the resources, patch finalizers and its progress annotations; the operator never writes spec.
+- apiGroups: [tokenmill.io]
+  resources: [datasetgenerations]
+  verbs: [get, list, watch, patch]
+# Status (observedGeneration, conditions, progress, report) through the status subresource.
+- apiGroups: [tokenmill.io]
+  resources: [datasetgenerations/status]
+  verbs: [get, patch, update]
+# Owner references with blockOwnerDeletion on the children (OwnerReferencesPermissionEnforcement).
+- apiGroups: [tokenmill.io]
+  resources: [datasetgenerations/finalizers]
+  verbs: [update]
+# kopf: Events on the resources (stalls, failures, success).
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create, patch]
+- apiGroups: [events.k8s.io]
+  resources: [events]
+  verbs: [create, patch]
+# Children: the SGLang server (server-side apply; deleted to give the GPUs back) and its pods' readiness.
+- apiGroups: [apps]
+  resources: [statefulsets]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch]
+# Children: the runner Indexed Job (created once, suspended/resumed by patch, replaced on a spec change).
+- apiGroups: [batch]
+  resources: [jobs]
+  verbs: [get, list, watch, create, patch, delete]
+# Children: headless Service of the server, runner ConfigMap (server-side apply).
+- apiGroups: [""]
+  resources: [services, configmaps]
+  verbs: [get, create, patch]
+# Children: NetworkPolicy that lets only the runner call the server.
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, create, patch]
+# The generated server API key Secret (create if absent) and the S3 credentials Secret named in the spec
+# (read by name). No list/watch: the operator cannot enumerate Secrets.
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get, create]
+{{- end }}
+{{- define "tokenmill.crdRules" -}}
+# kopf: scan CustomResourceDefinitions at startup and while running.
+- apiGroups: [apiextensions.k8s.io]
+  resources: [customresourcedefinitions]
+  verbs: [get, list, watch]
+{{- end }}
