@@ -136,7 +136,8 @@ def _start_simulator(resource: DatasetGeneration, args: argparse.Namespace, stac
 
 
 async def _run_async(config: RunnerConfig) -> int:
-    from .pipeline import iter_summary_lines, prepare
+    from .prepare import prepare
+    from .summary import iter_summary_lines
 
     runner = await prepare(config, os.environ.get(API_KEY_ENV))
     loop = asyncio.get_running_loop()

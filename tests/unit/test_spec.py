@@ -88,7 +88,7 @@ def test_examples_parse():
 
 def test_auto_concurrency_fills_the_servers_and_keeps_a_queue():
     from tokenmill_runner.config import RunnerConfig
-    from tokenmill_runner.pipeline import resolve_concurrency
+    from tokenmill_runner.prepare import resolve_concurrency
 
     spec = parse_document(doc()).spec  # longest cap 32768 -> typical request 512 + 0.15 * 32768 = 5427 tokens
     one = RunnerConfig(spec=spec, servers=["http://a"], output_uri="/tmp/x")
@@ -103,7 +103,8 @@ def test_auto_concurrency_fills_the_servers_and_keeps_a_queue():
 
 
 def test_datasets_run_longest_expected_first():
-    from tokenmill_runner.pipeline import DatasetState, expected_output_tokens
+    from tokenmill_runner.pipeline import DatasetState
+    from tokenmill_runner.prepare import expected_output_tokens
     from tokenmill_runner.shards import CommittedIndex, ShardBuffer
 
     spec = parse_document(doc()).spec

@@ -1,0 +1,148 @@
+"""Before the stream starts: tokenizer, servers, the ledger of what is committed, and the run's metadata.
+
+Everything that can fail cheaply (a missing source, a wrong end-of-reasoning token, a server that never becomes
+healthy) fails here, before a single request is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+from .client import GenerateClient, RetryPolicy, get_json, wait_until_healthy
+from .config import RunnerConfig
+from .metrics import RunnerMetrics
+from .pipeline import DatasetState, Runner
+from .pretokenize import PromptEncoder, TokenizerInfo, describe_tokenizer, load_tokenizer, local_model_folder
+from .prompts import count_rows, source_format
+from .shards import ShardBuffer, clean_leftovers, committed_index, read_markers
+from .storage import Storage, open_storage
+
+logger = logging.getLogger(__name__)
+
+RUN_METADATA = "run.json"
+# A typical request, for sizing concurrency before any output is seen (the seeds: mean output ~0.13-0.14 of a
+# 10240 cap, prompts 75-1130 tokens).
+TYPICAL_PROMPT_TOKENS = 512
+TYPICAL_OUTPUT_SHARE = 0.15
+MIN_OBSERVED_ROWS = 32
+
+
+def resolve_context_length(config: RunnerConfig, server_info: dict[str, Any], info: TokenizerInfo) -> int:
+    """The spec wins, then what the server reports, then the model's config.json."""
+    configured = config.spec.server.context_length
+    for value in (configured, server_info.get("context_length"), info.model_context_length):
+        if isinstance(value, int) and value > 0:
+            return value
+    raise ValueError(
+        "cannot tell the context length: set spec.server.contextLength (the server did not report one and the "
+        "model's config.json has no max_position_embeddings)"
+    )
+
+
+def resolve_concurrency(config: RunnerConfig, server_infos: list[dict[str, Any]]) -> int:
+    """Requests in flight for this worker. auto: what the servers can run at once (their running slots, or what
+    their KV cache holds at a typical request length, whichever is smaller) plus half again as a queue, so SGLang
+    never waits for the client; split over the workers."""
+    configured = config.spec.runner.concurrency
+    if isinstance(configured, int):
+        return configured
+    spec = config.spec
+    longest_cap = max(spec.sampling_for(d).max_new_tokens or 0 for d in spec.datasets)
+    typical_tokens = TYPICAL_PROMPT_TOKENS + TYPICAL_OUTPUT_SHARE * longest_cap
+    runnable = 0
+    for info in server_infos:
+        states = info.get("internal_states") or [{}]
+        slots = int(info.get("max_running_requests") or states[0].get("effective_max_running_requests_per_dp")
+                    or 256)
+        kv_tokens = info.get("max_total_num_tokens")
+        runnable += min(slots, max(16, int(kv_tokens // typical_tokens))) if kv_tokens else slots
+    total = int(runnable * 1.5) + 64
+    return max(16, min(4096, -(-total // config.worker_count)))
+
+
+def _worker_rows(total: int, config: RunnerConfig) -> int:
+    return total if config.worker_count == 1 else -(-total // config.worker_count)
+
+
+def prepare_states(config: RunnerConfig, storage: Storage) -> tuple[list[DatasetState], dict[str, int]]:
+    """Read the ledger and count the sources before any request is sent (a missing file fails here, cheaply)."""
+    spec = config.spec
+    states, totals = [], {}
+    for index, dataset in enumerate(spec.datasets):
+        fmt = source_format(dataset.source, dataset.format)
+        totals[dataset.name] = count_rows(dataset.source, fmt, spec.output.endpoint, dataset.limit)
+        removed = clean_leftovers(storage, dataset.name, config.worker_index)
+        if removed:
+            logger.info("%s: removed %d uncommitted leftover files of worker %d", dataset.name, removed,
+                        config.worker_index)
+        committed = committed_index(read_markers(storage, dataset.name))
+        states.append(DatasetState(
+            spec=dataset, index=index, sampling=spec.sampling_for(dataset), committed=committed,
+            buffer=ShardBuffer(spec.runner.shard_max_samples, spec.runner.shard_max_seconds),
+            rows=_worker_rows(totals[dataset.name], config),
+        ))
+    # Longest expected outputs first, so the run does not end on one long request with an idle GPU.
+    states.sort(key=lambda state: -expected_output_tokens(state))
+    return states, totals
+
+
+def expected_output_tokens(state: DatasetState) -> float:
+    """Mean output length observed in what is committed (after a restart), else a share of the cap."""
+    committed = state.committed
+    if committed.rows >= MIN_OBSERVED_ROWS:
+        return committed.completion_tokens / committed.rows
+    return TYPICAL_OUTPUT_SHARE * (state.sampling.max_new_tokens or 0)
+
+
+def run_metadata(config: RunnerConfig, info: TokenizerInfo, context_length: int,
+                 totals: dict[str, int]) -> bytes:
+    from . import __version__
+
+    return orjson.dumps({
+        "version": 1,
+        "tokenmill": __version__,
+        "name": config.name,
+        "started_at": datetime.now(UTC).isoformat(),
+        "spec": config.spec.model_dump(mode="json", by_alias=True),
+        "tokenizer": info.as_dict(),
+        "context_length": context_length,
+        "datasets": {name: {"rows": rows} for name, rows in totals.items()},
+        "workers": config.worker_count,
+    }, option=orjson.OPT_INDENT_2)
+
+
+async def prepare(config: RunnerConfig, api_key: str | None) -> Runner:
+    spec = config.spec
+    # Metrics first: tokenizer loading and the source count can take minutes, and an absent runner is alerted on.
+    metrics = RunnerMetrics.create(config.name, config.namespace, config.worker_index)
+    metrics.set_in_flight(0)
+    if config.metrics_port:
+        metrics.serve(config.metrics_port)
+    storage = open_storage(config.output_uri, spec.output.endpoint, spec.output.region)
+    tokenizer_location = spec.model.tokenizer or spec.model.path
+    folder = await asyncio.to_thread(local_model_folder, tokenizer_location, spec.output.endpoint)
+    tokenizer = await asyncio.to_thread(load_tokenizer, folder, spec.model.trust_remote_code)
+    info = describe_tokenizer(tokenizer, tokenizer_location, spec.model.reasoning.end_token,
+                              spec.model.tool_call_token, folder)
+    states, totals = await asyncio.to_thread(prepare_states, config, storage)
+    await asyncio.gather(*(wait_until_healthy(url, config.server_wait_s, api_key) for url in config.servers))
+    server_infos = await asyncio.gather(*(get_json(url, "/server_info", api_key) for url in config.servers))
+    context_length = resolve_context_length(config, server_infos[0], info)
+    concurrency = resolve_concurrency(config, server_infos)
+    if config.worker_index == 0:
+        storage.put(RUN_METADATA, run_metadata(config, info, context_length, totals))
+    client = GenerateClient(
+        config.servers, api_key=api_key, concurrency=concurrency,
+        retry=RetryPolicy(max_attempts=spec.runner.max_attempts),
+        timeout_s=spec.runner.request_timeout_seconds,
+    )
+    logger.info("generating %s into %s: %d servers, concurrency %d, context length %d",
+                ", ".join(s.name for s in states), storage.root_uri, len(config.servers), concurrency,
+                context_length)
+    return Runner(config, storage, PromptEncoder(tokenizer), info, client, states, context_length, concurrency,
+                  metrics=metrics)
