@@ -6,11 +6,11 @@ no state between timer ticks.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
 from tokenmill_runner.progress import eta_seconds, format_duration
+from tokenmill_runner.shards import effective_failures
 
 from .lifecycle import ProgressFacts
 from .status import DatasetProgress, Progress
@@ -22,15 +22,14 @@ def parse_time(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
-def _counts(markers: Iterable[dict[str, Any]]) -> tuple[int, int, int, int]:
-    """(completed, failed, tokens, truncated)."""
-    completed = failed = tokens = truncated = 0
+def _counts(markers: list[dict[str, Any]]) -> tuple[int, int, int, int]:
+    """(completed, failed, tokens, truncated); failed counts final failures (a retried line counts once)."""
+    completed = tokens = truncated = 0
     for marker in markers:
         completed += len(marker["samples"]["sample_id"])
-        failed += len(marker["failed"]["line"])
         tokens += sum(marker["samples"]["completion_tokens"])
         truncated += sum(1 for reason in marker["samples"].get("finish_reason", []) if reason == "length")
-    return completed, failed, tokens, truncated
+    return completed, len(effective_failures(markers)), tokens, truncated
 
 
 def _rates(markers: list[dict[str, Any]], now: datetime, started: datetime | None) -> tuple[float, float]:

@@ -41,6 +41,9 @@ def _add_run_parser(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--workers", type=int, default=None, help="number of workers (default: spec.runner.parallelism)")
     run.add_argument("--metrics-port", type=int, default=_env_int("TOKENMILL_METRICS_PORT"),
                      help="serve Prometheus metrics on this port (default: $TOKENMILL_METRICS_PORT, else off)")
+    run.add_argument("--retry-failed", action="store_true",
+                     help="run again samples recorded as failed for retryable reasons (retries exhausted, bad "
+                          "responses), e.g. after a server outage")
     run.add_argument("--server-wait", type=float, default=1800.0, metavar="SECONDS",
                      help="how long to wait for the servers' /health")
     run.add_argument("--sim-time-scale", type=float, default=50.0,
@@ -115,7 +118,7 @@ def runner_config(resource: DatasetGeneration, args: argparse.Namespace, servers
         spec = spec.model_copy(update={"output": spec.output.model_copy(update={"endpoint": args.s3_endpoint})})
     return RunnerConfig(
         spec=spec, name=args.name or resource.metadata.name, namespace=resource.metadata.namespace or "",
-        servers=servers, metrics_port=args.metrics_port,
+        servers=servers, metrics_port=args.metrics_port, retry_failed=args.retry_failed,
         output_uri=args.out or spec.output.uri, worker_index=args.worker_index,
         worker_count=args.workers or spec.runner.parallelism, server_wait_s=args.server_wait,
     )

@@ -22,6 +22,7 @@ class RunnerConfig(BaseModel):
     output_uri: str
     worker_index: int = Field(0, ge=0)
     worker_count: int = Field(1, ge=1)
+    retry_failed: bool = Field(False, description="Run again the samples whose last attempt ran out of retries.")
     server_wait_s: float = Field(1800.0, gt=0, description="How long to wait for the servers to become healthy.")
     progress_log_s: float = Field(10.0, gt=0, description="Progress log interval when stderr is not a terminal.")
 

@@ -208,7 +208,7 @@ class Runner:
         for item in chunk:
             if not belongs_to_worker(item, self.config.worker_index, self.config.worker_count):
                 continue
-            if state.committed.is_done(item.line, item.sample_id):
+            if state.committed.is_done(item.line, item.sample_id, self.config.retry_failed):
                 state.skipped += 1
                 continue
             if isinstance(item, RowError):

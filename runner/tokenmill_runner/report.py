@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from .shards import read_markers
+from .shards import effective_failures, read_markers
 from .stats import distribution, length_shares, order_drift
 from .storage import Storage
 
@@ -37,12 +37,13 @@ class DatasetLedger:
 
     name: str
     samples: dict[str, list[Any]] = field(default_factory=lambda: {c: [] for c in SAMPLE_COLUMNS})
-    errors: Counter[str] = field(default_factory=Counter)
+    errors: Counter[str] = field(default_factory=Counter)  # final failures by reason (retried ones excluded)
 
-    def add_marker(self, marker: dict[str, Any]) -> None:
-        for column in SAMPLE_COLUMNS:
-            self.samples[column].extend(marker["samples"][column])
-        self.errors.update(marker["failed"]["reason"])
+    def add_markers(self, markers: list[dict[str, Any]]) -> None:
+        for marker in markers:
+            for column in SAMPLE_COLUMNS:
+                self.samples[column].extend(marker["samples"][column])
+        self.errors = Counter(effective_failures(markers).values())
 
 
 @dataclass
@@ -76,8 +77,7 @@ def load_ledger(storage: Storage) -> Ledger:
     datasets = []
     for name in names + extra:
         ledger = DatasetLedger(name)
-        for marker in read_markers(storage, name):
-            ledger.add_marker(marker)
+        ledger.add_markers(read_markers(storage, name))
         datasets.append(ledger)
     return Ledger(storage.root_uri, run, datasets)
 

@@ -166,32 +166,52 @@ def read_markers(storage: Storage, dataset: str, threads: int = 16) -> list[dict
     return markers
 
 
+# Failures a later attempt can fix (the server was down or misbehaved); `--retry-failed` runs these lines again.
+RETRYABLE_REASONS = frozenset({"retries_exhausted", "bad_response"})
+
+
+def effective_failures(markers: Iterable[dict[str, Any]]) -> dict[int, str]:
+    """{source line: reason} of samples whose final outcome is a failure: a later error of the same line replaces
+    an earlier one, and a row for the line (a successful retry) clears it."""
+    failed: dict[int, str] = {}
+    generated: set[int] = set()
+    for marker in markers:
+        failed.update(zip(marker["failed"]["line"], marker["failed"]["reason"], strict=True))
+        generated.update(marker["samples"]["line"])
+    return {line: reason for line, reason in failed.items() if line not in generated}
+
+
 @dataclass
 class CommittedIndex:
-    """What is already committed for one dataset: ids with a row, and source lines with a recorded error."""
+    """What is already committed for one dataset: ids with a row, and source lines whose last outcome failed."""
 
     ids: set[int] = field(default_factory=set)
-    failed_lines: set[int] = field(default_factory=set)
     rows: int = 0
-    errors: int = 0
     completion_tokens: int = 0
+    failed: dict[int, str] = field(default_factory=dict)  # effective failures: {line: reason}
 
-    def add_marker(self, marker: dict[str, Any]) -> None:
-        samples, failed = marker["samples"], marker["failed"]
-        self.ids.update(id_hash(sample_id) for sample_id in samples["sample_id"])
-        self.failed_lines.update(failed["line"])
-        self.rows += len(samples["sample_id"])
-        self.errors += len(failed["line"])
-        self.completion_tokens += sum(samples["completion_tokens"])
+    def add_markers(self, markers: list[dict[str, Any]]) -> None:
+        for marker in markers:
+            samples = marker["samples"]
+            self.ids.update(id_hash(sample_id) for sample_id in samples["sample_id"])
+            self.rows += len(samples["sample_id"])
+            self.completion_tokens += sum(samples["completion_tokens"])
+        self.failed = effective_failures(markers)
 
-    def is_done(self, line: int, sample_id: str | None) -> bool:
-        return line in self.failed_lines or (sample_id is not None and id_hash(sample_id) in self.ids)
+    @property
+    def errors(self) -> int:
+        return len(self.failed)
+
+    def is_done(self, line: int, sample_id: str | None, retry_failed: bool = False) -> bool:
+        if sample_id is not None and id_hash(sample_id) in self.ids:
+            return True
+        reason = self.failed.get(line)
+        return reason is not None and not (retry_failed and reason in RETRYABLE_REASONS)
 
 
 def committed_index(markers: Iterable[dict[str, Any]]) -> CommittedIndex:
     index = CommittedIndex()
-    for marker in markers:
-        index.add_marker(marker)
+    index.add_markers(list(markers))
     return index
 
 

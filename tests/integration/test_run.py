@@ -176,6 +176,36 @@ def test_faults_are_retried_until_every_sample_is_present(tmp_path, demo_model):
     assert_exactly_once(open_storage(str(tmp_path / "out")), "chat", {f"s{i:04d}" for i in range(60)})
 
 
+def test_after_an_outage_retry_failed_generates_what_ran_out_of_retries(tmp_path, demo_model):
+    from tokenmill_runner.report import build_report, load_ledger
+    from tokenmill_runner.simulator import SimConfig, SimServer
+
+    write_jsonl(tmp_path / "p.jsonl", [chat(i) for i in range(20)] + [b"{broken"])
+    spec = load_spec_file(write_spec(tmp_path / "spec.yaml", spec_document(
+        demo_model, [{"name": "p", "source": "p.jsonl"}], "out",
+        runner={"concurrency": 8, "maxAttempts": 2, "shardMaxSamples": 4, "shardMaxSeconds": 1}))).spec
+    out = str(tmp_path / "out")
+    config = RunnerConfig(spec=spec, servers=["x"], output_uri=out)
+
+    async def run_with(sim_config: SimConfig, retry_failed: bool) -> RunSummary:
+        with SimServer(sim_config) as sim:
+            update = {"servers": [sim.url], "retry_failed": retry_failed}
+            return await (await prepare(config.model_copy(update=update), api_key=None)).run()
+
+    down = SimConfig(model_path=str(demo_model), time_scale=2000.0, fault_503_rate=1.0)
+    up = SimConfig(model_path=str(demo_model), time_scale=2000.0)
+    outage = asyncio.run(run_with(down, retry_failed=False))
+    assert outage.datasets[0].failed == {"retries_exhausted": 20, "invalid_json": 1}
+    plain = asyncio.run(run_with(up, retry_failed=False))
+    assert plain.datasets[0].generated == 0 and plain.datasets[0].skipped == 21, "failures are final by default"
+    retried = asyncio.run(run_with(up, retry_failed=True))
+    assert retried.datasets[0].generated == 20 and retried.datasets[0].skipped == 1  # invalid JSON stays failed
+    storage = open_storage(out)
+    assert_exactly_once(storage, "p", {f"s{i:04d}" for i in range(20)})
+    report = build_report(load_ledger(storage))["datasets"]["p"]
+    assert report["samples"] == 20 and report["errors_by_reason"] == {"invalid_json": 1}
+
+
 def test_runner_metrics_count_what_happened(tmp_path, demo_model):
     from tokenmill_runner.simulator import SimConfig, SimServer
 

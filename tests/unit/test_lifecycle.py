@@ -138,9 +138,11 @@ def test_condition_transition_time_moves_only_on_change():
 
 
 def marker(at: datetime, completions: list[int], failed: int = 0) -> dict:
-    return {"committed_at": at.isoformat(), "samples": {"sample_id": [str(i) for i in range(len(completions))],
-                                                        "completion_tokens": completions},
-            "failed": {"line": list(range(failed))}}
+    first = int(at.timestamp())  # distinct source lines per marker
+    return {"committed_at": at.isoformat(),
+            "samples": {"sample_id": [str(i) for i in range(len(completions))], "completion_tokens": completions,
+                        "line": [first + i for i in range(len(completions))]},
+            "failed": {"line": [first - 1 - i for i in range(failed)], "reason": ["invalid_json"] * failed}}
 
 
 def test_progress_rates_and_eta_from_marker_times():

@@ -69,3 +69,22 @@ def test_uncommitted_files_are_leftovers_of_their_worker_only(tmp_path):
                                                         "d/shards/w000-bbb-000002.parquet"]
     assert "d/shards/w001-ccc-000001.parquet" in set(leftovers(storage, "d"))
     assert [m["shard_id"] for m in read_markers(storage, "d")] == ["w000-aaa-000001"]
+
+
+def test_a_retried_line_counts_once_by_its_last_outcome(tmp_path):
+    from tokenmill_runner.shards import committed_index, effective_failures
+
+    storage = LocalStorage(tmp_path)
+    outage = [{"dataset": "d", "line": n, "sample_id": f"s{n - 1}", "reason": "retries_exhausted",
+               "message": "server down"} for n in (2, 3)]
+    bad = {"dataset": "d", "line": 9, "sample_id": None, "reason": "invalid_json", "message": "line 9"}
+    commit_shard(storage, "d", "w000-a-000001", 0, ShardContent([row(0)], [*outage, bad]))
+    first = read_markers(storage, "d")
+    index = committed_index(first)
+    assert effective_failures(first) == {2: "retries_exhausted", 3: "retries_exhausted", 9: "invalid_json"}
+    assert index.is_done(2, "s1") and index.is_done(9, None)  # a plain resume skips recorded failures
+    assert not index.is_done(2, "s1", retry_failed=True) and index.is_done(9, None, retry_failed=True)
+    commit_shard(storage, "d", "w000-b-000001", 0, ShardContent([row(1)], [outage[1]]))  # line 2 ok, 3 failed again
+    after = read_markers(storage, "d")
+    assert effective_failures(after) == {3: "retries_exhausted", 9: "invalid_json"}
+    assert committed_index(after).errors == 2 and committed_index(after).rows == 2
