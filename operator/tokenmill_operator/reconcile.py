@@ -217,7 +217,8 @@ def reconcile(kube: Kube, context: Context, cache: MarkerCache, settings: Operat
         generation=context.generation, now=now, suspended=spec.suspend, previous=context.previous,
         plan=plan, plan_error=plan_error, server=observe_server(kube, context.name, context.namespace),
         job=job, job_started=started, report=context.previous.report,
-        progress=observe_progress(storage, cache, now, started), stall_after_s=settings.stall_after_s,
+        progress=observe_progress(storage, cache, now, started),
+        stall_after_s=spec.runner.stall_seconds or settings.stall_after_s,
     )
     decision = decide(observed)
     if decision.write_report:

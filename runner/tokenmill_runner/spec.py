@@ -183,6 +183,11 @@ class RunnerSpec(SpecModel):
     shard_max_seconds: int = Field(60, gt=0, description="Commit a shard at least this often (seconds).")
     max_attempts: int = Field(6, gt=0, description="Attempts per sample before it is recorded as failed.")
     request_timeout_seconds: int = Field(3600, gt=0, description="Timeout of one /generate request.")
+    stall_seconds: int | None = Field(
+        None, gt=0,
+        description="Report Stalled (condition, Event, alert) when nothing is committed for this long; default: "
+        "the operator's setting (15 minutes). Longer than the slowest expected request.",
+    )
 
 
 class OutputSpec(SpecModel):

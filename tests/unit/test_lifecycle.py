@@ -201,3 +201,10 @@ def test_republishing_drops_only_series_that_went_away():
     assert value("tokenmill_dsgen_condition", {**ready_false, "status": "True"}) == 1
     assert value("tokenmill_dsgen_phase", {"dsgen": "q", "namespace": "ns", "phase": "Generating"}) == 1
     metrics.forget("q", "ns")
+
+
+def test_stall_window_comes_from_the_resource():
+    facts = progress(10, 0, 100, last_commit=T0 - timedelta(minutes=3))
+    short = decide(observed(job=JobState(active=1), job_started=T0 - timedelta(hours=1), progress=facts,
+                            stall_after_s=120))
+    assert conditions(short)["Stalled"] == ("True", "NoCommits")
