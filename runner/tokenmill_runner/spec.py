@@ -122,7 +122,8 @@ class SamplingSpec(SpecModel):
 
 
 class DefaultSamplingSpec(SamplingSpec):
-    max_new_tokens: int | None = Field(
+    # Never None: a request without max_new_tokens gets SGLang's 128 and silently truncates reasoning.
+    max_new_tokens: int = Field(  # type: ignore[assignment]
         10240, gt=0, description="Output token cap for every dataset that does not set its own."
     )
 

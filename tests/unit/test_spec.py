@@ -43,6 +43,7 @@ def test_default_max_new_tokens_is_not_sglangs_128():
     [
         ({"datasets": [{"name": "a", "source": "x"}, {"name": "a", "source": "y"}]}, "used twice"),
         ({"sampling": {"maxNewTokens": 0}}, "spec.sampling.maxNewTokens"),
+        ({"sampling": {"maxNewTokens": None}}, "spec.sampling.maxNewTokens"),
         ({"sampling": {"temperature": "warm"}}, "spec.sampling.temperature"),
         ({"validation": {"maxTruncatedFraction": "1.5"}}, "spec.validation.maxTruncatedFraction"),
         ({"output": {"uri": "gs://bucket/x"}}, "spec.output.uri"),
