@@ -231,6 +231,18 @@ def _running(observed: Observed, status: _Status) -> Decision:
                     create_job=job is None, events=events)
 
 
+def blocked(observed: Observed, reason: str, message: str) -> Decision:
+    """Something the user must fix before anything can be observed (e.g. the credentials Secret is missing).
+    Nothing is changed in the cluster: a run in progress keeps its server and runners."""
+    status = _Status(observed)
+    status.set("Ready", "False", reason, message)
+    previous = observed.previous
+    already = any(c.type == "Ready" and c.reason == reason for c in previous.conditions)
+    events = [] if already else [Event("Warning", reason, message)]
+    # server_replicas is not acted on: the caller applies nothing for a blocked resource.
+    return Decision(_base_status(observed, status, previous.phase, message), server_replicas=-1, events=events)
+
+
 def decide(observed: Observed) -> Decision:
     status = _Status(observed)
     if observed.report is not None:

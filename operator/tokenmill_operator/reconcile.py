@@ -23,7 +23,7 @@ from tokenmill_runner.storage import Storage, open_storage
 from . import manifests, names
 from .gpus import gpu_memory_mib
 from .kube import Kube
-from .lifecycle import Decision, JobState, Observed, ServerState, decide
+from .lifecycle import Decision, JobState, Observed, ServerState, blocked, decide
 from .observe import parse_time, progress_facts
 from .planner import PlanError, ServerPlan, model_facts, plan_server
 from .status import DatasetGenerationStatus, ReportStatus
@@ -209,7 +209,14 @@ def _apply(kube: Kube, context: Context, decision: Decision, plan: ServerPlan | 
 
 def reconcile(kube: Kube, context: Context, cache: MarkerCache, settings: OperatorSettings) -> Decision:
     spec, now = context.spec, now_utc()
-    credentials = _credentials(kube, spec, context.namespace)
+    try:
+        credentials = _credentials(kube, spec, context.namespace)
+    except LookupError as error:
+        observed = Observed(generation=context.generation, now=now, suspended=spec.suspend,
+                            previous=context.previous)
+        return blocked(observed, "MissingSecret",
+                       f"{error}: create it with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (spec.output."
+                       "credentialsSecret names it)")
     storage = storage_for(spec.output.uri, spec, credentials)
     plan, plan_error = _plan(context, credentials)
     job, started = observe_job(kube, context.name, context.namespace)

@@ -374,3 +374,21 @@ def test_model_path_cannot_change_while_running(cluster, namespace, crd):
     changed = cluster.apply(b5_resource(namespace, "http://127.0.0.1:9", **{"model.path": "s3://models/other/"}),
                             check=False)
     assert changed.returncode != 0 and "spec.model.path cannot change while the run is active" in changed.stderr
+
+
+def test_missing_credentials_secret_is_reported_then_picked_up(cluster, namespace, operator, s3_world):
+    cluster.apply(b5_resource(namespace, s3_world))
+
+    def missing():
+        obj = dsgen(cluster, namespace)
+        ready = condition(obj, "Ready")
+        return obj if ready and ready["reason"] == "MissingSecret" else None
+
+    obj = cluster.wait_for(missing, "Ready=False MissingSecret", timeout=60)
+    assert "s3-creds" in condition(obj, "Ready")["message"]
+    assert not cluster.apps.list_namespaced_stateful_set(namespace).items, "nothing started without credentials"
+    cluster.core.create_namespaced_secret(namespace, k8s.V1Secret(
+        metadata=k8s.V1ObjectMeta(name="s3-creds"),
+        string_data={"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}))
+    cluster.wait_for(lambda: cluster.apps.read_namespaced_stateful_set(f"{NAME}-server", namespace),
+                     "the server once the Secret exists", timeout=60)

@@ -208,3 +208,18 @@ def test_stall_window_comes_from_the_resource():
     short = decide(observed(job=JobState(active=1), job_started=T0 - timedelta(hours=1), progress=facts,
                             stall_after_s=120))
     assert conditions(short)["Stalled"] == ("True", "NoCommits")
+
+
+def test_a_missing_secret_blocks_with_one_event_and_changes_nothing():
+    from tokenmill_operator.lifecycle import blocked
+
+    message = "Secret ns/s3-creds does not exist: create it"
+    first = blocked(observed(), "MissingSecret", message)
+    assert first.status.phase == "Pending" and first.server_replicas == -1 and not first.create_job
+    assert conditions(first)["Ready"] == ("False", "MissingSecret") and first.status.message == message
+    assert [e.reason for e in first.events] == ["MissingSecret"]
+    again = blocked(observed(previous=first.status), "MissingSecret", message)
+    assert again.events == []
+    running = decide(observed())
+    mid_run = blocked(observed(previous=running.status), "MissingSecret", message)
+    assert mid_run.status.phase == "Generating", "a run in progress keeps its phase"
