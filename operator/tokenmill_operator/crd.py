@@ -29,11 +29,8 @@ Path_ = tuple[str, ...]
 def _resolve(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     if "$ref" in node:
         target = dict(defs[node["$ref"].rsplit("/", 1)[-1]])
-        if "description" in node:
-            target["description"] = node["description"]
-        for key in ("default",):
-            if key in node:
-                target[key] = node[key]
+        # The field's own description and default win over the referenced model's.
+        target.update({key: node[key] for key in ("description", "default") if key in node})
         return target
     return node
 

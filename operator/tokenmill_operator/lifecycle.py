@@ -74,7 +74,7 @@ class Event:
 @dataclass(frozen=True)
 class Decision:
     status: DatasetGenerationStatus
-    server_replicas: int  # 0 releases the GPUs
+    server_replicas: int | None  # 0 releases the GPUs; None leaves the server as it is
     delete_server: bool = False
     create_job: bool = False
     suspend_job: bool = False
@@ -239,8 +239,7 @@ def blocked(observed: Observed, reason: str, message: str) -> Decision:
     previous = observed.previous
     already = any(c.type == "Ready" and c.reason == reason for c in previous.conditions)
     events = [] if already else [Event("Warning", reason, message)]
-    # server_replicas is not acted on: the caller applies nothing for a blocked resource.
-    return Decision(_base_status(observed, status, previous.phase, message), server_replicas=-1, events=events)
+    return Decision(_base_status(observed, status, previous.phase, message), server_replicas=None, events=events)
 
 
 def decide(observed: Observed) -> Decision:

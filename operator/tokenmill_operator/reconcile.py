@@ -201,7 +201,7 @@ def _apply(kube: Kube, context: Context, decision: Decision, plan: ServerPlan | 
     name, namespace = context.name, context.namespace
     if decision.delete_server:
         kube.delete("apps/v1", "StatefulSet", names.server_name(name), namespace)
-    elif plan is not None:
+    elif plan is not None and decision.server_replicas is not None:
         _ensure_children(kube, context, plan, settings, decision.server_replicas, decision.create_job)
     if job is not None and job.suspended != decision.suspend_job and not job.complete:
         kube.patch("batch/v1", "Job", names.runner_name(name), namespace, {"spec": {"suspend": decision.suspend_job}})

@@ -120,6 +120,10 @@ def _error_message(response: httpx.Response) -> str:
     return response.text[:300] or response.reason_phrase
 
 
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 class GenerateClient:
     def __init__(self, servers: Sequence[str], *, api_key: str | None = None, concurrency: int = 64,
                  retry: RetryPolicy | None = None, timeout_s: float = 3600.0, seed: int | None = None) -> None:
@@ -131,9 +135,7 @@ class GenerateClient:
         self.retries = 0  # attempts beyond the first, over the whole run
         self._rng = random.Random(seed)
         self._turn = 0
-        headers = {"Content-Type": "application/json"}
-        if api_key:
-            headers["Authorization"] = f"Bearer {api_key}"
+        headers = {"Content-Type": "application/json", **auth_headers(api_key)}
         lanes = max(1, -(-concurrency // LANE_CONNECTIONS))
         per_lane = -(-concurrency // lanes) + 4
         limits = httpx.Limits(max_connections=per_lane, max_keepalive_connections=per_lane,
@@ -202,8 +204,7 @@ class GenerateClient:
 
 
 async def get_json(url: str, path: str, api_key: str | None = None, timeout_s: float = 10.0) -> Any:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    async with httpx.AsyncClient(timeout=timeout_s, headers=headers) as http:
+    async with httpx.AsyncClient(timeout=timeout_s, headers=auth_headers(api_key)) as http:
         response = await http.get(f"{url.rstrip('/')}{path}")
         response.raise_for_status()
         return response.json()
@@ -215,8 +216,7 @@ async def wait_until_healthy(url: str, timeout_s: float, api_key: str | None = N
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     last = "no answer yet"
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    async with httpx.AsyncClient(timeout=30.0, headers=headers) as http:
+    async with httpx.AsyncClient(timeout=30.0, headers=auth_headers(api_key)) as http:
         while loop.time() < deadline:
             try:
                 response = await http.get(f"{url.rstrip('/')}/health")

@@ -6,7 +6,7 @@ from typing import Any
 
 from .client import Generation, GenerationFailure
 from .pretokenize import TokenizerInfo
-from .prompts import Prompt
+from .prompts import Prompt, RowError
 
 
 def reasoning_end(output_ids: list[int], end_id: int | None) -> int | None:
@@ -41,27 +41,17 @@ def build_row(dataset: str, prompt: Prompt, prompt_ids: list[int], generation: G
 
 
 def failure_record(dataset: str, prompt: Prompt, failure: GenerationFailure) -> dict[str, Any]:
-    return {
-        "dataset": dataset,
-        "line": prompt.line,
-        "sample_id": prompt.sample_id,
-        "reason": failure.reason,
-        "message": f"line {prompt.line} (sample {prompt.sample_id}): {failure.message}",
-        "attempts": failure.attempts,
-    }
+    error = RowError(prompt.line, prompt.sample_id, failure.reason,
+                     f"line {prompt.line} (sample {prompt.sample_id}): {failure.message}")
+    return {**error.as_record(dataset), "attempts": failure.attempts}
 
 
 def too_long_record(dataset: str, prompt: Prompt, prompt_tokens: int, max_new_tokens: int,
                     context_length: int, dataset_index: int) -> dict[str, Any]:
-    return {
-        "dataset": dataset,
-        "line": prompt.line,
-        "sample_id": prompt.sample_id,
-        "reason": "prompt_too_long",
-        "message": (
-            f"line {prompt.line} (sample {prompt.sample_id}): prompt is {prompt_tokens} tokens; with "
-            f"maxNewTokens {max_new_tokens} that is {prompt_tokens + max_new_tokens} > context length "
-            f"{context_length}. Lower spec.datasets[{dataset_index}].sampling.maxNewTokens, raise "
-            "spec.server.contextLength, or shorten the prompt"
-        ),
-    }
+    return RowError(
+        prompt.line, prompt.sample_id, "prompt_too_long",
+        f"line {prompt.line} (sample {prompt.sample_id}): prompt is {prompt_tokens} tokens; with "
+        f"maxNewTokens {max_new_tokens} that is {prompt_tokens + max_new_tokens} > context length "
+        f"{context_length}. Lower spec.datasets[{dataset_index}].sampling.maxNewTokens, raise "
+        "spec.server.contextLength, or shorten the prompt",
+    ).as_record(dataset)

@@ -215,7 +215,7 @@ def test_a_missing_secret_blocks_with_one_event_and_changes_nothing():
 
     message = "Secret ns/s3-creds does not exist: create it"
     first = blocked(observed(), "MissingSecret", message)
-    assert first.status.phase == "Pending" and first.server_replicas == -1 and not first.create_job
+    assert first.status.phase == "Pending" and first.server_replicas is None and not first.create_job
     assert conditions(first)["Ready"] == ("False", "MissingSecret") and first.status.message == message
     assert [e.reason for e in first.events] == ["MissingSecret"]
     again = blocked(observed(previous=first.status), "MissingSecret", message)
