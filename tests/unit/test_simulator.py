@@ -474,3 +474,16 @@ def test_bad_settings_are_refused() -> None:
         SimConfig("m", fault_abort_rate=2.0)
     with pytest.raises(ValueError, match="time_scale"):
         SimConfig("m", time_scale=0)
+
+
+def test_typescript_tool_declarations_are_read_like_json_ones() -> None:
+    # Kimi-K2.5's tokenizer code declares tools TypeScript-style (tests/fixtures/tokenizers/kimi-k2.5/
+    # tool_declaration_ts.py); the simulator must still see which tools a prompt offers.
+    from tokenmill_runner.simulator.tokens import typescript_tools
+
+    text = ("# Tools\n\n## functions\nnamespace functions {\n// Get the weather.\ntype get_weather = (_: {\n"
+            "  // City\n  location: string,\n  days?: number,\n  unit?: \"c\" | \"f\"\n}) => any;\n}\n")
+    [tool] = typescript_tools(text)
+    assert tool.name == "get_weather"
+    assert tool.parameters == {"type": "object", "required": ["location"], "properties": {
+        "location": {"type": "string"}, "days": {"type": "number"}, "unit": {"type": "string"}}}

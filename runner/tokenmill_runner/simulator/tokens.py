@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import random
+import re
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -186,12 +187,32 @@ def declared_tools(input_ids: Sequence[int], vocab: Vocabulary, decode: Decode) 
         body_end = list(input_ids).index(vocab.declare["end"], body_start)
     except ValueError:
         return ()
+    text = decode(input_ids[body_start:body_end], False)
     try:
-        declared = json.loads(decode(input_ids[body_start:body_end], False))
+        declared = json.loads(text)
     except (ValueError, UnicodeDecodeError):
-        logger.debug("tool_declare block is not JSON; treating the prompt as tool-free")
-        return ()
+        # Kimi-K2.5's own tokenizer code declares tools TypeScript-style (tools_ts_str), not as JSON.
+        return typescript_tools(text)
     return tuple(_tool_specs(declared))
+
+
+TS_FUNCTION = re.compile(r"^type (\w+) = \(_: \{\n(.*?)\n\}\) => any;", re.MULTILINE | re.DOTALL)
+TS_FIELD = re.compile(r"^  (\w+)(\??): ([^\s,]+)", re.MULTILINE)
+TS_TYPES = {"string": "string", "number": "number", "boolean": "boolean"}
+
+
+def typescript_tools(text: str) -> tuple[ToolSpec, ...]:
+    """Tools from a `namespace functions { type NAME = (_: {...}) => any; }` declaration: the names, and each
+    top-level parameter with its scalar type (others become strings), required unless marked `?`."""
+    tools = []
+    for name, body in TS_FUNCTION.findall(text):
+        properties, required = {}, []
+        for field, optional, kind in TS_FIELD.findall(body):
+            properties[field] = {"type": TS_TYPES.get(kind, "string")}
+            if not optional:
+                required.append(field)
+        tools.append(ToolSpec(name, {"type": "object", "properties": properties, "required": required}))
+    return tuple(tools)
 
 
 def _tool_specs(declared: Any) -> Iterator[ToolSpec]:
