@@ -3,7 +3,9 @@
 SGLang applies generation_config.json only to its OpenAI-compatible chat API, never to /generate: in v0.5.9
 `ModelConfig.get_default_sampling_params` (configs/model_config.py:1052-1082) is read by
 `entrypoints/openai/serving_chat.py:103-113` alone, while /generate merges nothing but --preferred-sampling-params
-(`managers/tokenizer_manager.py:907-908`) over the request. A run through /generate would otherwise sample at
+(`managers/tokenizer_manager.py:907-908`) over the request. v0.5.23 is the same: serving_chat.py:417 and the Rust
+server's chat conversions (rust_server/config.py:158-165) read the defaults, /generate merges only the preferred
+parameters (tokenizer_manager.py:1550). A run through /generate would otherwise sample at
 SGLang's class defaults (temperature 1.0, top_p 1.0, ...) instead of what the model's authors ship.
 """
 

@@ -57,8 +57,9 @@ def test_chat_template_arguments_merge_per_key_with_the_dataset_winning() -> Non
 def test_generation_config_fills_what_the_spec_leaves_unset() -> None:
     """SGLang applies generation_config.json to its chat API only, never to /generate (v0.5.9:
     configs/model_config.py:1052-1082 `get_default_sampling_params` is read by entrypoints/openai/serving_chat.py
-    :103-113; /generate merges only --preferred-sampling-params, managers/tokenizer_manager.py:907-908), so the
-    runner applies the model's defaults itself and says where each value came from."""
+    :103-113; /generate merges only --preferred-sampling-params, managers/tokenizer_manager.py:907-908; v0.5.23 the
+    same: serving_chat.py:417 and rust_server/config.py:158-165 for chat only, tokenizer_manager.py:1550 for
+    /generate), so the runner applies the model's defaults itself and says where each value came from."""
     qwen = json.loads((FIXTURES / "qwen3" / "generation_config.json").read_text())
     defaults = model_sampling_defaults(qwen)  # Qwen3 ships temperature 0.6, top_p 0.95, top_k 20
     assert defaults == {"temperature": "0.6", "top_p": "0.95", "top_k": 20}
