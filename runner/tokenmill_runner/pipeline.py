@@ -58,6 +58,8 @@ class DatasetState:
     committed: CommittedIndex
     buffer: ShardBuffer
     rows: int  # rows of the source this worker is expected to handle
+    template_kwargs: dict[str, Any] = field(default_factory=dict)  # chat template arguments for this dataset
+    sampling_sources: dict[str, Any] = field(default_factory=dict)  # where each sampling value came from
     skipped: int = 0
     generated: int = 0
     completion_tokens: int = 0
@@ -196,7 +198,7 @@ class Runner:
                 prompts = self._admit(state, chunk)
                 for start in range(0, len(prompts), TOKENIZE_BATCH):
                     batch = prompts[start:start + TOKENIZE_BATCH]
-                    encoded = await asyncio.to_thread(self.encoder.encode_batch, batch)
+                    encoded = await asyncio.to_thread(self.encoder.encode_batch, batch, state.template_kwargs)
                     for prompt, ids in zip(batch, encoded, strict=True):
                         if ids := self._checked(state, prompt, ids):
                             await queue.put((state, prompt, ids))
