@@ -181,10 +181,25 @@ RULES: dict[Path_, list[dict[str, str]]] = {
     ("validation", "minReasoningFraction"): [_rule(FRACTION_RULE, "must be a fraction between 0 and 1, e.g. \"0.9\"")],
     ("validation", "maxErrorFraction"): [_rule(FRACTION_RULE, "must be a fraction between 0 and 1, e.g. \"0.01\"")],
 }
+# The ranges SGLang's SamplingParams.verify accepts (spec.py says where they come from); outside them every
+# request of the dataset would be answered HTTP 400.
+SAMPLING_RANGES = {
+    "temperature": ("double(self) >= 0.0", "must be a number >= 0 as a string, e.g. \"0.6\""),
+    "topP": ("double(self) > 0.0 && double(self) <= 1.0", "must be in (0, 1] as a string, e.g. \"0.95\""),
+    "minP": ("double(self) >= 0.0 && double(self) <= 1.0", "must be in [0, 1] as a string, e.g. \"0.05\""),
+    "repetitionPenalty": ("double(self) > 0.0 && double(self) <= 2.0",
+                          "must be in (0, 2] as a string (1.0 = no penalty)"),
+}
 for _prefix in (("sampling",), ("datasets", "[]", "sampling")):
-    for _name in ("temperature", "topP", "minP"):
-        RULES[(*_prefix, _name)] = [_rule(DECIMAL_RULE, "must be a decimal number written as a string, e.g. \"0.6\"")]
+    for _name, (_range, _message) in SAMPLING_RANGES.items():
+        RULES[(*_prefix, _name)] = [
+            _rule(DECIMAL_RULE, "must be a decimal number written as a string, e.g. \"0.6\""),
+            _rule("!self.matches('" + DECIMAL_RULE.split("'")[1] + "') || (" + _range + ")",
+                  f"{_message}: SGLang refuses other values with HTTP 400"),
+        ]
         BOUNDS[(*_prefix, _name)] = {"maxLength": 32}
+    RULES[(*_prefix, "topK")] = [_rule("self == -1 || self >= 1", "must be -1 (the whole vocabulary) or at least 1: "
+                                       "SGLang refuses other values with HTTP 400")]
 for _path in (("server", "memFractionStatic"), ("validation", "maxTruncatedFraction"),
               ("validation", "minReasoningFraction"), ("validation", "maxErrorFraction")):
     BOUNDS[_path] = {"maxLength": 32}

@@ -6,7 +6,9 @@ them. Field names are the Kubernetes (camelCase) names; Python attributes are sn
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -22,6 +24,8 @@ from pydantic import (
     model_validator,
 )
 from pydantic.alias_generators import to_camel
+
+from .releases import DEFAULT_IMAGE, DEFAULT_RELEASE, OLDEST_SUPPORTED
 
 API_VERSION = "tokenmill.io/v1alpha1"
 KIND = "DatasetGeneration"
@@ -49,6 +53,13 @@ def _fraction(value: str) -> str:
     number = float(_parse_decimal(value))
     if not 0.0 < number < 1.0:
         raise ValueError(f"must be a fraction strictly between 0 and 1, e.g. \"0.05\"; got {value!r}")
+    return value
+
+
+def _checked(value: str | None, name: str, ok: Callable[[float], bool], expected: str) -> str | None:
+    if value is not None and not ok(float(value)):
+        raise ValueError(f"must be {expected}, got {value}; SGLang refuses {name}={value} with HTTP 400, so every "
+                         "sample would fail")
     return value
 
 
@@ -108,12 +119,45 @@ class SamplingSpec(SpecModel):
     max_new_tokens: int | None = Field(
         None, gt=0, description="Output token cap. SGLang's own default (128) silently truncates reasoning."
     )
-    temperature: DecimalString | None = Field(None, description="Sampling temperature as a string, e.g. \"0.6\".")
+    temperature: DecimalString | None = Field(
+        None, description="Sampling temperature >= 0 as a string, e.g. \"0.6\" (0 = greedy).")
     top_p: DecimalString | None = Field(None, description="Nucleus sampling mass in (0, 1], as a string.")
-    top_k: int | None = Field(None, description="Top-k; -1 for the whole vocabulary.")
+    top_k: int | None = Field(None, description="Top-k: -1 for the whole vocabulary, else at least 1.")
     min_p: DecimalString | None = Field(None, description="Min-p in [0, 1], as a string.")
     repetition_penalty: DecimalString | None = Field(None, description="Repetition penalty in (0, 2], as a string.")
     stop_token_ids: list[int] | None = Field(None, description="Extra stop token ids besides the model's EOS.")
+
+    # SGLang's SamplingParams.verify answers HTTP 400 to values outside these ranges, so every sample of the
+    # dataset would fail as server_rejected after the GPUs are up: refuse them here. Ranges are the intersection
+    # over the supported releases (sampling/sampling_params.py:257-277 in 0.5.23; repetition_penalty 0 is refused
+    # from 0.5.12.post1, so it is refused for all).
+    @field_validator("temperature")
+    @classmethod
+    def _temperature(cls, value: str | None) -> str | None:
+        return _checked(value, "temperature", lambda x: x >= 0 and math.isfinite(x), "a finite number >= 0")
+
+    @field_validator("top_p")
+    @classmethod
+    def _top_p(cls, value: str | None) -> str | None:
+        return _checked(value, "top_p", lambda x: 0 < x <= 1, "in (0, 1]")
+
+    @field_validator("min_p")
+    @classmethod
+    def _min_p(cls, value: str | None) -> str | None:
+        return _checked(value, "min_p", lambda x: 0 <= x <= 1, "in [0, 1]")
+
+    @field_validator("repetition_penalty")
+    @classmethod
+    def _repetition_penalty(cls, value: str | None) -> str | None:
+        return _checked(value, "repetition_penalty", lambda x: 0 < x <= 2, "in (0, 2] (1.0 = no penalty)")
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, value: int | None) -> int | None:
+        if value is not None and value != -1 and value < 1:
+            raise ValueError(f"must be -1 (the whole vocabulary) or at least 1, got {value}; SGLang refuses it "
+                             "with HTTP 400")
+        return value
 
     def merged_over(self, defaults: SamplingSpec) -> SamplingSpec:
         """This dataset's values where set, the defaults elsewhere."""
@@ -168,7 +212,8 @@ class DatasetSpec(SpecModel):
 class ServerSpec(SpecModel):
     """How the operator runs SGLang; `tokenmill run` uses only contextLength from here."""
 
-    image: str = Field("lmsysorg/sglang:v0.5.6", description="SGLang image (>= v0.5.5: output_ids are exact).")
+    image: str = Field(DEFAULT_IMAGE, description=f"SGLang image; tokenmill supports releases {OLDEST_SUPPORTED} to "
+                       f"{DEFAULT_RELEASE} (the default; {OLDEST_SUPPORTED} is the first that serves Kimi-K2.5).")
     gpus_per_node: int = Field(8, gt=0, description="GPUs per node.")
     gpu_product: str | None = Field(None, description="nvidia.com/gpu.product label of the nodes to use.")
     gpu_memory_mib: int | None = Field(

@@ -356,6 +356,13 @@ INVALID = [
     ("datasets", [{"name": "bad name", "source": "s3://b/a.jsonl"}], "spec.datasets[0].name"),
     ("server.extraArgs", ["--tp-size", "4"], "flags the operator manages"),
     ("sampling.temperature", "warm", "decimal number"),
+    # SGLang's SamplingParams.verify answers 400 to these (sampling/sampling_params.py:257-277 in 0.5.23).
+    ("sampling.temperature", "-0.1", "must be a number >= 0"),
+    ("sampling.topP", "0", "must be in (0, 1]"),
+    ("sampling.minP", "1.5", "must be in [0, 1]"),
+    ("sampling.topK", 0, "must be -1 (the whole vocabulary) or at least 1"),
+    ("datasets", [{"name": "a", "source": "s3://b/a.jsonl", "sampling": {"repetitionPenalty": "0"}}],
+     "must be in (0, 2]"),
     ("server.contextLength", 8192, "below server.contextLength"),
     ("runner.parallelism", 0, "spec.runner.parallelism"),
 ]

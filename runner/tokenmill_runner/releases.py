@@ -1,0 +1,200 @@
+"""What each SGLang release accepts and answers, as data. Pure: no I/O beyond reading this package's own data.
+
+Every fact was read from that release's own wheel (`pip download sglang==X --no-deps`); the file:line of each is in
+docs/sglang-release-facts.md. Facts are kept as change points (the first release that shows a behaviour), because
+something tokenmill relies on changes in almost every minor line; `release(v)` resolves them for one release.
+
+Supported: 0.5.9 (the first release that registers KimiK25ForConditionalGeneration) to 0.5.23 (the latest,
+2026-10-30), the last patch of each minor line. 0.5.6 to 0.5.8.post1 are known but unsupported (they cannot serve
+Kimi-K2.5), so the planner can say why instead of guessing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Literal
+
+# (release, upload date): the last patch of every minor line that was read.
+_RELEASES: tuple[tuple[str, str], ...] = (
+    ("0.5.6", "2025-12-03"),
+    ("0.5.6.post2", "2025-12-11"),
+    ("0.5.7", "2026-01-01"),
+    ("0.5.8", "2026-01-23"),
+    ("0.5.8.post1", "2026-02-05"),
+    ("0.5.9", "2026-02-23"),
+    ("0.5.10.post1", "2026-04-08"),
+    ("0.5.11", "2026-05-05"),
+    ("0.5.12.post1", "2026-05-23"),
+    ("0.5.13.post1", "2026-06-15"),
+    ("0.5.14", "2026-06-26"),
+    ("0.5.15.post1", "2026-07-14"),
+    ("0.5.16", "2026-07-25"),
+    ("0.5.17", "2026-08-08"),
+    ("0.5.18", "2026-08-21"),
+    ("0.5.19", "2026-09-04"),
+    ("0.5.20", "2026-09-18"),
+    ("0.5.21", "2026-10-01"),
+    ("0.5.22", "2026-10-16"),
+    ("0.5.23", "2026-10-30"),
+)
+OLDEST_SUPPORTED = "0.5.9"
+DEFAULT_RELEASE = "0.5.23"
+IMAGE_REPOSITORY = "lmsysorg/sglang"
+DEFAULT_IMAGE = f"{IMAGE_REPOSITORY}:v{DEFAULT_RELEASE}"
+# The last release with a CUDA 12 image (install docs: "v0.5.19-cu129 is the last CUDA 12 tag"); later images need a
+# driver that supports CUDA 13.
+LAST_CUDA12_RELEASE = "0.5.19"
+
+_VERSION = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?$")
+_IMAGE_TAG = re.compile(r":v?(\d+\.\d+\.\d+(?:\.post\d+)?)(?:-[A-Za-z0-9._-]+)?$")
+
+VersionKey = tuple[int, int, int, int]
+
+
+class UnknownReleaseError(ValueError):
+    """A version tokenmill has no facts for."""
+
+
+def version_key(version: str) -> VersionKey:
+    match = _VERSION.match(version.strip())
+    if not match:
+        raise UnknownReleaseError(f"{version!r} is not an SGLang version such as 0.5.23 or 0.5.10.post1")
+    major, minor, patch, post = match.groups()
+    return int(major), int(minor), int(patch), int(post or 0)
+
+
+def _at_least(version: str, first: str) -> bool:
+    return version_key(version) >= version_key(first)
+
+
+@dataclass(frozen=True)
+class Release:
+    """The facts of one SGLang release that tokenmill's spec checks, client, planner and simulator need."""
+
+    version: str
+    released: str
+    supported: bool
+    # --kv-cache-dtype choices (argparse exits with code 2 on any other value, before loading anything).
+    kv_cache_dtypes: tuple[str, ...]
+    # TokenizerManager refuses (HTTP 400) when prompt + max_new_tokens <op> context length.
+    context_rule: Literal[">=", ">"]
+    # meta_info key counting retractions of the request.
+    retractions_key: Literal["total_retractions", "num_retractions"]
+    has_reasoning_tokens: bool  # meta_info.reasoning_tokens
+    has_cached_tokens_details: bool  # meta_info.cached_tokens_details
+    # finish_reason when EOS is sampled as the last allowed token: the length check ran first until 0.5.17.
+    eos_at_cap: Literal["length", "stop"]
+    # An unknown sampling_params key: TypeError -> HTTP 500 until 0.5.21; a JSON contract gate answers 400 after.
+    unknown_sampling_key_status: Literal[500, 400]
+    # Scheduler aborts that become HTTP errors (others come back as HTTP 200 with finish_reason.type "abort").
+    abort_statuses_as_http: Literal["400/500/503", "400-599"]
+    # DP attention is `--dp-size N --enable-dp-attention` until 0.5.21, `--attn-dp-size N` from 0.5.22.
+    dp_attention_flag: Literal["--enable-dp-attention", "--attn-dp-size"]
+    effective_max_running_per_dp: bool  # /server_info internal_states[*].effective_max_running_requests_per_dp
+    server_info_resolved: bool  # /server_info reports resolved values (not only what was passed) from 0.5.19
+    metric_engine_type_label: bool  # tokenizer metrics carry engine_type besides model_name
+    metric_context_len: bool  # sglang:context_len
+    repetition_penalty_zero_allowed: bool  # [0, 2] until 0.5.11, (0, 2] from 0.5.12.post1
+    nan_check_inclusive: bool  # "NaN happened" for ids >= vocab (0.5.14+) or only > vocab (off by one, earlier)
+    kimi_k2_reasoning_ends_at_tool_section: bool  # the kimi_k2 reasoning parser ends at <|tool_calls_section_begin|>
+    transformers_pin: str
+    default_cuda: str  # CUDA of the plain vX image tag
+
+    @property
+    def image(self) -> str:
+        return f"{IMAGE_REPOSITORY}:v{self.version}"
+
+    def serves(self, architecture: str) -> bool:
+        """Whether this release registers the architecture natively (else SGLang falls back to the Transformers
+        backend, which cannot serve large MoE checkpoints such as Kimi-K2.5)."""
+        first = _architectures().get(architecture)
+        return first is not None and _at_least(self.version, first)
+
+    def cuda12_image(self) -> str | None:
+        if not _at_least(LAST_CUDA12_RELEASE, self.version):
+            return None
+        return f"{self.image}-cu129"
+
+    def rocm_image(self, gpu_family: Literal["mi30x", "mi35x"]) -> str:
+        """SGLang's ROCm image for MI300X/MI325X (mi30x, gfx942) or MI350X/MI355X (mi35x, gfx950)."""
+        return f"{self.image}-rocm700-{gpu_family}"
+
+    def refuses_total(self, prompt_tokens: int, max_new_tokens: int, context_length: int) -> bool:
+        """Would this release answer 400 for prompt + max_new_tokens against the context length?"""
+        total = prompt_tokens + max_new_tokens
+        return total >= context_length if self.context_rule == ">=" else total > context_length
+
+
+@cache
+def _architectures() -> dict[str, str]:
+    """Architecture -> the first read release that registers it ("0.5.6" means 0.5.6 or earlier)."""
+    text = resources.files(__package__).joinpath("data/sglang_architectures.json").read_text()
+    return json.loads(text)
+
+
+def _build(version: str, released: str) -> Release:
+    def since(first: str) -> bool:
+        return _at_least(version, first)
+
+    kv = ["auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16"]
+    if since("0.5.16"):
+        kv[3:3] = ["mxfp8"]
+        kv += ["nvfp4", "fp4_mx_block16"]
+    if not since("0.5.21"):
+        kv.append("fp4_e2m1")
+    return Release(
+        version=version, released=released, supported=since(OLDEST_SUPPORTED),
+        kv_cache_dtypes=tuple(kv),
+        context_rule=">" if since("0.5.11") else ">=",
+        retractions_key="num_retractions" if since("0.5.12.post1") else "total_retractions",
+        has_reasoning_tokens=since("0.5.10.post1"),
+        has_cached_tokens_details=since("0.5.9"),
+        eos_at_cap="stop" if since("0.5.18") else "length",
+        unknown_sampling_key_status=400 if since("0.5.22") else 500,
+        abort_statuses_as_http="400-599" if since("0.5.23") else "400/500/503",
+        dp_attention_flag="--attn-dp-size" if since("0.5.22") else "--enable-dp-attention",
+        effective_max_running_per_dp=since("0.5.8"),
+        server_info_resolved=since("0.5.19"),
+        metric_engine_type_label=since("0.5.11"),
+        metric_context_len=since("0.5.11"),
+        repetition_penalty_zero_allowed=not since("0.5.12.post1"),
+        nan_check_inclusive=since("0.5.14"),
+        kimi_k2_reasoning_ends_at_tool_section=since("0.5.10.post1"),
+        transformers_pin=_transformers_pin(version),
+        default_cuda="13.0" if since("0.5.11") else "12.9",
+    )
+
+
+def _transformers_pin(version: str) -> str:
+    pins = (("0.5.22", "5.19.0"), ("0.5.15.post1", "5.12.1"), ("0.5.13.post1", "5.8.1"), ("0.5.11", "5.6.0"),
+            ("0.5.10.post1", "5.3.0"))
+    return next((pin for first, pin in pins if _at_least(version, first)), "4.57.1")
+
+
+RELEASES: dict[str, Release] = {version: _build(version, date) for version, date in _RELEASES}
+SUPPORTED_RELEASES: tuple[str, ...] = tuple(v for v, r in RELEASES.items() if r.supported)
+
+
+def release(version: str) -> Release:
+    """The facts of a release; a patch not read (e.g. 0.5.12 when 0.5.12.post1 was read) resolves to the read
+    release of the same minor line it most resembles, the latest one not newer than it, else the line's only one."""
+    key = version_key(version)
+    exact = next((r for v, r in RELEASES.items() if version_key(v) == key), None)
+    if exact is not None:
+        return exact
+    same_line = [v for v in RELEASES if version_key(v)[:3] == key[:3]]
+    if same_line:
+        return RELEASES[same_line[0]]
+    known = ", ".join(RELEASES)
+    raise UnknownReleaseError(f"SGLang {version} is not a release tokenmill knows; known: {known}")
+
+
+def release_of_image(image: str) -> str | None:
+    """The SGLang version an image tag names (lmsysorg/sglang:v0.5.23, …:v0.5.19-cu129, …:v0.5.9-rocm700-mi30x),
+    or None for a tag that names none (latest, a digest, a custom build)."""
+    match = _IMAGE_TAG.search(image.split("@", 1)[0])
+    return match.group(1) if match else None
