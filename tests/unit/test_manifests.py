@@ -207,7 +207,7 @@ def test_statefulset_shape_and_scaling():
     assert sts["spec"]["replicas"] == 3
     assert sts["spec"]["podManagementPolicy"] == "Parallel"
     assert sts["spec"]["serviceName"] == "b5-openthoughts-server"
-    assert container(sts)["image"] == "lmsysorg/sglang:v0.5.6"
+    assert container(sts)["image"] == "lmsysorg/sglang:v0.5.23"
     assert statefulset(replicas=0)["spec"]["replicas"] == 0  # suspended or finished: GPUs freed
     selector = sts["spec"]["selector"]["matchLabels"]
     assert selector.items() <= sts["spec"]["template"]["metadata"]["labels"].items()
