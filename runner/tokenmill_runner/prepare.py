@@ -84,7 +84,7 @@ def prepare_states(config: RunnerConfig, storage: Storage) -> tuple[list[Dataset
         states.append(DatasetState(
             spec=dataset, index=index, sampling=spec.sampling_for(dataset), committed=committed,
             buffer=ShardBuffer(spec.runner.shard_max_samples, spec.runner.shard_max_seconds),
-            rows=_worker_rows(totals[dataset.name], config),
+            expected_rows=_worker_rows(totals[dataset.name], config),
         ))
     # Longest expected outputs first, so the run does not end on one long request with an idle GPU.
     states.sort(key=lambda state: -expected_output_tokens(state))

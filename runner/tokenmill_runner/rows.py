@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .client import Generation, GenerationFailure
 from .pretokenize import TokenizerInfo
 from .prompts import Prompt, RowError
+from .results import Generation, GenerationFailure
 
 
 def reasoning_end(output_ids: list[int], end_id: int | None) -> int | None:

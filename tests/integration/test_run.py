@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from tokenmill_runner.config import RunnerConfig
-from tokenmill_runner.pipeline import RunSummary
+from tokenmill_runner.summary import RunSummary
 from tokenmill_runner.prepare import prepare
 from tokenmill_runner.shards import leftovers, read_committed_rows, read_markers
 from tokenmill_runner.spec import load_spec_file

@@ -114,7 +114,7 @@ def test_datasets_run_longest_expected_first():
         dataset = spec.datasets[index]
         committed = CommittedIndex(rows=rows, completion_tokens=tokens)
         return DatasetState(spec=dataset, index=index, sampling=spec.sampling_for(dataset), committed=committed,
-                            buffer=ShardBuffer(1, 1), rows=10)
+                            buffer=ShardBuffer(1, 1), expected_rows=10)
 
     assert expected_output_tokens(state(0)) == 0.15 * 32768  # nothing seen yet: a share of the cap
     assert expected_output_tokens(state(1)) == 0.15 * 1000
