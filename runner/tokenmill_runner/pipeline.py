@@ -22,9 +22,9 @@ from typing import Any
 from .client import GenerateClient
 from .config import RunnerConfig
 from .metrics import RunnerMetrics
-from .pretokenize import PromptEncoder, TokenizerInfo
+from .pretokenize import PromptEncoder
 from .progress import ProgressDisplay, Snapshot, ThroughputMeter
-from .prompts import Prompt, RowError, belongs_to_worker, id_hash, read_prompts, source_format
+from .prompts import Prompt, RowError, belongs_to_worker, id_hash
 from .results import Generation
 from .rows import build_row, failure_record, too_long_record
 from .shards import (
@@ -35,9 +35,11 @@ from .shards import (
     new_run_token,
     new_shard_id,
 )
+from .sources import read_prompts, source_format
 from .spec import DatasetSpec, SamplingSpec
 from .storage import Storage
 from .summary import DatasetSummary, RunSummary
+from .tokenizer_info import TokenizerInfo
 
 logger = logging.getLogger(__name__)
 

@@ -10,12 +10,12 @@ import hashlib
 import json
 import logging
 import os
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from .prompts import Prompt, RowError
 from .storage import open_storage
+from .tokenizer_info import TokenizerInfo
 
 logger = logging.getLogger(__name__)
 
@@ -26,24 +26,6 @@ MAX_TOKENIZER_FILE_BYTES = 64 * 1024 * 1024
 
 class TokenizerError(RuntimeError):
     """The tokenizer cannot be loaded or lacks a token the spec relies on."""
-
-
-@dataclass(frozen=True)
-class TokenizerInfo:
-    """What the rest of tokenmill needs to know about the tokenizer, recorded in the run's metadata."""
-
-    location: str
-    vocab_size: int
-    eos_token_ids: list[int]
-    eos_tokens: dict[str, str]  # id (as a JSON key) -> token text, so reports can name the stop tokens
-    reasoning_end_token: str | None
-    reasoning_end_id: int | None
-    tool_call_token: str | None
-    tool_call_id: int | None
-    model_context_length: int | None
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def cache_root() -> Path:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .pretokenize import TokenizerInfo
 from .prompts import Prompt, RowError
 from .results import Generation, GenerationFailure
+from .tokenizer_info import TokenizerInfo
 
 
 def reasoning_end(output_ids: list[int], end_id: int | None) -> int | None:
