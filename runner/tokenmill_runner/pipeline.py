@@ -21,20 +21,14 @@ from typing import Any
 
 from .client import GenerateClient
 from .config import RunnerConfig
+from .ledger import CommittedIndex, ShardContent
 from .metrics import RunnerMetrics
 from .pretokenize import PromptEncoder
 from .progress import ProgressDisplay, Snapshot, ThroughputMeter
 from .prompts import Prompt, RowError, belongs_to_worker, id_hash
 from .results import Generation
 from .rows import build_row, failure_record, too_long_record
-from .shards import (
-    CommittedIndex,
-    ShardBuffer,
-    ShardContent,
-    commit_shard,
-    new_run_token,
-    new_shard_id,
-)
+from .shards import ShardBuffer, commit_shard, new_run_token, new_shard_id
 from .sources import read_prompts, source_format
 from .spec import DatasetSpec, SamplingSpec
 from .storage import Storage

@@ -15,10 +15,11 @@ import orjson
 
 from .client import GenerateClient, RetryPolicy, get_json, wait_until_healthy
 from .config import RunnerConfig
+from .ledger import committed_index
 from .metrics import RunnerMetrics
 from .pipeline import DatasetState, Runner
 from .pretokenize import PromptEncoder, describe_tokenizer, load_tokenizer, local_model_folder
-from .shards import ShardBuffer, clean_leftovers, committed_index, read_markers
+from .shards import ShardBuffer, clean_leftovers, read_markers
 from .sources import count_rows, source_format
 from .storage import Storage, open_storage
 from .tokenizer_info import TokenizerInfo

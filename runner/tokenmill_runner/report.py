@@ -15,7 +15,8 @@ from typing import Any
 
 import orjson
 
-from .shards import effective_failures, read_markers
+from .ledger import effective_failures
+from .shards import read_markers
 from .stats import distribution, length_shares, order_drift
 from .storage import Storage
 
