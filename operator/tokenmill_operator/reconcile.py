@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from tokenmill_runner.report import write_report
+from tokenmill_runner.report_files import write_report
 from tokenmill_runner.spec import DatasetGenerationSpec
 from tokenmill_runner.storage import Storage, open_storage
 

@@ -157,7 +157,7 @@ async def _run_async(config: RunnerConfig) -> int:
 
 
 def _print_report(storage) -> None:
-    from .report import write_report
+    from .report_files import write_report
     from .report_markdown import summary
 
     report, written = write_report(storage)

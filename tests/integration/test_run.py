@@ -177,7 +177,8 @@ def test_faults_are_retried_until_every_sample_is_present(tmp_path, demo_model):
 
 
 def test_after_an_outage_retry_failed_generates_what_ran_out_of_retries(tmp_path, demo_model):
-    from tokenmill_runner.report import build_report, load_ledger
+    from tokenmill_runner.report import build_report
+    from tokenmill_runner.report_files import load_ledger
     from tokenmill_runner.simulator import SimConfig, SimServer
 
     write_jsonl(tmp_path / "p.jsonl", [chat(i) for i in range(20)] + [b"{broken"])
