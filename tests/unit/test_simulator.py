@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from tokenmill_runner.simulator import SimConfig, add_arguments, config_from_args
-from tokenmill_runner.simulator.capacity import CapacityModel, CapacityParams, Job
-from tokenmill_runner.simulator.model import LoadedModel, load_model
-from tokenmill_runner.simulator.profiles import (AUTO, CLARIFICATION_SHARE, PROFILES, SWE_PROMPT_TOKENS,
-                                                 choose_profile)
-from tokenmill_runner.simulator.protocol import ApiError, parse_generate
-from tokenmill_runner.simulator.tokens import OutputGenerator, SamplingParams, declared_tools, prompt_digest
+from tokenmill_sim.capacity import CapacityModel, CapacityParams, Job
+from tokenmill_sim.config import SimConfig, add_arguments, config_from_args
+from tokenmill_sim.loader import load_model
+from tokenmill_sim.model import LoadedModel
+from tokenmill_sim.profiles import AUTO, CLARIFICATION_SHARE, PROFILES, SWE_PROMPT_TOKENS, choose_profile
+from tokenmill_sim.protocol import ApiError, parse_generate
+from tokenmill_sim.tokens import OutputGenerator, SamplingParams, declared_tools, prompt_digest
 
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather for a city",
