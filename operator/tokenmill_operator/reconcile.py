@@ -24,8 +24,8 @@ from tokenmill_runner.storage import Storage, open_storage
 from . import manifests, names
 from .kube import Kube
 from .lifecycle import Decision, JobState, Observed, ServerState, blocked, decide
-from .observe import parse_time, progress_facts
 from .model_files import make_plan
+from .observe import parse_time, progress_facts
 from .planner import PlanError, ServerPlan
 from .status import DatasetGenerationStatus, ReportStatus
 

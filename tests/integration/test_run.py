@@ -15,11 +15,11 @@ from typing import Any
 import orjson
 
 from tokenmill_runner.config import RunnerConfig
-from tokenmill_runner.summary import RunSummary
 from tokenmill_runner.prepare import prepare
 from tokenmill_runner.shards import leftovers, read_committed_rows, read_markers
 from tokenmill_runner.spec import load_spec_file
 from tokenmill_runner.storage import Storage, open_storage, s3_client
+from tokenmill_runner.summary import RunSummary
 
 from .workloads import chat, spec_document, tool_chat, write_jsonl, write_spec
 

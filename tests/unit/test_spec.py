@@ -104,9 +104,9 @@ def test_auto_concurrency_fills_the_servers_and_keeps_a_queue():
 
 
 def test_datasets_run_longest_expected_first():
+    from tokenmill_runner.ledger import CommittedIndex
     from tokenmill_runner.pipeline import DatasetState
     from tokenmill_runner.prepare import expected_output_tokens
-    from tokenmill_runner.ledger import CommittedIndex
     from tokenmill_runner.shards import ShardBuffer
 
     spec = parse_document(doc()).spec
