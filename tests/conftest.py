@@ -58,3 +58,13 @@ def s3_bucket(s3_endpoint: str, request: pytest.FixtureRequest) -> str:
     name = "t-" + request.node.name.lower().replace("_", "-").replace("[", "-").replace("]", "")[:50]
     s3_client(s3_endpoint).create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture(scope="session")
+def reference() -> dict:
+    """Every fixture's prompt ids from the family's own code, run in the reference environment (built once and
+    cached under ~/.cache/tokenmill/refenv-*; see tests/reference/env.py)."""
+    from tests.reference.env import reference_ids
+    from tests.reference.families import PROMPTS, VARIANTS
+
+    return reference_ids(PROMPTS, {v.name: v.reference_request() for v in VARIANTS})

@@ -15,7 +15,8 @@ class SimulatorMissing(RuntimeError):
     """The simulator, or a library it needs, is not installed here."""
 
 
-def start(stack: ExitStack, model_folder: str, *, seed: int, time_scale: float, max_running_requests: int) -> str:
+def start(stack: ExitStack, model_folder: str, *, seed: int, time_scale: float, max_running_requests: int,
+          trust_remote_code: bool = False) -> str:
     """Start the simulator on a free loopback port for the life of `stack`; its base URL."""
     try:
         from tokenmill_sim.config import SimConfig
@@ -26,7 +27,7 @@ def start(stack: ExitStack, model_folder: str, *, seed: int, time_scale: float, 
             f"installed here: pass --server URL, or {INSTALL_HINT}"
         ) from None
     config = SimConfig(model_path=model_folder, seed=seed, time_scale=time_scale,
-                       max_running_requests=max_running_requests)
+                       max_running_requests=max_running_requests, trust_remote_code=trust_remote_code)
     return stack.enter_context(SimServer(config)).url
 
 

@@ -125,7 +125,8 @@ def _start_simulator(resource: DatasetGeneration, args: argparse.Namespace, stac
     model = resource.spec.model
     folder = local_model_folder(model.tokenizer or model.path, args.s3_endpoint or resource.spec.output.endpoint)
     url = builtin_sim.start(stack, folder, seed=args.sim_seed, time_scale=args.sim_time_scale,
-                            max_running_requests=args.sim_max_running_requests)
+                            max_running_requests=args.sim_max_running_requests,
+                            trust_remote_code=model.trust_remote_code)
     logger.info("no --server given: started the built-in SGLang simulator at %s (time scale %gx)",
                 url, args.sim_time_scale)
     return url

@@ -71,6 +71,11 @@ def output_parts(row: dict[str, Any], tool_call_id: int | None) -> list[Part]:
         if body_end:
             parts.append(Part(label, 0, output[:body_end]))
         rest_start = body_end
+    elif tool_call_id is not None and row.get("reasoning_end_token_id") == tool_call_id:
+        # Reasoning ended by opening the tool-call section without </think> (Kimi-K2.5): the opener belongs to
+        # the tool calls, not to an end-of-reasoning part.
+        parts.append(Part("reasoning (ended by a tool call)", 0, output[:end]))
+        rest_start = end
     else:
         parts.append(Part("reasoning", 0, output[:end]))
         parts.append(Part("end of reasoning", end, output[end:end + 1]))
@@ -119,6 +124,7 @@ def sample_json(tokenizer: Any, row: dict[str, Any], prompt: list[Part], output:
         "finish_reason": row["finish_reason"], "matched_stop": row["matched_stop"],
         "prompt_tokens": row["prompt_tokens"], "completion_tokens": row["completion_tokens"],
         "max_new_tokens": row["max_new_tokens"], "reasoning_end": row["reasoning_end"],
+        "reasoning_end_token_id": row.get("reasoning_end_token_id"),
         "has_tool_call": row["has_tool_call"],
         "prompt": [p.as_dict(tokenizer) for p in prompt], "output": [p.as_dict(tokenizer) for p in output],
     }

@@ -21,7 +21,7 @@ COMMITS, SHARDS, ERRORS = "commits", "shards", "errors"
 
 # Per-sample columns copied into the commit marker (everything but the token ids).
 MARKER_COLUMNS = ("sample_id", "line", "prompt_tokens", "completion_tokens", "finish_reason", "matched_stop",
-                  "reasoning_end", "has_tool_call", "max_new_tokens", "latency_s")
+                  "reasoning_end", "reasoning_end_token_id", "has_tool_call", "max_new_tokens", "latency_s")
 ERROR_COLUMNS = ("line", "sample_id", "reason")
 
 
@@ -44,7 +44,7 @@ def build_marker(dataset: str, shard_id: str, worker: int, content: ShardContent
         "data": f"{SHARDS}/{shard_id}.parquet" if content.rows else None,
         "data_bytes": data_bytes,
         "errors": f"{ERRORS}/{shard_id}.jsonl" if content.errors else None,
-        "samples": {name: [row[name] for row in content.rows] for name in MARKER_COLUMNS},
+        "samples": {name: [row.get(name) for row in content.rows] for name in MARKER_COLUMNS},
         "failed": {name: [error[name] for error in content.errors] for name in ERROR_COLUMNS},
     }
 

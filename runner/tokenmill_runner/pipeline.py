@@ -56,6 +56,8 @@ class DatasetState:
     buffer: ShardBuffer
     # An estimate: the source rows over the workers. Rows go to workers by sample-id hash, so the true share varies.
     expected_rows: int
+    template_kwargs: dict[str, Any] = field(default_factory=dict)  # chat template arguments for this dataset
+    sampling_sources: dict[str, Any] = field(default_factory=dict)  # where each sampling value came from
     skipped: int = 0
     generated: int = 0
     completion_tokens: int = 0
@@ -169,7 +171,7 @@ class Runner:
                 prompts = self._admit(state, chunk)
                 for start in range(0, len(prompts), TOKENIZE_BATCH):
                     batch = prompts[start:start + TOKENIZE_BATCH]
-                    encoded = await asyncio.to_thread(self.encoder.encode_batch, batch)
+                    encoded = await asyncio.to_thread(self.encoder.encode_batch, batch, state.template_kwargs)
                     for prompt, ids in zip(batch, encoded, strict=True):
                         if ids := self._checked(state, prompt, ids):
                             await queue.put((state, prompt, ids))

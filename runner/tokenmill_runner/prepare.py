@@ -18,7 +18,14 @@ from .config import RunnerConfig
 from .ledger import committed_index
 from .metrics import RunnerMetrics
 from .pipeline import DatasetState, Runner
-from .pretokenize import PromptEncoder, describe_tokenizer, load_tokenizer, local_model_folder
+from .pretokenize import (
+    PromptEncoder,
+    describe_tokenizer,
+    load_tokenizer,
+    local_model_folder,
+    model_generation_config,
+)
+from .sampling_defaults import apply_model_defaults, model_sampling_defaults
 from .shards import ShardBuffer, clean_leftovers, read_markers
 from .sources import count_rows, source_format
 from .storage import Storage, open_storage
@@ -71,8 +78,10 @@ def _worker_rows(total: int, config: RunnerConfig) -> int:
     return total if config.worker_count == 1 else -(-total // config.worker_count)
 
 
-def prepare_states(config: RunnerConfig, storage: Storage) -> tuple[list[DatasetState], dict[str, int]]:
-    """Read the ledger and count the sources before any request is sent (a missing file fails here, cheaply)."""
+def prepare_states(config: RunnerConfig, storage: Storage,
+                   model_defaults: dict[str, Any] | None = None) -> tuple[list[DatasetState], dict[str, int]]:
+    """Read the ledger and count the sources before any request is sent (a missing file fails here, cheaply).
+    `model_defaults` (from generation_config.json) fill the sampling fields the spec leaves unset."""
     spec = config.spec
     states, totals = [], {}
     for index, dataset in enumerate(spec.datasets):
@@ -83,8 +92,10 @@ def prepare_states(config: RunnerConfig, storage: Storage) -> tuple[list[Dataset
             logger.info("%s: removed %d uncommitted leftover files of worker %d", dataset.name, removed,
                         config.worker_index)
         committed = committed_index(read_markers(storage, dataset.name))
+        sampling, sources = apply_model_defaults(spec.sampling_for(dataset), model_defaults or {})
         states.append(DatasetState(
-            spec=dataset, index=index, sampling=spec.sampling_for(dataset), committed=committed,
+            spec=dataset, index=index, sampling=sampling, committed=committed,
+            template_kwargs=spec.chat_template_kwargs_for(dataset), sampling_sources=sources,
             buffer=ShardBuffer(spec.runner.shard_max_samples, spec.runner.shard_max_seconds),
             expected_rows=_worker_rows(totals[dataset.name], config),
         ))
@@ -102,7 +113,7 @@ def expected_output_tokens(state: DatasetState) -> float:
 
 
 def run_metadata(config: RunnerConfig, info: TokenizerInfo, context_length: int,
-                 totals: dict[str, int]) -> bytes:
+                 totals: dict[str, int], states: list[DatasetState] | None = None) -> bytes:
     from . import __version__
 
     return orjson.dumps({
@@ -113,9 +124,17 @@ def run_metadata(config: RunnerConfig, info: TokenizerInfo, context_length: int,
         "spec": config.spec.model_dump(mode="json", by_alias=True),
         "tokenizer": info.as_dict(),
         "context_length": context_length,
-        "datasets": {name: {"rows": rows} for name, rows in totals.items()},
+        "datasets": {name: {"rows": rows, **_dataset_settings(states or [], name)} for name, rows in totals.items()},
         "workers": config.worker_count,
     }, option=orjson.OPT_INDENT_2)
+
+
+def _dataset_settings(states: list[DatasetState], name: str) -> dict[str, Any]:
+    """What each dataset was generated with: its chat template arguments and sampling, with each value's source."""
+    for state in states:
+        if state.name == name:
+            return {"chat_template_kwargs": state.template_kwargs, "sampling": state.sampling_sources}
+    return {}
 
 
 async def prepare(config: RunnerConfig, api_key: str | None) -> Runner:
@@ -129,15 +148,17 @@ async def prepare(config: RunnerConfig, api_key: str | None) -> Runner:
     tokenizer_location = spec.model.tokenizer or spec.model.path
     folder = await asyncio.to_thread(local_model_folder, tokenizer_location, spec.output.endpoint)
     tokenizer = await asyncio.to_thread(load_tokenizer, folder, spec.model.trust_remote_code)
-    info = describe_tokenizer(tokenizer, tokenizer_location, spec.model.reasoning.end_token,
-                              spec.model.tool_call_token, folder)
-    states, totals = await asyncio.to_thread(prepare_states, config, storage)
+    reasoning = spec.model.reasoning
+    info = describe_tokenizer(tokenizer, tokenizer_location, reasoning.candidates(), spec.model.tool_call_token,
+                              folder, explicit_end_tokens=reasoning.end_tokens is not None)
+    model_defaults = model_sampling_defaults(model_generation_config(folder))
+    states, totals = await asyncio.to_thread(prepare_states, config, storage, model_defaults)
     await asyncio.gather(*(wait_until_healthy(url, config.server_wait_s, api_key) for url in config.servers))
     server_infos = await asyncio.gather(*(get_json(url, "/server_info", api_key) for url in config.servers))
     context_length = resolve_context_length(config, server_infos[0], info)
     concurrency = resolve_concurrency(config, server_infos)
     if config.worker_index == 0:
-        storage.put(RUN_METADATA, run_metadata(config, info, context_length, totals))
+        storage.put(RUN_METADATA, run_metadata(config, info, context_length, totals, states))
     client = GenerateClient(
         config.servers, api_key=api_key, concurrency=concurrency,
         retry=RetryPolicy(max_attempts=spec.runner.max_attempts),

@@ -16,6 +16,10 @@ from typing import Any
 from .prompts import Prompt, RowError
 from .storage import open_storage
 from .tokenizer_info import TokenizerInfo
+from .tokenizers_compat import TokenizerError, is_fast, load_folder_tokenizer
+
+__all__ = ["TokenizerError", "TokenizerInfo", "PromptEncoder", "describe_tokenizer", "load_tokenizer",
+           "local_model_folder", "model_generation_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -24,8 +28,10 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", "
 MAX_TOKENIZER_FILE_BYTES = 64 * 1024 * 1024
 
 
-class TokenizerError(RuntimeError):
-    """The tokenizer cannot be loaded or lacks a token the spec relies on."""
+# Tokens that also end reasoning when the configured end token is </think>, if the tokenizer has them: Kimi-K2.5
+# may leave reasoning by opening the tool-call section without </think>; SGLang's kimi_k2 reasoning parser treats
+# that token as an end (v0.5.23 parser/reasoning_parser.py: KimiK2Detector, tool_start_token).
+REASONING_END_ALTERNATIVES = {"</think>": ("<|tool_calls_section_begin|>",)}
 
 
 def cache_root() -> Path:
@@ -72,16 +78,13 @@ def offline_transformers() -> None:
 
 
 def load_tokenizer(folder: str, trust_remote_code: bool = False):
-    """AutoTokenizer from a local folder (see `local_model_folder`) or a cached hub id, strictly offline."""
+    """The tokenizer of a local model folder (see `local_model_folder`), strictly offline, whatever its packaging
+    (tokenizer.json, remote code over tiktoken.model, tekken.json: see tokenizers_compat)."""
     offline_transformers()
-    from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
-    try:
-        return AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
-    except Exception as error:  # transformers raises OSError, ValueError, ImportError...
-        raise TokenizerError(f"cannot load the tokenizer from {folder}: {error}") from error
+    return load_folder_tokenizer(folder, trust_remote_code)
 
 
 def single_token_id(tokenizer: Any, token: str) -> int | None:
@@ -118,17 +121,40 @@ def model_context_length(folder: str | None) -> int | None:
     return None
 
 
-def describe_tokenizer(tokenizer: Any, location: str, end_token: str | None,
-                       tool_token: str | None, folder: str | None) -> TokenizerInfo:
-    end_id = None
-    if end_token is not None:
-        end_id = single_token_id(tokenizer, end_token)
-        if end_id is None:
+def model_generation_config(folder: str | None) -> dict[str, Any]:
+    return _read_json(folder, "generation_config.json")
+
+
+def reasoning_end_ids(tokenizer: Any, location: str, end_tokens: list[str], explicit: bool) -> dict[int, str]:
+    """{id: token} of the tokens that end reasoning. Configured tokens must be single tokens; the defaulted
+    alternatives (REASONING_END_ALTERNATIVES) are kept only where the tokenizer has them."""
+    field = "spec.model.reasoning.endTokens" if explicit else "spec.model.reasoning.endToken"
+    found: dict[int, str] = {}
+    for token in end_tokens:
+        token_id = single_token_id(tokenizer, token)
+        if token_id is None:
             raise TokenizerError(
-                f"spec.model.reasoning.endToken {end_token!r} is not a single token in the tokenizer at {location} "
-                f"(it encodes to {tokenizer.encode(end_token, add_special_tokens=False)}); set it to this model's "
-                "end-of-reasoning token, or to null for a model without reasoning"
+                f"{field} {token!r} is not a single token in the tokenizer at {location} (it encodes to "
+                f"{tokenizer.encode(token, add_special_tokens=False)}); set it to this model's end-of-reasoning "
+                "token, or endToken to null for a model without reasoning"
             )
+        found[token_id] = token
+    if not explicit:
+        for token in end_tokens[:1]:
+            for alternative in REASONING_END_ALTERNATIVES.get(token, ()):
+                token_id = single_token_id(tokenizer, alternative)
+                if token_id is not None:
+                    found.setdefault(token_id, alternative)
+    return found
+
+
+def describe_tokenizer(tokenizer: Any, location: str, end_tokens: list[str] | str | None,
+                       tool_token: str | None, folder: str | None, explicit_end_tokens: bool = False) -> TokenizerInfo:
+    if isinstance(end_tokens, str):
+        end_tokens = [end_tokens]
+    ends = reasoning_end_ids(tokenizer, location, list(end_tokens or []), explicit_end_tokens)
+    end_id = next(iter(ends), None)
+    end_token = ends.get(end_id) if end_id is not None else None
     candidates = (tool_token,) if tool_token else KNOWN_TOOL_CALL_TOKENS
     tool_id = None
     for candidate in candidates:
@@ -144,29 +170,56 @@ def describe_tokenizer(tokenizer: Any, location: str, end_token: str | None,
     return TokenizerInfo(
         location=location, vocab_size=len(tokenizer), eos_token_ids=eos_ids,
         eos_tokens={str(i): tokenizer.convert_ids_to_tokens(i) for i in eos_ids if i < len(tokenizer)},
-        reasoning_end_token=end_token, reasoning_end_id=end_id, tool_call_token=tool_token,
+        reasoning_end_token=end_token, reasoning_end_id=end_id,
+        reasoning_end_tokens={str(i): token for i, token in ends.items()}, tool_call_token=tool_token,
         tool_call_id=tool_id, model_context_length=model_context_length(folder),
     )
 
 
+def _template_error(prompt: Prompt, error: Exception) -> RowError:
+    return RowError(prompt.line, prompt.sample_id, "template_error",
+                    f"line {prompt.line} (sample {prompt.sample_id}): the chat template failed: "
+                    f"{type(error).__name__}: {error}")
+
+
 class PromptEncoder:
-    """Renders chats with the tokenizer's template, then tokenizes the batch through the fast tokenizer."""
+    """Prompt ids as SGLang's side computes them: apply_chat_template(messages, tools=..., add_generation_prompt=True,
+    tokenize=True, **chat template arguments) (SGLang v0.5.9 entrypoints/openai/serving_chat.py:461-473).
+
+    Fast tokenizers render each chat and encode the batch in Rust, which is what apply_chat_template(tokenize=True)
+    does after rendering (no BOS/EOS added); remote-code and mistral_common tokenizers run the call itself, since
+    their own code may tokenize differently (tests/reference holds both paths to the model's own code)."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
+        self.fast = is_fast(tokenizer)
 
-    def render(self, prompt: Prompt) -> str | RowError:
+    def render(self, prompt: Prompt, template_kwargs: dict[str, Any] | None = None) -> str | RowError:
         try:
             return self.tokenizer.apply_chat_template(
-                prompt.messages, tools=prompt.tools, add_generation_prompt=True, tokenize=False
+                prompt.messages, tools=prompt.tools, add_generation_prompt=True, tokenize=False,
+                **(template_kwargs or {}),
             )
         except Exception as error:  # jinja raises TemplateError, TypeError, KeyError...
-            return RowError(prompt.line, prompt.sample_id, "template_error",
-                            f"line {prompt.line} (sample {prompt.sample_id}): the chat template failed: {error}")
+            return _template_error(prompt, error)
 
-    def encode_batch(self, prompts: list[Prompt]) -> list[list[int] | RowError]:
-        rendered = [self.render(prompt) for prompt in prompts]
+    def encode_one(self, prompt: Prompt, template_kwargs: dict[str, Any] | None = None) -> list[int] | RowError:
+        try:
+            ids = self.tokenizer.apply_chat_template(
+                prompt.messages, tools=prompt.tools, add_generation_prompt=True, tokenize=True,
+                **(template_kwargs or {}),
+            )
+        except Exception as error:
+            return _template_error(prompt, error)
+        if hasattr(ids, "keys"):  # transformers 5 may return a BatchEncoding
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
+
+    def encode_batch(self, prompts: list[Prompt],
+                     template_kwargs: dict[str, Any] | None = None) -> list[list[int] | RowError]:
+        if not self.fast:
+            return [self.encode_one(prompt, template_kwargs) for prompt in prompts]
+        rendered = [self.render(prompt, template_kwargs) for prompt in prompts]
         texts = [text for text in rendered if isinstance(text, str)]
-        # Same call apply_chat_template(tokenize=True) makes after rendering: no BOS/EOS added by the tokenizer.
         encoded = iter(self.tokenizer(texts, add_special_tokens=False)["input_ids"]) if texts else iter(())
         return [next(encoded) if isinstance(text, str) else text for text in rendered]

@@ -24,7 +24,7 @@ DRIFT_FIRST_N = 100
 # Reasoning "absent from (almost) every sample": below this share the run is broken, not just thin.
 BROKEN_REASONING_SHARE = 0.05
 SAMPLE_COLUMNS = ("sample_id", "line", "prompt_tokens", "completion_tokens", "finish_reason", "matched_stop",
-                  "reasoning_end", "has_tool_call", "max_new_tokens", "latency_s")
+                  "reasoning_end", "reasoning_end_token_id", "has_tool_call", "max_new_tokens", "latency_s")
 
 
 @dataclass
@@ -37,8 +37,10 @@ class DatasetLedger:
 
     def add_markers(self, markers: list[dict[str, Any]]) -> None:
         for marker in markers:
+            count = len(marker["samples"]["sample_id"])
             for column in SAMPLE_COLUMNS:
-                self.samples[column].extend(marker["samples"][column])
+                # Markers written before a column existed (reasoning_end_token_id) read as nulls.
+                self.samples[column].extend(marker["samples"].get(column, [None] * count))
         self.errors = Counter(effective_failures(markers).values())
 
 
@@ -70,7 +72,15 @@ def _share(part: int, whole: int) -> float | None:
     return part / whole if whole else None
 
 
-def _reasoning(s: dict[str, list[Any]], expected: bool) -> dict[str, Any]:
+def _end_token_counts(s: dict[str, list[Any]], names: dict[str, str]) -> dict[str, int]:
+    """Samples per token that ended their reasoning (e.g. </think> vs Kimi's tool-call section opener)."""
+    counts = Counter(token for end, token in zip(s["reasoning_end"], s["reasoning_end_token_id"], strict=True)
+                     if end is not None)
+    return {(_stop_name(token, names) if token is not None else "unrecorded"): count
+            for token, count in sorted(counts.items(), key=lambda item: -item[1])}
+
+
+def _reasoning(s: dict[str, list[Any]], expected: bool, end_names: dict[str, str] | None = None) -> dict[str, Any]:
     ends = s["reasoning_end"]
     reasoning, answer = reasoning_and_answer(s)
     truncated_reasoning = sum(
@@ -83,6 +93,7 @@ def _reasoning(s: dict[str, list[Any]], expected: bool) -> dict[str, Any]:
         "reasoning_tokens": distribution(reasoning).as_dict(),
         "answer_tokens": distribution(answer).as_dict(),
         "truncated_while_reasoning": truncated_reasoning,
+        "end_tokens": _end_token_counts(s, end_names or {}),
     }
 
 
@@ -112,7 +123,7 @@ def _stop_name(token_id: int, names: dict[str, str]) -> str:
 
 
 def dataset_report(ledger: DatasetLedger, context_length: int | None, reasoning_expected: bool,
-                   stop_names: dict[str, str] | None = None) -> dict[str, Any]:
+                   stop_names: dict[str, str] | None = None, end_names: dict[str, str] | None = None) -> dict[str, Any]:
     s = ledger.samples
     completions = s["completion_tokens"]
     n, errors = len(completions), sum(ledger.errors.values())
@@ -129,7 +140,7 @@ def dataset_report(ledger: DatasetLedger, context_length: int | None, reasoning_
         "stop_tokens": {_stop_name(k, stop_names or {}): v
                         for k, v in sorted(Counter(m for m in s["matched_stop"] if m is not None).items())},
         "truncated": _truncation(s),
-        "reasoning": _reasoning(s, reasoning_expected),
+        "reasoning": _reasoning(s, reasoning_expected, end_names),
         "tool_calls": {"count": sum(s["has_tool_call"]), "share": _share(sum(s["has_tool_call"]), n)},
         "prompt_tokens": distribution(s["prompt_tokens"]).as_dict(),
         "context_budget": _context_budget(s, context_length),
@@ -220,7 +231,10 @@ def build_report(ledger: Ledger, now: datetime | None = None) -> dict[str, Any]:
     expected = tokenizer.get("reasoning_end_id") is not None
     limits = Thresholds.from_run(run)
     names = tokenizer.get("eos_tokens") or {}
-    datasets = {d.name: dataset_report(d, context_length, expected, names) for d in ledger.datasets}
+    end_names = tokenizer.get("reasoning_end_tokens") or {}
+    if end_token is not None and len(end_names) > 1:
+        end_token = " or ".join(end_names.values())
+    datasets = {d.name: dataset_report(d, context_length, expected, names, end_names) for d in ledger.datasets}
     findings = [f for name, rep in datasets.items() for f in dataset_findings(name, rep, limits, end_token)]
     verdict = max((f["level"] for f in findings), key=LEVELS.index, default="fail")
     return {
@@ -234,6 +248,7 @@ def build_report(ledger: Ledger, now: datetime | None = None) -> dict[str, Any]:
         "verdict": verdict,
         "findings": findings,
         # Drift is about commit order within one dataset; a concatenation of datasets has no such order.
-        "overall": {**dataset_report(_merged(ledger.datasets), context_length, expected, names), "order_drift": None},
+        "overall": {**dataset_report(_merged(ledger.datasets), context_length, expected, names, end_names),
+                    "order_drift": None},
         "datasets": datasets,
     }

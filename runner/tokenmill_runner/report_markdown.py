@@ -63,7 +63,13 @@ def _reasoning_row(d: dict[str, Any]) -> list[str]:
     r = d["reasoning"]
     return [_pct(r["present_share"]), _num(r["reasoning_tokens"]["median"]), _num(r["reasoning_tokens"]["p90"]),
             _num(r["answer_tokens"]["median"]), _num(r["answer_tokens"]["p90"]), str(r["truncated_while_reasoning"]),
-            _pct(d["tool_calls"]["share"])]
+            _pct(d["tool_calls"]["share"]),
+            ", ".join(f"{token} ×{count}" for token, count in r.get("end_tokens", {}).items()) or "-"]
+
+
+def _end_tokens_title(tokenizer: dict[str, Any]) -> str:
+    names = list((tokenizer.get("reasoning_end_tokens") or {}).values())
+    return " or ".join(names) if names else str(tokenizer.get("reasoning_end_token"))
 
 
 def _prompt_row(d: dict[str, Any]) -> list[str]:
@@ -102,9 +108,9 @@ def render(report: dict[str, Any], images: list[str]) -> str:
              "## Finish reasons", "",
              *table(["dataset", "stop", "length", "abort", "stop tokens matched"],
                     _per_dataset(report, _finish_row)),
-             f"## Reasoning ({report['tokenizer'].get('reasoning_end_token')}) and tool calls", "",
+             f"## Reasoning ({_end_tokens_title(report['tokenizer'])}) and tool calls", "",
              *table(["dataset", "with end token", "reasoning median", "reasoning p90", "answer median", "answer p90",
-                     "truncated while reasoning", "tool calls"], _per_dataset(report, _reasoning_row)),
+                     "truncated while reasoning", "tool calls", "ended by"], _per_dataset(report, _reasoning_row)),
              "## Prompts and context budget", "",
              *table(["dataset", "prompt median", "prompt p99", "prompt max", "max prompt + cap", "context",
                      "headroom"], _per_dataset(report, _prompt_row)),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from .prompts import Prompt, RowError
@@ -9,19 +10,27 @@ from .results import Generation, GenerationFailure
 from .tokenizer_info import TokenizerInfo
 
 
-def reasoning_end(output_ids: list[int], end_id: int | None) -> int | None:
-    """Index of the end-of-reasoning token in the output, or None (no reasoning, or truncated while reasoning)."""
-    if end_id is None:
-        return None
-    try:
-        return output_ids.index(end_id)
-    except ValueError:
-        return None
+def reasoning_end(output_ids: list[int], end_ids: int | None | Iterable[int]) -> int | None:
+    """Index of the first token that ends reasoning, or None (no reasoning, or truncated while reasoning)."""
+    found = first_reasoning_end(output_ids, end_ids)
+    return None if found is None else found[0]
+
+
+def first_reasoning_end(output_ids: list[int], end_ids: int | None | Iterable[int]) -> tuple[int, int] | None:
+    """(index, token id) of the first of `end_ids` in the output (Kimi-K2.5 may end reasoning at the tool-call
+    section instead of </think>; whichever comes first ends it), or None."""
+    wanted = {end_ids} if isinstance(end_ids, int) else set(end_ids or ())
+    for index, token in enumerate(output_ids):
+        if token in wanted:
+            return index, token
+    return None
 
 
 def build_row(dataset: str, prompt: Prompt, prompt_ids: list[int], generation: Generation,
               max_new_tokens: int, info: TokenizerInfo) -> dict[str, Any]:
     output_ids = generation.output_ids
+    end_ids = [int(i) for i in info.reasoning_end_tokens] or info.reasoning_end_id
+    ended = first_reasoning_end(output_ids, end_ids)
     return {
         "sample_id": prompt.sample_id,
         "dataset": dataset,
@@ -32,7 +41,8 @@ def build_row(dataset: str, prompt: Prompt, prompt_ids: list[int], generation: G
         "completion_tokens": generation.completion_tokens,
         "finish_reason": generation.finish_reason,
         "matched_stop": generation.matched_stop,
-        "reasoning_end": reasoning_end(output_ids, info.reasoning_end_id),
+        "reasoning_end": None if ended is None else ended[0],
+        "reasoning_end_token_id": None if ended is None else ended[1],
         "has_tool_call": info.tool_call_id is not None and info.tool_call_id in output_ids,
         "max_new_tokens": max_new_tokens,
         "latency_s": round(generation.latency_s, 4),

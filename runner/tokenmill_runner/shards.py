@@ -40,6 +40,7 @@ ROW_SCHEMA = pa.schema([
     ("finish_reason", pa.string()),
     ("matched_stop", pa.int64()),
     ("reasoning_end", pa.int32()),
+    ("reasoning_end_token_id", pa.int64()),  # which of the tokens that end reasoning did (null: none)
     ("has_tool_call", pa.bool_()),
     ("max_new_tokens", pa.int32()),
     ("latency_s", pa.float64()),

@@ -70,6 +70,18 @@ class ReasoningSpec(SpecModel):
         description="Token that ends the reasoning part of an output; looked up in the tokenizer, never by id. "
         "null for a model without reasoning.",
     )
+    end_tokens: list[str] | None = Field(
+        None, min_length=1,
+        description="Every token that ends reasoning, first match wins (e.g. Kimi-K2.5 leaves reasoning at "
+        "<|tool_calls_section_begin|> without </think>). Default: endToken plus the known alternatives the "
+        "tokenizer has (<|tool_calls_section_begin|> for Kimi, as SGLang's kimi_k2 reasoning parser accepts).",
+    )
+
+    def candidates(self) -> list[str]:
+        """The tokens to look up, in order; alternatives not in the tokenizer are dropped when defaulted."""
+        if self.end_tokens is not None:
+            return list(self.end_tokens)
+        return [] if self.end_token is None else [self.end_token]
 
 
 class ModelSpec(SpecModel):
@@ -100,6 +112,7 @@ class SamplingSpec(SpecModel):
     top_p: DecimalString | None = Field(None, description="Nucleus sampling mass in (0, 1], as a string.")
     top_k: int | None = Field(None, description="Top-k; -1 for the whole vocabulary.")
     min_p: DecimalString | None = Field(None, description="Min-p in [0, 1], as a string.")
+    repetition_penalty: DecimalString | None = Field(None, description="Repetition penalty in (0, 2], as a string.")
     stop_token_ids: list[int] | None = Field(None, description="Extra stop token ids besides the model's EOS.")
 
     def merged_over(self, defaults: SamplingSpec) -> SamplingSpec:
@@ -110,7 +123,7 @@ class SamplingSpec(SpecModel):
     def to_sglang(self) -> dict[str, Any]:
         """The `sampling_params` object of a /generate request."""
         params: dict[str, Any] = {"max_new_tokens": self.max_new_tokens}
-        for name in ("temperature", "top_p", "min_p"):
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty"):
             value = getattr(self, name)
             if value is not None:
                 params[name] = float(value)
@@ -136,6 +149,11 @@ class DatasetSpec(SpecModel):
     )
     limit: int | None = Field(None, gt=0, description="Use only the first N rows of the source.")
     sampling: SamplingSpec = Field(default_factory=SamplingSpec, description="Overrides of the default sampling.")
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Chat template arguments for this dataset (e.g. thinking: false for Kimi, enable_thinking for "
+        "Qwen3, reasoning_effort for GPT-OSS), merged over spec.chatTemplateKwargs key by key.",
+    )
 
     @field_validator("name")
     @classmethod
@@ -225,6 +243,11 @@ class DatasetGenerationSpec(SpecModel):
     sampling: DefaultSamplingSpec = Field(
         default_factory=DefaultSamplingSpec, description="Sampling defaults for every dataset."
     )
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Chat template arguments for every dataset, passed to the model's chat template (and its "
+        "remote code) when prompts are tokenized; recorded in run.json.",
+    )
     datasets: list[DatasetSpec] = Field(min_length=1, description="The prompt datasets, processed as one stream.")
     runner: RunnerSpec = Field(default_factory=RunnerSpec, description="The runner workers.")
     output: OutputSpec = Field(description="Where the shards and the report go.")
@@ -244,6 +267,9 @@ class DatasetGenerationSpec(SpecModel):
 
     def sampling_for(self, dataset: DatasetSpec) -> SamplingSpec:
         return dataset.sampling.merged_over(self.sampling)
+
+    def chat_template_kwargs_for(self, dataset: DatasetSpec) -> dict[str, Any]:
+        return {**self.chat_template_kwargs, **dataset.chat_template_kwargs}
 
 
 class ObjectMeta(BaseModel):

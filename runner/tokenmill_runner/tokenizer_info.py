@@ -15,8 +15,9 @@ class TokenizerInfo:
     vocab_size: int
     eos_token_ids: list[int]
     eos_tokens: dict[str, str]  # id (as a JSON key) -> token text, so reports can name the stop tokens
-    reasoning_end_token: str | None
+    reasoning_end_token: str | None  # the first of reasoning_end_tokens (older readers use these two)
     reasoning_end_id: int | None
+    reasoning_end_tokens: dict[str, str]  # id (as a JSON key) -> token text, every token that ends reasoning
     tool_call_token: str | None
     tool_call_id: int | None
     model_context_length: int | None

@@ -44,15 +44,16 @@ def test_the_root_lists_are_the_roles_lists() -> None:
                                    _project(ROLES["operator"]))
     extras = root["optional-dependencies"]
     assert root["dependencies"] == runner["dependencies"]
-    assert set(extras["sim"]) == set(sim["dependencies"]) - set(runner["dependencies"])
-    own = [r for r in operator["dependencies"] if canonicalize_name(Requirement(r).name) != "tokenmill-runner"]
-    assert set(extras["operator"]) == set(own) - set(runner["dependencies"])
+    for role, project in (("sim", sim), ("operator", operator)):  # both build on the runner
+        own = [r for r in project["dependencies"] if canonicalize_name(Requirement(r).name) != "tokenmill-runner"]
+        assert set(extras[role]) == set(own) - set(runner["dependencies"]), role
     assert set(extras["sim"]) | set(extras["operator"]) <= set(extras["test"]), "make install must pull all"
     assert root["scripts"] == {**runner["scripts"], **operator["scripts"]}
     commands = {**sim["entry-points"]["tokenmill.commands"], **operator["entry-points"]["tokenmill.commands"]}
     assert root["entry-points"]["tokenmill.commands"] == commands
     assert {p["version"] for p in (root, runner, sim, operator)} == {root["version"]}
     assert f"tokenmill-runner=={runner['version']}" in operator["dependencies"]
+    assert f"tokenmill-runner=={runner['version']}" in sim["dependencies"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -144,9 +145,9 @@ def test_the_operator_image_has_the_runner_but_not_the_simulator(wheels: dict[st
 
 
 def test_the_simulator_brings_its_server_and_nothing_of_the_cluster(wheels: dict[str, Wheel]) -> None:
-    sim = install_set(wheels["sim"], {})
-    assert "aiohttp" in sim
-    assert not sim & {"kopf", "kubernetes", "tokenmill-runner", "tokenmill-operator"}, sorted(sim)
+    sim = install_set(wheels["sim"], {"tokenmill-runner": wheels["runner"]})
+    assert {"aiohttp", "tokenmill-runner"} <= sim  # it loads tokenizers with the runner's loader
+    assert not sim & {"kopf", "kubernetes", "tokenmill-operator"}, sorted(sim)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -77,7 +77,10 @@ def test_local_run_is_token_exact(tmp_path, simulator, tokenizer, demo_model):
                 assert row["finish_reason"] == "length"
                 assert row["completion_tokens"] == row["max_new_tokens"]
             end = row["reasoning_end"]
-            assert end == (row["output_ids"].index(end_id) if end_id in row["output_ids"] else None)
+            # Reasoning ends at </think> or, as Kimi-K2.5 may, at the tool-call section opener: whichever is first.
+            ends = [i for i, t in enumerate(row["output_ids"]) if t in (end_id, tool_id)]
+            assert end == (ends[0] if ends else None)
+            assert row["reasoning_end_token_id"] == (row["output_ids"][end] if end is not None else None)
             assert row["has_tool_call"] == (tool_id in row["output_ids"])
         assert all(row["max_new_tokens"] == (512 if dataset == "tools" else 2048) for row in rows)
     tool_rows = list(read_committed_rows(storage, "tools"))
@@ -86,7 +89,11 @@ def test_local_run_is_token_exact(tmp_path, simulator, tokenizer, demo_model):
     assert not list(leftovers(storage, "chat")) and not list(leftovers(storage, "tools"))
     metadata = orjson.loads(storage.get("run.json"))
     assert metadata["tokenizer"]["reasoning_end_id"] == end_id
-    assert metadata["datasets"] == {"chat": {"rows": 40}, "tools": {"rows": 40}}
+    assert {name: d["rows"] for name, d in metadata["datasets"].items()} == {"chat": 40, "tools": 40}
+    # The demo model's generation_config.json sets no sampling value: the spec's temperature, SGLang's defaults.
+    assert metadata["datasets"]["chat"]["sampling"]["temperature"] == {"value": 0.6, "source": "spec"}
+    assert metadata["datasets"]["chat"]["sampling"]["top_p"] == {"value": 1.0, "source": "sglang_default"}
+    assert metadata["datasets"]["chat"]["chat_template_kwargs"] == {}
 
 
 def test_second_run_skips_everything_committed(tmp_path, simulator, demo_model):

@@ -81,3 +81,16 @@ def test_terminal_view_elides_long_parts(tokenizer):
     assert f"reasoning · {len(long_reasoning)} tokens" in text
     assert f"[{len(long_reasoning) - 60} tokens hidden]" in text
     assert "finish: stop (<|im_end|>)" in text and USER in text
+
+
+def test_reasoning_ended_by_the_tool_call_section_keeps_the_opener_with_the_calls() -> None:
+    from tokenmill_runner.decode import output_parts
+
+    section, think, eos = 9, 15, 4
+    row = {"output_ids": [100, 101, section, 200, 201, eos], "finish_reason": "stop", "matched_stop": eos,
+           "reasoning_end": 2, "reasoning_end_token_id": section}
+    parts = output_parts(row, section)
+    assert [(p.name, p.ids) for p in parts] == [("reasoning (ended by a tool call)", [100, 101]),
+                                                ("tool calls", [section, 200, 201]), ("stop token", [eos])]
+    row = {**row, "output_ids": [100, think, section, 200, eos], "reasoning_end": 1, "reasoning_end_token_id": think}
+    assert [p.name for p in output_parts(row, section)] == ["reasoning", "end of reasoning", "tool calls", "stop token"]

@@ -34,7 +34,7 @@ def contract_results(output: str) -> dict[str, str]:
     flat = re.sub(r"\s+", " ", output)
     results = {}
     for name in CONTRACTS:
-        found = re.search(re.escape(re.sub(r"\s+", " ", name)) + r" (KEPT|BROKEN)", flat)
+        found = re.search(re.escape(re.sub(r"\s+", " ", name)) + r" ?(KEPT|BROKEN)", flat)
         assert found, f"no verdict for {name!r} in:\n{output}"
         results[name] = found.group(1)
     return results

@@ -34,6 +34,7 @@ class SimConfig:
     max_queued_requests: int | None = None  # like SGLang --max-queued-requests: more waiting => 503
     api_key: str | None = None  # like SGLang --api-key: "Authorization: Bearer <key>" or 401 (/health, /metrics open)
     served_model_name: str | None = None  # metrics' model_name label; defaults to model_path
+    trust_remote_code: bool = False  # like SGLang --trust-remote-code: run the tokenizer's own code (Kimi)
 
     def __post_init__(self) -> None:
         if self.profile != AUTO and self.profile not in PROFILES:
@@ -87,6 +88,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "fault_abort_rate": float, "fault_slow_rate": float, "fault_slow_seconds": float,
         "max_queued_requests": int, "api_key": str, "served_model_name": str,
     }
+    parser.add_argument("--trust-remote-code", dest="trust_remote_code", action="store_true",
+                        help="run the tokenizer's own Python code (SGLang --trust-remote-code), e.g. Kimi's")
     for name, kind in typed.items():
         flag = "--" + name.replace("_", "-")
         extra = {"choices": [AUTO, *sorted(PROFILES)]} if name == "profile" else {}

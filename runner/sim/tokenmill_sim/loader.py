@@ -1,5 +1,5 @@
-"""Loading a model folder for the simulator: its config files and its tokenizer (transformers, local files only:
-the simulator never downloads)."""
+"""Loading a model folder for the simulator: its config files and its tokenizer, through the runner's loader (every
+family's packaging; local files only: the simulator never downloads)."""
 
 from __future__ import annotations
 
@@ -8,20 +8,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tokenmill_runner.pretokenize import load_tokenizer
+
 from .model import LoadedModel, ModelFiles
 from .tokens import Decode, Encode, TokenBank, Vocabulary
 
 logger = logging.getLogger(__name__)
 
 
-def load_model(model_path: str) -> LoadedModel:
-    """Read the model folder and the tokenizer (local files only: the simulator never downloads)."""
-    from transformers import AutoTokenizer
-
+def load_model(model_path: str, trust_remote_code: bool = False) -> LoadedModel:
+    """Read the model folder and the tokenizer (local files only: the simulator never downloads), whatever its
+    packaging: tokenizer.json, remote code over tiktoken.model (Kimi), tekken.json (Mistral)."""
     if not Path(model_path).is_dir():
         raise FileNotFoundError(f"model path {model_path!r} is not a folder with config.json and tokenizer files")
     files = ModelFiles.read(model_path)
-    tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+    tokenizer = load_tokenizer(model_path, trust_remote_code)
     encode, decode = _codec(tokenizer)
     eos_ids = files.eos_ids()
     if tokenizer.eos_token_id is not None:
@@ -29,7 +30,7 @@ def load_model(model_path: str) -> LoadedModel:
     eos_ids.update(getattr(tokenizer, "additional_stop_token_ids", None) or ())
     vocab = Vocabulary.resolve(tokenizer.get_vocab(), encode, eos_ids, tokenizer.eos_token_id)
     vocab_size = files.vocab_size or len(tokenizer)
-    logger.info("simulated model %s: vocab %d, context %d, stop ids %s, </think> id %d", model_path, vocab_size,
+    logger.info("simulated model %s: vocab %d, context %d, stop ids %s, end-of-reasoning id %s", model_path, vocab_size,
                 files.context_length, sorted(vocab.eos_ids), vocab.think_end)
     return LoadedModel(files, vocab, TokenBank.build(encode, decode), encode, decode, vocab_size)
 

@@ -45,9 +45,9 @@ SIM_KEY: web.AppKey[Simulator] = web.AppKey("simulator")
 
 
 @functools.lru_cache(maxsize=8)
-def _cached_model(model_path: str) -> LoadedModel:
+def _cached_model(model_path: str, trust_remote_code: bool = False) -> LoadedModel:
     # Tests start many servers on one model; tokenizers are safe to share across threads for encode/decode.
-    return load_model(model_path)
+    return load_model(model_path, trust_remote_code)
 
 
 @dataclass
@@ -63,7 +63,7 @@ class Simulator:
 
     def __init__(self, config: SimConfig) -> None:
         self.config = config
-        self.model = _cached_model(config.model_path)
+        self.model = _cached_model(config.model_path, config.trust_remote_code)
         self.context_length = config.context_length or self.model.files.context_length
         self.generator = OutputGenerator(self.model.vocab, self.model.bank, self.model.encode, self.model.decode,
                                          config.seed, config.profile)

@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import random
+import re
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,7 +27,13 @@ Encode = Callable[[str], list[int]]
 Decode = Callable[[Sequence[int], bool], str]  # (ids, skip_special_tokens) -> text
 
 THINK_END = "</think>"
+# The token that closes reasoning, by family: </think> (Kimi, DeepSeek-R1, Qwen3), [/THINK] (Mistral tekken v13),
+# <|end|> (GPT-OSS: the end of the harmony analysis message). A tokenizer with none of them models no reasoning.
+REASONING_END_CANDIDATES = (THINK_END, "[/THINK]", "<|end|>")
 TOOL_CALL_SHARE = 0.6  # of prompts that declare tools, the share answered with a tool call
+# Of Kimi-format tool-call answers, the share that leaves reasoning by opening the tool-call section without
+# </think>, as Kimi-K2.5 does (SGLang's kimi_k2 reasoning parser accepts that token as the end of reasoning).
+SECTION_ENDS_REASONING_SHARE = 0.3
 SECOND_CALL_SHARE = 0.15  # of tool-call answers, the share with two calls
 FILL_BATCH = 32  # sentences drawn per RNG call
 TOOL_TOKENS = {
@@ -45,7 +52,7 @@ class Vocabulary:
 
     eos_ids: frozenset[int]  # config ∪ generation_config ∪ tokenizer eos: the default token stops
     eos: int  # the one the model emits at the end of a turn
-    think_end: int
+    think_end: int | None  # None: a model without reasoning (e.g. Llama 3.1)
     tool: Mapping[str, int] | None  # TOOL_TOKENS keys -> ids; None when the tokenizer lacks them
     declare: Mapping[str, int] | None  # DECLARE_TOKENS keys -> ids
     tool_declare: tuple[int, ...]  # ids of the text "tool_declare" after <|im_system|>
@@ -53,8 +60,6 @@ class Vocabulary:
     @classmethod
     def resolve(cls, token_to_id: Mapping[str, int], encode: Encode, eos_ids: Iterable[int],
                 primary_eos: int | None) -> Vocabulary:
-        if THINK_END not in token_to_id:
-            raise ValueError(f"the tokenizer has no {THINK_END!r} token; the simulator models a reasoning model")
         eos_set = frozenset(eos_ids)
         if not eos_set:
             raise ValueError("no end-of-sequence id in config.json, generation_config.json or the tokenizer")
@@ -62,7 +67,7 @@ class Vocabulary:
         return cls(
             eos_ids=eos_set,
             eos=eos,
-            think_end=token_to_id[THINK_END],
+            think_end=next((token_to_id[t] for t in REASONING_END_CANDIDATES if t in token_to_id), None),
             tool=_lookup(token_to_id, TOOL_TOKENS),
             declare=_lookup(token_to_id, DECLARE_TOKENS),
             tool_declare=tuple(encode("tool_declare")),
@@ -119,6 +124,7 @@ class OutputPlan:
     reasoning: int  # target tokens before </think>
     tool_calls: tuple[tuple[str, str], ...]  # (function name, JSON arguments)
     text_seed: int  # seeds the sentence choice
+    section_ends_reasoning: bool = False  # a tool call opens right after the reasoning, with no end token
 
 
 @dataclass(frozen=True)
@@ -181,12 +187,32 @@ def declared_tools(input_ids: Sequence[int], vocab: Vocabulary, decode: Decode) 
         body_end = list(input_ids).index(vocab.declare["end"], body_start)
     except ValueError:
         return ()
+    text = decode(input_ids[body_start:body_end], False)
     try:
-        declared = json.loads(decode(input_ids[body_start:body_end], False))
+        declared = json.loads(text)
     except (ValueError, UnicodeDecodeError):
-        logger.debug("tool_declare block is not JSON; treating the prompt as tool-free")
-        return ()
+        # Kimi-K2.5's own tokenizer code declares tools TypeScript-style (tools_ts_str), not as JSON.
+        return typescript_tools(text)
     return tuple(_tool_specs(declared))
+
+
+TS_FUNCTION = re.compile(r"^type (\w+) = \(_: \{\n(.*?)\n\}\) => any;", re.MULTILINE | re.DOTALL)
+TS_FIELD = re.compile(r"^  (\w+)(\??): ([^\s,]+)", re.MULTILINE)
+TS_TYPES = {"string": "string", "number": "number", "boolean": "boolean"}
+
+
+def typescript_tools(text: str) -> tuple[ToolSpec, ...]:
+    """Tools from a `namespace functions { type NAME = (_: {...}) => any; }` declaration: the names, and each
+    top-level parameter with its scalar type (others become strings), required unless marked `?`."""
+    tools = []
+    for name, body in TS_FUNCTION.findall(text):
+        properties, required = {}, []
+        for field, optional, kind in TS_FIELD.findall(body):
+            properties[field] = {"type": TS_TYPES.get(kind, "string")}
+            if not optional:
+                required.append(field)
+        tools.append(ToolSpec(name, {"type": "object", "properties": properties, "required": required}))
+    return tuple(tools)
 
 
 def _tool_specs(declared: Any) -> Iterator[ToolSpec]:
@@ -246,7 +272,8 @@ def make_plan(digest: int, profile: LengthProfile, tools: Sequence[ToolSpec], ca
         chosen = [rng.choice(tools) for _ in range(count)]
         calls = tuple((t.name, json.dumps(fake_arguments(t.parameters, rng), ensure_ascii=False)) for t in chosen)
     kind = "tool_call" if calls else "answer"
-    return OutputPlan(profile.name, kind, length, max(1, int(length * share)), calls, text_seed)
+    skips_end = bool(calls) and rng.random() < SECTION_ENDS_REASONING_SHARE
+    return OutputPlan(profile.name, kind, length, max(1, int(length * share)), calls, text_seed, skips_end)
 
 
 class OutputBuilder:
@@ -281,10 +308,12 @@ class OutputBuilder:
     def _pieces(self, plan: OutputPlan) -> Iterator[Piece]:
         rng = random.Random(plan.text_seed)
         reasoning = 0
-        for piece in _fill(self.bank.reasoning, plan.reasoning, rng):
-            reasoning += len(piece.ids)
-            yield piece
-        yield Piece((self.vocab.think_end,), "")
+        if self.vocab.think_end is not None:
+            for piece in _fill(self.bank.reasoning, plan.reasoning, rng):
+                reasoning += len(piece.ids)
+                yield piece
+            if not (plan.section_ends_reasoning and plan.kind == "tool_call" and self.vocab.tool is not None):
+                yield Piece((self.vocab.think_end,), "")
         if plan.kind == "clarification":
             yield rng.choice(self.bank.clarification)
         elif plan.kind == "tool_call" and self.vocab.tool is not None:
@@ -400,7 +429,8 @@ class OutputGenerator:
 
 def _decodes_piecewise(bank: TokenBank, vocab: Vocabulary, decode: Decode) -> bool:
     """Whether decode(a + b) == decode(a) + decode(b) here (true for byte-level BPE on whole characters)."""
-    pieces = list(bank.all_pieces()) + [Piece((vocab.think_end,), ""), Piece((vocab.eos,), "")]
+    ends = [Piece((vocab.think_end,), "")] if vocab.think_end is not None else []
+    pieces = list(bank.all_pieces()) + ends + [Piece((vocab.eos,), "")]
     for first, second in zip(pieces, pieces[1:] + pieces[:1], strict=True):
         if decode(first.ids + second.ids, True) != first.text + second.text:
             return False
