@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO / "runner"))
 from tokenmill_runner.config import RunnerConfig  # noqa: E402
 from tokenmill_runner.prepare import prepare  # noqa: E402
 from tokenmill_runner.pretokenize import PromptEncoder, load_tokenizer  # noqa: E402
-from tokenmill_runner.prompts import read_prompts  # noqa: E402
+from tokenmill_runner.sources import read_prompts  # noqa: E402
 from tokenmill_runner.spec import load_spec_file  # noqa: E402
 
 

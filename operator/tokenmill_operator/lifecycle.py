@@ -60,7 +60,9 @@ class Observed:
     job: JobState | None = None
     job_started: datetime | None = None
     progress: ProgressFacts | None = None
-    report: ReportStatus | None = None
+    # The report's status from the previous status, or the one this pass just wrote: remembered, never read
+    # from storage. Once there is one, the run is finished.
+    remembered_report: ReportStatus | None = None
     stall_after_s: float = 900.0
 
 
@@ -128,7 +130,7 @@ def _base_status(observed: Observed, status: _Status, phase: str, message: str) 
     return DatasetGenerationStatus(
         observed_generation=observed.generation, phase=phase, message=message, conditions=status.conditions,
         server_plan=observed.plan or previous.server_plan, progress=overall, datasets=datasets,
-        report=observed.report or previous.report,
+        report=observed.remembered_report or previous.report,
         start_time=previous.start_time or (_iso(observed.job_started) if observed.job_started else None),
         completion_time=previous.completion_time or (_iso(observed.now) if terminal else None),
         last_commit_time=_iso(last_commit) if last_commit else previous.last_commit_time,
@@ -136,7 +138,7 @@ def _base_status(observed: Observed, status: _Status, phase: str, message: str) 
 
 
 def _finished(observed: Observed, status: _Status) -> Decision:
-    report = observed.report
+    report = observed.remembered_report
     assert report is not None
     status.set("Succeeded", "True", "ReportWritten", f"report verdict {report.verdict}: {report.uri}")
     status.set("Failed", "False", "Succeeded")
@@ -244,7 +246,7 @@ def blocked(observed: Observed, reason: str, message: str) -> Decision:
 
 def decide(observed: Observed) -> Decision:
     status = _Status(observed)
-    if observed.report is not None:
+    if observed.remembered_report is not None:
         return _finished(observed, status)
     if observed.plan_error:
         return _failed(observed, status, "PlanFailed", observed.plan_error)

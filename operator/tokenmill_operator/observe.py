@@ -9,8 +9,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+from tokenmill_runner.ledger import effective_failures
 from tokenmill_runner.progress import eta_seconds, format_duration
-from tokenmill_runner.shards import effective_failures
 
 from .lifecycle import ProgressFacts
 from .status import DatasetProgress, Progress

@@ -15,8 +15,8 @@ import yaml
 from tokenmill_runner.spec import load_spec_file
 
 from . import manifests, names
+from .model_files import make_plan
 from .planner import render_plan
-from .reconcile import make_plan
 
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
 

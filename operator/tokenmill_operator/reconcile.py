@@ -16,16 +16,17 @@ from typing import Any
 
 import orjson
 
-from tokenmill_runner.report import write_report
+from tokenmill_runner.ledger import COMMITS
+from tokenmill_runner.report_files import REPORT_DIR, write_report
 from tokenmill_runner.spec import DatasetGenerationSpec
 from tokenmill_runner.storage import Storage, open_storage
 
 from . import manifests, names
-from .gpus import gpu_memory_mib
 from .kube import Kube
 from .lifecycle import Decision, JobState, Observed, ServerState, blocked, decide
+from .model_files import make_plan
 from .observe import parse_time, progress_facts
-from .planner import PlanError, ServerPlan, model_facts, plan_server
+from .planner import PlanError, ServerPlan
 from .status import DatasetGenerationStatus, ReportStatus
 
 logger = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ class MarkerCache:
     by_key: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def markers(self, storage: Storage, dataset: str) -> list[dict[str, Any]]:
-        keys = [k for k in storage.list(f"{dataset}/commits/") if k.endswith(".json")]
+        keys = [k for k in storage.list(f"{dataset}/{COMMITS}/") if k.endswith(".json")]
         for key in keys:
             if key not in self.by_key:
                 self.by_key[key] = orjson.loads(storage.get(key))
@@ -68,29 +69,6 @@ def _credentials(kube: Kube, spec: DatasetGenerationSpec, namespace: str) -> dic
 
 def storage_for(uri: str, spec: DatasetGenerationSpec, credentials: dict[str, str] | None) -> Storage:
     return open_storage(uri, spec.output.endpoint, spec.output.region, credentials)
-
-
-def model_files_location(spec: DatasetGenerationSpec) -> str:
-    """Where config.json is readable by the operator: the model path if on S3, else the tokenizer's."""
-    for location in (spec.model.path, spec.model.tokenizer):
-        if location and (location.startswith("s3://") or os.path.isdir(location)):
-            return location
-    raise PlanError(
-        f"the operator cannot read config.json from {spec.model.path!r}: give spec.model.tokenizer as an s3:// "
-        "prefix holding the tokenizer and config.json (the server can still load weights from the PVC)"
-    )
-
-
-def make_plan(spec: DatasetGenerationSpec, credentials: dict[str, str] | None) -> ServerPlan:
-    storage = storage_for(model_files_location(spec), spec, credentials)
-    config = orjson.loads(storage.get("config.json"))
-    weight_bytes = spec.model.weight_bytes
-    if weight_bytes is None and storage.exists("model.safetensors.index.json"):
-        weight_bytes = orjson.loads(storage.get("model.safetensors.index.json"))["metadata"]["total_size"]
-    if weight_bytes is None:
-        raise PlanError(f"no model.safetensors.index.json at {storage.root_uri}: set spec.model.weightBytes")
-    memory = gpu_memory_mib(spec.server.gpu_product, spec.server.gpu_memory_mib)
-    return plan_server(spec, model_facts(config, weight_bytes), memory)
 
 
 def observe_server(kube: Kube, name: str, namespace: str) -> ServerState | None:
@@ -147,10 +125,11 @@ def observe_progress(storage: Storage, cache: MarkerCache, now: datetime, starte
     return progress_facts(markers, totals, now, started)
 
 
-def report_status(storage: Storage) -> ReportStatus:
+def write_report_status(storage: Storage) -> ReportStatus:
+    """Write the report's files from what is committed, and say where they are and what they found."""
     report, _ = write_report(storage)
     findings = [f["message"] for f in report["findings"] if f["level"] != "pass"]
-    return ReportStatus(uri=storage.uri("report/report.json"), verdict=report["verdict"], findings=findings)
+    return ReportStatus(uri=storage.uri(f"{REPORT_DIR}/report.json"), verdict=report["verdict"], findings=findings)
 
 
 @dataclass
@@ -223,13 +202,13 @@ def reconcile(kube: Kube, context: Context, cache: MarkerCache, settings: Operat
     observed = Observed(
         generation=context.generation, now=now, suspended=spec.suspend, previous=context.previous,
         plan=plan, plan_error=plan_error, server=observe_server(kube, context.name, context.namespace),
-        job=job, job_started=started, report=context.previous.report,
+        job=job, job_started=started, remembered_report=context.previous.report,
         progress=observe_progress(storage, cache, now, started),
         stall_after_s=spec.runner.stall_seconds or settings.stall_after_s,
     )
     decision = decide(observed)
     if decision.write_report:
-        observed = Observed(**{**observed.__dict__, "report": report_status(storage)})
+        observed = Observed(**{**observed.__dict__, "remembered_report": write_report_status(storage)})
         decision = decide(observed)
     _apply(kube, context, decision, plan, settings, job)
     return decision

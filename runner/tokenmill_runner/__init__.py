@@ -1,3 +1,14 @@
-from importlib.metadata import version as _v
+from importlib.metadata import PackageNotFoundError, version
 
-__version__ = _v("tokenmill")
+
+def _version() -> str:
+    # The runner image installs the tokenmill-runner distribution; a development checkout installs tokenmill.
+    for distribution in ("tokenmill-runner", "tokenmill"):
+        try:
+            return version(distribution)
+        except PackageNotFoundError:
+            continue
+    raise PackageNotFoundError("tokenmill-runner")
+
+
+__version__ = _version()

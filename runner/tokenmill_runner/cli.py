@@ -1,4 +1,4 @@
-"""`tokenmill` command line: run, sim-server, report, inspect (and plan, from the operator package)."""
+"""`tokenmill` command line: run, report, inspect (plus plan from the operator, sim-server from the simulator)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from contextlib import ExitStack
 
+from . import builtin_sim
 from .config import API_KEY_ENV, RunnerConfig
 from .pretokenize import offline_transformers
 from .spec import DatasetGeneration, SpecError, load_spec_file
@@ -59,14 +60,6 @@ def _env_int(name: str) -> int | None:
     return int(value) if value else None
 
 
-def _add_sim_parser(commands: argparse._SubParsersAction) -> None:
-    from .simulator import add_arguments
-
-    sim = commands.add_parser("sim-server", help="the SGLang-compatible simulator (/generate, /health, /metrics…)")
-    add_arguments(sim)
-    sim.set_defaults(handler=_cmd_sim_server)
-
-
 def _add_report_parser(commands: argparse._SubParsersAction) -> None:
     report = commands.add_parser("report", help="the validation report of what is committed under URI")
     report.add_argument("uri", help="output folder or s3:// prefix of a run")
@@ -97,7 +90,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-q", "--quiet", action="store_const", const=0, dest="verbose", help="warnings only")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_run_parser(commands)
-    _add_sim_parser(commands)
     _add_report_parser(commands)
     _add_inspect_parser(commands)
     _add_plugin_parsers(commands)
@@ -105,11 +97,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_plugin_parsers(commands: argparse._SubParsersAction) -> None:
-    """Subcommands other installed packages add (the operator adds `plan`); the runner never imports them."""
+    """Subcommands other installed packages add (the operator adds `plan`, the simulator `sim-server`); the runner
+    never imports them."""
     from importlib.metadata import entry_points
 
     for entry in entry_points(group="tokenmill.commands"):
         entry.load()(commands)
+    if "sim-server" not in commands.choices:
+        builtin_sim.add_missing_sim_server(commands)
 
 
 def runner_config(resource: DatasetGeneration, args: argparse.Namespace, servers: list[str]) -> RunnerConfig:
@@ -126,16 +121,15 @@ def runner_config(resource: DatasetGeneration, args: argparse.Namespace, servers
 
 def _start_simulator(resource: DatasetGeneration, args: argparse.Namespace, stack: ExitStack) -> str:
     from .pretokenize import local_model_folder
-    from .simulator import SimConfig, SimServer
 
     model = resource.spec.model
     folder = local_model_folder(model.tokenizer or model.path, args.s3_endpoint or resource.spec.output.endpoint)
-    config = SimConfig(model_path=folder, seed=args.sim_seed, time_scale=args.sim_time_scale,
-                       max_running_requests=args.sim_max_running_requests, trust_remote_code=model.trust_remote_code)
-    server = stack.enter_context(SimServer(config))
+    url = builtin_sim.start(stack, folder, seed=args.sim_seed, time_scale=args.sim_time_scale,
+                            max_running_requests=args.sim_max_running_requests,
+                            trust_remote_code=model.trust_remote_code)
     logger.info("no --server given: started the built-in SGLang simulator at %s (time scale %gx)",
-                server.url, args.sim_time_scale)
-    return server.url
+                url, args.sim_time_scale)
+    return url
 
 
 async def _run_async(config: RunnerConfig) -> int:
@@ -157,7 +151,7 @@ async def _run_async(config: RunnerConfig) -> int:
 
 
 def _print_report(storage) -> None:
-    from .report import write_report
+    from .report_files import write_report
     from .report_markdown import summary
 
     report, written = write_report(storage)
@@ -193,13 +187,6 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     text = inspect_samples(storage, selection, args.dataset, as_json=args.json, keep=args.keep,
                            tokenizer_folder=args.tokenizer, endpoint=args.s3_endpoint)
     print(text)
-    return EXIT_OK
-
-
-def _cmd_sim_server(args: argparse.Namespace) -> int:
-    from .simulator import config_from_args, serve
-
-    serve(config_from_args(args), args.host, args.port)
     return EXIT_OK
 
 

@@ -16,6 +16,8 @@ from typing import Any
 import httpx
 import orjson
 
+from .results import Generation, GenerationFailure, Retry, parse_generation
+
 logger = logging.getLogger(__name__)
 
 RETRYABLE_STATUS = {429, 500, 502, 503, 504}
@@ -26,25 +28,6 @@ LANE_CONNECTIONS = 16
 # SGLang (uvicorn) closes idle keep-alive connections after 5 s; drop them first, or a request sent on a
 # connection the server is closing fails with a ReadError.
 KEEPALIVE_EXPIRY_S = 4.0
-
-
-@dataclass(frozen=True)
-class Generation:
-    output_ids: list[int]
-    prompt_tokens: int
-    completion_tokens: int
-    finish_reason: str  # stop | length
-    matched_stop: int | None
-    latency_s: float
-    attempts: int
-    server: str
-
-
-@dataclass(frozen=True)
-class GenerationFailure:
-    reason: str  # retries_exhausted | server_rejected | output_mismatch
-    message: str
-    attempts: int
 
 
 class ServerFatalError(RuntimeError):
@@ -60,50 +43,6 @@ class RetryPolicy:
     def delay(self, attempt: int, rng: random.Random) -> float:
         # Full jitter: spreads retries of many requests that failed together (a server restart) over time.
         return rng.uniform(0, min(self.max_delay_s, self.base_delay_s * 2 ** (attempt - 1)))
-
-
-class _Retry(Exception):
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-
-def parse_generation(body: Any, server: str, attempts: int) -> Generation | GenerationFailure:
-    """Check one /generate answer; raise _Retry for an abort, return a failure for a malformed answer."""
-    if not isinstance(body, dict) or "meta_info" not in body:
-        return GenerationFailure("bad_response", f"{server}: /generate answered without meta_info", attempts)
-    meta = body["meta_info"]
-    finish = meta.get("finish_reason") or {}
-    kind = finish.get("type")
-    if kind == "abort":
-        raise _Retry(f"{server}: request aborted: {finish.get('message', 'no message')}")
-    output_ids = body.get("output_ids")
-    if output_ids is None:
-        return GenerationFailure(
-            "bad_response",
-            f"{server}: /generate returned no output_ids; SGLang <= v0.4.10 needs --skip-tokenizer-init, "
-            "newer versions return them by default",
-            attempts,
-        )
-    completion = int(meta.get("completion_tokens", -1))
-    if len(output_ids) != completion:
-        return GenerationFailure(
-            "output_mismatch",
-            f"{server}: len(output_ids)={len(output_ids)} but completion_tokens={completion}; SGLang "
-            "v0.5.0-v0.5.4.post2 prepends prompt tokens to output_ids: use v0.5.5 or newer",
-            attempts,
-        )
-    matched = finish.get("matched")
-    return Generation(
-        output_ids=output_ids,
-        prompt_tokens=int(meta.get("prompt_tokens", 0)),
-        completion_tokens=completion,
-        finish_reason=str(kind),
-        matched_stop=matched if isinstance(matched, int) else None,
-        latency_s=float(meta.get("e2e_latency", 0.0)),
-        attempts=attempts,
-        server=server,
-    )
 
 
 def _error_message(response: httpx.Response) -> str:
@@ -165,7 +104,7 @@ class GenerateClient:
             self.outstanding[server] += 1
             try:
                 return await self._attempt(server, body, attempt)
-            except _Retry as retry:
+            except Retry as retry:
                 last_error = retry.message
                 logger.debug("attempt %d failed: %s", attempt, last_error)
             finally:
@@ -187,16 +126,16 @@ class GenerateClient:
         try:
             response = await self._post(f"{server}/generate", body)
         except httpx.TransportError as error:
-            raise _Retry(f"{server}: {type(error).__name__}: {error or 'connection failed'}") from None
+            raise Retry(f"{server}: {type(error).__name__}: {error or 'connection failed'}") from None
         if response.status_code == 200:
             try:
                 payload = orjson.loads(response.content)
             except orjson.JSONDecodeError:
-                raise _Retry(f"{server}: /generate answered 200 with a body that is not JSON") from None
+                raise Retry(f"{server}: /generate answered 200 with a body that is not JSON") from None
             return parse_generation(payload, server, attempt)
         message = _error_message(response)
         if response.status_code in RETRYABLE_STATUS:
-            raise _Retry(f"{server}: HTTP {response.status_code}: {message}")
+            raise Retry(f"{server}: HTTP {response.status_code}: {message}")
         if response.status_code in FATAL_STATUS:
             hint = " (check the server API key)" if response.status_code in (401, 403) else ""
             raise ServerFatalError(f"{server}/generate: HTTP {response.status_code}: {message}{hint}")

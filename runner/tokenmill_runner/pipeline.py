@@ -19,24 +19,21 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
-
-from .client import Generation, GenerateClient
+from .client import GenerateClient
 from .config import RunnerConfig
+from .ledger import CommittedIndex, ShardContent
 from .metrics import RunnerMetrics
-from .pretokenize import PromptEncoder, TokenizerInfo
+from .pretokenize import PromptEncoder
 from .progress import ProgressDisplay, Snapshot, ThroughputMeter
-from .prompts import Prompt, RowError, belongs_to_worker, id_hash, read_prompts, source_format
+from .prompts import Prompt, RowError, belongs_to_worker, id_hash
+from .results import Generation
 from .rows import build_row, failure_record, too_long_record
-from .shards import (
-    CommittedIndex,
-    ShardBuffer,
-    ShardContent,
-    commit_shard,
-    new_run_token,
-    new_shard_id,
-)
+from .shards import ShardBuffer, commit_shard, new_run_token, new_shard_id
+from .sources import read_prompts, source_format
 from .spec import DatasetSpec, SamplingSpec
 from .storage import Storage
+from .summary import DatasetSummary, RunSummary
+from .tokenizer_info import TokenizerInfo
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +54,8 @@ class DatasetState:
     sampling: SamplingSpec
     committed: CommittedIndex
     buffer: ShardBuffer
-    rows: int  # rows of the source this worker is expected to handle
+    # An estimate: the source rows over the workers. Rows go to workers by sample-id hash, so the true share varies.
+    expected_rows: int
     template_kwargs: dict[str, Any] = field(default_factory=dict)  # chat template arguments for this dataset
     sampling_sources: dict[str, Any] = field(default_factory=dict)  # where each sampling value came from
     skipped: int = 0
@@ -77,35 +75,10 @@ class DatasetState:
         return self.skipped + self.generated + sum(self.failed.values())
 
 
-@dataclass(frozen=True)
-class DatasetSummary:
-    name: str
-    rows: int
-    skipped: int
-    generated: int
-    failed: dict[str, int]
-    completion_tokens: int
-    truncated: int
-    median_completion: float | None
-    mean_completion: float | None
-    max_completion: int | None
-
-
-@dataclass(frozen=True)
-class RunSummary:
-    output_uri: str
-    datasets: list[DatasetSummary]
-    elapsed_s: float
-    retries: int
-    interrupted: bool
-    concurrency: int
-    context_length: int
-
-
 def summarize(state: DatasetState) -> DatasetSummary:
     lengths = state.lengths
     return DatasetSummary(
-        name=state.name, rows=state.rows, skipped=state.skipped, generated=state.generated,
+        name=state.name, rows=state.expected_rows, skipped=state.skipped, generated=state.generated,
         failed=dict(state.failed), completion_tokens=state.completion_tokens, truncated=state.truncated,
         median_completion=statistics.median(lengths) if lengths else None,
         mean_completion=statistics.fmean(lengths) if lengths else None,
@@ -324,13 +297,13 @@ class Runner:
 
     def _publish_remaining(self) -> None:
         for state in self.states:
-            self.metrics.set_remaining(state.name, state.rows - state.done)
+            self.metrics.set_remaining(state.name, state.expected_rows - state.done)
 
     def snapshot(self) -> Snapshot:
         now = self.clock()
         samples_per_s, tokens_per_s = self.meter.rates(now, self._started)
         return Snapshot(
-            done=sum(s.done for s in self.states), total=sum(s.rows for s in self.states),
+            done=sum(s.done for s in self.states), total=sum(s.expected_rows for s in self.states),
             failed=sum(sum(s.failed.values()) for s in self.states), samples_per_s=samples_per_s,
             tokens_per_s=tokens_per_s, in_flight=self.in_flight, elapsed_s=now - self._started,
         )

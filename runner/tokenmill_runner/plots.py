@@ -12,7 +12,7 @@ matplotlib.use("Agg")  # no display here or in pods
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from .report import reasoning_and_answer  # noqa: E402
+from .stats import reasoning_and_answer  # noqa: E402
 
 WIDTH_PX, HEIGHT_PX, DPI = 1400, 560, 100
 

@@ -15,20 +15,21 @@ import orjson
 
 from .client import GenerateClient, RetryPolicy, get_json, wait_until_healthy
 from .config import RunnerConfig
+from .ledger import committed_index
 from .metrics import RunnerMetrics
 from .pipeline import DatasetState, Runner
 from .pretokenize import (
     PromptEncoder,
-    TokenizerInfo,
     describe_tokenizer,
     load_tokenizer,
     local_model_folder,
     model_generation_config,
 )
 from .sampling_defaults import apply_model_defaults, model_sampling_defaults
-from .prompts import count_rows, source_format
-from .shards import ShardBuffer, clean_leftovers, committed_index, read_markers
+from .shards import ShardBuffer, clean_leftovers, read_markers
+from .sources import count_rows, source_format
 from .storage import Storage, open_storage
+from .tokenizer_info import TokenizerInfo
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ def prepare_states(config: RunnerConfig, storage: Storage,
             spec=dataset, index=index, sampling=sampling, committed=committed,
             template_kwargs=spec.chat_template_kwargs_for(dataset), sampling_sources=sources,
             buffer=ShardBuffer(spec.runner.shard_max_samples, spec.runner.shard_max_seconds),
-            rows=_worker_rows(totals[dataset.name], config),
+            expected_rows=_worker_rows(totals[dataset.name], config),
         ))
     # Longest expected outputs first, so the run does not end on one long request with an idle GPU.
     states.sort(key=lambda state: -expected_output_tokens(state))

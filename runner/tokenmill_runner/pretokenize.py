@@ -10,12 +10,12 @@ import hashlib
 import json
 import logging
 import os
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from .prompts import Prompt, RowError
 from .storage import open_storage
+from .tokenizer_info import TokenizerInfo
 from .tokenizers_compat import TokenizerError, is_fast, load_folder_tokenizer
 
 __all__ = ["TokenizerError", "TokenizerInfo", "PromptEncoder", "describe_tokenizer", "load_tokenizer",
@@ -32,25 +32,6 @@ MAX_TOKENIZER_FILE_BYTES = 64 * 1024 * 1024
 # may leave reasoning by opening the tool-call section without </think>; SGLang's kimi_k2 reasoning parser treats
 # that token as an end (v0.5.23 parser/reasoning_parser.py: KimiK2Detector, tool_start_token).
 REASONING_END_ALTERNATIVES = {"</think>": ("<|tool_calls_section_begin|>",)}
-
-
-@dataclass(frozen=True)
-class TokenizerInfo:
-    """What the rest of tokenmill needs to know about the tokenizer, recorded in the run's metadata."""
-
-    location: str
-    vocab_size: int
-    eos_token_ids: list[int]
-    eos_tokens: dict[str, str]  # id (as a JSON key) -> token text, so reports can name the stop tokens
-    reasoning_end_token: str | None  # the first of reasoning_end_tokens (older readers use these two)
-    reasoning_end_id: int | None
-    reasoning_end_tokens: dict[str, str]  # id (as a JSON key) -> token text, every token that ends reasoning
-    tool_call_token: str | None
-    tool_call_id: int | None
-    model_context_length: int | None
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def cache_root() -> Path:

@@ -1,24 +1,18 @@
-"""Prompt rows: streamed from JSONL or Parquet (local or S3), validated one by one.
+"""Prompt rows validated one by one: a parsed row becomes a Prompt, or a RowError naming its line. Pure.
 
 A row is `{"sample_id": ..., "messages": [{role, content, tool_calls?}], "tools": [...]?}`. A bad row becomes a
-`RowError` naming its line and what to fix; it never stops the stream.
+`RowError` naming its line and what to fix; it never stops the stream. Reading the rows is `sources.py`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
-import tempfile
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from .storage import open_storage, split_uri
-
 ROLES = ("system", "user", "assistant", "tool")
-PARQUET_BATCH_ROWS = 1024
 
 
 @dataclass(frozen=True)
@@ -39,66 +33,6 @@ class RowError:
     def as_record(self, dataset: str) -> dict[str, Any]:
         return {"dataset": dataset, "line": self.line, "sample_id": self.sample_id,
                 "reason": self.reason, "message": self.message}
-
-
-def source_format(source: str, declared: str = "auto") -> str:
-    if declared != "auto":
-        return declared
-    return "parquet" if source.rstrip("/").lower().endswith(".parquet") else "jsonl"
-
-
-def _open_source(source: str, endpoint: str | None) -> io.BufferedIOBase:
-    parent, name = split_uri(source)
-    return open_storage(parent, endpoint).open_read(name)
-
-
-def read_jsonl(source: str, endpoint: str | None = None, limit: int | None = None) -> Iterator[tuple[int, bytes]]:
-    """(line number, raw line) for each non-blank line, streamed; at most `limit` rows."""
-    rows = 0
-    with _open_source(source, endpoint) as handle:
-        for number, raw in enumerate(handle, start=1):
-            if not raw.strip():
-                continue
-            if limit is not None and rows >= limit:
-                return
-            rows += 1
-            yield number, raw
-
-
-def read_parquet(source: str, endpoint: str | None = None, limit: int | None = None) -> Iterator[tuple[int, Any]]:
-    """(row number, row dict) streamed in record batches; S3 objects are spooled to a temporary file first
-    because Parquet needs random access to its footer."""
-    import pyarrow.parquet as pq
-
-    with tempfile.TemporaryFile() as spool:
-        if source.startswith("s3://"):
-            with _open_source(source, endpoint) as body:
-                while chunk := body.read(8 * 1024 * 1024):
-                    spool.write(chunk)
-            spool.seek(0)
-            parquet = pq.ParquetFile(spool)
-        else:
-            parquet = pq.ParquetFile(source.removeprefix("file://"))
-        number = 0
-        for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS):
-            for row in batch.to_pylist():
-                if limit is not None and number >= limit:
-                    return
-                number += 1
-                yield number, row
-
-
-def count_rows(source: str, fmt: str, endpoint: str | None = None, limit: int | None = None) -> int:
-    """Rows the source will yield, for progress and ETA (a streaming pass; Parquet reads only its footer)."""
-    if fmt == "parquet" and not source.startswith("s3://"):
-        import pyarrow.parquet as pq
-
-        rows = pq.ParquetFile(source.removeprefix("file://")).metadata.num_rows
-    elif fmt == "parquet":
-        rows = sum(1 for _ in read_parquet(source, endpoint, limit))
-    else:
-        rows = sum(1 for _ in read_jsonl(source, endpoint, limit))
-    return rows if limit is None else min(rows, limit)
 
 
 def parse_line(line: int, raw: bytes | dict[str, Any]) -> Prompt | RowError:
@@ -185,12 +119,3 @@ def belongs_to_worker(item: Prompt | RowError, index: int, count: int) -> bool:
         return True
     key = id_hash(item.sample_id) if item.sample_id is not None else item.line
     return key % count == index
-
-
-def read_prompts(source: str, fmt: str, endpoint: str | None = None,
-                 limit: int | None = None) -> Iterator[Prompt | RowError]:
-    rows: Iterable[tuple[int, Any]] = (
-        read_parquet(source, endpoint, limit) if fmt == "parquet" else read_jsonl(source, endpoint, limit)
-    )
-    for line, raw in rows:
-        yield parse_line(line, raw)

@@ -1,6 +1,6 @@
 """The validation report: what was generated, in tokens, per dataset, computed from the commit markers.
 
-`build_report` is pure (ledger in, report dict out); `load_ledger` and `write_report` are the storage edges.
+Pure: a ledger in, a report dict out. Reading the markers and writing the files is `report_files.py`.
 The report's JSON schema is `tokenmill.report/v1` (documented in docs/report.md); bump it on breaking changes.
 """
 
@@ -13,16 +13,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import orjson
-
-from .shards import effective_failures, read_markers
-from .stats import distribution, length_shares, order_drift
-from .storage import Storage
+from .ledger import effective_failures
+from .stats import distribution, length_shares, order_drift, reasoning_and_answer
 
 logger = logging.getLogger(__name__)
 
 SCHEMA = "tokenmill.report/v1"
-REPORT_DIR = "report"
 LEVELS = ("pass", "warn", "fail")
 DRIFT_FIRST_N = 100
 # Reasoning "absent from (almost) every sample": below this share the run is broken, not just thin.
@@ -72,32 +68,8 @@ class Thresholds:
         )
 
 
-def load_ledger(storage: Storage) -> Ledger:
-    run = orjson.loads(storage.get("run.json")) if storage.exists("run.json") else {}
-    names = [d["name"] for d in (run.get("spec") or {}).get("datasets", [])]
-    extra = sorted({key.split("/", 1)[0] for key in storage.list("") if "/commits/" in key} - set(names))
-    datasets = []
-    for name in names + extra:
-        ledger = DatasetLedger(name)
-        ledger.add_markers(read_markers(storage, name))
-        datasets.append(ledger)
-    return Ledger(storage.root_uri, run, datasets)
-
-
 def _share(part: int, whole: int) -> float | None:
     return part / whole if whole else None
-
-
-def reasoning_and_answer(s: dict[str, list[Any]]) -> tuple[list[int], list[int]]:
-    """Per sample with the end-of-reasoning token: tokens before it, and tokens after it without the stop token
-    that closes the output."""
-    reasoning, answer = [], []
-    for end, done, finish, matched in zip(s["reasoning_end"], s["completion_tokens"], s["finish_reason"],
-                                          s["matched_stop"], strict=True):
-        if end is not None:
-            reasoning.append(end)
-            answer.append(done - end - 1 - (finish == "stop" and matched is not None))
-    return reasoning, answer
 
 
 def _end_token_counts(s: dict[str, list[Any]], names: dict[str, str]) -> dict[str, int]:
@@ -280,21 +252,3 @@ def build_report(ledger: Ledger, now: datetime | None = None) -> dict[str, Any]:
                     "order_drift": None},
         "datasets": datasets,
     }
-
-
-def write_report(storage: Storage) -> tuple[dict[str, Any], list[str]]:
-    """Compute the report from the commit markers and write report.json, report.md and one PNG per dataset."""
-    from .plots import dataset_png
-    from .report_markdown import render
-
-    ledger = load_ledger(storage)
-    report = build_report(ledger)
-    images = []
-    for dataset in ledger.datasets:
-        caps = report["datasets"][dataset.name]["truncated"]["caps"]
-        storage.put(f"{REPORT_DIR}/{dataset.name}.png", dataset_png(dataset.name, dataset.samples, caps))
-        images.append(f"{dataset.name}.png")
-    storage.put(f"{REPORT_DIR}/report.json", orjson.dumps(report, option=orjson.OPT_INDENT_2))
-    storage.put(f"{REPORT_DIR}/report.md", render(report, images).encode())
-    written = [storage.uri(f"{REPORT_DIR}/{name}") for name in ("report.json", "report.md", *images)]
-    return report, written

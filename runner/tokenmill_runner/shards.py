@@ -1,4 +1,4 @@
-"""Shards, commit markers and the ledger of what is committed.
+"""Shards and commit markers in storage: encode, commit, list, read, clean up (the ledger's logic is `ledger.py`).
 
 Layout under the output root, per dataset:
     <dataset>/shards/<shard_id>.parquet   rows (zstd Parquet)
@@ -15,23 +15,19 @@ from __future__ import annotations
 import io
 import logging
 import secrets
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .prompts import id_hash
+from .ledger import COMMITS, ERRORS, SHARDS, ShardContent, build_marker
 from .storage import TMP_MARK, Storage
 
 logger = logging.getLogger(__name__)
-
-MARKER_VERSION = 1
-COMMITS, SHARDS, ERRORS = "commits", "shards", "errors"
 
 ROW_SCHEMA = pa.schema([
     ("sample_id", pa.string()),
@@ -51,11 +47,6 @@ ROW_SCHEMA = pa.schema([
     ("attempts", pa.int16()),
 ])
 
-# Per-sample columns copied into the commit marker (everything but the token ids).
-MARKER_COLUMNS = ("sample_id", "line", "prompt_tokens", "completion_tokens", "finish_reason", "matched_stop",
-                  "reasoning_end", "reasoning_end_token_id", "has_tool_call", "max_new_tokens", "latency_s")
-ERROR_COLUMNS = ("line", "sample_id", "reason")
-
 
 def new_shard_id(worker: int, sequence: int, run_token: str) -> str:
     # The worker prefix lets each worker clean up only its own leftovers; the run token keeps a restarted
@@ -65,12 +56,6 @@ def new_shard_id(worker: int, sequence: int, run_token: str) -> str:
 
 def new_run_token() -> str:
     return secrets.token_hex(4)
-
-
-@dataclass
-class ShardContent:
-    rows: list[dict[str, Any]]
-    errors: list[dict[str, Any]]
 
 
 @dataclass
@@ -124,22 +109,6 @@ def encode_errors(errors: list[dict[str, Any]]) -> bytes:
     return b"".join(orjson.dumps(record) + b"\n" for record in errors)
 
 
-def build_marker(dataset: str, shard_id: str, worker: int, content: ShardContent,
-                 data_bytes: int) -> dict[str, Any]:
-    return {
-        "version": MARKER_VERSION,
-        "dataset": dataset,
-        "shard_id": shard_id,
-        "worker": worker,
-        "committed_at": datetime.now(UTC).isoformat(),
-        "data": f"{SHARDS}/{shard_id}.parquet" if content.rows else None,
-        "data_bytes": data_bytes,
-        "errors": f"{ERRORS}/{shard_id}.jsonl" if content.errors else None,
-        "samples": {name: [row.get(name) for row in content.rows] for name in MARKER_COLUMNS},
-        "failed": {name: [error[name] for error in content.errors] for name in ERROR_COLUMNS},
-    }
-
-
 def commit_shard(storage: Storage, dataset: str, shard_id: str, worker: int, content: ShardContent) -> dict[str, Any]:
     """Write data, then errors, then the marker. A crash before the marker leaves only ignorable leftovers."""
     data_bytes = 0
@@ -165,55 +134,6 @@ def read_markers(storage: Storage, dataset: str, threads: int = 16) -> list[dict
         markers = list(pool.map(lambda key: orjson.loads(storage.get(key)), keys))
     markers.sort(key=lambda marker: (marker["committed_at"], marker["shard_id"]))
     return markers
-
-
-# Failures a later attempt can fix (the server was down or misbehaved); `--retry-failed` runs these lines again.
-RETRYABLE_REASONS = frozenset({"retries_exhausted", "bad_response"})
-
-
-def effective_failures(markers: Iterable[dict[str, Any]]) -> dict[int, str]:
-    """{source line: reason} of samples whose final outcome is a failure: a later error of the same line replaces
-    an earlier one, and a row for the line (a successful retry) clears it."""
-    failed: dict[int, str] = {}
-    generated: set[int] = set()
-    for marker in markers:
-        failed.update(zip(marker["failed"]["line"], marker["failed"]["reason"], strict=True))
-        generated.update(marker["samples"]["line"])
-    return {line: reason for line, reason in failed.items() if line not in generated}
-
-
-@dataclass
-class CommittedIndex:
-    """What is already committed for one dataset: ids with a row, and source lines whose last outcome failed."""
-
-    ids: set[int] = field(default_factory=set)
-    rows: int = 0
-    completion_tokens: int = 0
-    failed: dict[int, str] = field(default_factory=dict)  # effective failures: {line: reason}
-
-    def add_markers(self, markers: list[dict[str, Any]]) -> None:
-        for marker in markers:
-            samples = marker["samples"]
-            self.ids.update(id_hash(sample_id) for sample_id in samples["sample_id"])
-            self.rows += len(samples["sample_id"])
-            self.completion_tokens += sum(samples["completion_tokens"])
-        self.failed = effective_failures(markers)
-
-    @property
-    def errors(self) -> int:
-        return len(self.failed)
-
-    def is_done(self, line: int, sample_id: str | None, retry_failed: bool = False) -> bool:
-        if sample_id is not None and id_hash(sample_id) in self.ids:
-            return True
-        reason = self.failed.get(line)
-        return reason is not None and not (retry_failed and reason in RETRYABLE_REASONS)
-
-
-def committed_index(markers: Iterable[dict[str, Any]]) -> CommittedIndex:
-    index = CommittedIndex()
-    index.add_markers(list(markers))
-    return index
 
 
 def leftovers(storage: Storage, dataset: str, worker: int | None = None) -> Iterator[str]:

@@ -1,4 +1,5 @@
-"""Statistics for reports: distributions (not means), threshold shares, and an order-drift test. Pure."""
+"""Statistics for reports: distributions (not means), threshold shares, an order-drift test, and each sample's
+reasoning and answer lengths. Pure."""
 
 from __future__ import annotations
 
@@ -116,3 +117,15 @@ def order_drift(values_in_commit_order: Sequence[float], first_n: int = 100,
         rest_n=len(rest), rest_mean=float(np.mean(rest)), rest_median=float(np.median(rest)),
         z=z, p_value=p, significant=p < alpha,
     )
+
+
+def reasoning_and_answer(s: dict[str, list[Any]]) -> tuple[list[int], list[int]]:
+    """Per sample with the end-of-reasoning token: tokens before it, and tokens after it without the stop token
+    that closes the output."""
+    reasoning, answer = [], []
+    for end, done, finish, matched in zip(s["reasoning_end"], s["completion_tokens"], s["finish_reason"],
+                                          s["matched_stop"], strict=True):
+        if end is not None:
+            reasoning.append(end)
+            answer.append(done - end - 1 - (finish == "stop" and matched is not None))
+    return reasoning, answer

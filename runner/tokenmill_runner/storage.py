@@ -19,6 +19,9 @@ logger = logging.getLogger(__name__)
 
 MULTIPART_THRESHOLD = 64 * 1024 * 1024
 TMP_MARK = ".tmp-"
+# Error codes that mean "no such object". A HEAD answer has no body, so botocore reports the HTTP status ("404")
+# as the code; some S3-compatible stores name it.
+MISSING_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
 
 
 class StorageError(RuntimeError):
@@ -32,7 +35,7 @@ class Storage(Protocol):
     def get(self, key: str) -> bytes: ...
     def list(self, prefix: str = "") -> Iterator[str]: ...
     def delete(self, key: str) -> None: ...
-    def exists(self, key: str) -> bool: ...
+    def exists(self, key: str) -> bool: ...  # False only for a missing object; raises when it cannot tell
     def open_read(self, key: str) -> IO[bytes]: ...
     def uri(self, key: str) -> str: ...
 
@@ -154,14 +157,33 @@ class S3Storage:
         self._client.delete_object(Bucket=self.location.bucket, Key=self._key(key))
 
     def exists(self, key: str) -> bool:
+        """Whether the object is there. Only "not found" answers no: any other failure (an unreachable endpoint,
+        denied access, a missing bucket) raises StorageError, so a store that cannot be read never looks empty."""
         try:
             self._client.head_object(Bucket=self.location.bucket, Key=self._key(key))
-        except Exception:
-            return False
-        return True
+            return True
+        except Exception as error:  # botocore raises many unrelated types
+            if not _is_missing(error):
+                raise StorageError(f"cannot tell whether {self.uri(key)} exists: {error}") from error
+        self._check_bucket()
+        return False
+
+    def _check_bucket(self) -> None:
+        # An object HEAD in a bucket that does not exist is a bare 404 as well: ask the bucket before saying no.
+        try:
+            self._client.head_bucket(Bucket=self.location.bucket)
+        except Exception as error:
+            if _is_missing(error):
+                raise StorageError(f"bucket {self.location.bucket!r} of {self.root_uri} does not exist") from error
+            raise StorageError(f"cannot read bucket {self.location.bucket!r} of {self.root_uri}: {error}") from error
 
     def uri(self, key: str) -> str:
         return f"s3://{self.location.bucket}/{self._key(key)}"
+
+
+def _is_missing(error: Exception) -> bool:
+    response = getattr(error, "response", None)  # botocore's ClientError carries the parsed answer
+    return isinstance(response, dict) and str((response.get("Error") or {}).get("Code")) in MISSING_CODES
 
 
 def s3_client(endpoint: str | None = None, region: str | None = None,

@@ -1,10 +1,34 @@
-"""The closing summary of a run, per dataset."""
+"""The closing summary of a run, per dataset: what the pipeline reports when it ends, and its lines. Pure."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
-from .pipeline import RunSummary
+
+@dataclass(frozen=True)
+class DatasetSummary:
+    name: str
+    rows: int
+    skipped: int
+    generated: int
+    failed: dict[str, int]
+    completion_tokens: int
+    truncated: int
+    median_completion: float | None
+    mean_completion: float | None
+    max_completion: int | None
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    output_uri: str
+    datasets: list[DatasetSummary]
+    elapsed_s: float
+    retries: int
+    interrupted: bool
+    concurrency: int
+    context_length: int
 
 
 def iter_summary_lines(summary: RunSummary) -> Iterator[str]:

@@ -13,6 +13,11 @@ from .tools import CHART, REPO
 
 DOCKER = REPO / "docker"
 IMAGES = {"operator": ("tokenmill-operator", {"8080", "8081"}), "runner": ("tokenmill", {"9400"})}
+# What each image's build context holds and installs: its role's distribution (and the runner's, which the operator
+# imports), never the simulator (runner/sim/) or the development distribution at the root.
+CONTEXT = {"operator": ["!runner/pyproject.toml", "!runner/tokenmill_runner/", "!operator/"],
+           "runner": ["!runner/pyproject.toml", "!runner/tokenmill_runner/"]}
+INSTALLED = {"operator": "./runner ./operator", "runner": "./runner"}
 
 
 def _instructions(name: str) -> list[tuple[str, str]]:
@@ -43,22 +48,27 @@ def test_dockerfile(name: str) -> None:
     assert manifests.RUNNER_UID == 10001
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["podSecurityContext"]["runAsUser"] == 10001
-    # The entrypoint is the console script of pyproject.toml.
+    # The entrypoint is the console script of pyproject.toml, and of the role's own distribution.
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
     assert entrypoint in scripts
+    role_scripts = tomllib.loads((REPO / name / "pyproject.toml").read_text())["project"]["scripts"]
+    assert entrypoint in role_scripts
     (ep,) = [v for k, v in steps if k == "ENTRYPOINT"]
     assert ep == f'["{entrypoint}"]'
     exposed = {p for k, v in steps if k == "EXPOSE" for p in v.split()}
     assert exposed == ports
     # Small: wheels only, no pip cache, and the final stage copies just the virtual environment.
     assert any(k == "RUN" and "--only-binary=:all:" in v for k, v in steps)
+    assert any(k == "RUN" and f"pip install --only-binary=:all: {INSTALLED[name]} " in v for k, v in steps)
     assert "PIP_NO_CACHE_DIR=1" in " ".join(v for k, v in steps if k == "ENV")
     final = steps[[i for i, (k, _) in enumerate(steps) if k == "FROM"][-1]:]
     assert [v for k, v in final if k == "COPY"] == ["--from=build /opt/tokenmill /opt/tokenmill"]
     # Everything written goes to /tmp (the read-only root filesystem).
     assert "HOME=/tmp" in " ".join(v for k, v in final if k == "ENV")
-    ignore = (DOCKER / f"Dockerfile.{name}.dockerignore").read_text().split()
-    assert ignore[ignore.index("*") + 1:][:4] == ["!pyproject.toml", "!README.md", "!runner/", "!operator/"]
+    ignore = [line for line in (DOCKER / f"Dockerfile.{name}.dockerignore").read_text().splitlines()
+              if line and not line.startswith("#")]
+    allowed = [line for line in ignore[ignore.index("*") + 1:] if line.startswith("!")]
+    assert allowed == CONTEXT[name]
 
 
 def test_ports_match_the_chart_and_the_operator() -> None:

@@ -225,7 +225,8 @@ def expected_ids() -> set[str]:
 
 
 def simulator_for(cluster: Cluster, namespace: str):
-    from tokenmill_runner.simulator import SimConfig, SimServer
+    from tokenmill_sim.config import SimConfig
+    from tokenmill_sim.server import SimServer
 
     secret = cluster.core.read_namespaced_secret(f"{NAME}-server-key", namespace)
     return SimServer(SimConfig(model_path=str(REPO / "examples" / "demo-model"), api_key=_b64(secret.data["api-key"]),

@@ -11,7 +11,8 @@ import pytest
 
 @pytest.fixture
 def simulator(demo_model: Path) -> Iterator[Any]:
-    from tokenmill_runner.simulator import SimConfig, SimServer
+    from tokenmill_sim.config import SimConfig
+    from tokenmill_sim.server import SimServer
 
     with SimServer(SimConfig(model_path=str(demo_model), time_scale=2000.0, max_running_requests=64)) as server:
         yield server

@@ -12,7 +12,8 @@ import pytest
 
 from tests.reference.families import FIXTURES, PROMPTS, VARIANTS, Variant
 from tokenmill_runner.cli import main
-from tokenmill_runner.report import load_ledger, build_report
+from tokenmill_runner.report import build_report
+from tokenmill_runner.report_files import load_ledger
 from tokenmill_runner.shards import read_committed_rows, read_markers
 from tokenmill_runner.storage import open_storage
 

@@ -15,11 +15,11 @@ from typing import Any
 import orjson
 
 from tokenmill_runner.config import RunnerConfig
-from tokenmill_runner.pipeline import RunSummary
 from tokenmill_runner.prepare import prepare
 from tokenmill_runner.shards import leftovers, read_committed_rows, read_markers
 from tokenmill_runner.spec import load_spec_file
 from tokenmill_runner.storage import Storage, open_storage, s3_client
+from tokenmill_runner.summary import RunSummary
 
 from .workloads import chat, spec_document, tool_chat, write_jsonl, write_spec
 
@@ -169,7 +169,8 @@ def test_malformed_lines_are_recorded_and_good_lines_generated(tmp_path, simulat
 
 
 def test_faults_are_retried_until_every_sample_is_present(tmp_path, demo_model):
-    from tokenmill_runner.simulator import SimConfig, SimServer
+    from tokenmill_sim.config import SimConfig
+    from tokenmill_sim.server import SimServer
 
     write_jsonl(tmp_path / "chat.jsonl", [chat(i) for i in range(60)])
     spec = write_spec(tmp_path / "spec.yaml", spec_document(demo_model, [{"name": "chat", "source": "chat.jsonl"}],
@@ -184,8 +185,10 @@ def test_faults_are_retried_until_every_sample_is_present(tmp_path, demo_model):
 
 
 def test_after_an_outage_retry_failed_generates_what_ran_out_of_retries(tmp_path, demo_model):
-    from tokenmill_runner.report import build_report, load_ledger
-    from tokenmill_runner.simulator import SimConfig, SimServer
+    from tokenmill_runner.report import build_report
+    from tokenmill_runner.report_files import load_ledger
+    from tokenmill_sim.config import SimConfig
+    from tokenmill_sim.server import SimServer
 
     write_jsonl(tmp_path / "p.jsonl", [chat(i) for i in range(20)] + [b"{broken"])
     spec = load_spec_file(write_spec(tmp_path / "spec.yaml", spec_document(
@@ -214,7 +217,8 @@ def test_after_an_outage_retry_failed_generates_what_ran_out_of_retries(tmp_path
 
 
 def test_runner_metrics_count_what_happened(tmp_path, demo_model):
-    from tokenmill_runner.simulator import SimConfig, SimServer
+    from tokenmill_sim.config import SimConfig
+    from tokenmill_sim.server import SimServer
 
     rows, expected_errors, good = malformed_rows()
     write_jsonl(tmp_path / "p.jsonl", rows)
@@ -243,7 +247,8 @@ def test_runner_metrics_count_what_happened(tmp_path, demo_model):
 
 
 def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path, demo_model):
-    from tokenmill_runner.simulator import SimConfig, SimServer
+    from tokenmill_sim.config import SimConfig
+    from tokenmill_sim.server import SimServer
 
     rows, expected_errors, good = malformed_rows()
     rows += [chat(i) for i in range(100, 260)]

@@ -13,7 +13,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tokenmill_runner.simulator import SimConfig, SimServer
+from tokenmill_sim.config import SimConfig
+from tokenmill_sim.server import SimServer
 
 META_KEYS = {"id", "finish_reason", "prompt_tokens", "weight_version", "num_retractions", "reasoning_tokens",
              "completion_tokens", "cached_tokens", "e2e_latency"}

@@ -2,7 +2,8 @@ import random
 
 import pytest
 
-from tokenmill_runner.client import Generation, GenerationFailure, RetryPolicy, _Retry, parse_generation
+from tokenmill_runner.client import RetryPolicy
+from tokenmill_runner.results import Generation, GenerationFailure, Retry, parse_generation
 
 
 def body(output_ids, completion, finish):
@@ -28,7 +29,7 @@ def test_prompt_tokens_prepended_by_old_sglang_is_caught():
 
 
 def test_abort_is_retried():
-    with pytest.raises(_Retry, match="aborted"):
+    with pytest.raises(Retry, match="aborted"):
         parse_generation(body([], 0, {"type": "abort", "message": "retracted"}), "s", 1)
 
 

@@ -92,13 +92,13 @@ def test_everything_committed_and_job_complete_writes_the_report_and_releases_gp
 def test_report_means_succeeded_once():
     report = ReportStatus(uri="s3://b/run/report/report.json", verdict="warn", findings=["B1: truncated 6%"])
     decision = decide(observed(job=JobState(succeeded=4, complete=True), progress=progress(98, 2, 100),
-                               report=report))
+                               remembered_report=report))
     assert decision.status.phase == "Succeeded" and decision.delete_server
     assert conditions(decision)["Succeeded"] == ("True", "ReportWritten")
     assert conditions(decision)["Ready"] == ("True", "Succeeded")
     assert decision.status.report.verdict == "warn" and decision.status.completion_time
     assert [e.reason for e in decision.events] == ["Succeeded"]
-    again = decide(observed(report=report, previous=decision.status))
+    again = decide(observed(remembered_report=report, previous=decision.status))
     assert again.events == []
 
 
@@ -167,7 +167,7 @@ def test_operator_metrics_follow_the_status_and_vanish_on_delete():
     from tokenmill_operator.status import DatasetProgress
 
     report = ReportStatus(uri="s3://b/r/report/report.json", verdict="pass")
-    decision = decide(observed(report=report, progress=ProgressFacts(
+    decision = decide(observed(remembered_report=report, progress=ProgressFacts(
         overall=Progress(completed=90, failed=10, total=100, generated_tokens=5000, truncated=9),
         datasets=[DatasetProgress(name="B1", completed=90, failed=10, total=100, truncated=9)], last_commit_time=T0)))
     validation = {"max_truncated_fraction": "0.05", "max_error_fraction": "0.01"}

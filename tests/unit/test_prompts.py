@@ -3,7 +3,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tokenmill_runner.prompts import Prompt, RowError, belongs_to_worker, count_rows, parse_line, read_prompts
+from tokenmill_runner.prompts import Prompt, RowError, belongs_to_worker, parse_line
+from tokenmill_runner.sources import count_rows, read_prompts
 
 
 def line(obj) -> bytes:

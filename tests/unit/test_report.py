@@ -9,8 +9,10 @@ import struct
 import orjson
 import pytest
 
-from tokenmill_runner.report import build_report, load_ledger, write_report
-from tokenmill_runner.shards import ShardContent, commit_shard, read_committed_rows
+from tokenmill_runner.ledger import ShardContent
+from tokenmill_runner.report import build_report
+from tokenmill_runner.report_files import load_ledger, write_report
+from tokenmill_runner.shards import commit_shard, read_committed_rows
 from tokenmill_runner.stats import mann_whitney
 from tokenmill_runner.storage import LocalStorage
 

@@ -1,13 +1,5 @@
-from tokenmill_runner.shards import (
-    ShardBuffer,
-    ShardContent,
-    commit_shard,
-    committed_index,
-    decode_rows,
-    leftovers,
-    read_committed_rows,
-    read_markers,
-)
+from tokenmill_runner.ledger import ShardContent, committed_index
+from tokenmill_runner.shards import ShardBuffer, commit_shard, decode_rows, leftovers, read_committed_rows, read_markers
 from tokenmill_runner.storage import LocalStorage
 
 
@@ -73,7 +65,7 @@ def test_uncommitted_files_are_leftovers_of_their_worker_only(tmp_path):
 
 
 def test_a_retried_line_counts_once_by_its_last_outcome(tmp_path):
-    from tokenmill_runner.shards import committed_index, effective_failures
+    from tokenmill_runner.ledger import committed_index, effective_failures
 
     storage = LocalStorage(tmp_path)
     outage = [{"dataset": "d", "line": n, "sample_id": f"s{n - 1}", "reason": "retries_exhausted",

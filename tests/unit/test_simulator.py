@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from tokenmill_runner.simulator import SimConfig, add_arguments, config_from_args
-from tokenmill_runner.simulator.capacity import CapacityModel, CapacityParams, Job
-from tokenmill_runner.simulator.model import LoadedModel, load_model
-from tokenmill_runner.simulator.profiles import (AUTO, CLARIFICATION_SHARE, PROFILES, SWE_PROMPT_TOKENS,
-                                                 choose_profile)
-from tokenmill_runner.simulator.protocol import ApiError, parse_generate
-from tokenmill_runner.simulator.tokens import OutputGenerator, SamplingParams, declared_tools, prompt_digest
+from tokenmill_sim.capacity import CapacityModel, CapacityParams, Job
+from tokenmill_sim.config import SimConfig, add_arguments, config_from_args
+from tokenmill_sim.loader import load_model
+from tokenmill_sim.model import LoadedModel
+from tokenmill_sim.profiles import AUTO, CLARIFICATION_SHARE, PROFILES, SWE_PROMPT_TOKENS, choose_profile
+from tokenmill_sim.protocol import ApiError, parse_generate
+from tokenmill_sim.tokens import OutputGenerator, SamplingParams, declared_tools, prompt_digest
 
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather for a city",
@@ -479,7 +479,7 @@ def test_bad_settings_are_refused() -> None:
 def test_typescript_tool_declarations_are_read_like_json_ones() -> None:
     # Kimi-K2.5's tokenizer code declares tools TypeScript-style (tests/fixtures/tokenizers/kimi-k2.5/
     # tool_declaration_ts.py); the simulator must still see which tools a prompt offers.
-    from tokenmill_runner.simulator.tokens import typescript_tools
+    from tokenmill_sim.tokens import typescript_tools
 
     text = ("# Tools\n\n## functions\nnamespace functions {\n// Get the weather.\ntype get_weather = (_: {\n"
             "  // City\n  location: string,\n  days?: number,\n  unit?: \"c\" | \"f\"\n}) => any;\n}\n")

@@ -104,9 +104,10 @@ def test_auto_concurrency_fills_the_servers_and_keeps_a_queue():
 
 
 def test_datasets_run_longest_expected_first():
+    from tokenmill_runner.ledger import CommittedIndex
     from tokenmill_runner.pipeline import DatasetState
     from tokenmill_runner.prepare import expected_output_tokens
-    from tokenmill_runner.shards import CommittedIndex, ShardBuffer
+    from tokenmill_runner.shards import ShardBuffer
 
     spec = parse_document(doc()).spec
 
@@ -114,7 +115,7 @@ def test_datasets_run_longest_expected_first():
         dataset = spec.datasets[index]
         committed = CommittedIndex(rows=rows, completion_tokens=tokens)
         return DatasetState(spec=dataset, index=index, sampling=spec.sampling_for(dataset), committed=committed,
-                            buffer=ShardBuffer(1, 1), rows=10)
+                            buffer=ShardBuffer(1, 1), expected_rows=10)
 
     assert expected_output_tokens(state(0)) == 0.15 * 32768  # nothing seen yet: a share of the cap
     assert expected_output_tokens(state(1)) == 0.15 * 1000

@@ -24,8 +24,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from .capacity import CapacityModel, CapacityParams, Job
 from .config import SimConfig
 from .engine import Engine, QueueFull, SimClock
+from .loader import load_model
 from .metrics import SchedulerSnapshot, SimMetrics
-from .model import LoadedModel, load_model
+from .model import LoadedModel
 from .protocol import (ApiError, GenerateItem, GenerateRequest, abort_error, bad_request, parse_generate,
                        reasoning_token_count, response_item)
 from .tokens import Finished, OutputGenerator

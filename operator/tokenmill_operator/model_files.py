@@ -1,0 +1,40 @@
+"""The model's files as the planner needs them: config.json and the weight size, read from an S3 prefix or a local
+folder, then handed to the pure planner. A storage edge with no Kubernetes client, so `tokenmill plan` needs no
+cluster libraries and the reconcile pass reuses the same reading."""
+
+from __future__ import annotations
+
+import os
+
+import orjson
+
+from tokenmill_runner.spec import DatasetGenerationSpec
+from tokenmill_runner.storage import open_storage
+
+from .gpus import gpu_memory_mib
+from .planner import PlanError, ServerPlan, model_facts, plan_server
+
+
+def model_files_location(spec: DatasetGenerationSpec) -> str:
+    """Where config.json is readable by the operator: the model path if on S3, else the tokenizer's."""
+    for location in (spec.model.path, spec.model.tokenizer):
+        if location and (location.startswith("s3://") or os.path.isdir(location)):
+            return location
+    raise PlanError(
+        f"the operator cannot read config.json from {spec.model.path!r}: give spec.model.tokenizer as an s3:// "
+        "prefix holding the tokenizer and config.json (the server can still load weights from the PVC)"
+    )
+
+
+def make_plan(spec: DatasetGenerationSpec, credentials: dict[str, str] | None) -> ServerPlan:
+    """Read config.json (and the safetensors index unless spec.model.weightBytes is set), then plan the server."""
+    output = spec.output
+    storage = open_storage(model_files_location(spec), output.endpoint, output.region, credentials)
+    config = orjson.loads(storage.get("config.json"))
+    weight_bytes = spec.model.weight_bytes
+    if weight_bytes is None and storage.exists("model.safetensors.index.json"):
+        weight_bytes = orjson.loads(storage.get("model.safetensors.index.json"))["metadata"]["total_size"]
+    if weight_bytes is None:
+        raise PlanError(f"no model.safetensors.index.json at {storage.root_uri}: set spec.model.weightBytes")
+    memory = gpu_memory_mib(spec.server.gpu_product, spec.server.gpu_memory_mib)
+    return plan_server(spec, model_facts(config, weight_bytes), memory)

@@ -1,0 +1,44 @@
+"""The report's files: the ledger read from a run's commit markers, and report.json, report.md and one PNG per
+dataset written next to them (under report/). The storage edge of `report.py`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from .report import DatasetLedger, Ledger, build_report
+from .shards import read_markers
+from .storage import Storage
+
+REPORT_DIR = "report"
+
+
+def load_ledger(storage: Storage) -> Ledger:
+    run = orjson.loads(storage.get("run.json")) if storage.exists("run.json") else {}
+    names = [d["name"] for d in (run.get("spec") or {}).get("datasets", [])]
+    extra = sorted({key.split("/", 1)[0] for key in storage.list("") if "/commits/" in key} - set(names))
+    datasets = []
+    for name in names + extra:
+        ledger = DatasetLedger(name)
+        ledger.add_markers(read_markers(storage, name))
+        datasets.append(ledger)
+    return Ledger(storage.root_uri, run, datasets)
+
+
+def write_report(storage: Storage) -> tuple[dict[str, Any], list[str]]:
+    """Compute the report from the commit markers and write report.json, report.md and one PNG per dataset."""
+    from .plots import dataset_png
+    from .report_markdown import render
+
+    ledger = load_ledger(storage)
+    report = build_report(ledger)
+    images = []
+    for dataset in ledger.datasets:
+        caps = report["datasets"][dataset.name]["truncated"]["caps"]
+        storage.put(f"{REPORT_DIR}/{dataset.name}.png", dataset_png(dataset.name, dataset.samples, caps))
+        images.append(f"{dataset.name}.png")
+    storage.put(f"{REPORT_DIR}/report.json", orjson.dumps(report, option=orjson.OPT_INDENT_2))
+    storage.put(f"{REPORT_DIR}/report.md", render(report, images).encode())
+    written = [storage.uri(f"{REPORT_DIR}/{name}") for name in ("report.json", "report.md", *images)]
+    return report, written

@@ -1,0 +1,80 @@
+"""`exists` tells a missing object from a store it cannot read, against a real S3 server (moto's) and a folder.
+
+An object HEAD answer has no body, so botocore makes the HTTP status its error code (botocore 1.44
+parsers.py:1426-1451, RestXMLParser._do_error_parse falls back to _parse_error_from_http_status): a missing key
+and a missing bucket both arrive as code "404", which is why `exists` asks the bucket before answering False.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from tokenmill_runner.storage import LocalStorage, S3Storage, StorageError
+
+
+@pytest.fixture(params=["local", "s3"])
+def storage(request: pytest.FixtureRequest, tmp_path) -> LocalStorage | S3Storage:
+    if request.param == "local":
+        return LocalStorage(tmp_path)
+    bucket = request.getfixturevalue("s3_bucket")
+    return S3Storage(f"s3://{bucket}/run/", endpoint=request.getfixturevalue("s3_endpoint"))
+
+
+def test_exists_answers_true_for_an_object_and_false_for_a_missing_one(storage) -> None:
+    storage.put("run.json", b"{}")
+    assert storage.exists("run.json") is True
+    assert storage.exists("other.json") is False
+    assert storage.exists("run") is False  # a prefix of a key is not an object
+
+
+def test_a_bucket_that_does_not_exist_raises_instead_of_answering_false(s3_endpoint: str) -> None:
+    storage = S3Storage("s3://no-such-bucket-here/run/", endpoint=s3_endpoint)
+    with pytest.raises(StorageError, match=r"bucket 'no-such-bucket-here' of s3://no-such-bucket-here/run/ does not"):
+        storage.exists("run.json")
+
+
+class _DenyEverything(BaseHTTPRequestHandler):
+    """An S3 endpoint whose credentials are refused: 403 to every request (botocore does not retry a 403)."""
+
+    def _deny(self) -> None:
+        self.send_response(403)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_HEAD = do_GET = do_PUT = _deny
+
+    def log_message(self, *args: object) -> None:  # keep the test output clean
+        pass
+
+
+@pytest.fixture
+def denying_endpoint() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _DenyEverything)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_denied_access_raises_naming_the_object(denying_endpoint: str) -> None:
+    storage = S3Storage("s3://bucket-one/run/", endpoint=denying_endpoint)
+    with pytest.raises(StorageError, match=r"cannot tell whether s3://bucket-one/run/run.json exists: .*403"):
+        storage.exists("run.json")
+
+
+def test_the_operator_progress_read_raises_on_an_unreadable_store(s3_endpoint: str) -> None:
+    # Before, an unreadable store read as "no run.json yet": no progress, and a completed Job then ended the run as
+    # "0 of 0 samples missing". Now the reconcile pass raises and kopf retries it.
+    from tokenmill_operator.reconcile import MarkerCache, observe_progress
+
+    storage = S3Storage("s3://no-such-bucket-here/run/", endpoint=s3_endpoint)
+    with pytest.raises(StorageError, match="does not exist"):
+        observe_progress(storage, MarkerCache(), datetime.now(UTC), None)

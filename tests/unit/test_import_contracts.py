@@ -1,0 +1,73 @@
+"""The layering is checked: the import contracts of pyproject.toml ([tool.importlinter]) hold, and they do fail when
+the runner imports the operator, a pure module imports an I/O library, `tokenmill plan` pulls in the Kubernetes
+client, or a cycle appears (each planted in a copy of the packages)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = {"tokenmill_runner": REPO / "runner", "tokenmill_sim": REPO / "runner" / "sim",
+            "tokenmill_operator": REPO / "operator"}
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+CONTRACTS = [c["name"] for c in tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]]
+RUNNER, SIM, PURE, PLAN, CYCLES = CONTRACTS
+
+
+def lint_imports(config: Path, python_path: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    if python_path is not None:
+        # Ahead of the development install: the import finder of an editable install comes after sys.path.
+        env["PYTHONPATH"] = str(python_path)
+    return subprocess.run([str(LINT_IMPORTS), "--config", str(config), "--no-cache"], capture_output=True,
+                          text=True, env=env, cwd=config.parent, timeout=120)
+
+
+def contract_results(output: str) -> dict[str, str]:
+    """{contract name: KEPT | BROKEN} from lint-imports' summary (it wraps long names over lines)."""
+    flat = re.sub(r"\s+", " ", output)
+    results = {}
+    for name in CONTRACTS:
+        found = re.search(re.escape(re.sub(r"\s+", " ", name)) + r" ?(KEPT|BROKEN)", flat)
+        assert found, f"no verdict for {name!r} in:\n{output}"
+        results[name] = found.group(1)
+    return results
+
+
+def test_the_import_contracts_hold() -> None:
+    done = lint_imports(REPO / "pyproject.toml")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert set(contract_results(done.stdout).values()) == {"KEPT"}, done.stdout
+
+
+def _plant(path: Path, after: str, line: str) -> None:
+    text = path.read_text()
+    assert after in text, f"{path.name} no longer has {after!r}"
+    path.write_text(text.replace(after, after + line, 1))
+
+
+def test_the_contracts_fail_on_planted_violations(tmp_path: Path) -> None:
+    for package, parent in PACKAGES.items():
+        shutil.copytree(parent / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
+    future = "from __future__ import annotations\n"
+    _plant(tmp_path / "tokenmill_runner" / "stats.py", future, "\nfrom tokenmill_operator import names\n")
+    _plant(tmp_path / "tokenmill_runner" / "rows.py", future, "\nimport httpx\n")
+    _plant(tmp_path / "tokenmill_operator" / "plan_cli.py", future, "\nfrom .kube import Kube\n")
+    _plant(tmp_path / "tokenmill_runner" / "results.py", future, "\nfrom . import rows\n")  # rows imports results
+
+    done = lint_imports(tmp_path / "pyproject.toml", python_path=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert contract_results(done.stdout) == {RUNNER: "BROKEN", SIM: "KEPT", PURE: "BROKEN", PLAN: "BROKEN",
+                                             CYCLES: "BROKEN"}, done.stdout
+    # Each report names the planted import.
+    for planted in ("tokenmill_runner.stats -> tokenmill_operator.names", "tokenmill_runner.rows -> httpx",
+                    "tokenmill_operator.plan_cli -> tokenmill_operator.kube",
+                    "tokenmill_runner.results -> tokenmill_runner.rows"):
+        assert planted in done.stdout, planted
