@@ -131,6 +131,13 @@ def test_each_wheel_holds_only_its_own_package(wheels: dict[str, Wheel]) -> None
     assert "sim-server = tokenmill_sim.cli:register" in wheels["sim"].entry_points
 
 
+def test_the_runner_wheel_carries_the_sglang_release_facts(runner_alone: dict[str, str]) -> None:
+    # The spec's default image and the planner's release checks read data/sglang_architectures.json.
+    probe = _python(runner_alone, "-c", "from tokenmill_runner.releases import release; "
+                    "print(release('0.5.23').serves('KimiK25ForConditionalGeneration'))")
+    assert probe.returncode == 0 and probe.stdout.strip() == "True", probe.stderr
+
+
 def test_the_runner_image_has_no_operator_simulator_or_cluster_libraries(wheels: dict[str, Wheel]) -> None:
     local = {"tokenmill-runner": wheels["runner"]}
     runner = install_set(wheels["runner"], local)
