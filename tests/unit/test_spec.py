@@ -50,6 +50,14 @@ def test_default_max_new_tokens_is_not_sglangs_128():
         ({"datasets": [{"name": "bad name!", "source": "x"}]}, "spec.datasets[0].name"),
         ({"datasets": [{"name": "a", "source": "x", "limt": 5}]}, "spec.datasets[0].limt"),
         ({"datasets": []}, "spec.datasets"),
+        # What the SGLang release in use would refuse is refused here, naming the field (docs/sglang-release-facts.md
+        # §C.1: nvfp4 from 0.5.16; fp4_e2m1 gone in 0.5.21).
+        ({"server": {"image": "lmsysorg/sglang:v0.5.9", "kvCacheDtype": "nvfp4"}}, "spec.server"),
+        ({"server": {"image": "lmsysorg/sglang:v0.5.23", "kvCacheDtype": "fp4_e2m1"}}, "SGLang 0.5.23"),
+        ({"server": {"kvCacheDtype": "fp16"}}, "spec.server.kvCacheDtype"),
+        ({"server": {"sglangVersion": "0.4.1"}}, "spec.server.sglangVersion"),
+        ({"server": {"nodes": 0}}, "spec.server.nodes"),
+        ({"server": {"replicas": -1}}, "spec.server.replicas"),
     ],
 )
 def test_bad_specs_name_the_field(update, fragment):
