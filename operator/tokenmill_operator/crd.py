@@ -268,6 +268,8 @@ PRINTER_COLUMNS = [
     {"name": "Tokens/s", "type": "integer", "jsonPath": ".status.progress.tokensPerSecond",
      "description": "Committed output tokens per second."},
     {"name": "ETA", "type": "string", "jsonPath": ".status.progress.eta", "description": "Time left."},
+    {"name": "Predicted", "type": "integer", "jsonPath": ".status.serverPlan.prediction.outputTokensPerSecond",
+     "priority": 1, "description": "Output tokens/s the server plan predicts for the job (compare Tokens/s)."},
     {"name": "Verdict", "type": "string", "jsonPath": ".status.report.verdict", "priority": 1,
      "description": "The validation report's verdict."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
