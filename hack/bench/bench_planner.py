@@ -152,10 +152,22 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def markdown(rows: list[Row]) -> str:
+    lines = ["| record | engine | GPUs | layout | published tok/s | predicted | error | fitted |",
+             "|---|---|---|---|---:|---:|---:|---|"]
+    for row in rows:
+        r = row.record
+        layout = f"TP {r.layout.tp}" + (f", DP-attn {r.layout.attention_dp}" if r.layout.attention_dp > 1 else "")
+        lines.append(f"| `{r.id}` | {r.engine} | {r.layout.tp} x {r.gpu.label} | {layout} | {r.published:,.0f} | "
+                     f"{row.predicted:,.0f} | {row.error:+.0%} | {'yes' if r.fit else 'no'} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fit", action="store_true", help="refit the constants on the fit records and print them")
     parser.add_argument("--json", action="store_true", help="the rows as JSON")
+    parser.add_argument("--markdown", action="store_true", help="the table as Markdown (docs/throughput.md)")
     args = parser.parse_args(argv)
     records = load_records(yaml.safe_load(RECORDS.read_text()), fixture_models())
     cal = CALIBRATION
@@ -163,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
         cal = fit(records, CALIBRATION)
         print("fitted constants:\n" + "\n".join(f"  {k} = {v!r}" for k, v in asdict(cal).items()))
     rows = evaluate(records, cal)
-    if args.json:
+    if args.markdown:
+        print(markdown(rows))
+    elif args.json:
         payload: list[dict[str, Any]] = [{"id": r.record.id, "fit": r.record.fit, "published": r.record.published,
                                           "predicted": round(r.predicted, 1), "ratio": round(r.ratio, 3)}
                                          for r in rows]

@@ -242,3 +242,16 @@ def serving_tokens_per_second(step: StepModel, batch: float, prompt_tokens: floa
     context = prompt_tokens + output_tokens / 2
     return batch / (step.step_seconds(batch, context)
                     + prefill_seconds_per_step(step, batch, prompt_tokens, output_tokens))
+
+
+def simulator_step(step: StepModel, batch: int, context_tokens: float, prompt_tokens: float) -> tuple[float, float,
+                                                                                                          float]:
+    """The built-in simulator's linear step for this layout: (ms at an empty batch, ms per running request, prefill
+    ms per 1,000 prompt tokens), matching step_seconds at batch 1 and at `batch` (tokenmill sim-server --step-ms,
+    --step-ms-per-request, --prefill-ms-per-1k-tokens), so a local run shows the throughput this hardware would."""
+    one = step.step_seconds(1, context_tokens)
+    full = step.step_seconds(max(batch, 2), context_tokens)
+    per_request = (full - one) / (max(batch, 2) - 1)
+    chunk = step.chunk_tokens
+    prefill = step.prefill_seconds(chunk, prompt_tokens) / chunk * 1000
+    return (one - per_request) * 1e3, per_request * 1e3, prefill * 1e3

@@ -20,6 +20,7 @@ from tokenmill_runner.throughput import (
     experts_touched,
     kv_bytes_per_token,
     serving_tokens_per_second,
+    simulator_step,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -137,3 +138,11 @@ def test_step_seconds_is_the_simulators_hook():
     s = step("kimi-k2.5", "RTX-PRO-6000", Layout(8))
     assert s.link.is_pcie
     assert s.step_seconds(32, 2000) == s.step_seconds(32, 2000) > 0
+
+
+def test_the_simulators_linear_step_matches_the_model_at_both_ends():
+    s = step("kimi-k2.5", "H200", Layout(8, 8))
+    empty, per_request, prefill = simulator_step(s, 600, 3000, 512)
+    assert (empty + per_request * 1) / 1e3 == pytest.approx(s.step_seconds(1, 3000))
+    assert (empty + per_request * 600) / 1e3 == pytest.approx(s.step_seconds(600, 3000))
+    assert prefill > 0

@@ -7,6 +7,8 @@ Each line repeats the numbers and the rule behind a value, so a reader of `statu
 
 from __future__ import annotations
 
+from tokenmill_runner.throughput import simulator_step
+
 from .memory import MIB, Capacity, sglang_reserve, vlm_factor
 from .plan import Candidate, ServerPlan
 from .sizing import FP8_OPTION, MIN_BATCH_REQUESTS, TIE, Option, Sizing
@@ -336,6 +338,11 @@ def _prediction_lines(sizing: Sizing) -> list[str]:
         f"{prediction.samples:,} samples, {prediction.gpu_hours:,.1f} GPU-hours (throughput model calibrated on "
         f"published SGLang measurements, docs/throughput.md)",
     ]
+    empty, per_request, prefill = simulator_step(step, chosen.batch, held, sizing.ctx.work.prompt_tokens())
+    lines.append(f"simulator: tokenmill sim-server --step-ms {empty:.2f} --step-ms-per-request {per_request:.4f} "
+                 f"--prefill-ms-per-1k-tokens {prefill:.2f} --max-running-requests {chosen.batch} --max-total-tokens "
+                 f"{sizing.capacity.tokens} runs one replica of this layout locally (the same step time, linear "
+                 f"between batch 1 and {chosen.batch})")
     if step.link.is_pcie and chosen.layout.tp > 1:
         lines.append(f"note: tensor parallelism runs over PCIe ({step.link.bandwidth / 1e9:,.0f} GB/s per direction, "
                      f"no NVLink): every layer's all-reduces cross it, which the prediction includes")
