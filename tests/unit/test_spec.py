@@ -107,6 +107,10 @@ def test_auto_concurrency_fills_the_servers_and_keeps_a_queue():
     assert resolve_concurrency(one, [slot_bound, slot_bound]) == 364
     four = RunnerConfig(spec=spec, servers=["http://a"], output_uri="/tmp/x", worker_count=4)
     assert resolve_concurrency(four, [slot_bound]) == 54  # ceil(214 / 4)
+    # DP attention: each of the 8 groups has its own pool; /server_info reports one group's (--attn-dp-size from
+    # 0.5.22, --dp-size with --enable-dp-attention before; --dp-size alone runs 8 replicas, each with its pool).
+    for dp in ({"attn_dp_size": 8, "dp_size": 1}, {"dp_size": 8, "enable_dp_attention": True}, {"dp_size": 8}):
+        assert resolve_concurrency(one, [{**kv_bound, **dp, "max_running_requests": 16384}]) == int(8 * 159 * 1.5) + 64
     fixed = spec.model_copy(update={"runner": spec.runner.model_copy(update={"concurrency": 7})})
     assert resolve_concurrency(RunnerConfig(spec=fixed, servers=["http://a"], output_uri="/tmp/x"), [kv_bound]) == 7
 
