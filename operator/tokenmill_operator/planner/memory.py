@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from tokenmill_runner.model_facts import ModelFacts
 from tokenmill_runner.releases import Release, version_key
-from tokenmill_runner.throughput import Layout, kv_shards
+from tokenmill_runner.throughput import Layout
 
 from .plan import PlanError
 
@@ -202,6 +202,5 @@ def replica_capacity(model: ModelFacts, gpu_memory_mib: int, layout: Layout, mem
     usable = int(mem_fraction * gpu_memory_mib * MIB)
     per_gpu = weight_bytes_per_gpu(model, layout)
     room = usable - per_gpu
-    per_rank = kv_bytes_per_token_per_rank(model, kv_shards(model, layout.attention_tp) if not model.is_mla
-                                           else layout.attention_tp, element_bytes)
+    per_rank = kv_bytes_per_token_per_rank(model, layout.attention_tp, element_bytes)
     return Capacity(layout, mem_fraction, usable, per_gpu, room, per_rank, max(0, room // per_rank))

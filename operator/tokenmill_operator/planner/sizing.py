@@ -14,7 +14,7 @@ table shows the GPU-hours beside it. Anything set in the spec wins; the alternat
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tokenmill_runner.hardware import Gpu
 from tokenmill_runner.model_facts import ModelFacts
@@ -231,7 +231,7 @@ def evaluate(ctx: Context, layout: Layout, kv_dtype: str, replicas: int, eligibl
     option = Option(layout, kv_dtype, replicas, nodes, eligible)
     why_not = tp_fits_nodes(layout.tp, gpn) or tp_fits_model(ctx.model, layout)
     if why_not:
-        return _with(option, unusable=why_not)
+        return replace(option, unusable=why_not)
     element = kv_dtype_bytes(kv_dtype)
     fraction = _mem_fraction(ctx, layout, None)
     cap = replica_capacity(ctx.model, ctx.gpu_memory_mib, layout, fraction, element)
@@ -239,27 +239,23 @@ def evaluate(ctx: Context, layout: Layout, kv_dtype: str, replicas: int, eligibl
     if graph_bs is not None:
         fraction = _mem_fraction(ctx, layout, graph_bs)
         cap = replica_capacity(ctx.model, ctx.gpu_memory_mib, layout, fraction, element)
-    option = _with(option, mem_fraction=fraction, graph_bs=graph_bs, capacity=cap)
+    option = replace(option, mem_fraction=fraction, graph_bs=graph_bs, capacity=cap)
     if not cap.fits:
-        return _with(option, unusable=f"weights {gib(cap.weight_bytes_per_gpu)} per GPU do not fit in "
+        return replace(option, unusable=f"weights {gib(cap.weight_bytes_per_gpu)} per GPU do not fit in "
                                       f"{gib(cap.usable_bytes)} usable")
     longest = ctx.work.longest_tokens()
     if cap.tokens_per_group < longest:
-        return _with(option, unusable=f"{cap.tokens_per_group:,} KV tokens per group hold no request at its cap "
+        return replace(option, unusable=f"{cap.tokens_per_group:,} KV tokens per group hold no request at its cap "
                                       f"({longest:,} tokens)")
     max_running = _max_running(ctx, cap)
     batch = _batch(ctx, cap, max_running, replicas)
-    option = _with(option, max_running=max_running, batch=batch)
+    option = replace(option, max_running=max_running, batch=batch)
     step = ctx.step_model(layout, kv_dtype, nodes)
     if step is None:
         return option
     job = job_time(ctx.work, replicas, batch, lambda b: step.step_seconds(b, ctx.held),
                    lambda tokens, prompt: step.prefill_seconds(tokens, prompt))
-    return _with(option, job=job, bound=step.bound(batch, ctx.held))
-
-
-def _with(option: Option, **changes: object) -> Option:
-    return Option(**{**option.__dict__, **changes})  # type: ignore[arg-type]
+    return replace(option, job=job, bound=step.bound(batch, ctx.held))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -318,7 +314,7 @@ def _options(ctx: Context, budget: int) -> list[Option]:
         for dp in _dp_sizes(ctx, tp):
             for kv_dtype, eligible in _kv_dtypes(ctx):
                 option = evaluate(ctx, Layout(tp, dp), kv_dtype, _replicas(ctx, tp, budget), eligible)
-                option = _with(option, not_allowed=_not_allowed(ctx, option.layout))
+                option = replace(option, not_allowed=_not_allowed(ctx, option.layout))
                 if (eligible and option.not_allowed is None) or option.runs:  # the rest only where it would run
                     found.append(option)
     return found
