@@ -211,7 +211,8 @@ def check_conversation(tokenizer: Tokenizer, unit: GenerationUnit, prompt: Promp
     messages = conversation(tokenizer, prompt, context, reasoning, content)
     record = conversation_record(unit, messages, prompt.tools, context.template_kwargs)
     if unit.truncated:
-        return Checked(record, _mismatch("truncated_turn", len(ids), ids, ids))
+        return Checked(record, Mismatch("truncated_turn", len(ids), [], [],
+                                        f"cut at {len(unit.output_ids)} tokens (maxNewTokens {unit.max_new_tokens})"))
     prepared = prepare(messages, context.template, context.template_kwargs)
     try:
         rendered = _render(tokenizer, prepared.messages, prompt.tools, prepared.template_kwargs)
