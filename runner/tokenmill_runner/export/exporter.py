@@ -112,6 +112,9 @@ def prepare_destination(destination: Storage, overwrite: bool) -> None:
     for key in keys:
         if key != MANIFEST:
             destination.delete(key)
+    if isinstance(destination, LocalStorage) and destination.root.is_dir():
+        for folder in destination.root.glob(SPOOL_PREFIX + "*"):  # a killed export's spool, emptied above
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _spool_folder(destination: Storage, stack: ExitStack) -> Path:
@@ -133,10 +136,23 @@ def run_datasets(source: Storage, run: dict[str, Any]) -> list[str]:
     return names + extra
 
 
-def committed_rows(source: Storage, dataset: str, markers: list[dict[str, Any]],
-                   pool: ThreadPoolExecutor) -> Iterator[dict[str, Any]]:
-    """Rows of the shards the markers name, in marker order, a few shards fetched ahead."""
-    keys = [f"{dataset}/{marker['data']}" for marker in markers if marker.get("data")]
+@dataclass(frozen=True)
+class Shards:
+    """A dataset's committed shards, in commit order, and how many rows they hold (markers themselves are not
+    kept: they list every sample)."""
+
+    keys: list[str]
+    rows: int
+
+
+def committed_shards(source: Storage, dataset: str) -> Shards:
+    markers = read_markers(source, dataset)
+    return Shards([f"{dataset}/{m['data']}" for m in markers if m.get("data")],
+                  sum(len(m["samples"]["sample_id"]) for m in markers))
+
+
+def committed_rows(source: Storage, keys: list[str], pool: ThreadPoolExecutor) -> Iterator[dict[str, Any]]:
+    """Rows of the given shards, in order, a few shards fetched ahead."""
     pending: deque[Future[bytes]] = deque()
     for key in keys:
         pending.append(pool.submit(source.get, key))
@@ -324,11 +340,10 @@ def export(request: ExportRequest, stream: TextIO | None = None,
         writer = (ParquetFiles(destination, spool, fmt, request.part_bytes) if fmt.kind == "parquet"
                   else JsonlFiles(destination, spool, fmt, request.part_bytes))
         exporter = Exporter(request, fmt, run, text, writer, JsonlFiles(destination, spool, None, 0, MISMATCHES))
-        markers = {name: read_markers(source, name) for name in datasets}
-        total = sum(len(m["samples"]["sample_id"]) for found in markers.values() for m in found)
-        progress = ProgressLine(total, stream, clock)
+        shards = {name: committed_shards(source, name) for name in datasets}
+        progress = ProgressLine(sum(s.rows for s in shards.values()), stream, clock)
         for name in datasets:
-            _export_dataset(exporter, source, name, markers.pop(name), pool, progress)
+            _export_dataset(exporter, source, name, shards[name].keys, pool, progress)
         files = writer.close()
         mismatch_files = exporter.mismatches.close()
         progress.update(exporter.done, exporter.written, exporter.mismatched, final=True)
@@ -350,11 +365,11 @@ def _excluded(source: Storage, datasets: list[str], filters: ExportFilters) -> d
             if name in datasets}
 
 
-def _export_dataset(exporter: Exporter, source: Storage, dataset: str, markers: list[dict[str, Any]],
+def _export_dataset(exporter: Exporter, source: Storage, dataset: str, shard_keys: list[str],
                     pool: ThreadPoolExecutor, progress: ProgressLine) -> None:
     counts = exporter.counts.of(dataset)
     seen = SlotSeen()
-    for row in committed_rows(source, dataset, markers, pool):
+    for row in committed_rows(source, shard_keys, pool):
         if row.get("dataset") not in (None, dataset):
             raise ExportError(f"a committed shard of {dataset} holds a row of dataset {row.get('dataset')!r}")
         if not seen.add(int(row["line"]), int(row.get("sample_index") or 0)):
