@@ -131,9 +131,9 @@ def _spool_folder(destination: Storage, stack: ExitStack) -> Path:
 # --- reading committed rows ------------------------------------------------------------------------------------
 
 def run_datasets(source: Storage, run: dict[str, Any]) -> list[str]:
+    """The run's datasets, in spec order; listing the whole output (every shard) only when run.json names none."""
     names = [d["name"] for d in (run.get("spec") or {}).get("datasets", [])]
-    extra = sorted({key.split("/", 1)[0] for key in source.list("") if "/commits/" in key} - set(names))
-    return names + extra
+    return names or sorted({key.split("/", 1)[0] for key in source.list("") if "/commits/" in key})
 
 
 @dataclass(frozen=True)
