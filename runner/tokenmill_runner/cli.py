@@ -108,7 +108,8 @@ def _add_export_parser(commands: argparse._SubParsersAction) -> None:
                         help="text formats: write samples whose ids do not survive the round trip anyway (they stay "
                              "listed in mismatches.jsonl)")
     export.add_argument("--specforge-template", choices=sorted(SPECFORGE_TEMPLATES), metavar="NAME",
-                        help="specforge-conversations: SpecForge's data.chat_template you will train with")
+                        help="specforge-conversations: SpecForge's data.chat_template you will train with "
+                             f"({', '.join(sorted(SPECFORGE_TEMPLATES))})")
     export.add_argument("--tokenizer", help="text formats: tokenizer folder (default: the one recorded in run.json)")
     export.add_argument("--overwrite", action="store_true", help="replace an earlier export in DEST")
     export.add_argument("--part-size-mb", type=int, default=256, help="size of each part file (speculators, hf)")
