@@ -69,7 +69,10 @@ def resolve_concurrency(config: RunnerConfig, server_infos: list[dict[str, Any]]
         slots = int(info.get("max_running_requests") or states[0].get("effective_max_running_requests_per_dp")
                     or 256)
         kv_tokens = info.get("max_total_num_tokens")
-        runnable += min(slots, max(16, int(kv_tokens // typical_tokens))) if kv_tokens else slots
+        # Every DP attention group (and every replica of --dp-size) has its own KV pool and scheduler;
+        # /server_info reports the first one's.
+        groups = max(int(info.get("attn_dp_size") or 1), int(info.get("dp_size") or 1))
+        runnable += min(slots, groups * max(16, int(kv_tokens // typical_tokens))) if kv_tokens else slots
     total = int(runnable * 1.5) + 64
     return max(16, min(4096, -(-total // config.worker_count)))
 
