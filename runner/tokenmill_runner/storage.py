@@ -18,6 +18,7 @@ import io
 import logging
 import os
 import random
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -31,6 +32,7 @@ MULTIPART_THRESHOLD = 64 * 1024 * 1024
 READ_BUFFER = 1024 * 1024
 RESUME_GRANULE = 64 * 1024
 TMP_MARK = ".tmp-"
+COPY_CHUNK = 8 * 1024 * 1024
 # Error codes that mean "no such object". A HEAD answer has no body, so botocore reports the HTTP status ("404")
 # as the code; some S3-compatible stores name it.
 MISSING_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
@@ -65,6 +67,7 @@ class Storage(Protocol):
     root_uri: str
 
     def put(self, key: str, data: bytes) -> None: ...
+    def put_file(self, key: str, path: Path) -> None: ...  # atomic like put; the local file may be moved
     def get(self, key: str) -> bytes: ...
     def list(self, prefix: str = "") -> Iterator[str]: ...
     def list_sizes(self, prefix: str = "") -> Iterator[tuple[str, int]]: ...  # (key, size in bytes)
@@ -138,6 +141,30 @@ class LocalStorage:
     def put(self, key: str, data: bytes) -> None:
         write_atomic(self._path(key), data)
 
+    def put_file(self, key: str, path: Path) -> None:
+        """Move (or, across file systems, copy) a finished local file into place, atomically."""
+        target = self._path(key)
+        make_dirs(target.parent)
+        try:
+            with open(path, "rb") as source:
+                os.fsync(source.fileno())
+            os.replace(path, target)
+            fsync_dir(target.parent)
+            return
+        except OSError:
+            pass  # another file system: copy to a temporary name beside the target, then rename
+        fd, tmp = tempfile.mkstemp(prefix=target.name + TMP_MARK, dir=target.parent)
+        try:
+            with os.fdopen(fd, "wb") as handle, open(path, "rb") as source:
+                shutil.copyfileobj(source, handle, COPY_CHUNK)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        fsync_dir(target.parent)
+
     def get(self, key: str) -> bytes:
         try:
             return self._path(key).read_bytes()
@@ -157,7 +184,8 @@ class LocalStorage:
     def list_sizes(self, prefix: str = "") -> Iterator[tuple[str, int]]:
         base = self._path(prefix)
         folder = base if base.is_dir() else base.parent
-        if not folder.is_dir():
+        # A missing root must list nothing, not its parent folder.
+        if not folder.is_dir() or not folder.is_relative_to(self.root):
             return
         for path in sorted(folder.rglob("*")):
             key = path.relative_to(self.root).as_posix()
@@ -232,6 +260,19 @@ class S3Storage:
 
         config = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=MULTIPART_THRESHOLD)
         self._client.upload_fileobj(io.BytesIO(data), self.location.bucket, self._key(key), Config=config)
+
+    def put_file(self, key: str, path: Path) -> None:
+        """Upload a local file (multipart above MULTIPART_THRESHOLD); the object appears whole on completion."""
+        from boto3.s3.transfer import TransferConfig
+
+        config = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=MULTIPART_THRESHOLD)
+        try:
+            self.call("write", key, lambda: self._client.upload_file(str(path), self.location.bucket, self._key(key),
+                                                                     Config=config))
+        except StorageError:
+            raise
+        except Exception as error:  # botocore raises many unrelated types
+            raise StorageError(f"cannot write {self.uri(key)}: {error}") from error
 
     def get(self, key: str) -> bytes:
         with self.open_read(key) as body:
