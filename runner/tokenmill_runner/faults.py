@@ -8,9 +8,10 @@ the marker) instead of at a wall-clock moment that may fall anywhere:
     TOKENMILL_FAULT=kill-before:marker:2   ... right before its 2nd marker write
     TOKENMILL_FAULT=kill-after:marker:5,kill-before:data:9   several rules: the first one reached fires
 
-Steps are `data`, `errors` and `marker`; counts are per step and per process. Unset (always, in production) every
-fault point is a no-op. The process announces the point and the object it concerns on stderr before it dies, so a
-test can tell it fired and check what the store holds at that moment.
+Steps are `data`, `errors` and `marker`; counts are per step and per process (`before:N` is the N-th write of
+that step to start, `after:N` the N-th to finish). Unset (always, in production) every fault point is a no-op.
+The process announces the point and the object it concerns on stderr before it dies, so a test can tell it fired
+and check what the store holds at that moment.
 """
 
 from __future__ import annotations
@@ -52,19 +53,22 @@ class FaultPoints:
 
     def __init__(self, rules: list[FaultRule]) -> None:
         self.rules = rules
-        self._seen = {step: 0 for step in STEPS}
-        self._lock = threading.Lock()  # commits run in worker threads
+        # Writes started and finished, counted apart: commits run in parallel threads, so the N-th write can start
+        # before the (N-1)-th has finished.
+        self._counts = {(moment, step): 0 for moment in ("before", "after") for step in STEPS}
+        self._lock = threading.Lock()
 
     def before(self, step: str, key: str) -> None:
-        if self.rules:
-            with self._lock:
-                self._check("before", step, self._seen[step] + 1, key)
+        self._reach("before", step, key)
 
     def after(self, step: str, key: str) -> None:
+        self._reach("after", step, key)
+
+    def _reach(self, moment: str, step: str, key: str) -> None:
         if self.rules:
             with self._lock:
-                self._seen[step] += 1
-                self._check("after", step, self._seen[step], key)
+                self._counts[moment, step] += 1
+                self._check(moment, step, self._counts[moment, step], key)
 
     def _check(self, moment: str, step: str, count: int, key: str) -> None:
         for rule in self.rules:
