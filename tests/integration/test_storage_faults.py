@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from tests.faults.s3_proxy import Rule, S3FaultProxy
-from tokenmill_runner.shards import leftovers, read_committed_rows
+from tokenmill_runner.shards import leftovers, read_committed_rows, read_markers
 from tokenmill_runner.sources import read_prompts
 from tokenmill_runner.storage import S3Storage, StorageError, StorageRetry, open_storage, s3_client
 
@@ -116,8 +116,8 @@ def test_a_store_down_past_the_retry_budget_stops_the_run_and_a_rerun_completes(
     spec = write_spec(tmp_path / "spec.yaml", spec_document(
         demo_model, [{"name": "p", "source": f"s3://{s3_bucket}/prompts/p.jsonl"}], out,
         runner={"concurrency": 8, "shardMaxSamples": 10, "shardMaxSeconds": 1}))
-    # Two shards commit, then every write fails for good.
-    outage = proxy.add(Rule("status", method="PUT", path=r"/runs/down/p/", skip=4, times=10**6, status=503))
+    # Two markers are written, then every marker write fails for good (shard data still arrives: leftovers).
+    outage = proxy.add(Rule("status", method="PUT", path=r"/runs/down/p/commits/", skip=2, times=10**6, status=503))
     args = ("run", str(spec), "--s3-endpoint", proxy.url, "--sim-time-scale", "2000")
     down = tokenmill(*args, env={"TOKENMILL_STORAGE_RETRY_SECONDS": "3"})
     assert down.returncode == 1, down.stderr[-2000:]
@@ -127,7 +127,8 @@ def test_a_store_down_past_the_retry_budget_stops_the_run_and_a_rerun_completes(
     assert outage.matched > outage.skip
     storage = open_storage(out, s3_endpoint)
     before = list(read_committed_rows(storage, "p"))
-    assert 0 < len(before) < 60
+    assert 0 < len(before) <= 20 and len(read_markers(storage, "p")) == 2
+    assert list(leftovers(storage, "p")), "shards whose marker never arrived are left over, invisible to readers"
     proxy.clear()
     up = tokenmill(*args)
     assert up.returncode == 0, up.stderr[-2000:]
