@@ -73,3 +73,9 @@ def parse_generation(body: Any, server: str, attempts: int) -> Generation | Gene
         attempts=attempts,
         server=server,
     )
+
+
+class ServersUnavailable(RuntimeError):
+    """No server was live for longer than the outage budget. The run stops (`tokenmill run` exits 4) and writes
+    nothing off: the samples in flight or not yet sent stay not done, and a rerun or a restarted pod continues.
+    The client raises it; the pipeline stops on it."""
