@@ -377,11 +377,28 @@ def test_invalid_resources_are_rejected_with_the_field(cluster, namespace, crd, 
     assert message in result.stderr, result.stderr
 
 
-def test_model_path_cannot_change_while_running(cluster, namespace, crd):
-    cluster.apply(b5_resource(namespace, "http://127.0.0.1:9"))
-    changed = cluster.apply(b5_resource(namespace, "http://127.0.0.1:9", **{"model.path": "s3://models/other/"}),
-                            check=False)
-    assert changed.returncode != 0 and "spec.model.path cannot change while the run is active" in changed.stderr
+IMMUTABLE = [("model.path", "s3://models/other/", "spec.model.path cannot change once the run has started"),
+             ("model.tokenizer", "s3://models/tok/", "spec.model.tokenizer cannot change once the run has started"),
+             ("output.uri", "s3://tokenmill-data/elsewhere/", "spec.output.uri cannot change once the run has started")]
+
+
+@pytest.mark.parametrize(("path", "value", "message"), IMMUTABLE, ids=[p for p, _, _ in IMMUTABLE])
+def test_what_the_run_started_with_cannot_change_even_when_suspended(cluster, namespace, crd, path, value, message):
+    # No operator here: the status is written as the operator writes it when it creates the first runner Job.
+    cluster.apply(b5_resource(namespace, "http://127.0.0.1:9", suspend=True))
+    before = cluster.apply(b5_resource(namespace, "http://127.0.0.1:9", suspend=True, **{path: value}), check=False)
+    assert before.returncode == 0, f"before the run started {path} may still be corrected: {before.stderr}"
+    cluster.apply(b5_resource(namespace, "http://127.0.0.1:9", suspend=True))
+    run = {"modelPath": "s3://models/moonshotai/Kimi-K2.5/", "tokenizer": "s3://models/moonshotai/Kimi-K2.5/",
+           "outputUri": f"s3://tokenmill-data/runs/{namespace}/", "jobHash": "0123456789abcdef"}
+    cluster.kubectl("patch", "dsgen", NAME, "-n", namespace, "--subresource=status", "--type=merge",
+                    "-p", json.dumps({"status": {"run": run}}))
+    changed = cluster.apply(b5_resource(namespace, "http://127.0.0.1:9", suspend=True, **{path: value}), check=False)
+    assert changed.returncode != 0 and message in changed.stderr, changed.stderr
+    assert "create a new DatasetGeneration" in changed.stderr
+    other = cluster.apply(b5_resource(namespace, "http://127.0.0.1:9", suspend=True, **{"runner.parallelism": 2}),
+                          check=False)
+    assert other.returncode == 0, f"other fields stay editable: {other.stderr}"
 
 
 def test_missing_credentials_secret_is_reported_then_picked_up(cluster, namespace, operator, s3_world):
