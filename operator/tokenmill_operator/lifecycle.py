@@ -205,8 +205,14 @@ def _progress(observed: Observed) -> tuple[Progress, list[DatasetProgress]]:
 
 
 def _run_status(observed: Observed) -> RunStatus | None:
-    if observed.job is not None and observed.job.run is not None:
-        return observed.job.run
+    job = observed.job
+    if job is None:
+        return observed.previous.run
+    if job.run is not None:
+        return job.run
+    # A Job made by an operator that did not annotate it: the run has started all the same, with this spec.
+    if observed.previous.run is None and observed.wanted_run is not None:
+        return observed.wanted_run.model_copy(update={"job_hash": job.hash or ""})
     return observed.previous.run
 
 

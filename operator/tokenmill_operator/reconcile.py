@@ -301,8 +301,8 @@ def reconcile(kube: Kube, context: Context, cache: MarkerCache, settings: Operat
     planning = plan_for(context, credentials)
     if planning.transient:
         return cannot_observe(base, planning.transient)
-    storage = storage_for(spec.output.uri, spec, credentials)
     try:
+        storage = storage_for(spec.output.uri, spec, credentials)
         facts = _observe_cluster(kube, context)
         started_run = (facts.job.run if facts.job else None) or context.previous.run
         wanted = RunStatus.model_validate(manifests.run_identity(spec))

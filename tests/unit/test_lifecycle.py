@@ -398,3 +398,10 @@ def test_given_up_counts_only_final_server_side_failures():
     assert overall.failed_by_reason == {"bad_response": 1, "prompt_too_long": 1, "retries_exhausted": 1}
     assert overall.given_up == 2, "prompt_too_long is the input's fault, not given up"
     assert facts.datasets[0].given_up == 2
+
+
+def test_a_run_started_by_an_older_operator_records_what_it_runs_with():
+    wanted = RunStatus(model_path="s3://m/", tokenizer="s3://m/", output_uri="s3://o/", job_hash="bbbb")
+    decision = decide(observed(job=JobState(active=4), desired_job_hash="bbbb", wanted_run=wanted))
+    assert decision.status.run == wanted.model_copy(update={"job_hash": ""}), "unknown hash: the Job is adopted"
+    assert not decision.replace_job
