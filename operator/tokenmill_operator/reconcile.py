@@ -414,6 +414,16 @@ def write_status(kube: Kube, body: dict[str, Any], status: DatasetGenerationStat
         kube.patch_status(API_VERSION, KIND, meta["name"], meta["namespace"], patch)
 
 
+def settled(body: dict[str, Any], previous: DatasetGenerationStatus) -> bool:
+    """A run that succeeded and has nothing new to act on (no spec change, no new retry request): the pass only
+    republishes its status. (Failed runs get full passes: deleting their Job must start them again.)"""
+    meta = body["metadata"]
+    request = (meta.get("annotations") or {}).get(names.RETRY_ANNOTATION)
+    handled = previous.retry.handled if previous.retry else None
+    return (previous.phase == "Succeeded" and previous.observed_generation == meta.get("generation", 0)
+            and request in (None, handled))
+
+
 def run_pass(kube: Kube, name: str, namespace: str, uid: str, cache: MarkerCache, settings: OperatorSettings,
              stopped: Callable[[], bool] = never) -> PassResult | None:
     """Read the resource afresh (a queued pass never acts on an old copy), reconcile it and write its status.
@@ -427,6 +437,8 @@ def run_pass(kube: Kube, name: str, namespace: str, uid: str, cache: MarkerCache
     except ValidationError as error:
         decision, spec = _invalid_spec(body, previous, error), None
     else:
+        if settled(body, previous):
+            return PassResult(body, Decision(previous, server_replicas=None), spec)
         context = Context(body=body, name=name, namespace=namespace,
                           generation=body["metadata"].get("generation", 0), spec=spec, previous=previous)
         decision = reconcile(kube, context, cache, settings, stopped)

@@ -1,4 +1,5 @@
-"""Planning on a spec edit: a plan the spec cannot have is an error; model files that cannot be read are not."""
+"""The reconcile pass's pure parts: planning on a spec edit (a plan the spec cannot have is an error; model files that
+cannot be read are not), and which runs need no pass at all."""
 
 from __future__ import annotations
 
@@ -54,3 +55,20 @@ def test_a_config_the_planner_cannot_use_is_a_plan_error(model_dir: Path):
     (model_dir / "config.json").write_text("{not json")
     planning = plan_for(context(model_dir, 1), None)
     assert planning.plan is None and planning.transient is None and planning.error
+
+
+def test_a_succeeded_run_is_settled_until_its_spec_or_a_new_retry_request_changes():
+    from tokenmill_operator.reconcile import settled
+    from tokenmill_operator.status import RetryStatus
+
+    done = DatasetGenerationStatus(phase="Succeeded", observed_generation=4,
+                                   retry=RetryStatus(handled="1", at="2026-11-29T12:00:00Z"))
+
+    def body(generation: int, retry: str | None = None) -> dict:
+        annotations = {"tokenmill.io/retry-failed": retry} if retry else {}
+        return {"metadata": {"generation": generation, "annotations": annotations}}
+
+    assert settled(body(4), done) and settled(body(4, "1"), done)
+    assert not settled(body(5), done), "a spec edit is looked at"
+    assert not settled(body(4, "2"), done), "a new retry request is answered"
+    assert not settled(body(4), done.model_copy(update={"phase": "Failed"})), "failed runs stay watched"
