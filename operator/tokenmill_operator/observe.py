@@ -15,7 +15,7 @@ from tokenmill_runner.ledger import RETRYABLE_REASONS, effective_failures
 from tokenmill_runner.progress import eta_seconds, format_duration
 from tokenmill_runner.spec import DatasetGenerationSpec
 
-from .lifecycle import ProgressFacts
+from .facts import ProgressFacts
 from .status import DatasetProgress, Progress
 
 RATE_WINDOW = timedelta(minutes=10)
