@@ -8,6 +8,7 @@ pass, because the facts that caused it are gone.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import replace
 from datetime import datetime
 
@@ -48,10 +49,23 @@ def condition_reason(conditions: list[Condition], type_: str) -> str | None:
 # ------------------------------------------------------------------------------------- retries and reopening
 
 
+MAX_RETRY_VALUE = 253
+
+
+def retry_value(request: str) -> str:
+    """The annotation value as status keeps it: long values (annotations allow far more) by their hash."""
+    if len(request) <= MAX_RETRY_VALUE:
+        return request
+    return "sha256:" + hashlib.sha256(request.encode()).hexdigest()
+
+
 def plan_retry(request: str | None, previous: RetryStatus | None, given_up: int, now: datetime) -> RetryDecision:
     """A tokenmill.io/retry-failed value not handled before asks for one retry of what was given up."""
     token = previous.token if previous else ""
-    if not request or (previous is not None and previous.handled == request):
+    if not request:
+        return RetryDecision(token=token, status=previous)
+    request = retry_value(request)
+    if previous is not None and previous.handled == request:
         return RetryDecision(token=token, status=previous)
     if given_up == 0:
         outcome = "nothing was given up: nothing to retry"

@@ -36,6 +36,7 @@ from .lifecycle import (
     identity_change,
     plan_retry,
     reopen,
+    retry_value,
     with_retry_event,
 )
 from .model_files import make_plan
@@ -320,7 +321,7 @@ def settled(body: dict[str, Any], previous: DatasetGenerationStatus) -> bool:
     request = (meta.get("annotations") or {}).get(names.RETRY_ANNOTATION)
     handled = previous.retry.handled if previous.retry else None
     return (previous.phase == "Succeeded" and previous.observed_generation == meta.get("generation", 0)
-            and request in (None, handled))
+            and (not request or retry_value(request) == handled))
 
 
 def run_pass(kube: Kube, name: str, namespace: str, uid: str, cache: MarkerCache, settings: OperatorSettings,

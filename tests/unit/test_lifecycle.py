@@ -405,3 +405,10 @@ def test_a_run_started_by_an_older_operator_records_what_it_runs_with():
     decision = decide(observed(job=JobState(active=4), desired_job_hash="bbbb", wanted_run=wanted))
     assert decision.status.run == wanted.model_copy(update={"job_hash": ""}), "unknown hash: the Job is adopted"
     assert not decision.replace_job
+
+
+def test_a_long_retry_value_is_kept_by_its_hash_and_handled_once():
+    long = "x" * 1000
+    first = plan_retry(long, None, given_up=2, now=T0)
+    assert first.accepted and first.status.handled.startswith("sha256:") and len(first.status.handled) < 100
+    assert not plan_retry(long, first.status, given_up=2, now=T0).accepted
