@@ -412,3 +412,19 @@ def test_a_long_retry_value_is_kept_by_its_hash_and_handled_once():
     first = plan_retry(long, None, given_up=2, now=T0)
     assert first.accepted and first.status.handled.startswith("sha256:") and len(first.status.handled) < 100
     assert not plan_retry(long, first.status, given_up=2, now=T0).accepted
+
+
+def test_an_output_holding_another_models_run_fails_before_anything_runs():
+    from tokenmill_operator.observe import foreign_run
+    from tokenmill_runner.spec import parse_document
+
+    spec = parse_document({"apiVersion": "tokenmill.io/v1alpha1", "kind": "DatasetGeneration", "metadata": {"name": "r"},
+                           "spec": {"model": {"path": "s3://models/kimi/"}, "output": {"uri": "s3://o/run/"},
+                                    "datasets": [{"name": "a", "source": "s3://p/a.jsonl"}]}}).spec
+    assert foreign_run(None, spec) is None
+    assert foreign_run({"spec": {"model": {"path": "s3://models/kimi/", "tokenizer": "/models/tok"}}}, spec) is None
+    why = foreign_run({"spec": {"model": {"path": "s3://models/qwen/"}}}, spec)
+    assert "s3://o/run/ already holds a run of model 's3://models/qwen/'" in why
+    decision = decide(observed(foreign_output=why, job=JobState(active=4)))
+    assert conditions(decision)["Failed"] == ("True", "OutputInUse")
+    assert decision.delete_server and decision.suspend_job
