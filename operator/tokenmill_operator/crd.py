@@ -121,6 +121,7 @@ BOUNDS: dict[Path_, dict[str, Any]] = {
     ("datasets", "[]", "name"): {"maxLength": 63, "pattern": "^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"},
     ("datasets", "[]", "source"): {"maxLength": 2048},
     ("model", "path"): {"maxLength": 2048, "minLength": 1},
+    ("model", "tokenizer"): {"maxLength": 2048},
     ("output", "uri"): {"maxLength": 2048},
     ("server", "extraArgs"): {"maxItems": 128},
     ("server", "extraArgs", "[]"): {"maxLength": 4096},
@@ -131,17 +132,32 @@ BOUNDS: dict[Path_, dict[str, Any]] = {
     ("output", "endpoint"): {"maxLength": 2048, "pattern": "^https?://"},
 }
 
+
+def _tokenizer(obj: str) -> str:
+    return f"(has({obj}.spec.model.tokenizer) ? {obj}.spec.model.tokenizer : {obj}.spec.model.path)"
+
+
+_STARTED = "!has(oldSelf.status) || !has(oldSelf.status.run) || "
+# On the whole object, because only there can a rule see the status: once the operator recorded what the run
+# started with (status.run, set with the first runner Job), what its outputs belong to cannot change. A status
+# update leaves the spec as it was, so these never refuse the operator's own writes.
+ROOT_RULES = [
+    _rule(_STARTED + "self.spec.model.path == oldSelf.spec.model.path",
+          "spec.model.path cannot change once the run has started (status.run): outputs of two models would mix "
+          "under one output URI; create a new DatasetGeneration for the new model", "FieldValueForbidden",
+          ".spec.model.path"),
+    _rule(_STARTED + "(!has(self.spec.model.tokenizer) && !has(oldSelf.spec.model.tokenizer)) || "
+          + _tokenizer("self") + " == " + _tokenizer("oldSelf"),
+          "spec.model.tokenizer cannot change once the run has started (status.run): prompts tokenized two ways "
+          "would mix; create a new DatasetGeneration", "FieldValueForbidden", ".spec.model.tokenizer"),
+    _rule(_STARTED + "self.spec.output.uri == oldSelf.spec.output.uri",
+          "spec.output.uri cannot change once the run has started (status.run): the runner resumes from what is "
+          "committed there; create a new DatasetGeneration to start over elsewhere", "FieldValueForbidden",
+          ".spec.output.uri"),
+]
+
 RULES: dict[Path_, list[dict[str, str]]] = {
     (): [
-        _rule("oldSelf.model.path == self.model.path || (has(oldSelf.suspend) && oldSelf.suspend && has(self.suspend) "
-              "&& self.suspend)",
-              "spec.model.path cannot change while the run is active: outputs of two models would mix under one "
-              "output URI; suspend it first, or create a new DatasetGeneration", "FieldValueForbidden",
-              ".model.path"),
-        _rule("oldSelf.output.uri == self.output.uri || (has(oldSelf.suspend) && oldSelf.suspend && has(self.suspend) "
-              "&& self.suspend)",
-              "spec.output.uri cannot change while the run is active: committed shards would be left behind; "
-              "suspend it first, or create a new DatasetGeneration", "FieldValueForbidden", ".output.uri"),
         _rule("!has(self.server) || !has(self.server.contextLength) || type(self.server.contextLength) != int || "
               "self.datasets.all(d, !has(d.sampling) || "
               "!has(d.sampling.maxNewTokens) || d.sampling.maxNewTokens < self.server.contextLength)",
@@ -292,6 +308,7 @@ def crd() -> dict[str, Any]:
                 "additionalPrinterColumns": PRINTER_COLUMNS,
                 "schema": {"openAPIV3Schema": {
                     "type": "object",
+                    "x-kubernetes-validations": ROOT_RULES,
                     "description": "DatasetGeneration mills prompt datasets into token-exact outputs of a model "
                                    "served by SGLang, with shards, commit markers and a validation report in S3.",
                     "required": ["spec"],

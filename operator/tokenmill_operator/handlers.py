@@ -1,27 +1,60 @@
-"""kopf wiring: which events run a reconcile pass, and how its result becomes status and Events."""
+"""kopf wiring: which events ask for a reconcile pass, and how a pass's result becomes Events and metrics.
+
+The handlers return at once: passes run in threads (`passes.py`), read the resource afresh and write its status
+themselves, so no handler ever holds kopf's per-resource queue, and a deletion is handled within seconds.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from typing import Any
 
 import kopf
-from pydantic import ValidationError
 
-from tokenmill_runner.spec import DatasetGenerationSpec
-
-from . import metrics
+from . import metrics, names
 from .crd import GROUP, PLURAL, VERSION
 from .kube import default_kube
-from .reconcile import Context, MarkerCache, OperatorSettings, reconcile
-from .status import DatasetGenerationStatus
+from .passes import Key, PassScheduler, Stopped
+from .reconcile import MarkerCache, OperatorSettings, PassCancelled, PassResult, run_pass
 
 logger = logging.getLogger(__name__)
 
 RESYNC_SECONDS = float(os.environ.get("TOKENMILL_RESYNC_SECONDS", "15"))
+# How often kopf looks again at a timer that has not exited yet when its resource is deleted (kopf's default: 60 s,
+# `_cogs/configs/configuration.py:613`; used at `_core/engines/daemons.py:244,282`). Our timer never runs a pass
+# itself, so it exits at once; this bounds the wait if it ever does not.
+CANCELLATION_POLLING_SECONDS = 1.0
 SETTINGS = OperatorSettings()
 CACHES: dict[str, MarkerCache] = {}
+
+
+def _pass(key: Key, stopped: Stopped) -> PassResult | None:
+    namespace, name, uid = key
+    try:
+        return run_pass(default_kube(), name, namespace, uid, CACHES.setdefault(uid, MarkerCache()), SETTINGS,
+                        stopped)
+    except PassCancelled:
+        logger.info("%s/%s is being deleted: the pass in progress stopped", namespace, name)
+    except Exception:
+        metrics.RECONCILE_ERRORS.inc()
+        logger.exception("reconcile pass of %s/%s failed; the next pass retries", namespace, name)
+    return None
+
+
+def _done(key: Key, result: PassResult | None) -> None:
+    if result is None:
+        return
+    namespace, name, _ = key
+    if result.spec is not None:
+        metrics.publish(name, namespace, result.decision.status, result.spec.validation.model_dump(),
+                        result.spec.model.path)
+    for event in result.decision.events:
+        kopf.event(result.body, type=event.type, reason=event.reason, message=event.message)
+
+
+SCHEDULER = PassScheduler(_pass, _done)
 
 
 @kopf.on.startup()
@@ -31,58 +64,46 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="tokenmill.io")
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 60
+    settings.background.cancellation_polling = CANCELLATION_POLLING_SECONDS
     default_kube()
     metrics.serve(int(os.environ.get("TOKENMILL_METRICS_PORT", "8081")))
 
 
-def _previous(status: dict[str, Any]) -> DatasetGenerationStatus:
-    try:
-        return DatasetGenerationStatus.model_validate(status or {})
-    except ValidationError:
-        logger.warning("status does not match this operator's schema; starting from an empty one")
-        return DatasetGenerationStatus()
+@kopf.on.cleanup()
+def stop(**_: Any) -> None:
+    SCHEDULER.shutdown()
 
 
-def _run(body: kopf.Body, patch: kopf.Patch, uid: str) -> None:
-    meta, status = body["metadata"], dict(body.get("status") or {})
-    try:
-        spec = DatasetGenerationSpec.model_validate(dict(body["spec"]))
-    except ValidationError as error:
-        message = "; ".join(f"spec.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
-        patch.status["phase"] = "Failed"
-        patch.status["message"] = message
-        raise kopf.PermanentError(message) from None
-    context = Context(body=dict(body), name=meta["name"], namespace=meta["namespace"],
-                      generation=meta.get("generation", 0), spec=spec, previous=_previous(status))
-    try:
-        decision = reconcile(default_kube(), context, CACHES.setdefault(uid, MarkerCache()), SETTINGS)
-    except Exception:
-        metrics.RECONCILE_ERRORS.inc()
-        raise
-    metrics.publish(context.name, context.namespace, decision.status, spec.validation.model_dump(), spec.model.path)
-    for event in decision.events:
-        kopf.event(body, type=event.type, reason=event.reason, message=event.message)
-    new_status = decision.status.model_dump(mode="json", by_alias=True, exclude_none=True)
-    if new_status != status:
-        patch.status.update(new_status)
-
-
+# Every change that kopf counts (spec, labels, annotations other than its own `tokenmill.io/` bookkeeping, which
+# also hides tokenmill.io/retry-failed: the timer picks that up within RESYNC_SECONDS).
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
-@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
-def on_change(body: kopf.Body, patch: kopf.Patch, uid: str, **_: Any) -> None:
-    _run(body, patch, uid)
+@kopf.on.update(GROUP, VERSION, PLURAL)
+async def on_change(name: str, namespace: str, uid: str, **_: Any) -> None:
+    SCHEDULER.request((namespace, name, uid))
 
 
+# Runs for every phase, Failed included: deleting the Job of a failed run (what SamplesMissing and RunnerFailed
+# advise) must start it again.
 @kopf.timer(GROUP, VERSION, PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
-def on_timer(body: kopf.Body, patch: kopf.Patch, uid: str, **_: Any) -> None:
-    if (body.get("status") or {}).get("phase") in ("Succeeded", "Failed") and not body["spec"].get("suspend"):
-        return  # terminal: nothing left to watch
-    _run(body, patch, uid)
+async def on_timer(name: str, namespace: str, uid: str, **_: Any) -> None:
+    SCHEDULER.request((namespace, name, uid))
+
+
+def _release(name: str, namespace: str) -> None:
+    kube = default_kube()
+    kube.delete("apps/v1", "StatefulSet", names.server_name(name), namespace)
+    kube.delete("batch/v1", "Job", names.runner_name(name), namespace)
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
-def on_delete(uid: str, name: str, namespace: str, **_: Any) -> None:
-    # Children go with their owner (garbage collection); the data in storage is kept on purpose.
+async def on_delete(name: str, namespace: str, uid: str, **_: Any) -> None:
+    """Stop passes and give the GPUs back now; garbage collection would remove the children only once kopf has
+    dropped the finalizer. The data in storage is kept on purpose."""
+    SCHEDULER.forget(uid)
     CACHES.pop(uid, None)
     metrics.forget(name, namespace)
+    try:
+        await asyncio.to_thread(_release, name, namespace)
+    except Exception:  # never hold the finalizer for this: the garbage collector removes the children anyway
+        logger.exception("could not delete the children of %s/%s; the garbage collector will", namespace, name)

@@ -15,10 +15,19 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import NotFoundError
+from urllib3.exceptions import HTTPError
 
 logger = logging.getLogger(__name__)
 
 FIELD_MANAGER = "tokenmill-operator"
+# A read that fails for any reason but "not found": the API server is down, overloaded or slow.
+TRANSIENT = (ApiException, HTTPError, OSError)
+# Client-side timeout of one request (connect, read): a hung API server must not hold a reconcile pass for long.
+REQUEST_TIMEOUT = (5, 30)
+
+
+class KubeUnavailable(RuntimeError):
+    """The API server could not be read; says what was being read."""
 
 
 def load_config() -> None:
@@ -59,27 +68,44 @@ class Kube:
         return True
 
     def get(self, api_version: str, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
+        """The object, None when it does not exist; KubeUnavailable when the API server cannot tell."""
         try:
-            return self._resource(api_version, kind).get(name=name, namespace=namespace).to_dict()
+            return self._resource(api_version, kind).get(name=name, namespace=namespace,
+                                                         _request_timeout=REQUEST_TIMEOUT).to_dict()
         except NotFoundError:
             return None
+        except TRANSIENT as error:
+            raise KubeUnavailable(f"cannot read {kind} {namespace}/{name} from the API server: {error}") from error
 
     def list(self, api_version: str, kind: str, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
         label_selector = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
-        items = self._resource(api_version, kind).get(namespace=namespace, label_selector=label_selector)
+        try:
+            items = self._resource(api_version, kind).get(namespace=namespace, label_selector=label_selector,
+                                                          _request_timeout=REQUEST_TIMEOUT)
+        except TRANSIENT as error:
+            raise KubeUnavailable(f"cannot list {kind} in {namespace} from the API server: {error}") from error
         return [item.to_dict() for item in items.items]
 
-    def delete(self, api_version: str, kind: str, name: str, namespace: str) -> bool:
+    def delete(self, api_version: str, kind: str, name: str, namespace: str, propagation: str = "Background") -> bool:
+        """Delete; Foreground keeps the object until its dependents (a Job's pods) are gone."""
         try:
             self._resource(api_version, kind).delete(name=name, namespace=namespace,
-                                                     body={"propagationPolicy": "Background"})
+                                                     body={"propagationPolicy": propagation},
+                                                     _request_timeout=REQUEST_TIMEOUT)
         except NotFoundError:
             return False
         return True
 
     def patch(self, api_version: str, kind: str, name: str, namespace: str, body: dict[str, Any]) -> None:
         self._resource(api_version, kind).patch(name=name, namespace=namespace, body=body,
-                                                content_type="application/merge-patch+json")
+                                                content_type="application/merge-patch+json",
+                                                _request_timeout=REQUEST_TIMEOUT)
+
+    def patch_status(self, api_version: str, kind: str, name: str, namespace: str, body: dict[str, Any]) -> None:
+        """JSON merge patch of the status subresource (the operator never writes spec)."""
+        self._resource(api_version, kind).status.patch(name=name, namespace=namespace, body={"status": body},
+                                                       content_type="application/merge-patch+json",
+                                                       _request_timeout=REQUEST_TIMEOUT)
 
     def secret_data(self, name: str, namespace: str) -> dict[str, str]:
         secret = self.get("v1", "Secret", name, namespace)

@@ -2,86 +2,24 @@
 
 `decide(observed)` maps the cluster and storage facts of one DatasetGeneration to the desired children (server
 replicas, runner Job, report) and its new status. The kopf handlers only gather the facts and apply the result.
+Everything is level-based: a failure that the user repairs (the Job deleted, the spec fixed) is left on the next
+pass, because the facts that caused it are gone.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import hashlib
+from dataclasses import replace
 from datetime import datetime
 
 from tokenmill_runner.progress import format_duration
 
-from .planner import ServerPlan
-from .status import Condition, DatasetGenerationStatus, DatasetProgress, Progress, ReportStatus
+from . import names
+from .facts import Decision, Event, JobState, Observed, ProgressFacts, RetryDecision, ServerState
+from .status import Condition, DatasetGenerationStatus, DatasetProgress, Progress, ReportStatus, RetryStatus, RunStatus
 
-
-@dataclass(frozen=True)
-class ServerState:
-    desired: int
-    ready: int
-    problem_reason: str | None = None  # Unschedulable, ImagePullBackOff, CrashLoopBackOff, ...
-    problem_message: str | None = None
-
-    @property
-    def is_ready(self) -> bool:
-        return self.desired > 0 and self.ready >= self.desired
-
-
-@dataclass(frozen=True)
-class JobState:
-    active: int = 0
-    succeeded: int = 0
-    failed: int = 0
-    complete: bool = False
-    failed_message: str | None = None  # the Job's Failed condition, when it has one
-    suspended: bool = False
-
-
-@dataclass(frozen=True)
-class ProgressFacts:
-    overall: Progress
-    datasets: list[DatasetProgress]
-    last_commit_time: datetime | None
-
-    @property
-    def all_committed(self) -> bool:
-        return self.overall.total > 0 and self.overall.completed + self.overall.failed >= self.overall.total
-
-
-@dataclass(frozen=True)
-class Observed:
-    generation: int
-    now: datetime
-    suspended: bool
-    previous: DatasetGenerationStatus
-    plan: ServerPlan | None = None
-    plan_error: str | None = None
-    server: ServerState | None = None
-    job: JobState | None = None
-    job_started: datetime | None = None
-    progress: ProgressFacts | None = None
-    # The report's status from the previous status, or the one this pass just wrote: remembered, never read
-    # from storage. Once there is one, the run is finished.
-    remembered_report: ReportStatus | None = None
-    stall_after_s: float = 900.0
-
-
-@dataclass(frozen=True)
-class Event:
-    type: str  # Normal | Warning
-    reason: str
-    message: str
-
-
-@dataclass(frozen=True)
-class Decision:
-    status: DatasetGenerationStatus
-    server_replicas: int | None  # 0 releases the GPUs; None leaves the server as it is
-    delete_server: bool = False
-    create_job: bool = False
-    suspend_job: bool = False
-    write_report: bool = False
-    events: list[Event] = field(default_factory=list)
+__all__ = ["Decision", "Event", "JobState", "Observed", "ProgressFacts", "RetryDecision", "ServerState", "blocked",
+           "cannot_observe", "decide", "identity_change", "plan_retry", "reopen", "set_condition"]
 
 
 def _iso(moment: datetime) -> str:
@@ -104,6 +42,73 @@ def condition_status(conditions: list[Condition], type_: str) -> str | None:
     return next((c.status for c in conditions if c.type == type_), None)
 
 
+def condition_reason(conditions: list[Condition], type_: str) -> str | None:
+    return next((c.reason for c in conditions if c.type == type_ and c.status == "True"), None)
+
+
+# ------------------------------------------------------------------------------------- retries and reopening
+
+
+MAX_RETRY_VALUE = 253
+
+
+def retry_value(request: str) -> str:
+    """The annotation value as status keeps it: long values (annotations allow far more) by their hash."""
+    if len(request) <= MAX_RETRY_VALUE:
+        return request
+    return "sha256:" + hashlib.sha256(request.encode()).hexdigest()
+
+
+def plan_retry(request: str | None, previous: RetryStatus | None, given_up: int, now: datetime) -> RetryDecision:
+    """A tokenmill.io/retry-failed value not handled before asks for one retry of what was given up."""
+    token = previous.token if previous else ""
+    if not request:
+        return RetryDecision(token=token, status=previous)
+    request = retry_value(request)
+    if previous is not None and previous.handled == request:
+        return RetryDecision(token=token, status=previous)
+    if given_up == 0:
+        outcome = "nothing was given up: nothing to retry"
+        return RetryDecision(token=token, status=RetryStatus(handled=request, at=_iso(now), outcome=outcome,
+                                                             token=token),
+                             event=Event("Normal", "RetryNotNeeded", f"{names.RETRY_ANNOTATION}={request}: {outcome}"))
+    outcome = f"restarted the runner with --retry-failed for {given_up} given-up samples"
+    return RetryDecision(token=request, status=RetryStatus(handled=request, at=_iso(now), outcome=outcome,
+                                                           token=request),
+                         event=Event("Normal", "RetryRequested", f"{names.RETRY_ANNOTATION}={request}: {outcome}"),
+                         accepted=True)
+
+
+def reopen(previous: DatasetGenerationStatus, retry: RetryDecision, desired_job_hash: str | None,
+           ended_job_hash: str | None) -> bool:
+    """Whether an ended run starts again: a retry was accepted, or the run gave samples up and the spec changed
+    what its runner Job would be (e.g. runner.retryFailed set to true)."""
+    if previous.report is None:
+        return False
+    if retry.accepted:
+        return True
+    gave_up = condition_reason(previous.conditions, "Failed") == "SamplesGivenUp"
+    return gave_up and desired_job_hash is not None and ended_job_hash not in (None, desired_job_hash)
+
+
+def identity_change(started: RunStatus | None, wanted: RunStatus) -> str | None:
+    """Why this spec may not drive the run that was started, or None. The CRD refuses these edits; this catches an
+    edit made where its rules did not run (an older CRD, a webhook-less apply)."""
+    if started is None:
+        return None
+    fields = (("spec.model.path", started.model_path, wanted.model_path),
+              ("the tokenizer (spec.model.tokenizer)", started.tokenizer, wanted.tokenizer),
+              ("spec.output.uri", started.output_uri, wanted.output_uri))
+    changed = [f"{what} changed from {old!r} to {new!r}" for what, old, new in fields if old != new]
+    if not changed:
+        return None
+    return ("; ".join(changed) + " after the run started: the runner would mix two runs' outputs. Change it back, "
+            "or create a new DatasetGeneration (with its own output.uri) for the new run; nothing was changed")
+
+
+# --------------------------------------------------------------------------------------------------- status
+
+
 class _Status:
     """Accumulates conditions for one decision."""
 
@@ -122,6 +127,18 @@ def _progress(observed: Observed) -> tuple[Progress, list[DatasetProgress]]:
     return observed.progress.overall, observed.progress.datasets
 
 
+def _run_status(observed: Observed) -> RunStatus | None:
+    job = observed.job
+    if job is None:
+        return observed.previous.run
+    if job.run is not None:
+        return job.run
+    # A Job made by an operator that did not annotate it: the run has started all the same, with this spec.
+    if observed.previous.run is None and observed.wanted_run is not None:
+        return observed.wanted_run.model_copy(update={"job_hash": job.hash or ""})
+    return observed.previous.run
+
+
 def _base_status(observed: Observed, status: _Status, phase: str, message: str) -> DatasetGenerationStatus:
     overall, datasets = _progress(observed)
     previous = observed.previous
@@ -130,16 +147,35 @@ def _base_status(observed: Observed, status: _Status, phase: str, message: str) 
     return DatasetGenerationStatus(
         observed_generation=observed.generation, phase=phase, message=message, conditions=status.conditions,
         server_plan=observed.plan or previous.server_plan, progress=overall, datasets=datasets,
-        report=observed.remembered_report or previous.report,
+        report=observed.remembered_report or (None if observed.reopened else previous.report),
         start_time=previous.start_time or (_iso(observed.job_started) if observed.job_started else None),
-        completion_time=previous.completion_time or (_iso(observed.now) if terminal else None),
+        completion_time=(previous.completion_time or _iso(observed.now)) if terminal else None,
         last_commit_time=_iso(last_commit) if last_commit else previous.last_commit_time,
+        run=_run_status(observed),
+        retry=observed.retry.status if observed.retry else previous.retry,
+        planned_generation=observed.planned_generation or previous.planned_generation,
     )
 
 
-def _finished(observed: Observed, status: _Status) -> Decision:
+def _given_up_message(observed: Observed, overall: Progress, report: ReportStatus) -> str:
+    reasons = ", ".join(f"{reason} {count}" for reason, count in overall.failed_by_reason.items())
+    name = observed.name or "NAME"
+    return (f"{overall.given_up} of {overall.total} samples were given up for a server-side reason (failures by "
+            f"reason: {reasons}); the servers failed them, not their input. Run them again: kubectl annotate dsgen "
+            f"{name} {names.RETRY_ANNOTATION}=\"$(date +%s)\" --overwrite (or set spec.runner.retryFailed: true). "
+            f"Report ({report.verdict}): {report.uri}")
+
+
+def _ended(observed: Observed, status: _Status) -> Decision:
     report = observed.remembered_report
     assert report is not None
+    overall, _ = _progress(observed)
+    if overall.given_up > 0:
+        return _failed(observed, status, "SamplesGivenUp", _given_up_message(observed, overall, report))
+    return _finished(observed, status, report)
+
+
+def _finished(observed: Observed, status: _Status, report: ReportStatus) -> Decision:
     status.set("Succeeded", "True", "ReportWritten", f"report verdict {report.verdict}: {report.uri}")
     status.set("Failed", "False", "Succeeded")
     status.set("Progressing", "False", "Finished", "every sample is committed")
@@ -153,24 +189,27 @@ def _finished(observed: Observed, status: _Status) -> Decision:
 
 
 def _failed(observed: Observed, status: _Status, reason: str, message: str) -> Decision:
+    """Terminal until its cause goes away. The server is removed and a runner still running is suspended with it:
+    a runner without servers would only burn its samples' attempts."""
     status.set("Failed", "True", reason, message)
     status.set("Succeeded", "False", reason, message)
     status.set("Progressing", "False", reason, message)
     status.set("Ready", "False", reason, message)
     status.set("ServerReady", "False", "Released", "the server was removed to give the GPUs back")
-    events = [] if condition_status(observed.previous.conditions, "Failed") == "True" else [
-        Event("Warning", reason, message)]
+    previous_reason = condition_reason(observed.previous.conditions, "Failed")
+    events = [] if previous_reason == reason else [Event("Warning", reason, message)]
     return Decision(_base_status(observed, status, "Failed", message), server_replicas=0, delete_server=True,
-                    events=events)
+                    suspend_job=True, events=events)
 
 
-def _suspended(observed: Observed, status: _Status) -> Decision:
+def _suspended(observed: Observed, status: _Status, replace_job: bool) -> Decision:
     message = "suspended: server scaled to zero; resuming continues from what is committed"
     status.set("Progressing", "False", "Suspended", message)
     status.set("ServerReady", "False", "Suspended", "scaled to zero while suspended")
     status.set("Stalled", "False", "Suspended")
     status.set("Ready", "False", "Suspended", message)
-    return Decision(_base_status(observed, status, "Suspended", message), server_replicas=0, suspend_job=True)
+    return Decision(_base_status(observed, status, "Suspended", message), server_replicas=0, suspend_job=True,
+                    replace_job=replace_job)
 
 
 def _server_condition(observed: Observed, status: _Status) -> bool:
@@ -202,7 +241,7 @@ def _stalled(observed: Observed) -> tuple[bool, str]:
                   f"{format_duration(observed.stall_after_s)}): check the runner pods' logs and the server")
 
 
-def _running(observed: Observed, status: _Status) -> Decision:
+def _running(observed: Observed, status: _Status, replace_job: bool) -> Decision:
     plan = observed.plan or observed.previous.server_plan
     replicas = plan.replicas * plan.nodes_per_replica if plan else 0
     server_ready = _server_condition(observed, status)
@@ -213,7 +252,8 @@ def _running(observed: Observed, status: _Status) -> Decision:
         status.set("Ready", "Unknown", "StartingServer", "")
         return Decision(_base_status(observed, status, "StartingServer", "starting the SGLang server"),
                         server_replicas=replicas)
-    stalled, stall_message = _stalled(observed) if job is not None else (False, "")
+    replacing = replace_job or (job is not None and job.deleting)
+    stalled, stall_message = _stalled(observed) if job is not None and not replacing else (False, "")
     events: list[Event] = []
     if stalled:
         status.set("Stalled", "True", "NoCommits", stall_message)
@@ -223,45 +263,92 @@ def _running(observed: Observed, status: _Status) -> Decision:
         status.set("Stalled", "False", "Committing", "")
     overall, _ = _progress(observed)
     message = f"generating: {overall.display or 'starting'}, ETA {overall.eta or 'unknown'}"
-    status.set("Progressing", "True", "Generating", message)
+    if replacing:
+        message = ("replacing the runner Job (what it depends on changed); the new one resumes from what is "
+                   f"committed: {overall.display or 'nothing yet'}")
+    status.set("Progressing", "True", "ReplacingRunner" if replacing else "Generating", message)
     status.set("Succeeded", "Unknown", "InProgress", "")
     status.set("Failed", "False", "InProgress", "")
     healthy = server_ready and not stalled
     status.set("Ready", "True" if healthy else "False", "Generating" if healthy else "Degraded",
                "" if healthy else (stall_message or "the server is not ready"))
-    return Decision(_base_status(observed, status, "Generating", message), server_replicas=replicas,
-                    create_job=job is None, events=events)
+    decision = Decision(_base_status(observed, status, "Generating", message), server_replicas=replicas,
+                        create_job=job is None, replace_job=replace_job, events=events)
+    if decision.create_job and observed.wanted_run is not None:
+        decision.status.run = observed.wanted_run
+    return decision
+
+
+def _job_finished(observed: Observed, status: _Status, job: JobState) -> Decision:
+    """The Job ended (every index done, or it failed). The ledger, not the Job, says whether the run is complete:
+    workers that gave samples up exit 3, which fails their index, yet every sample has its final outcome."""
+    if observed.progress is not None and observed.progress.all_committed:
+        status.set("Progressing", "True", "Reporting", "writing the validation report")
+        return Decision(_base_status(observed, status, "Reporting", "writing the validation report"),
+                        server_replicas=0, write_report=True)
+    delete_job = f"kubectl delete job {names.runner_name(observed.name)}" if observed.name else "delete the Job"
+    if job.failed_message:
+        return _failed(observed, status, "RunnerFailed",
+                       f"{job.failed_message}; check the runner pods' logs, then run the rest again: {delete_job}")
+    if observed.progress is None:
+        return _failed(observed, status, "SamplesMissing",
+                       "the runner Job completed but the output has no run.json (no runner ever started "
+                       f"generating); check the runner logs, then start it again: {delete_job}")
+    overall = observed.progress.overall
+    missing = overall.total - overall.completed - overall.failed
+    return _failed(observed, status, "SamplesMissing",
+                   f"the runner Job completed but {missing} of {overall.total} samples are not committed; "
+                   f"check the runner logs, then run the missing samples again: {delete_job}")
 
 
 def blocked(observed: Observed, reason: str, message: str) -> Decision:
-    """Something the user must fix before anything can be observed (e.g. the credentials Secret is missing).
-    Nothing is changed in the cluster: a run in progress keeps its server and runners."""
+    """Something must change before the operator can act (a missing Secret, storage or the API server that cannot
+    be read, a forbidden edit). Nothing is changed in the cluster: a run in progress keeps its server and runners,
+    and its phase."""
     status = _Status(observed)
     status.set("Ready", "False", reason, message)
     previous = observed.previous
     already = any(c.type == "Ready" and c.reason == reason for c in previous.conditions)
     events = [] if already else [Event("Warning", reason, message)]
-    return Decision(_base_status(observed, status, previous.phase, message), server_replicas=None, events=events)
+    new = _base_status(observed, status, previous.phase, message).model_copy(
+        update={"completion_time": previous.completion_time, "report": previous.report, "run": previous.run})
+    return Decision(new, server_replicas=None, events=events)
+
+
+def cannot_observe(observed: Observed, error: str) -> Decision:
+    """Storage or the API server could not be read: not a failure of the run. Said once with an Event, retried on
+    every pass; the time it started is kept until a pass succeeds."""
+    since = observed.previous.observation_failed_since or _iso(observed.now)
+    message = (f"cannot observe the run: {error} (failing since {since}; retried every pass; the server and the "
+               "runners are left as they are)")
+    decision = blocked(observed, "ObservationFailed", message)
+    decision.status.observation_failed_since = since
+    return decision
+
+
+def _outdated(observed: Observed) -> bool:
+    job = observed.job
+    return (job is not None and not job.deleting and job.hash is not None and observed.desired_job_hash is not None
+            and job.hash != observed.desired_job_hash)
 
 
 def decide(observed: Observed) -> Decision:
     status = _Status(observed)
-    if observed.remembered_report is not None:
-        return _finished(observed, status)
+    if observed.foreign_output:
+        return _failed(observed, status, "OutputInUse", observed.foreign_output)
     if observed.plan_error:
         return _failed(observed, status, "PlanFailed", observed.plan_error)
-    if observed.job is not None and observed.job.failed_message:
-        return _failed(observed, status, "RunnerFailed", observed.job.failed_message)
+    if observed.remembered_report is not None:
+        return _ended(observed, status)
+    job, replace_job = observed.job, _outdated(observed)
     if observed.suspended:
-        return _suspended(observed, status)
-    if observed.job is not None and observed.job.complete:
-        if observed.progress is not None and observed.progress.all_committed:
-            status.set("Progressing", "True", "Reporting", "writing the validation report")
-            return Decision(_base_status(observed, status, "Reporting", "writing the validation report"),
-                            server_replicas=0, write_report=True)
-        overall = observed.progress.overall if observed.progress else Progress()
-        missing = overall.total - overall.completed - overall.failed
-        return _failed(observed, status, "SamplesMissing",
-                       f"the runner Job completed but {missing} of {overall.total} samples are not committed; "
-                       "check the runner logs, then delete the Job to run the missing samples again")
-    return _running(observed, status)
+        return _suspended(observed, status, replace_job)
+    if job is not None and job.finished and not replace_job and not job.deleting:
+        return _job_finished(observed, status, job)
+    return _running(observed, status, replace_job)
+
+
+def with_retry_event(decision: Decision, retry: RetryDecision | None) -> Decision:
+    if retry is None or retry.event is None:
+        return decision
+    return replace(decision, events=[*decision.events, retry.event])

@@ -8,6 +8,8 @@ it with the DatasetGeneration) and an explicit label set from `names.labels`, ne
 from __future__ import annotations
 
 import base64
+import hashlib
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -43,9 +45,14 @@ GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 PROBE_PERIOD_S = 10
-# `tokenmill run` exits 2 only from argparse (tokenmill_runner.cli.EXIT_USAGE): a bad command line. The operator
-# builds the same command line for every index, so no retry and no other index can succeed either.
+# `tokenmill run` exit codes (docs: README "Exit codes"). 2: a usage or spec error; the operator builds the same
+# command line and spec for every index, so no retry and no other index can succeed either.
 RUNNER_EXIT_USAGE = 2
+# 3: the worker finished its share but gave samples up (retries exhausted, bad answers): a new pod would end the
+# same way, so the index is failed at once; the operator reads the ledger and reports SamplesGivenUp.
+RUNNER_EXIT_GAVE_UP = 3
+# 4: no server was live for longer than the outage budget; nothing was written off, so a new pod continues.
+RUNNER_EXIT_SERVERS_DOWN = 4
 # Only the tokenizer of an s3:// tokenizer location is needed; skip weights if it points at a full model prefix.
 _WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf", "*.msgpack", "*.h5", "*.ckpt")
 
@@ -474,14 +481,26 @@ def runner_configmap(name: str, namespace: str, owner: dict[str, Any], spec: Dat
     }
 
 
-def runner_args(spec: DatasetGenerationSpec, server_urls: list[str]) -> list[str]:
+def runner_args(spec: DatasetGenerationSpec, server_urls: list[str], retry_failed: bool = False) -> list[str]:
     args = ["run", f"{CONFIG_MOUNT}/{SPEC_KEY}", "--out", spec.output.uri,
             "--workers", str(spec.runner.parallelism), "--metrics-port", str(RUNNER_METRICS_PORT)]
     for url in server_urls:
         args += ["--server", url]
     if spec.output.endpoint:
         args += ["--s3-endpoint", spec.output.endpoint]
+    if retry_failed or spec.runner.retry_failed:
+        args += ["--retry-failed"]
     return args
+
+
+def runner_job_hash(spec: DatasetGenerationSpec, server_urls: list[str], retry_token: str = "") -> str:
+    """The identity of a runner Job: a hash of everything its pods depend on (the spec document they read, their
+    command line, their image). `suspend` is left out: suspending keeps the Job. When the hash changes, the operator
+    replaces the Job; the new one resumes from what is committed."""
+    document = spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+    document.pop("suspend", None)
+    payload = {"spec": document, "servers": server_urls, "retry": retry_token}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _runner_env(name: str, spec: DatasetGenerationSpec) -> list[Manifest]:
@@ -498,24 +517,30 @@ def _runner_env(name: str, spec: DatasetGenerationSpec) -> list[Manifest]:
     return env
 
 
+def _exit_codes(action: str, code: int) -> Manifest:
+    return {"action": action, "onExitCodes": {"containerName": RUNNER_CONTAINER, "operator": "In", "values": [code]}}
+
+
 def _pod_failure_policy() -> Manifest:
     # Rules are evaluated in order; unmatched failures count against backoffLimitPerIndex (exit 1 covers both
     # transient trouble, e.g. S3 or a server that was not up in time, and spec errors: retrying is the safe side).
     return {"rules": [
         # Eviction, preemption, node drain: not the worker's fault, and it resumes from what is committed.
         {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
-        {"action": "FailJob",
-         "onExitCodes": {"containerName": RUNNER_CONTAINER, "operator": "In", "values": [RUNNER_EXIT_USAGE]}},
+        _exit_codes("FailJob", RUNNER_EXIT_USAGE),
+        _exit_codes("FailIndex", RUNNER_EXIT_GAVE_UP),
+        # Said explicitly: a servers' outage is retried, within backoffLimitPerIndex (the default action).
+        _exit_codes("Count", RUNNER_EXIT_SERVERS_DOWN),
     ]}
 
 
 def _runner_container(name: str, spec: DatasetGenerationSpec, image: str, server_urls: list[str],
-                      tokenizer: PodFiles) -> Manifest:
+                      tokenizer: PodFiles, retry_failed: bool) -> Manifest:
     container: Manifest = {
         "name": RUNNER_CONTAINER,
         "image": image,
         "command": ["tokenmill"],
-        "args": runner_args(spec, server_urls),
+        "args": runner_args(spec, server_urls, retry_failed),
         "env": _runner_env(name, spec),
         "ports": [{"name": "metrics", "containerPort": RUNNER_METRICS_PORT, "protocol": "TCP"}],
         # The runner holds tokenized prompts of a bounded in-flight window plus one open shard per dataset:
@@ -539,7 +564,8 @@ def _runner_container(name: str, spec: DatasetGenerationSpec, image: str, server
     return container
 
 
-def _runner_pod(name: str, spec: DatasetGenerationSpec, image: str, server_urls: list[str]) -> Manifest:
+def _runner_pod(name: str, spec: DatasetGenerationSpec, image: str, server_urls: list[str],
+                retry_failed: bool) -> Manifest:
     tokenizer = runner_tokenizer_files(spec)
     return {
         "metadata": {"labels": names.labels(name, names.RUNNER_COMPONENT)},
@@ -556,7 +582,7 @@ def _runner_pod(name: str, spec: DatasetGenerationSpec, image: str, server_urls:
                 "fsGroup": RUNNER_UID,
                 "seccompProfile": {"type": "RuntimeDefault"},
             },
-            "containers": [_runner_container(name, spec, image, server_urls, tokenizer)],
+            "containers": [_runner_container(name, spec, image, server_urls, tokenizer, retry_failed)],
             "volumes": [
                 {"name": "config", "configMap": {"name": names.runner_configmap_name(name)}},
                 # No sizeLimit: S3 Parquet sources are spooled here whole (Parquet needs its footer first).
@@ -568,14 +594,22 @@ def _runner_pod(name: str, spec: DatasetGenerationSpec, image: str, server_urls:
 
 
 def runner_job(name: str, namespace: str, owner: dict[str, Any], spec: DatasetGenerationSpec, image: str,
-               server_urls: list[str]) -> Manifest:
+               server_urls: list[str], retry_token: str = "") -> Manifest:
     """Indexed Job: worker i ($JOB_COMPLETION_INDEX) takes the samples whose id hashes to i. The servers' sizes
-    reach the runner through the servers themselves (/server_info), not through the plan."""
+    reach the runner through the servers themselves (/server_info), not through the plan. A retry token (the
+    handled tokenmill.io/retry-failed value) makes it run with --retry-failed; the Job carries its hash and what the
+    run was started with as annotations."""
     workers = spec.runner.parallelism
+    metadata = _metadata(names.runner_name(name), namespace, owner, names.labels(name, names.RUNNER_COMPONENT))
+    metadata["annotations"] = {
+        names.JOB_HASH_ANNOTATION: runner_job_hash(spec, server_urls, retry_token),
+        names.RUN_ANNOTATION: json.dumps(run_identity(spec), sort_keys=True),
+        **({names.RETRY_ANNOTATION: retry_token} if retry_token else {}),
+    }
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": _metadata(names.runner_name(name), namespace, owner, names.labels(name, names.RUNNER_COMPONENT)),
+        "metadata": metadata,
         "spec": {
             "completionMode": "Indexed",
             "completions": workers,
@@ -589,6 +623,13 @@ def runner_job(name: str, namespace: str, owner: dict[str, Any], spec: DatasetGe
             "podFailurePolicy": _pod_failure_policy(),
             "suspend": spec.suspend,
             # No ttlSecondsAfterFinished: the operator reads the finished Job's status.
-            "template": _runner_pod(name, spec, image, server_urls),
+            "template": _runner_pod(name, spec, image, server_urls, bool(retry_token)),
         },
     }
+
+
+def run_identity(spec: DatasetGenerationSpec) -> dict[str, str]:
+    """What a run's outputs belong to; it cannot change once the run started (outputs of two models, or a run split
+    over two output prefixes, would follow)."""
+    return {"modelPath": spec.model.path, "tokenizer": spec.model.tokenizer or spec.model.path,
+            "outputUri": spec.output.uri}

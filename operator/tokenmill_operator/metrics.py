@@ -28,6 +28,8 @@ def _gauge(name: str, text: str, labels: tuple[str, ...]) -> Gauge:
 
 COMPLETED = _gauge("tokenmill_dsgen_samples_completed", "Committed samples with an output", PER_DATASET)
 FAILED = _gauge("tokenmill_dsgen_samples_failed", "Samples recorded as failed", PER_DATASET)
+GIVEN_UP = _gauge("tokenmill_dsgen_samples_given_up", "Failed samples given up for a server-side reason (retryable)",
+                  PER_DATASET)
 TOTAL = _gauge("tokenmill_dsgen_samples_total", "Samples to process", PER_DATASET)
 REMAINING = _gauge("tokenmill_dsgen_samples_remaining", "Samples not yet committed", PER_DATASET)
 TOKENS = _gauge("tokenmill_dsgen_generated_tokens", "Committed output tokens", PER_DATASET)
@@ -46,8 +48,8 @@ LAST_COMMIT = _gauge("tokenmill_dsgen_last_commit_timestamp_seconds", "Unix time
 INFO = _gauge("tokenmill_dsgen_info", "Model and report verdict", (*KEY, "model", "verdict"))
 RECONCILE_ERRORS = Counter("tokenmill_operator_reconcile_errors", "Reconcile passes that raised", registry=REGISTRY)
 
-_PER_RESOURCE = (COMPLETED, FAILED, TOTAL, REMAINING, TOKENS, TOKENS_PER_S, ETA, TRUNCATED, TRUNCATED_LIMIT, ERRORS,
-                 ERRORS_LIMIT, PHASE, CONDITION, LAST_COMMIT, INFO, PREDICTED)
+_PER_RESOURCE = (COMPLETED, FAILED, GIVEN_UP, TOTAL, REMAINING, TOKENS, TOKENS_PER_S, ETA, TRUNCATED, TRUNCATED_LIMIT,
+                 ERRORS, ERRORS_LIMIT, PHASE, CONDITION, LAST_COMMIT, INFO, PREDICTED)
 
 
 Series = set[tuple[Gauge, tuple[str, ...]]]
@@ -62,7 +64,8 @@ def _progress(touched: Series, key: dict[str, str], dataset: str, progress: Prog
     labels = {**key, "dataset": dataset}
     processed = progress.completed + progress.failed
     for metric, value in (
-        (COMPLETED, progress.completed), (FAILED, progress.failed), (TOTAL, progress.total),
+        (COMPLETED, progress.completed), (FAILED, progress.failed), (GIVEN_UP, progress.given_up),
+        (TOTAL, progress.total),
         (REMAINING, max(progress.total - processed, 0)), (TOKENS, progress.generated_tokens),
         (TOKENS_PER_S, progress.tokens_per_second), (ERRORS, progress.failed / processed if processed else 0.0),
         (TRUNCATED, progress.truncated / progress.completed if progress.completed else 0.0),

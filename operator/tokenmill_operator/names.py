@@ -27,6 +27,12 @@ LABEL_DATASET_GENERATION = "tokenmill.io/dataset-generation"
 APP_NAME = "tokenmill"
 MANAGER = "tokenmill-operator"
 
+# Set by users (any new value asks for one retry of what was given up); the operator records the last value handled.
+RETRY_ANNOTATION = "tokenmill.io/retry-failed"
+# On the runner Job: the hash of what it depends on, and what the run was started with (JSON).
+JOB_HASH_ANNOTATION = "tokenmill.io/job-hash"
+RUN_ANNOTATION = "tokenmill.io/run"
+
 _NOT_DNS = re.compile(r"[^a-z0-9-]+")
 
 

@@ -1,8 +1,10 @@
-"""One reconcile pass for one DatasetGeneration: gather facts, `decide`, apply the decision.
+"""One reconcile pass for one DatasetGeneration: read it afresh, gather facts, `decide`, apply, write its status.
 
-Called by kopf on create/resume/spec change and by a timer. Every step is idempotent: child names are
-deterministic, children are server-side applied (the runner Job and the API-key Secret are create-only), and
-progress is read from the commit markers in storage, so an operator restarted anywhere picks up where it was.
+Called for kopf's create/resume/update events and by a timer, one pass at a time per resource (`passes.py`). Every
+step is idempotent: child names are deterministic, children are server-side applied (the runner Job and the API-key
+Secret are create-only, the Job replaced when its hash changes), and progress is read from the commit markers in
+storage, so an operator restarted anywhere picks up where it was. What cannot be read (storage, the API server) is
+reported and retried, never taken for an answer.
 """
 
 from __future__ import annotations
@@ -10,29 +12,44 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
+from pydantic import ValidationError
 
-from tokenmill_runner.ledger import COMMITS
 from tokenmill_runner.report_files import REPORT_DIR, write_report
-from tokenmill_runner.spec import DatasetGenerationSpec
-from tokenmill_runner.storage import Storage, open_storage
+from tokenmill_runner.spec import API_VERSION, KIND, DatasetGenerationSpec
+from tokenmill_runner.storage import Storage, StorageError, open_storage
 
 from . import manifests, names
-from .kube import Kube
-from .lifecycle import Decision, JobState, Observed, ServerState, blocked, decide
+from .facts import Decision, JobState, Observed, ServerState
+from .faults import crash_point
+from .gather import MarkerCache, PassCancelled, never, observe_job, observe_progress, observe_server
+from .kube import Kube, KubeUnavailable
+from .lifecycle import (
+    blocked,
+    cannot_observe,
+    decide,
+    identity_change,
+    plan_retry,
+    reopen,
+    retry_value,
+    with_retry_event,
+)
 from .model_files import make_plan
-from .observe import parse_time, progress_facts
+from .observe import foreign_run
 from .planner import PlanError, ServerPlan
-from .status import DatasetGenerationStatus, ReportStatus
+from .status import DatasetGenerationStatus, ReportStatus, RunStatus, merge_patch
+
+__all__ = ["MarkerCache", "OperatorSettings", "PassCancelled", "PassResult", "reconcile", "run_pass"]
 
 logger = logging.getLogger(__name__)
 
-SERVER_PROBLEMS = ("ImagePullBackOff", "ErrImagePull", "CrashLoopBackOff", "CreateContainerConfigError",
-                   "InvalidImageName", "RunContainerError")
+# What a pass may meet while reading storage or the API server that says nothing about the run itself.
+UNOBSERVABLE = (StorageError, KubeUnavailable, OSError, ValueError)
 
 
 @dataclass(frozen=True)
@@ -42,20 +59,6 @@ class OperatorSettings:
     # Extra labels on runner pods (JSON object); the e2e tests use it to hold Job pods running under kwok.
     runner_pod_labels: dict[str, str] = field(
         default_factory=lambda: orjson.loads(os.environ.get("TOKENMILL_RUNNER_POD_LABELS", "{}")))
-
-
-@dataclass
-class MarkerCache:
-    """Commit markers never change once written: fetch each once per operator lifetime."""
-
-    by_key: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    def markers(self, storage: Storage, dataset: str) -> list[dict[str, Any]]:
-        keys = [k for k in storage.list(f"{dataset}/{COMMITS}/") if k.endswith(".json")]
-        for key in keys:
-            if key not in self.by_key:
-                self.by_key[key] = orjson.loads(storage.get(key))
-        return [self.by_key[key] for key in keys]
 
 
 def now_utc() -> datetime:
@@ -71,58 +74,7 @@ def storage_for(uri: str, spec: DatasetGenerationSpec, credentials: dict[str, st
     return open_storage(uri, spec.output.endpoint, spec.output.region, credentials)
 
 
-def observe_server(kube: Kube, name: str, namespace: str) -> ServerState | None:
-    statefulset = kube.get("apps/v1", "StatefulSet", names.server_name(name), namespace)
-    if statefulset is None:
-        return None
-    desired = statefulset["spec"].get("replicas") or 0
-    ready = (statefulset.get("status") or {}).get("readyReplicas") or 0
-    for pod in kube.list("v1", "Pod", namespace, names.selector_labels(name, names.SERVER_COMPONENT)):
-        problem = pod_problem(pod)
-        if problem:
-            return ServerState(desired, ready, *problem)
-    return ServerState(desired, ready)
-
-
-def pod_problem(pod: dict[str, Any]) -> tuple[str, str] | None:
-    """The scheduler's or the kubelet's reason a server pod cannot run, in its own words."""
-    status = pod.get("status") or {}
-    pod_name = pod["metadata"]["name"]
-    for condition in status.get("conditions") or []:
-        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
-            return (condition.get("reason") or "Unschedulable",
-                    f"pod {pod_name}: {condition.get('message') or 'cannot be scheduled'}")
-    for container in status.get("containerStatuses") or []:
-        waiting = (container.get("state") or {}).get("waiting") or {}
-        if waiting.get("reason") in SERVER_PROBLEMS:
-            return waiting["reason"], f"pod {pod_name}: {waiting.get('message') or waiting['reason']}"
-    return None
-
-
-def observe_job(kube: Kube, name: str, namespace: str) -> tuple[JobState | None, datetime | None]:
-    job = kube.get("batch/v1", "Job", names.runner_name(name), namespace)
-    if job is None:
-        return None, None
-    status = job.get("status") or {}
-    conditions = {c["type"]: c for c in status.get("conditions") or [] if c.get("status") == "True"}
-    failed = conditions.get("Failed")
-    state = JobState(
-        active=status.get("active") or 0, succeeded=status.get("succeeded") or 0, failed=status.get("failed") or 0,
-        complete="Complete" in conditions,
-        failed_message=(f"runner Job failed ({failed.get('reason')}): {failed.get('message', '')}"
-                        if failed else None),
-        suspended=bool(job["spec"].get("suspend")),
-    )
-    started = parse_time(status["startTime"]) if status.get("startTime") else None
-    return state, started
-
-
-def observe_progress(storage: Storage, cache: MarkerCache, now: datetime, started: datetime | None):
-    if not storage.exists("run.json"):
-        return None
-    totals = {name: info["rows"] for name, info in orjson.loads(storage.get("run.json"))["datasets"].items()}
-    markers = {name: cache.markers(storage, name) for name in totals}
-    return progress_facts(markers, totals, now, started)
+# ------------------------------------------------------------------------------------------------- observing
 
 
 def write_report_status(storage: Storage) -> ReportStatus:
@@ -132,9 +84,12 @@ def write_report_status(storage: Storage) -> ReportStatus:
     return ReportStatus(uri=storage.uri(f"{REPORT_DIR}/report.json"), verdict=report["verdict"], findings=findings)
 
 
+# -------------------------------------------------------------------------------------------------- planning
+
+
 @dataclass
 class Context:
-    """One DatasetGeneration as kopf hands it over."""
+    """One DatasetGeneration as read at the start of the pass."""
 
     body: dict[str, Any]
     name: str
@@ -143,72 +98,251 @@ class Context:
     spec: DatasetGenerationSpec
     previous: DatasetGenerationStatus
 
+    @property
+    def retry_request(self) -> str | None:
+        return (self.body["metadata"].get("annotations") or {}).get(names.RETRY_ANNOTATION)
 
-def _plan(context: Context, credentials: dict[str, str] | None) -> tuple[ServerPlan | None, str | None]:
+
+@dataclass(frozen=True)
+class Planning:
+    plan: ServerPlan | None
+    error: str | None = None  # the spec cannot be planned: reported until the spec changes
+    transient: str | None = None  # the model files could not be read: retried on the next pass
+    generation: int | None = None  # set when this pass made a new plan
+
+
+def _current_plan(context: Context) -> ServerPlan | None:
     previous = context.previous
-    if previous.server_plan is not None and previous.observed_generation == context.generation:
-        return previous.server_plan, None
+    planned = previous.planned_generation or previous.observed_generation  # statuses from before the field
+    return previous.server_plan if planned == context.generation else None
+
+
+def plan_for(context: Context, credentials: dict[str, str] | None) -> Planning:
+    """The plan of this generation: kept from the status, or made now. A spec edit that cannot be planned because
+    the model files cannot be read keeps the server on its previous plan until they can."""
+    current = _current_plan(context)
+    if current is not None:
+        return Planning(current)
     try:
-        return make_plan(context.spec, credentials), None
+        plan = make_plan(context.spec, credentials)
     except (PlanError, LookupError, ValueError) as error:
-        return None, str(error)
-    except Exception as error:  # storage errors: say where it failed
-        return None, f"cannot read the model files to plan the server: {error}"
+        return Planning(None, error=str(error))
+    except Exception as error:  # storage: unreachable, slow, denied or missing; say where and retry
+        previous = context.previous
+        kept = (f"; the server keeps the plan of generation {previous.planned_generation or 'before'}"
+                if previous.server_plan else "")
+        return Planning(None, transient=f"cannot read the model files to plan the server for generation "
+                                        f"{context.generation}: {error}{kept}")
+    crash_point("planned")
+    return Planning(plan, generation=context.generation)
+
+
+# ------------------------------------------------------------------------------------------------- deciding
+
+
+@dataclass(frozen=True)
+class Facts:
+    job: JobState | None
+    job_started: datetime | None
+    server: ServerState | None
+
+
+def _observe_cluster(kube: Kube, context: Context) -> Facts:
+    job, started = observe_job(kube, context.name, context.namespace)
+    return Facts(job, started, observe_server(kube, context.name, context.namespace))
+
+
+def _server_urls(context: Context, plan: ServerPlan | None) -> list[str] | None:
+    if plan is None:
+        return None
+    return names.server_urls(context.name, context.namespace, context.spec.server.port, plan.replicas,
+                             plan.nodes_per_replica)
+
+
+def _observed(context: Context, cache: MarkerCache, storage: Storage, planning: Planning, facts: Facts,
+              now: datetime, settings: OperatorSettings, stopped: Callable[[], bool]) -> Observed:
+    spec, previous, job = context.spec, context.previous, facts.job
+    plan = planning.plan
+    ended = previous.report is not None
+    progress, run = (None, None) if ended else observe_progress(storage, cache, now, facts.job_started, stopped)
+    given_up = (progress.overall if progress else previous.progress).given_up
+    retry = plan_retry(context.retry_request, previous.retry, given_up, now)
+    urls = _server_urls(context, plan)
+    desired_hash = manifests.runner_job_hash(spec, urls, retry.token) if urls is not None else None
+    ended_hash = job.hash if job is not None else (previous.run.job_hash if previous.run else None)
+    reopened = reopen(previous, retry, desired_hash, ended_hash)
+    if reopened:
+        progress, run = observe_progress(storage, cache, now, facts.job_started, stopped)
+    return Observed(
+        generation=context.generation, now=now, suspended=spec.suspend, previous=previous, name=context.name,
+        plan=plan, plan_error=planning.error, planned_generation=planning.generation, server=facts.server, job=job,
+        job_started=facts.job_started, progress=progress,
+        remembered_report=None if reopened else previous.report,
+        stall_after_s=spec.runner.stall_seconds or settings.stall_after_s,
+        desired_job_hash=desired_hash,
+        wanted_run=RunStatus.model_validate({**manifests.run_identity(spec), "jobHash": desired_hash or ""}),
+        retry=retry, reopened=reopened, foreign_output=foreign_run(run, spec),
+    )
+
+
+def reconcile(kube: Kube, context: Context, cache: MarkerCache, settings: OperatorSettings,
+              stopped: Callable[[], bool] = never) -> Decision:
+    spec, now = context.spec, now_utc()
+    base = Observed(generation=context.generation, now=now, suspended=spec.suspend, previous=context.previous,
+                    name=context.name)
+    try:
+        credentials = _credentials(kube, spec, context.namespace)
+    except LookupError as error:
+        return blocked(base, "MissingSecret",
+                       f"{error}: create it with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (spec.output."
+                       "credentialsSecret names it)")
+    except KubeUnavailable as error:
+        return cannot_observe(base, str(error))
+    planning = plan_for(context, credentials)
+    if planning.transient:
+        return cannot_observe(base, planning.transient)
+    try:
+        storage = storage_for(spec.output.uri, spec, credentials)
+        facts = _observe_cluster(kube, context)
+        started_run = (facts.job.run if facts.job else None) or context.previous.run
+        wanted = RunStatus.model_validate(manifests.run_identity(spec))
+        change = identity_change(started_run, wanted)
+        if change:
+            return blocked(base, "ImmutableFieldChanged", change)
+        observed = _observed(context, cache, storage, planning, facts, now, settings, stopped)
+    except UNOBSERVABLE as error:
+        return cannot_observe(base, str(error))
+    decision = decide(observed)
+    if decision.write_report:
+        if stopped():
+            raise PassCancelled
+        try:
+            report = write_report_status(storage)
+        except UNOBSERVABLE as error:
+            return cannot_observe(base, f"cannot write the report: {error}")
+        crash_point("report-written")
+        decision = decide(replace(observed, remembered_report=report))
+    if stopped():
+        raise PassCancelled
+    _apply(kube, context, decision, planning.plan or context.previous.server_plan, settings, facts.job,
+           observed.retry.token if observed.retry else "")
+    return with_retry_event(decision, observed.retry)
+
+
+# -------------------------------------------------------------------------------------------------- applying
 
 
 def _ensure_children(kube: Kube, context: Context, plan: ServerPlan, settings: OperatorSettings,
-                     server_replicas: int, create_job: bool) -> None:
+                     server_replicas: int, create_job: bool, retry_token: str) -> None:
     owner = manifests.owner_reference(context.body)
     name, namespace, spec = context.name, context.namespace, context.spec
     kube.create_if_absent(manifests.api_key_secret(name, namespace, owner, secrets.token_urlsafe(32)))
     kube.apply(manifests.server_service(name, namespace, owner, spec))
     kube.apply(manifests.network_policy(name, namespace, owner, spec))
-    kube.apply(manifests.runner_configmap(name, namespace, owner, spec))
     kube.apply(manifests.server_statefulset(name, namespace, owner, spec, plan, server_replicas))
-    if create_job:
-        image = spec.runner.image or settings.runner_image
-        job = manifests.runner_job(name, namespace, owner, spec, image,
-                                   names.server_urls(name, namespace, spec.server.port, plan.replicas,
-                                                     plan.nodes_per_replica))
-        template_labels = job["spec"]["template"]["metadata"].setdefault("labels", {})
-        template_labels.update(settings.runner_pod_labels)
-        kube.create_if_absent(job)
+    crash_point("server-applied")
+    if not create_job:
+        return
+    # The ConfigMap changes only together with a new Job: the pods of a running Job never read another spec.
+    kube.apply(manifests.runner_configmap(name, namespace, owner, spec))
+    image = spec.runner.image or settings.runner_image
+    urls = names.server_urls(name, namespace, spec.server.port, plan.replicas, plan.nodes_per_replica)
+    job = manifests.runner_job(name, namespace, owner, spec, image, urls, retry_token)
+    job["spec"]["template"]["metadata"].setdefault("labels", {}).update(settings.runner_pod_labels)
+    kube.create_if_absent(job)
+    crash_point("job-created")
+
+
+def _replace_job(kube: Kube, context: Context, job: JobState) -> None:
+    """Stop and delete the runner Job. Foreground deletion keeps the Job until its pods are gone, and the next Job
+    is created only once the old one is: never two live workers for one index."""
+    name = names.runner_name(context.name)
+    if not job.finished and not job.suspended:
+        kube.patch("batch/v1", "Job", name, context.namespace, {"spec": {"suspend": True}})
+    kube.delete("batch/v1", "Job", name, context.namespace, propagation="Foreground")
+    crash_point("job-replaced")
 
 
 def _apply(kube: Kube, context: Context, decision: Decision, plan: ServerPlan | None,
-           settings: OperatorSettings, job: JobState | None) -> None:
+           settings: OperatorSettings, job: JobState | None, retry_token: str) -> None:
     name, namespace = context.name, context.namespace
+    if decision.replace_job and job is not None:
+        _replace_job(kube, context, job)
     if decision.delete_server:
         kube.delete("apps/v1", "StatefulSet", names.server_name(name), namespace)
     elif plan is not None and decision.server_replicas is not None:
-        _ensure_children(kube, context, plan, settings, decision.server_replicas, decision.create_job)
-    if job is not None and job.suspended != decision.suspend_job and not job.complete:
+        _ensure_children(kube, context, plan, settings, decision.server_replicas, decision.create_job,
+                         retry_token)
+    if job is None or decision.replace_job or job.finished or job.deleting:
+        return
+    if job.suspended != decision.suspend_job:
         kube.patch("batch/v1", "Job", names.runner_name(name), namespace, {"spec": {"suspend": decision.suspend_job}})
+        if decision.suspend_job:
+            crash_point("suspended")
 
 
-def reconcile(kube: Kube, context: Context, cache: MarkerCache, settings: OperatorSettings) -> Decision:
-    spec, now = context.spec, now_utc()
+# ---------------------------------------------------------------------------------------------- one whole pass
+
+
+def _previous(status: dict[str, Any]) -> DatasetGenerationStatus:
     try:
-        credentials = _credentials(kube, spec, context.namespace)
-    except LookupError as error:
-        observed = Observed(generation=context.generation, now=now, suspended=spec.suspend,
-                            previous=context.previous)
-        return blocked(observed, "MissingSecret",
-                       f"{error}: create it with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (spec.output."
-                       "credentialsSecret names it)")
-    storage = storage_for(spec.output.uri, spec, credentials)
-    plan, plan_error = _plan(context, credentials)
-    job, started = observe_job(kube, context.name, context.namespace)
-    observed = Observed(
-        generation=context.generation, now=now, suspended=spec.suspend, previous=context.previous,
-        plan=plan, plan_error=plan_error, server=observe_server(kube, context.name, context.namespace),
-        job=job, job_started=started, remembered_report=context.previous.report,
-        progress=observe_progress(storage, cache, now, started),
-        stall_after_s=spec.runner.stall_seconds or settings.stall_after_s,
-    )
-    decision = decide(observed)
-    if decision.write_report:
-        observed = Observed(**{**observed.__dict__, "remembered_report": write_report_status(storage)})
-        decision = decide(observed)
-    _apply(kube, context, decision, plan, settings, job)
-    return decision
+        return DatasetGenerationStatus.model_validate(status or {})
+    except ValidationError:
+        logger.warning("status does not match this operator's schema; starting from an empty one")
+        return DatasetGenerationStatus()
+
+
+def _invalid_spec(body: dict[str, Any], previous: DatasetGenerationStatus, error: ValidationError) -> Decision:
+    message = "; ".join(f"spec.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+    observed = Observed(generation=body["metadata"].get("generation", 0), now=now_utc(), suspended=False,
+                        previous=previous, name=body["metadata"]["name"])
+    return blocked(observed, "InvalidSpec", message)
+
+
+@dataclass(frozen=True)
+class PassResult:
+    body: dict[str, Any]  # the resource as this pass read it (for Events)
+    decision: Decision
+    spec: DatasetGenerationSpec | None
+
+
+def write_status(kube: Kube, body: dict[str, Any], status: DatasetGenerationStatus) -> None:
+    new = status.model_dump(mode="json", by_alias=True, exclude_none=True)
+    patch = merge_patch(dict(body.get("status") or {}), new)
+    if patch:
+        meta = body["metadata"]
+        kube.patch_status(API_VERSION, KIND, meta["name"], meta["namespace"], patch)
+
+
+def settled(body: dict[str, Any], previous: DatasetGenerationStatus) -> bool:
+    """A run that succeeded and has nothing new to act on (no spec change, no new retry request): the pass only
+    republishes its status. (Failed runs get full passes: deleting their Job must start them again.)"""
+    meta = body["metadata"]
+    request = (meta.get("annotations") or {}).get(names.RETRY_ANNOTATION)
+    handled = previous.retry.handled if previous.retry else None
+    return (previous.phase == "Succeeded" and previous.observed_generation == meta.get("generation", 0)
+            and (not request or retry_value(request) == handled))
+
+
+def run_pass(kube: Kube, name: str, namespace: str, uid: str, cache: MarkerCache, settings: OperatorSettings,
+             stopped: Callable[[], bool] = never) -> PassResult | None:
+    """Read the resource afresh (a queued pass never acts on an old copy), reconcile it and write its status.
+    None when it is gone or being deleted."""
+    body = kube.get(API_VERSION, KIND, name, namespace)
+    if body is None or body["metadata"].get("uid") != uid or body["metadata"].get("deletionTimestamp"):
+        return None
+    previous = _previous(body.get("status") or {})
+    try:
+        spec = DatasetGenerationSpec.model_validate(body["spec"])
+    except ValidationError as error:
+        decision, spec = _invalid_spec(body, previous, error), None
+    else:
+        if settled(body, previous):
+            return PassResult(body, Decision(previous, server_replicas=None), spec)
+        context = Context(body=body, name=name, namespace=namespace,
+                          generation=body["metadata"].get("generation", 0), spec=spec, previous=previous)
+        decision = reconcile(kube, context, cache, settings, stopped)
+    if stopped():
+        raise PassCancelled
+    write_status(kube, body, decision.status)
+    return PassResult(body, decision, spec)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -40,6 +40,10 @@ class Progress(StatusModel):
     eta_seconds: int | None = Field(None, description="Estimated seconds until every sample is committed.")
     eta: str = Field("", description="ETA as HH:MM:SS, for kubectl.")
     display: str = Field("", description="completed+failed/total (percent), for kubectl.")
+    given_up: int = Field(0, description="Failed samples given up for a server-side reason (retries exhausted, bad "
+                                         "answers): run them again with the tokenmill.io/retry-failed annotation.")
+    failed_by_reason: dict[str, int] = Field(default_factory=dict,
+                                             description="Failed samples by reason (the errors/ records' reason).")
 
 
 class DatasetProgress(Progress):
@@ -50,6 +54,25 @@ class ReportStatus(StatusModel):
     uri: str = Field(description="Where report.json, report.md and the plots are.")
     verdict: Literal["pass", "warn", "fail"] = Field(description="The report's verdict.")
     findings: list[str] = Field(default_factory=list, description="The report's warnings and failures.")
+
+
+class RunStatus(StatusModel):
+    """What the run was started with. model.path, model.tokenizer and output.uri cannot change once this is set."""
+
+    model_path: str = Field(max_length=2048, description="spec.model.path the run started with.")
+    tokenizer: str = Field(max_length=2048, description="The tokenizer the run started with (spec.model.tokenizer, "
+                                                        "or the model path).")
+    output_uri: str = Field(max_length=2048, description="spec.output.uri the run started with.")
+    job_hash: str = Field("", max_length=64, description="Hash of everything the runner Job depends on; when it "
+                                                         "changes the operator replaces the Job.")
+
+
+class RetryStatus(StatusModel):
+    handled: str = Field(max_length=253, description="The last tokenmill.io/retry-failed annotation value handled.")
+    at: str = Field(description="When it was handled (RFC 3339).")
+    outcome: str = Field("", description="What the operator did with it.")
+    token: str = Field("", max_length=253, description="The last value that restarted the runner with --retry-failed "
+                                                       "(part of the runner Job's hash).")
 
 
 class DatasetGenerationStatus(StatusModel):
@@ -64,3 +87,23 @@ class DatasetGenerationStatus(StatusModel):
     start_time: str | None = Field(None, description="When generation started.")
     completion_time: str | None = Field(None, description="When the run succeeded or failed.")
     last_commit_time: str | None = Field(None, description="Time of the newest commit marker.")
+    run: RunStatus | None = Field(None, description="What the run was started with (set with the first runner Job).")
+    retry: RetryStatus | None = Field(None, description="The last retry request handled.")
+    planned_generation: int = Field(0, description="The .metadata.generation serverPlan was computed for.")
+    observation_failed_since: str | None = Field(
+        None, description="Since when storage or the API server cannot be read (unset once they can).")
+
+
+def merge_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch (RFC 7386) that turns `old` into `new`: keys gone from `new` become null (a merge patch
+    keeps every key it does not mention), nested objects are patched key by key, everything else is replaced."""
+    patch: dict[str, Any] = {key: None for key in old if key not in new}
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, dict) and isinstance(before, dict):
+            nested = merge_patch(before, value)
+            if nested:
+                patch[key] = nested
+        elif value != before:
+            patch[key] = value
+    return patch

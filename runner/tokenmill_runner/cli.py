@@ -154,7 +154,8 @@ def runner_config(resource: DatasetGeneration, args: argparse.Namespace, servers
         spec = spec.model_copy(update={"output": spec.output.model_copy(update={"endpoint": args.s3_endpoint})})
     return RunnerConfig(
         spec=spec, name=args.name or resource.metadata.name, namespace=resource.metadata.namespace or "",
-        servers=servers, metrics_port=args.metrics_port, retry_failed=args.retry_failed,
+        servers=servers, metrics_port=args.metrics_port,
+        retry_failed=args.retry_failed or spec.runner.retry_failed,
         output_uri=args.out or spec.output.uri, worker_index=args.worker_index,
         worker_count=args.workers or spec.runner.parallelism, server_wait_s=args.server_wait,
     )

@@ -28,6 +28,7 @@ from .sampling_defaults import apply_model_defaults, model_sampling_defaults
 from .scan import scan_source
 from .shards import ShardBuffer, clean_leftovers, read_ledger
 from .sources import source_format
+from .spec import DatasetGenerationSpec, SpecError
 from .storage import Storage, open_storage
 from .tokenizer_info import TokenizerInfo
 
@@ -137,6 +138,19 @@ def _dataset_settings(states: list[DatasetState], name: str) -> dict[str, Any]:
     return {}
 
 
+def check_output_owner(storage: Storage, spec: DatasetGenerationSpec) -> None:
+    """Refuse an output whose run.json records another model or tokenizer: two runs' outputs must never mix."""
+    if not storage.exists(RUN_METADATA):
+        return
+    recorded = (orjson.loads(storage.get(RUN_METADATA)).get("spec") or {}).get("model") or {}
+    ours = {"path": spec.model.path, "tokenizer": spec.model.tokenizer or spec.model.path}
+    theirs = {"path": recorded.get("path"), "tokenizer": recorded.get("tokenizer") or recorded.get("path")}
+    for key, value in ours.items():
+        if theirs[key] is not None and theirs[key] != value:
+            raise SpecError(f"{storage.uri(RUN_METADATA)} records a run with model.{key} {theirs[key]!r}, not "
+                            f"{value!r}: outputs of two runs must not mix; write this one to another output URI")
+
+
 async def prepare(config: RunnerConfig, api_key: str | None) -> Runner:
     spec = config.spec
     # Metrics first: tokenizer loading and the source count can take minutes, and an absent runner is alerted on.
@@ -145,6 +159,7 @@ async def prepare(config: RunnerConfig, api_key: str | None) -> Runner:
     if config.metrics_port:
         metrics.serve(config.metrics_port)
     storage = open_storage(config.output_uri, spec.output.endpoint, spec.output.region)
+    await asyncio.to_thread(check_output_owner, storage, spec)
     tokenizer_location = spec.model.tokenizer or spec.model.path
     folder = await asyncio.to_thread(local_model_folder, tokenizer_location, spec.output.endpoint)
     tokenizer = await asyncio.to_thread(load_tokenizer, folder, spec.model.trust_remote_code)

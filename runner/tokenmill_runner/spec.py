@@ -324,6 +324,12 @@ class RunnerSpec(SpecModel):
         description="Report Stalled (condition, Event, alert) when nothing is committed for this long; default: "
         "the operator's setting (15 minutes). Longer than the slowest expected request.",
     )
+    retry_failed: bool = Field(
+        False,
+        description="Run with --retry-failed: samples given up for a retryable reason (retries exhausted, bad "
+        "answers) are tried again each time a runner starts. To retry once after a run ended, set the annotation "
+        "tokenmill.io/retry-failed to a new value instead.",
+    )
 
 
 class OutputSpec(SpecModel):

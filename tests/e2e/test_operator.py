@@ -1,236 +1,34 @@
 """The operator on the real control plane: kubectl apply the b5 example → planned server → runner Job → report.
 
-Under kwok no container runs, so the test plays each runner pod itself: it runs the real `tokenmill` process
-with that pod's arguments and environment (secrets resolved, the ConfigMap's spec written to a file) against the
-simulator and the S3 server on loopback, then lets kwok complete the pod.
+The runner pods are played by the test (see operator_kit.py).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
-import orjson
 import pytest
-import yaml
 from kubernetes import client as k8s
 
-from tokenmill_runner.shards import read_committed_rows
-from tokenmill_runner.storage import open_storage, s3_client
-
-from .conftest import H200_NODES, HOLD_LABEL, REPO, Cluster
+from .conftest import H200_NODES
+from .operator_kit import (  # noqa: F401  (fixtures)
+    NAME,
+    b5_resource,
+    committed_ids,
+    condition,
+    credentials,
+    crd,
+    dsgen,
+    expected_ids,
+    operator,
+    play_runner_pods,
+    runner_pods,
+    s3_world,
+    simulator_for,
+    wait_phase,
+)
 
 pytestmark = pytest.mark.e2e
-
-NAME = "b5-openthoughts"
-MODEL_PREFIX = "moonshotai/Kimi-K2.5/"
-PROMPTS = REPO / "examples" / "prompts" / "reasoning.jsonl"
-TOKENMILL = str(Path(sys.executable).parent / "tokenmill")
-GROUP_VERSION = ("tokenmill.io", "v1alpha1", "datasetgenerations")
-
-
-# -- fixtures ------------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def crd(cluster: Cluster) -> None:
-    cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/datasetgenerations.tokenmill.io", "--timeout=60s")
-
-
-@pytest.fixture(scope="module")
-def s3_world(s3_endpoint: str) -> str:
-    """A model prefix with Kimi-K2.5's config.json and the demo tokenizer, and the B5 prompts."""
-    s3 = s3_client(s3_endpoint)
-    for bucket in ("models", "tokenmill-data"):
-        s3.create_bucket(Bucket=bucket)
-    fixture = json.loads((REPO / "tests" / "fixtures" / "models" / "kimi-k2.5.json").read_text())
-    s3.put_object(Bucket="models", Key=MODEL_PREFIX + "config.json", Body=json.dumps(fixture["config"]).encode())
-    s3.put_object(Bucket="models", Key=MODEL_PREFIX + "model.safetensors.index.json",
-                  Body=json.dumps({"metadata": {"total_size": fixture["weight_bytes"]}}).encode())
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        s3.put_object(Bucket="models", Key=MODEL_PREFIX + name,
-                      Body=(REPO / "examples" / "demo-model" / name).read_bytes())
-    s3.put_object(Bucket="tokenmill-data", Key="prompts/B5_openthoughts.jsonl", Body=PROMPTS.read_bytes())
-    return s3_endpoint
-
-
-class Operator:
-    """The operator as a subprocess, watching one namespace; restartable."""
-
-    def __init__(self, cluster: Cluster, namespace: str, log: Path) -> None:
-        self.env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "TOKENMILL_NAMESPACES": namespace,
-                    "TOKENMILL_RESYNC_SECONDS": "1", "TOKENMILL_HEALTH_PORT": str(_free_port()),
-                    "TOKENMILL_RUNNER_POD_LABELS": json.dumps({HOLD_LABEL: "true"}),
-                    "TOKENMILL_RUNNER_IMAGE": "registry.invalid/tokenmill:test"}
-        self.log = log
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        handle = self.log.open("ab")
-        self.process = subprocess.Popen([str(Path(sys.executable).parent / "tokenmill-operator")], env=self.env,
-                                        stdout=handle, stderr=subprocess.STDOUT)
-
-    def kill(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait()
-
-    def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@pytest.fixture
-def operator(cluster: Cluster, namespace: str, crd: None, tmp_path: Path) -> Iterator[Operator]:
-    running = Operator(cluster, namespace, tmp_path / "operator.log")
-    running.start()
-    try:
-        yield running
-    finally:
-        running.stop()
-        print(running.log.read_text()[-6000:], file=sys.stderr)
-
-
-@pytest.fixture
-def credentials(cluster: Cluster, namespace: str) -> None:
-    cluster.core.create_namespaced_secret(namespace, k8s.V1Secret(
-        metadata=k8s.V1ObjectMeta(name="s3-creds"),
-        string_data={"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}))
-
-
-def b5_resource(namespace: str, endpoint: str, **spec_changes: Any) -> dict[str, Any]:
-    """examples/b5-openthoughts.yaml, pointed at this namespace, the test S3 server and its own output prefix."""
-    resource = yaml.safe_load((REPO / "examples" / "b5-openthoughts.yaml").read_text())
-    resource["metadata"]["namespace"] = namespace
-    resource["spec"]["output"]["endpoint"] = endpoint
-    resource["spec"]["output"]["uri"] = f"s3://tokenmill-data/runs/{namespace}/"
-    for path, value in spec_changes.items():
-        node = resource["spec"]
-        *parents, leaf = path.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return resource
-
-
-# -- helpers -------------------------------------------------------------------------------------------------
-def dsgen(cluster: Cluster, namespace: str, name: str = NAME) -> dict[str, Any]:
-    return cluster.api(k8s.CustomObjectsApi).get_namespaced_custom_object(*GROUP_VERSION[:2], namespace,
-                                                                          GROUP_VERSION[2], name)
-
-
-def wait_phase(cluster: Cluster, namespace: str, phase: str, timeout: float = 120) -> dict[str, Any]:
-    return cluster.wait_for(lambda: (lambda o: o if (o.get("status") or {}).get("phase") == phase else None)(
-        dsgen(cluster, namespace)), f"phase {phase}", timeout=timeout)
-
-
-def condition(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:
-    return next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == type_), None)
-
-
-def runner_pods(cluster: Cluster, namespace: str) -> list[k8s.V1Pod]:
-    selector = f"app.kubernetes.io/instance={NAME},app.kubernetes.io/component=runner"
-    return cluster.core.list_namespaced_pod(namespace, label_selector=selector).items
-
-
-def _env_of(cluster: Cluster, namespace: str, container: k8s.V1Container) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for source in container.env_from or []:
-        if source.secret_ref:
-            secret = cluster.core.read_namespaced_secret(source.secret_ref.name, namespace)
-            env.update({k: _b64(v) for k, v in (secret.data or {}).items()})
-    for var in container.env or []:
-        if var.value is not None:
-            env[var.name] = var.value
-        elif var.value_from and var.value_from.secret_key_ref:
-            ref = var.value_from.secret_key_ref
-            env[var.name] = _b64(cluster.core.read_namespaced_secret(ref.name, namespace).data[ref.key])
-    return env
-
-
-def _b64(value: str) -> str:
-    import base64
-
-    return base64.b64decode(value).decode()
-
-
-def play_pod(cluster: Cluster, namespace: str, pod: k8s.V1Pod, server_url: str, work: Path) -> subprocess.Popen:
-    """Start the real runner with this pod's arguments and environment, talking to the local simulator."""
-    container = pod.spec.containers[0]
-    configmap = next(v.config_map.name for v in pod.spec.volumes if v.config_map)
-    spec_file = work / f"{pod.metadata.name}.yaml"
-    spec_file.write_text(cluster.core.read_namespaced_config_map(configmap, namespace).data["spec.yaml"])
-    args = list(container.args)
-    mount = next(m.mount_path for m in container.volume_mounts if m.name == next(
-        v.name for v in pod.spec.volumes if v.config_map))
-    args = [str(spec_file) if a.startswith(mount) else a for a in args]
-    args = [server_url if i > 0 and args[i - 1] == "--server" else a for i, a in enumerate(args)]
-    # Four "pods" share this machine: each gets its own metrics port.
-    args = [str(_free_port()) if i > 0 and args[i - 1] == "--metrics-port" else a for i, a in enumerate(args)]
-    index = pod.metadata.annotations["batch.kubernetes.io/job-completion-index"]
-    env = {**os.environ, **_env_of(cluster, namespace, container), "JOB_COMPLETION_INDEX": index,
-           "HF_HOME": str(work / "hf"), "TOKENMILL_CACHE": str(work / "cache"), "HOME": str(work)}
-    log = (work / f"{pod.metadata.name}.log").open("wb")
-    return subprocess.Popen([TOKENMILL, "-q", *args], env=env, stdout=log, stderr=subprocess.STDOUT)
-
-
-def release_pod(cluster: Cluster, namespace: str, pod: k8s.V1Pod) -> None:
-    cluster.core.patch_namespaced_pod(pod.metadata.name, namespace, {"metadata": {"labels": {HOLD_LABEL: None}}})
-
-
-def play_runner_pods(cluster: Cluster, namespace: str, server_url: str, work: Path, count: int,
-                     indexes: set[str] | None = None) -> None:
-    """Run the runner for each held pod (or only the given completion indexes), then let kwok complete them."""
-    def held() -> list[k8s.V1Pod]:
-        pods = [p for p in runner_pods(cluster, namespace) if p.status.phase == "Running"
-                and (p.metadata.labels or {}).get(HOLD_LABEL) == "true" and p.metadata.deletion_timestamp is None]
-        wanted = [p for p in pods if indexes is None
-                  or p.metadata.annotations["batch.kubernetes.io/job-completion-index"] in indexes]
-        return wanted if len(wanted) >= count else []
-
-    pods = cluster.wait_for(held, f"{count} held runner pods", timeout=90)
-    work.mkdir(parents=True, exist_ok=True)
-    processes = [(pod, play_pod(cluster, namespace, pod, server_url, work)) for pod in pods[:count]]
-    for pod, process in processes:
-        code = process.wait(timeout=300)
-        assert code == 0, (work / f"{pod.metadata.name}.log").read_text()[-3000:]
-        release_pod(cluster, namespace, pod)
-
-
-def committed_ids(endpoint: str, namespace: str) -> Counter[str]:
-    storage = open_storage(f"s3://tokenmill-data/runs/{namespace}/", endpoint)
-    return Counter(row["sample_id"] for row in read_committed_rows(storage, "B5_openthoughts"))
-
-
-def expected_ids() -> set[str]:
-    return {orjson.loads(line)["sample_id"] for line in PROMPTS.read_bytes().splitlines() if line.strip()}
-
-
-def simulator_for(cluster: Cluster, namespace: str):
-    from tokenmill_sim.config import SimConfig
-    from tokenmill_sim.server import SimServer
-
-    secret = cluster.core.read_namespaced_secret(f"{NAME}-server-key", namespace)
-    return SimServer(SimConfig(model_path=str(REPO / "examples" / "demo-model"), api_key=_b64(secret.data["api-key"]),
-                               context_length=262144, time_scale=5000.0, max_running_requests=64))
 
 
 # -- tests ---------------------------------------------------------------------------------------------------
@@ -377,11 +175,28 @@ def test_invalid_resources_are_rejected_with_the_field(cluster, namespace, crd, 
     assert message in result.stderr, result.stderr
 
 
-def test_model_path_cannot_change_while_running(cluster, namespace, crd):
-    cluster.apply(b5_resource(namespace, "http://127.0.0.1:9"))
-    changed = cluster.apply(b5_resource(namespace, "http://127.0.0.1:9", **{"model.path": "s3://models/other/"}),
-                            check=False)
-    assert changed.returncode != 0 and "spec.model.path cannot change while the run is active" in changed.stderr
+IMMUTABLE = [("model.path", "s3://models/other/", "spec.model.path cannot change once the run has started"),
+             ("model.tokenizer", "s3://models/tok/", "spec.model.tokenizer cannot change once the run has started"),
+             ("output.uri", "s3://tokenmill-data/elsewhere/", "spec.output.uri cannot change once the run has started")]
+
+
+@pytest.mark.parametrize(("path", "value", "message"), IMMUTABLE, ids=[p for p, _, _ in IMMUTABLE])
+def test_what_the_run_started_with_cannot_change_even_when_suspended(cluster, namespace, crd, path, value, message):
+    # No operator here: the status is written as the operator writes it when it creates the first runner Job.
+    cluster.apply(b5_resource(namespace, "http://127.0.0.1:9", suspend=True))
+    before = cluster.apply(b5_resource(namespace, "http://127.0.0.1:9", suspend=True, **{path: value}), check=False)
+    assert before.returncode == 0, f"before the run started {path} may still be corrected: {before.stderr}"
+    cluster.apply(b5_resource(namespace, "http://127.0.0.1:9", suspend=True))
+    run = {"modelPath": "s3://models/moonshotai/Kimi-K2.5/", "tokenizer": "s3://models/moonshotai/Kimi-K2.5/",
+           "outputUri": f"s3://tokenmill-data/runs/{namespace}/", "jobHash": "0123456789abcdef"}
+    cluster.kubectl("patch", "dsgen", NAME, "-n", namespace, "--subresource=status", "--type=merge",
+                    "-p", json.dumps({"status": {"run": run}}))
+    changed = cluster.apply(b5_resource(namespace, "http://127.0.0.1:9", suspend=True, **{path: value}), check=False)
+    assert changed.returncode != 0 and message in changed.stderr, changed.stderr
+    assert "create a new DatasetGeneration" in changed.stderr
+    other = cluster.apply(b5_resource(namespace, "http://127.0.0.1:9", suspend=True, **{"runner.parallelism": 2}),
+                          check=False)
+    assert other.returncode == 0, f"other fields stay editable: {other.stderr}"
 
 
 def test_missing_credentials_secret_is_reported_then_picked_up(cluster, namespace, operator, s3_world):

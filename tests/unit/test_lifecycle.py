@@ -9,12 +9,16 @@ from tokenmill_operator.lifecycle import (
     Observed,
     ProgressFacts,
     ServerState,
+    cannot_observe,
     decide,
+    identity_change,
+    plan_retry,
+    reopen,
     set_condition,
 )
 from tokenmill_operator.observe import progress_facts
 from tokenmill_operator.planner import ServerPlan
-from tokenmill_operator.status import DatasetGenerationStatus, Progress, ReportStatus
+from tokenmill_operator.status import DatasetGenerationStatus, Progress, ReportStatus, RunStatus, merge_patch
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 PLAN = ServerPlan(tensor_parallel=8, nodes_per_replica=1, gpus_per_node=8, replicas=1, mem_fraction_static="0.88",
@@ -223,3 +227,204 @@ def test_a_missing_secret_blocks_with_one_event_and_changes_nothing():
     running = decide(observed())
     mid_run = blocked(observed(previous=running.status), "MissingSecret", message)
     assert mid_run.status.phase == "Generating", "a run in progress keeps its phase"
+
+
+# ------------------------------------------------------------------------ faults, edits, retries (issue 10)
+def given_up_progress(total: int = 100, completed: int = 90, reasons: dict[str, int] | None = None) -> ProgressFacts:
+    reasons = reasons if reasons is not None else {"retries_exhausted": 8, "prompt_too_long": 2}
+    retryable = {"retries_exhausted", "bad_response"}
+    overall = Progress(completed=completed, failed=sum(reasons.values()), total=total, failed_by_reason=reasons,
+                       given_up=sum(n for r, n in reasons.items() if r in retryable),
+                       display=f"{total}/{total} (100.0%)")
+    return ProgressFacts(overall=overall, datasets=[], last_commit_time=T0)
+
+
+REPORT = ReportStatus(uri="s3://b/run/report/report.json", verdict="fail", findings=["8 samples given up"])
+
+
+def test_a_run_with_given_up_samples_fails_with_counts_and_the_retry_annotation_never_succeeds():
+    decision = decide(observed(name="b5", job=JobState(succeeded=4, complete=True), progress=given_up_progress(),
+                               remembered_report=REPORT))
+    assert decision.status.phase == "Failed" and decision.delete_server
+    assert conditions(decision)["Failed"] == ("True", "SamplesGivenUp")
+    assert conditions(decision)["Succeeded"] == ("False", "SamplesGivenUp")
+    message = decision.status.message
+    assert "8 of 100 samples were given up" in message
+    assert "retries_exhausted 8, prompt_too_long 2" in message
+    assert 'kubectl annotate dsgen b5 tokenmill.io/retry-failed="$(date +%s)" --overwrite' in message
+    assert decision.status.report == REPORT and [e.reason for e in decision.events] == ["SamplesGivenUp"]
+
+
+def test_input_caused_failures_alone_still_succeed():
+    progress = given_up_progress(reasons={"prompt_too_long": 3})
+    decision = decide(observed(job=JobState(complete=True), progress=progress, remembered_report=REPORT))
+    assert decision.status.phase == "Succeeded", "bad input is a report finding, not a given-up sample"
+
+
+def test_a_failed_job_whose_samples_all_have_an_outcome_is_reported_not_failed():
+    # Workers that gave samples up exit 3; podFailurePolicy fails their index, so the Job ends Failed.
+    job = JobState(succeeded=3, failed=1, failed_message="runner Job failed (FailedIndexes): Job has failed indexes")
+    decision = decide(observed(job=job, progress=given_up_progress()))
+    assert decision.write_report and decision.status.phase == "Reporting"
+
+
+def test_a_terminal_failure_suspends_the_running_job_together_with_the_server():
+    decision = decide(observed(plan=None, plan_error="model too large for 8 x 80 GB", job=JobState(active=4)))
+    assert decision.status.phase == "Failed"
+    assert decision.delete_server and decision.suspend_job, "no runner left without its server"
+
+
+def test_deleting_the_job_after_samples_missing_starts_the_missing_work_again():
+    failed = decide(observed(name="b5", job=JobState(succeeded=4, complete=True), progress=progress(90, 0, 100)))
+    assert failed.status.phase == "Failed" and "kubectl delete job b5-runner" in failed.status.message
+    # The user deleted the Job: the server comes back first, then a new Job.
+    restarting = decide(observed(name="b5", previous=failed.status, server=None, progress=progress(90, 0, 100)))
+    assert restarting.status.phase == "StartingServer" and restarting.server_replicas == 1
+    assert not restarting.delete_server and not restarting.create_job
+    running = decide(observed(name="b5", previous=restarting.status, progress=progress(90, 0, 100)))
+    assert running.create_job and running.status.phase == "Generating"
+    assert conditions(running)["Failed"] == ("False", "InProgress")
+
+
+def test_a_job_built_from_another_spec_is_replaced_then_recreated():
+    old = JobState(active=4, hash="aaaa")
+    replacing = decide(observed(job=old, desired_job_hash="bbbb"))
+    assert replacing.replace_job and not replacing.create_job
+    assert conditions(replacing)["Progressing"] == ("True", "ReplacingRunner")
+    still_stopping = decide(observed(job=JobState(hash="aaaa", deleting=True), desired_job_hash="bbbb",
+                                     previous=replacing.status))
+    assert not still_stopping.replace_job and not still_stopping.create_job, "old pods first"
+    wanted = RunStatus(model_path="s3://m/", tokenizer="s3://m/", output_uri="s3://o/", job_hash="bbbb")
+    created = decide(observed(job=None, desired_job_hash="bbbb", wanted_run=wanted, previous=still_stopping.status))
+    assert created.create_job and created.status.run == wanted
+
+
+def test_same_hash_or_unknown_hash_keeps_the_job():
+    assert not decide(observed(job=JobState(active=4, hash="bbbb"), desired_job_hash="bbbb")).replace_job
+    # A Job made by an operator that recorded no hash is adopted rather than interrupted.
+    assert not decide(observed(job=JobState(active=4, hash=None), desired_job_hash="bbbb")).replace_job
+
+
+def test_an_edit_while_suspended_replaces_the_job_but_creates_none_until_resumed():
+    decision = decide(observed(suspended=True, job=JobState(suspended=True, hash="aaaa"), desired_job_hash="bbbb"))
+    assert decision.status.phase == "Suspended" and decision.replace_job and not decision.create_job
+    gone = decide(observed(suspended=True, job=None, desired_job_hash="bbbb", previous=decision.status))
+    assert gone.status.phase == "Suspended" and not gone.create_job and gone.server_replicas == 0
+
+
+def test_a_completed_job_with_an_old_hash_is_replaced_before_reporting():
+    decision = decide(observed(job=JobState(complete=True, hash="aaaa"), desired_job_hash="bbbb",
+                               progress=progress(100, 0, 100)))
+    assert decision.replace_job and not decision.write_report
+
+
+def test_retry_annotation_accepted_once_when_something_was_given_up():
+    first = plan_retry("1", None, given_up=8, now=T0)
+    assert first.accepted and first.token == "1" and first.event.reason == "RetryRequested"
+    assert first.status.handled == "1" and "8 given-up samples" in first.status.outcome
+    again = plan_retry("1", first.status, given_up=8, now=T0 + timedelta(minutes=5))
+    assert not again.accepted and again.token == "1" and again.event is None and again.status == first.status
+    nothing = plan_retry("2", first.status, given_up=0, now=T0)
+    assert not nothing.accepted and nothing.event.reason == "RetryNotNeeded"
+    assert nothing.token == "1", "the Jobs keep the retry they were built for"
+    assert plan_retry(None, None, given_up=3, now=T0).token == ""
+
+
+def test_an_ended_run_reopens_for_a_retry_or_a_job_changing_edit_after_giving_up():
+    gave_up = decide(observed(job=JobState(complete=True), progress=given_up_progress(), remembered_report=REPORT))
+    accepted = plan_retry("1", None, given_up=8, now=T0)
+    assert reopen(gave_up.status, accepted, "bbbb", "aaaa")
+    kept = plan_retry(None, None, given_up=8, now=T0)
+    assert reopen(gave_up.status, kept, "bbbb", "aaaa"), "e.g. spec.runner.retryFailed set to true"
+    assert not reopen(gave_up.status, kept, "aaaa", "aaaa")
+    succeeded = decide(observed(job=JobState(complete=True), progress=progress(100, 0, 100),
+                                remembered_report=REPORT))
+    assert not reopen(succeeded.status, kept, "bbbb", "aaaa"), "an edit after success does not restart the GPUs"
+
+
+def test_a_reopened_run_forgets_its_report_and_completion_time():
+    gave_up = decide(observed(job=JobState(complete=True, hash="aaaa"), progress=given_up_progress(),
+                              remembered_report=REPORT))
+    assert gave_up.status.completion_time is not None
+    again = decide(observed(job=JobState(complete=True, hash="aaaa"), progress=given_up_progress(),
+                            previous=gave_up.status, reopened=True, desired_job_hash="bbbb"))
+    assert again.replace_job and again.status.phase == "Generating"
+    assert again.status.report is None and again.status.completion_time is None
+
+
+def test_run_identity_change_is_refused_with_what_changed():
+    started = RunStatus(model_path="s3://m/a/", tokenizer="s3://m/a/", output_uri="s3://o/x/")
+    assert identity_change(None, started) is None
+    assert identity_change(started, started.model_copy(update={"job_hash": "other"})) is None
+    message = identity_change(started, started.model_copy(update={"output_uri": "s3://o/y/"}))
+    assert "spec.output.uri changed from 's3://o/x/' to 's3://o/y/'" in message and "new DatasetGeneration" in message
+
+
+def test_cannot_observe_keeps_phase_and_children_says_since_when_once():
+    running = decide(observed(job=JobState(active=4)))
+    first = cannot_observe(observed(previous=running.status), "cannot list s3://o/B5/commits/: 503 SlowDown")
+    assert first.status.phase == "Generating" and first.server_replicas is None
+    assert not (first.delete_server or first.suspend_job or first.create_job or first.replace_job)
+    assert conditions(first)["Ready"] == ("False", "ObservationFailed")
+    assert "503 SlowDown" in first.status.message and "failing since 2026-11-29T12:00:00Z" in first.status.message
+    assert [e.reason for e in first.events] == ["ObservationFailed"]
+    later = cannot_observe(observed(previous=first.status, now=T0 + timedelta(minutes=3)), "still 503")
+    assert later.events == [] and "failing since 2026-11-29T12:00:00Z" in later.status.message
+    recovered = decide(observed(job=JobState(active=4), previous=later.status))
+    assert recovered.status.observation_failed_since is None
+    assert conditions(recovered)["Ready"] == ("True", "Generating")
+
+
+def test_status_merge_patch_removes_what_is_gone():
+    old = {"phase": "Failed", "report": {"uri": "u", "verdict": "fail"}, "progress": {"failedByReason": {"a": 1},
+                                                                                      "completed": 3}}
+    new = {"phase": "Generating", "progress": {"failedByReason": {}, "completed": 3}}
+    assert merge_patch(old, new) == {"phase": "Generating", "report": None, "progress": {"failedByReason": {"a": None}}}
+    assert merge_patch(new, new) == {}
+
+
+def test_given_up_counts_only_final_server_side_failures():
+    def mk(at, rows, failures):
+        return {"committed_at": at.isoformat(),
+                "samples": {"sample_id": [f"s{line}" for line in rows], "line": rows, "completion_tokens": [5] * len(rows)},
+                "failed": {"line": [line for line, _ in failures], "reason": [reason for _, reason in failures]}}
+    markers = [
+        mk(T0 - timedelta(minutes=9), [1, 2], [(3, "retries_exhausted"), (4, "bad_response"), (5, "prompt_too_long")]),
+        mk(T0 - timedelta(minutes=5), [3], [(4, "bad_response"), (6, "retries_exhausted")]),  # line 3 retried fine
+    ]
+    facts = progress_facts({"a": markers}, {"a": 6}, T0, T0 - timedelta(minutes=10))
+    overall = facts.overall
+    assert overall.completed == 3 and overall.failed == 3
+    assert overall.failed_by_reason == {"bad_response": 1, "prompt_too_long": 1, "retries_exhausted": 1}
+    assert overall.given_up == 2, "prompt_too_long is the input's fault, not given up"
+    assert facts.datasets[0].given_up == 2
+
+
+def test_a_run_started_by_an_older_operator_records_what_it_runs_with():
+    wanted = RunStatus(model_path="s3://m/", tokenizer="s3://m/", output_uri="s3://o/", job_hash="bbbb")
+    decision = decide(observed(job=JobState(active=4), desired_job_hash="bbbb", wanted_run=wanted))
+    assert decision.status.run == wanted.model_copy(update={"job_hash": ""}), "unknown hash: the Job is adopted"
+    assert not decision.replace_job
+
+
+def test_a_long_retry_value_is_kept_by_its_hash_and_handled_once():
+    long = "x" * 1000
+    first = plan_retry(long, None, given_up=2, now=T0)
+    assert first.accepted and first.status.handled.startswith("sha256:") and len(first.status.handled) < 100
+    assert not plan_retry(long, first.status, given_up=2, now=T0).accepted
+
+
+def test_an_output_holding_another_models_run_fails_before_anything_runs():
+    from tokenmill_operator.observe import foreign_run
+    from tokenmill_runner.spec import parse_document
+
+    spec = parse_document({"apiVersion": "tokenmill.io/v1alpha1", "kind": "DatasetGeneration", "metadata": {"name": "r"},
+                           "spec": {"model": {"path": "s3://models/kimi/"}, "output": {"uri": "s3://o/run/"},
+                                    "datasets": [{"name": "a", "source": "s3://p/a.jsonl"}]}}).spec
+    assert foreign_run(None, spec) is None
+    assert foreign_run({"spec": {"model": {"path": "s3://models/kimi/", "tokenizer": "/models/tok"}}}, spec) is None
+    why = foreign_run({"spec": {"model": {"path": "s3://models/qwen/"}}}, spec)
+    assert "s3://o/run/ already holds a run of model 's3://models/qwen/'" in why
+    decision = decide(observed(foreign_output=why, job=JobState(active=4)))
+    assert conditions(decision)["Failed"] == ("True", "OutputInUse")
+    assert decision.delete_server and decision.suspend_job

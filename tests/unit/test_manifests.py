@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import base64
 import os
 import re
@@ -399,6 +401,46 @@ def test_runner_job_is_indexed_with_per_index_retries():
     assert rules[1]["action"] == "FailJob"
     assert rules[1]["onExitCodes"] == {"containerName": "runner", "operator": "In", "values": [cli.EXIT_USAGE]}
     assert cli.EXIT_FAILED not in rules[1]["onExitCodes"]["values"]  # exit 1 may be transient: retried
+
+
+def test_given_up_is_not_retried_and_an_outage_is():
+    # Exit codes of `tokenmill run` (docs/reliability.md): 3 = finished with samples given up, a new pod would end
+    # the same way; 4 = no server live past the outage budget, nothing written off, a new pod continues.
+    rules = job()["spec"]["podFailurePolicy"]["rules"]
+    by_code = {rule["onExitCodes"]["values"][0]: rule["action"] for rule in rules if "onExitCodes" in rule}
+    assert by_code == {2: "FailJob", 3: "FailIndex", 4: "Count"}
+    assert all(rule["onExitCodes"]["containerName"] == "runner" for rule in rules if "onExitCodes" in rule)
+
+
+def test_retry_runs_the_runner_with_retry_failed():
+    assert "--retry-failed" not in container(job())["args"]
+    retried = manifests.runner_job(NAME, NAMESPACE, OWNER, spec(), "img", URLS, retry_token="1700000000")
+    assert container(retried)["args"][-1] == "--retry-failed"
+    assert retried["metadata"]["annotations"]["tokenmill.io/retry-failed"] == "1700000000"
+    assert "--retry-failed" in container(job(spec(runner__retryFailed=True)))["args"]
+    parsed = cli.build_parser().parse_args(container(retried)["args"])
+    assert parsed.retry_failed
+
+
+def test_job_hash_follows_what_the_pods_depend_on_and_not_suspend():
+    base = manifests.runner_job_hash(spec(), URLS)
+    assert job()["metadata"]["annotations"]["tokenmill.io/job-hash"] == base
+    assert manifests.runner_job_hash(spec().model_copy(update={"suspend": True}), URLS) == base
+    changed = {
+        "sampling": spec(sampling__maxNewTokens=2048),
+        "parallelism": spec(runner__parallelism=2),
+        "image": spec(runner__image="ghcr.io/x/other:1"),
+        "retryFailed": spec(runner__retryFailed=True),
+    }
+    for what, other in changed.items():
+        assert manifests.runner_job_hash(other, URLS) != base, what
+    assert manifests.runner_job_hash(spec(), names.server_urls(NAME, NAMESPACE, 30000, replicas=2)) != base
+    assert manifests.runner_job_hash(spec(), URLS, retry_token="1") != base
+
+
+def test_job_records_what_the_run_started_with():
+    run = json.loads(job(spec(model__path="s3://models/kimi/"))["metadata"]["annotations"]["tokenmill.io/run"])
+    assert run == {"modelPath": "s3://models/kimi/", "tokenizer": "s3://models/kimi/", "outputUri": "s3://bucket/run/"}
 
 
 def test_runner_job_suspends_with_the_spec():

@@ -1,0 +1,103 @@
+"""What one reconcile pass observed and what it decided: plain data, no logic. Pure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from .planner import ServerPlan
+from .status import DatasetGenerationStatus, DatasetProgress, Progress, ReportStatus, RetryStatus, RunStatus
+
+
+@dataclass(frozen=True)
+class ServerState:
+    desired: int
+    ready: int
+    problem_reason: str | None = None  # Unschedulable, ImagePullBackOff, CrashLoopBackOff, ...
+    problem_message: str | None = None
+
+    @property
+    def is_ready(self) -> bool:
+        return self.desired > 0 and self.ready >= self.desired
+
+
+@dataclass(frozen=True)
+class JobState:
+    active: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    complete: bool = False
+    failed_message: str | None = None  # the Job's Failed condition, when it has one
+    suspended: bool = False
+    hash: str | None = None  # what it was built from (None: made by an operator that did not record it)
+    run: RunStatus | None = None  # what the run was started with, from the Job's annotation
+    deleting: bool = False  # being deleted (replaced): its pods may still be stopping
+
+    @property
+    def finished(self) -> bool:
+        return self.complete or self.failed_message is not None
+
+
+@dataclass(frozen=True)
+class ProgressFacts:
+    overall: Progress
+    datasets: list[DatasetProgress]
+    last_commit_time: datetime | None
+
+    @property
+    def all_committed(self) -> bool:
+        return self.overall.total > 0 and self.overall.completed + self.overall.failed >= self.overall.total
+
+
+@dataclass(frozen=True)
+class Observed:
+    generation: int
+    now: datetime
+    suspended: bool
+    previous: DatasetGenerationStatus
+    name: str = ""
+    plan: ServerPlan | None = None
+    plan_error: str | None = None
+    server: ServerState | None = None
+    job: JobState | None = None
+    job_started: datetime | None = None
+    progress: ProgressFacts | None = None
+    # The report's status from the previous status, or the one this pass just wrote: remembered, never read
+    # from storage. Once there is one, the run has ended (unless it is reopened, see `reopen`).
+    remembered_report: ReportStatus | None = None
+    stall_after_s: float = 900.0
+    desired_job_hash: str | None = None  # the hash a runner Job built from this spec would have
+    wanted_run: RunStatus | None = None  # what a runner Job created now would start the run with
+    retry: RetryDecision | None = None
+    reopened: bool = False  # the ended run starts again (a retry, or a spec edit after samples were given up)
+    planned_generation: int | None = None  # the generation `plan` was computed for (None: kept from before)
+    foreign_output: str | None = None  # the output holds another model's run: why
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class RetryDecision:
+    """What to do with the tokenmill.io/retry-failed annotation on this pass."""
+
+    token: str  # the retry generation runner Jobs are built for ("" when none was ever accepted)
+    status: RetryStatus | None  # the status to record (the previous one when nothing new was asked)
+    event: Event | None = None
+    accepted: bool = False  # a new request with something to retry: the run restarts with --retry-failed
+
+
+@dataclass(frozen=True)
+class Decision:
+    status: DatasetGenerationStatus
+    server_replicas: int | None  # 0 releases the GPUs; None leaves the server as it is
+    delete_server: bool = False
+    create_job: bool = False
+    suspend_job: bool = False
+    replace_job: bool = False  # delete the runner Job (its pods first); the next pass creates the new one
+    write_report: bool = False
+    events: list[Event] = field(default_factory=list)

@@ -1,0 +1,74 @@
+"""The reconcile pass's pure parts: planning on a spec edit (a plan the spec cannot have is an error; model files that
+cannot be read are not), and which runs need no pass at all."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tokenmill_operator.reconcile import Context, plan_for
+from tokenmill_operator.status import DatasetGenerationStatus
+from tokenmill_runner.spec import parse_document
+
+from .test_lifecycle import PLAN
+
+KIMI = Path(__file__).resolve().parents[1] / "fixtures" / "models" / "kimi-k2.5.json"
+
+
+def context(model_dir: Path, generation: int, previous: DatasetGenerationStatus | None = None) -> Context:
+    document = {"apiVersion": "tokenmill.io/v1alpha1", "kind": "DatasetGeneration", "metadata": {"name": "r"},
+                "spec": {"model": {"path": str(model_dir), "weightBytes": 594 * 10**9},
+                         "server": {"gpuProduct": "NVIDIA-H200"},
+                         "datasets": [{"name": "a", "source": "s3://p/a.jsonl"}], "output": {"uri": "s3://o/"}}}
+    return Context(body=document, name="r", namespace="ns", generation=generation,
+                   spec=parse_document(document).spec, previous=previous or DatasetGenerationStatus())
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    (tmp_path / "config.json").write_text(json.dumps(json.loads(KIMI.read_text())["config"]))
+    return tmp_path
+
+
+def test_a_plan_is_made_once_per_generation(model_dir: Path):
+    made = plan_for(context(model_dir, 2), None)
+    assert made.plan is not None and made.generation == 2 and made.error is None
+    (model_dir / "config.json").unlink()  # not read again for the same generation
+    previous = DatasetGenerationStatus(server_plan=made.plan, planned_generation=2, observed_generation=2)
+    kept = plan_for(context(model_dir, 2, previous), None)
+    assert kept.plan == made.plan and kept.generation is None
+
+
+def test_unreadable_model_files_on_a_spec_edit_keep_the_previous_plan_and_say_so(model_dir: Path):
+    (model_dir / "config.json").unlink()
+    previous = DatasetGenerationStatus(server_plan=PLAN, planned_generation=2, observed_generation=2)
+    planning = plan_for(context(model_dir, 3, previous), None)
+    assert planning.plan is None and planning.error is None, "not a plan error: nothing terminal"
+    assert "cannot read the model files to plan the server for generation 3" in planning.transient
+    assert "config.json" in planning.transient
+    assert "the server keeps the plan of generation 2" in planning.transient
+
+
+def test_a_config_the_planner_cannot_use_is_a_plan_error(model_dir: Path):
+    (model_dir / "config.json").write_text("{not json")
+    planning = plan_for(context(model_dir, 1), None)
+    assert planning.plan is None and planning.transient is None and planning.error
+
+
+def test_a_succeeded_run_is_settled_until_its_spec_or_a_new_retry_request_changes():
+    from tokenmill_operator.reconcile import settled
+    from tokenmill_operator.status import RetryStatus
+
+    done = DatasetGenerationStatus(phase="Succeeded", observed_generation=4,
+                                   retry=RetryStatus(handled="1", at="2026-11-29T12:00:00Z"))
+
+    def body(generation: int, retry: str | None = None) -> dict:
+        annotations = {"tokenmill.io/retry-failed": retry} if retry else {}
+        return {"metadata": {"generation": generation, "annotations": annotations}}
+
+    assert settled(body(4), done) and settled(body(4, "1"), done)
+    assert not settled(body(5), done), "a spec edit is looked at"
+    assert not settled(body(4, "2"), done), "a new retry request is answered"
+    assert not settled(body(4), done.model_copy(update={"phase": "Failed"})), "failed runs stay watched"
