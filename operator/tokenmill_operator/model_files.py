@@ -9,7 +9,7 @@ import os
 import orjson
 
 from tokenmill_runner.spec import DatasetGenerationSpec
-from tokenmill_runner.storage import open_storage
+from tokenmill_runner.storage import StorageRetry, open_storage
 
 from tokenmill_runner.workload import Workload
 
@@ -28,13 +28,16 @@ def model_files_location(spec: DatasetGenerationSpec) -> str:
 
 
 def make_plan(spec: DatasetGenerationSpec, credentials: dict[str, str] | None,
-              work: Workload | None = None, location: str | None = None) -> ServerPlan:
+              work: Workload | None = None, location: str | None = None,
+              retry: StorageRetry | None = None) -> ServerPlan:
     """Read config.json (and the safetensors index unless spec.model.weightBytes is set), then plan the server.
 
     work overrides the job's lengths and concurrency (tokenmill plan's fixed-workload flags); location reads the
-    model files from elsewhere than the spec says (tokenmill plan --model-files)."""
+    model files from elsewhere than the spec says (tokenmill plan --model-files); retry bounds how long a failing store
+    is retried (the operator's passes keep it short)."""
     output = spec.output
-    storage = open_storage(location or model_files_location(spec), output.endpoint, output.region, credentials)
+    storage = open_storage(location or model_files_location(spec), output.endpoint, output.region, credentials,
+                           retry)
     config = orjson.loads(storage.get("config.json"))
     weight_bytes = spec.model.weight_bytes
     if weight_bytes is None and storage.exists("model.safetensors.index.json"):

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from tokenmill_runner.report_files import REPORT_DIR, write_report
 from tokenmill_runner.spec import API_VERSION, KIND, DatasetGenerationSpec
-from tokenmill_runner.storage import Storage, StorageError, open_storage
+from tokenmill_runner.storage import Storage, StorageError, StorageRetry, open_storage
 
 from . import manifests, names
 from .facts import Decision, JobState, Observed, ServerState
@@ -70,8 +70,13 @@ def _credentials(kube: Kube, spec: DatasetGenerationSpec, namespace: str) -> dic
     return kube.secret_data(secret, namespace) if secret else None
 
 
+# A pass gives up on a store that keeps failing after this long and says ObservationFailed; the next pass tries
+# again. The runner's long budget (storage.py, 600 s) would hold a pass, and the resource's status, for minutes.
+OBSERVE_RETRY = StorageRetry(budget_s=10.0)
+
+
 def storage_for(uri: str, spec: DatasetGenerationSpec, credentials: dict[str, str] | None) -> Storage:
-    return open_storage(uri, spec.output.endpoint, spec.output.region, credentials)
+    return open_storage(uri, spec.output.endpoint, spec.output.region, credentials, OBSERVE_RETRY)
 
 
 # ------------------------------------------------------------------------------------------------- observing
@@ -124,7 +129,7 @@ def plan_for(context: Context, credentials: dict[str, str] | None) -> Planning:
     if current is not None:
         return Planning(current)
     try:
-        plan = make_plan(context.spec, credentials)
+        plan = make_plan(context.spec, credentials, retry=OBSERVE_RETRY)
     except (PlanError, LookupError, ValueError) as error:
         return Planning(None, error=str(error))
     except Exception as error:  # storage: unreachable, slow, denied or missing; say where and retry
