@@ -19,6 +19,8 @@ from .spec import DatasetGeneration, SpecError, load_spec_file
 logger = logging.getLogger("tokenmill")
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+# No server was live for longer than spec.runner.outageBudgetSeconds; nothing was written off (a rerun continues).
+EXIT_SERVERS_UNAVAILABLE = 4
 
 
 def _setup_logging(verbose: int) -> None:
@@ -163,11 +165,17 @@ def _print_report(storage) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from .client import ServersUnavailable
+
     resource = load_spec_file(args.spec)
     with ExitStack() as stack:
         servers = args.server or [_start_simulator(resource, args, stack)]
         config = runner_config(resource, args, servers)
-        return asyncio.run(_run_async(config))
+        try:
+            return asyncio.run(_run_async(config))
+        except ServersUnavailable as error:
+            print(f"error: {error}", file=sys.stderr)
+            return EXIT_SERVERS_UNAVAILABLE
 
 
 def _cmd_report(args: argparse.Namespace) -> int:

@@ -49,8 +49,9 @@ def build_marker(dataset: str, shard_id: str, worker: int, content: ShardContent
     }
 
 
-# Failures a later attempt can fix (the server was down or misbehaved); `--retry-failed` runs these lines again.
-RETRYABLE_REASONS = frozenset({"retries_exhausted", "bad_response"})
+# Failures a later attempt can fix (the server misbehaved: repeated errors, corrupt or NaN answers, a release that
+# corrupts output_ids); `--retry-failed` runs these lines again.
+RETRYABLE_REASONS = frozenset({"retries_exhausted", "bad_response", "nan_output", "output_mismatch"})
 
 
 def effective_failures(markers: Iterable[dict[str, Any]]) -> dict[int, str]:
