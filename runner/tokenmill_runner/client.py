@@ -78,7 +78,7 @@ class GenerateClient:
     def __init__(self, servers: Sequence[str], *, api_key: str | None = None, concurrency: int = 64,
                  retry: RetryPolicy | None = None, health: HealthPolicy | None = None, timeout_s: float = 3600.0,
                  seed: int | None = None, listener: HealthListener | None = None,
-                 initially_down: Sequence[str] = ()) -> None:
+                 initially_down: Sequence[str] = (), vocab_size: int | None = None) -> None:
         if not servers:
             raise ValueError("at least one server URL is needed")
         self.servers = [url.rstrip("/") for url in servers]
@@ -88,6 +88,7 @@ class GenerateClient:
         self.retry = retry or RetryPolicy()
         self.retries = 0  # requests beyond the first of each sample, over the whole run
         self.listener = listener
+        self.vocab_size = vocab_size
         self._rng = random.Random(seed)
         self._headers = {"Content-Type": "application/json", **auth_headers(api_key)}
         lanes = max(1, -(-concurrency // LANE_CONNECTIONS))
@@ -202,7 +203,7 @@ class GenerateClient:
         except orjson.JSONDecodeError:
             return AttemptFailed(Fault.SAMPLE, "bad_response",
                                  f"{server}: /generate answered 200 with a body that is not JSON")
-        return parse_generation(payload, server, attempt)
+        return parse_generation(payload, server, attempt, self.vocab_size)
 
     # -- health --------------------------------------------------------------------------------------------
     def _event(self) -> asyncio.Event:

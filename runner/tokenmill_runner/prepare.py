@@ -160,9 +160,11 @@ async def prepare(config: RunnerConfig, api_key: str | None) -> Runner:
     client = GenerateClient(
         config.servers, api_key=api_key, concurrency=concurrency,
         retry=RetryPolicy(max_attempts=spec.runner.max_attempts),
-        health=HealthPolicy(outage_budget_s=spec.runner.outage_budget_seconds),
+        health=HealthPolicy(probe_first_s=config.probe_first_s,
+                            probe_max_s=max(config.probe_first_s, config.probe_max_s),
+                            outage_budget_s=spec.runner.outage_budget_seconds),
         timeout_s=spec.runner.request_timeout_seconds, listener=metrics,
-        initially_down=[url for url in config.servers if url not in healthy],
+        initially_down=[url for url in config.servers if url not in healthy], vocab_size=info.vocab_size,
     )
     logger.info("generating %s into %s: %d servers, concurrency %d, context length %d",
                 ", ".join(s.name for s in states), storage.root_uri, len(config.servers), concurrency,

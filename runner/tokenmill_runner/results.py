@@ -71,8 +71,10 @@ class AttemptFailed:
     message: str  # names the server and what it said
 
 
-def parse_generation(body: Any, server: str, attempts: int) -> Generation | AttemptFailed:
-    """Check one HTTP 200 /generate answer (a single, non-streamed request)."""
+def parse_generation(body: Any, server: str, attempts: int,
+                     vocab_size: int | None = None) -> Generation | AttemptFailed:
+    """Check one HTTP 200 /generate answer (a single, non-streamed request); `vocab_size` (the tokenizer's) catches
+    output ids no tokenizer can decode."""
     if not isinstance(body, dict) or not isinstance(body.get("meta_info"), dict):
         return AttemptFailed(Fault.SAMPLE, "bad_response", f"{server}: /generate answered without meta_info")
     meta = body["meta_info"]
@@ -90,11 +92,11 @@ def parse_generation(body: Any, server: str, attempts: int) -> Generation | Atte
             Fault.SAMPLE, "nan_output",
             f"{server}: finish_reason.matched is {NAN_MATCHED!r}: the model sampled an id outside the vocabulary "
             "(NaN logits) and SGLang replaced it with an end-of-sequence token, so the answer is corrupt")
-    return _generation(body, meta, str(kind), matched, server, attempts)
+    return _generation(body, meta, str(kind), matched, server, attempts, vocab_size)
 
 
 def _generation(body: dict[str, Any], meta: dict[str, Any], kind: str, matched: Any, server: str,
-                attempts: int) -> Generation | AttemptFailed:
+                attempts: int, vocab_size: int | None) -> Generation | AttemptFailed:
     output_ids = body.get("output_ids")
     if output_ids is None:
         return AttemptFailed(
@@ -103,6 +105,14 @@ def _generation(body: dict[str, Any], meta: dict[str, Any], kind: str, matched: 
             "--skip-tokenizer-init: run a supported release (0.5.9 or newer)")
     if not isinstance(output_ids, list) or not all(type(token) is int for token in output_ids):
         return AttemptFailed(Fault.SAMPLE, "bad_response", f"{server}: output_ids is not a list of integers")
+    if vocab_size is not None and output_ids and (max(output_ids) >= vocab_size or min(output_ids) < 0):
+        bad = next(t for t in output_ids if not 0 <= t < vocab_size)
+        # Through 0.5.17 the length check runs before the vocabulary check (0.5.9 managers/schedule_batch.py:
+        # 1081-1086): a NaN on the last allowed token finishes as `length` with the bad id left in place.
+        return AttemptFailed(
+            Fault.SAMPLE, "nan_output",
+            f"{server}: output id {bad} is outside the tokenizer's vocabulary ({vocab_size} ids): the model "
+            "sampled from NaN logits and SGLang let it through, so the answer is corrupt")
     completion = _int(meta.get("completion_tokens"), -1)
     if len(output_ids) != completion:
         return AttemptFailed(

@@ -45,6 +45,14 @@ def test_a_nan_answer_is_never_a_clean_stop():
     assert "NaN happened" in result.message
 
 
+def test_an_id_outside_the_vocabulary_is_corrupt_even_as_length():
+    # NaN on the last allowed token, 0.5.9-0.5.17: finish length, the bad id kept (tests/unit/test_sim_protocol.py).
+    result = parse_generation(body([4, 5, 5001], 3, {"type": "length", "length": 3}), "s", 1, vocab_size=5000)
+    assert (result.fault, result.reason) == (Fault.SAMPLE, "nan_output") and "5001" in result.message
+    assert isinstance(parse_generation(body([4, 4999], 2, {"type": "length", "length": 2}), "s", 1, 5000),
+                      Generation)
+
+
 def test_a_stop_string_is_a_clean_stop_without_a_matched_token():
     result = parse_generation(body([4, 5], 2, {"type": "stop", "matched": "\n\n"}), "s", 1)
     assert isinstance(result, Generation) and result.matched_stop is None
