@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import httpx
 import orjson
 
-from .replica_health import HealthPolicy, ReplicaSet
+from .replica_health import HealthPolicy, ReplicaSet, Suspect
 from .results import (
     AttemptFailed,
     Fault,
@@ -117,13 +117,13 @@ class GenerateClient:
         """The sample's generation, or its final failure. Raises ServersUnavailable past the outage budget and
         ServerFatalError on a wrong key or URL."""
         body = orjson.dumps({"input_ids": input_ids, "sampling_params": sampling_params})
-        sent = charged = 0
+        sent = own_failures = 0
+        suspects: list[Suspect] = []
         previous: str | None = None
         while True:
             server = await self._acquire(previous)
             sent += 1
             self.retries += sent > 1
-            successes_before = self.replicas.breakers[server].successes
             self.outstanding[server] += 1
             try:
                 outcome = await self._attempt(server, body, sent)
@@ -132,9 +132,15 @@ class GenerateClient:
             if isinstance(outcome, Generation):
                 self.replicas.record_success(server)
                 return outcome
-            charged += self._charge(server, outcome, successes_before)
             if outcome.fault is Fault.FINAL:
                 return GenerationFailure(outcome.reason, outcome.message, sent)
+            if outcome.fault is Fault.SAMPLE:
+                own_failures += 1
+            else:
+                self._replica_failed(server, outcome)
+                if outcome.fault is not Fault.OVERLOAD:
+                    suspects.append(self.replicas.suspect(server))
+            charged = own_failures + self.replicas.charged(suspects)
             if charged >= self.retry.max_attempts:
                 return GenerationFailure(
                     outcome.reason, f"gave up after {charged} failed attempts ({sent} requests); last error: "
@@ -143,12 +149,10 @@ class GenerateClient:
             previous = server
             await asyncio.sleep(self.retry.delay(sent, self._rng))
 
-    def _charge(self, server: str, failed: AttemptFailed, successes_before: int) -> bool:
-        """Report the failure to the replica's breaker; True when it counts against the sample."""
+    def _replica_failed(self, server: str, failed: AttemptFailed) -> None:
+        """Report a server-side failure to the replica's breaker."""
         if failed.fault is Fault.FATAL:
             raise ServerFatalError(failed.message)
-        if failed.fault in (Fault.SAMPLE, Fault.FINAL):
-            return True
         loop = asyncio.get_running_loop()
         opened = self.replicas.record_failure(server, loop.time(), failed.message,
                                               failed.fault is Fault.UNREACHABLE, self._rng.random())
@@ -156,9 +160,6 @@ class GenerateClient:
             logger.warning("taking %s out of rotation: %s", server, failed.message)
             self._tell_state(server)
             self._wake_watcher()
-        # A replica that answered other requests while this one failed is working: the failure is the sample's.
-        worked = self.replicas.breakers[server].successes > successes_before
-        return failed.fault in (Fault.REPLICA, Fault.UNREACHABLE) and worked
 
     async def _acquire(self, avoid: str | None) -> str:
         """A live replica for the next attempt; waits (spending no attempt) while none is."""

@@ -50,6 +50,7 @@ class ReplicaBreaker:
     state: State = State.LIVE
     failures_in_row: int = 0
     successes: int = 0  # generations answered, over the client's life
+    outages: int = 0  # times it was taken out
     openings_without_success: int = 0
     probe_delay: float = 0.0
     next_probe_at: float = 0.0
@@ -79,6 +80,7 @@ class ReplicaBreaker:
 
     def _open(self, now: float, jitter: float) -> None:
         self.state = State.DOWN
+        self.outages += 1
         self.openings_without_success += 1
         first = self.policy.probe_first_s * 2 ** (self.openings_without_success - 1)
         self.probe_delay = min(self.policy.probe_max_s, first)
@@ -103,6 +105,20 @@ class ReplicaBreaker:
         self.probe_delay = min(self.policy.probe_max_s, self.probe_delay * 2)
         self.next_probe_at = now + self._jittered(self.probe_delay, jitter)
         return False
+
+
+@dataclass(frozen=True)
+class Suspect:
+    """A server-side failure of one sample's request, judged later: it counts against the sample only if the
+    replica then answered other requests without going down in between (so it was working, and the failure was
+    plausibly the sample's own, e.g. an abort of that request alone). A replica that died never counts."""
+
+    url: str
+    successes: int
+    outages: int
+
+    def charged(self, breaker: ReplicaBreaker) -> bool:
+        return breaker.outages == self.outages and breaker.successes > self.successes
 
 
 @dataclass
@@ -147,6 +163,13 @@ class ReplicaSet:
 
     def record_probe(self, url: str, now: float, healthy: bool, message: str, jitter: float) -> bool:
         return self.breakers[url].record_probe(now, healthy, message, jitter)
+
+    def suspect(self, url: str) -> Suspect:
+        breaker = self.breakers[url]
+        return Suspect(url, breaker.successes, breaker.outages)
+
+    def charged(self, suspects: Sequence[Suspect]) -> int:
+        return sum(1 for suspect in suspects if suspect.charged(self.breakers[suspect.url]))
 
     def note_time(self, now: float) -> None:
         """Start the outage clock when no replica is live (it stops at the next successful generation)."""

@@ -5,7 +5,8 @@ fault it is, because the client treats them differently (docs/sglang-releases.md
 - `SAMPLE`: this sample's answer is unusable (NaN, an abort, a malformed body). Retried, on another replica when
   there is one, and counted against the sample's attempts; recorded when it persists.
 - `REPLICA`: the replica failed (HTTP 5xx, a dropped connection). Retried elsewhere; counted against the sample only
-  when the replica kept answering other requests meanwhile (then the failure is plausibly the sample's own).
+  once the replica answers other requests without having gone down in between (then the failure was plausibly the
+  sample's own, an abort of that request alone); a replica that died never counts.
 - `UNREACHABLE`: nothing answers at that address (connection refused): the replica is down.
 - `OVERLOAD`: 503 or 429 (a full queue, a server starting or stopping). Never counted against the sample.
 - `FINAL`: the server refused this input (HTTP 400) or answered in a way no retry changes: recorded now.

@@ -94,3 +94,16 @@ def test_policy_rejects_nonsense():
         HealthPolicy(open_after=0)
     with pytest.raises(ValueError, match="probe_first_s"):
         HealthPolicy(probe_first_s=10.0, probe_max_s=1.0)
+
+
+def test_a_server_failure_counts_against_the_sample_only_if_the_replica_kept_working():
+    pool = replicas("a", "b")
+    died = pool.suspect("a")
+    pool.record_failure("a", 0.0, "refused", unreachable=True, jitter=0.0)
+    pool.record_probe("a", 5.0, healthy=True, message="", jitter=0.0)
+    pool.record_success("a")
+    assert pool.charged([died]) == 0, "the replica went down after failing it: not the sample's fault"
+    alone = pool.suspect("b")
+    assert pool.charged([alone]) == 0, "nothing known yet"
+    pool.record_success("b")
+    assert pool.charged([alone, died]) == 1, "b answered others since: the failure was plausibly the sample's"

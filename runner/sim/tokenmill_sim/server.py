@@ -422,6 +422,27 @@ class SimServer:
             self._thread.join()
         self._thread = None
 
+    def kill(self) -> None:
+        """Stop as a killed process does: every open connection is reset at once, nothing is answered, and the
+        port refuses new connections."""
+        if self._loop is None or self._thread is None or not self._thread.is_alive():
+            return
+        assert self._runner is not None
+        server = self._runner.server
+
+        def abort() -> None:
+            for handler in list(getattr(server, "connections", [])):
+                if handler.transport is not None:
+                    handler.transport.abort()
+            for site in list(self._runner.sites):  # type: ignore[union-attr]
+                if site._server is not None:  # noqa: SLF001 - close the listening socket before any cleanup
+                    site._server.close()  # noqa: SLF001
+            self._loop.stop()  # type: ignore[union-attr]
+
+        self._loop.call_soon_threadsafe(abort)
+        self._thread.join()
+        self._thread = None
+
     def __enter__(self) -> SimServer:
         return self.start()
 
