@@ -108,8 +108,9 @@ def _generation(body: dict[str, Any], meta: dict[str, Any], kind: str, matched: 
         return AttemptFailed(Fault.SAMPLE, "bad_response", f"{server}: output_ids is not a list of integers")
     if vocab_size is not None and output_ids and (max(output_ids) >= vocab_size or min(output_ids) < 0):
         bad = next(t for t in output_ids if not 0 <= t < vocab_size)
-        # Through 0.5.17 the length check runs before the vocabulary check (0.5.9 managers/schedule_batch.py:
-        # 1081-1086): a NaN on the last allowed token finishes as `length` with the bad id left in place.
+        # Through 0.5.17 the length check runs before the vocabulary check
+        # (0.5.9 managers/schedule_batch.py:1081-1086): a NaN on the last allowed token finishes as `length` with
+        # the bad id left in place.
         return AttemptFailed(
             Fault.SAMPLE, "nan_output",
             f"{server}: output id {bad} is outside the tokenizer's vocabulary ({vocab_size} ids): the model "

@@ -99,7 +99,7 @@ def answers(version: str) -> list[Answer]:
                value_error("Input length (40000 tokens) exceeds the maximum allowed length (32762 tokens). Use a "
                            "shorter input or enable --allow-auto-truncate."),
                "abort 400 -> ValueError (0.5.9 managers/utils.py:111, managers/tokenizer_manager.py:1157-1160; "
-               "0.5.23 managers/utils.py:272, managers/tokenizer_manager.py:1914)",
+               "0.5.23 managers/utils.py:272, managers/tokenizer_manager.py:1917-1918)",
                "final", "server_rejected"),
         Answer("400: sampling value out of range", 400, value_error("top_p must be in (0, 1], got 0.0."),
                "SamplingParams.verify (0.5.23 sampling/sampling_params.py:260)", "final", "server_rejected"),
@@ -118,7 +118,7 @@ def answers(version: str) -> list[Answer]:
                                    "Aborting the last request."),
                "0.5.23 managers/schedule_batch.py:3515-3518", "replica", "retries_exhausted"),
         Answer("401: wrong API key", 401, {"error": "Unauthorized"},
-               "0.5.9 utils/auth.py:185-196; 0.5.23 utils/auth.py:196", "fatal", "unauthorized"),
+               "0.5.9 utils/auth.py:188-196; 0.5.23 utils/auth.py:196", "fatal", "unauthorized"),
     ]
     if facts.unknown_sampling_key_status == 500:
         out.append(Answer(

@@ -202,9 +202,9 @@ def test_metrics_use_sglang_names_and_count(sim: SimServer, prompt: list[int]) -
 
 
 def test_metrics_of_an_older_release(demo_model: Path, prompt: list[int]) -> None:
-    # 0.5.9: tokenizer metrics carry only model_name (managers/tokenizer_manager.py:433-436), no is_streaming, no
-    # sglang:context_len (first in 0.5.11); scheduler metrics model_name, engine_type, tp_rank, pp_rank, moe_ep_rank
-    # (managers/scheduler_metrics_mixin.py:113-120).
+    # sglang:context_len first appears in 0.5.11. 0.5.9: tokenizer metrics carry only model_name (0.5.9
+    # managers/tokenizer_manager.py:433-436), no is_streaming; scheduler metrics model_name, engine_type, tp_rank,
+    # pp_rank, moe_ep_rank (0.5.9 managers/scheduler_metrics_mixin.py:114-120).
     with SimServer(config(demo_model, sglang_version="0.5.9", served_model_name="m")) as server:
         generate(server.url, {"input_ids": prompt, "sampling_params": {"max_new_tokens": 8}})
         text = httpx.get(f"{server.url}/metrics").text

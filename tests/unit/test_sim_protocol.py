@@ -98,7 +98,7 @@ def test_an_unknown_sampling_key_is_a_500_until_0_5_21(version: str) -> None:
 @pytest.mark.parametrize("version", ["0.5.22", "0.5.23"])
 def test_an_unknown_sampling_key_is_refused_by_the_contract_gate_from_0_5_22(version: str) -> None:
     # generate_contract_error before the request is built (0.5.22 entrypoints/http_server.py:921); serde's wording
-    # (0.5.23 sglang/api/v1/api_types.py:97-108); the gate's list gains `choice` in 0.5.23 (api_types.py:207).
+    # (0.5.23 sglang/api/v1/api_types.py:97-108); the gate's list gains `choice` in 0.5.23 (0.5.23 sglang/api/v1/api_types.py:207).
     error = refusal({"input_ids": [1], "sampling_params": {"max_tokens": 5}}, version=version)
     assert error.status == 400 and isinstance(error.body["error"], str)
     assert error.body["error"].startswith("unknown field `max_tokens`, expected one of `max_new_tokens`, `stop`")

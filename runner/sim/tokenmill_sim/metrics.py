@@ -1,7 +1,7 @@
 """/metrics with the names and labels of the SGLang release being simulated, in a registry of its own (several
 servers share a test process). Times are simulated seconds.
 
-Labels (0.5.9 managers/scheduler_metrics_mixin.py:113-120, managers/tokenizer_manager.py:433-436; 0.5.11
+Labels (0.5.9 managers/scheduler_metrics_mixin.py:114-120, managers/tokenizer_manager.py:433-436; 0.5.11
 managers/tokenizer_manager.py:461-463; 0.5.23 observability/metrics_collector.py:1383-1388, 1805-1812, 1858):
 scheduler metrics carry model_name, engine_type, tp_rank, pp_rank and moe_ep_rank in every supported release;
 tokenizer metrics carry only model_name until 0.5.10.post1 and model_name, engine_type from 0.5.11; from 0.5.17 the

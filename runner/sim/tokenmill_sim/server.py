@@ -247,7 +247,7 @@ class Simulator:
     async def server_info(self, request: web.Request) -> web.Response:
         """/server_info as the release builds it (0.5.9 entrypoints/http_server.py:593-610; 0.5.23
         entrypoints/http_server.py:863): the ServerArgs fields, the scheduler's status, KV pool and longest input
-        (managers/scheduler.py:3144 in 0.5.9), one internal state per data-parallel scheduler with its effective
+        (0.5.9 managers/scheduler.py:3144), one internal state per data-parallel scheduler with its effective
         running slots (0.5.9 managers/scheduler.py:2650-2661), the version, and the keys later releases add."""
         snapshot = self.snapshot()
         args = self.server_args()
