@@ -24,7 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from tokenmill_runner.releases import release
 
-from .capacity import CapacityModel, Job, LinearStepTime, SchedulerParams
+from .capacity import CapacityModel, Job, LinearStepTime, SchedulerParams, StepTime
 from .config import SimConfig
 from .engine import Engine, QueueFull, SimClock
 from .loader import load_model
@@ -75,7 +75,7 @@ class _Outcome:
 class Simulator:
     """State behind one app: the model, the engine, metrics and fault dice."""
 
-    def __init__(self, config: SimConfig) -> None:
+    def __init__(self, config: SimConfig, step_time: StepTime | None = None) -> None:
         self.config = config
         self.release = release(config.sglang_version)
         self.model = _cached_model(config.model_path, config.trust_remote_code)
@@ -84,7 +84,9 @@ class Simulator:
         self.generator = OutputGenerator(self.model.vocab, self.model.bank, self.model.encode, self.model.decode,
                                          config.seed, config.profile, self.release.eos_at_cap)
         self.scheduler = SchedulerParams(config.max_running_requests, config.max_total_tokens)
-        self.step_time = LinearStepTime(config.step_ms, config.step_ms_per_request, config.prefill_ms_per_1k_tokens)
+        # The step time from the flags, unless a model of the GPU and the model is given (capacity.StepTime).
+        self.step_time = step_time or LinearStepTime(config.step_ms, config.step_ms_per_request,
+                                                     config.prefill_ms_per_1k_tokens)
         self.engine: Engine | None = None
         self.metrics = SimMetrics(config.model_name, self.snapshot, self.release)
         # Faults are drawn per request from one stream, not per prompt: a retry of a failed prompt can succeed.
@@ -339,9 +341,9 @@ def _auth_middleware(api_key: str) -> Callable[[web.Request, Handler], Awaitable
     return authenticate
 
 
-def build_app(config: SimConfig) -> web.Application:
+def build_app(config: SimConfig, step_time: StepTime | None = None) -> web.Application:
     """An aiohttp app serving SGLang's API from the simulator; loads the tokenizer now."""
-    simulator = Simulator(config)
+    simulator = Simulator(config, step_time)
     middlewares = [_auth_middleware(config.api_key)] if config.api_key else []
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares)
     app[SIM_KEY] = simulator
@@ -369,8 +371,10 @@ _SERVER_KWARGS: dict[str, Any] = {
 class SimServer:
     """The simulator on a background thread with its own event loop; `with SimServer(config) as s: s.url`."""
 
-    def __init__(self, config: SimConfig, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, config: SimConfig, host: str = "127.0.0.1", port: int = 0,
+                 step_time: StepTime | None = None) -> None:
         self.config = config
+        self.step_time = step_time
         self.host = host
         self.port = port
         self.url = ""
@@ -381,7 +385,7 @@ class SimServer:
         self._error: BaseException | None = None
 
     def start(self) -> SimServer:
-        app = build_app(self.config)  # in the caller's thread, so a bad model path raises here
+        app = build_app(self.config, self.step_time)  # in the caller's thread, so a bad model path raises here
         self._thread = threading.Thread(target=self._main, args=(app,), name="tokenmill-sim-server", daemon=True)
         self._thread.start()
         self._started.wait()
