@@ -42,6 +42,8 @@ bench: install
 	$(PYTHON) hack/bench/bench_runner.py
 	$(PYTHON) hack/bench/bench_memory.py
 	$(PYTHON) hack/bench/bench_sim_capacity.py
+	$(PYTHON) hack/bench/bench_planner.py
+	$(PYTHON) hack/bench/bench_export.py
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

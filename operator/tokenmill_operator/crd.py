@@ -13,7 +13,8 @@ from typing import Any
 
 import yaml
 
-from tokenmill_runner.spec import API_VERSION, DatasetGenerationSpec
+from tokenmill_runner.releases import RELEASES
+from tokenmill_runner.spec import API_VERSION, KV_CACHE_DTYPES, DatasetGenerationSpec
 
 from .status import DatasetGenerationStatus
 
@@ -205,6 +206,44 @@ for _path in (("server", "memFractionStatic"), ("validation", "maxTruncatedFract
     BOUNDS[_path] = {"maxLength": 32}
 
 
+
+
+def _release_pattern(versions: list[str], in_tag: bool) -> str:
+    alternatives = "|".join(v.replace(".", "[.]") for v in versions)
+    return f":v?({alternatives})(-[A-Za-z0-9._-]+)?$" if in_tag else f"^v?({alternatives})$"
+
+
+def kv_cache_dtype_rules() -> list[dict[str, str]]:
+    """One rule per --kv-cache-dtype value some known release refuses: refused when spec.server.sglangVersion, else
+    the image tag, names such a release (the argument parser would exit and the pod restart forever). The planner
+    checks the same for releases this list does not name."""
+    rules = []
+    for dtype in KV_CACHE_DTYPES:
+        refusing = [v for v, r in RELEASES.items() if dtype not in r.kv_cache_dtypes]
+        if not refusing:
+            continue
+        version = _release_pattern(refusing, in_tag=False)
+        tag = _release_pattern(refusing, in_tag=True)
+        rules.append(_rule(
+            f"!has(self.kvCacheDtype) || self.kvCacheDtype != '{dtype}' || !(has(self.sglangVersion) ? "
+            f"self.sglangVersion.matches('{version}') : (has(self.image) && self.image.matches('{tag}')))",
+            f"server.kvCacheDtype {dtype} is refused by the SGLang release of server.sglangVersion or the image tag "
+            f"(SGLang {', '.join(refusing)} do not accept it)", "FieldValueInvalid", ".kvCacheDtype"))
+    return rules
+
+
+RULES[("server",)] += [
+    *kv_cache_dtype_rules(),
+    _rule("!has(self.attentionDataParallel) || type(self.attentionDataParallel) != int || "
+          "(has(self.tensorParallel) && type(self.tensorParallel) == int ? "
+          "self.tensorParallel % self.attentionDataParallel == 0 : self.attentionDataParallel in [1, 2, 4, 8, 16, 32, 64])",
+          "server.attentionDataParallel must divide tensorParallel (SGLang asserts tp % dp == 0)", "FieldValueInvalid",
+          ".attentionDataParallel"),
+]
+BOUNDS[("server", "image")] = {"maxLength": 512}
+BOUNDS[("server", "sglangVersion")] = {"maxLength": 32, "pattern": "^v?[0-9]+[.][0-9]+[.][0-9]+([.]post[0-9]+)?$"}
+
+
 def spec_schema() -> dict[str, Any]:
     schema = _schema_of(DatasetGenerationSpec)
     for path, bounds in BOUNDS.items():
@@ -229,6 +268,8 @@ PRINTER_COLUMNS = [
     {"name": "Tokens/s", "type": "integer", "jsonPath": ".status.progress.tokensPerSecond",
      "description": "Committed output tokens per second."},
     {"name": "ETA", "type": "string", "jsonPath": ".status.progress.eta", "description": "Time left."},
+    {"name": "Predicted", "type": "integer", "jsonPath": ".status.serverPlan.prediction.outputTokensPerSecond",
+     "priority": 1, "description": "Output tokens/s the server plan predicts for the job (compare Tokens/s)."},
     {"name": "Verdict", "type": "string", "jsonPath": ".status.report.verdict", "priority": 1,
      "description": "The validation report's verdict."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

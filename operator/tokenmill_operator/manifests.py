@@ -15,6 +15,9 @@ from typing import Any
 import yaml
 
 from tokenmill_runner.config import API_KEY_ENV
+from tokenmill_runner.hardware import GPU_RESOURCE as RESOURCE_BY_VENDOR
+from tokenmill_runner.hardware import PRODUCT_LABEL_KEY
+from tokenmill_runner.releases import release, version_key
 from tokenmill_runner.spec import API_VERSION, KIND, DatasetGenerationSpec
 
 from . import names
@@ -231,6 +234,7 @@ def sglang_args(name: str, spec: DatasetGenerationSpec, plan: ServerPlan, model_
     ]
     if plan.kv_cache_dtype != "auto":
         args += ["--kv-cache-dtype", plan.kv_cache_dtype]
+    args += _parallel_args(plan)
     if spec.model.trust_remote_code:
         args += ["--trust-remote-code"]
     args += [
@@ -240,6 +244,25 @@ def sglang_args(name: str, spec: DatasetGenerationSpec, plan: ServerPlan, model_
         "--served-model-name", name,
     ]
     return args + list(server.extra_args)
+
+
+def _parallel_args(plan: ServerPlan) -> list[str]:
+    """DP attention and the decode CUDA-graph batch, spelled as the plan's SGLang release spells them: DP attention
+    is `--dp-size N --enable-dp-attention` until 0.5.21 and `--attn-dp-size N` from 0.5.22 (arg_groups/fields/
+    parallel.py:81); the graph batch `--cuda-graph-max-bs` until 0.5.13.post1 and `--cuda-graph-max-bs-decode`
+    from 0.5.14 (where the old name became an alias, removed in 0.5.20)."""
+    args: list[str] = []
+    facts = release(plan.sglang_version) if plan.sglang_version else None
+    if plan.attention_data_parallel > 1:
+        groups = str(plan.attention_data_parallel)
+        if facts is not None and facts.dp_attention_flag == "--attn-dp-size":
+            args += ["--attn-dp-size", groups]
+        else:
+            args += ["--dp-size", groups, "--enable-dp-attention"]
+    if plan.cuda_graph_max_bs:
+        new_name = facts is None or version_key(facts.version) >= version_key("0.5.14")
+        args += ["--cuda-graph-max-bs-decode" if new_name else "--cuda-graph-max-bs", str(plan.cuda_graph_max_bs)]
+    return args
 
 
 def multi_node_script(name: str, namespace: str, nodes: int, port: int) -> str:
@@ -277,11 +300,17 @@ def _server_resources(spec: DatasetGenerationSpec, plan: ServerPlan) -> Manifest
     # The plan's GPU count wins over spec.server.resources: --tp-size was computed from it.
     extra = spec.server.resources
     gpus = str(plan.gpus_per_node)
+    resource = _gpu_resource(plan)
     return {
         **extra,
-        "limits": {**extra.get("limits", {}), GPU_RESOURCE: gpus},
-        "requests": {**extra.get("requests", {}), GPU_RESOURCE: gpus},
+        "limits": {**extra.get("limits", {}), resource: gpus},
+        "requests": {**extra.get("requests", {}), resource: gpus},
     }
+
+
+def _gpu_resource(plan: ServerPlan) -> str:
+    """nvidia.com/gpu, or amd.com/gpu on AMD products (ROCm k8s-device-plugin)."""
+    return RESOURCE_BY_VENDOR.get(plan.gpu_vendor, GPU_RESOURCE)  # type: ignore[call-overload]
 
 
 def _server_probes(port_name: str, startup_timeout_s: int) -> dict[str, Manifest]:
@@ -335,14 +364,16 @@ def _server_container(name: str, namespace: str, spec: DatasetGenerationSpec, pl
     }
 
 
-def _tolerations(extra: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _tolerations(extra: list[dict[str, Any]], resource: str = GPU_RESOURCE) -> list[dict[str, Any]]:
     # Set explicitly: the ExtendedResourceToleration admission plugin that would add it is not enabled everywhere.
-    return [dict(GPU_TOLERATION)] + [dict(item) for item in extra if item != GPU_TOLERATION]
+    toleration = {**GPU_TOLERATION, "key": resource}
+    return [toleration] + [dict(item) for item in extra if item != toleration]
 
 
 def _node_selector(spec: DatasetGenerationSpec, plan: ServerPlan) -> dict[str, str]:
     product = plan.gpu_product or spec.server.gpu_product
-    selector = {GPU_PRODUCT_LABEL: product} if product else {}
+    key = PRODUCT_LABEL_KEY.get(plan.gpu_vendor, GPU_PRODUCT_LABEL)  # type: ignore[call-overload]
+    selector = {key: product} if product else {}
     return {**selector, **spec.server.node_selector}
 
 
@@ -354,7 +385,7 @@ def _server_pod(name: str, namespace: str, spec: DatasetGenerationSpec, plan: Se
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,  # SGLang never talks to the Kubernetes API
         "terminationGracePeriodSeconds": 60,
-        "tolerations": _tolerations(spec.server.tolerations),
+        "tolerations": _tolerations(spec.server.tolerations, _gpu_resource(plan)),
         "containers": [_server_container(name, namespace, spec, plan, model, tokenizer)],
         "volumes": [
             # NCCL and PyTorch need far more than the 64 MiB default /dev/shm; tmpfs counts as pod memory.

@@ -33,6 +33,8 @@ REMAINING = _gauge("tokenmill_dsgen_samples_remaining", "Samples not yet committ
 TOKENS = _gauge("tokenmill_dsgen_generated_tokens", "Committed output tokens", PER_DATASET)
 TOKENS_PER_S = _gauge("tokenmill_dsgen_tokens_per_second", "Committed tokens/s, last 10 minutes", PER_DATASET)
 ETA = _gauge("tokenmill_dsgen_eta_seconds", "Seconds until everything is committed", PER_DATASET)
+PREDICTED = _gauge("tokenmill_dsgen_predicted_tokens_per_second",
+                   "Output tokens/s the server plan predicts for the job (status.serverPlan.prediction)", KEY)
 TRUNCATED = _gauge("tokenmill_dsgen_truncated_fraction", "Share of samples that hit maxNewTokens", PER_DATASET)
 TRUNCATED_LIMIT = _gauge("tokenmill_dsgen_truncated_fraction_threshold", "spec.validation.maxTruncatedFraction", KEY)
 ERRORS = _gauge("tokenmill_dsgen_error_fraction", "Failed / processed samples", PER_DATASET)
@@ -45,7 +47,7 @@ INFO = _gauge("tokenmill_dsgen_info", "Model and report verdict", (*KEY, "model"
 RECONCILE_ERRORS = Counter("tokenmill_operator_reconcile_errors", "Reconcile passes that raised", registry=REGISTRY)
 
 _PER_RESOURCE = (COMPLETED, FAILED, TOTAL, REMAINING, TOKENS, TOKENS_PER_S, ETA, TRUNCATED, TRUNCATED_LIMIT, ERRORS,
-                 ERRORS_LIMIT, PHASE, CONDITION, LAST_COMMIT, INFO)
+                 ERRORS_LIMIT, PHASE, CONDITION, LAST_COMMIT, INFO, PREDICTED)
 
 
 Series = set[tuple[Gauge, tuple[str, ...]]]
@@ -90,6 +92,9 @@ def publish(name: str, namespace: str, status: DatasetGenerationStatus, validati
     if status.last_commit_time:
         _set(touched, LAST_COMMIT, parse_time(status.last_commit_time).timestamp(), **key)
     _set(touched, INFO, 1, **key, model=model, verdict=status.report.verdict if status.report else "")
+    prediction = status.server_plan.prediction if status.server_plan else None
+    if prediction is not None:  # the alert compares it with tokenmill_dsgen_tokens_per_second
+        _set(touched, PREDICTED, prediction.output_tokens_per_second, **key)
     for metric, labels in _series_of(name, namespace) - touched:
         metric.remove(*labels)
 

@@ -11,7 +11,8 @@ import orjson
 from tokenmill_runner.spec import DatasetGenerationSpec
 from tokenmill_runner.storage import open_storage
 
-from .gpus import gpu_memory_mib
+from tokenmill_runner.workload import Workload
+
 from .planner import PlanError, ServerPlan, model_facts, plan_server
 
 
@@ -26,15 +27,18 @@ def model_files_location(spec: DatasetGenerationSpec) -> str:
     )
 
 
-def make_plan(spec: DatasetGenerationSpec, credentials: dict[str, str] | None) -> ServerPlan:
-    """Read config.json (and the safetensors index unless spec.model.weightBytes is set), then plan the server."""
+def make_plan(spec: DatasetGenerationSpec, credentials: dict[str, str] | None,
+              work: Workload | None = None, location: str | None = None) -> ServerPlan:
+    """Read config.json (and the safetensors index unless spec.model.weightBytes is set), then plan the server.
+
+    work overrides the job's lengths and concurrency (tokenmill plan's fixed-workload flags); location reads the
+    model files from elsewhere than the spec says (tokenmill plan --model-files)."""
     output = spec.output
-    storage = open_storage(model_files_location(spec), output.endpoint, output.region, credentials)
+    storage = open_storage(location or model_files_location(spec), output.endpoint, output.region, credentials)
     config = orjson.loads(storage.get("config.json"))
     weight_bytes = spec.model.weight_bytes
     if weight_bytes is None and storage.exists("model.safetensors.index.json"):
         weight_bytes = orjson.loads(storage.get("model.safetensors.index.json"))["metadata"]["total_size"]
     if weight_bytes is None:
         raise PlanError(f"no model.safetensors.index.json at {storage.root_uri}: set spec.model.weightBytes")
-    memory = gpu_memory_mib(spec.server.gpu_product, spec.server.gpu_memory_mib)
-    return plan_server(spec, model_facts(config, weight_bytes), memory)
+    return plan_server(spec, model_facts(config, weight_bytes), work=work)

@@ -16,7 +16,7 @@ from tokenmill_runner.spec import load_spec_file
 
 from . import manifests, names
 from .model_files import make_plan
-from .planner import render_plan
+from .planner import render_plan, workload
 
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
 
@@ -27,7 +27,26 @@ def register(commands: argparse._SubParsersAction) -> None:
     plan.add_argument("--json", action="store_true", help="the plan and the objects as JSON")
     plan.add_argument("--s3-endpoint", metavar="URL", help="S3 endpoint for the model files")
     plan.add_argument("--runner-image", default="ghcr.io/tokenmill/tokenmill-runner:0.1.0", help="runner image to show")
+    plan.add_argument("--model-files", metavar="DIR|S3", help="read config.json and model.safetensors.index.json "
+                      "from here instead of spec.model.path (plan before the weights are uploaded)")
+    plan.add_argument("--gpu-product", metavar="NAME", help="plan for this GPU product instead of "
+                      "spec.server.gpuProduct (e.g. RTX-PRO-6000, H200, MI300X)")
+    fixed = plan.add_argument_group("a fixed workload instead of the estimate (the seeds' length shape per dataset)")
+    fixed.add_argument("--prompt-tokens", type=_positive, metavar="N", help="every prompt is N tokens")
+    fixed.add_argument("--output-tokens", type=_positive, metavar="N", help="every output is N tokens (capped at the "
+                       "dataset's maxNewTokens)")
+    fixed.add_argument("--concurrency", type=_positive, metavar="N", help="N requests in flight over all servers")
     plan.set_defaults(handler=run)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
 
 
 def objects(resource, plan, runner_image: str) -> list[dict]:
@@ -52,8 +71,12 @@ def run(args: argparse.Namespace) -> int:
     spec = resource.spec
     if args.s3_endpoint:
         spec = spec.model_copy(update={"output": spec.output.model_copy(update={"endpoint": args.s3_endpoint})})
-        resource = resource.model_copy(update={"spec": spec})
-    plan = make_plan(spec, credentials=None)
+    if args.gpu_product:
+        spec = spec.model_copy(update={"server": spec.server.model_copy(update={"gpu_product": args.gpu_product})})
+    resource = resource.model_copy(update={"spec": spec})
+    fixed = args.prompt_tokens or args.output_tokens or args.concurrency
+    work = workload(spec, args.prompt_tokens, args.output_tokens, args.concurrency) if fixed else None
+    plan = make_plan(spec, credentials=None, work=work, location=args.model_files)
     children = objects(resource, plan, args.runner_image)
     if args.json:
         payload = {"plan": plan.model_dump(mode="json", by_alias=True), "objects": children}

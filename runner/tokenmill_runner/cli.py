@@ -1,4 +1,5 @@
-"""`tokenmill` command line: run, report, inspect (plus plan from the operator, sim-server from the simulator)."""
+"""`tokenmill` command line: run, report, inspect, export (plus plan from the operator, sim-server from the
+simulator)."""
 
 from __future__ import annotations
 
@@ -86,6 +87,39 @@ def _add_inspect_parser(commands: argparse._SubParsersAction) -> None:
     inspect.set_defaults(handler=_cmd_inspect)
 
 
+def _add_export_parser(commands: argparse._SubParsersAction) -> None:
+    from .export.formats import FORMATS
+    from .export.specforge_rules import SPECFORGE_TEMPLATES
+
+    export = commands.add_parser("export", help="committed samples as a trainer's input (SpecForge, speculators, hf)",
+                                 description="Stream a run's committed samples into a trainer's input format. "
+                                             "Formats and what each trainer reads: docs/export.md.")
+    export.add_argument("uri", help="output folder or s3:// prefix of a run")
+    export.add_argument("dest", help="destination folder or s3:// prefix (empty, or an earlier export)")
+    export.add_argument("--format", required=True, choices=list(FORMATS), help="the trainer input to write")
+    export.add_argument("--dataset", action="append", help="dataset(s) to export (default: all)")
+    export.add_argument("--finish-reason", choices=("stop", "length"), help="only samples that ended this way")
+    export.add_argument("--exclude-truncated", action="store_true",
+                        help="leave out samples cut at maxNewTokens (finish reason length)")
+    export.add_argument("--require-reasoning", action="store_true",
+                        help="only samples whose output ends reasoning (the end-of-reasoning token is present)")
+    export.add_argument("--exclude-findings", choices=("warn", "fail"), metavar="LEVEL",
+                        help="leave out datasets the validation report flags at LEVEL (warn or fail) or worse; the "
+                             "report's findings are per dataset")
+    export.add_argument("--keep-mismatched", action="store_true",
+                        help="text formats: write samples whose ids do not survive the round trip anyway (they stay "
+                             "listed in mismatches.jsonl)")
+    export.add_argument("--specforge-template", choices=sorted(SPECFORGE_TEMPLATES), metavar="NAME",
+                        help="specforge-conversations: SpecForge's data.chat_template you will train with "
+                             f"({', '.join(sorted(SPECFORGE_TEMPLATES))})")
+    export.add_argument("--tokenizer", help="text formats: tokenizer folder (default: the one recorded in run.json)")
+    export.add_argument("--overwrite", action="store_true", help="replace an earlier export in DEST")
+    export.add_argument("--part-size-mb", type=int, default=256, help="size of each part file (speculators, hf)")
+    export.add_argument("--s3-endpoint", metavar="URL", help="S3 endpoint for S3-compatible stores")
+    export.add_argument("--dest-s3-endpoint", metavar="URL", help="S3 endpoint of DEST (default: --s3-endpoint)")
+    export.set_defaults(handler=_cmd_export)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tokenmill", description=__doc__)
     parser.add_argument("-v", "--verbose", action="count", default=1, help="more logging (-vv for debug)")
@@ -94,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_parser(commands)
     _add_report_parser(commands)
     _add_inspect_parser(commands)
+    _add_export_parser(commands)
     _add_plugin_parsers(commands)
     return parser
 
@@ -195,6 +230,24 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     text = inspect_samples(storage, selection, args.dataset, as_json=args.json, keep=args.keep,
                            tokenizer_folder=args.tokenizer, endpoint=args.s3_endpoint)
     print(text)
+    return EXIT_OK
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from .export.exporter import ExportRequest, export
+    from .export.filters import ExportFilters
+    from .export.manifest import summary_lines
+
+    filters = ExportFilters(datasets=tuple(args.dataset) if args.dataset else None, finish_reason=args.finish_reason,
+                            exclude_truncated=args.exclude_truncated, require_reasoning=args.require_reasoning,
+                            exclude_findings=args.exclude_findings)
+    request = ExportRequest(args.uri, args.dest, args.format, filters, keep_mismatched=args.keep_mismatched,
+                            overwrite=args.overwrite, tokenizer=args.tokenizer,
+                            specforge_template=args.specforge_template, part_bytes=args.part_size_mb * 1024 * 1024,
+                            s3_endpoint=args.s3_endpoint, dest_s3_endpoint=args.dest_s3_endpoint)
+    manifest = export(request)
+    for line in summary_lines(manifest):
+        print(line)
     return EXIT_OK
 
 

@@ -44,7 +44,7 @@ class ServerFacts:
     max_req_len: int | None  # the longest prompt + output one request may reach: min(context - 1, pool - 1)
     page_size: int
     slots: int | None  # requests it runs at once, over its data-parallel schedulers
-    kv_tokens: int | None  # KV pool over its data-parallel schedulers
+    kv_pools: tuple[int, ...]  # the KV pool of each data-parallel scheduler (each has its own), empty if unknown
 
     @classmethod
     def read(cls, url: str, info: Mapping[str, Any]) -> ServerFacts:
@@ -52,14 +52,16 @@ class ServerFacts:
         states = [s for s in info.get("internal_states") or [] if isinstance(s, Mapping)]
         max_input = _positive(info.get("max_req_input_len"))
         pool = _positive(info.get("max_total_num_tokens"))
+        # Data-parallel schedulers: --attn-dp-size (0.5.22+), --dp-size with or without --enable-dp-attention.
+        groups = max(_positive(info.get("attn_dp_size")) or 1, _positive(info.get("dp_size")) or 1)
         return cls(
             url=url, version=version, release=_known_release(url, version),
             context_length=_positive(info.get("context_length")),
             max_total_num_tokens=pool,
             max_req_len=max_input + INPUT_HEADROOM if max_input else None,
             page_size=_positive(info.get("page_size")) or 1,
-            slots=_slots(info, states),
-            kv_tokens=_kv_tokens(states, pool),
+            slots=_slots(info, states, groups),
+            kv_pools=_kv_pools(states, pool, groups),
         )
 
 
@@ -67,20 +69,24 @@ def _positive(value: Any) -> int | None:
     return value if type(value) is int and value > 0 else None
 
 
-def _slots(info: Mapping[str, Any], states: Sequence[Mapping[str, Any]]) -> int | None:
-    # The effective value per data-parallel scheduler exists in every supported release; a value passed on the
-    # command line is the fallback (under DP attention it is divided over the schedulers, so it is the total).
+def _slots(info: Mapping[str, Any], states: Sequence[Mapping[str, Any]], groups: int) -> int | None:
+    # The effective value per data-parallel scheduler exists in every supported release (one internal state per
+    # scheduler); a value passed on the command line is the fallback (under DP attention SGLang divides it over the
+    # schedulers, so it is the total).
     effective = [_positive(s.get("effective_max_running_requests_per_dp")) for s in states]
     if effective and all(effective):
-        return sum(effective)  # type: ignore[arg-type]
+        return sum(effective) * (groups if len(effective) < groups else 1)  # type: ignore[arg-type]
     return _positive(info.get("max_running_requests"))
 
 
-def _kv_tokens(states: Sequence[Mapping[str, Any]], pool: int | None) -> int | None:
+def _kv_pools(states: Sequence[Mapping[str, Any]], pool: int | None, groups: int) -> tuple[int, ...]:
+    """Each data-parallel scheduler's pool: from its internal state, else the scheduler info's (the first
+    scheduler's) for each of them."""
     capacities = [_positive((s.get("memory_usage") or {}).get("token_capacity")) for s in states]
-    if capacities and all(capacities):
-        return sum(capacities)  # type: ignore[arg-type]
-    return pool
+    if capacities and all(capacities) and len(capacities) >= groups:
+        return tuple(capacities)  # type: ignore[arg-type]
+    first = capacities[0] if capacities and capacities[0] else pool
+    return (first,) * groups if first else ()
 
 
 def _known_release(url: str, version: str | None) -> Release | None:
@@ -117,7 +123,7 @@ def runnable_requests(facts: Sequence[ServerFacts], replicas: int, typical_token
     per_server = []
     for server in facts:
         slots = server.slots or FALLBACK_SLOTS
-        if server.kv_tokens:
-            slots = min(slots, max(16, int(server.kv_tokens // typical_tokens)))
+        if server.kv_pools:
+            slots = min(slots, sum(max(16, int(pool // typical_tokens)) for pool in server.kv_pools))
         per_server.append(slots)
     return int(sum(per_server) * replicas / len(facts))

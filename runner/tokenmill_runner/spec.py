@@ -25,7 +25,15 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from .releases import DEFAULT_IMAGE, DEFAULT_RELEASE, OLDEST_SUPPORTED
+from .releases import (
+    DEFAULT_IMAGE,
+    DEFAULT_RELEASE,
+    OLDEST_SUPPORTED,
+    RELEASES,
+    UnknownReleaseError,
+    release,
+    release_of_image,
+)
 
 API_VERSION = "tokenmill.io/v1alpha1"
 KIND = "DatasetGeneration"
@@ -209,22 +217,48 @@ class DatasetSpec(SpecModel):
         return value
 
 
+# Every --kv-cache-dtype value some known SGLang release accepts (releases.py); the release in use is checked below.
+KV_CACHE_DTYPES: tuple[str, ...] = tuple(dict.fromkeys(d for r in RELEASES.values() for d in r.kv_cache_dtypes))
+KvCacheDtype = Literal[KV_CACHE_DTYPES]  # type: ignore[valid-type]
+
+
 class ServerSpec(SpecModel):
     """How the operator runs SGLang; `tokenmill run` uses only contextLength from here."""
 
     image: str = Field(DEFAULT_IMAGE, description=f"SGLang image; tokenmill supports releases {OLDEST_SUPPORTED} to "
-                       f"{DEFAULT_RELEASE} (the default; {OLDEST_SUPPORTED} is the first that serves Kimi-K2.5).")
+                       f"{DEFAULT_RELEASE} (the default; {OLDEST_SUPPORTED} is the first that serves Kimi-K2.5). The "
+                       "release is read from the tag (lmsysorg/sglang:v0.5.23, v0.5.19-cu129, v0.5.9-rocm700-mi30x).")
+    sglang_version: str | None = Field(
+        None, description="SGLang release of a custom image whose tag names none (e.g. 0.5.23): the checks and the "
+        "plan follow that release's facts. Default: the image tag's release, else the default release.",
+    )
     gpus_per_node: int = Field(8, gt=0, description="GPUs per node.")
-    gpu_product: str | None = Field(None, description="nvidia.com/gpu.product label of the nodes to use.")
+    gpu_product: str | None = Field(
+        None, description="GPU product: the node label value (nvidia.com/gpu.product, e.g. NVIDIA-H200 or "
+        "NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition; amd.com/gpu.product-name for AMD) or a short name (H200, "
+        "RTX-PRO-6000, MI300X).",
+    )
     gpu_memory_mib: int | None = Field(
         None, gt=0, description="Memory of one GPU in MiB; default: known from gpuProduct (e.g. NVIDIA-H200: 143771)."
     )
-    replicas: int = Field(1, gt=0, description="Independent server replicas.")
+    nodes: int | Auto = Field(
+        "auto", description="Nodes the run may use (each with gpusPerNode GPUs); auto: the fewest one replica needs. "
+        "The planner lays out replicas on them for the fastest finish.",
+    )
+    replicas: int | Auto = Field("auto", description="Independent server replicas, or auto (as many as the nodes hold).")
     tensor_parallel: int | Auto = Field("auto", description="Tensor-parallel size per replica, or auto.")
+    attention_data_parallel: int | Auto = Field(
+        "auto", description="DP attention groups per replica (1 = off; SGLang --enable-dp-attention / "
+        "--attn-dp-size), or auto: tried for MLA models, whose KV TP would otherwise copy to every rank.",
+    )
     mem_fraction_static: FractionString | Auto = Field("auto", description="--mem-fraction-static, or auto.")
-    context_length: int | Auto = Field("auto", description="Context length, or auto (from the server/model).")
+    context_length: int | Auto = Field(
+        "auto", description="Context length, or auto (what SGLang derives from config.json; it refuses more).")
     max_running_requests: int | Auto = Field("auto", description="--max-running-requests, or auto.")
-    kv_cache_dtype: str = Field("auto", description="--kv-cache-dtype.")
+    kv_cache_dtype: KvCacheDtype = Field(  # type: ignore[valid-type]
+        "auto", description="--kv-cache-dtype; auto keeps the model's 16-bit dtype. The values the SGLang release "
+        "in use accepts (mxfp8, nvfp4, fp4_mx_block16 from 0.5.16; fp4_e2m1 until 0.5.20).",
+    )
     port: int = Field(30000, gt=0, lt=65536, description="SGLang HTTP port (/generate, /health, /metrics).")
     startup_timeout_seconds: int = Field(
         3600, gt=0, description="How long a server may load weights before its startup probe fails it."
@@ -234,6 +268,44 @@ class ServerSpec(SpecModel):
     node_selector: dict[str, str] = Field(default_factory=dict, description="Extra node selector for server pods.")
     tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Extra tolerations.")
     resources: dict[str, Any] = Field(default_factory=dict, description="Extra container resources.")
+
+    @field_validator("sglang_version")
+    @classmethod
+    def _known_release(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                release(value)
+            except UnknownReleaseError as error:
+                raise ValueError(str(error)) from None
+        return value
+
+    @field_validator("nodes", "replicas", "tensor_parallel", "attention_data_parallel", "max_running_requests",
+                     "context_length")
+    @classmethod
+    def _positive(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value <= 0:
+            raise ValueError(f"must be a positive number or auto, got {value}")
+        return value
+
+    def release_version(self) -> str | None:
+        """The SGLang release the image runs: sglangVersion when set, else the image tag's, else None."""
+        return self.sglang_version or release_of_image(self.image)
+
+    @model_validator(mode="after")
+    def _kv_cache_dtype_of_the_release(self) -> ServerSpec:
+        version = self.release_version()
+        if version is None or self.kv_cache_dtype == "auto":
+            return self
+        try:
+            facts = release(version)
+        except UnknownReleaseError:
+            return self  # an image tag naming an unknown release: the planner says so
+        if self.kv_cache_dtype not in facts.kv_cache_dtypes:
+            raise ValueError(
+                f"kvCacheDtype {self.kv_cache_dtype!r}: SGLang {facts.version} ({self.image}) does not accept it; its "
+                f"argument parser exits before loading anything and the pod restarts forever. It accepts "
+                f"{', '.join(facts.kv_cache_dtypes)}")
+        return self
 
 
 class RunnerSpec(SpecModel):

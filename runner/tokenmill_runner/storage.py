@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ logger = logging.getLogger(__name__)
 
 MULTIPART_THRESHOLD = 64 * 1024 * 1024
 TMP_MARK = ".tmp-"
+COPY_CHUNK = 8 * 1024 * 1024
 # Error codes that mean "no such object". A HEAD answer has no body, so botocore reports the HTTP status ("404")
 # as the code; some S3-compatible stores name it.
 MISSING_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
@@ -32,6 +34,7 @@ class Storage(Protocol):
     root_uri: str
 
     def put(self, key: str, data: bytes) -> None: ...
+    def put_file(self, key: str, path: Path) -> None: ...  # atomic like put; the local file may be moved
     def get(self, key: str) -> bytes: ...
     def list(self, prefix: str = "") -> Iterator[str]: ...
     def delete(self, key: str) -> None: ...
@@ -78,6 +81,26 @@ class LocalStorage:
             Path(tmp).unlink(missing_ok=True)
             raise
 
+    def put_file(self, key: str, path: Path) -> None:
+        """Move (or, across file systems, copy) a finished local file into place, atomically."""
+        target = self._path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(path, target)
+            return
+        except OSError:
+            pass  # another file system: copy to a temporary name beside the target, then rename
+        fd, tmp = tempfile.mkstemp(prefix=target.name + TMP_MARK, dir=target.parent)
+        try:
+            with os.fdopen(fd, "wb") as handle, open(path, "rb") as source:
+                shutil.copyfileobj(source, handle, COPY_CHUNK)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
     def get(self, key: str) -> bytes:
         try:
             return self._path(key).read_bytes()
@@ -93,7 +116,8 @@ class LocalStorage:
     def list(self, prefix: str = "") -> Iterator[str]:
         base = self._path(prefix)
         folder = base if base.is_dir() else base.parent
-        if not folder.is_dir():
+        # A missing root must list nothing, not its parent folder.
+        if not folder.is_dir() or not folder.is_relative_to(self.root):
             return
         for path in sorted(folder.rglob("*")):
             key = path.relative_to(self.root).as_posix()
@@ -128,6 +152,16 @@ class S3Storage:
         config = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=MULTIPART_THRESHOLD)
         try:
             self._client.upload_fileobj(io.BytesIO(data), self.location.bucket, self._key(key), Config=config)
+        except Exception as error:  # botocore raises many unrelated types
+            raise StorageError(f"cannot write {self.uri(key)}: {error}") from error
+
+    def put_file(self, key: str, path: Path) -> None:
+        """Upload a local file (multipart above MULTIPART_THRESHOLD); the object appears whole on completion."""
+        from boto3.s3.transfer import TransferConfig
+
+        config = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=MULTIPART_THRESHOLD)
+        try:
+            self._client.upload_file(str(path), self.location.bucket, self._key(key), Config=config)
         except Exception as error:  # botocore raises many unrelated types
             raise StorageError(f"cannot write {self.uri(key)}: {error}") from error
 

@@ -134,6 +134,32 @@ def test_kv_cache_dtype_and_tokenizer_when_set():
     assert [v["name"] for v in pod_spec(statefulset(s))["volumes"]] == ["dshm", "models"]
 
 
+@pytest.mark.parametrize(("version", "expected"), [
+    # DP attention: `--dp-size N --enable-dp-attention` until 0.5.21, `--attn-dp-size N` from 0.5.22
+    # (0.5.22 arg_groups/fields/parallel.py:81; the old spelling deprecated, 0.5.23 arg_groups/parallel_hook.py:40).
+    # The decode CUDA-graph batch: `--cuda-graph-max-bs` until 0.5.13.post1, `--cuda-graph-max-bs-decode` from 0.5.14
+    # (the old name an alias until it became an ambiguous prefix in 0.5.20).
+    ("0.5.9", ["--dp-size", "8", "--enable-dp-attention", "--cuda-graph-max-bs", "160"]),
+    ("0.5.19", ["--dp-size", "8", "--enable-dp-attention", "--cuda-graph-max-bs-decode", "160"]),
+    ("0.5.23", ["--attn-dp-size", "8", "--cuda-graph-max-bs-decode", "160"]),
+])
+def test_dp_attention_is_spelled_as_the_release_spells_it(version, expected):
+    args = container(statefulset(p=plan(attention_data_parallel=8, cuda_graph_max_bs=160,
+                                        sglang_version=version)))["args"]
+    start = args.index(expected[0])
+    assert args[start:start + len(expected)] == expected
+    plain = container(statefulset(p=plan(sglang_version=version)))["args"]
+    assert not {"--dp-size", "--attn-dp-size", "--enable-dp-attention"} & set(plain)
+
+
+def test_amd_plans_ask_for_amd_gpus_on_amd_nodes():
+    sts = statefulset(p=plan(gpu_vendor="amd", gpu_product="AMD_Instinct_MI300X_OAM"))
+    c, pod = container(sts), pod_spec(sts)
+    assert c["resources"]["limits"] == {"amd.com/gpu": "8"} and "nvidia.com/gpu" not in c["resources"]["requests"]
+    assert pod["nodeSelector"]["amd.com/gpu.product-name"] == "AMD_Instinct_MI300X_OAM"
+    assert {"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+
+
 def test_api_key_comes_from_the_secret_never_inline():
     sts = statefulset()
     c = container(sts)

@@ -1,4 +1,5 @@
-"""Server planning: known deployments pinned, and the arithmetic checked against numbers computed here by hand."""
+"""Server planning: known deployments pinned, the release checks, SGLang's memory rules checked against numbers
+computed here by hand, and the choice of the layout predicted to finish soonest."""
 
 from __future__ import annotations
 
@@ -11,22 +12,26 @@ import pytest
 
 from tokenmill_operator.gpus import GPU_MEMORY_MIB, MEMORY_FIELD, gpu_memory_mib
 from tokenmill_operator.planner import (
-    MIN_BATCH_REQUESTS,
     ModelFacts,
     PlanError,
     kv_bytes_per_token_per_rank,
     model_facts,
     plan_server,
     render_plan,
-    sglang_default_mem_fraction,
+    workload,
 )
+from tokenmill_operator.planner.memory import sglang_default_mem_fraction, sglang_reserve, vlm_factor
+from tokenmill_runner.releases import release
 from tokenmill_runner.spec import DatasetGenerationSpec, parse_document
+from tokenmill_runner.throughput import Layout
 
 MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 MIB = 1024**2
 H200 = "NVIDIA-H200"
 H100 = "NVIDIA-H100-80GB-HBM3"
+RTX_PRO = "NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition"
 MEMORY_KEY = MEMORY_FIELD.removeprefix("spec.server.")  # the spec's camelCase name for the GPU memory in MiB
+B5 = [{"name": "B5_openthoughts", "source": "s3://p/b5.jsonl", "limit": 10000}]
 
 
 def fixture(name: str) -> dict[str, Any]:
@@ -47,81 +52,296 @@ def make_spec(server: dict[str, Any], datasets: list[dict[str, Any]] | None = No
         "spec": {
             "model": model or {"path": "s3://models/m/"},
             "server": server,
-            "datasets": datasets or [{"name": "B1_glaive", "source": "s3://p/b1.jsonl"}],
+            "datasets": datasets or B5,
             "output": {"uri": "s3://out/run/"},
         },
     }
     return parse_document(document).spec
 
 
-def sglang_fraction_by_hand(gpu_mib: int, tp: int) -> float:
-    # reference/sglang.md: H100/H200 tiers use chunked prefill 8192 and CUDA-graph max batch 256 (tp < 4) or 512.
-    graph_bs = 256 if tp < 4 else 512
-    reserved = 512 + max(8192, 2048) * 1.5 + graph_bs * 2 + tp / 8 * 1024
-    reserved = max(reserved, 10 * 1024)  # both GPUs have more than 60 GB
-    return round((gpu_mib - reserved) / gpu_mib, 3)
-
-
-def capacity_by_hand(fraction: float, gpu_mib: int, weight_bytes: int, tp: int, per_rank: int) -> int:
-    return (int(fraction * gpu_mib * MIB) - math.ceil(weight_bytes / tp)) // per_rank
+def reserve_by_hand(gpu_mib: int, tp: int, mla: bool, graph_bs: int, dp: int = 1) -> float:
+    # docs/sglang-release-facts.md §K, 0.5.23 (arg_groups/memory_hook.py:309): 512 + 1.5 x chunk + 2 x graph batch
+    # + tp/8 x 1024 + DP-attention padding + prefill graphs (MLA 1536 MiB), floor 10240 above 60 GB. H100/H200/RTX
+    # PRO 6000 tiers: chunk 8192.
+    reserved = 512 + 8192 * 1.5 + graph_bs * 2 + tp / 8 * 1024
+    if dp > 1:
+        reserved += graph_bs * dp * 3 + (graph_bs * dp * 1.5 if graph_bs > 300 else 0)
+    reserved += 1536 if mla else 0
+    return max(reserved, 10 * 1024)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Pinned deployments
 
 
-def test_kimi_k25_on_eight_h200_is_one_node_tp8():
-    plan = plan_server(make_spec({"gpuProduct": H200, "gpusPerNode": 8}), facts("kimi-k2.5"))
-    assert (plan.tensor_parallel, plan.nodes_per_replica, plan.gpus_per_node) == (8, 1, 8)
-    assert plan.mem_fraction_static == f"{sglang_fraction_by_hand(143771, 8):.3f}" == "0.897"
-    assert plan.context_length == 262144
-    assert plan.kv_cache_dtype == "auto"
+def test_kimi_k25_on_eight_h200_uses_dp_attention_on_one_node():
+    plan = plan_server(make_spec({"gpuProduct": H200}), facts("kimi-k2.5"))
+    assert (plan.replicas, plan.tensor_parallel, plan.nodes_per_replica, plan.gpus_per_node) == (1, 8, 1, 8)
+    # DP attention wins: TP alone keeps the whole MLA latent on all 8 ranks, 8 groups keep 8 separate caches.
+    assert plan.attention_data_parallel == 8
+    tp_only = next(c for c in plan.candidates if c.tensor_parallel == 8 and c.attention_data_parallel == 1
+                   and c.kv_cache_dtype == "auto")
+    assert plan.kv_capacity_tokens > 4 * tp_only.kv_capacity_tokens
+    assert plan.prediction is not None and tp_only.prediction is not None
+    assert plan.prediction.eta_seconds < tp_only.prediction.eta_seconds
+    assert plan.context_length == 262144 and plan.kv_cache_dtype == "auto" and plan.sglang_version == "0.5.23"
     assert plan.overrides == []
+
+
+def test_kimi_k25_on_the_seeds_rtx_pro_6000_plans_with_only_the_product_name():
+    spec = make_spec({"gpuProduct": "RTX-PRO-6000"})
+    plan = plan_server(spec, facts("kimi-k2.5"))
+    assert plan.gpu_product == RTX_PRO and plan.gpu_memory_mib == 97887
+    assert (plan.replicas, plan.tensor_parallel) == (1, 8)
+    assert plan.interconnect == "pcie"
+    assert any("tensor parallelism runs over PCIe" in line for line in plan.reasoning)
+    # SGLang's rule for multimodal models lowers the default fraction: Kimi-K2.5's tower (27 x 1152) gives 0.910.
+    fraction = round((97887 - reserve_by_hand(97887, 8, mla=True, graph_bs=512)) / 97887, 3) * 0.95 * (
+        1 - 0.1 * (27 * 1152**2 / (24 * 1024**2) - 1))
+    assert plan.mem_fraction_static == f"{fraction:.3f}" == "0.758"
+    assert any("x 0.910 for the vision tower" in line for line in plan.reasoning)
+    # The batch is small on 96 GB cards; the fp8 KV cache is offered, never switched on silently.
+    assert any(line.startswith("warning:") and "small" in line for line in plan.reasoning)
+    assert any(line.startswith("option:") and "fp8_e4m3" in line for line in plan.reasoning)
+    assert plan.kv_cache_dtype == "auto"
+    fp8 = [c for c in plan.candidates if c.kv_cache_dtype == "fp8_e4m3" and c.prediction]
+    assert fp8 and all("kvCacheDtype" in c.note and not c.chosen for c in fp8)
+
+
+def test_the_workstation_edition_is_a_different_product_with_more_bandwidth():
+    server = plan_server(make_spec({"gpuProduct": RTX_PRO}), facts("kimi-k2.5"))
+    workstation = plan_server(make_spec({"gpuProduct": "NVIDIA RTX PRO 6000 Blackwell Workstation Edition"}),
+                              facts("kimi-k2.5"))
+    assert workstation.gpu_product == "NVIDIA-RTX-PRO-6000-Blackwell-Workstation-Edition"
+    assert workstation.gpu_memory_mib == server.gpu_memory_mib == 97887
+    assert server.prediction and workstation.prediction
+    assert workstation.prediction.decode_tokens_per_second > server.prediction.decode_tokens_per_second
 
 
 def test_kimi_k25_on_h100_needs_two_nodes_of_eight():
     plan = plan_server(make_spec({"gpuProduct": H100, "gpusPerNode": 8}), facts("kimi-k2.5"))
     assert (plan.tensor_parallel, plan.nodes_per_replica, plan.gpus_per_node) == (16, 2, 8)
-    assert plan.mem_fraction_static == f"{sglang_fraction_by_hand(81559, 16):.3f}" == "0.805"
-    # TP 8 was tried and rejected because the weights alone overflow an 80 GB GPU.
-    assert any(line.startswith("TP 8:") and "do not fit" in line for line in plan.reasoning)
+    # TP 8 was considered and cannot hold the weights of an 80 GB GPU.
+    tp8 = [c for c in plan.candidates if c.tensor_parallel == 8]
+    assert tp8 and all(c.prediction is None and "do not fit" in c.note for c in tp8)
+    assert any("2 nodes of 8 GPUs" in line for line in plan.reasoning)
 
 
 def test_llama_8b_on_one_h100_is_tp1():
     plan = plan_server(make_spec({"gpuProduct": H100, "gpusPerNode": 1}), facts("llama-3.1-8b"))
-    assert (plan.tensor_parallel, plan.nodes_per_replica, plan.gpus_per_node) == (1, 1, 1)
-    assert plan.concurrent_requests_at_expected_length >= MIN_BATCH_REQUESTS
+    assert (plan.replicas, plan.tensor_parallel, plan.nodes_per_replica, plan.gpus_per_node) == (1, 1, 1, 1)
+    assert plan.attention_data_parallel == 1  # not an MLA model: no DP attention is tried
+    assert {c.attention_data_parallel for c in plan.candidates} == {1}
 
 
-def test_llama_70b_on_h100_leaves_room_for_a_batch():
-    plan = plan_server(make_spec({"gpuProduct": H100}), facts("llama-3.1-70b"))
-    assert (plan.tensor_parallel, plan.nodes_per_replica, plan.gpus_per_node) == (4, 1, 4)
-    tp2 = next(line for line in plan.reasoning if line.startswith("TP 2:"))
-    assert "too small a batch" in tp2 and "rejected" in tp2
-    assert plan.concurrent_requests_at_expected_length >= MIN_BATCH_REQUESTS
-    assert any(line.startswith("rule:") and f"{MIN_BATCH_REQUESTS} requests" in line for line in plan.reasoning)
+def test_a_model_that_fits_fewer_gpus_runs_several_replicas_on_the_node():
+    plan = plan_server(make_spec({"gpuProduct": H100}), facts("llama-3.1-8b"))
+    assert plan.replicas * plan.tensor_parallel == 8 and plan.replicas > 1
+    assert plan.gpus_per_node == plan.tensor_parallel  # each replica's pod asks for its own GPUs
+    eight = next(c for c in plan.candidates if c.tensor_parallel == 1 and c.kv_cache_dtype == "auto")
+    assert eight.replicas == 8 and eight.prediction is not None
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# KV cache arithmetic
+# The choice: the soonest finish on the GPUs the spec gives; the spec's own values win.
 
 
-def test_mla_kv_bytes_per_token_is_the_latent_replicated_on_every_rank():
+def test_the_chosen_layout_has_the_smallest_eta_of_those_allowed():
+    plan = plan_server(make_spec({"gpuProduct": H200}), facts("deepseek-v3"))
+    chosen = next(c for c in plan.candidates if c.chosen)
+    allowed = [c for c in plan.candidates if c.prediction and c.kv_cache_dtype == "auto"]
+    assert chosen.prediction is not None and plan.prediction == chosen.prediction
+    assert all(chosen.prediction.eta_seconds <= c.prediction.eta_seconds * 1.02 for c in allowed)  # type: ignore[union-attr]
+    # GPU-hours are the GPUs held times the ETA.
+    p = plan.prediction
+    assert p is not None and p.gpu_hours == pytest.approx(8 * p.eta_seconds / 3600, abs=0.06)
+
+
+def test_spec_settings_win_and_the_table_keeps_the_alternatives():
+    server = {"gpuProduct": H200, "tensorParallel": 8, "attentionDataParallel": 1}
+    plan = plan_server(make_spec(server), facts("kimi-k2.5"))
+    assert (plan.tensor_parallel, plan.attention_data_parallel) == (8, 1)
+    others = [c for c in plan.candidates if c.attention_data_parallel > 1]
+    assert others and all(c.note.startswith("not allowed: spec.server.attentionDataParallel is 1") for c in others)
+    faster = [c for c in others if c.kv_cache_dtype == "auto" and c.prediction]
+    assert any(c.prediction.eta_seconds < plan.prediction.eta_seconds for c in faster)  # type: ignore[union-attr]
+    assert {"tensorParallel", "attentionDataParallel"} <= set(plan.overrides)
+
+
+def test_every_given_setting_is_used_and_listed():
+    server = {"gpuProduct": "NVIDIA-X-Unknown", MEMORY_KEY: 81559, "tensorParallel": 8,
+              "memFractionStatic": "0.85", "contextLength": 32768, "maxRunningRequests": 256,
+              "kvCacheDtype": "fp8_e4m3", "replicas": 1}
+    model_spec = {"path": "s3://models/m/", "weightBytes": 150_000_000_000}
+    data = fixture("llama-3.1-70b")
+    model = model_facts(data["config"], 150_000_000_000)
+    plan = plan_server(make_spec(server, model=model_spec), model)
+    assert (plan.tensor_parallel, plan.nodes_per_replica, plan.gpus_per_node, plan.replicas) == (8, 1, 8, 1)
+    assert plan.mem_fraction_static == "0.85"
+    assert plan.context_length == 32768
+    assert plan.max_running_requests == 256
+    assert plan.kv_cache_dtype == "fp8_e4m3"
+    assert plan.gpu_memory_mib == 81559
+    assert plan.kv_bytes_per_token == 2 * 8 * 128 * 1 * 80  # fp8: one byte per element
+    assert set(plan.overrides) == {"replicas", "tensorParallel", "memFractionStatic", "contextLength",
+                                   "maxRunningRequests", "kvCacheDtype", MEMORY_KEY, "weightBytes"}
+    # An unknown product: no prediction, and the reasoning says why.
+    assert plan.prediction is None and any("no throughput is predicted" in line for line in plan.reasoning)
+
+
+def test_a_given_tp_that_does_not_fit_names_the_field_and_the_numbers():
+    with pytest.raises(PlanError) as error:
+        plan_server(make_spec({"gpuProduct": H100, "tensorParallel": 8}), facts("kimi-k2.5"))
+    message = str(error.value)
+    assert "spec.server.tensorParallel 8" in message and "do not fit" in message and "usable" in message
+
+
+def test_a_given_tp_that_cannot_be_laid_out_is_refused_by_the_spec_or_the_plan():
+    with pytest.raises(PlanError, match="not a power of two"):
+        plan_server(make_spec({"gpuProduct": H200, "tensorParallel": 6}), facts("kimi-k2.5"))
+    with pytest.raises(PlanError, match="more than 4 nodes"):
+        plan_server(make_spec({"gpuProduct": H200, "tensorParallel": 64}), facts("kimi-k2.5"))
+
+
+def test_a_model_that_fits_nowhere_says_what_to_change():
+    with pytest.raises(PlanError) as error:
+        plan_server(make_spec({"gpuProduct": H100, "gpusPerNode": 1}), facts("kimi-k2.5"))
+    message = str(error.value)
+    assert "fp8" in message and "spec.server.gpusPerNode" in message
+
+
+def test_max_new_tokens_beyond_the_context_length_is_refused():
+    datasets = [{"name": "long", "source": "b.jsonl", "sampling": {"maxNewTokens": 40000}}]
+    with pytest.raises(PlanError) as error:
+        plan_server(make_spec({"gpuProduct": H200, "contextLength": 32768}, datasets), facts("kimi-k2.5"))
+    assert "spec.server.contextLength" in str(error.value) and "long" in str(error.value)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The SGLang release: read from the image, its refusals refused at plan time.
+
+
+def test_the_release_comes_from_the_tag_then_sglang_version_then_the_default():
+    kimi = facts("kimi-k2.5")
+    assert plan_server(make_spec({"gpuProduct": H200, "image": "lmsysorg/sglang:v0.5.19-cu129"}),
+                       kimi).sglang_version == "0.5.19"
+    custom = {"gpuProduct": H200, "image": "registry.example/sglang:team-build", "sglangVersion": "0.5.15.post1"}
+    assert plan_server(make_spec(custom), kimi).sglang_version == "0.5.15.post1"
+    plan = plan_server(make_spec({"gpuProduct": H200, "image": "registry.example/sglang:latest"}), kimi)
+    assert plan.sglang_version == "0.5.23"
+    assert any(line.startswith("warning:") and "names no SGLang release" in line for line in plan.reasoning)
+
+
+def test_a_release_that_cannot_serve_kimi_k25_is_refused_with_the_first_that_can():
+    # KimiK25ForConditionalGeneration is registered from 0.5.9 (models/kimi_k25.py:776); 0.5.6 would fall back to
+    # the Transformers backend.
+    with pytest.raises(PlanError) as error:
+        plan_server(make_spec({"gpuProduct": H200, "image": "lmsysorg/sglang:v0.5.6"}), facts("kimi-k2.5"))
+    message = str(error.value)
+    assert "spec.server.image" in message and "KimiK25ForConditionalGeneration" in message and "0.5.9" in message
+
+
+def test_an_unknown_release_is_refused():
+    with pytest.raises(PlanError, match="no facts"):
+        plan_server(make_spec({"gpuProduct": H200, "image": "lmsysorg/sglang:v0.4.1"}), facts("llama-3.1-8b"))
+
+
+def test_a_kv_cache_dtype_the_release_refuses_is_refused_in_the_spec():
+    # --kv-cache-dtype choices: mxfp8/nvfp4/fp4_mx_block16 from 0.5.16 (server_args.py:604); argparse exits on
+    # them before (exit 2, CrashLoopBackOff).
+    with pytest.raises(ValueError, match="does not accept it"):
+        make_spec({"gpuProduct": H200, "image": "lmsysorg/sglang:v0.5.15.post1", "kvCacheDtype": "nvfp4"})
+    with pytest.raises(ValueError, match="does not accept it"):
+        make_spec({"gpuProduct": H200, "image": "x/sglang:custom", "sglangVersion": "0.5.21",
+                   "kvCacheDtype": "fp4_e2m1"})
+    ok = make_spec({"gpuProduct": H200, "image": "lmsysorg/sglang:v0.5.16", "kvCacheDtype": "nvfp4"})
+    assert plan_server(ok, facts("llama-3.1-8b")).kv_cache_dtype == "nvfp4"
+
+
+def test_context_length_auto_is_what_sglang_derives():
+    # get_context_length (0.5.23 utils/hf_transformers/common.py:677): the first of max_sequence_length, seq_length,
+    # max_seq_len, model_max_length, max_position_embeddings, times the rope factor unless the scaling carries
+    # original_max_position_embeddings.
+    config = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "num_attention_heads": 32,
+              "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+              "max_position_embeddings": 131072, "seq_length": 8192, "rope_scaling": {"type": "linear", "factor": 2.0}}
+    plan = plan_server(make_spec({"gpuProduct": H200}, [{"name": "d", "source": "d.jsonl",
+                                                          "sampling": {"maxNewTokens": 4096}}]),
+                       model_facts(config, 16_000_000_000))
+    assert plan.context_length == 16384  # seq_length 8192 x factor 2, not max_position_embeddings
+    with pytest.raises(PlanError) as error:
+        plan_server(make_spec({"gpuProduct": H200, "contextLength": 32768}, [{"name": "d", "source": "d.jsonl",
+                                                                              "sampling": {"maxNewTokens": 4096}}]),
+                    model_facts(config, 16_000_000_000))
+    assert "spec.server.contextLength 32,768" in str(error.value) and "16,384" in str(error.value)
+
+
+@pytest.mark.parametrize(("product", "image", "fragment"), [
+    ("MI300X", "lmsysorg/sglang:v0.5.23", "lmsysorg/sglang:v0.5.23-rocm700-mi30x"),
+    ("MI355X", "lmsysorg/sglang:v0.5.9-rocm700-mi30x", "lmsysorg/sglang:v0.5.9-rocm700-mi35x"),
+    (H200, "lmsysorg/sglang:v0.5.9-rocm700-mi30x", "lmsysorg/sglang:v0.5.9"),
+])
+def test_amd_gpus_need_sglangs_rocm_image_and_nvidia_gpus_a_cuda_one(product, image, fragment):
+    with pytest.raises(PlanError) as error:
+        plan_server(make_spec({"gpuProduct": product, "image": image}), facts("llama-3.1-8b"))
+    assert "spec.server.image" in str(error.value) and fragment in str(error.value)
+
+
+def test_an_amd_plan_asks_for_amd_gpus():
+    plan = plan_server(make_spec({"gpuProduct": "MI300X", "image": "lmsysorg/sglang:v0.5.23-rocm700-mi30x"}),
+                       facts("deepseek-v3"))
+    assert plan.gpu_vendor == "amd" and plan.gpu_product == "AMD_Instinct_MI300X_OAM"
+    assert plan.gpu_memory_mib == 196592 and plan.interconnect == "xgmi"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Memory: SGLang's own rules, by release
+
+
+def test_mem_fraction_follows_the_release_reserve():
+    kimi, llama = facts("kimi-k2.5"), facts("llama-3.1-70b")
+    # 0.5.9 has no prefill-graph reserve; 0.5.10.post1+ adds 1536 MiB for an MLA model (piecewise CUDA graphs).
+    old = sglang_reserve(143771, Layout(8), kimi, release("0.5.9"))
+    new = sglang_reserve(143771, Layout(8), kimi, release("0.5.23"))
+    assert old.total == reserve_by_hand(143771, 8, mla=False, graph_bs=512) == 14848
+    assert new.total == reserve_by_hand(143771, 8, mla=True, graph_bs=512) == 14848 + 1536
+    # A non-MLA model captures prefill graphs for 58 token counts up to the 8192 chunk, 8 MiB each.
+    assert sglang_reserve(81559, Layout(4), llama, release("0.5.23")).prefill_graphs == 58 * 8
+    # DP attention pads per group: graph batch x groups x 3 MiB (+1.5 above a batch of 300).
+    dp = sglang_reserve(143771, Layout(8, 8), kimi, release("0.5.23"), graph_bs=128)
+    assert dp.dp_attention == 128 * 8 * 3
+    assert vlm_factor(kimi) == pytest.approx(0.910, abs=5e-4) and vlm_factor(llama) == 1.0
+    assert sglang_default_mem_fraction(143771, Layout(8), llama, release("0.5.23")) == round(
+        (143771 - reserve_by_hand(143771, 8, mla=False, graph_bs=512) - 58 * 8) / 143771, 3)
+
+
+def test_mla_kv_is_the_latent_on_every_rank_and_dp_attention_splits_the_requests():
     text = fixture("kimi-k2.5")["config"]["text_config"]
     per_rank = (text["kv_lora_rank"] + text["qk_rope_head_dim"]) * 2 * text["num_hidden_layers"]
     assert per_rank == 70272
     model = facts("kimi-k2.5")
     assert model.is_mla and model.nested_under == "text_config" and model.num_layers == 61
-    # TP does not split an MLA cache: the same bytes per token on each rank whatever the TP.
     assert {kv_bytes_per_token_per_rank(model, tp, 2.0) for tp in (1, 8, 16)} == {per_rank}
+    plan = plan_server(make_spec({"gpuProduct": H200, "attentionDataParallel": 1}), model)
+    fraction = float(plan.mem_fraction_static)
+    room = int(fraction * 143771 * MIB) - plan.weight_bytes_per_gpu
+    assert plan.kv_capacity_tokens == room // per_rank
+    dp = plan_server(make_spec({"gpuProduct": H200, "attentionDataParallel": 8}), model)
+    room_dp = int(float(dp.mem_fraction_static) * 143771 * MIB) - dp.weight_bytes_per_gpu
+    assert dp.kv_capacity_tokens == 8 * (room_dp // per_rank)  # eight caches, one per group
+    # The price: attention weights whole on every GPU instead of an eighth.
+    assert dp.weight_bytes_per_gpu > plan.weight_bytes_per_gpu
 
-    plan = plan_server(make_spec({"gpuProduct": H200}), model)
-    assert plan.kv_bytes_per_token == per_rank * 8
-    fraction = sglang_fraction_by_hand(143771, 8)
-    assert plan.kv_capacity_tokens == capacity_by_hand(fraction, 143771, 594_000_000_000, 8, per_rank)
-    assert plan.concurrent_requests_at_expected_length == plan.kv_capacity_tokens // plan.expected_tokens_per_request
-    kv_line = next(line for line in plan.reasoning if line.startswith("KV cache: MLA"))
-    assert "(512 + 64) x 2 B x 61 layers = 70,272 B" in kv_line and "each of the 8 TP ranks" in kv_line
+
+def test_the_vision_tower_is_counted_on_every_gpu():
+    model = facts("kimi-k2.5")
+    tower = model.weights().vision
+    assert 0.8e9 < tower < 1.1e9  # MoonViT 27 x 1152 + projector: ~0.47 B parameters in bf16
+    plan = plan_server(make_spec({"gpuProduct": H200, "attentionDataParallel": 1}), model)
+    w = model.weights()
+    assert plan.weight_bytes_per_gpu == math.ceil((w.attention + w.embedding) / 8 + (w.served - w.attention
+                                                                                      - w.embedding - tower) / 8
+                                                  + tower)
 
 
 def test_gqa_kv_bytes_per_token_is_split_across_ranks():
@@ -135,96 +355,38 @@ def test_gqa_kv_bytes_per_token_is_split_across_ranks():
     # 8 KV heads over 16 ranks: one head per rank, replicated, not half a head.
     assert kv_bytes_per_token_per_rank(model, 16, 2.0) == 2 * 1 * 128 * 2 * 80
 
-    plan = plan_server(make_spec({"gpuProduct": H100}), model)
-    assert plan.kv_bytes_per_token == full  # 4 ranks x a quarter of the heads each
-    fraction = sglang_fraction_by_hand(81559, 4)
-    assert plan.kv_capacity_tokens == capacity_by_hand(fraction, 81559, 141_107_412_992, 4, full // 4)
 
-
-def test_max_running_requests_follows_sglangs_rule():
+def test_max_running_requests_follows_sglangs_rule_per_group():
     plan = plan_server(make_spec({"gpuProduct": H200}), facts("kimi-k2.5"))
-    tokens = plan.kv_capacity_tokens
-    expected = min(min(max(int(tokens / plan.context_length * 512), 2048), 4096), tokens // 2)
-    assert plan.max_running_requests == expected
-
-
-def test_expected_tokens_come_from_the_largest_max_new_tokens():
-    datasets = [{"name": "short", "source": "a.jsonl", "sampling": {"maxNewTokens": 1024}},
-                {"name": "long", "source": "b.jsonl", "sampling": {"maxNewTokens": 32768}}]
-    plan = plan_server(make_spec({"gpuProduct": H200}, datasets), facts("kimi-k2.5"))
-    assert plan.expected_tokens_per_request == 512 + math.ceil(0.15 * 32768)
-    assert any("dataset long" in line for line in plan.reasoning)
+    groups = plan.attention_data_parallel
+    per_group = plan.kv_capacity_tokens // groups
+    expected = min(min(max(int(per_group / plan.context_length * 512), 2048), 4096), per_group // 2)
+    assert plan.max_running_requests == expected * groups
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The spec wins
+# The job and the prediction
 
 
-def test_spec_settings_win_and_are_listed():
-    server = {"gpuProduct": "NVIDIA-X-Unknown", MEMORY_KEY: 81559, "tensorParallel": 8,
-              "memFractionStatic": "0.85", "contextLength": 32768, "maxRunningRequests": 256,
-              "kvCacheDtype": "fp8_e4m3"}
-    model_spec = {"path": "s3://models/m/", "weightBytes": 150_000_000_000}
-    plan = plan_server(make_spec(server, model=model_spec), facts("llama-3.1-70b"))
-    assert (plan.tensor_parallel, plan.nodes_per_replica, plan.gpus_per_node) == (8, 1, 8)
-    assert plan.mem_fraction_static == "0.85"
-    assert plan.context_length == 32768
-    assert plan.max_running_requests == 256
-    assert plan.kv_cache_dtype == "fp8_e4m3"
-    assert plan.gpu_memory_mib == 81559
-    assert plan.weight_bytes == 150_000_000_000
-    assert plan.kv_bytes_per_token == 2 * 8 * 128 * 1 * 80  # fp8: one byte per element
-    assert set(plan.overrides) == {"tensorParallel", "memFractionStatic", "contextLength", "maxRunningRequests",
-                                   "kvCacheDtype", MEMORY_KEY, "weightBytes"}
-    assert plan.kv_capacity_tokens == capacity_by_hand(0.85, 81559, 150_000_000_000, 8, 2 * 1 * 128 * 80)
+def test_a_fixed_workload_changes_the_prediction():
+    spec = make_spec({"gpuProduct": H200})
+    model = facts("kimi-k2.5")
+    estimate = plan_server(spec, model)
+    short = plan_server(spec, model, work=workload(spec, prompt_tokens=300, output_tokens=200, concurrency=64))
+    assert short.prediction and estimate.prediction
+    assert short.prediction.batch_per_replica == 64  # the runner's concurrency caps the batch
+    assert short.expected_tokens_per_request == 400  # 300 + 200 / 2
+    assert short.prediction.eta_seconds < estimate.prediction.eta_seconds
 
 
-def test_a_given_tp_with_a_small_batch_is_kept_with_a_warning_and_the_fp8_option():
-    server = {"gpuProduct": H100, "tensorParallel": 2, "memFractionStatic": "0.9"}
-    plan = plan_server(make_spec(server), facts("llama-3.1-70b"))
-    assert plan.tensor_parallel == 2
-    assert plan.concurrent_requests_at_expected_length < MIN_BATCH_REQUESTS
-    assert any(line.startswith("warning:") and "too small a batch" in line for line in plan.reasoning)
-    assert any(line.startswith("option:") and "fp8_e4m3" in line for line in plan.reasoning)
-    assert plan.kv_cache_dtype == "auto"  # suggested, never switched silently
-
-
-def test_a_given_tp_that_does_not_fit_names_the_field_and_the_numbers():
-    with pytest.raises(PlanError) as error:
-        plan_server(make_spec({"gpuProduct": H100, "tensorParallel": 8}), facts("kimi-k2.5"))
-    message = str(error.value)
-    assert "spec.server.tensorParallel 8" in message
-    assert "69.2 GiB per GPU" in message and "usable" in message
-
-
-@pytest.mark.parametrize(("tp", "fragment"), [(6, "not a power of two"), (64, "more than 4 nodes")])
-def test_a_given_tp_that_cannot_be_laid_out_names_the_field(tp: int, fragment: str):
-    with pytest.raises(PlanError) as error:
-        plan_server(make_spec({"gpuProduct": H200, "tensorParallel": tp}), facts("kimi-k2.5"))
-    assert "spec.server.tensorParallel" in str(error.value) and fragment in str(error.value)
-
-
-def test_a_model_that_fits_nowhere_says_what_to_change():
-    with pytest.raises(PlanError) as error:
-        plan_server(make_spec({"gpuProduct": H100, "gpusPerNode": 1}), facts("kimi-k2.5"))
-    message = str(error.value)
-    assert "up to 4 GPUs" in message and "fp8" in message and "spec.server.gpusPerNode" in message
-
-
-def test_max_new_tokens_beyond_the_context_length_is_refused():
-    datasets = [{"name": "long", "source": "b.jsonl", "sampling": {"maxNewTokens": 40000}}]
-    with pytest.raises(PlanError) as error:
-        plan_server(make_spec({"gpuProduct": H200, "contextLength": 32768}, datasets), facts("kimi-k2.5"))
-    assert "spec.server.contextLength" in str(error.value) and "long" in str(error.value)
+def test_datasets_without_limit_are_counted_as_assumed():
+    plan = plan_server(make_spec({"gpuProduct": H200}, [{"name": "d", "source": "d.jsonl"}]), facts("kimi-k2.5"))
+    assert plan.prediction and plan.prediction.samples == 10000 and plan.prediction.samples_assumed
+    assert any("without limit" in line for line in plan.reasoning)
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# SGLang's default memory split and the GPU table
-
-
-@pytest.mark.parametrize(("gpu_mib", "tp"), [(143771, 8), (143771, 1), (81559, 16), (81559, 4), (81559, 2)])
-def test_mem_fraction_matches_sglangs_formula(gpu_mib: int, tp: int):
-    assert sglang_default_mem_fraction(gpu_mib, tp) == sglang_fraction_by_hand(gpu_mib, tp)
+# The GPU table, config parsing and output
 
 
 def test_known_gpus_and_aliases():
@@ -251,10 +413,6 @@ def test_an_alias_is_planned_for_its_node_label():
     assert plan.gpu_product == H100
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Config parsing and output
-
-
 def test_config_parsing_handles_dtype_key_and_missing_kv_heads():
     config = {"architectures": ["GPT2LMHeadModel"], "n_layer": 12, "n_embd": 768, "n_head": 12,
               "n_positions": 1024, "dtype": "float32"}
@@ -268,7 +426,12 @@ def test_config_parsing_handles_dtype_key_and_missing_kv_heads():
 def test_render_and_status_shape():
     plan = plan_server(make_spec({"gpuProduct": H100}), facts("llama-3.1-70b"))
     text = render_plan(plan)
-    assert "tensor parallel" in text and "4 = 1 node x 4 GPUs" in text
-    assert "why:" in text and all(line in text for line in plan.reasoning)
-    status = plan.model_dump(by_alias=True)
-    assert status["tensorParallel"] == 4 and status["kvCapacityTokens"] == plan.kv_capacity_tokens
+    assert "layouts considered" in text and "why:" in text and all(line in text for line in plan.reasoning)
+    chosen_rows = [line for line in text.splitlines() if line.strip().startswith("*")]
+    assert len(chosen_rows) == 1 and "chosen" in chosen_rows[0]
+    status = plan.model_dump(by_alias=True, mode="json")
+    assert status["tensorParallel"] == plan.tensor_parallel and status["kvCapacityTokens"] == plan.kv_capacity_tokens
+    prediction = status["prediction"]
+    assert {"decodeTokensPerSecond", "outputTokensPerSecond", "etaSeconds", "gpuHours"} <= set(prediction)
+    assert prediction["decodeTokensPerSecond"] >= prediction["outputTokensPerSecond"] > 0
+    assert all("prediction" in c and "note" in c for c in status["candidates"])

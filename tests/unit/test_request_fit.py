@@ -31,7 +31,7 @@ def test_facts_from_server_info_per_release():
     one = facts("0.5.23", context=32768, pool=100_000)
     assert one.release.version == "0.5.23" and one.max_req_len == 32767 and one.slots == 512
     dp = facts("0.5.9", pool=70_000, dp=8, slots=64)
-    assert dp.slots == 8 * 64 and dp.kv_tokens == 8 * 70_000, "attention-DP schedulers add up"
+    assert dp.slots == 8 * 64 and dp.kv_pools == (70_000,) * 8, "each attention-DP scheduler has its own"
 
 
 def test_slots_fall_back_to_what_was_passed_then_to_a_small_default():

@@ -50,6 +50,14 @@ def test_default_max_new_tokens_is_not_sglangs_128():
         ({"datasets": [{"name": "bad name!", "source": "x"}]}, "spec.datasets[0].name"),
         ({"datasets": [{"name": "a", "source": "x", "limt": 5}]}, "spec.datasets[0].limt"),
         ({"datasets": []}, "spec.datasets"),
+        # What the SGLang release in use would refuse is refused here, naming the field (docs/sglang-release-facts.md
+        # §C.1: nvfp4 from 0.5.16; fp4_e2m1 gone in 0.5.21).
+        ({"server": {"image": "lmsysorg/sglang:v0.5.9", "kvCacheDtype": "nvfp4"}}, "spec.server"),
+        ({"server": {"image": "lmsysorg/sglang:v0.5.23", "kvCacheDtype": "fp4_e2m1"}}, "SGLang 0.5.23"),
+        ({"server": {"kvCacheDtype": "fp16"}}, "spec.server.kvCacheDtype"),
+        ({"server": {"sglangVersion": "0.4.1"}}, "spec.server.sglangVersion"),
+        ({"server": {"nodes": 0}}, "spec.server.nodes"),
+        ({"server": {"replicas": -1}}, "spec.server.replicas"),
     ],
 )
 def test_bad_specs_name_the_field(update, fragment):
@@ -107,6 +115,11 @@ def test_auto_concurrency_fills_the_servers_and_keeps_a_queue():
     assert resolve_concurrency(two, [slot_bound]) == 364, "a replica down at the start counts like the other"
     four = RunnerConfig(spec=spec, servers=["http://a"], output_uri="/tmp/x", worker_count=4)
     assert resolve_concurrency(four, [slot_bound]) == 54  # ceil(214 / 4)
+    # DP attention: each of the 8 groups has its own pool; /server_info reports one group's (--attn-dp-size from
+    # 0.5.22, --dp-size with --enable-dp-attention before; --dp-size alone runs 8 replicas, each with its pool).
+    for dp in ({"attn_dp_size": 8, "dp_size": 1}, {"dp_size": 8, "enable_dp_attention": True}, {"dp_size": 8}):
+        info = {"version": "0.5.23", "max_total_num_tokens": 868_000, "max_running_requests": 16384, **dp}
+        assert resolve_concurrency(one, [ServerFacts.read("http://a", info)]) == int(8 * 159 * 1.5) + 64
     fixed = spec.model_copy(update={"runner": spec.runner.model_copy(update={"concurrency": 7})})
     assert resolve_concurrency(RunnerConfig(spec=fixed, servers=["http://a"], output_uri="/tmp/x"), [kv_bound]) == 7
 

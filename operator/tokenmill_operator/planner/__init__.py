@@ -1,8 +1,9 @@
-"""Server planning: model config + weight size + GPU memory → how to run SGLang. Pure functions.
+"""Server planning: model config + weight size + GPU + SGLang release + the job → how to run SGLang. Pure functions.
 
-`sizing` computes the numbers (`memory` holds the per-replica memory arithmetic, `model` the facts read from
-config.json); `explain` renders the reasoning lines from them. The plan and its arithmetic are shown by
-`tokenmill plan` and stored in the resource's status.
+`sizing` computes the numbers (`serving` the release and GPU checks, `memory` the per-replica memory arithmetic,
+`model` the facts read from config.json) and picks the layout predicted to finish soonest (runner `throughput`
+and `workload`); `explain` renders the reasoning and the candidate table. The plan and its arithmetic are shown
+by `tokenmill plan` and stored in the resource's status.
 """
 
 from __future__ import annotations
@@ -10,27 +11,31 @@ from __future__ import annotations
 import logging
 
 from tokenmill_runner.spec import DatasetGenerationSpec
+from tokenmill_runner.workload import Workload
 
-from .explain import reasoning, render_plan
+from .explain import notes, reasoning, render_plan
 from .memory import kv_bytes_per_token_per_rank, sglang_default_mem_fraction
 from .model import ModelFacts, model_facts
-from .plan import PlanError, ServerPlan
-from .sizing import MIN_BATCH_REQUESTS, size_server
+from .plan import Candidate, PlanError, Prediction, ServerPlan
+from .sizing import MIN_BATCH_REQUESTS, size_server, workload
 
-__all__ = ["MIN_BATCH_REQUESTS", "ModelFacts", "PlanError", "ServerPlan", "kv_bytes_per_token_per_rank",
-           "model_facts", "plan_server", "render_plan", "sglang_default_mem_fraction"]
+__all__ = ["MIN_BATCH_REQUESTS", "Candidate", "ModelFacts", "PlanError", "Prediction", "ServerPlan",
+           "kv_bytes_per_token_per_rank", "model_facts", "plan_server", "render_plan", "sglang_default_mem_fraction",
+           "workload"]
 
 logger = logging.getLogger(__name__)
 
 
-def plan_server(spec: DatasetGenerationSpec, model: ModelFacts, gpu_memory_mib: int | None = None) -> ServerPlan:
+def plan_server(spec: DatasetGenerationSpec, model: ModelFacts, gpu_memory_mib: int | None = None,
+                work: Workload | None = None) -> ServerPlan:
     """Choose how SGLang runs this spec's model, with the arithmetic. Anything set in the spec wins.
 
     gpu_memory_mib is the memory of one GPU; when None it comes from the spec (its memory field, else gpuProduct).
+    work overrides the job's lengths and concurrency (tokenmill plan --prompt-tokens/--output-tokens/--concurrency).
     """
-    sizing = size_server(spec, model, gpu_memory_mib)
-    plan = sizing.to_plan(reasoning(sizing))
-    logger.debug("server plan: TP %d on %d node(s), %d KV tokens, %d concurrent requests",
-                 plan.tensor_parallel, plan.nodes_per_replica, plan.kv_capacity_tokens,
-                 plan.concurrent_requests_at_expected_length)
+    sizing = size_server(spec, model, gpu_memory_mib, work)
+    plan = sizing.to_plan(reasoning(sizing), notes(sizing))
+    logger.debug("server plan: %d x TP %d (DP attention %d) on %d node(s), %d KV tokens, batch %d",
+                 plan.replicas, plan.tensor_parallel, plan.attention_data_parallel, plan.nodes_per_replica,
+                 plan.kv_capacity_tokens, sizing.chosen.batch)
     return plan

@@ -1,4 +1,5 @@
-"""The prose of a server plan: the reasoning lines rendered from a `Sizing`, and `render_plan` for people. Pure.
+"""The prose of a server plan: the reasoning lines rendered from a `Sizing`, the note of every candidate layout,
+and `render_plan` for people (the settings, the candidate table, then the arithmetic). Pure.
 
 Each line repeats the numbers and the rule behind a value, so a reader of `status.serverPlan.reasoning` or
 `tokenmill plan` can check the arithmetic.
@@ -6,62 +7,100 @@ Each line repeats the numbers and the rule behind a value, so a reader of `statu
 
 from __future__ import annotations
 
-from ..gpus import MEMORY_FIELD
-from .memory import MIB, Capacity, chunk_and_graph_bs, kv_heads_per_rank, sglang_reserved_mib
-from .model import ModelFacts
-from .plan import ServerPlan
-from .sizing import (
-    MAX_NODES_PER_REPLICA,
-    MIN_BATCH_REQUESTS,
-    OUTPUT_FRACTION_ESTIMATE,
-    PROMPT_TOKENS_ESTIMATE,
-    TIGHT_BATCH_REQUESTS,
-    Demand,
-    Sizing,
-    product_label,
-)
-from .units import count, elements, gib, per_token
+from tokenmill_runner.throughput import simulator_step
+
+from .memory import MIB, Capacity, sglang_reserve, vlm_factor
+from .plan import Candidate, ServerPlan
+from .sizing import FP8_OPTION, MIN_BATCH_REQUESTS, TIE, Option, Sizing
+from .units import count, duration, elements, gib, per_token
 
 
 def reasoning(sizing: Sizing) -> list[str]:
     """The arithmetic behind every value of the plan, one line per step, in the order a reader checks it."""
     return [
+        *_release_lines(sizing),
         _model_line(sizing),
         _gpu_line(sizing),
-        *_demand_lines(sizing.demand, sizing.auto_tp),
-        *_tp_lines(sizing),
-        _layout_line(sizing),
+        _budget_line(sizing),
+        _job_line(sizing),
+        _context_line(sizing),
+        *_choice_lines(sizing),
         _mem_fraction_line(sizing),
         *_capacity_lines(sizing),
-        *_context_lines(sizing),
         _max_running_line(sizing),
         *_kv_dtype_lines(sizing),
+        *_prediction_lines(sizing),
     ]
 
 
+def notes(sizing: Sizing) -> list[str]:
+    """One note per option, in the order of sizing.options."""
+    return [_note(sizing, option) for option in sizing.options]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The table for people.
+
+
+def _layout(c: Candidate) -> str:
+    dp = f" DP-attn {c.attention_data_parallel}" if c.attention_data_parallel > 1 else ""
+    kv = f" {c.kv_cache_dtype} KV" if c.kv_cache_dtype != "auto" else ""
+    return f"{c.replicas} x TP{c.tensor_parallel}{dp}{kv}"
+
+
+def candidate_table(plan: ServerPlan) -> list[str]:
+    header = ("", "layout", "GPUs", "KV tok/replica", "batch", "decode tok/s", "output tok/s", "ETA", "GPU-h", "note")
+    rows = [header]
+    for c in plan.candidates:
+        p = c.prediction
+        rows.append(("*" if c.chosen else "", _layout(c), str(c.gpus), f"{c.kv_capacity_tokens:,}" if c.kv_capacity_tokens
+                     else "-", f"{p.batch_per_replica:,}" if p else "-", f"{p.decode_tokens_per_second:,}" if p else "-",
+                     f"{p.output_tokens_per_second:,}" if p else "-", duration(p.eta_seconds) if p else "-",
+                     f"{p.gpu_hours:,.1f}" if p else "-", c.note))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True)) + "  " + row[-1]
+            for row in rows]
+
+
 def render_plan(plan: ServerPlan) -> str:
-    """The plan for people: a short table of the settings, then the arithmetic behind them."""
+    """The plan for people: a short table of the settings, the candidate layouts, then the arithmetic."""
+    dp = f", DP attention over {plan.attention_data_parallel} groups" if plan.attention_data_parallel > 1 else ""
     rows = [
+        ("SGLang", plan.sglang_version or "-"),
         ("tensor parallel", f"{plan.tensor_parallel} = {count(plan.nodes_per_replica, 'node')} x "
-                            f"{count(plan.gpus_per_node, 'GPU')}, {count(plan.replicas, 'replica')}"),
+                            f"{count(plan.gpus_per_node, 'GPU')}, {count(plan.replicas, 'replica')}{dp}"),
         ("mem-fraction-static", plan.mem_fraction_static),
         ("context length", f"{plan.context_length:,}"),
         ("max running requests", f"{plan.max_running_requests:,}"),
         ("KV cache dtype", plan.kv_cache_dtype),
-        ("GPU", f"{plan.gpu_product or '-'}, {plan.gpu_memory_mib:,} MiB"),
+        ("GPU", f"{plan.gpu_product or '-'}, {plan.gpu_memory_mib:,} MiB"
+                f"{f', TP over {plan.interconnect}' if plan.interconnect else ''}"),
         ("weights", f"{gib(plan.weight_bytes)}, {gib(plan.weight_bytes_per_gpu)} per GPU"),
         ("KV per token", f"{plan.kv_bytes_per_token:,} B per replica"),
         ("KV capacity", f"{plan.kv_capacity_tokens:,} tokens = {plan.concurrent_requests_at_expected_length:,} "
                         f"requests of ~{plan.expected_tokens_per_request:,} tokens"),
         ("set in the spec", ", ".join(plan.overrides) or "nothing (all auto)"),
     ]
+    if plan.prediction:
+        p = plan.prediction
+        rows.insert(1, ("predicted", f"{p.output_tokens_per_second:,} output tokens/s ({p.decode_tokens_per_second:,} "
+                                     f"decode at the full batch), ETA {duration(p.eta_seconds)} for {p.samples:,} "
+                                     f"samples, {p.gpu_hours:,.1f} GPU-hours"))
     width = max(len(name) for name, _ in rows)
     lines = [f"{name.ljust(width)}  {value}" for name, value in rows]
-    return "\n".join([*lines, "", "why:", *(f"  - {line}" for line in plan.reasoning)])
+    table = ["", "layouts considered (* = chosen):", *(f"  {line}" for line in candidate_table(plan))]
+    return "\n".join([*lines, *(table if plan.candidates else []), "", "why:",
+                      *(f"  - {line}" for line in plan.reasoning)])
 
 
 # --------------------------------------------------------------------------------------------------------------
-# The model, the GPU and the expected request.
+# The release, the model, the GPU, the job.
+
+
+def _release_lines(sizing: Sizing) -> list[str]:
+    serving = sizing.ctx.serving
+    return [f"{serving.source} (released {serving.release.released}): the checks and the memory rules below are "
+            f"that release's", *serving.warnings]
 
 
 def _model_line(sizing: Sizing) -> str:
@@ -72,77 +111,113 @@ def _model_line(sizing: Sizing) -> str:
     else:
         kind = "MHA" if model.num_kv_heads == model.num_attention_heads else "GQA"
         attention = f"{kind}, {model.num_kv_heads} KV heads x {model.head_dim} head dim"
+    moe = (f", MoE {model.routed_experts} experts (top {model.experts_per_token}) in {model.moe_layers} layers"
+           if model.is_moe else "")
+    w = model.weights()
+    split = (f" = attention {gib(w.attention)} + experts {gib(w.routed)} + other {gib(w.dense + w.embedding + w.lm_head)}"
+             if model.is_moe else "")
+    vision = (f" + vision tower {gib(w.vision)} ({model.vision_layers} layers x {model.vision_hidden}, replicated on "
+              f"every GPU)" if w.vision else "")
     source = " (spec.model.weightBytes)" if sizing.spec.model.weight_bytes is not None else ""
     return (f"model: {model.architecture or model.model_type or 'unknown architecture'}{nested}, "
-            f"{model.num_layers} layers, {model.num_attention_heads} attention heads, {attention}; "
-            f"weights {gib(sizing.weight_bytes)}{source}")
-
-
-def _product_text(product: str | None) -> str:
-    label = product_label(product)
-    if label is None:
-        return "product not named"
-    return label if label == product else f"{product} (node label {label})"
+            f"{model.num_layers} layers, {model.num_attention_heads} attention heads, {attention}{moe}; "
+            f"weights {gib(model.weight_bytes)}{source}{split}{vision}")
 
 
 def _gpu_line(sizing: Sizing) -> str:
-    server, gpu_mib = sizing.spec.server, sizing.gpu_memory_mib
-    return (f"GPU: {_product_text(server.gpu_product)}, {gpu_mib:,} MiB ({gib(gpu_mib * MIB)}) each"
-            f"{f' ({MEMORY_FIELD})' if server.gpu_memory_mib is not None else ''}; "
-            f"{server.gpus_per_node} per node, at most {MAX_NODES_PER_REPLICA} nodes per replica")
+    server, gpu, mib = sizing.spec.server, sizing.ctx.gpu, sizing.ctx.gpu_memory_mib
+    memory = f"{mib:,} MiB ({gib(mib * MIB)}) each{' (spec.server.gpuMemoryMib)' if server.gpu_memory_mib else ''}"
+    if gpu is None:
+        name = server.gpu_product or "product not named"
+        return (f"GPU: {name}, {memory}; no known product, so no throughput is predicted (the plan takes the "
+                f"smallest TP whose cache holds {MIN_BATCH_REQUESTS} requests); name a product in "
+                f"spec.server.gpuProduct for the candidate table")
+    alias = f" (for {server.gpu_product})" if server.gpu_product and server.gpu_product != gpu.label else ""
+    link = gpu.scale_up
+    return (f"GPU: {gpu.label}{alias}, {memory}, {gpu.memory_bandwidth / 1e9:,.0f} GB/s, "
+            f"{gpu.flops('bf16') / 1e12:,.0f} TFLOPS bf16 dense; GPUs of a node talk over {link.kind} "
+            f"({link.bandwidth / 1e9:,.0f} GB/s per direction, {gpu.scale_up_domain} GPUs per domain); "
+            f"{server.gpus_per_node} per node")
 
 
-def _demand_lines(demand: Demand, auto_tp: bool) -> list[str]:
-    lines = [
-        f"expected request: {PROMPT_TOKENS_ESTIMATE} prompt tokens + {OUTPUT_FRACTION_ESTIMATE:g} x maxNewTokens "
-        f"{demand.max_new_tokens:,} (dataset {demand.longest_dataset}, the largest cap) = "
-        f"{demand.expected_tokens:,} tokens (prompts are unknown before tokenizing; the seeds' run averaged "
-        f"1,314-1,416 output tokens at a 10,240 cap)"
-    ]
-    if auto_tp:
-        lines.append(f"rule: the smallest power-of-two TP whose KV cache holds {MIN_BATCH_REQUESTS} requests of "
-                     f"that length and one at its cap ({PROMPT_TOKENS_ESTIMATE} + {demand.max_new_tokens:,}): "
-                     f">= {demand.required_tokens:,} tokens")
-    return lines
+def _budget_line(sizing: Sizing) -> str:
+    return (f"GPUs: {sizing.budget_gpus} ({sizing.budget_source}); the layout that finishes soonest on them is "
+            f"chosen (ETAs within {TIE:.0%} are a tie, then fewer GPU-hours)")
+
+
+def _job_line(sizing: Sizing) -> str:
+    work = sizing.ctx.work
+    parts = []
+    for d in work.datasets:
+        shape = (f"fixed {d.output_tokens:,} output tokens" if d.output_tokens is not None else
+                 f"outputs like the seeds' (median 470, p90 3,700) cut at maxNewTokens {d.max_new_tokens:,}: mean "
+                 f"{d.mean_output():,.0f}, {d.capped_share():.1%} at the cap")
+        count_text = f"{d.samples:,}" if d.samples_known else f"{d.samples:,} (no limit: assumed)"
+        parts.append(f"{d.name} {count_text} samples, {d.prompt_tokens:,}-token prompts, {shape}")
+    concurrency = f"; runner concurrency {work.concurrency:,}" if work.concurrency else ""
+    return (f"job: {'; '.join(parts)}{concurrency}. A running request holds {work.held:,.0f} tokens on average "
+            f"(long requests run longer, so they weigh more than their share)")
+
+
+def _context_line(sizing: Sizing) -> str:
+    return (f"context length {sizing.ctx.context_length:,}: {sizing.context_source} (SGLang derives the same from "
+            f"config.json and refuses a longer --context-length)")
 
 
 # --------------------------------------------------------------------------------------------------------------
-# The tensor-parallel size and the layout.
+# The layouts and the choice.
 
 
-def _rejection(cap: Capacity, demand: Demand, gpu_memory_mib: int) -> str:
-    if cap.kv_room_bytes <= 0:
-        return (f"TP {cap.tp}: weights {gib(cap.weight_bytes_per_gpu)} per GPU do not fit in "
-                f"{gib(cap.usable_bytes)} usable ({cap.mem_fraction:g} x {gib(gpu_memory_mib * MIB)}): rejected")
-    return (f"TP {cap.tp}: weights {gib(cap.weight_bytes_per_gpu)} per GPU leave {gib(cap.kv_room_bytes)} "
-            f"for the KV cache = {cap.tokens:,} tokens = {cap.tokens // demand.expected_tokens:,} requests of "
-            f"~{demand.expected_tokens:,} tokens: too small a batch (need room for {MIN_BATCH_REQUESTS} "
-            f"requests, {demand.required_tokens:,} tokens): rejected")
+def _layout_text(option: Option) -> str:
+    dp = f" with DP attention over {option.layout.attention_dp}" if option.layout.attention_dp > 1 else ""
+    kv = f", {option.kv_cache_dtype} KV" if option.kv_cache_dtype != "auto" else ""
+    return f"{count(option.replicas, 'replica')} of TP {option.layout.tp}{dp}{kv}"
 
 
-def _tp_lines(sizing: Sizing) -> list[str]:
-    demand, gpu_mib, chosen = sizing.demand, sizing.gpu_memory_mib, sizing.capacity
-    if not sizing.auto_tp:
-        lines = [f"TP {chosen.tp} from spec.server.tensorParallel"]
-        if chosen.tokens < demand.required_tokens:
-            lines.append(f"warning: {_rejection(chosen, demand, gpu_mib).removesuffix(': rejected')}; "
-                         f"kept because the spec sets it")
-        return lines
-    lines = []
-    for candidate in sizing.candidates[:-1]:
-        if candidate.unusable:
-            lines.append(f"TP {candidate.tp}: {candidate.unusable}: skipped")
-        elif candidate.capacity is not None:
-            lines.append(_rejection(candidate.capacity, demand, gpu_mib))
-    lines.append(f"TP {chosen.tp}: chosen, the smallest that holds the batch")
+def _note(sizing: Sizing, option: Option) -> str:
+    if option is sizing.chosen:
+        return "chosen"
+    if option.unusable:
+        return option.unusable
+    best = sizing.chosen
+    if option.not_allowed:
+        change = f", {option.eta / best.eta - 1:+.0%} ETA" if option.job and best.job else ""
+        return f"not allowed: {option.not_allowed}{change}"
+    if not option.eligible:
+        return f"needs spec.server.kvCacheDtype: {FP8_OPTION} (half the cache per token, some risk to fidelity)"
+    if option.batch == 0:
+        return "holds no request"
+    if option.job and best.job:
+        slower = option.eta / best.eta - 1
+        return f"{slower:+.0%} ETA" if abs(slower) >= 0.005 else "a tie, more GPU-hours or a larger layout"
+    return "not chosen"
+
+
+def _choice_lines(sizing: Sizing) -> list[str]:
+    chosen, server = sizing.chosen, sizing.spec.server
+    given = [name for name, value in (("tensorParallel", server.tensor_parallel), ("replicas", server.replicas),
+                                      ("attentionDataParallel", server.attention_data_parallel))
+             if value != "auto"]
+    lines = [f"layout: {_layout_text(chosen)}, {count(chosen.nodes_per_replica, 'node')} per replica, "
+             f"{count(chosen.gpus, 'GPU')} in all"
+             + (f" ({', '.join('spec.server.' + g for g in given)} as given)" if given else "")]
+    if sizing.predicted:
+        runnable = [o for o in sizing.options if o.choosable and o.job]
+        others = sorted((o for o in runnable if o is not chosen), key=lambda o: o.eta)[:2]
+        if others:
+            lines.append("rule: the smallest predicted ETA; next: " + "; ".join(
+                f"{_layout_text(o)} {duration(round(o.eta))} ({o.eta / chosen.eta - 1:+.0%})" for o in others))
+    else:
+        lines.append(f"rule: the smallest TP whose KV cache holds {MIN_BATCH_REQUESTS} running requests")
+    if chosen.layout.attention_dp > 1:
+        lines.append(f"DP attention: {chosen.layout.attention_dp} groups of {chosen.layout.attention_tp} GPUs each "
+                     f"keep their own requests' KV, so the replica holds {chosen.layout.attention_dp}x the requests "
+                     f"a TP-only replica would (MLA keeps its whole latent on every rank of a group); attention "
+                     f"weights are split over {chosen.layout.attention_tp} GPUs instead of {chosen.layout.tp}")
+    elif sizing.model.is_mla and chosen.layout.tp > 1:
+        lines.append(f"no DP attention: MLA keeps the whole latent on each of the {chosen.layout.tp} ranks, so TP "
+                     f"adds KV room only by splitting the weights")
     return lines
-
-
-def _layout_line(sizing: Sizing) -> str:
-    server, tp = sizing.spec.server, sizing.tp
-    return (f"layout: TP {tp} = {count(sizing.nodes_per_replica, 'node')} x {count(sizing.gpus_per_node, 'GPU')} "
-            f"per replica (gpusPerNode {server.gpus_per_node}), {count(server.replicas, 'replica')}, "
-            f"{count(tp * server.replicas, 'GPU')} in all")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -150,90 +225,128 @@ def _layout_line(sizing: Sizing) -> str:
 
 
 def _mem_fraction_line(sizing: Sizing) -> str:
-    spec, gpu_memory_mib, tp = sizing.spec, sizing.gpu_memory_mib, sizing.tp
+    spec, chosen, mib = sizing.spec, sizing.chosen, sizing.ctx.gpu_memory_mib
     if spec.server.mem_fraction_static != "auto":
         return f"mem-fraction-static {spec.server.mem_fraction_static} from spec.server.memFractionStatic"
-    chunk, graph_bs = chunk_and_graph_bs(gpu_memory_mib, tp)
-    reserved = sglang_reserved_mib(gpu_memory_mib, tp)
-    formula = f"512 + 1.5 x {chunk} (chunked prefill) + 2 x {graph_bs} (CUDA-graph batch) + {tp}/8 x 1024"
-    if gpu_memory_mib > 60 * 1024:
+    release = sizing.ctx.serving.release
+    r = sglang_reserve(mib, chosen.layout, sizing.model, release, chosen.graph_bs)
+    terms = [f"512 + 1.5 x {r.chunk} (prefill chunk)", f"2 x {r.graph_bs} (decode CUDA graphs)",
+             f"{chosen.layout.tp}/8 x 1024 (NCCL)"]
+    if r.dp_attention:
+        terms.append(f"{r.dp_attention:,.0f} (DP attention padding, {r.graph_bs} x {chosen.layout.attention_dp} "
+                     f"groups x {'4.5' if r.graph_bs > 300 else '3'})")
+    if r.prefill_graphs:
+        terms.append(f"{r.prefill_graphs:,.0f} (prefill CUDA graphs)")
+    formula = " + ".join(terms)
+    if mib > 60 * 1024:
         formula = f"max({formula}, 10240)"
-    return (f"mem-fraction-static {sizing.capacity.mem_fraction:.3f}: SGLang v0.5.6's default for this GPU and TP, "
-            f"round(({gpu_memory_mib:,} - {reserved:,.0f}) / {gpu_memory_mib:,}, 3) with {formula} MiB reserved "
-            f"for activations and CUDA graphs")
+    factor = vlm_factor(sizing.model)
+    vlm = (f", x {factor:.3f} for the vision tower (SGLang's rule for multimodal models: 0.95 x (1 - 0.1 x "
+           f"({sizing.model.vision_layers} x {sizing.model.vision_hidden}^2 / (24 x 1024^2) - 1)))"
+           if factor != 1 else "")
+    graph = (f"; the plan sets the decode CUDA-graph batch to {chosen.graph_bs} per group, the batch a group runs, "
+             f"which shrinks that padding" if chosen.graph_bs else "")
+    return (f"mem-fraction-static {chosen.mem_fraction:.3f}: SGLang {release.version}'s default for this GPU and "
+            f"layout, round(({mib:,} - {r.total:,.0f}) / {mib:,}, 3) with {formula} MiB reserved{vlm}{graph}")
 
 
-def _kv_line(model: ModelFacts, tp: int, element_bytes: float, per_rank: int) -> str:
-    layers = f"{elements(element_bytes)} x {model.num_layers} layers = {per_token(per_rank)} per token"
-    replica = f"{per_rank * tp:,} B per token for the replica"
+def _kv_line(sizing: Sizing, cap: Capacity) -> str:
+    model, layout = sizing.model, cap.layout
+    element = cap.kv_bytes_per_rank / max(1, model.num_layers)
     if model.is_mla:
-        return (f"KV cache: MLA, ({model.kv_lora_rank} + {model.qk_rope_head_dim}) x {layers} on every rank: "
-                f"SGLang keeps the whole latent on each of the {tp} TP ranks (no DP attention), so TP does not "
-                f"split it and adds room only by splitting the weights ({replica})")
-    heads = kv_heads_per_rank(model, tp)
-    split = "replicated" if model.num_kv_heads < tp else "split"
-    return (f"KV cache: 2 (K, V) x {heads} KV heads per rank ({model.num_kv_heads} {split} over TP {tp}) x "
-            f"{model.head_dim} head dim x {layers} per rank ({replica})")
+        width = (model.kv_lora_rank or 0) + (model.qk_rope_head_dim or 0)
+        where = (f"each of the {layout.attention_tp} ranks of an attention group" if layout.attention_dp > 1
+                 else f"each of the {layout.tp} TP ranks")
+        return (f"KV cache: MLA, ({model.kv_lora_rank} + {model.qk_rope_head_dim}) x "
+                f"{elements(cap.kv_bytes_per_rank / width / model.num_layers)} x {model.num_layers} layers = "
+                f"{per_token(cap.kv_bytes_per_rank)} per token on {where} (SGLang keeps the whole latent per rank)")
+    heads = max(1, model.num_kv_heads // layout.attention_tp)
+    split = "replicated" if model.num_kv_heads < layout.attention_tp else "split"
+    return (f"KV cache: 2 (K, V) x {heads} KV heads per rank ({model.num_kv_heads} {split} over {layout.attention_tp}) "
+            f"x {model.head_dim} head dim x {model.num_layers} layers = {per_token(cap.kv_bytes_per_rank)} per rank "
+            f"({element:,.0f} B per layer)")
 
 
 def _capacity_lines(sizing: Sizing) -> list[str]:
-    cap, demand, replicas = sizing.capacity, sizing.demand, sizing.spec.server.replicas
-    concurrent = sizing.concurrent_requests
-    total = f"; x {replicas} replicas = {concurrent * replicas:,} requests" if replicas > 1 else ""
-    return [
-        f"weights {gib(sizing.weight_bytes)} / TP {cap.tp} = {gib(cap.weight_bytes_per_gpu)} per GPU of "
-        f"{gib(cap.usable_bytes)} usable ({cap.mem_fraction:g} x {gib(sizing.gpu_memory_mib * MIB)}), leaving "
-        f"{gib(cap.kv_room_bytes)} per GPU for the KV cache",
-        _kv_line(sizing.model, cap.tp, sizing.kv_element_bytes, cap.kv_bytes_per_rank),
-        f"capacity: {gib(cap.kv_room_bytes)} / {cap.kv_bytes_per_rank:,} B = {cap.tokens:,} tokens per replica "
-        f"(each rank holds its share of every token, so one rank's room bounds the replica) = {concurrent:,} "
-        f"requests of ~{demand.expected_tokens:,} tokens at once{total}",
+    cap, chosen = sizing.capacity, sizing.chosen
+    mib = sizing.ctx.gpu_memory_mib
+    groups = (f" per group x {cap.layout.attention_dp} groups = {cap.tokens:,} tokens per replica"
+              if cap.layout.attention_dp > 1 else " per replica (every rank holds its share of every token)")
+    lines = [
+        f"weights {gib(cap.weight_bytes_per_gpu)} per GPU of {gib(cap.usable_bytes)} usable ({cap.mem_fraction:.3f} "
+        f"x {gib(mib * MIB)}), leaving {gib(cap.kv_room_bytes)} per GPU for the KV cache",
+        _kv_line(sizing, cap),
+        f"capacity: {gib(cap.kv_room_bytes)} / {cap.kv_bytes_per_rank:,} B = {cap.tokens_per_group:,} tokens{groups} = "
+        f"{sizing.concurrent_requests:,} requests of ~{sizing.ctx.held:,.0f} tokens; batch {chosen.batch:,} per replica",
     ]
-
-
-def _kv_dtype_lines(sizing: Sizing) -> list[str]:
-    dtype, element_bytes = sizing.spec.server.kv_cache_dtype, sizing.kv_element_bytes
-    if dtype != "auto":
-        return [f"KV cache dtype {dtype} from spec.server.kvCacheDtype ({elements(element_bytes)} per element)"]
-    concurrent = sizing.concurrent_requests
-    lines = [f"KV cache dtype auto: the served 16-bit dtype ({sizing.model.torch_dtype or 'dtype not in config'} "
-             f"checkpoint), {elements(element_bytes)} per element"]
-    if concurrent < TIGHT_BATCH_REQUESTS:
-        lines.append(f"option: kvCacheDtype fp8_e4m3 would halve the cache per token (~{2 * concurrent:,} "
-                     f"requests of ~{sizing.demand.expected_tokens:,} tokens) at some risk to output fidelity; not "
-                     f"applied, set spec.server.kvCacheDtype to use it")
-    return lines
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Context length and the batch.
-
-
-def _context_lines(sizing: Sizing) -> list[str]:
-    given, length, model, demand = (sizing.spec.server.context_length, sizing.context_length, sizing.model,
-                                    sizing.demand)
-    if given == "auto":
-        lines = [f"context length {length:,}: the model's max_position_embeddings (SGLang's default too), kept "
-                 f"whole because prompt lengths are unknown before tokenizing; lower it with "
-                 f"spec.server.contextLength"]
-    else:
-        lines = [f"context length {length:,} from spec.server.contextLength"]
-        if length > model.max_position_embeddings:
-            lines.append(f"warning: above the model's max_position_embeddings {model.max_position_embeddings:,}; "
-                         f"SGLang refuses it unless SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1")
-    if demand.longest_tokens > length:
-        lines.append(f"warning: dataset {demand.longest_dataset} maxNewTokens {demand.max_new_tokens:,} leaves "
-                     f"{length - demand.max_new_tokens:,} tokens for its prompts")
+    if chosen.batch < MIN_BATCH_REQUESTS:
+        lines.append(f"warning: a batch of {chosen.batch} running requests per replica is small: decode throughput "
+                     f"grows with the batch; more or larger GPUs, an fp8 KV cache or smaller maxNewTokens raise it")
     return lines
 
 
 def _max_running_line(sizing: Sizing) -> str:
-    value, concurrent = sizing.max_running_requests, sizing.concurrent_requests
+    chosen, cap = sizing.chosen, sizing.capacity
     if sizing.spec.server.max_running_requests != "auto":
-        note = (f"; the KV cache holds ~{concurrent:,} at the expected length, SGLang queues the rest"
-                if value > concurrent else "")
-        return f"max running requests {value:,} from spec.server.maxRunningRequests{note}"
-    cap, context_length = sizing.capacity, sizing.context_length
-    return (f"max running requests {value:,}: SGLang's own rule, min(max(int({cap.tokens:,} / "
-            f"{context_length:,} x 512), 2048), 4096) capped at {cap.tokens // 2:,} (half the capacity); "
-            f"SGLang admits only what free KV allows, ~{concurrent:,} at the expected length")
+        note = (f"; the KV cache holds ~{sizing.concurrent_requests:,} at the expected length, SGLang queues the rest"
+                if chosen.max_running > sizing.concurrent_requests else "")
+        return f"max running requests {chosen.max_running:,} from spec.server.maxRunningRequests{note}"
+    per_group = (f" per group, x {cap.layout.attention_dp} groups (SGLang divides the value by the groups)"
+                 if cap.layout.attention_dp > 1 else "")
+    return (f"max running requests {chosen.max_running:,}: SGLang's own rule, min(max(int({cap.tokens_per_group:,} / "
+            f"{sizing.ctx.context_length:,} x 512), 2048), 4096) capped at {cap.tokens_per_group // 2:,} (half the "
+            f"capacity){per_group}; SGLang admits only what free KV allows, ~{sizing.concurrent_requests:,} at the "
+            f"expected length")
+
+
+def _kv_dtype_lines(sizing: Sizing) -> list[str]:
+    chosen = sizing.chosen
+    dtype = chosen.kv_cache_dtype
+    if dtype != "auto":
+        return [f"KV cache dtype {dtype} from spec.server.kvCacheDtype"]
+    lines = [f"KV cache dtype auto: the served 16-bit dtype ({sizing.model.torch_dtype or 'dtype not in config'} "
+             f"checkpoint)"]
+    fp8 = [o for o in sizing.options if not o.eligible and o.runs and o.job and o.layout == chosen.layout]
+    if fp8 and chosen.job and fp8[0].job:
+        shorter = 1 - fp8[0].eta / chosen.eta
+        lines.append(f"option: kvCacheDtype {FP8_OPTION} would halve the cache per token (batch {fp8[0].batch:,} "
+                     f"instead of {chosen.batch:,}, ETA {shorter:.0%} shorter) at some risk to output fidelity; not "
+                     f"applied, set spec.server.kvCacheDtype to use it")
+    elif chosen.batch < MIN_BATCH_REQUESTS:
+        lines.append(f"option: kvCacheDtype {FP8_OPTION} would halve the cache per token; not applied, set "
+                     f"spec.server.kvCacheDtype to use it")
+    return lines
+
+
+def _prediction_lines(sizing: Sizing) -> list[str]:
+    chosen = sizing.chosen
+    step = sizing.step_model(chosen)
+    if step is None or chosen.job is None:
+        return []
+    held = sizing.ctx.held
+    t = step.step_seconds(chosen.batch, held)
+    memory, compute = step.memory_seconds(chosen.batch, held), step.compute_seconds(chosen.batch, held)
+    fixed = step.overhead_seconds(chosen.batch)
+    prediction = chosen.prediction(step, held, sizing.ctx.work)
+    assert prediction is not None
+    lines = [
+        f"prediction: a decode step of {chosen.batch:,} requests takes {t * 1e3:,.1f} ms = max(memory "
+        f"{memory * 1e3:,.1f} ms, compute {compute * 1e3:,.1f} ms) + fixed costs {fixed * 1e3:,.1f} ms (layer floors, "
+        f"collectives; bound by {chosen.bound}) = {prediction.decode_tokens_per_second:,} tokens/s over "
+        f"{count(chosen.replicas, 'replica')}; with prefill and the draining tail the job averages "
+        f"{prediction.output_tokens_per_second:,} output tokens/s: ETA {duration(prediction.eta_seconds)} for "
+        f"{prediction.samples:,} samples, {prediction.gpu_hours:,.1f} GPU-hours (throughput model calibrated on "
+        f"published SGLang measurements, docs/throughput.md)",
+    ]
+    empty, per_request, prefill = simulator_step(step, chosen.batch, held, sizing.ctx.work.prompt_tokens())
+    lines.append(f"simulator: tokenmill sim-server --step-ms {empty:.2f} --step-ms-per-request {per_request:.4f} "
+                 f"--prefill-ms-per-1k-tokens {prefill:.2f} --max-running-requests {chosen.batch} --max-total-tokens "
+                 f"{sizing.capacity.tokens} runs one replica of this layout locally (the same step time, linear "
+                 f"between batch 1 and {chosen.batch})")
+    if step.link.is_pcie and chosen.layout.tp > 1:
+        lines.append(f"note: tensor parallelism runs over PCIe ({step.link.bandwidth / 1e9:,.0f} GB/s per direction, "
+                     f"no NVLink): every layer's all-reduces cross it, which the prediction includes")
+    if prediction.samples_assumed:
+        lines.append("note: a dataset without limit is counted as 10,000 samples for the ETA (tokens/s do not depend "
+                     "on it)")
+    return lines

@@ -1,5 +1,6 @@
 """What a server plan is: the settings SGLang runs with and the numbers behind them (status.serverPlan and
-`tokenmill plan --json`), and the error raised when no plan fits."""
+`tokenmill plan --json`), the predicted throughput and ETA of the chosen layout and of its alternatives, and the
+error raised when no plan fits."""
 
 from __future__ import annotations
 
@@ -7,29 +8,68 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 
-class ServerPlan(BaseModel):
-    """The server configuration actually used, with the numbers behind it (camelCase in status and JSON)."""
-
+class _Model(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class Prediction(_Model):
+    """What the throughput model predicts for one layout on this job (docs/throughput.md)."""
+
+    decode_tokens_per_second: int = Field(
+        description="Steady decode output tokens/s of all replicas at the full batch, no prefill.")
+    output_tokens_per_second: int = Field(
+        description="The job's average output tokens/s: prefill and the draining tail included.")
+    eta_seconds: int = Field(description="Predicted seconds from the first request to the last committed sample.")
+    gpu_hours: float = Field(description="GPUs x ETA, hours.")
+    batch_per_replica: int = Field(description="Requests one replica runs at once (KV cache, slots or concurrency).")
+    bound: str = Field(description="What limits a full decode step: memory, compute or overhead (floor, links).")
+    samples: int = Field(description="Samples the ETA is for.")
+    samples_assumed: bool = Field(False, description="True when a dataset without limit was counted as 10,000.")
+
+
+class Candidate(_Model):
+    """One server layout the planner considered, with its prediction or why it cannot run."""
+
+    replicas: int = Field(description="Server replicas.")
+    tensor_parallel: int = Field(description="GPUs per replica.")
+    attention_data_parallel: int = Field(1, description="DP attention groups per replica (1 = off).")
+    kv_cache_dtype: str = Field("auto", description="--kv-cache-dtype.")
+    gpus: int = Field(description="GPUs in all.")
+    kv_capacity_tokens: int = Field(0, description="KV tokens one replica holds.")
+    prediction: Prediction | None = Field(None, description="None when the layout cannot run.")
+    chosen: bool = Field(False, description="The layout the plan uses.")
+    note: str = Field("", description="Why it cannot run, why it is not chosen, or what it needs.")
+
+
+class ServerPlan(_Model):
+    """The server configuration actually used, with the numbers behind it (camelCase in status and JSON)."""
 
     tensor_parallel: int = Field(description="--tp-size: GPUs per replica (spans nodes when > GPUs per node).")
     nodes_per_replica: int = Field(description="Nodes one replica spans (--nnodes).")
     gpus_per_node: int = Field(description="GPUs requested per server pod.")
     replicas: int = Field(description="Independent server replicas.")
+    attention_data_parallel: int = Field(1, description="DP attention groups per replica (1 = off).")
     mem_fraction_static: str = Field(description="--mem-fraction-static, as a decimal string.")
     context_length: int = Field(description="--context-length.")
     max_running_requests: int = Field(description="--max-running-requests.")
+    cuda_graph_max_bs: int | None = Field(
+        None, description="Decode CUDA-graph batch per DP attention group, when the plan sets it.")
     kv_cache_dtype: str = Field(description="--kv-cache-dtype.")
+    sglang_version: str | None = Field(None, description="SGLang release the plan is for.")
     gpu_product: str | None = Field(None, description="GPU product the plan is for.")
+    gpu_vendor: str = Field("nvidia", description="nvidia or amd: the device plugin resource and node label used.")
     gpu_memory_mib: int = Field(description="Memory of one GPU, MiB.")
+    interconnect: str = Field("", description="The link tensor parallelism runs over: nvlink, xgmi, pcie, network.")
     weight_bytes: int = Field(description="Total weight size, bytes.")
-    weight_bytes_per_gpu: int = Field(description="Weights held by one GPU at this tensor-parallel size, bytes.")
+    weight_bytes_per_gpu: int = Field(description="Weights held by one GPU in this layout, bytes.")
     kv_bytes_per_token: int = Field(description="KV-cache bytes per token for the whole replica (MLA-aware).")
     kv_capacity_tokens: int = Field(description="KV-cache capacity of one replica, tokens.")
-    expected_tokens_per_request: int = Field(description="Prompt + output tokens a request is expected to hold.")
+    expected_tokens_per_request: int = Field(description="Prompt + output tokens a running request holds on average.")
     concurrent_requests_at_expected_length: int = Field(
-        description="Requests that fit the KV cache at the expected length."
+        description="Requests that fit one replica's KV cache at the expected length."
     )
+    prediction: Prediction | None = Field(None, description="Predicted throughput, ETA and GPU-hours of this layout.")
+    candidates: list[Candidate] = Field(default_factory=list, description="Every layout considered, chosen one marked.")
     overrides: list[str] = Field(default_factory=list, description="Fields taken from the spec as given.")
     reasoning: list[str] = Field(default_factory=list, description="The arithmetic, one line per step.")
 

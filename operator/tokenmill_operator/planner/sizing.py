@@ -1,65 +1,99 @@
-"""The numbers of a server plan: what the datasets ask of the KV cache, the tensor-parallel sizes tried (each with
-its memory arithmetic from `memory.py`), and every value chosen. Pure. `explain.py` renders the reasoning from a
-`Sizing`; nothing here writes prose except the errors, which name the spec field to change.
+"""The numbers of a server plan: the SGLang release and GPU, the job's lengths, every server layout that could run
+on the GPUs the spec gives (tensor parallelism, DP attention, replicas, KV cache dtype), each with its memory
+arithmetic (`memory.py`) and its predicted throughput and ETA (runner `throughput.py` + `workload.py`), and the
+one chosen. Pure. `explain.py` renders the reasoning from a `Sizing`; nothing here writes prose except the errors,
+which name the spec field to change.
 
-To add a consideration (a throughput estimate, interconnect limits), compute it per `TpCandidate` or on `Sizing`
-here, and say it in `explain.py`.
+The objective: finish the job soonest on the GPUs the spec gives. `spec.server.nodes` (auto: the fewest nodes one
+replica needs) times gpusPerNode GPUs are held for the whole run whatever runs on them, so the layout with the
+smallest ETA also spends the fewest GPU-hours; ties (within TIE) go to the layout with fewer GPU-hours, then the
+simpler one. When the spec fixes `replicas`, layouts use different numbers of GPUs: the ETA still decides, and the
+table shows the GPU-hours beside it. Anything set in the spec wins; the alternatives stay in the table.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
+from tokenmill_runner.hardware import Gpu
+from tokenmill_runner.model_facts import ModelFacts
 from tokenmill_runner.spec import DatasetGenerationSpec
+from tokenmill_runner.throughput import Layout, StepModel
+from tokenmill_runner.workload import SAMPLES_ASSUMED, DatasetLoad, JobTime, Workload, job_time
 
-from ..gpus import MEMORY_FIELD, canonical_product
-from ..gpus import gpu_memory_mib as known_gpu_memory_mib
 from .memory import (
-    MIB,
     Capacity,
     kv_dtype_bytes,
     replica_capacity,
     sglang_default_max_running_requests,
     sglang_default_mem_fraction,
+    sglang_reserve,
 )
-from .model import ModelFacts
-from .plan import PlanError, ServerPlan
+from .plan import Candidate, PlanError, Prediction, ServerPlan
+from .serving import (
+    ServingRelease,
+    check_architecture,
+    check_image,
+    check_kv_cache_dtype,
+    context_length,
+    gpu_memory_mib,
+    gpu_product,
+    serving_release,
+)
 from .units import gib
 
 # --------------------------------------------------------------------------------------------------------------
 # Rules. Each is a choice; the reasoning lines repeat them so a reader of a plan can check the arithmetic.
 
-# Largest group of nodes one replica may span, for tensorParallel auto and as given. Beyond this a second
-# replica gives more than NCCL across many nodes does, and the operator's multi-node path is tested this far.
+# Largest group of nodes one replica may span. Beyond this a second replica gives more than NCCL across many
+# nodes does, and the operator's multi-node path is tested this far.
 MAX_NODES_PER_REPLICA = 4
 
-# A tensor-parallel size is useful only when its KV cache holds at least this many requests of the expected
-# length at once: decode throughput grows with the batch (DESIGN.md: keep the server's batch full), and below
-# ~32 a continuous-batching server spends most of each step on fixed cost.
+# Below this many running requests per replica the plan warns: decode throughput grows with the batch (DESIGN.md:
+# keep the server's batch full), and a small batch spends most of each step on fixed cost. Without a known GPU
+# product (only its memory) no throughput can be predicted, and the smallest TP that holds this many is chosen.
 MIN_BATCH_REQUESTS = 32
 
-# Expected tokens one request holds. Prompts are unknown before tokenizing, so: a flat prompt estimate (the
-# seeds' datasets averaged ~75 to ~1,130 prompt tokens) plus a share of the output cap (the seeds' B1 run
-# averaged 1,314-1,416 output tokens at maxNewTokens 10,240, ~0.13-0.14 of the cap; 0.15 rounds up).
-PROMPT_TOKENS_ESTIMATE = 512
-OUTPUT_FRACTION_ESTIMATE = 0.15
+# ETAs within this share of each other are a tie (the model's error is larger than that).
+TIE = 0.02
 
-# Below this many concurrent requests the plan points at an fp8 KV cache (never switched on silently).
-TIGHT_BATCH_REQUESTS = 4 * MIN_BATCH_REQUESTS
+# The KV dtype shown as an option when the spec leaves kvCacheDtype auto: half the bytes of the 16-bit cache, at
+# some risk to output fidelity, so never chosen without the spec saying so.
+FP8_OPTION = "fp8_e4m3"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The job.
+
+
+def workload(spec: DatasetGenerationSpec, prompt_tokens: int | None = None, output_tokens: int | None = None,
+             concurrency: int | None = None) -> Workload:
+    """The datasets as lengths and counts; fixed prompt/output lengths and concurrency override the estimates."""
+    loads = []
+    for dataset in spec.datasets:
+        cap = spec.sampling_for(dataset).max_new_tokens or spec.sampling.max_new_tokens
+        loads.append(DatasetLoad(
+            name=dataset.name, samples=dataset.limit or SAMPLES_ASSUMED, samples_known=dataset.limit is not None,
+            max_new_tokens=cap, **({"prompt_tokens": prompt_tokens} if prompt_tokens else {}),
+            output_tokens=output_tokens))
+    runner = spec.runner.concurrency
+    fixed = concurrency or (runner * spec.runner.parallelism if isinstance(runner, int) else None)
+    return Workload(tuple(loads), concurrency=fixed)
 
 
 # --------------------------------------------------------------------------------------------------------------
 # The layout checks.
 
 
-def tp_fits_model(model: ModelFacts, tp: int) -> str | None:
-    """Why the model's heads cannot be split tp ways (SGLang asserts on it), or None when they can."""
-    if model.num_attention_heads % tp:
-        return f"{model.num_attention_heads} attention heads do not split into {tp}"
+def tp_fits_model(model: ModelFacts, layout: Layout) -> str | None:
+    """Why the model's heads cannot be split over an attention group (SGLang asserts on it), or None when they can."""
+    a = layout.attention_tp
+    if model.num_attention_heads % a:
+        return f"{model.num_attention_heads} attention heads do not split into {a}"
     kv = model.num_kv_heads
-    if not model.is_mla and (kv % tp if kv >= tp else tp % kv):
-        return f"{kv} KV heads do not split evenly over {tp} ranks"
+    if not model.is_mla and (kv % a if kv >= a else a % kv):
+        return f"{kv} KV heads do not split evenly over {a} ranks"
     return None
 
 
@@ -76,176 +110,245 @@ def tp_fits_nodes(tp: int, gpus_per_node: int) -> str | None:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# What the datasets ask of the cache.
+# One layout.
 
 
 @dataclass(frozen=True)
-class Demand:
-    """Token lengths the datasets imply, from their maxNewTokens (prompts are unknown before tokenizing)."""
+class Option:
+    """One server layout on the GPUs: its memory, its batch and (with a known GPU) its predicted job time."""
 
-    max_new_tokens: int
-    longest_dataset: str
-    expected_tokens: int  # one request, the longest-expected dataset: the runner sends long work first
-    longest_tokens: int  # one request at its output cap
+    layout: Layout
+    kv_cache_dtype: str
+    replicas: int
+    nodes_per_replica: int
+    eligible: bool  # False: shown as an option the spec would have to allow (an fp8 cache when it says auto)
+    unusable: str | None = None
+    not_allowed: str | None = None  # the spec field that rules this layout out (it fixes another value)
+    mem_fraction: float = 0.0
+    graph_bs: int | None = None
+    capacity: Capacity | None = None
+    max_running: int = 0
+    batch: int = 0
+    job: JobTime | None = None
+    bound: str = ""
 
     @property
-    def required_tokens(self) -> int:
-        """KV capacity for MIN_BATCH_REQUESTS at the expected length and at least one at the longest."""
-        return max(MIN_BATCH_REQUESTS * self.expected_tokens, self.longest_tokens)
+    def gpus(self) -> int:
+        return self.replicas * self.layout.tp
 
+    @property
+    def runs(self) -> bool:
+        return self.unusable is None and self.capacity is not None
 
-def dataset_demand(spec: DatasetGenerationSpec) -> Demand:
-    caps = [(spec.sampling_for(d).max_new_tokens or 0, d.name) for d in spec.datasets]
-    max_new, name = max(caps)
-    return Demand(
-        max_new_tokens=max_new,
-        longest_dataset=name,
-        expected_tokens=PROMPT_TOKENS_ESTIMATE + math.ceil(OUTPUT_FRACTION_ESTIMATE * max_new),
-        longest_tokens=PROMPT_TOKENS_ESTIMATE + max_new,
-    )
+    @property
+    def choosable(self) -> bool:
+        return self.runs and self.eligible and self.not_allowed is None and self.batch > 0
 
+    @property
+    def eta(self) -> float:
+        return self.job.seconds if self.job else math.inf
 
-# --------------------------------------------------------------------------------------------------------------
-# Choosing the tensor-parallel size.
+    @property
+    def gpu_hours(self) -> float:
+        return self.eta * self.gpus / 3600
+
+    def decode_tokens_per_second(self, step: StepModel | None, held: float) -> int:
+        if step is None or not self.batch:
+            return 0
+        return round(self.replicas * step.decode_tokens_per_second(self.batch, held))
+
+    def prediction(self, step: StepModel | None, held: float, work: Workload) -> Prediction | None:
+        if self.job is None:
+            return None
+        return Prediction(
+            decode_tokens_per_second=self.decode_tokens_per_second(step, held),
+            output_tokens_per_second=round(self.replicas * self.job.output_tokens / self.job.seconds),
+            eta_seconds=round(self.job.seconds), gpu_hours=round(self.gpu_hours, 1),
+            batch_per_replica=self.batch, bound=self.bound, samples=work.samples,
+            samples_assumed=not work.samples_known)
 
 
 @dataclass(frozen=True)
-class TpCandidate:
-    """One tensor-parallel size considered: why it cannot be laid out, or what one replica holds at it."""
+class Context:
+    """What every option shares."""
 
-    tp: int
-    unusable: str | None = None  # why the heads or the nodes rule it out (then there is no capacity)
-    capacity: Capacity | None = None
+    spec: DatasetGenerationSpec
+    model: ModelFacts
+    gpu: Gpu | None
+    gpu_memory_mib: int
+    serving: ServingRelease
+    work: Workload
+    context_length: int
 
-    def holds(self, demand: Demand) -> bool:
-        return self.capacity is not None and self.capacity.tokens >= demand.required_tokens
+    @property
+    def held(self) -> float:
+        return self.work.held
 
-
-def _mem_fraction(spec: DatasetGenerationSpec, gpu_memory_mib: int, tp: int) -> float:
-    given = spec.server.mem_fraction_static
-    return float(given) if given != "auto" else sglang_default_mem_fraction(gpu_memory_mib, tp)
-
-
-def _unusable(model: ModelFacts, tp: int, gpus_per_node: int) -> str | None:
-    return tp_fits_nodes(tp, gpus_per_node) or tp_fits_model(model, tp)
-
-
-def _no_fit_error(last: Capacity | None, demand: Demand, model: ModelFacts, gpus_per_node: int) -> PlanError:
-    largest = gpus_per_node * MAX_NODES_PER_REPLICA
-    if last is None:
-        return PlanError(f"no tensor-parallel size up to {largest} splits this model's "
-                         f"{model.num_attention_heads} attention heads into whole nodes of {gpus_per_node} GPUs: "
-                         f"set spec.server.gpusPerNode or spec.server.tensorParallel")
-    return PlanError(
-        f"the model does not fit with a useful batch on up to {largest} GPUs: at TP {last.tp} the weights take "
-        f"{gib(last.weight_bytes_per_gpu)} of {gib(last.usable_bytes)} usable per GPU, leaving "
-        f"{last.tokens:,} KV tokens where {demand.required_tokens:,} are needed ({MIN_BATCH_REQUESTS} requests of "
-        f"~{demand.expected_tokens:,} tokens). Use bigger GPUs (spec.server.gpuProduct / {MEMORY_FIELD}), more GPUs "
-        f"per node (spec.server.gpusPerNode), fp8 or int4 weights, an fp8 KV cache (spec.server.kvCacheDtype: "
-        f"fp8_e4m3), smaller maxNewTokens (dataset {demand.longest_dataset}: {demand.max_new_tokens:,}), or set "
-        f"spec.server.tensorParallel to accept a small batch"
-    )
+    def step_model(self, layout: Layout, kv_dtype: str, nodes: int) -> StepModel | None:
+        if self.gpu is None:
+            return None
+        return StepModel(self.model, self.gpu, layout, kv_dtype_bytes(kv_dtype), nodes=nodes)
 
 
-def _auto_tp(spec: DatasetGenerationSpec, weight_bytes: int, model: ModelFacts, gpu_memory_mib: int,
-             element_bytes: float, demand: Demand) -> list[TpCandidate]:
-    """Powers of two from 1 up to the first whose KV cache holds demand.required_tokens (the last one)."""
-    gpus_per_node = spec.server.gpus_per_node
-    tried: list[TpCandidate] = []
-    last: Capacity | None = None
-    tp = 1
-    while tp <= gpus_per_node * MAX_NODES_PER_REPLICA:
-        why_not = _unusable(model, tp, gpus_per_node)
-        if why_not:
-            tried.append(TpCandidate(tp, unusable=why_not))
-        else:
-            last = replica_capacity(weight_bytes, model, gpu_memory_mib, tp, _mem_fraction(spec, gpu_memory_mib, tp),
-                                    element_bytes)
-            tried.append(TpCandidate(tp, capacity=last))
-            if tried[-1].holds(demand):
-                return tried
-        tp *= 2
-    raise _no_fit_error(last, demand, model, gpus_per_node)
+def _mem_fraction(ctx: Context, layout: Layout, graph_bs: int | None) -> float:
+    given = ctx.spec.server.mem_fraction_static
+    if given != "auto":
+        return float(given)
+    # Rounded as the plan passes it to SGLang, so the capacity shown is the one the server gets.
+    return round(sglang_default_mem_fraction(ctx.gpu_memory_mib, layout, ctx.model, ctx.serving.release, graph_bs), 3)
 
 
-def _given_tp(spec: DatasetGenerationSpec, weight_bytes: int, model: ModelFacts, gpu_memory_mib: int,
-              element_bytes: float, demand: Demand) -> TpCandidate:
-    """The spec's TP, checked: it must lay out on whole nodes, split the heads, and hold one longest request."""
-    tp = spec.server.tensor_parallel
-    why_not = _unusable(model, tp, spec.server.gpus_per_node)
+def _max_running(ctx: Context, cap: Capacity) -> int:
+    given = ctx.spec.server.max_running_requests
+    if given != "auto":
+        return given
+    per_group = sglang_default_max_running_requests(cap.tokens_per_group, ctx.context_length)
+    return per_group * cap.layout.attention_dp
+
+
+def _batch(ctx: Context, cap: Capacity, max_running: int, replicas: int) -> int:
+    per_group = int(cap.tokens_per_group // ctx.held)
+    batch = min(max_running, per_group * cap.layout.attention_dp)
+    if ctx.work.concurrency:
+        batch = min(batch, math.ceil(ctx.work.concurrency / replicas))
+    return max(batch, 1 if cap.tokens_per_group >= ctx.work.longest_tokens() else 0)
+
+
+def _graph_bs(ctx: Context, layout: Layout, cap: Capacity) -> int | None:
+    """For DP attention, a decode CUDA-graph batch sized to a group's expected batch: SGLang reserves
+    graph batch x groups x 3-4.5 MiB for it (0.5.23 arg_groups/memory_hook.py:370-378), 18 GiB per GPU at its
+    default 512 x 8 groups, which the KV cache needs more."""
+    if layout.attention_dp == 1:
+        return None
+    tier = sglang_reserve(ctx.gpu_memory_mib, layout, ctx.model, ctx.serving.release).graph_bs
+    per_group = cap.tokens_per_group / ctx.held if cap.tokens_per_group else 16
+    return int(min(tier, max(16, math.ceil(per_group * 1.25 / 16) * 16)))
+
+
+def evaluate(ctx: Context, layout: Layout, kv_dtype: str, replicas: int, eligible: bool) -> Option:
+    gpn = ctx.spec.server.gpus_per_node
+    nodes = math.ceil(layout.tp / gpn)
+    option = Option(layout, kv_dtype, replicas, nodes, eligible)
+    why_not = tp_fits_nodes(layout.tp, gpn) or tp_fits_model(ctx.model, layout)
     if why_not:
-        raise PlanError(f"spec.server.tensorParallel {tp} cannot be used: {why_not}")
-    fraction = _mem_fraction(spec, gpu_memory_mib, tp)
-    cap = replica_capacity(weight_bytes, model, gpu_memory_mib, tp, fraction, element_bytes)
-    if cap.tokens < demand.longest_tokens:
-        raise PlanError(
-            f"spec.server.tensorParallel {tp} does not fit: weights {gib(weight_bytes)} / {tp} = "
-            f"{gib(cap.weight_bytes_per_gpu)} per GPU of {gib(cap.usable_bytes)} usable ({fraction:g} x "
-            f"{gib(gpu_memory_mib * MIB)}) leave {cap.tokens:,} KV tokens, less than one request at the longest "
-            f"length ({demand.longest_tokens:,} tokens); raise tensorParallel or set it to auto"
-        )
-    return TpCandidate(tp, capacity=cap)
+        return replace(option, unusable=why_not)
+    element = kv_dtype_bytes(kv_dtype)
+    fraction = _mem_fraction(ctx, layout, None)
+    cap = replica_capacity(ctx.model, ctx.gpu_memory_mib, layout, fraction, element)
+    graph_bs = _graph_bs(ctx, layout, cap) if ctx.spec.server.mem_fraction_static == "auto" else None
+    if graph_bs is not None:
+        fraction = _mem_fraction(ctx, layout, graph_bs)
+        cap = replica_capacity(ctx.model, ctx.gpu_memory_mib, layout, fraction, element)
+    option = replace(option, mem_fraction=fraction, graph_bs=graph_bs, capacity=cap)
+    if not cap.fits:
+        return replace(option, unusable=f"weights {gib(cap.weight_bytes_per_gpu)} per GPU do not fit in "
+                                      f"{gib(cap.usable_bytes)} usable")
+    longest = ctx.work.longest_tokens()
+    if cap.tokens_per_group < longest:
+        return replace(option, unusable=f"{cap.tokens_per_group:,} KV tokens per group hold no request at its cap "
+                                      f"({longest:,} tokens)")
+    max_running = _max_running(ctx, cap)
+    batch = _batch(ctx, cap, max_running, replicas)
+    option = replace(option, max_running=max_running, batch=batch)
+    step = ctx.step_model(layout, kv_dtype, nodes)
+    if step is None:
+        return option
+    job = job_time(ctx.work, replicas, batch, lambda b: step.step_seconds(b, ctx.held),
+                   lambda tokens, prompt: step.prefill_seconds(tokens, prompt))
+    return replace(option, job=job, bound=step.bound(batch, ctx.held))
 
 
 # --------------------------------------------------------------------------------------------------------------
-# The other settings.
+# Every layout, and the choice.
 
 
-def _gpu_memory(spec: DatasetGenerationSpec, given: int | None) -> int:
-    server = spec.server
-    if server.gpu_memory_mib is None and given is not None:
-        return given
-    try:
-        return known_gpu_memory_mib(server.gpu_product, server.gpu_memory_mib)
-    except ValueError as error:
-        raise PlanError(str(error)) from None
+def _tp_sizes(ctx: Context, budget: int) -> list[int]:
+    """Tensor-parallel sizes to try: powers of two that fit the budget (and MAX_NODES_PER_REPLICA) with the spec's
+    replicas when it fixes them, and the spec's own size."""
+    server = ctx.spec.server
+    replicas = server.replicas if server.replicas != "auto" else 1
+    largest = min(server.gpus_per_node * MAX_NODES_PER_REPLICA, budget // replicas)
+    sizes = [2**i for i in range(0, int(math.log2(largest)) + 1)] if largest >= 1 else []
+    if server.tensor_parallel != "auto" and server.tensor_parallel not in sizes:
+        sizes.append(server.tensor_parallel)
+    return sizes
 
 
-def _context_length(spec: DatasetGenerationSpec, model: ModelFacts, demand: Demand) -> int:
-    given = spec.server.context_length
-    if given == "auto":
-        length = model.max_position_embeddings
-    elif given <= 0:
-        raise PlanError(f"spec.server.contextLength must be positive; got {given}")
-    else:
-        length = given
-    if demand.max_new_tokens >= length:
-        raise PlanError(f"dataset {demand.longest_dataset} maxNewTokens {demand.max_new_tokens:,} leaves no room "
-                        f"for a prompt in context length {length:,}: lower its maxNewTokens or raise "
-                        f"spec.server.contextLength")
-    return length
+def _dp_sizes(ctx: Context, tp: int) -> list[int]:
+    """DP attention group counts to try: for MLA models every power of two up to TP (TP copies an MLA cache to every
+    rank); for others none, unless the spec asks for it."""
+    sizes = [2**i for i in range(0, int(math.log2(tp)) + 1) if tp % 2**i == 0] if ctx.model.is_mla else [1]
+    given = ctx.spec.server.attention_data_parallel
+    if given != "auto" and given not in sizes and tp % given == 0:
+        sizes.append(given)
+    return sizes
 
 
-def _max_running(spec: DatasetGenerationSpec, cap: Capacity, context_length: int) -> int:
-    given = spec.server.max_running_requests
-    if given == "auto":
-        return sglang_default_max_running_requests(cap.tokens, context_length)
-    if given <= 0:
-        raise PlanError(f"spec.server.maxRunningRequests must be positive; got {given}")
-    return given
+def _kv_dtypes(ctx: Context) -> list[tuple[str, bool]]:
+    given = ctx.spec.server.kv_cache_dtype
+    if given != "auto":
+        return [(given, True)]
+    options = [("auto", True)]
+    if FP8_OPTION in ctx.serving.release.kv_cache_dtypes:
+        options.append((FP8_OPTION, False))
+    return options
 
 
-def _overrides(spec: DatasetGenerationSpec) -> list[str]:
-    """Spec fields that were set rather than left to the planner."""
-    server = spec.server
-    auto_fields = {
-        "tensorParallel": server.tensor_parallel,
-        "memFractionStatic": server.mem_fraction_static,
-        "contextLength": server.context_length,
-        "maxRunningRequests": server.max_running_requests,
-        "kvCacheDtype": server.kv_cache_dtype,
-    }
-    names = [name for name, value in auto_fields.items() if value != "auto"]
-    if server.gpu_memory_mib is not None:
-        names.append(MEMORY_FIELD.removeprefix("spec.server."))
-    if spec.model.weight_bytes is not None:
-        names.append("weightBytes")
-    return names
+def _replicas(ctx: Context, tp: int, budget: int) -> int:
+    given = ctx.spec.server.replicas
+    return given if given != "auto" else max(1, budget // tp)
 
 
-def product_label(product: str | None) -> str | None:
-    """The node label value for the product (an alias such as "H100" becomes NVIDIA-H100-80GB-HBM3)."""
-    return (canonical_product(product) or product) if product else None
+def _not_allowed(ctx: Context, layout: Layout) -> str | None:
+    server = ctx.spec.server
+    if server.tensor_parallel != "auto" and layout.tp != server.tensor_parallel:
+        return f"spec.server.tensorParallel is {server.tensor_parallel}"
+    if server.attention_data_parallel != "auto" and layout.attention_dp != server.attention_data_parallel:
+        return f"spec.server.attentionDataParallel is {server.attention_data_parallel}"
+    return None
+
+
+def _options(ctx: Context, budget: int) -> list[Option]:
+    found = []
+    for tp in _tp_sizes(ctx, budget):
+        for dp in _dp_sizes(ctx, tp):
+            for kv_dtype, eligible in _kv_dtypes(ctx):
+                option = evaluate(ctx, Layout(tp, dp), kv_dtype, _replicas(ctx, tp, budget), eligible)
+                option = replace(option, not_allowed=_not_allowed(ctx, option.layout))
+                if (eligible and option.not_allowed is None) or option.runs:  # the rest only where it would run
+                    found.append(option)
+    return found
+
+
+def _budget(ctx: Context) -> tuple[int, str]:
+    """GPUs the spec gives: nodes x gpusPerNode; with nodes auto, the fewest nodes on which a layout runs (with the
+    spec's replicas and tensorParallel when it fixes them)."""
+    server = ctx.spec.server
+    gpn = server.gpus_per_node
+    if server.nodes != "auto":
+        return server.nodes * gpn, f"spec.server.nodes {server.nodes} x gpusPerNode {gpn}"
+    if server.replicas != "auto" and server.tensor_parallel != "auto":
+        return server.replicas * server.tensor_parallel, "spec.server.replicas x tensorParallel"
+    replicas = server.replicas if server.replicas != "auto" else 1
+    for nodes in range(1, MAX_NODES_PER_REPLICA * replicas + 1):
+        if any(o.choosable for o in _options(ctx, nodes * gpn)):
+            label = "1 node" if nodes == 1 else f"{nodes} nodes"
+            return nodes * gpn, f"{label} of {gpn} GPUs, the fewest the replicas fit on (spec.server.nodes auto)"
+    return MAX_NODES_PER_REPLICA * replicas * gpn, f"{MAX_NODES_PER_REPLICA * replicas} nodes of {gpn} GPUs"
+
+
+def choose(options: list[Option], predicted: bool) -> Option | None:
+    runnable = [o for o in options if o.choosable]
+    if not runnable:
+        return None
+    if not predicted:  # no GPU product to predict with: the smallest TP whose cache holds a useful batch
+        holding = [o for o in runnable if o.batch >= MIN_BATCH_REQUESTS and o.layout.attention_dp == 1]
+        if holding:
+            return min(holding, key=lambda o: o.layout.tp)
+        return max(runnable, key=lambda o: (o.batch, -o.layout.tp))
+    best = min(runnable, key=lambda o: o.eta)
+    ties = [o for o in runnable if o.eta <= best.eta * (1 + TIE)]
+    return min(ties, key=lambda o: (o.gpu_hours, o.layout.tp, o.layout.attention_dp))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -256,86 +359,150 @@ def product_label(product: str | None) -> str | None:
 class Sizing:
     """Every number behind a plan, with the spec it answers (which says what was given and what was chosen)."""
 
-    spec: DatasetGenerationSpec
-    model: ModelFacts
-    gpu_memory_mib: int
-    weight_bytes: int
-    kv_element_bytes: float
-    demand: Demand
-    context_length: int
-    candidates: tuple[TpCandidate, ...]  # tensorParallel auto: every size tried, the chosen one last; else the spec's
-    max_running_requests: int
+    ctx: Context
+    budget_gpus: int
+    budget_source: str
+    context_source: str
+    options: tuple[Option, ...]
+    chosen: Option
+    warnings: tuple[str, ...] = field(default=())
 
     @property
-    def auto_tp(self) -> bool:
-        return self.spec.server.tensor_parallel == "auto"
+    def spec(self) -> DatasetGenerationSpec:
+        return self.ctx.spec
+
+    @property
+    def model(self) -> ModelFacts:
+        return self.ctx.model
 
     @property
     def capacity(self) -> Capacity:
-        chosen = self.candidates[-1].capacity
-        assert chosen is not None, "the chosen tensor-parallel size always has a capacity"
-        return chosen
+        assert self.chosen.capacity is not None, "the chosen layout always has a capacity"
+        return self.chosen.capacity
 
     @property
-    def tp(self) -> int:
-        return self.capacity.tp
-
-    @property
-    def nodes_per_replica(self) -> int:
-        return math.ceil(self.tp / self.spec.server.gpus_per_node)
-
-    @property
-    def gpus_per_node(self) -> int:
-        return min(self.tp, self.spec.server.gpus_per_node)
+    def predicted(self) -> bool:
+        return self.ctx.gpu is not None
 
     @property
     def concurrent_requests(self) -> int:
-        """Requests of the expected length one replica's KV cache holds at once."""
-        return self.capacity.tokens // self.demand.expected_tokens
+        return int(self.capacity.tokens // self.ctx.held)
 
-    def to_plan(self, reasoning: list[str]) -> ServerPlan:
-        server, cap = self.spec.server, self.capacity
+    def step_model(self, option: Option) -> StepModel | None:
+        return self.ctx.step_model(option.layout, option.kv_cache_dtype, option.nodes_per_replica)
+
+    def candidate(self, option: Option, note: str) -> Candidate:
+        prediction = option.prediction(self.step_model(option), self.ctx.held, self.ctx.work)
+        return Candidate(
+            replicas=option.replicas, tensor_parallel=option.layout.tp,
+            attention_data_parallel=option.layout.attention_dp, kv_cache_dtype=option.kv_cache_dtype,
+            gpus=option.gpus, kv_capacity_tokens=option.capacity.tokens if option.capacity else 0,
+            prediction=prediction, chosen=option is self.chosen, note=note)
+
+    def to_plan(self, reasoning: list[str], notes: list[str]) -> ServerPlan:
+        server, cap, chosen = self.spec.server, self.capacity, self.chosen
+        gpu = self.ctx.gpu
+        step = self.step_model(chosen)
         return ServerPlan(
             tensor_parallel=cap.tp,
-            nodes_per_replica=self.nodes_per_replica,
-            gpus_per_node=self.gpus_per_node,
-            replicas=server.replicas,
+            nodes_per_replica=chosen.nodes_per_replica,
+            gpus_per_node=min(cap.tp, server.gpus_per_node),
+            replicas=chosen.replicas,
+            attention_data_parallel=chosen.layout.attention_dp,
             mem_fraction_static=(server.mem_fraction_static if server.mem_fraction_static != "auto"
-                                 else f"{cap.mem_fraction:.3f}"),
-            context_length=self.context_length,
-            max_running_requests=self.max_running_requests,
-            kv_cache_dtype=server.kv_cache_dtype,
-            gpu_product=product_label(server.gpu_product),
-            gpu_memory_mib=self.gpu_memory_mib,
-            weight_bytes=self.weight_bytes,
+                                 else f"{chosen.mem_fraction:.3f}"),
+            context_length=self.ctx.context_length,
+            max_running_requests=chosen.max_running,
+            cuda_graph_max_bs=chosen.graph_bs,
+            kv_cache_dtype=chosen.kv_cache_dtype,
+            sglang_version=self.ctx.serving.release.version,
+            gpu_product=gpu.label if gpu else server.gpu_product,
+            gpu_vendor=gpu.vendor if gpu else "nvidia",
+            gpu_memory_mib=self.ctx.gpu_memory_mib,
+            interconnect=step.link.kind if step and cap.tp > 1 else "",
+            weight_bytes=self.model.weight_bytes,
             weight_bytes_per_gpu=cap.weight_bytes_per_gpu,
             kv_bytes_per_token=cap.kv_bytes_per_rank * cap.tp,
             kv_capacity_tokens=cap.tokens,
-            expected_tokens_per_request=self.demand.expected_tokens,
+            expected_tokens_per_request=round(self.ctx.held),
             concurrent_requests_at_expected_length=self.concurrent_requests,
+            prediction=chosen.prediction(step, self.ctx.held, self.ctx.work),
+            candidates=[self.candidate(o, n) for o, n in zip(self.options, notes, strict=True)],
             overrides=_overrides(self.spec),
             reasoning=reasoning,
         )
 
 
-def size_server(spec: DatasetGenerationSpec, model: ModelFacts, gpu_memory_mib: int | None = None) -> Sizing:
+def _overrides(spec: DatasetGenerationSpec) -> list[str]:
+    """Spec fields that were set rather than left to the planner."""
+    server = spec.server
+    auto_fields = {
+        "nodes": server.nodes,
+        "replicas": server.replicas,
+        "tensorParallel": server.tensor_parallel,
+        "attentionDataParallel": server.attention_data_parallel,
+        "memFractionStatic": server.mem_fraction_static,
+        "contextLength": server.context_length,
+        "maxRunningRequests": server.max_running_requests,
+        "kvCacheDtype": server.kv_cache_dtype,
+    }
+    names = [name for name, value in auto_fields.items() if value != "auto"]
+    if server.gpu_memory_mib is not None:
+        names.append("gpuMemoryMib")
+    if spec.model.weight_bytes is not None:
+        names.append("weightBytes")
+    return names
+
+
+def _no_fit_error(ctx: Context, options: list[Option], budget: int) -> PlanError:
+    eligible = [o for o in options if o.eligible]
+    if not any(o.capacity for o in eligible):
+        reasons = "; ".join(sorted({f"TP {o.layout.tp}: {o.unusable}" for o in eligible if o.unusable}))
+        return PlanError(f"no layout of this model fits the GPUs ({reasons}): set spec.server.gpusPerNode, "
+                         f"spec.server.tensorParallel or spec.server.nodes")
+    largest = max((o for o in eligible if o.capacity), key=lambda o: o.capacity.tokens)  # type: ignore[union-attr]
+    cap = largest.capacity
+    assert cap is not None
+    work = ctx.work
+    worst = max(work.datasets, key=lambda d: d.prompt_tokens + d.max_new_tokens)
+    return PlanError(
+        f"the model does not fit with room for a request on {budget} GPUs: at TP {cap.tp} the weights take "
+        f"{gib(cap.weight_bytes_per_gpu)} of {gib(cap.usable_bytes)} usable per GPU, leaving {cap.tokens_per_group:,} "
+        f"KV tokens where one request at its cap needs {work.longest_tokens():,}. Use bigger GPUs "
+        f"(spec.server.gpuProduct / gpuMemoryMib), more GPUs (spec.server.gpusPerNode, spec.server.nodes), an fp8 KV "
+        f"cache (spec.server.kvCacheDtype: fp8_e4m3), fp8 or int4 weights, or a smaller maxNewTokens (dataset "
+        f"{worst.name}: {worst.max_new_tokens:,})")
+
+
+def size_server(spec: DatasetGenerationSpec, model: ModelFacts, gpu_memory: int | None = None,
+                work: Workload | None = None) -> Sizing:
     """Every number of the plan for this spec's model. Anything set in the spec wins; errors name the field.
 
-    gpu_memory_mib is the memory of one GPU; when None it comes from the spec (its memory field, else gpuProduct).
+    gpu_memory is the memory of one GPU; when None it comes from the spec (its memory field, else gpuProduct).
     """
-    gpu_mib = _gpu_memory(spec, gpu_memory_mib)
-    weight_bytes = spec.model.weight_bytes or model.weight_bytes
-    element_bytes = kv_dtype_bytes(spec.server.kv_cache_dtype)
-    demand = dataset_demand(spec)
-    context_length = _context_length(spec, model, demand)
-    if spec.server.tensor_parallel == "auto":
-        candidates = _auto_tp(spec, weight_bytes, model, gpu_mib, element_bytes, demand)
-    else:
-        candidates = [_given_tp(spec, weight_bytes, model, gpu_mib, element_bytes, demand)]
-    chosen = candidates[-1].capacity
-    assert chosen is not None
-    return Sizing(
-        spec=spec, model=model, gpu_memory_mib=gpu_mib, weight_bytes=weight_bytes, kv_element_bytes=element_bytes,
-        demand=demand, context_length=context_length, candidates=tuple(candidates),
-        max_running_requests=_max_running(spec, chosen, context_length),
-    )
+    server = spec.server
+    serving = serving_release(server)
+    gpu = gpu_product(server)
+    check_image(server, gpu, serving)
+    check_architecture(model, serving)
+    check_kv_cache_dtype(server, serving)
+    memory = gpu_memory if gpu_memory is not None and server.gpu_memory_mib is None else gpu_memory_mib(server, gpu)
+    length, context_source = context_length(server, model)
+    work = work or workload(spec)
+    worst = max(work.datasets, key=lambda d: d.max_new_tokens)
+    if worst.max_new_tokens >= length:
+        raise PlanError(f"dataset {worst.name} maxNewTokens {worst.max_new_tokens:,} leaves no room for a prompt in "
+                        f"context length {length:,}: lower its maxNewTokens or raise spec.server.contextLength")
+    ctx = Context(spec, model, gpu, memory, serving, work, length)
+    budget, budget_source = _budget(ctx)
+    options = _options(ctx, budget)
+    chosen = choose(options, predicted=gpu is not None)
+    if chosen is None:
+        given = [o for o in options if o.eligible and o.unusable and o.not_allowed is None
+                 and spec.server.tensor_parallel != "auto"]
+        if given:
+            raise PlanError(f"spec.server.tensorParallel {spec.server.tensor_parallel} cannot be used: "
+                            f"{given[0].unusable}")
+        raise _no_fit_error(ctx, options, budget)
+    return Sizing(ctx=ctx, budget_gpus=budget, budget_source=budget_source, context_source=context_source,
+                  options=tuple(options), chosen=chosen, warnings=serving.warnings)

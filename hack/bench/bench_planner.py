@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""The planner's throughput model against published measurements: the error table, and (--fit) the refit.
+
+Reads docs/throughput-calibration.yaml (each record: source, configuration, published tokens/s) and the model
+fixtures in tests/fixtures/models/, predicts every record with runner/tokenmill_runner/throughput.py, and prints
+predicted vs published side by side with the ratio. `fit: true` records are the calibration set (the test holds
+them within +-30 %); the others are shown with the reason they are not fitted. With --fit it searches the
+constants of `Calibration` that minimise the squared log error over the fit set and prints them, ready to paste.
+Not a test.
+
+    .venv/bin/python hack/bench/bench_planner.py [--fit] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "runner"))
+
+from tokenmill_runner.calibration import (  # noqa: E402
+    Record,
+    load_records,
+    predict,
+)
+from tokenmill_runner.throughput import CALIBRATION, Calibration  # noqa: E402
+
+RECORDS = REPO / "docs" / "throughput-calibration.yaml"
+MODELS = REPO / "tests" / "fixtures" / "models"
+
+
+def fixture_models() -> dict[str, dict[str, Any]]:
+    return {path.stem: json.loads(path.read_text()) for path in MODELS.glob("*.json")}
+
+
+@dataclass
+class Row:
+    record: Record
+    predicted: float
+
+    @property
+    def ratio(self) -> float:
+        return self.predicted / self.record.published
+
+    @property
+    def error(self) -> float:
+        return self.ratio - 1.0
+
+
+def evaluate(records: list[Record], cal: Calibration) -> list[Row]:
+    return [Row(record, predict(record, cal)) for record in records]
+
+
+def loss(rows: list[Row]) -> float:
+    fitted = [row for row in rows if row.record.fit]
+    return sum(math.log(row.ratio) ** 2 for row in fitted) / len(fitted)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The fit: Nelder-Mead on the logs of the constants (all positive), no dependency beyond the standard library.
+
+# The fitted constants and the range each may take: physically plausible bounds, so that the fit cannot trade a
+# zero floor for an impossible efficiency. The PCIe and network collective latencies are not fitted: no record
+# constrains them (see Calibration).
+BOUNDS: dict[str, tuple[float, float]] = {
+    "memory_efficiency": (0.5, 0.9),
+    "moe_memory_efficiency": (0.25, 0.9),
+    "quantized_moe_memory_efficiency": (0.2, 0.9),
+    "compute_efficiency": (0.2, 0.75),
+    "prefill_efficiency": (0.2, 0.75),
+    "layer_floor_s": (5e-6, 250e-6),
+    "mla_layer_floor_s": (1e-9, 250e-6),
+    "step_floor_s": (0.2e-3, 5e-3),
+    "request_s": (1e-9, 20e-6),
+    "dp_attention_layer_s": (1e-9, 500e-6),
+    "collective_nvlink_s": (5e-6, 60e-6),
+}
+FITTED = tuple(BOUNDS)
+
+
+def _with(cal: Calibration, logs: list[float]) -> Calibration:
+    values = {}
+    for name, log_value in zip(FITTED, logs, strict=True):
+        low, high = BOUNDS[name]
+        values[name] = min(max(math.exp(log_value), low), high)
+    return replace(cal, **values)
+
+
+def nelder_mead(f, start: list[float], step: float = 0.3, iterations: int = 4000) -> list[float]:
+    n = len(start)
+    simplex = [list(start)] + [[x + (step if i == j else 0.0) for j, x in enumerate(start)] for i in range(n)]
+    scores = [f(p) for p in simplex]
+    for _ in range(iterations):
+        order = sorted(range(n + 1), key=scores.__getitem__)
+        simplex, scores = [simplex[i] for i in order], [scores[i] for i in order]
+        if abs(scores[-1] - scores[0]) < 1e-10:
+            break
+        centroid = [sum(p[i] for p in simplex[:-1]) / n for i in range(n)]
+        worst = simplex[-1]
+        reflected = [c + (c - w) for c, w in zip(centroid, worst, strict=True)]
+        r = f(reflected)
+        if r < scores[0]:
+            expanded = [c + 2 * (c - w) for c, w in zip(centroid, worst, strict=True)]
+            e = f(expanded)
+            simplex[-1], scores[-1] = (expanded, e) if e < r else (reflected, r)
+        elif r < scores[-2]:
+            simplex[-1], scores[-1] = reflected, r
+        else:
+            contracted = [c + 0.5 * (w - c) for c, w in zip(centroid, worst, strict=True)]
+            c_score = f(contracted)
+            if c_score < scores[-1]:
+                simplex[-1], scores[-1] = contracted, c_score
+            else:
+                best = simplex[0]
+                simplex = [best] + [[b + 0.5 * (x - b) for b, x in zip(best, p, strict=True)] for p in simplex[1:]]
+                scores = [scores[0]] + [f(p) for p in simplex[1:]]
+    return simplex[min(range(n + 1), key=scores.__getitem__)]
+
+
+def fit(records: list[Record], start: Calibration) -> Calibration:
+    def objective(logs: list[float]) -> float:
+        return loss(evaluate(records, _with(start, logs)))
+
+    logs = [math.log(getattr(start, name)) for name in FITTED]
+    for _ in range(4):  # restarts shake the simplex out of flat spots
+        logs = nelder_mead(objective, logs)
+    return _with(start, logs)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Output.
+
+
+def table(rows: list[Row]) -> str:
+    lines = [f"{'record':<52} {'fit':>3} {'published':>10} {'predicted':>10} {'ratio':>6} {'error':>7}"]
+    for row in rows:
+        lines.append(f"{row.record.id:<52} {'yes' if row.record.fit else 'no':>3} {row.record.published:>10,.0f} "
+                     f"{row.predicted:>10,.0f} {row.ratio:>6.2f} {row.error:>+7.0%}")
+    fitted = [row for row in rows if row.record.fit]
+    worst = max(fitted, key=lambda row: abs(row.error))
+    within = sum(abs(row.error) <= 0.30 for row in fitted)
+    lines.append(f"fit set: {within}/{len(fitted)} within +-30 %, worst {worst.record.id} {worst.error:+.0%}, "
+                 f"rms log error {math.sqrt(loss(rows)):.3f}")
+    return "\n".join(lines)
+
+
+def markdown(rows: list[Row]) -> str:
+    lines = ["| record | engine | GPUs | layout | published tok/s | predicted | error | fitted |",
+             "|---|---|---|---|---:|---:|---:|---|"]
+    for row in rows:
+        r = row.record
+        layout = f"TP {r.layout.tp}" + (f", DP-attn {r.layout.attention_dp}" if r.layout.attention_dp > 1 else "")
+        lines.append(f"| `{r.id}` | {r.engine} | {r.layout.tp} x {r.gpu.label} | {layout} | {r.published:,.0f} | "
+                     f"{row.predicted:,.0f} | {row.error:+.0%} | {'yes' if r.fit else 'no'} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fit", action="store_true", help="refit the constants on the fit records and print them")
+    parser.add_argument("--json", action="store_true", help="the rows as JSON")
+    parser.add_argument("--markdown", action="store_true", help="the table as Markdown (docs/throughput.md)")
+    args = parser.parse_args(argv)
+    records = load_records(yaml.safe_load(RECORDS.read_text()), fixture_models())
+    cal = CALIBRATION
+    if args.fit:
+        cal = fit(records, CALIBRATION)
+        print("fitted constants:\n" + "\n".join(f"  {k} = {v!r}" for k, v in asdict(cal).items()))
+    rows = evaluate(records, cal)
+    if args.markdown:
+        print(markdown(rows))
+    elif args.json:
+        payload: list[dict[str, Any]] = [{"id": r.record.id, "fit": r.record.fit, "published": r.record.published,
+                                          "predicted": round(r.predicted, 1), "ratio": round(r.ratio, 3)}
+                                         for r in rows]
+        print(json.dumps(payload, indent=2))
+    else:
+        print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

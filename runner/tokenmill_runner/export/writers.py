@@ -1,0 +1,153 @@
+"""Export files at the edge: records streamed into local spool files, each put into the destination whole.
+
+A file is written to a spool folder, closed, hashed and then put into the destination storage atomically (a local
+rename, or an S3 upload that appears on completion), so a reader never sees half a file. Files that hold many
+records roll over into numbered parts at `part_bytes`. The manifest, written by the exporter after every file, is
+what makes an export complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..storage import Storage
+from .formats import HF_COLUMNS, ExportFormat, hf_schema_metadata
+from .manifest import WrittenFile
+
+logger = logging.getLogger(__name__)
+
+HASH_CHUNK = 8 * 1024 * 1024
+ROW_GROUP_RECORDS = 1024
+ARROW_TYPES: dict[str, Callable[[], pa.DataType]] = {
+    "string": pa.string, "int8": pa.int8, "int32": pa.int32, "int64": pa.int64, "bool": pa.bool_,
+}
+
+
+def arrow_type(name: str) -> pa.DataType:
+    # pa.list_, not pa.large_list: datasets loads a large list as LargeList, not the List trainers expect.
+    if name.startswith("list<"):
+        return pa.list_(arrow_type(name[len("list<"):-1]))
+    return ARROW_TYPES[name]()
+
+
+def hf_schema() -> pa.Schema:
+    schema = pa.schema([(name, arrow_type(kind)) for name, kind in HF_COLUMNS])
+    return schema.with_metadata({b"huggingface": hf_schema_metadata()})
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def publish(destination: Storage, key: str, path: Path, records: int) -> WrittenFile:
+    size = path.stat().st_size
+    digest = sha256_of(path)
+    destination.put_file(key, path)
+    logger.info("wrote %s (%d records, %d bytes)", destination.uri(key), records, size)
+    return WrittenFile(key, records, size, digest)
+
+
+class JsonlFiles:
+    """JSON lines into one file, or into numbered parts when the format has a part prefix."""
+
+    def __init__(self, destination: Storage, spool: Path, fmt: ExportFormat | None, part_bytes: int,
+                 single_name: str | None = None) -> None:
+        self.destination, self.spool, self.fmt, self.part_bytes = destination, spool, fmt, part_bytes
+        self.single_name = single_name or (fmt.single_file if fmt else None)
+        self.files: list[WrittenFile] = []
+        self._handle: BinaryIO | None = None
+        self._key = ""
+        self._records = 0
+        self._bytes = 0
+
+    def _open(self) -> BinaryIO:
+        if self._handle is None:
+            self._key = self.single_name or self.fmt.part_name(len(self.files))  # type: ignore[union-attr]
+            path = self.spool / self._key.replace("/", "__")
+            self._handle = path.open("wb")
+            self._records = self._bytes = 0
+        return self._handle
+
+    def write(self, record: dict[str, Any]) -> None:
+        line = orjson.dumps(record) + b"\n"
+        self._open().write(line)
+        self._records += 1
+        self._bytes += len(line)
+        if self.single_name is None and self._bytes >= self.part_bytes:
+            self._finish()
+
+    def _finish(self) -> None:
+        if self._handle is None:
+            return
+        handle, self._handle = self._handle, None
+        handle.flush()
+        os.fsync(handle.fileno())
+        handle.close()
+        self.files.append(publish(self.destination, self._key, Path(handle.name), self._records))
+
+    def close(self) -> list[WrittenFile]:
+        self._finish()
+        return self.files
+
+
+class ParquetFiles:
+    """Parquet parts with the hf schema (features declared), ROW_GROUP_RECORDS records per row group."""
+
+    def __init__(self, destination: Storage, spool: Path, fmt: ExportFormat, part_bytes: int) -> None:
+        self.destination, self.spool, self.fmt, self.part_bytes = destination, spool, fmt, part_bytes
+        self.schema = hf_schema()
+        self.files: list[WrittenFile] = []
+        self._pending: list[dict[str, Any]] = []
+        self._writer: pq.ParquetWriter | None = None
+        self._path: Path | None = None
+        self._key = ""
+        self._records = 0
+        self._bytes = 0
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._pending.append(record)
+        if len(self._pending) >= ROW_GROUP_RECORDS:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write what is pending as one row group."""
+        if not self._pending:
+            return
+        table = pa.Table.from_pylist(self._pending, schema=self.schema)
+        self._pending = []
+        if self._writer is None:
+            self._key = self.fmt.part_name(len(self.files))
+            self._path = self.spool / self._key.replace("/", "__")
+            self._writer = pq.ParquetWriter(self._path, self.schema, compression="zstd")
+            self._records = self._bytes = 0
+        self._writer.write_table(table)
+        self._records += table.num_rows
+        self._bytes += table.nbytes  # uncompressed: parts come out smaller than part_bytes on disk
+        if self._bytes >= self.part_bytes:
+            self._finish()
+
+    def _finish(self) -> None:
+        if self._writer is None or self._path is None:
+            return
+        self._writer.close()
+        self._writer = None
+        self.files.append(publish(self.destination, self._key, self._path, self._records))
+
+    def close(self) -> list[WrittenFile]:
+        self.flush()
+        self._finish()
+        return self.files
+
