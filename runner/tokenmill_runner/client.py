@@ -26,6 +26,7 @@ from .results import (
     Fault,
     Generation,
     GenerationFailure,
+    ServersUnavailable,
     classify_error,
     parse_generation,
     transport_failure,
@@ -45,10 +46,6 @@ HEALTH_TICK_S = 1.0  # how often the outage gauge is refreshed while a replica i
 
 class ServerFatalError(RuntimeError):
     """A server answer that no retry or other sample can fix (wrong API key, wrong URL): stop the run."""
-
-
-class ServersUnavailable(RuntimeError):
-    """No replica was live for longer than the outage budget. Nothing was written off: a rerun continues."""
 
 
 class HealthListener(Protocol):
@@ -159,7 +156,7 @@ class GenerateClient:
         if opened:
             logger.warning("taking %s out of rotation: %s", server, failed.message)
             self._tell_state(server)
-            self._wake_watcher()
+            self._notify()  # the watcher schedules its first probe
 
     async def _acquire(self, avoid: str | None) -> str:
         """A live replica for the next attempt; waits (spending no attempt) while none is."""
@@ -216,9 +213,6 @@ class GenerateClient:
         event = self._event()
         self._changed = asyncio.Event()
         event.set()
-
-    def _wake_watcher(self) -> None:
-        self._notify()
 
     def _ensure_watcher(self) -> None:
         if self._watcher is None or self._watcher.done():
@@ -309,5 +303,5 @@ async def _health_once(http: httpx.AsyncClient, url: str) -> str:
 
 
 async def wait_until_healthy(url: str, timeout_s: float, api_key: str | None = None, poll_s: float = 2.0) -> None:
-    """Poll one server's /health until it answers 200."""
+    """Poll one server's /health until it answers 200 (prepare uses healthy_servers: a run starts with the first)."""
     await healthy_servers([url], timeout_s, api_key, poll_s)

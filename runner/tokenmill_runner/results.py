@@ -54,6 +54,12 @@ class GenerationFailure:
     attempts: int
 
 
+class ServersUnavailable(RuntimeError):
+    """No server was live for longer than the outage budget. The run stops (`tokenmill run` exits 4) and writes
+    nothing off: the samples in flight or not yet sent stay not done, and a rerun or a restarted pod continues.
+    The client raises it; the pipeline stops on it."""
+
+
 class Fault(enum.Enum):
     SAMPLE = "sample"
     REPLICA = "replica"
