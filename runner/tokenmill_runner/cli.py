@@ -16,12 +16,16 @@ from . import builtin_sim
 from .config import API_KEY_ENV, RunnerConfig
 from .pretokenize import offline_transformers
 from .spec import DatasetGeneration, SpecError, load_spec_file
+from .summary import (  # noqa: F401 - the exit codes are part of the CLI's contract (the operator uses them)
+    EXIT_FAILED,
+    EXIT_GIVEN_UP,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_SERVERS_UNAVAILABLE,
+    EXIT_USAGE,
+)
 
 logger = logging.getLogger("tokenmill")
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-# No server was live for longer than spec.runner.outageBudgetSeconds; nothing was written off (a rerun continues).
-EXIT_SERVERS_UNAVAILABLE = 4
 
 
 def _setup_logging(verbose: int) -> None:
@@ -46,8 +50,8 @@ def _add_run_parser(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--metrics-port", type=int, default=_env_int("TOKENMILL_METRICS_PORT"),
                      help="serve Prometheus metrics on this port (default: $TOKENMILL_METRICS_PORT, else off)")
     run.add_argument("--retry-failed", action="store_true",
-                     help="run again samples recorded as failed for retryable reasons (retries exhausted, bad "
-                          "responses), e.g. after a server outage")
+                     help="run again the samples given up for a server-side reason (retries exhausted, bad or "
+                          "corrupt responses), e.g. after a server outage; input errors stay final")
     run.add_argument("--server-wait", type=float, default=1800.0, metavar="SECONDS",
                      help="how long to wait for the servers' /health")
     run.add_argument("--sim-time-scale", type=float, default=50.0,
@@ -170,8 +174,9 @@ def _start_simulator(resource: DatasetGeneration, args: argparse.Namespace, stac
 
 
 async def _run_async(config: RunnerConfig) -> int:
+    """Run, print the summary, and exit with a code that says how the run ended (summary.exit_code)."""
     from .prepare import prepare
-    from .summary import iter_summary_lines
+    from .summary import exit_code, iter_summary_lines
 
     runner = await prepare(config, os.environ.get(API_KEY_ENV))
     loop = asyncio.get_running_loop()
@@ -180,11 +185,12 @@ async def _run_async(config: RunnerConfig) -> int:
     summary = await runner.run()
     for line in iter_summary_lines(summary):
         print(line)
-    if summary.interrupted:
-        return EXIT_INTERRUPTED
+    code = exit_code(summary)
+    if code in (EXIT_INTERRUPTED, EXIT_SERVERS_UNAVAILABLE):
+        return code
     if config.worker_count == 1:  # with several workers the operator reports once all are done
         _print_report(runner.storage)
-    return EXIT_OK
+    return code
 
 
 def _print_report(storage) -> None:
@@ -200,17 +206,11 @@ def _print_report(storage) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .client import ServersUnavailable
-
     resource = load_spec_file(args.spec)
     with ExitStack() as stack:
         servers = args.server or [_start_simulator(resource, args, stack)]
         config = runner_config(resource, args, servers)
-        try:
-            return asyncio.run(_run_async(config))
-        except ServersUnavailable as error:
-            print(f"error: {error}", file=sys.stderr)
-            return EXIT_SERVERS_UNAVAILABLE
+        return asyncio.run(_run_async(config))
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -259,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.handler(args)
     except SpecError as error:
         print(f"error: {error}", file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_USAGE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except Exception as error:  # the CLI's last line of defence: one clear line, details at debug level

@@ -3,7 +3,11 @@
 One producer reads and tokenizes prompts of every dataset in turn (the datasets expected to run longest first)
 into a bounded queue; `concurrency` workers keep that many requests in flight across all servers, so the server's
 batch stays full across dataset and shard boundaries until the very end. Results go to per-dataset shard buffers
-that commit by count or age. Whatever is interrupted, only committed samples count, and a restart skips them.
+that commit by count or age; each commit is folded into the dataset's ledger. Whatever is interrupted, only
+committed outcomes count, and a restart skips their slots. A line whose sample id appeared on an earlier line
+(found by the counting pass, `scan.py`) gets a `duplicate_sample_id` error of its own, whatever was committed
+before a restart. When the client reports that no server was live for longer than the outage budget, the run stops
+without writing anything off.
 """
 
 from __future__ import annotations
@@ -21,18 +25,19 @@ from typing import Any
 
 from .client import GenerateClient
 from .config import RunnerConfig
-from .ledger import CommittedIndex, ShardContent
+from .duplicates import DuplicateIds
+from .ledger import RETRYABLE_REASONS, DatasetLedger, ShardContent, Slot
 from .metrics import RunnerMetrics
 from .pretokenize import PromptEncoder
 from .progress import ProgressDisplay, Snapshot, ThroughputMeter
-from .prompts import Prompt, RowError, belongs_to_worker, id_hash
+from .prompts import Prompt, RowError, belongs_to_worker, duplicate_error, id_hash
 from .request_fit import ServerLimits
-from .results import Generation
+from .results import Generation, ServersUnavailable
 from .rows import build_row, failure_record, too_long_record
 from .shards import ShardBuffer, commit_shard, new_run_token, new_shard_id
 from .sources import read_prompts, source_format
 from .spec import DatasetSpec, SamplingSpec
-from .storage import Storage
+from .storage import Storage, StorageError
 from .summary import DatasetSummary, RunSummary
 from .tokenizer_info import TokenizerInfo
 
@@ -48,15 +53,19 @@ def _take(items: Iterator[Any], count: int) -> list[Any]:
     return list(islice(items, count))
 
 
+class CommitFailed(RuntimeError):
+    """A shard could not be committed: the store stayed unavailable past its retry budget."""
+
+
 @dataclass
 class DatasetState:
     spec: DatasetSpec
     index: int  # position in spec.datasets, for error messages that name the field
     sampling: SamplingSpec
-    committed: CommittedIndex
+    ledger: DatasetLedger  # every committed outcome of the dataset (all workers'), kept current by each commit
     buffer: ShardBuffer
-    # An estimate: the source rows over the workers. Rows go to workers by sample-id hash, so the true share varies.
-    expected_rows: int
+    rows: int  # this worker's rows of the source, counted by the scan
+    duplicates: DuplicateIds = field(default_factory=DuplicateIds)
     template_kwargs: dict[str, Any] = field(default_factory=dict)  # chat template arguments for this dataset
     sampling_sources: dict[str, Any] = field(default_factory=dict)  # where each sampling value came from
     skipped: int = 0
@@ -64,8 +73,8 @@ class DatasetState:
     completion_tokens: int = 0
     truncated: int = 0
     failed: Counter[str] = field(default_factory=Counter)
+    given_up_before: Counter[str] = field(default_factory=Counter)  # skipped slots an earlier run gave up
     lengths: array = field(default_factory=lambda: array("i"))
-    seen: set[int] = field(default_factory=set)
 
     @property
     def name(self) -> str:
@@ -78,12 +87,13 @@ class DatasetState:
 
 def summarize(state: DatasetState) -> DatasetSummary:
     lengths = state.lengths
+    given_up = state.given_up_before + Counter({r: n for r, n in state.failed.items() if r in RETRYABLE_REASONS})
     return DatasetSummary(
-        name=state.name, rows=state.expected_rows, skipped=state.skipped, generated=state.generated,
+        name=state.name, rows=state.rows, skipped=state.skipped, generated=state.generated,
         failed=dict(state.failed), completion_tokens=state.completion_tokens, truncated=state.truncated,
         median_completion=statistics.median(lengths) if lengths else None,
         mean_completion=statistics.fmean(lengths) if lengths else None,
-        max_completion=max(lengths) if lengths else None,
+        max_completion=max(lengths) if lengths else None, given_up=dict(given_up),
     )
 
 
@@ -113,6 +123,7 @@ class Runner:
         self._commits: set[asyncio.Task[None]] = set()
         self._commit_slots = asyncio.Semaphore(MAX_PARALLEL_COMMITS)
         self._stop = asyncio.Event()
+        self._interrupted = False
         self._fatal: BaseException | None = None
         self._started = clock()
 
@@ -120,6 +131,7 @@ class Runner:
     def request_stop(self) -> None:
         """Graceful stop (SIGTERM): commit what is finished, drop what is in flight (regenerated on resume)."""
         logger.warning("stop requested: committing finished samples; in-flight requests will be redone on resume")
+        self._interrupted = True
         self._stop.set()
 
     def _fail(self, error: BaseException) -> None:
@@ -139,16 +151,22 @@ class Runner:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await self._flush_all()
+        if isinstance(self._fatal, CommitFailed):
+            logger.error("not committing the remaining buffers: the store is unavailable; their samples are "
+                         "generated again on resume")
+        else:
+            await self._flush_all()
         await self.client.aclose()
         self._publish_remaining()
         self.display.close(self.snapshot())
-        if self._fatal is not None:
+        unavailable = self._fatal if isinstance(self._fatal, ServersUnavailable) else None
+        if self._fatal is not None and unavailable is None:
             raise self._fatal
         return RunSummary(
             output_uri=self.storage.root_uri, datasets=[summarize(s) for s in self.states],
             elapsed_s=self.clock() - self._started, retries=self.client.retries,
-            interrupted=self._stop.is_set(), concurrency=self.concurrency, context_length=self.context_length,
+            interrupted=self._interrupted, concurrency=self.concurrency, context_length=self.context_length,
+            servers_unavailable=None if unavailable is None else str(unavailable) or type(unavailable).__name__,
         )
 
     async def _guard(self, coroutine: Any) -> None:
@@ -179,26 +197,26 @@ class Runner:
                             await queue.put((state, prompt, ids))
 
     def _admit(self, state: DatasetState, chunk: list[Prompt | RowError]) -> list[Prompt]:
-        """Drop other workers' rows and committed ones; record bad rows; return the prompts to generate."""
+        """Drop other workers' rows and the slots already settled; record bad rows and duplicate ids; return the
+        prompts to generate."""
         prompts: list[Prompt] = []
         now = self.clock()
         for item in chunk:
             if not belongs_to_worker(item, self.config.worker_index, self.config.worker_count):
                 continue
-            if state.committed.is_done(item.line, item.sample_id, self.config.retry_failed):
+            slot = Slot(item.line)
+            if state.ledger.is_done(slot, self.config.retry_failed):
                 state.skipped += 1
+                if state.ledger.is_given_up(slot):
+                    state.given_up_before[state.ledger.outcome(slot) or ""] += 1
                 continue
             if isinstance(item, RowError):
                 self._record_error(state, item.as_record(state.name), now)
                 continue
-            key = id_hash(item.sample_id)
-            if key in state.seen:
-                error = RowError(item.line, item.sample_id, "duplicate_sample_id",
-                                 f"line {item.line}: sample_id {item.sample_id!r} appeared on an earlier line; "
-                                 "only the first is generated")
-                self._record_error(state, error.as_record(state.name), now)
+            first = state.duplicates.first_of(item.line, id_hash(item.sample_id))
+            if first is not None:
+                self._record_error(state, duplicate_error(item.line, item.sample_id, first).as_record(state.name), now)
                 continue
-            state.seen.add(key)
             prompts.append(item)
         return prompts
 
@@ -257,27 +275,33 @@ class Runner:
         content = state.buffer.take()
         self._sequence += 1
         shard_id = new_shard_id(self.config.worker_index, self._sequence, self._run_token)
-        task = asyncio.create_task(self._write(state.name, shard_id, content))
+        task = asyncio.create_task(self._write(state, shard_id, content))
         self._commits.add(task)
         task.add_done_callback(self._commits.discard)
 
-    async def _write(self, dataset: str, shard_id: str, content: ShardContent) -> None:
+    async def _write(self, state: DatasetState, shard_id: str, content: ShardContent) -> None:
+        dataset = state.name
         async with self._commit_slots:
             for attempt in range(1, COMMIT_ATTEMPTS + 1):
                 try:
-                    await asyncio.to_thread(
+                    marker = await asyncio.to_thread(
                         commit_shard, self.storage, dataset, shard_id, self.config.worker_index, content
                     )
-                    logger.debug("committed %s/%s: %d rows, %d errors", dataset, shard_id,
-                                 len(content.rows), len(content.errors))
-                    self.metrics.committed(dataset, len(content.rows), [e["reason"] for e in content.errors])
+                except StorageError as error:  # the store already retried for its whole budget
+                    self._fail(CommitFailed(f"cannot commit shard {dataset}/{shard_id}: {error}"))
                     return
-                except Exception as error:  # storage errors of every kind; retried, then fatal
+                except Exception as error:  # anything else (a local disk error): retried a few times, then fatal
                     if attempt == COMMIT_ATTEMPTS:
-                        self._fail(RuntimeError(f"cannot commit shard {dataset}/{shard_id}: {error}"))
+                        self._fail(CommitFailed(f"cannot commit shard {dataset}/{shard_id}: {error}"))
                         return
                     logger.warning("commit of %s/%s failed (%s); retrying", dataset, shard_id, error)
                     await asyncio.sleep(2 ** attempt)
+                    continue
+                state.ledger.fold(marker)
+                logger.debug("committed %s/%s: %d rows, %d errors", dataset, shard_id,
+                             len(content.rows), len(content.errors))
+                self.metrics.committed(dataset, len(content.rows), [e["reason"] for e in content.errors])
+                return
 
     async def _flush_all(self) -> None:
         for state in self.states:
@@ -298,13 +322,13 @@ class Runner:
 
     def _publish_remaining(self) -> None:
         for state in self.states:
-            self.metrics.set_remaining(state.name, state.expected_rows - state.done)
+            self.metrics.set_remaining(state.name, state.rows - state.done)
 
     def snapshot(self) -> Snapshot:
         now = self.clock()
         samples_per_s, tokens_per_s = self.meter.rates(now, self._started)
         return Snapshot(
-            done=sum(s.done for s in self.states), total=sum(s.expected_rows for s in self.states),
+            done=sum(s.done for s in self.states), total=sum(s.rows for s in self.states),
             failed=sum(sum(s.failed.values()) for s in self.states), samples_per_s=samples_per_s,
             tokens_per_s=tokens_per_s, in_flight=self.in_flight, elapsed_s=now - self._started,
         )

@@ -15,7 +15,6 @@ import orjson
 
 from .client import GenerateClient, RetryPolicy, get_json, healthy_servers
 from .config import RunnerConfig
-from .ledger import committed_index
 from .metrics import RunnerMetrics
 from .pipeline import DatasetState, Runner
 from .pretokenize import (
@@ -28,9 +27,10 @@ from .pretokenize import (
 from .replica_health import HealthPolicy
 from .request_fit import ServerLimits
 from .sampling_defaults import apply_model_defaults, model_sampling_defaults
+from .scan import scan_source
 from .server_info import ServerFacts, runnable_requests
-from .shards import ShardBuffer, clean_leftovers, read_markers
-from .sources import count_rows, source_format
+from .shards import ShardBuffer, clean_leftovers, read_ledger
+from .sources import source_format
 from .storage import Storage, open_storage
 from .tokenizer_info import TokenizerInfo
 
@@ -70,30 +70,27 @@ def resolve_concurrency(config: RunnerConfig, servers: list[ServerFacts]) -> int
     return max(16, min(4096, -(-total // config.worker_count)))
 
 
-def _worker_rows(total: int, config: RunnerConfig) -> int:
-    return total if config.worker_count == 1 else -(-total // config.worker_count)
-
-
 def prepare_states(config: RunnerConfig, storage: Storage,
                    model_defaults: dict[str, Any] | None = None) -> tuple[list[DatasetState], dict[str, int]]:
-    """Read the ledger and count the sources before any request is sent (a missing file fails here, cheaply).
-    `model_defaults` (from generation_config.json) fill the sampling fields the spec leaves unset."""
+    """Scan the sources (rows, duplicate ids) and read the ledger before any request is sent (a missing file fails
+    here, cheaply). `model_defaults` (from generation_config.json) fill the sampling fields the spec leaves unset."""
     spec = config.spec
     states, totals = [], {}
     for index, dataset in enumerate(spec.datasets):
         fmt = source_format(dataset.source, dataset.format)
-        totals[dataset.name] = count_rows(dataset.source, fmt, spec.output.endpoint, dataset.limit)
+        scan = scan_source(dataset.source, fmt, spec.output.endpoint, dataset.limit, config.worker_index,
+                           config.worker_count)
+        totals[dataset.name] = scan.rows
         removed = clean_leftovers(storage, dataset.name, config.worker_index)
         if removed:
             logger.info("%s: removed %d uncommitted leftover files of worker %d", dataset.name, removed,
                         config.worker_index)
-        committed = committed_index(read_markers(storage, dataset.name))
         sampling, sources = apply_model_defaults(spec.sampling_for(dataset), model_defaults or {})
         states.append(DatasetState(
-            spec=dataset, index=index, sampling=sampling, committed=committed,
-            template_kwargs=spec.chat_template_kwargs_for(dataset), sampling_sources=sources,
+            spec=dataset, index=index, sampling=sampling, ledger=read_ledger(storage, dataset.name, scan.rows),
+            duplicates=scan.duplicates, template_kwargs=spec.chat_template_kwargs_for(dataset),
+            sampling_sources=sources, rows=scan.worker_rows,
             buffer=ShardBuffer(spec.runner.shard_max_samples, spec.runner.shard_max_seconds),
-            expected_rows=_worker_rows(totals[dataset.name], config),
         ))
     # Longest expected outputs first, so the run does not end on one long request with an idle GPU.
     states.sort(key=lambda state: -expected_output_tokens(state))
@@ -102,9 +99,9 @@ def prepare_states(config: RunnerConfig, storage: Storage,
 
 def expected_output_tokens(state: DatasetState) -> float:
     """Mean output length observed in what is committed (after a restart), else a share of the cap."""
-    committed = state.committed
-    if committed.rows >= MIN_OBSERVED_ROWS:
-        return committed.completion_tokens / committed.rows
+    ledger = state.ledger
+    if ledger.completed >= MIN_OBSERVED_ROWS:
+        return ledger.completion_tokens / ledger.completed
     return TYPICAL_OUTPUT_SHARE * (state.sampling.max_new_tokens or 0)
 
 

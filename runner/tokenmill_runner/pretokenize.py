@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .prompts import Prompt, RowError
-from .storage import open_storage
+from .storage import open_storage, write_atomic
 from .tokenizer_info import TokenizerInfo
 from .tokenizers_compat import TokenizerError, is_fast, load_folder_tokenizer
 
@@ -39,20 +39,24 @@ def cache_root() -> Path:
 
 
 def fetch_tokenizer_files(uri: str, endpoint: str | None = None) -> Path:
-    """Copy the tokenizer and config files (never the weights) of an s3:// model prefix into the local cache."""
+    """Copy the tokenizer and config files (never the weights) of an s3:// model prefix into the local cache.
+
+    Each file is written atomically (a temporary name, then a rename), and a cached file whose size differs from
+    the object's (cut short by an older tokenmill, or changed in the store) is fetched again, so a run killed
+    mid-copy never leaves a truncated tokenizer behind for the next one."""
     storage = open_storage(uri, endpoint)
     target = cache_root() / "tokenizers" / hashlib.sha256(storage.root_uri.encode()).hexdigest()[:16]
     copied = 0
-    for key in storage.list(""):
-        if "/" in key or key.endswith(WEIGHT_SUFFIXES):
+    for key, size in storage.list_sizes(""):
+        if "/" in key or key.endswith(WEIGHT_SUFFIXES) or size > MAX_TOKENIZER_FILE_BYTES:
             continue
         path = target / key
-        if not path.exists():
+        if not path.is_file() or path.stat().st_size != size:
             data = storage.get(key)
-            if len(data) > MAX_TOKENIZER_FILE_BYTES:
-                continue
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
+            if len(data) != size:
+                raise TokenizerError(f"{storage.uri(key)} is {len(data)} bytes but was listed as {size}: it changed "
+                                     "while being copied; run again")
+            write_atomic(path, data)
         copied += 1
     if copied == 0:
         raise TokenizerError(f"no tokenizer files under {storage.root_uri}; set spec.model.tokenizer")

@@ -29,10 +29,11 @@ class RowError:
     sample_id: str | None
     reason: str  # a stable code, counted in summaries and reports
     message: str  # what is wrong and what to do
+    sample_index: int = 0  # with the line, the slot this error is the outcome of
 
     def as_record(self, dataset: str) -> dict[str, Any]:
-        return {"dataset": dataset, "line": self.line, "sample_id": self.sample_id,
-                "reason": self.reason, "message": self.message}
+        return {"dataset": dataset, "line": self.line, "sample_index": self.sample_index,
+                "sample_id": self.sample_id, "reason": self.reason, "message": self.message}
 
 
 def parse_line(line: int, raw: bytes | dict[str, Any]) -> Prompt | RowError:
@@ -109,8 +110,14 @@ def validate_row(line: int, row: dict[str, Any]) -> Prompt | RowError:
 
 
 def id_hash(sample_id: str) -> int:
-    """A stable 64-bit key: the same in every process (unlike hash()), and small to keep in sets."""
+    """A stable 64-bit key: the same in every process (unlike hash()); see duplicates.py for collisions."""
     return int.from_bytes(hashlib.blake2b(sample_id.encode(), digest_size=8).digest(), "little")
+
+
+def duplicate_error(line: int, sample_id: str, first_line: int) -> RowError:
+    return RowError(line, sample_id, "duplicate_sample_id",
+                    f"line {line}: sample_id {sample_id!r} already appeared on line {first_line}; only the first "
+                    "line with an id is generated (give each prompt its own id, or remove the copy)")
 
 
 def belongs_to_worker(item: Prompt | RowError, index: int, count: int) -> bool:

@@ -1,6 +1,7 @@
 """The validation report: what was generated, in tokens, per dataset, computed from the commit markers.
 
-Pure: a ledger in, a report dict out. Reading the markers and writing the files is `report_files.py`.
+Pure: the markers' samples and the ledger's outcomes in, a report dict out. Reading the markers and writing the
+files is `report_files.py`.
 The report's JSON schema is `tokenmill.report/v1` (documented in docs/report.md); bump it on breaking changes.
 """
 
@@ -13,7 +14,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from .ledger import effective_failures
+from .ledger import RETRYABLE_REASONS, DatasetLedger
+from .summary import RETRY_HINT
 from .stats import distribution, length_shares, order_drift, reasoning_and_answer
 
 logger = logging.getLogger(__name__)
@@ -28,12 +30,13 @@ SAMPLE_COLUMNS = ("sample_id", "line", "prompt_tokens", "completion_tokens", "fi
 
 
 @dataclass
-class DatasetLedger:
-    """A dataset's committed samples (in commit order) and errors, concatenated from its markers."""
+class DatasetSamples:
+    """A dataset's committed samples (in commit order) and final failures, from its markers."""
 
     name: str
     samples: dict[str, list[Any]] = field(default_factory=lambda: {c: [] for c in SAMPLE_COLUMNS})
     errors: Counter[str] = field(default_factory=Counter)  # final failures by reason (retried ones excluded)
+    rows: int | None = None  # source rows (run.json), when known: what completeness is checked against
 
     def add_markers(self, markers: list[dict[str, Any]]) -> None:
         for marker in markers:
@@ -41,14 +44,14 @@ class DatasetLedger:
             for column in SAMPLE_COLUMNS:
                 # Markers written before a column existed (reasoning_end_token_id) read as nulls.
                 self.samples[column].extend(marker["samples"].get(column, [None] * count))
-        self.errors = Counter(effective_failures(markers).values())
+        self.errors = Counter(DatasetLedger(self.name, self.rows or 0).fold_all(markers).final_failures())
 
 
 @dataclass
 class Ledger:
     output_uri: str
     run: dict[str, Any]  # run.json
-    datasets: list[DatasetLedger]
+    datasets: list[DatasetSamples]
 
 
 @dataclass(frozen=True)
@@ -122,17 +125,32 @@ def _stop_name(token_id: int, names: dict[str, str]) -> str:
     return f"{names[str(token_id)]} ({token_id})" if str(token_id) in names else str(token_id)
 
 
-def dataset_report(ledger: DatasetLedger, context_length: int | None, reasoning_expected: bool,
-                   stop_names: dict[str, str] | None = None, end_names: dict[str, str] | None = None) -> dict[str, Any]:
-    s = ledger.samples
-    completions = s["completion_tokens"]
-    n, errors = len(completions), sum(ledger.errors.values())
-    drift = order_drift(completions, DRIFT_FIRST_N)
+def _outcomes(ledger: DatasetSamples, n: int) -> dict[str, Any]:
+    """Failures split into input-caused and given up, and completeness against the source's rows."""
+    errors = sum(ledger.errors.values())
+    given_up = {r: c for r, c in sorted(ledger.errors.items()) if r in RETRYABLE_REASONS}
+    input_errors = errors - sum(given_up.values())
     return {
         "samples": n,
         "errors": errors,
-        "error_share": _share(errors, n + errors),
+        "input_errors": input_errors,
+        "error_share": _share(input_errors, n + errors),
         "errors_by_reason": dict(sorted(ledger.errors.items())),
+        "given_up": sum(given_up.values()),
+        "given_up_by_reason": given_up,
+        "rows": ledger.rows,
+        "without_outcome": None if ledger.rows is None else max(ledger.rows - n - errors, 0),
+    }
+
+
+def dataset_report(ledger: DatasetSamples, context_length: int | None, reasoning_expected: bool,
+                   stop_names: dict[str, str] | None = None, end_names: dict[str, str] | None = None) -> dict[str, Any]:
+    s = ledger.samples
+    completions = s["completion_tokens"]
+    n = len(completions)
+    drift = order_drift(completions, DRIFT_FIRST_N)
+    return {
+        **_outcomes(ledger, n),
         "completion_tokens_total": int(sum(completions)),
         "completion_tokens": distribution(completions).as_dict(),
         "length_shares": length_shares(completions),
@@ -149,8 +167,10 @@ def dataset_report(ledger: DatasetLedger, context_length: int | None, reasoning_
     }
 
 
-def _merged(datasets: Iterable[DatasetLedger]) -> DatasetLedger:
-    merged = DatasetLedger("overall")
+def _merged(datasets: Iterable[DatasetSamples]) -> DatasetSamples:
+    datasets = list(datasets)
+    known = [d.rows for d in datasets if d.rows is not None]
+    merged = DatasetSamples("overall", rows=sum(known) if len(known) == len(datasets) else None)
     for ledger in datasets:
         for column in SAMPLE_COLUMNS:
             merged.samples[column].extend(ledger.samples[column])
@@ -168,12 +188,32 @@ def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1%}"
 
 
+def outcome_findings(name: str, report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Fail while lines have no outcome (the run is not finished) or samples were given up (a server-side reason):
+    a half-done run or one that wrote samples off never passes."""
+    findings = []
+    missing, rows = report["without_outcome"], report["rows"]
+    if missing:
+        findings.append(_finding(
+            "complete", "fail", name,
+            f"{name}: {missing} of {rows} source lines have no outcome yet ({report['samples']} samples and "
+            f"{report['errors']} errors committed): the run is not finished; run it again (it resumes) or wait for "
+            "its workers", missing, 0))
+    if report["given_up"]:
+        reasons = ", ".join(f"{r} {c}" for r, c in report["given_up_by_reason"].items())
+        findings.append(_finding(
+            "given_up", "fail", name,
+            f"{name}: {report['given_up']} samples given up for a server-side reason ({reasons}); {RETRY_HINT}",
+            report["given_up"], 0))
+    return findings
+
+
 def dataset_findings(name: str, report: dict[str, Any], limits: Thresholds, end_token: str | None) -> list[dict]:
-    findings: list[dict[str, Any]] = []
+    findings: list[dict[str, Any]] = outcome_findings(name, report)
     n = report["samples"]
     if n == 0:
-        return [_finding("samples", "fail", name, f"{name}: no committed samples; check the errors and the runner's "
-                         "log", 0)]
+        return [*findings, _finding("samples", "fail", name, f"{name}: no committed samples; check the errors and "
+                                    "the runner's log", 0)]
     truncated = report["truncated"]["share"]
     caps = "/".join(str(c) for c in report["truncated"]["caps"])
     if truncated > limits.max_truncated_fraction:
@@ -200,11 +240,13 @@ def dataset_findings(name: str, report: dict[str, Any], limits: Thresholds, end_
                 "without it (tokenmill inspect --dataset ... --shortest N)", share, limits.min_reasoning_fraction))
     error_share = report["error_share"]
     if error_share > limits.max_error_fraction:
-        top = ", ".join(f"{r} {c}" for r, c in Counter(report["errors_by_reason"]).most_common(3))
+        caused_by_input = Counter({r: c for r, c in report["errors_by_reason"].items() if r not in RETRYABLE_REASONS})
+        top = ", ".join(f"{r} {c}" for r, c in caused_by_input.most_common(3))
         findings.append(_finding(
             "errors", "fail", name,
-            f"{name}: {_pct(error_share)} of samples failed ({top}), above {_pct(limits.max_error_fraction)}; "
-            f"see {name}/errors/ for each line and reason", error_share, limits.max_error_fraction))
+            f"{name}: {_pct(error_share)} of samples failed because of their input ({top}), above "
+            f"{_pct(limits.max_error_fraction)}; see {name}/errors/ for each line and reason", error_share,
+            limits.max_error_fraction))
     if report["errors_by_reason"].get("output_mismatch"):
         findings.append(_finding(
             "output_ids", "fail", name,

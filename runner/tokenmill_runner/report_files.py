@@ -7,7 +7,7 @@ from typing import Any
 
 import orjson
 
-from .report import DatasetLedger, Ledger, build_report
+from .report import DatasetSamples, Ledger, build_report
 from .shards import read_markers
 from .storage import Storage
 
@@ -18,9 +18,10 @@ def load_ledger(storage: Storage) -> Ledger:
     run = orjson.loads(storage.get("run.json")) if storage.exists("run.json") else {}
     names = [d["name"] for d in (run.get("spec") or {}).get("datasets", [])]
     extra = sorted({key.split("/", 1)[0] for key in storage.list("") if "/commits/" in key} - set(names))
+    rows = {name: facts.get("rows") for name, facts in (run.get("datasets") or {}).items()}
     datasets = []
     for name in names + extra:
-        ledger = DatasetLedger(name)
+        ledger = DatasetSamples(name, rows=rows.get(name))
         ledger.add_markers(read_markers(storage, name))
         datasets.append(ledger)
     return Ledger(storage.root_uri, run, datasets)

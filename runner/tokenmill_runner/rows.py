@@ -27,7 +27,7 @@ def first_reasoning_end(output_ids: list[int], end_ids: int | None | Iterable[in
 
 
 def build_row(dataset: str, prompt: Prompt, prompt_ids: list[int], generation: Generation,
-              max_new_tokens: int, info: TokenizerInfo) -> dict[str, Any]:
+              max_new_tokens: int, info: TokenizerInfo, sample_index: int = 0) -> dict[str, Any]:
     output_ids = generation.output_ids
     end_ids = [int(i) for i in info.reasoning_end_tokens] or info.reasoning_end_id
     ended = first_reasoning_end(output_ids, end_ids)
@@ -35,6 +35,7 @@ def build_row(dataset: str, prompt: Prompt, prompt_ids: list[int], generation: G
         "sample_id": prompt.sample_id,
         "dataset": dataset,
         "line": prompt.line,
+        "sample_index": sample_index,
         "prompt_ids": prompt_ids,
         "output_ids": output_ids,
         "prompt_tokens": len(prompt_ids),
@@ -50,9 +51,9 @@ def build_row(dataset: str, prompt: Prompt, prompt_ids: list[int], generation: G
     }
 
 
-def failure_record(dataset: str, prompt: Prompt, failure: GenerationFailure) -> dict[str, Any]:
+def failure_record(dataset: str, prompt: Prompt, failure: GenerationFailure, sample_index: int = 0) -> dict[str, Any]:
     error = RowError(prompt.line, prompt.sample_id, failure.reason,
-                     f"line {prompt.line} (sample {prompt.sample_id}): {failure.message}")
+                     f"line {prompt.line} (sample {prompt.sample_id}): {failure.message}", sample_index)
     return {**error.as_record(dataset), "attempts": failure.attempts}
 
 

@@ -5,9 +5,10 @@ Layout under the output root, per dataset:
     <dataset>/errors/<shard_id>.jsonl     per-sample errors recorded with this commit
     <dataset>/commits/<shard_id>.json     the commit marker, written last
 
-A shard exists for readers only once its marker exists: data first, then the marker (each write atomic). The
-marker lists the sample ids with the per-sample lengths and flags the report needs, so progress and reports never
-scan the shards. Files without a marker are leftovers of a killed worker; that worker deletes them on restart.
+A shard exists for readers only once its marker exists: data first, then errors, then the marker (each write
+atomic). The marker lists each sample's slot and id with the per-sample lengths and flags the report needs, so
+progress and reports never scan the shards. Files without a marker are leftovers of a killed worker; that worker
+deletes them on restart. `faults.py` can kill the process at each step of a commit, for the tests.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from __future__ import annotations
 import io
 import logging
 import secrets
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +26,9 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .ledger import COMMITS, ERRORS, SHARDS, ShardContent, build_marker
+from .faults import FaultPoints
+from .faults import points as fault_points
+from .ledger import COMMITS, ERRORS, SHARDS, DatasetLedger, ShardContent, build_marker
 from .storage import TMP_MARK, Storage
 
 logger = logging.getLogger(__name__)
@@ -33,6 +37,7 @@ ROW_SCHEMA = pa.schema([
     ("sample_id", pa.string()),
     ("dataset", pa.string()),
     ("line", pa.int64()),
+    ("sample_index", pa.int32()),  # which sample of the prompt: (line, sample_index) is the slot
     ("prompt_ids", pa.list_(pa.int32())),
     ("output_ids", pa.list_(pa.int32())),
     ("prompt_tokens", pa.int32()),
@@ -55,7 +60,9 @@ def new_shard_id(worker: int, sequence: int, run_token: str) -> str:
 
 
 def new_run_token() -> str:
-    return secrets.token_hex(4)
+    # 64 bits: two restarts of one worker drawing the same token would overwrite each other's markers; at 32 bits
+    # that was a 1 in 4 billion chance per pair of restarts, at 64 bits it is negligible for any run.
+    return secrets.token_hex(8)
 
 
 @dataclass
@@ -111,35 +118,61 @@ def encode_errors(errors: list[dict[str, Any]]) -> bytes:
 
 def commit_shard(storage: Storage, dataset: str, shard_id: str, worker: int, content: ShardContent) -> dict[str, Any]:
     """Write data, then errors, then the marker. A crash before the marker leaves only ignorable leftovers."""
+    faults = fault_points()
     data_bytes = 0
     if content.rows:
         data = encode_rows(content.rows)
         data_bytes = len(data)
-        storage.put(f"{dataset}/{SHARDS}/{shard_id}.parquet", data)
+        _write_step(storage, faults, "data", f"{dataset}/{SHARDS}/{shard_id}.parquet", data)
     if content.errors:
-        storage.put(f"{dataset}/{ERRORS}/{shard_id}.jsonl", encode_errors(content.errors))
+        _write_step(storage, faults, "errors", f"{dataset}/{ERRORS}/{shard_id}.jsonl", encode_errors(content.errors))
     marker = build_marker(dataset, shard_id, worker, content, data_bytes)
-    storage.put(f"{dataset}/{COMMITS}/{shard_id}.json", orjson.dumps(marker))
+    _write_step(storage, faults, "marker", f"{dataset}/{COMMITS}/{shard_id}.json", orjson.dumps(marker))
     return marker
+
+
+def _write_step(storage: Storage, faults: FaultPoints, step: str, key: str, data: bytes) -> None:
+    faults.before(step, key)
+    storage.put(key, data)
+    faults.after(step, key)
 
 
 def _shard_id_of(key: str) -> str:
     return key.rsplit("/", 1)[-1].split(".", 1)[0]
 
 
-def read_markers(storage: Storage, dataset: str, threads: int = 16) -> list[dict[str, Any]]:
-    """Every commit marker of a dataset, oldest first."""
-    keys = [key for key in storage.list(f"{dataset}/{COMMITS}/") if key.endswith(".json")]
+def marker_keys(storage: Storage, dataset: str) -> list[str]:
+    return [key for key in storage.list(f"{dataset}/{COMMITS}/") if key.endswith(".json")]
+
+
+def iter_markers(storage: Storage, keys: Iterable[str], threads: int = 16) -> Iterator[dict[str, Any]]:
+    """The markers at `keys`, read `threads` at a time and yielded in key order, holding at most a window of them
+    in memory (folding a dataset's ledger never needs them all at once)."""
     with ThreadPoolExecutor(max_workers=threads) as pool:
-        markers = list(pool.map(lambda key: orjson.loads(storage.get(key)), keys))
+        window: deque[Future[bytes]] = deque()
+        for key in keys:
+            window.append(pool.submit(storage.get, key))
+            if len(window) >= 2 * threads:
+                yield orjson.loads(window.popleft().result())
+        while window:
+            yield orjson.loads(window.popleft().result())
+
+
+def read_markers(storage: Storage, dataset: str, threads: int = 16) -> list[dict[str, Any]]:
+    """Every commit marker of a dataset, oldest first (all in memory: for the report and tests)."""
+    markers = list(iter_markers(storage, marker_keys(storage, dataset), threads))
     markers.sort(key=lambda marker: (marker["committed_at"], marker["shard_id"]))
     return markers
 
 
+def read_ledger(storage: Storage, dataset: str, rows: int = 0, threads: int = 16) -> DatasetLedger:
+    """A dataset's ledger folded from its commit markers as they are read (none is kept in memory)."""
+    return DatasetLedger(dataset, rows).fold_all(iter_markers(storage, marker_keys(storage, dataset), threads))
+
+
 def leftovers(storage: Storage, dataset: str, worker: int | None = None) -> Iterator[str]:
     """Data and error files without a commit marker (of one worker, or of all when worker is None)."""
-    markers = [key for key in storage.list(f"{dataset}/{COMMITS}/") if key.endswith(".json")]
-    committed = {_shard_id_of(key) for key in markers}
+    committed = {_shard_id_of(key) for key in marker_keys(storage, dataset)}
     prefix = "" if worker is None else f"w{worker:03d}-"
     for folder in (SHARDS, ERRORS, COMMITS):
         for key in storage.list(f"{dataset}/{folder}/"):

@@ -60,19 +60,6 @@ def read_parquet(source: str, endpoint: str | None = None, limit: int | None = N
                 yield number, row
 
 
-def count_rows(source: str, fmt: str, endpoint: str | None = None, limit: int | None = None) -> int:
-    """Rows the source will yield, for progress and ETA (a streaming pass; Parquet reads only its footer)."""
-    if fmt == "parquet" and not source.startswith("s3://"):
-        import pyarrow.parquet as pq
-
-        rows = pq.ParquetFile(source.removeprefix("file://")).metadata.num_rows
-    elif fmt == "parquet":
-        rows = sum(1 for _ in read_parquet(source, endpoint, limit))
-    else:
-        rows = sum(1 for _ in read_jsonl(source, endpoint, limit))
-    return rows if limit is None else min(rows, limit)
-
-
 def read_prompts(source: str, fmt: str, endpoint: str | None = None,
                  limit: int | None = None) -> Iterator[Prompt | RowError]:
     rows: Iterable[tuple[int, Any]] = (

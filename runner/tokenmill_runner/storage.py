@@ -1,33 +1,66 @@
 """Object storage at the edge: a local folder or an S3 prefix behind one small interface.
 
 Keys are '/'-separated paths relative to the storage root. Every `put` is atomic (a reader sees the whole object
-or nothing): local files are written to a temporary name and renamed, S3 objects appear whole on completion.
-That atomicity is what the commit protocol in `shards.py` relies on.
+or nothing) and durable: local files are written to a temporary name, fsynced, renamed, and their folder fsynced;
+S3 objects appear whole on completion. That atomicity is what the commit protocol in `shards.py` relies on.
+
+S3 has bad minutes (5xx, slow answers, connections reset mid-body). Every S3 call is retried with backoff and
+full jitter for as long as `StorageRetry.budget_s` of continuous failure allows; a body that breaks mid-read
+resumes from the byte it reached (a Range GET pinned to the object's ETag) instead of starting over. Only past the
+budget does an operation raise `StorageError`, naming the object and how long it failed: the run then stops and a
+rerun resumes from what is committed. Answers that no retry fixes (a missing object, denied access, a missing
+bucket) raise at once.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import os
+import random
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, Any, Protocol, TypeVar
 
 logger = logging.getLogger(__name__)
 
 MULTIPART_THRESHOLD = 64 * 1024 * 1024
+READ_BUFFER = 1024 * 1024
+RESUME_GRANULE = 64 * 1024
 TMP_MARK = ".tmp-"
 COPY_CHUNK = 8 * 1024 * 1024
 # Error codes that mean "no such object". A HEAD answer has no body, so botocore reports the HTTP status ("404")
 # as the code; some S3-compatible stores name it.
 MISSING_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
+# Error codes S3 and compatible stores answer when a retry later can succeed.
+TRANSIENT_CODES = frozenset({"SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable", "Throttling",
+                             "ThrottlingException", "RequestLimitExceeded", "OperationAborted", "503", "500"})
+# botocore does not retry on its own: every S3 call goes through `S3Storage.call`, whose budget alone decides how
+# long an operation keeps trying (and each retry is logged).
+BOTOCORE_ATTEMPTS = 1
+
+T = TypeVar("T")
 
 
 class StorageError(RuntimeError):
     """A storage operation failed; the message names the URI."""
+
+
+@dataclass(frozen=True)
+class StorageRetry:
+    """How long one S3 operation keeps retrying transient failures before the run stops with an error."""
+
+    budget_s: float = 600.0
+    base_delay_s: float = 0.5
+    max_delay_s: float = 20.0
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        # Full jitter: the commits and reads that failed together (a store restart) do not come back together.
+        return rng.uniform(0, min(self.max_delay_s, self.base_delay_s * 2 ** (attempt - 1)))
 
 
 class Storage(Protocol):
@@ -37,6 +70,7 @@ class Storage(Protocol):
     def put_file(self, key: str, path: Path) -> None: ...  # atomic like put; the local file may be moved
     def get(self, key: str) -> bytes: ...
     def list(self, prefix: str = "") -> Iterator[str]: ...
+    def list_sizes(self, prefix: str = "") -> Iterator[tuple[str, int]]: ...  # (key, size in bytes)
     def delete(self, key: str) -> None: ...
     def exists(self, key: str) -> bool: ...  # False only for a missing object; raises when it cannot tell
     def open_read(self, key: str) -> IO[bytes]: ...
@@ -59,6 +93,43 @@ class S3Location:
         return cls(bucket, prefix + "/" if prefix else "")
 
 
+def fsync_dir(folder: Path) -> None:
+    """Make a rename or a new entry in `folder` durable: without it a power loss can forget the entry."""
+    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def make_dirs(folder: Path) -> None:
+    """mkdir -p, fsyncing the parent of every folder it creates."""
+    missing = []
+    current = folder
+    while not current.exists():
+        missing.append(current)
+        current = current.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    for created in reversed(missing):
+        fsync_dir(created.parent)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write to a temporary name in the same folder, fsync, rename over `path`, fsync the folder."""
+    make_dirs(path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + TMP_MARK, dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
 class LocalStorage:
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root).resolve()
@@ -68,25 +139,17 @@ class LocalStorage:
         return self.root / key
 
     def put(self, key: str, data: bytes) -> None:
-        path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=path.name + TMP_MARK, dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(self._path(key), data)
 
     def put_file(self, key: str, path: Path) -> None:
         """Move (or, across file systems, copy) a finished local file into place, atomically."""
         target = self._path(key)
-        target.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(target.parent)
         try:
+            with open(path, "rb") as source:
+                os.fsync(source.fileno())
             os.replace(path, target)
+            fsync_dir(target.parent)
             return
         except OSError:
             pass  # another file system: copy to a temporary name beside the target, then rename
@@ -100,6 +163,7 @@ class LocalStorage:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+        fsync_dir(target.parent)
 
     def get(self, key: str) -> bytes:
         try:
@@ -114,6 +178,10 @@ class LocalStorage:
             raise StorageError(f"{self.uri(key)} does not exist") from None
 
     def list(self, prefix: str = "") -> Iterator[str]:
+        for key, _ in self.list_sizes(prefix):
+            yield key
+
+    def list_sizes(self, prefix: str = "") -> Iterator[tuple[str, int]]:
         base = self._path(prefix)
         folder = base if base.is_dir() else base.parent
         # A missing root must list nothing, not its parent folder.
@@ -121,8 +189,11 @@ class LocalStorage:
             return
         for path in sorted(folder.rglob("*")):
             key = path.relative_to(self.root).as_posix()
-            if path.is_file() and key.startswith(prefix):
-                yield key
+            if key.startswith(prefix) and path.is_file():
+                try:
+                    yield key, path.stat().st_size
+                except FileNotFoundError:  # removed since the listing (a temporary file renamed)
+                    continue
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
@@ -136,24 +207,59 @@ class LocalStorage:
 
 class S3Storage:
     def __init__(self, uri: str, endpoint: str | None = None, region: str | None = None,
-                 credentials: Mapping[str, str] | None = None) -> None:
+                 credentials: Mapping[str, str] | None = None, retry: StorageRetry | None = None) -> None:
         self.location = S3Location.parse(uri)
         self.root_uri = f"s3://{self.location.bucket}/{self.location.prefix}"
+        self.retry = retry or StorageRetry()
         self._client = s3_client(endpoint, region, credentials)
+        self._rng = random.Random()
 
     def _key(self, key: str) -> str:
         return self.location.prefix + key
 
-    def put(self, key: str, data: bytes) -> None:
-        import io
+    def call(self, action: str, key: str, operation: Callable[[], T]) -> T:
+        """Run one S3 operation, retrying transient failures for up to the retry budget."""
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            try:
+                return operation()
+            except Exception as error:  # botocore raises many unrelated types
+                if not is_transient(error):
+                    raise
+                attempt += 1
+                self._wait(action, key, error, attempt, started)
 
+    def _wait(self, action: str, key: str, error: Exception, attempt: int, started: float) -> None:
+        failing = time.monotonic() - started
+        if failing >= self.retry.budget_s:
+            raise StorageError(
+                f"cannot {action} {self.uri(key)}: still failing after {failing:.0f}s and {attempt} attempt(s) "
+                f"(last: {type(error).__name__}: {error}); the store is unavailable: nothing was lost, rerun to "
+                "resume from what is committed"
+            ) from error
+        delay = min(self.retry.delay(attempt, self._rng), self.retry.budget_s - failing)
+        logger.warning("%s %s failed (%s: %s); retry %d in %.1fs", action, self.uri(key), type(error).__name__,
+                       error, attempt, delay)
+        time.sleep(delay)
+
+    def put(self, key: str, data: bytes) -> None:
+        try:
+            self.call("write", key, lambda: self._put_once(key, data))
+        except StorageError:
+            raise
+        except Exception as error:
+            raise StorageError(f"cannot write {self.uri(key)}: {error}") from error
+
+    def _put_once(self, key: str, data: bytes) -> None:
+        if len(data) <= MULTIPART_THRESHOLD:
+            # One request: S3 stores the object whole or not at all, so a retry after a reset is harmless.
+            self._client.put_object(Bucket=self.location.bucket, Key=self._key(key), Body=data)
+            return
         from boto3.s3.transfer import TransferConfig
 
         config = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=MULTIPART_THRESHOLD)
-        try:
-            self._client.upload_fileobj(io.BytesIO(data), self.location.bucket, self._key(key), Config=config)
-        except Exception as error:  # botocore raises many unrelated types
-            raise StorageError(f"cannot write {self.uri(key)}: {error}") from error
+        self._client.upload_fileobj(io.BytesIO(data), self.location.bucket, self._key(key), Config=config)
 
     def put_file(self, key: str, path: Path) -> None:
         """Upload a local file (multipart above MULTIPART_THRESHOLD); the object appears whole on completion."""
@@ -161,7 +267,10 @@ class S3Storage:
 
         config = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=MULTIPART_THRESHOLD)
         try:
-            self._client.upload_file(str(path), self.location.bucket, self._key(key), Config=config)
+            self.call("write", key, lambda: self._client.upload_file(str(path), self.location.bucket, self._key(key),
+                                                                     Config=config))
+        except StorageError:
+            raise
         except Exception as error:  # botocore raises many unrelated types
             raise StorageError(f"cannot write {self.uri(key)}: {error}") from error
 
@@ -170,32 +279,67 @@ class S3Storage:
             return body.read()
 
     def open_read(self, key: str) -> IO[bytes]:
+        """A buffered reader over the object that survives broken connections: it resumes where it stopped."""
+        return io.BufferedReader(ResumableBody(self, key), buffer_size=READ_BUFFER)
+
+    def get_object(self, key: str, offset: int = 0, etag: str | None = None) -> dict[str, Any]:
+        """GetObject from `offset`, pinned to `etag` when given (a changed object fails instead of mixing)."""
+        arguments: dict[str, Any] = {"Bucket": self.location.bucket, "Key": self._key(key)}
+        if offset:
+            arguments["Range"] = f"bytes={offset}-"
+        if etag:
+            arguments["IfMatch"] = etag
         try:
-            response = self._client.get_object(Bucket=self.location.bucket, Key=self._key(key))
-        except self._client.exceptions.NoSuchKey:
-            raise StorageError(f"{self.uri(key)} does not exist") from None
+            return self.call("read", key, lambda: self._client.get_object(**arguments))
+        except StorageError:
+            raise
         except Exception as error:
+            if _is_missing(error):
+                raise StorageError(f"{self.uri(key)} does not exist") from None
+            if _error_code(error) == "PreconditionFailed":
+                raise StorageError(f"{self.uri(key)} changed while it was being read; rerun to read it again") \
+                    from error
             raise StorageError(f"cannot read {self.uri(key)}: {error}") from error
-        return response["Body"]
 
     def list(self, prefix: str = "") -> Iterator[str]:
-        paginator = self._client.get_paginator("list_objects_v2")
-        try:
-            for page in paginator.paginate(Bucket=self.location.bucket, Prefix=self._key(prefix)):
-                for item in page.get("Contents", []):
-                    yield item["Key"][len(self.location.prefix):]
-        except Exception as error:
-            raise StorageError(f"cannot list {self.uri(prefix)}: {error}") from error
+        for key, _ in self.list_sizes(prefix):
+            yield key
+
+    def list_sizes(self, prefix: str = "") -> Iterator[tuple[str, int]]:
+        # Page by page, each page retried on its own: a failure in the middle never repeats or skips keys.
+        arguments: dict[str, Any] = {"Bucket": self.location.bucket, "Prefix": self._key(prefix)}
+        while True:
+            try:
+                page = self.call("list", prefix, lambda args=dict(arguments): self._client.list_objects_v2(**args))
+            except StorageError:
+                raise
+            except Exception as error:
+                raise StorageError(f"cannot list {self.uri(prefix)}: {error}") from error
+            for item in page.get("Contents", []):
+                yield item["Key"][len(self.location.prefix):], int(item.get("Size", 0))
+            if not page.get("IsTruncated"):
+                return
+            arguments["ContinuationToken"] = page["NextContinuationToken"]
 
     def delete(self, key: str) -> None:
-        self._client.delete_object(Bucket=self.location.bucket, Key=self._key(key))
+        try:
+            self.call("delete", key, lambda: self._client.delete_object(Bucket=self.location.bucket,
+                                                                        Key=self._key(key)))
+        except StorageError:
+            raise
+        except Exception as error:
+            raise StorageError(f"cannot delete {self.uri(key)}: {error}") from error
 
     def exists(self, key: str) -> bool:
-        """Whether the object is there. Only "not found" answers no: any other failure (an unreachable endpoint,
-        denied access, a missing bucket) raises StorageError, so a store that cannot be read never looks empty."""
+        """Whether the object is there. Only "not found" answers no: any other failure (an unreachable endpoint past
+        the retry budget, denied access, a missing bucket) raises StorageError, so a store that cannot be read
+        never looks empty."""
         try:
-            self._client.head_object(Bucket=self.location.bucket, Key=self._key(key))
+            self.call("look up", key, lambda: self._client.head_object(Bucket=self.location.bucket,
+                                                                       Key=self._key(key)))
             return True
+        except StorageError:
+            raise
         except Exception as error:  # botocore raises many unrelated types
             if not _is_missing(error):
                 raise StorageError(f"cannot tell whether {self.uri(key)} exists: {error}") from error
@@ -205,7 +349,9 @@ class S3Storage:
     def _check_bucket(self) -> None:
         # An object HEAD in a bucket that does not exist is a bare 404 as well: ask the bucket before saying no.
         try:
-            self._client.head_bucket(Bucket=self.location.bucket)
+            self.call("look up bucket of", "", lambda: self._client.head_bucket(Bucket=self.location.bucket))
+        except StorageError:
+            raise
         except Exception as error:
             if _is_missing(error):
                 raise StorageError(f"bucket {self.location.bucket!r} of {self.root_uri} does not exist") from error
@@ -215,9 +361,107 @@ class S3Storage:
         return f"s3://{self.location.bucket}/{self._key(key)}"
 
 
-def _is_missing(error: Exception) -> bool:
+class ResumableBody(io.RawIOBase):
+    """An S3 object's body read as a stream; when the connection breaks mid-body (a reset, a truncated answer), it
+    reopens the object from the byte it reached, pinned to the ETag of the first answer. Failures are retried for
+    up to the storage's retry budget, counted from the last byte that arrived."""
+
+    def __init__(self, storage: S3Storage, key: str) -> None:
+        super().__init__()
+        self.storage = storage
+        self.key = key
+        self.offset = 0
+        self.resumes = 0
+        response = storage.get_object(key)
+        self.size = int(response.get("ContentLength", 0))
+        self.etag = response.get("ETag")
+        self._body = response["Body"]
+        self._failing_since: float | None = None
+        self._attempt = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        while True:
+            if self.offset >= self.size:
+                return 0
+            try:
+                # Small reads: what arrived before a break is kept (a read that fails returns nothing).
+                chunk = self._body.read(min(len(view), self.size - self.offset, RESUME_GRANULE))
+            except Exception as error:  # botocore and urllib3 raise many unrelated types
+                if not is_transient(error):
+                    raise StorageError(f"cannot read {self.storage.uri(self.key)}: {error}") from error
+                self._resume(error)
+                continue
+            if not chunk:  # the server closed before Content-Length bytes arrived
+                self._resume(ConnectionError(f"body ended at byte {self.offset} of {self.size}"))
+                continue
+            view[:len(chunk)] = chunk
+            self.offset += len(chunk)
+            self._failing_since, self._attempt = None, 0
+            return len(chunk)
+
+    def _resume(self, error: Exception) -> None:
+        if self._failing_since is None:
+            self._failing_since = time.monotonic()
+        self._attempt += 1
+        self.storage._wait(f"read (at byte {self.offset} of {self.size})", self.key, error, self._attempt,
+                           self._failing_since)
+        self._close_body()
+        self.resumes += 1
+        response = self.storage.get_object(self.key, self.offset, self.etag)
+        self._body = response["Body"]
+
+    def _close_body(self) -> None:
+        try:
+            self._body.close()
+        except Exception:  # noqa: BLE001 - a broken connection may fail to close; it is dropped either way
+            pass
+
+    def close(self) -> None:
+        if not self.closed:
+            self._close_body()
+        super().close()
+
+
+def _error_code(error: Exception) -> str | None:
     response = getattr(error, "response", None)  # botocore's ClientError carries the parsed answer
-    return isinstance(response, dict) and str((response.get("Error") or {}).get("Code")) in MISSING_CODES
+    if not isinstance(response, dict):
+        return None
+    code = (response.get("Error") or {}).get("Code")
+    return None if code is None else str(code)
+
+
+def _status(error: Exception) -> int | None:
+    response = getattr(error, "response", None)
+    if not isinstance(response, dict):
+        return None
+    status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+    return int(status) if isinstance(status, int) else None
+
+
+def _is_missing(error: Exception) -> bool:
+    return _error_code(error) in MISSING_CODES
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether a later attempt of the same S3 operation can succeed: connection errors, resets and timeouts,
+    truncated bodies, 5xx and throttling. Not: a missing object, denied access, TLS certificate errors."""
+    from botocore import exceptions as boto
+    from urllib3 import exceptions as urllib3
+
+    if isinstance(error, boto.SSLError | urllib3.SSLError):
+        return False
+    if isinstance(error, boto.HTTPClientError | boto.ConnectionError | boto.IncompleteReadError):
+        return True
+    if isinstance(error, urllib3.ProtocolError | urllib3.TimeoutError | urllib3.IncompleteRead):
+        return True
+    if isinstance(error, ConnectionError | TimeoutError):  # the builtins (resets, broken pipes)
+        return True
+    status = _status(error)
+    return _error_code(error) in TRANSIENT_CODES or (status is not None and (status >= 500 or status == 429))
 
 
 def s3_client(endpoint: str | None = None, region: str | None = None,
@@ -227,7 +471,8 @@ def s3_client(endpoint: str | None = None, region: str | None = None,
     from botocore.config import Config
 
     # Path-style addressing works with every S3-compatible store; virtual-host style needs DNS per bucket.
-    config = Config(s3={"addressing_style": "path"}, retries={"max_attempts": 8, "mode": "standard"})
+    config = Config(s3={"addressing_style": "path"}, retries={"max_attempts": BOTOCORE_ATTEMPTS, "mode": "standard"},
+                    connect_timeout=10, read_timeout=60)
     return boto3.client(
         "s3",
         endpoint_url=endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"),
@@ -240,12 +485,27 @@ def s3_client(endpoint: str | None = None, region: str | None = None,
 
 
 def open_storage(uri: str, endpoint: str | None = None, region: str | None = None,
-                 credentials: Mapping[str, str] | None = None) -> Storage:
+                 credentials: Mapping[str, str] | None = None, retry: StorageRetry | None = None) -> Storage:
     if uri.startswith("s3://"):
-        return S3Storage(uri, endpoint, region, credentials)
+        return S3Storage(uri, endpoint, region, credentials, retry or retry_from_env())
     if uri.startswith("file://"):
         uri = uri[len("file://"):]
     return LocalStorage(uri)
+
+
+STORAGE_RETRY_ENV = "TOKENMILL_STORAGE_RETRY_SECONDS"
+
+
+def retry_from_env() -> StorageRetry:
+    """The retry budget, from $TOKENMILL_STORAGE_RETRY_SECONDS when set (tests shorten it; default 600 s)."""
+    value = os.environ.get(STORAGE_RETRY_ENV)
+    if not value:
+        return StorageRetry()
+    try:
+        budget = float(value)
+    except ValueError:
+        raise StorageError(f"{STORAGE_RETRY_ENV}={value!r} is not a number of seconds") from None
+    return StorageRetry(budget_s=budget)
 
 
 def split_uri(uri: str) -> tuple[str, str]:

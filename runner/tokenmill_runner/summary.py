@@ -1,23 +1,45 @@
-"""The closing summary of a run, per dataset: what the pipeline reports when it ends, and its lines. Pure."""
+"""The closing summary of a run, per dataset: what the pipeline reports when it ends, its lines, and the exit code
+that says how it ended. Pure."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+
+# `tokenmill run` exit codes (README "Exit codes"; the operator's Job failure policy relies on them).
+EXIT_OK = 0  # every slot has a final outcome, and none was given up
+EXIT_FAILED = 1  # an error stopped the run (the message says which); a rerun resumes from what is committed
+EXIT_USAGE = 2  # a bad command line or spec: no retry can succeed
+EXIT_GIVEN_UP = 3  # finished, but samples were given up for a server-side reason: rerun with --retry-failed
+EXIT_SERVERS_UNAVAILABLE = 4  # no server was live for longer than the outage budget; nothing was written off
+EXIT_INTERRUPTED = 130  # SIGINT/SIGTERM: finished samples committed, the rest is redone on resume
+
+RETRY_HINT = ("run again with `tokenmill run --retry-failed` (on a cluster: annotate the DatasetGeneration "
+              "tokenmill.io/retry-failed=<a new value>, or set spec.runner.retryFailed: true)")
 
 
 @dataclass(frozen=True)
 class DatasetSummary:
     name: str
-    rows: int
-    skipped: int
+    rows: int  # this worker's rows of the source
+    skipped: int  # slots with a final outcome before this run
     generated: int
-    failed: dict[str, int]
+    failed: dict[str, int]  # this run's failures by reason
     completion_tokens: int
     truncated: int
     median_completion: float | None
     mean_completion: float | None
     max_completion: int | None
+    given_up: dict[str, int]  # this worker's slots given up (earlier runs' included), by reason
+
+    @property
+    def done(self) -> int:
+        return self.skipped + self.generated + sum(self.failed.values())
+
+    @property
+    def without_outcome(self) -> int:
+        return max(self.rows - self.done, 0)
 
 
 @dataclass(frozen=True)
@@ -29,6 +51,36 @@ class RunSummary:
     interrupted: bool
     concurrency: int
     context_length: int
+    servers_unavailable: str | None = None  # why the run stopped waiting for a live server, if it did
+
+    @property
+    def given_up(self) -> Counter[str]:
+        total: Counter[str] = Counter()
+        for dataset in self.datasets:
+            total.update(dataset.given_up)
+        return total
+
+    @property
+    def without_outcome(self) -> int:
+        return sum(d.without_outcome for d in self.datasets)
+
+
+def exit_code(summary: RunSummary) -> int:
+    if summary.interrupted:
+        return EXIT_INTERRUPTED
+    if summary.servers_unavailable is not None:
+        return EXIT_SERVERS_UNAVAILABLE
+    if summary.without_outcome:
+        return EXIT_FAILED
+    if summary.given_up:
+        return EXIT_GIVEN_UP
+    return EXIT_OK
+
+
+def given_up_line(given_up: Counter[str] | dict[str, int]) -> str:
+    reasons = ", ".join(f"{reason} {count}" for reason, count in sorted(given_up.items(), key=lambda i: (-i[1], i[0])))
+    total = sum(given_up.values())
+    return f"{total} sample{'s' if total != 1 else ''} given up: {reasons}; {RETRY_HINT}"
 
 
 def iter_summary_lines(summary: RunSummary) -> Iterator[str]:
@@ -45,3 +97,17 @@ def iter_summary_lines(summary: RunSummary) -> Iterator[str]:
     yield (f"{summary.retries} retries, concurrency {summary.concurrency}, context length "
            f"{summary.context_length}, {summary.elapsed_s:.1f}s")
     yield f"output: {summary.output_uri}"
+    yield from _ending_lines(summary)
+
+
+def _ending_lines(summary: RunSummary) -> Iterator[str]:
+    missing = summary.without_outcome
+    if summary.servers_unavailable is not None:
+        yield (f"stopped: {summary.servers_unavailable}. Nothing was written off: {missing} samples are not done "
+               "yet; run again (a restarted Job pod does) to continue once a server is up")
+    elif summary.interrupted:
+        yield f"interrupted: {missing} samples are not done yet; run again to continue"
+    elif missing:
+        yield f"error: {missing} lines have no outcome although the stream ended; run again to continue"
+    if summary.given_up:
+        yield given_up_line(summary.given_up)

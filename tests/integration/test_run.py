@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import random
-import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -246,44 +243,6 @@ def test_runner_metrics_count_what_happened(tmp_path, demo_model):
     assert value("tokenmill_runner_samples_remaining", labels) == 0
     assert value("tokenmill_runner_in_flight_requests", {"dsgen": "m", "namespace": "ns", "worker": "0"}) == 0
     assert value("tokenmill_runner_request_latency_seconds_count", labels) == len(good)
-
-
-def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path, demo_model):
-    from tokenmill_sim.config import SimConfig
-    from tokenmill_sim.server import SimServer
-
-    rows, expected_errors, good = malformed_rows()
-    rows += [chat(i) for i in range(100, 260)]
-    good |= {f"s{i:04d}" for i in range(100, 260)}
-    write_jsonl(tmp_path / "p.jsonl", rows)
-    spec = write_spec(tmp_path / "spec.yaml", spec_document(
-        demo_model, [{"name": "p", "source": "p.jsonl"}], "out", server={"contextLength": 4096},
-        runner={"concurrency": 24, "shardMaxSamples": 7, "shardMaxSeconds": 1}))
-    out = tmp_path / "out"
-    rng = random.Random(20261129)
-    kills = []
-    command = [sys.executable, "-m", "tokenmill_runner.cli", "-q", "run", str(spec), "--out", str(out)]
-    with SimServer(SimConfig(model_path=str(demo_model), time_scale=150.0, max_running_requests=16)) as server:
-        command += ["--server", server.url]
-        for _ in range(6):
-            process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            delay = rng.uniform(1.0, 5.0)
-            time.sleep(delay)
-            if process.poll() is not None:
-                break
-            process.send_signal(signal.SIGKILL)
-            process.wait()
-            kills.append(round(delay, 2))
-        final = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert final.returncode == 0, final.stderr[-3000:]
-    assert len(kills) >= 3, f"the run finished before it could be killed enough ({kills})"
-    storage = open_storage(str(out))
-    assert_exactly_once(storage, "p", good)
-    errors = committed_errors(storage, "p")
-    assert sorted(e["line"] for e in errors) == sorted(expected_errors), "each bad line recorded exactly once"
-    assert not list(leftovers(storage, "p")), "leftovers of killed runs are cleaned up"
-    assert not [p for p in out.rglob("*") if ".tmp-" in p.name]
-    print(f"killed at {kills} s after start", file=sys.stderr)
 
 
 def tokenmill(*args: str) -> subprocess.CompletedProcess:

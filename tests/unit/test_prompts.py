@@ -4,7 +4,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from tokenmill_runner.prompts import Prompt, RowError, belongs_to_worker, parse_line
-from tokenmill_runner.sources import count_rows, read_prompts
+from tokenmill_runner.scan import scan_source
+from tokenmill_runner.sources import read_prompts
 
 
 def line(obj) -> bytes:
@@ -65,7 +66,7 @@ def test_jsonl_streams_with_blank_lines_and_limit(tmp_path):
     items = list(read_prompts(str(path), "jsonl"))
     assert [p.line for p in items] == [1, 3, 4, 5, 6]
     assert [p.sample_id for p in read_prompts(str(path), "jsonl", limit=2)] == ["0", "1"]
-    assert count_rows(str(path), "jsonl") == 5 and count_rows(str(path), "jsonl", limit=3) == 3
+    assert scan_source(str(path), "jsonl").rows == 5 and scan_source(str(path), "jsonl", limit=3).rows == 3
 
 
 def test_parquet_rows_with_json_string_tools(tmp_path):
@@ -79,7 +80,7 @@ def test_parquet_rows_with_json_string_tools(tmp_path):
     items = list(read_prompts(str(path), "parquet"))
     assert [p.sample_id for p in items] == ["a", "b"]
     assert items[0].tools == [{"type": "function", "function": {"name": "f"}}] and items[1].tools is None
-    assert count_rows(str(path), "parquet") == 2
+    assert scan_source(str(path), "parquet").rows == 2
 
 
 def test_workers_split_samples_without_overlap():

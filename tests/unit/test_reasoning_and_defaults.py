@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from tests.reference.families import FIXTURES
-from tokenmill_runner.report import DatasetLedger, dataset_report
+from tokenmill_runner.report import DatasetSamples, dataset_report
 from tokenmill_runner.rows import first_reasoning_end
 from tokenmill_runner.sampling_defaults import apply_model_defaults, model_sampling_defaults
 from tokenmill_runner.spec import DatasetGenerationSpec, SamplingSpec
@@ -21,7 +21,7 @@ def test_the_first_end_token_in_the_output_ends_reasoning() -> None:
 
 
 def test_report_counts_reasoning_ended_by_any_token_and_splits_by_token() -> None:
-    ledger = DatasetLedger("B1_glaive")
+    ledger = DatasetSamples("B1_glaive")
     samples = {"sample_id": ["a", "b", "c", "d"], "line": [1, 2, 3, 4], "prompt_tokens": [5] * 4,
                "completion_tokens": [10, 10, 10, 10], "finish_reason": ["stop", "stop", "stop", "length"],
                "matched_stop": [4, 4, 4, None], "reasoning_end": [3, 6, 2, None],
@@ -35,7 +35,7 @@ def test_report_counts_reasoning_ended_by_any_token_and_splits_by_token() -> Non
 
 
 def test_markers_without_the_end_token_column_still_load() -> None:
-    ledger = DatasetLedger("old")
+    ledger = DatasetSamples("old")
     samples = {"sample_id": ["a"], "line": [1], "prompt_tokens": [5], "completion_tokens": [3],
                "finish_reason": ["stop"], "matched_stop": [4], "reasoning_end": [1], "has_tool_call": [False],
                "max_new_tokens": [10], "latency_s": [1.0]}

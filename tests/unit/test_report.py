@@ -202,3 +202,61 @@ def test_report_files_one_png_per_dataset(crafted, tmp_path):
     markdown = crafted.get("report/report.md").decode()
     assert "| glaive | 400 |" in markdown and "![glaive.png](glaive.png)" in markdown
     assert report["overall"]["completion_tokens"]["count"] == 450
+
+
+def run_json_with_rows(rows: dict[str, int]) -> dict:
+    run = run_json(list(rows))
+    run["datasets"] = {name: {"rows": count} for name, count in rows.items()}
+    return run
+
+
+def healthy_rows(dataset: str, lines: range) -> list[dict]:
+    # Lengths in no particular order: a run that looks fine but for the check under test (no order drift).
+    return [make_row(dataset, i, random.Random(i).randint(200, 3000), 8192, reasoning=50) for i in lines]
+
+
+def failure(dataset: str, line: int, reason: str) -> dict:
+    return {"dataset": dataset, "line": line, "sample_index": 0, "sample_id": f"{dataset}-{line - 1}",
+            "reason": reason, "message": f"line {line}: {reason}"}
+
+
+def test_a_half_done_run_fails_against_the_run_json_totals(tmp_path):
+    # Before, the verdict ignored run.json's totals: 200 of 300 lines committed, and the report passed.
+    storage = LocalStorage(tmp_path)
+    storage.put("run.json", orjson.dumps(run_json_with_rows({"ok": 300})))
+    commit_rows(storage, "ok", healthy_rows("ok", range(200)))
+    report = build_report(load_ledger(storage))
+    assert report["verdict"] == "fail" and report["datasets"]["ok"]["without_outcome"] == 100
+    [finding] = [f for f in report["findings"] if f["check"] == "complete"]
+    assert finding["message"].startswith("ok: 100 of 300 source lines have no outcome yet (200 samples and 0 errors")
+    assert report["overall"]["rows"] == 300 and report["overall"]["without_outcome"] == 100
+
+    commit_shard(storage, "ok", "w000-u-000001", 0, ShardContent(healthy_rows("ok", range(200, 300)), []))
+    done = build_report(load_ledger(storage))
+    assert done["verdict"] == "pass", done["findings"]
+
+
+def test_given_up_samples_fail_the_report_apart_from_input_errors(tmp_path):
+    storage = LocalStorage(tmp_path)
+    storage.put("run.json", orjson.dumps(run_json_with_rows({"ok": 322})))
+    commit_rows(storage, "ok", healthy_rows("ok", range(300)), errors=[
+        *(failure("ok", line, "retries_exhausted") for line in range(301, 318)),
+        *(failure("ok", line, "bad_response") for line in range(318, 321)),
+        failure("ok", 321, "invalid_json"), failure("ok", 322, "prompt_too_long")])
+    report = build_report(load_ledger(storage))
+    got = report["datasets"]["ok"]
+    assert (got["errors"], got["input_errors"], got["given_up"]) == (22, 2, 20)
+    assert got["given_up_by_reason"] == {"bad_response": 3, "retries_exhausted": 17}
+    assert got["error_share"] == pytest.approx(2 / 322) and got["without_outcome"] == 0
+    assert report["verdict"] == "fail"
+    [finding] = [f for f in report["findings"] if f["level"] != "pass"]
+    assert finding["check"] == "given_up" and finding["value"] == 20
+    assert "20 samples given up for a server-side reason (bad_response 3, retries_exhausted 17)" in finding["message"]
+    assert "--retry-failed" in finding["message"]
+
+    # `--retry-failed` generated them: each line counts once, by its last outcome.
+    retried = [make_row("ok", line - 1, 300, 8192, reasoning=50) for line in range(301, 321)]
+    commit_shard(storage, "ok", "w000-r-000001", 0, ShardContent(retried, []))
+    after = build_report(load_ledger(storage))
+    assert after["datasets"]["ok"]["given_up"] == 0 and after["datasets"]["ok"]["samples"] == 320
+    assert after["verdict"] == "pass", after["findings"]

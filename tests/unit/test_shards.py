@@ -1,10 +1,19 @@
-from tokenmill_runner.ledger import ShardContent, committed_index
-from tokenmill_runner.shards import ShardBuffer, commit_shard, decode_rows, leftovers, read_committed_rows, read_markers
+from tokenmill_runner.ledger import MARKER_VERSION, ShardContent, Slot
+from tokenmill_runner.shards import (
+    ShardBuffer,
+    commit_shard,
+    decode_rows,
+    leftovers,
+    new_run_token,
+    read_committed_rows,
+    read_ledger,
+    read_markers,
+)
 from tokenmill_runner.storage import LocalStorage
 
 
 def row(i: int, dataset: str = "d") -> dict:
-    return {"sample_id": f"s{i}", "dataset": dataset, "line": i + 1, "prompt_ids": [1, 2, 3],
+    return {"sample_id": f"s{i}", "dataset": dataset, "line": i + 1, "sample_index": 0, "prompt_ids": [1, 2, 3],
             "output_ids": [5] * i + [9], "prompt_tokens": 3, "completion_tokens": i + 1,
             "finish_reason": "stop", "matched_stop": 9, "reasoning_end": None if i % 2 else 0,
             "reasoning_end_token_id": None if i % 2 else 5,
@@ -12,7 +21,8 @@ def row(i: int, dataset: str = "d") -> dict:
 
 
 def error(line: int) -> dict:
-    return {"dataset": "d", "line": line, "sample_id": None, "reason": "invalid_json", "message": f"line {line}"}
+    return {"dataset": "d", "line": line, "sample_index": 0, "sample_id": None, "reason": "invalid_json",
+            "message": f"line {line}"}
 
 
 def test_buffer_rolls_by_count():
@@ -42,13 +52,15 @@ def test_rows_and_markers_round_trip(tmp_path):
     rows = decode_rows(storage.get("d/shards/w000-abc-000001.parquet"))
     assert rows == content.rows
     [read] = read_markers(storage, "d")
-    assert read == marker
+    assert read == marker and read["version"] == MARKER_VERSION == 2
     assert read["samples"]["sample_id"] == ["s0", "s1", "s2", "s3"]
+    assert read["samples"]["line"] == [1, 2, 3, 4] and read["samples"]["sample_index"] == [0, 0, 0, 0]
     assert read["samples"]["completion_tokens"] == [1, 2, 3, 4]
     assert read["samples"]["reasoning_end"] == [0, None, 0, None]
-    assert read["failed"] == {"line": [10], "sample_id": [None], "reason": ["invalid_json"]}
-    index = committed_index([read])
-    assert index.is_done(99, "s2") and index.is_done(10, None) and not index.is_done(11, "s9")
+    assert read["failed"] == {"line": [10], "sample_index": [0], "sample_id": [None], "reason": ["invalid_json"]}
+    ledger = read_ledger(storage, "d", rows=10)
+    assert ledger.is_done(Slot(3)) and ledger.is_done(Slot(10)) and not ledger.is_done(Slot(5))
+    assert ledger.completed == 4 and ledger.final_failures() == {"invalid_json": 1}
     assert list(read_committed_rows(storage, "d")) == content.rows
 
 
@@ -65,19 +77,24 @@ def test_uncommitted_files_are_leftovers_of_their_worker_only(tmp_path):
 
 
 def test_a_retried_line_counts_once_by_its_last_outcome(tmp_path):
-    from tokenmill_runner.ledger import committed_index, effective_failures
-
     storage = LocalStorage(tmp_path)
-    outage = [{"dataset": "d", "line": n, "sample_id": f"s{n - 1}", "reason": "retries_exhausted",
+    outage = [{"dataset": "d", "line": n, "sample_index": 0, "sample_id": f"s{n - 1}", "reason": "retries_exhausted",
                "message": "server down"} for n in (2, 3)]
-    bad = {"dataset": "d", "line": 9, "sample_id": None, "reason": "invalid_json", "message": "line 9"}
+    bad = {"dataset": "d", "line": 9, "sample_index": 0, "sample_id": None, "reason": "invalid_json",
+           "message": "line 9"}
     commit_shard(storage, "d", "w000-a-000001", 0, ShardContent([row(0)], [*outage, bad]))
-    first = read_markers(storage, "d")
-    index = committed_index(first)
-    assert effective_failures(first) == {2: "retries_exhausted", 3: "retries_exhausted", 9: "invalid_json"}
-    assert index.is_done(2, "s1") and index.is_done(9, None)  # a plain resume skips recorded failures
-    assert not index.is_done(2, "s1", retry_failed=True) and index.is_done(9, None, retry_failed=True)
+    first = read_ledger(storage, "d")
+    assert dict(first.failed_slots()) == {Slot(2): "retries_exhausted", Slot(3): "retries_exhausted",
+                                         Slot(9): "invalid_json"}
+    assert first.is_done(Slot(2)) and first.is_done(Slot(9))  # a plain resume skips recorded failures
+    assert not first.is_done(Slot(2), retry_failed=True) and first.is_done(Slot(9), retry_failed=True)
     commit_shard(storage, "d", "w000-b-000001", 0, ShardContent([row(1)], [outage[1]]))  # line 2 ok, 3 failed again
-    after = read_markers(storage, "d")
-    assert effective_failures(after) == {3: "retries_exhausted", 9: "invalid_json"}
-    assert committed_index(after).errors == 2 and committed_index(after).rows == 2
+    after = read_ledger(storage, "d")
+    assert dict(after.failed_slots()) == {Slot(3): "retries_exhausted", Slot(9): "invalid_json"}
+    assert after.failed == 2 and after.completed == 2 and after.given_up() == {"retries_exhausted": 1}
+
+
+def test_run_tokens_are_64_bit_and_distinct():
+    tokens = {new_run_token() for _ in range(1000)}
+    assert len(tokens) == 1000 and {len(t) for t in tokens} == {16}
+    assert all(int(t, 16) >= 0 for t in tokens)

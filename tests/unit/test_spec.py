@@ -125,7 +125,7 @@ def test_auto_concurrency_fills_the_servers_and_keeps_a_queue():
 
 
 def test_datasets_run_longest_expected_first():
-    from tokenmill_runner.ledger import CommittedIndex
+    from tokenmill_runner.ledger import DatasetLedger
     from tokenmill_runner.pipeline import DatasetState
     from tokenmill_runner.prepare import expected_output_tokens
     from tokenmill_runner.shards import ShardBuffer
@@ -134,9 +134,11 @@ def test_datasets_run_longest_expected_first():
 
     def state(index: int, rows: int = 0, tokens: int = 0) -> DatasetState:
         dataset = spec.datasets[index]
-        committed = CommittedIndex(rows=rows, completion_tokens=tokens)
-        return DatasetState(spec=dataset, index=index, sampling=spec.sampling_for(dataset), committed=committed,
-                            buffer=ShardBuffer(1, 1), expected_rows=10)
+        ledger = DatasetLedger(dataset.name, 100)
+        ledger.fold({"shard_id": "w000-a-000001", "failed": {"line": [], "reason": []}, "samples": {
+            "line": list(range(1, rows + 1)), "completion_tokens": [tokens // rows if rows else 0] * rows}})
+        return DatasetState(spec=dataset, index=index, sampling=spec.sampling_for(dataset), ledger=ledger,
+                            buffer=ShardBuffer(1, 1), rows=10)
 
     assert expected_output_tokens(state(0)) == 0.15 * 32768  # nothing seen yet: a share of the cap
     assert expected_output_tokens(state(1)) == 0.15 * 1000

@@ -1,0 +1,91 @@
+"""Test-only fault points in the commit protocol: the runner SIGKILLs itself at a chosen step of a chosen commit.
+
+Tests set `TOKENMILL_FAULT` to kill the runner exactly between two writes of the protocol (data, then errors, then
+the marker) instead of at a wall-clock moment that may fall anywhere:
+
+    TOKENMILL_FAULT=kill-after:data:3      SIGKILL right after this process's 3rd shard data write
+    TOKENMILL_FAULT=kill-after:errors:1    ... right after its 1st error-file write (before that shard's marker)
+    TOKENMILL_FAULT=kill-before:marker:2   ... right before its 2nd marker write
+    TOKENMILL_FAULT=kill-after:marker:5,kill-before:data:9   several rules: the first one reached fires
+
+Steps are `data`, `errors` and `marker`; counts are per step and per process (`before:N` is the N-th write of
+that step to start, `after:N` the N-th to finish). Unset (always, in production) every fault point is a no-op.
+The process announces the point and the object it concerns on stderr before it dies, so a test can tell it fired
+and check what the store holds at that moment.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+
+FAULT_ENV = "TOKENMILL_FAULT"
+STEPS = ("data", "errors", "marker")
+_RULE = re.compile(r"kill-(before|after):(data|errors|marker):([1-9][0-9]*)")
+
+
+@dataclass(frozen=True)
+class FaultRule:
+    moment: str  # before | after
+    step: str  # data | errors | marker
+    count: int  # the n-th write of that step in this process
+
+    def __str__(self) -> str:
+        return f"kill-{self.moment}:{self.step}:{self.count}"
+
+
+def parse_rules(text: str) -> list[FaultRule]:
+    rules = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        match = _RULE.fullmatch(part)
+        if not match:
+            raise ValueError(f"{FAULT_ENV}: {part!r} is not kill-before|after:data|errors|marker:N (N >= 1)")
+        rules.append(FaultRule(match.group(1), match.group(2), int(match.group(3))))
+    return rules
+
+
+class FaultPoints:
+    """Counts the protocol's writes per step and kills the process where a rule says."""
+
+    def __init__(self, rules: list[FaultRule]) -> None:
+        self.rules = rules
+        # Writes started and finished, counted apart: commits run in parallel threads, so the N-th write can start
+        # before the (N-1)-th has finished.
+        self._counts = {(moment, step): 0 for moment in ("before", "after") for step in STEPS}
+        self._lock = threading.Lock()
+
+    def before(self, step: str, key: str) -> None:
+        self._reach("before", step, key)
+
+    def after(self, step: str, key: str) -> None:
+        self._reach("after", step, key)
+
+    def _reach(self, moment: str, step: str, key: str) -> None:
+        if self.rules:
+            with self._lock:
+                self._counts[moment, step] += 1
+                self._check(moment, step, self._counts[moment, step], key)
+
+    def _check(self, moment: str, step: str, count: int, key: str) -> None:
+        for rule in self.rules:
+            if (rule.moment, rule.step, rule.count) == (moment, step, count):
+                sys.stderr.write(f"{FAULT_ENV}: {rule} reached at {key}, killing the runner (SIGKILL)\n")
+                sys.stderr.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
+
+
+_points: FaultPoints | None = None
+_points_lock = threading.Lock()
+
+
+def points() -> FaultPoints:
+    """This process's fault points, read from the environment once (one set of counters for every thread)."""
+    global _points
+    with _points_lock:
+        if _points is None:
+            _points = FaultPoints(parse_rules(os.environ.get(FAULT_ENV, "")))
+        return _points

@@ -1,0 +1,106 @@
+"""The counting pass over a prompt source, before any request: its rows, this worker's rows, and its duplicate ids.
+
+The source is streamed once and each row parsed as the stream will parse it. The (id hash, line) pairs of this
+worker's valid rows are spooled into `BUCKETS` temporary files by the hash's top bits; each bucket is then resolved
+on its own (`duplicates.repeated_ids`), so memory stays bounded by one bucket (16 bytes per row / BUCKETS) and
+the temporary files take 16 bytes per row (160 MB at 10 million rows, under $TMPDIR).
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+from .duplicates import PAIR, DuplicateIds, repeated_ids
+from .prompts import Prompt, belongs_to_worker, id_hash
+from .sources import read_prompts
+
+logger = logging.getLogger(__name__)
+
+BUCKET_BITS = 6
+BUCKETS = 1 << BUCKET_BITS
+FLUSH_ROWS = 1 << 16
+
+
+@dataclass(frozen=True)
+class SourceScan:
+    rows: int  # rows the source yields (after the dataset's limit), every worker's
+    worker_rows: int  # of them, the rows this worker generates or records
+    duplicates: DuplicateIds  # ids on several lines among this worker's rows
+
+
+class PairSpool:
+    """(id hash, line) pairs spooled to bucket files by the hash's top bits, resolved bucket by bucket."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._hashes = array("Q")
+        self._lines = array("q")
+        self._files: dict[int, BinaryIO] = {}
+
+    def add(self, key: int, line: int) -> None:
+        self._hashes.append(key)
+        self._lines.append(line)
+        if len(self._hashes) >= FLUSH_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._hashes:
+            return
+        pairs = np.empty(len(self._hashes), PAIR)
+        pairs["hash"] = np.frombuffer(self._hashes, dtype=np.uint64)
+        pairs["line"] = np.frombuffer(self._lines, dtype=np.int64)
+        buckets = (pairs["hash"] >> np.uint64(64 - BUCKET_BITS)).astype(np.int64)
+        order = np.argsort(buckets, kind="stable")
+        pairs, buckets = pairs[order], buckets[order]
+        bounds = np.searchsorted(buckets, np.arange(BUCKETS + 1))
+        for bucket in range(BUCKETS):
+            start, end = int(bounds[bucket]), int(bounds[bucket + 1])
+            if start < end:
+                self._file(bucket).write(pairs[start:end].tobytes())
+        self._hashes, self._lines = array("Q"), array("q")
+
+    def _file(self, bucket: int) -> BinaryIO:
+        if bucket not in self._files:
+            self._files[bucket] = (self.folder / f"ids-{bucket:02d}.bin").open("wb")
+        return self._files[bucket]
+
+    def resolve(self) -> DuplicateIds:
+        self._flush()
+        resolved = []
+        for bucket, handle in sorted(self._files.items()):
+            handle.close()
+            pairs = np.fromfile(self.folder / f"ids-{bucket:02d}.bin", dtype=PAIR)
+            hashes, lines = repeated_ids(pairs)
+            if hashes.size:
+                resolved.append((hashes, lines))
+        self._files.clear()
+        return DuplicateIds.from_buckets(resolved)
+
+
+def scan_source(source: str, fmt: str, endpoint: str | None = None, limit: int | None = None,
+                worker_index: int = 0, worker_count: int = 1) -> SourceScan:
+    """Count the source's rows and this worker's, and find the ids that occur on more than one valid line."""
+    rows = worker_rows = 0
+    with tempfile.TemporaryDirectory(prefix="tokenmill-ids-") as folder:
+        spool = PairSpool(Path(folder))
+        for item in read_prompts(source, fmt, endpoint, limit):
+            rows += 1
+            if not belongs_to_worker(item, worker_index, worker_count):
+                continue
+            worker_rows += 1
+            # Only rows that would be generated take part: a bad row with an id does not make a later good row
+            # with the same id a duplicate (it is recorded for what is wrong with it).
+            if isinstance(item, Prompt):
+                spool.add(id_hash(item.sample_id), item.line)
+        duplicates = spool.resolve()
+    if len(duplicates):
+        logger.info("%s: %d sample ids occur on more than one line; later lines are recorded as duplicates",
+                    source, len(duplicates))
+    return SourceScan(rows, worker_rows, duplicates)

@@ -1,0 +1,71 @@
+"""The commit protocol's fault points kill the process exactly at the named step, leaving what that step implies."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tokenmill_runner.faults import FAULT_ENV, FaultRule, parse_rules
+from tokenmill_runner.storage import LocalStorage
+
+# Three commits of one shard each: rows and errors in every one.
+COMMITS = """
+import sys
+from tokenmill_runner.ledger import ShardContent
+from tokenmill_runner.shards import commit_shard
+from tokenmill_runner.storage import LocalStorage
+
+storage = LocalStorage(sys.argv[1])
+for n in (1, 2, 3):
+    row = {"sample_id": f"s{n}", "dataset": "d", "line": n, "sample_index": 0, "prompt_ids": [1],
+           "output_ids": [2], "prompt_tokens": 1, "completion_tokens": 1, "finish_reason": "stop"}
+    error = {"dataset": "d", "line": 10 + n, "sample_index": 0, "sample_id": None, "reason": "invalid_json",
+             "message": "x"}
+    commit_shard(storage, "d", f"w000-t-{n:06d}", 0, ShardContent([row], [error]))
+    print(f"committed {n}", flush=True)
+"""
+
+
+def commit_three(tmp_path, rule: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", COMMITS, str(tmp_path)], capture_output=True, text=True,
+                          env={**os.environ, FAULT_ENV: rule}, timeout=120)
+
+
+@pytest.mark.parametrize(("rule", "present", "absent"), [
+    ("kill-before:data:2", [], ["shards/w000-t-000002.parquet"]),
+    ("kill-after:data:2", ["shards/w000-t-000002.parquet"], ["errors/w000-t-000002.jsonl"]),
+    ("kill-after:errors:2", ["shards/w000-t-000002.parquet", "errors/w000-t-000002.jsonl"], []),
+    ("kill-before:marker:2", ["shards/w000-t-000002.parquet", "errors/w000-t-000002.jsonl"], []),
+    ("kill-after:marker:2", ["commits/w000-t-000002.json"], ["shards/w000-t-000003.parquet"]),
+])
+def test_the_process_dies_at_the_named_step_of_the_named_commit(tmp_path, rule, present, absent):
+    done = commit_three(tmp_path, rule)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    assert done.stdout == "committed 1\n", "the second commit never returned"
+    assert f"{rule} reached at d/" in done.stderr
+    storage = LocalStorage(tmp_path)
+    assert storage.exists("d/commits/w000-t-000001.json"), "the commit before the fault point is complete"
+    for key in present:
+        assert storage.exists(f"d/{key}"), key
+    for key in absent:
+        assert not storage.exists(f"d/{key}"), key
+    if rule != "kill-after:marker:2":
+        assert not storage.exists("d/commits/w000-t-000002.json"), "the fault fell before the marker"
+
+
+def test_without_the_variable_every_commit_completes(tmp_path):
+    done = commit_three(tmp_path, "")
+    assert done.returncode == 0 and done.stdout.count("committed") == 3, done.stderr
+
+
+def test_rules_are_parsed_or_refused_with_the_variable_named():
+    assert parse_rules("kill-after:data:3, kill-before:marker:1") == [FaultRule("after", "data", 3),
+                                                                      FaultRule("before", "marker", 1)]
+    assert parse_rules("") == []
+    for bad in ("kill-after:data", "kill-after:data:0", "kill-during:data:1", "kill-after:shard:1"):
+        with pytest.raises(ValueError, match=rf"{FAULT_ENV}: '{bad}' is not kill-before\|after"):
+            parse_rules(bad)

@@ -1,0 +1,59 @@
+"""How a run ended, said by its exit code and its last summary lines (ledger-design.md: 0/1/3/4/130)."""
+
+from __future__ import annotations
+
+from tokenmill_runner.summary import (
+    EXIT_FAILED,
+    EXIT_GIVEN_UP,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_SERVERS_UNAVAILABLE,
+    DatasetSummary,
+    RunSummary,
+    exit_code,
+    iter_summary_lines,
+)
+
+
+def dataset(name: str = "d", rows: int = 10, generated: int = 10, failed: dict | None = None,
+            given_up: dict | None = None, skipped: int = 0) -> DatasetSummary:
+    return DatasetSummary(name=name, rows=rows, skipped=skipped, generated=generated, failed=failed or {},
+                          completion_tokens=100, truncated=0, median_completion=10.0, mean_completion=10.0,
+                          max_completion=10, given_up=given_up or {})
+
+
+def run(*datasets: DatasetSummary, interrupted: bool = False, unavailable: str | None = None) -> RunSummary:
+    return RunSummary(output_uri="out", datasets=list(datasets), elapsed_s=1.0, retries=0, interrupted=interrupted,
+                      concurrency=4, context_length=4096, servers_unavailable=unavailable)
+
+
+def test_a_complete_run_without_given_up_samples_exits_0():
+    summary = run(dataset(generated=8, failed={"invalid_json": 1, "prompt_too_long": 1}))
+    assert exit_code(summary) == EXIT_OK
+    assert not any("given up" in line for line in iter_summary_lines(summary)), "input errors are not given up"
+
+
+def test_given_up_samples_exit_3_with_counts_per_reason_and_how_to_retry():
+    summary = run(dataset("a", generated=6, failed={"retries_exhausted": 3, "invalid_json": 1},
+                          given_up={"retries_exhausted": 3}),
+                  dataset("b", generated=5, skipped=5, given_up={"retries_exhausted": 2, "bad_response": 1}))
+    assert exit_code(summary) == EXIT_GIVEN_UP
+    last = list(iter_summary_lines(summary))[-1]
+    assert last.startswith("6 samples given up: retries_exhausted 5, bad_response 1; run again with "
+                           "`tokenmill run --retry-failed`")
+    assert "tokenmill.io/retry-failed" in last and "spec.runner.retryFailed" in last
+
+
+def test_servers_unavailable_exit_4_and_say_nothing_was_written_off():
+    summary = run(dataset(rows=10, generated=4), unavailable="no server was live for 7200 s")
+    assert exit_code(summary) == EXIT_SERVERS_UNAVAILABLE
+    lines = list(iter_summary_lines(summary))
+    assert any(line.startswith("stopped: no server was live for 7200 s. Nothing was written off: 6 samples are "
+                               "not done yet") for line in lines), lines
+
+
+def test_interrupted_wins_and_a_stream_that_left_lines_without_outcome_is_an_error():
+    assert exit_code(run(dataset(generated=3), interrupted=True)) == EXIT_INTERRUPTED
+    incomplete = run(dataset(rows=10, generated=9))
+    assert exit_code(incomplete) == EXIT_FAILED
+    assert list(iter_summary_lines(incomplete))[-1].startswith("error: 1 lines have no outcome")
