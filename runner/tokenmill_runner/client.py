@@ -172,12 +172,9 @@ class GenerateClient:
                 raise ServersUnavailable(
                     f"no SGLang server was live for {self.replicas.outage_seconds(now):.0f} s, more than the outage "
                     f"budget of {self.health.outage_budget_s:.0f} s (spec.runner.outageBudgetSeconds): "
-                    f"{self.replicas.describe()}. Nothing was written off: samples not generated stay pending, and "
-                    "a rerun (or the restarted Job) continues")
+                    f"{self.replicas.describe()}")
             remaining = self.health.outage_budget_s - self.replicas.outage_seconds(now)
-            changed = self._event()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), timeout=max(0.01, remaining + 0.01))
+            await _wait(self._event(), max(0.01, remaining + 0.01))
 
     # -- one HTTP request ----------------------------------------------------------------------------------
     async def _post(self, url: str, body: bytes) -> httpx.Response:
@@ -234,9 +231,7 @@ class GenerateClient:
                 self.listener.outage(self.replicas.outage_seconds(now))
             wake_at = self.replicas.next_probe_at(exclude=probing)
             delay = HEALTH_TICK_S if wake_at is None else min(HEALTH_TICK_S, max(0.0, wake_at - now))
-            changed = self._event()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), timeout=max(0.005, delay))
+            await _wait(self._event(), max(0.005, delay))
 
     async def _probe(self, url: str, probing: set[str]) -> None:
         try:
@@ -260,6 +255,14 @@ class GenerateClient:
     def _tell_state(self, url: str) -> None:
         if self.listener is not None:
             self.listener.replica_state(url, url in self.replicas.live())
+
+
+async def _wait(event: asyncio.Event, timeout_s: float) -> None:
+    """Until the event is set or the timeout passes. asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow
+    a cancellation that arrives as the event is set, and a task that ignores its cancellation never stops."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
 
 
 async def get_json(url: str, path: str, api_key: str | None = None, timeout_s: float = 10.0) -> Any:

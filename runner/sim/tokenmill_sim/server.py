@@ -227,10 +227,14 @@ class Simulator:
         # Like SGLang's health request: one token through the scheduler, never refused for a full queue.
         job = engine.submit(Job(1, 1, 0.0), enforce_queue_limit=False)
         try:
-            await asyncio.wait_for(job.handle, HEALTH_CHECK_TIMEOUT_S)
+            async with asyncio.timeout(HEALTH_CHECK_TIMEOUT_S):
+                await asyncio.shield(job.handle)
         except TimeoutError:
             engine.cancel(job)
             return web.Response(status=HTTPStatus.SERVICE_UNAVAILABLE)
+        except asyncio.CancelledError:  # the prober hung up
+            engine.cancel(job)
+            raise
         return web.Response(status=HTTPStatus.OK)
 
     async def model_info(self, request: web.Request) -> web.Response:
