@@ -41,6 +41,7 @@ e2e: install tools
 bench: install
 	$(PYTHON) hack/bench/bench_runner.py
 	$(PYTHON) hack/bench/bench_memory.py
+	$(PYTHON) hack/bench/bench_sim_capacity.py
 	$(PYTHON) hack/bench/bench_planner.py
 	$(PYTHON) hack/bench/bench_export.py
 

@@ -1,62 +1,70 @@
-"""SGLang's native /generate over async httpx: ids in, ids out, retried where a retry can help.
+"""SGLang's native /generate over async httpx: ids in, ids out, across replicas that come and go.
 
-Several server URLs are used at once; each request goes to the server with the fewest requests outstanding from
-this client (ties rotate), which keeps replicas evenly loaded even when outputs vary 100x in length.
+Each request goes to the live replica with the fewest requests outstanding from this client (ties rotate). A replica
+that fails is taken out and probed on /health until it answers (`replica_health.py`); a retry goes to another live
+replica when there is one. While no replica is live, requests wait without spending any sample's attempts; when
+that lasts longer than the outage budget, `generate` raises `ServersUnavailable` and nothing is written off. A
+sample's attempts are spent only by failures that are plausibly its own (`results.py` says which).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import orjson
 
-from .results import Generation, GenerationFailure, Retry, parse_generation
+from .replica_health import HealthPolicy, ReplicaSet, Suspect
+from .results import (
+    AttemptFailed,
+    Fault,
+    Generation,
+    GenerationFailure,
+    ServersUnavailable,
+    classify_error,
+    parse_generation,
+    transport_failure,
+)
 
 logger = logging.getLogger(__name__)
 
-RETRYABLE_STATUS = {429, 500, 502, 503, 504}
-FATAL_STATUS = {401, 403, 404}
 # httpcore's connection pool does O(pool size) work per request, so hundreds of connections in one pool cost
 # quadratic CPU; requests are spread over several small pools ("lanes") instead.
 LANE_CONNECTIONS = 16
-# SGLang (uvicorn) closes idle keep-alive connections after 5 s; drop them first, or a request sent on a
-# connection the server is closing fails with a ReadError.
+# SGLang (uvicorn) closes idle keep-alive connections after 5 s (0.5.9 entrypoints/http_server.py:1972
+# timeout_keep_alive=5; 0.5.23 environ.py:337 SGLANG_TIMEOUT_KEEP_ALIVE=5): drop them first, or a request sent on a
+# connection the server is closing fails.
 KEEPALIVE_EXPIRY_S = 4.0
+HEALTH_TICK_S = 1.0  # how often the outage gauge is refreshed while a replica is down
 
 
 class ServerFatalError(RuntimeError):
     """A server answer that no retry or other sample can fix (wrong API key, wrong URL): stop the run."""
 
 
+class HealthListener(Protocol):
+    """Where replica health goes (the runner's metrics)."""
+
+    def replica_state(self, url: str, live: bool) -> None: ...
+
+    def outage(self, seconds: float) -> None: ...
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
-    max_attempts: int = 6
+    max_attempts: int = 6  # failures plausibly the sample's own before it is recorded
     base_delay_s: float = 0.5
     max_delay_s: float = 30.0
 
     def delay(self, attempt: int, rng: random.Random) -> float:
         # Full jitter: spreads retries of many requests that failed together (a server restart) over time.
-        return rng.uniform(0, min(self.max_delay_s, self.base_delay_s * 2 ** (attempt - 1)))
-
-
-def _error_message(response: httpx.Response) -> str:
-    try:
-        body = orjson.loads(response.content)
-        if isinstance(body, dict):
-            error = body.get("error")
-            if isinstance(error, dict) and error.get("message"):
-                return str(error["message"])
-            if body.get("message"):
-                return str(body["message"])
-    except orjson.JSONDecodeError:
-        pass
-    return response.text[:300] or response.reason_phrase
+        return rng.uniform(0, min(self.max_delay_s, self.base_delay_s * 2 ** (min(attempt, 30) - 1)))
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:
@@ -65,55 +73,110 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
 
 class GenerateClient:
     def __init__(self, servers: Sequence[str], *, api_key: str | None = None, concurrency: int = 64,
-                 retry: RetryPolicy | None = None, timeout_s: float = 3600.0, seed: int | None = None) -> None:
+                 retry: RetryPolicy | None = None, health: HealthPolicy | None = None, timeout_s: float = 3600.0,
+                 seed: int | None = None, listener: HealthListener | None = None,
+                 initially_down: Sequence[str] = (), vocab_size: int | None = None) -> None:
         if not servers:
             raise ValueError("at least one server URL is needed")
         self.servers = [url.rstrip("/") for url in servers]
-        self.outstanding = {url: 0 for url in self.servers}
+        self.health = health or HealthPolicy()
+        self.replicas = ReplicaSet(self.servers, self.health, frozenset(u.rstrip("/") for u in initially_down))
+        self.outstanding = dict.fromkeys(self.servers, 0)
         self.retry = retry or RetryPolicy()
-        self.retries = 0  # attempts beyond the first, over the whole run
+        self.retries = 0  # requests beyond the first of each sample, over the whole run
+        self.listener = listener
+        self.vocab_size = vocab_size
         self._rng = random.Random(seed)
-        self._turn = 0
-        headers = {"Content-Type": "application/json", **auth_headers(api_key)}
+        self._headers = {"Content-Type": "application/json", **auth_headers(api_key)}
         lanes = max(1, -(-concurrency // LANE_CONNECTIONS))
         per_lane = -(-concurrency // lanes) + 4
         limits = httpx.Limits(max_connections=per_lane, max_keepalive_connections=per_lane,
                               keepalive_expiry=KEEPALIVE_EXPIRY_S)
         timeout = httpx.Timeout(timeout_s, connect=30.0, pool=None)
-        self._lanes = [httpx.AsyncClient(headers=headers, timeout=timeout, limits=limits) for _ in range(lanes)]
+        self._lanes = [httpx.AsyncClient(headers=self._headers, timeout=timeout, limits=limits) for _ in range(lanes)]
         self._lane_load = [0] * lanes
+        self._changed: asyncio.Event | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._probes: set[asyncio.Task[None]] = set()
+        for url in self.servers:
+            self._tell_state(url)
 
     async def aclose(self) -> None:
+        tasks = [t for t in (self._watcher, *self._probes) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         for lane in self._lanes:
             await lane.aclose()
 
-    def pick_server(self) -> str:
-        least = min(self.outstanding.values())
-        candidates = [url for url in self.servers if self.outstanding[url] == least]
-        self._turn += 1
-        return candidates[self._turn % len(candidates)]
-
+    # -- one sample ----------------------------------------------------------------------------------------
     async def generate(self, input_ids: list[int], sampling_params: dict[str, Any]) -> Generation | GenerationFailure:
+        """The sample's generation, or its final failure. Raises ServersUnavailable past the outage budget and
+        ServerFatalError on a wrong key or URL."""
         body = orjson.dumps({"input_ids": input_ids, "sampling_params": sampling_params})
-        last_error = "no attempt made"
-        for attempt in range(1, self.retry.max_attempts + 1):
-            if attempt > 1:
-                self.retries += 1
-                await asyncio.sleep(self.retry.delay(attempt - 1, self._rng))
-            server = self.pick_server()
+        sent = own_failures = 0
+        suspects: list[Suspect] = []
+        previous: str | None = None
+        while True:
+            server = await self._acquire(previous)
+            sent += 1
+            self.retries += sent > 1
             self.outstanding[server] += 1
             try:
-                return await self._attempt(server, body, attempt)
-            except Retry as retry:
-                last_error = retry.message
-                logger.debug("attempt %d failed: %s", attempt, last_error)
+                outcome = await self._attempt(server, body, sent)
             finally:
                 self.outstanding[server] -= 1
-        return GenerationFailure(
-            "retries_exhausted", f"gave up after {self.retry.max_attempts} attempts; last error: {last_error}",
-            self.retry.max_attempts,
-        )
+            if isinstance(outcome, Generation):
+                self.replicas.record_success(server)
+                return outcome
+            if outcome.fault is Fault.FINAL:
+                return GenerationFailure(outcome.reason, outcome.message, sent)
+            if outcome.fault is Fault.SAMPLE:
+                own_failures += 1
+            else:
+                self._replica_failed(server, outcome)
+                if outcome.fault is not Fault.OVERLOAD:
+                    suspects.append(self.replicas.suspect(server))
+            charged = own_failures + self.replicas.charged(suspects)
+            if charged >= self.retry.max_attempts:
+                return GenerationFailure(
+                    outcome.reason, f"gave up after {charged} failed attempts ({sent} requests); last error: "
+                    f"{outcome.message}", sent)
+            logger.debug("attempt %d failed (%s): %s", sent, outcome.fault.value, outcome.message)
+            previous = server
+            await asyncio.sleep(self.retry.delay(sent, self._rng))
 
+    def _replica_failed(self, server: str, failed: AttemptFailed) -> None:
+        """Report a server-side failure to the replica's breaker."""
+        if failed.fault is Fault.FATAL:
+            raise ServerFatalError(failed.message)
+        loop = asyncio.get_running_loop()
+        opened = self.replicas.record_failure(server, loop.time(), failed.message,
+                                              failed.fault is Fault.UNREACHABLE, self._rng.random())
+        if opened:
+            logger.warning("taking %s out of rotation: %s", server, failed.message)
+            self._tell_state(server)
+            self._notify()  # the watcher schedules its first probe
+
+    async def _acquire(self, avoid: str | None) -> str:
+        """A live replica for the next attempt; waits (spending no attempt) while none is."""
+        loop = asyncio.get_running_loop()
+        self._ensure_watcher()
+        while True:
+            server = self.replicas.pick(self.outstanding, avoid)
+            if server is not None:
+                return server
+            now = loop.time()
+            self.replicas.note_time(now)
+            if self.replicas.outage_exceeded(now):
+                raise ServersUnavailable(
+                    f"no SGLang server was live for {self.replicas.outage_seconds(now):.0f} s, more than the outage "
+                    f"budget of {self.health.outage_budget_s:.0f} s (spec.runner.outageBudgetSeconds): "
+                    f"{self.replicas.describe()}")
+            remaining = self.health.outage_budget_s - self.replicas.outage_seconds(now)
+            await _wait(self._event(), max(0.01, remaining + 0.01))
+
+    # -- one HTTP request ----------------------------------------------------------------------------------
     async def _post(self, url: str, body: bytes) -> httpx.Response:
         lane = self._lane_load.index(min(self._lane_load))
         self._lane_load[lane] += 1
@@ -122,24 +185,84 @@ class GenerateClient:
         finally:
             self._lane_load[lane] -= 1
 
-    async def _attempt(self, server: str, body: bytes, attempt: int) -> Generation | GenerationFailure:
+    async def _attempt(self, server: str, body: bytes, attempt: int) -> Generation | AttemptFailed:
         try:
             response = await self._post(f"{server}/generate", body)
         except httpx.TransportError as error:
-            raise Retry(f"{server}: {type(error).__name__}: {error or 'connection failed'}") from None
-        if response.status_code == 200:
-            try:
-                payload = orjson.loads(response.content)
-            except orjson.JSONDecodeError:
-                raise Retry(f"{server}: /generate answered 200 with a body that is not JSON") from None
-            return parse_generation(payload, server, attempt)
-        message = _error_message(response)
-        if response.status_code in RETRYABLE_STATUS:
-            raise Retry(f"{server}: HTTP {response.status_code}: {message}")
-        if response.status_code in FATAL_STATUS:
-            hint = " (check the server API key)" if response.status_code in (401, 403) else ""
-            raise ServerFatalError(f"{server}/generate: HTTP {response.status_code}: {message}{hint}")
-        return GenerationFailure("server_rejected", f"{server}: HTTP {response.status_code}: {message}", attempt)
+            connect = isinstance(error, httpx.ConnectError)
+            return transport_failure(server, type(error).__name__, str(error), connect=connect)
+        if response.status_code != 200:
+            return classify_error(response.status_code, response.content, server)
+        try:
+            payload = orjson.loads(response.content)
+        except orjson.JSONDecodeError:
+            return AttemptFailed(Fault.SAMPLE, "bad_response",
+                                 f"{server}: /generate answered 200 with a body that is not JSON")
+        return parse_generation(payload, server, attempt, self.vocab_size)
+
+    # -- health --------------------------------------------------------------------------------------------
+    def _event(self) -> asyncio.Event:
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        return self._changed
+
+    def _notify(self) -> None:
+        event = self._event()
+        self._changed = asyncio.Event()
+        event.set()
+
+    def _ensure_watcher(self) -> None:
+        if self._watcher is None or self._watcher.done():
+            self._watcher = asyncio.get_running_loop().create_task(self._watch(), name="tokenmill-replica-health")
+
+    async def _watch(self) -> None:
+        """Probe the replicas that are down when their probes are due; refresh the outage gauge."""
+        loop = asyncio.get_running_loop()
+        probing: set[str] = set()
+        while True:
+            now = loop.time()
+            for url in self.replicas.due_probes(now):
+                if url not in probing:
+                    probing.add(url)
+                    task = loop.create_task(self._probe(url, probing))
+                    self._probes.add(task)
+                    task.add_done_callback(self._probes.discard)
+            if self.listener is not None:
+                self.listener.outage(self.replicas.outage_seconds(now))
+            wake_at = self.replicas.next_probe_at(exclude=probing)
+            delay = HEALTH_TICK_S if wake_at is None else min(HEALTH_TICK_S, max(0.0, wake_at - now))
+            await _wait(self._event(), max(0.005, delay))
+
+    async def _probe(self, url: str, probing: set[str]) -> None:
+        try:
+            healthy, message = await self._health(url)
+            now = asyncio.get_running_loop().time()
+            if self.replicas.record_probe(url, now, healthy, message, self._rng.random()):
+                logger.warning("%s answers /health again: back in rotation", url)
+                self._tell_state(url)
+                self._notify()
+        finally:
+            probing.discard(url)
+
+    async def _health(self, url: str) -> tuple[bool, str]:
+        try:
+            async with httpx.AsyncClient(timeout=self.health.probe_timeout_s, headers=self._headers) as http:
+                response = await http.get(f"{url}/health")
+        except httpx.HTTPError as error:
+            return False, f"/health: {type(error).__name__}"
+        return response.status_code == 200, f"/health: HTTP {response.status_code}"
+
+    def _tell_state(self, url: str) -> None:
+        if self.listener is not None:
+            self.listener.replica_state(url, url in self.replicas.live())
+
+
+async def _wait(event: asyncio.Event, timeout_s: float) -> None:
+    """Until the event is set or the timeout passes. asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow
+    a cancellation that arrives as the event is set, and a task that ignores its cancellation never stops."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
 
 
 async def get_json(url: str, path: str, api_key: str | None = None, timeout_s: float = 10.0) -> Any:
@@ -149,21 +272,39 @@ async def get_json(url: str, path: str, api_key: str | None = None, timeout_s: f
         return response.json()
 
 
-async def wait_until_healthy(url: str, timeout_s: float, api_key: str | None = None,
-                             poll_s: float = 2.0) -> None:
-    """Poll /health until it answers 200 (SGLang answers 503 until its warm-up generation is done)."""
+async def healthy_servers(urls: Sequence[str], timeout_s: float, api_key: str | None = None,
+                          poll_s: float = 2.0) -> list[str]:
+    """Poll /health of every server until at least one answers 200 (SGLang answers 503 until its warm-up
+    generation is done); the ones answering 200 in that round. The others join the run when they come up."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    last = "no answer yet"
+    last: dict[str, str] = dict.fromkeys(urls, "no answer yet")
     async with httpx.AsyncClient(timeout=30.0, headers=auth_headers(api_key)) as http:
-        while loop.time() < deadline:
-            try:
-                response = await http.get(f"{url.rstrip('/')}/health")
-                if response.status_code == 200:
-                    return
-                last = f"HTTP {response.status_code}"
-            except httpx.TransportError as error:
-                last = f"{type(error).__name__}"
-            logger.info("waiting for %s to become healthy (%s)", url, last)
+        while True:
+            answers = await asyncio.gather(*(_health_once(http, url) for url in urls))
+            last = {url: answer for url, answer in zip(urls, answers, strict=True)}
+            healthy = [url for url, answer in last.items() if answer == "200"]
+            if healthy:
+                for url, answer in last.items():
+                    if answer != "200":
+                        logger.warning("%s is not healthy yet (%s); starting without it", url, answer)
+                return healthy
+            if loop.time() >= deadline:
+                break
+            logger.info("waiting for a healthy server: %s", "; ".join(f"{u}: {a}" for u, a in last.items()))
             await asyncio.sleep(poll_s)
-    raise TimeoutError(f"{url} did not become healthy within {timeout_s:.0f}s (last: {last})")
+    detail = "; ".join(f"{url}: {answer}" for url, answer in last.items())
+    raise TimeoutError(f"no server became healthy within {timeout_s:.0f}s ({detail})")
+
+
+async def _health_once(http: httpx.AsyncClient, url: str) -> str:
+    try:
+        response = await http.get(f"{url.rstrip('/')}/health")
+    except httpx.TransportError as error:
+        return type(error).__name__
+    return "200" if response.status_code == 200 else f"HTTP {response.status_code}"
+
+
+async def wait_until_healthy(url: str, timeout_s: float, api_key: str | None = None, poll_s: float = 2.0) -> None:
+    """Poll one server's /health until it answers 200 (prepare uses healthy_servers: a run starts with the first)."""
+    await healthy_servers([url], timeout_s, api_key, poll_s)

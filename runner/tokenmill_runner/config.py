@@ -25,6 +25,8 @@ class RunnerConfig(BaseModel):
     retry_failed: bool = Field(False, description="Run again the samples whose last attempt ran out of retries.")
     server_wait_s: float = Field(1800.0, gt=0, description="How long to wait for the servers to become healthy.")
     progress_log_s: float = Field(10.0, gt=0, description="Progress log interval when stderr is not a terminal.")
+    probe_first_s: float = Field(1.0, gt=0, description="First /health probe of a replica taken out of rotation.")
+    probe_max_s: float = Field(30.0, gt=0, description="Longest interval between /health probes of a replica.")
 
     @model_validator(mode="after")
     def _index_in_range(self) -> RunnerConfig:

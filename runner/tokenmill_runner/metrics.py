@@ -28,6 +28,8 @@ class RunnerMetrics:
     completion_tokens: Histogram
     last_commit: Gauge
     remaining: Gauge
+    replica_live: Gauge
+    outage_seconds: Gauge
     labels: dict[str, str]
 
     @classmethod
@@ -54,6 +56,12 @@ class RunnerMetrics:
                               per_dataset, registry=registry),
             remaining=Gauge("tokenmill_runner_samples_remaining", "Samples this worker still has to process",
                             per_dataset, registry=registry),
+            replica_live=Gauge("tokenmill_runner_replica_live", "1 while the SGLang replica takes requests, 0 while "
+                               "it is out of rotation and probed on /health", (*BASE, "worker", "replica"),
+                               registry=registry),
+            outage_seconds=Gauge("tokenmill_runner_outage_seconds", "Seconds since no replica has been live (0 "
+                                 "while one is); the run stops at spec.runner.outageBudgetSeconds",
+                                 (*BASE, "worker"), registry=registry),
             labels={"dsgen": dsgen, "namespace": namespace, "worker": str(worker)},
         )
 
@@ -79,6 +87,12 @@ class RunnerMetrics:
 
     def set_in_flight(self, count: int) -> None:
         self.in_flight.labels(**self.labels).set(count)
+
+    def replica_state(self, url: str, live: bool) -> None:
+        self.replica_live.labels(**self.labels, replica=url).set(1 if live else 0)
+
+    def outage(self, seconds: float) -> None:
+        self.outage_seconds.labels(**self.labels).set(seconds)
 
     def set_remaining(self, dataset: str, count: int) -> None:
         self.remaining.labels(**self._of(dataset)).set(max(count, 0))

@@ -31,6 +31,7 @@ from .metrics import RunnerMetrics
 from .pretokenize import PromptEncoder
 from .progress import ProgressDisplay, Snapshot, ThroughputMeter
 from .prompts import Prompt, RowError, belongs_to_worker, duplicate_error, id_hash
+from .request_fit import ServerLimits
 from .results import Generation, ServersUnavailable
 from .rows import build_row, failure_record, too_long_record
 from .shards import ShardBuffer, commit_shard, new_run_token, new_shard_id
@@ -102,7 +103,7 @@ class Runner:
     def __init__(self, config: RunnerConfig, storage: Storage, encoder: PromptEncoder, info: TokenizerInfo,
                  client: GenerateClient, states: list[DatasetState], context_length: int, concurrency: int,
                  metrics: RunnerMetrics | None = None, display: ProgressDisplay | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, limits: ServerLimits | None = None) -> None:
         self.config = config
         self.storage = storage
         self.encoder = encoder
@@ -110,6 +111,7 @@ class Runner:
         self.client = client
         self.states = states
         self.context_length = context_length
+        self.limits = limits or ServerLimits(context_length)
         self.concurrency = concurrency
         self.metrics = metrics or RunnerMetrics.create(config.name, config.namespace, config.worker_index)
         self.display = display or ProgressDisplay(log_every_s=config.progress_log_s)
@@ -222,10 +224,9 @@ class Runner:
         if isinstance(ids, RowError):
             self._record_error(state, ids.as_record(state.name), self.clock())
             return None
-        max_new = state.sampling.max_new_tokens or 0
-        if len(ids) + max_new > self.context_length:
-            record = too_long_record(state.name, prompt, len(ids), max_new, self.context_length, state.index)
-            self._record_error(state, record, self.clock())
+        why = self.limits.misfit(len(ids), state.sampling.max_new_tokens or 0)
+        if why is not None:
+            self._record_error(state, too_long_record(state.name, prompt, why, state.index), self.clock())
             return None
         return ids
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from .client import GenerateClient, RetryPolicy, get_json, wait_until_healthy
+from .client import GenerateClient, RetryPolicy, get_json, healthy_servers
 from .config import RunnerConfig
 from .metrics import RunnerMetrics
 from .pipeline import DatasetState, Runner
@@ -24,8 +24,11 @@ from .pretokenize import (
     local_model_folder,
     model_generation_config,
 )
+from .replica_health import HealthPolicy
+from .request_fit import ServerLimits
 from .sampling_defaults import apply_model_defaults, model_sampling_defaults
 from .scan import scan_source
+from .server_info import ServerFacts, runnable_requests
 from .shards import ShardBuffer, clean_leftovers, read_ledger
 from .sources import source_format
 from .spec import DatasetGenerationSpec, SpecError
@@ -54,7 +57,7 @@ def resolve_context_length(config: RunnerConfig, server_info: dict[str, Any], in
     )
 
 
-def resolve_concurrency(config: RunnerConfig, server_infos: list[dict[str, Any]]) -> int:
+def resolve_concurrency(config: RunnerConfig, servers: list[ServerFacts]) -> int:
     """Requests in flight for this worker. auto: what the servers can run at once (their running slots, or what
     their KV cache holds at a typical request length, whichever is smaller) plus half again as a queue, so SGLang
     never waits for the client; split over the workers."""
@@ -64,17 +67,7 @@ def resolve_concurrency(config: RunnerConfig, server_infos: list[dict[str, Any]]
     spec = config.spec
     longest_cap = max(spec.sampling_for(d).max_new_tokens or 0 for d in spec.datasets)
     typical_tokens = TYPICAL_PROMPT_TOKENS + TYPICAL_OUTPUT_SHARE * longest_cap
-    runnable = 0
-    for info in server_infos:
-        states = info.get("internal_states") or [{}]
-        slots = int(info.get("max_running_requests") or states[0].get("effective_max_running_requests_per_dp")
-                    or 256)
-        kv_tokens = info.get("max_total_num_tokens")
-        # Every DP attention group (and every replica of --dp-size) has its own KV pool and scheduler;
-        # /server_info reports the first one's.
-        groups = max(int(info.get("attn_dp_size") or 1), int(info.get("dp_size") or 1))
-        runnable += min(slots, groups * max(16, int(kv_tokens // typical_tokens))) if kv_tokens else slots
-    total = int(runnable * 1.5) + 64
+    total = int(runnable_requests(servers, len(config.servers), typical_tokens) * 1.5) + 64
     return max(16, min(4096, -(-total // config.worker_count)))
 
 
@@ -168,19 +161,25 @@ async def prepare(config: RunnerConfig, api_key: str | None) -> Runner:
                               folder, explicit_end_tokens=reasoning.end_tokens is not None)
     model_defaults = model_sampling_defaults(model_generation_config(folder))
     states, totals = await asyncio.to_thread(prepare_states, config, storage, model_defaults)
-    await asyncio.gather(*(wait_until_healthy(url, config.server_wait_s, api_key) for url in config.servers))
-    server_infos = await asyncio.gather(*(get_json(url, "/server_info", api_key) for url in config.servers))
+    healthy = await healthy_servers(config.servers, config.server_wait_s, api_key)
+    server_infos = await asyncio.gather(*(get_json(url, "/server_info", api_key) for url in healthy))
+    facts = [ServerFacts.read(url, server_info) for url, server_info in zip(healthy, server_infos, strict=True)]
     context_length = resolve_context_length(config, server_infos[0], info)
-    concurrency = resolve_concurrency(config, server_infos)
+    limits = ServerLimits.of(context_length, facts)
+    concurrency = resolve_concurrency(config, facts)
     if config.worker_index == 0:
         storage.put(RUN_METADATA, run_metadata(config, info, context_length, totals, states))
     client = GenerateClient(
         config.servers, api_key=api_key, concurrency=concurrency,
         retry=RetryPolicy(max_attempts=spec.runner.max_attempts),
-        timeout_s=spec.runner.request_timeout_seconds,
+        health=HealthPolicy(probe_first_s=config.probe_first_s,
+                            probe_max_s=max(config.probe_first_s, config.probe_max_s),
+                            outage_budget_s=spec.runner.outage_budget_seconds),
+        timeout_s=spec.runner.request_timeout_seconds, listener=metrics,
+        initially_down=[url for url in config.servers if url not in healthy], vocab_size=info.vocab_size,
     )
     logger.info("generating %s into %s: %d servers, concurrency %d, context length %d",
                 ", ".join(s.name for s in states), storage.root_uri, len(config.servers), concurrency,
                 context_length)
     return Runner(config, storage, PromptEncoder(tokenizer), info, client, states, context_length, concurrency,
-                  metrics=metrics)
+                  metrics=metrics, limits=limits)

@@ -101,6 +101,15 @@ class Release:
     repetition_penalty_zero_allowed: bool  # [0, 2] until 0.5.11, (0, 2] from 0.5.12.post1
     nan_check_inclusive: bool  # "NaN happened" for ids >= vocab (0.5.14+) or only > vocab (off by one, earlier)
     kimi_k2_reasoning_ends_at_tool_section: bool  # the kimi_k2 reasoning parser ends at <|tool_calls_section_begin|>
+    # sampling_params keys /generate accepts: SamplingParams' own (its constructor, or from 0.5.15.post1 a
+    # msgspec.Struct that also takes its internal fields), from 0.5.22 the JSON contract gate's list.
+    sampling_keys: tuple[str, ...]
+    # Tokenizer-side counters and latency histograms carry is_streaming="true"/"false" from 0.5.17.
+    metric_is_streaming_label: bool
+    # From 0.5.21 the scheduler also cuts max_new_tokens to what an empty KV pool holds (whole pages).
+    kv_memory_cap: bool
+    # /server_info keys beyond ServerArgs, the scheduler's info, internal_states and version.
+    server_info_extra_keys: tuple[str, ...]
     transformers_pin: str
     default_cuda: str  # CUDA of the plain vX image tag
 
@@ -164,9 +173,83 @@ def _build(version: str, released: str) -> Release:
         repetition_penalty_zero_allowed=not since("0.5.12.post1"),
         nan_check_inclusive=since("0.5.14"),
         kimi_k2_reasoning_ends_at_tool_section=since("0.5.10.post1"),
+        sampling_keys=_sampling_keys(version),
+        metric_is_streaming_label=since("0.5.17"),
+        kv_memory_cap=since("0.5.21"),
+        server_info_extra_keys=tuple(key for first, key in _SERVER_INFO_KEYS if since(first)),
         transformers_pin=_transformers_pin(version),
         default_cuda="13.0" if since("0.5.11") else "12.9",
     )
+
+
+# SamplingParams.__init__ (0.5.9 sampling/sampling_params.py:40; 0.5.14 sampling/sampling_params.py:71).
+_SAMPLING_KEYS = (
+    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
+    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema", "regex",
+    "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
+    "custom_params", "stream_interval", "logit_bias", "sampling_seed",
+)
+# The msgspec.Struct's internal fields, accepted as keywords too (0.5.15.post1 sampling/sampling_params.py:75,116).
+_SAMPLING_INTERNAL = ("stop_strs", "stop_regex_strs", "stop_str_max_len", "stop_regex_max_len", "is_normalized")
+# The 0.5.22 JSON contract gate's SamplingParams, in its order (0.5.22 sglang/api/v1/api_types.py:177-206); 0.5.23
+# adds `choice` (0.5.23 sglang/api/v1/api_types.py:207).
+_CONTRACT_SAMPLING_KEYS = (
+    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
+    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema", "regex",
+    "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
+    "stream_interval", "logit_bias", "sampling_seed", "custom_params", "beam_width", "watermark",
+)
+
+
+def _sampling_keys(version: str) -> tuple[str, ...]:
+    if _at_least(version, "0.5.23"):
+        return (*_CONTRACT_SAMPLING_KEYS, "choice")
+    if _at_least(version, "0.5.22"):
+        return _CONTRACT_SAMPLING_KEYS
+    keys = _SAMPLING_KEYS
+    if _at_least(version, "0.5.15.post1"):
+        keys += _SAMPLING_INTERNAL
+    if _at_least(version, "0.5.19"):
+        keys += ("beam_width",)  # 0.5.19 sampling/sampling_params.py:76
+    if _at_least(version, "0.5.20"):
+        keys += ("ebnf_full_assistant",)  # 0.5.20 sampling/sampling_params.py:162
+    return keys
+
+
+# (first release, key): startup_time and kv_events (0.5.17), launch_command (0.5.19, with the resolved values),
+# frontend (0.5.21).
+_SERVER_INFO_KEYS = (("0.5.17", "startup_time"), ("0.5.17", "kv_events"), ("0.5.19", "launch_command"),
+                     ("0.5.21", "frontend"))
+
+
+@dataclass(frozen=True)
+class SGLangMetric:
+    name: str  # sglang:...
+    kind: Literal["gauge", "counter", "histogram", "summary", "gaugehistogram"]
+    first: str  # the first release read that defines it ("0.5.6": 0.5.6 or earlier)
+    last: str | None  # the last release that defines it, None when the latest still does
+
+
+@cache
+def sglang_metrics() -> dict[str, SGLangMetric]:
+    """Every Prometheus metric the releases read define (an AST scan of their metric collectors, 0.5.9
+    metrics/collector.py, 0.5.23 observability/metrics_collector.py)."""
+    text = resources.files(__package__).joinpath("data/sglang_metrics.json").read_text()
+    return {name: SGLangMetric(name, item["type"], item["first"], item.get("last"))
+            for name, item in json.loads(text).items()}
+
+
+def metric_in(name: str, version: str) -> bool:
+    """Whether SGLang `version` exports the metric `name` (sglang:...)."""
+    metric = sglang_metrics().get(name)
+    if metric is None:
+        return False
+    return _at_least(version, metric.first) and (metric.last is None or _at_least(metric.last, version))
+
+
+def metrics_in_every_supported_release() -> dict[str, SGLangMetric]:
+    return {name: metric for name, metric in sglang_metrics().items()
+            if all(metric_in(name, version) for version in SUPPORTED_RELEASES)}
 
 
 def _transformers_pin(version: str) -> str:

@@ -1,13 +1,34 @@
-"""What one /generate request comes to, and how SGLang's answer body becomes it. Pure: no HTTP here.
+"""What one /generate attempt comes to, and how SGLang's answer (status and body) becomes it. Pure: no HTTP here.
 
-The client (`client.py`) sends the request and retries; the row builder (`rows.py`) turns a result into a row or
-an error record. Both depend on these types, so neither needs the other.
+Every answer a supported SGLang release can give is one of: a `Generation`; or an `AttemptFailed` that says whose
+fault it is, because the client treats them differently (docs/sglang-releases.md has the table per release):
+- `SAMPLE`: this sample's answer is unusable (NaN, an abort, a malformed body). Retried, on another replica when
+  there is one, and counted against the sample's attempts; recorded when it persists.
+- `REPLICA`: the replica failed (HTTP 5xx, a dropped connection). Retried elsewhere; counted against the sample only
+  once the replica answers other requests without having gone down in between (then the failure was plausibly the
+  sample's own, an abort of that request alone); a replica that died never counts.
+- `UNREACHABLE`: nothing answers at that address (connection refused): the replica is down.
+- `OVERLOAD`: 503 or 429 (a full queue, a server starting or stopping). Never counted against the sample.
+- `FINAL`: the server refused this input (HTTP 400) or answered in a way no retry changes: recorded now.
+- `FATAL`: wrong API key or URL: the run stops.
+
+The client (`client.py`) sends and retries; the row builder (`rows.py`) turns a result into a row or an error
+record. Both depend on these types, so neither needs the other.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
+
+# finish_reason.matched when a sampled id fell outside the vocabulary: SGLang overwrote that token with an
+# end-of-sequence id and finished the request (0.5.9 managers/schedule_batch.py:1056-1070; 0.5.23
+# managers/schedule_batch.py:1989), so the answer looks like a clean stop but its last token was never sampled.
+NAN_MATCHED = "NaN happened"
+MESSAGE_LIMIT = 300
 
 
 @dataclass(frozen=True)
@@ -18,64 +39,163 @@ class Generation:
     finish_reason: str  # stop | length
     matched_stop: int | None
     latency_s: float
-    attempts: int
+    attempts: int  # requests sent for this sample, this one included
     server: str
+    retractions: int = 0  # meta_info total_retractions (<= 0.5.11) / num_retractions (0.5.12.post1+)
+    cached_tokens: int = 0  # prompt tokens SGLang found in its prefix cache
 
 
 @dataclass(frozen=True)
 class GenerationFailure:
-    reason: str  # retries_exhausted | server_rejected | output_mismatch | bad_response
+    """A sample's final failure: recorded as an error with this reason (reason codes are stable strings)."""
+
+    reason: str
     message: str
     attempts: int
-
-
-class Retry(Exception):
-    """An attempt failed in a way another attempt may fix (an abort, a dropped connection, a 5xx)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-
-def parse_generation(body: Any, server: str, attempts: int) -> Generation | GenerationFailure:
-    """Check one /generate answer; raise Retry for an abort, return a failure for a malformed answer."""
-    if not isinstance(body, dict) or "meta_info" not in body:
-        return GenerationFailure("bad_response", f"{server}: /generate answered without meta_info", attempts)
-    meta = body["meta_info"]
-    finish = meta.get("finish_reason") or {}
-    kind = finish.get("type")
-    if kind == "abort":
-        raise Retry(f"{server}: request aborted: {finish.get('message', 'no message')}")
-    output_ids = body.get("output_ids")
-    if output_ids is None:
-        return GenerationFailure(
-            "bad_response",
-            f"{server}: /generate returned no output_ids; SGLang <= v0.4.10 needs --skip-tokenizer-init, "
-            "newer versions return them by default",
-            attempts,
-        )
-    completion = int(meta.get("completion_tokens", -1))
-    if len(output_ids) != completion:
-        return GenerationFailure(
-            "output_mismatch",
-            f"{server}: len(output_ids)={len(output_ids)} but completion_tokens={completion}; SGLang "
-            "v0.5.0-v0.5.4.post2 prepends prompt tokens to output_ids: use v0.5.5 or newer",
-            attempts,
-        )
-    matched = finish.get("matched")
-    return Generation(
-        output_ids=output_ids,
-        prompt_tokens=int(meta.get("prompt_tokens", 0)),
-        completion_tokens=completion,
-        finish_reason=str(kind),
-        matched_stop=matched if isinstance(matched, int) else None,
-        latency_s=float(meta.get("e2e_latency", 0.0)),
-        attempts=attempts,
-        server=server,
-    )
 
 
 class ServersUnavailable(RuntimeError):
     """No server was live for longer than the outage budget. The run stops (`tokenmill run` exits 4) and writes
     nothing off: the samples in flight or not yet sent stay not done, and a rerun or a restarted pod continues.
     The client raises it; the pipeline stops on it."""
+
+
+class Fault(enum.Enum):
+    SAMPLE = "sample"
+    REPLICA = "replica"
+    UNREACHABLE = "unreachable"
+    OVERLOAD = "overload"
+    FINAL = "final"
+    FATAL = "fatal"
+
+
+@dataclass(frozen=True)
+class AttemptFailed:
+    """One attempt that produced no usable generation."""
+
+    fault: Fault
+    reason: str  # the error record's reason if this stays the sample's last failure
+    message: str  # names the server and what it said
+
+
+def parse_generation(body: Any, server: str, attempts: int,
+                     vocab_size: int | None = None) -> Generation | AttemptFailed:
+    """Check one HTTP 200 /generate answer (a single, non-streamed request); `vocab_size` (the tokenizer's) catches
+    output ids no tokenizer can decode."""
+    if not isinstance(body, dict) or not isinstance(body.get("meta_info"), dict):
+        return AttemptFailed(Fault.SAMPLE, "bad_response", f"{server}: /generate answered without meta_info")
+    meta = body["meta_info"]
+    finish = meta.get("finish_reason")
+    if not isinstance(finish, dict):
+        return AttemptFailed(Fault.SAMPLE, "bad_response", f"{server}: /generate answered without finish_reason")
+    kind = finish.get("type")
+    if kind == "abort":
+        return _abort(finish, server)
+    if kind not in ("stop", "length"):
+        return AttemptFailed(Fault.SAMPLE, "bad_response", f"{server}: unknown finish_reason type {kind!r}")
+    matched = finish.get("matched")
+    if matched == NAN_MATCHED:
+        return AttemptFailed(
+            Fault.SAMPLE, "nan_output",
+            f"{server}: finish_reason.matched is {NAN_MATCHED!r}: the model sampled an id outside the vocabulary "
+            "(NaN logits) and SGLang replaced it with an end-of-sequence token, so the answer is corrupt")
+    return _generation(body, meta, str(kind), matched, server, attempts, vocab_size)
+
+
+def _generation(body: dict[str, Any], meta: dict[str, Any], kind: str, matched: Any, server: str,
+                attempts: int, vocab_size: int | None) -> Generation | AttemptFailed:
+    output_ids = body.get("output_ids")
+    if output_ids is None:
+        return AttemptFailed(
+            Fault.FINAL, "bad_response",
+            f"{server}: /generate returned no output_ids; SGLang <= 0.4.10 returns them only with "
+            "--skip-tokenizer-init: run a supported release (0.5.9 or newer)")
+    if not isinstance(output_ids, list) or not all(type(token) is int for token in output_ids):
+        return AttemptFailed(Fault.SAMPLE, "bad_response", f"{server}: output_ids is not a list of integers")
+    if vocab_size is not None and output_ids and (max(output_ids) >= vocab_size or min(output_ids) < 0):
+        bad = next(t for t in output_ids if not 0 <= t < vocab_size)
+        # Through 0.5.17 the length check runs before the vocabulary check
+        # (0.5.9 managers/schedule_batch.py:1081-1086): a NaN on the last allowed token finishes as `length` with
+        # the bad id left in place.
+        return AttemptFailed(
+            Fault.SAMPLE, "nan_output",
+            f"{server}: output id {bad} is outside the tokenizer's vocabulary ({vocab_size} ids): the model "
+            "sampled from NaN logits and SGLang let it through, so the answer is corrupt")
+    completion = _int(meta.get("completion_tokens"), -1)
+    if len(output_ids) != completion:
+        return AttemptFailed(
+            Fault.FINAL, "output_mismatch",
+            f"{server}: len(output_ids)={len(output_ids)} but completion_tokens={completion}; SGLang "
+            "0.5.0-0.5.4.post2 prepends up to 5 prompt tokens to output_ids: run a supported release (0.5.9 or "
+            "newer)")
+    return Generation(
+        output_ids=output_ids,
+        prompt_tokens=_int(meta.get("prompt_tokens"), 0),
+        completion_tokens=completion,
+        finish_reason=kind,
+        matched_stop=matched if type(matched) is int else None,
+        latency_s=float(meta.get("e2e_latency") or 0.0),
+        attempts=attempts,
+        server=server,
+        # The key was renamed in 0.5.12.post1 (0.5.11 managers/tokenizer_manager.py:1666 total_retractions;
+        # 0.5.12.post1 managers/tokenizer_manager.py:1687 num_retractions): either is read.
+        retractions=_int(meta.get("num_retractions", meta.get("total_retractions")), 0),
+        cached_tokens=_int(meta.get("cached_tokens"), 0),
+    )
+
+
+def _int(value: Any, default: int) -> int:
+    return value if type(value) is int else default
+
+
+def _abort(finish: dict[str, Any], server: str) -> AttemptFailed:
+    """finish_reason {type: abort}: an abort whose status the release did not turn into an HTTP error (no status:
+    /abort_request, a paused engine; other statuses up to 0.5.22). Classified by its status like an HTTP error."""
+    message = f"{server}: request aborted: {finish.get('message') or 'no message'}"
+    status = finish.get("status_code")
+    if type(status) is int and 400 <= status < 600:
+        return _by_status(status, message)
+    return AttemptFailed(Fault.SAMPLE, "retries_exhausted", message)
+
+
+def classify_error(status: int, content: bytes, server: str) -> AttemptFailed:
+    """An HTTP error answer from /generate, whichever body shape the release uses."""
+    return _by_status(status, f"{server}: HTTP {status}: {error_message(content) or 'no body'}")
+
+
+def _by_status(status: int, message: str) -> AttemptFailed:
+    if status in (401, 403):
+        return AttemptFailed(Fault.FATAL, "unauthorized", f"{message} (check the server API key)")
+    if status == 404:
+        return AttemptFailed(Fault.FATAL, "not_found", f"{message} (check the server URL)")
+    if status in (429, 503):
+        return AttemptFailed(Fault.OVERLOAD, "retries_exhausted", message)
+    if status >= 500:
+        return AttemptFailed(Fault.REPLICA, "retries_exhausted", message)
+    return AttemptFailed(Fault.FINAL, "server_rejected", message)
+
+
+def transport_failure(server: str, error: str, detail: str, *, connect: bool) -> AttemptFailed:
+    """No HTTP answer: refused/unresolvable (nothing listens: the replica is down) or dropped on the way."""
+    fault = Fault.UNREACHABLE if connect else Fault.REPLICA
+    return AttemptFailed(fault, "retries_exhausted", f"{server}: {error}: {detail or 'connection failed'}")
+
+
+def error_message(content: bytes) -> str:
+    """The message of an error body, in any of the shapes SGLang answers with:
+    {"error": {"message": ...}} (a ValueError, 0.5.9 entrypoints/http_server.py:1636), {"error": "..."} (401,
+    utils/auth.py; the 0.5.22+ JSON contract gate, 0.5.23 entrypoints/http_server.py:937), an ErrorResponse
+    {"object": "error", "message": ...} (HTTPException, 0.5.23 entrypoints/http_server.py:578), FastAPI's
+    {"detail": ...}, or Starlette's plain-text "Internal Server Error" (an uncaught TypeError)."""
+    try:
+        body = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return content.decode("utf-8", "replace").strip()[:MESSAGE_LIMIT]
+    if isinstance(body, dict):
+        for key in ("error", "message", "detail"):
+            value = body.get(key)
+            if isinstance(value, dict) and value.get("message"):
+                return str(value["message"])[:MESSAGE_LIMIT]
+            if isinstance(value, str) and value:
+                return value[:MESSAGE_LIMIT]
+    return str(body)[:MESSAGE_LIMIT]

@@ -57,12 +57,11 @@ def failure_record(dataset: str, prompt: Prompt, failure: GenerationFailure, sam
     return {**error.as_record(dataset), "attempts": failure.attempts}
 
 
-def too_long_record(dataset: str, prompt: Prompt, prompt_tokens: int, max_new_tokens: int,
-                    context_length: int, dataset_index: int) -> dict[str, Any]:
+def too_long_record(dataset: str, prompt: Prompt, why: str, dataset_index: int) -> dict[str, Any]:
+    """The record of a prompt the server would refuse or cut (`why` from request_fit.ServerLimits.misfit)."""
     return RowError(
         prompt.line, prompt.sample_id, "prompt_too_long",
-        f"line {prompt.line} (sample {prompt.sample_id}): prompt is {prompt_tokens} tokens; with "
-        f"maxNewTokens {max_new_tokens} that is {prompt_tokens + max_new_tokens} > context length "
-        f"{context_length}. Lower spec.datasets[{dataset_index}].sampling.maxNewTokens, raise "
-        "spec.server.contextLength, or shorten the prompt",
+        f"line {prompt.line} (sample {prompt.sample_id}): {why}. Lower "
+        f"spec.datasets[{dataset_index}].sampling.maxNewTokens, raise spec.server.contextLength (and the KV pool "
+        "that holds it), or shorten the prompt",
     ).as_record(dataset)

@@ -317,7 +317,18 @@ class RunnerSpec(SpecModel):
     )
     shard_max_samples: int = Field(256, gt=0, description="Commit a shard when it holds this many samples.")
     shard_max_seconds: int = Field(60, gt=0, description="Commit a shard at least this often (seconds).")
-    max_attempts: int = Field(6, gt=0, description="Attempts per sample before it is recorded as failed.")
+    max_attempts: int = Field(
+        6, gt=0, description="Failed attempts per sample before it is recorded as failed. Only failures plausibly "
+        "the sample's own count (a corrupt answer, an abort, a server error while the replica answers others); "
+        "while no server is live the runner waits without spending attempts.",
+    )
+    outage_budget_seconds: int = Field(
+        7200, gt=0,
+        description="How long the runner waits for a live server when every replica is down before it stops "
+        "(exit code 4; nothing is written off, a rerun or the restarted Job continues). The default is twice "
+        "server.startupTimeoutSeconds' default: one full restart of a large model (weights copied again, loaded, "
+        "warmed up) with room to spare.",
+    )
     request_timeout_seconds: int = Field(3600, gt=0, description="Timeout of one /generate request.")
     stall_seconds: int | None = Field(
         None, gt=0,

@@ -145,3 +145,23 @@ def test_parse_check_catches_a_broken_expression(promtool: str, tmp_path: Path) 
 ])
 def test_metric_name_extraction(expr: str, names: set[str]) -> None:
     assert metric_names(expr) == names
+
+
+# Labels every supported SGLang release puts on the series the dashboard reads: model_name on scheduler and tokenizer
+# metrics alike (engine_type is on tokenizer metrics only from 0.5.11, is_streaming from 0.5.17: see
+# tokenmill_sim/metrics.py), plus Prometheus' own target labels and histogram buckets.
+SGLANG_LABELS_EVERYWHERE = {"model_name", "le", "namespace", "pod", "instance", "job", "service", "container"}
+
+
+def test_sglang_series_are_selected_by_labels_every_supported_release_sets() -> None:
+    checked = 0
+    for key, expr in _expressions().items():
+        names = metric_names(grafana_to_promql(expr))
+        if not names or not all(name.startswith("sglang:") for name in names):
+            continue
+        checked += 1
+        labels = set(re.findall(r"(\w+)\s*(?:=~|!~|!=|=)\s*\"", expr))
+        for grouping in re.findall(r"\b(?:by|without)\s*\(([^)]*)\)", expr):
+            labels |= {label.strip() for label in grouping.split(",") if label.strip()}
+        assert labels <= SGLANG_LABELS_EVERYWHERE, f"{key}: {labels - SGLANG_LABELS_EVERYWHERE} in {expr}"
+    assert checked >= 5, "the dashboard's SGLang panels were found"

@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tokenmill_runner.releases import metrics_in_every_supported_release
+
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "tokenmill"
 CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))
@@ -22,26 +24,13 @@ METRICS_DOC = REPO / "README.md"
 ARGOCD = REPO / "deploy" / "argocd"
 BUILD_TOOLS = REPO / "hack" / "build-tools.sh"
 
-# SGLang's /metrics names (reference/sglang.md §4: scheduler and tokenizer collectors, v0.5.6 and HEAD).
-SGLANG_GAUGES = {
-    "num_running_reqs", "num_queue_reqs", "num_grammar_queue_reqs", "gen_throughput", "cache_hit_rate", "token_usage",
-    "full_token_usage", "swa_token_usage", "mamba_usage", "num_used_tokens", "kv_available_tokens",
-    "kv_evictable_tokens", "kv_used_tokens", "decode_sum_seq_lens", "utilization", "fwd_occupancy", "new_token_ratio",
-    "is_cuda_graph", "num_retracted_reqs", "num_paused_reqs", "spec_accept_length", "spec_accept_rate",
-    "max_total_num_tokens", "max_running_requests_under_SLO", "engine_startup_time", "engine_load_weights_time",
-    "page_size", "num_pages", "context_len", "startup_available_gpu_memory_gb", "http_requests_active",
-}
-SGLANG_COUNTERS = {
-    "prompt_tokens_total", "generation_tokens_total", "cached_tokens_total", "num_requests_total",
-    "num_aborted_requests_total", "num_so_requests_total", "spec_verify_calls_total", "num_retracted_requests_total",
-    "num_retracted_input_tokens_total", "num_retracted_output_tokens_total", "cuda_graph_passes_total",
-    "realtime_tokens_total", "forward_execution_seconds_total", "http_requests_total", "http_responses_total",
-}
-SGLANG_HISTOGRAMS = {
-    "time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
-    "prompt_tokens_histogram", "uncached_prompt_tokens_histogram", "generation_tokens_histogram",
-    "queue_time_seconds", "per_stage_req_latency_seconds", "get_loads_duration_seconds", "func_latency_seconds",
-}
+# SGLang's /metrics names that every supported release exports (the releases' metric collectors, scanned per
+# release: tokenmill_runner/data/sglang_metrics.json). A name only some releases have (sglang:context_len is 0.5.11+)
+# must not be on a dashboard or in an alert that has to work on any of them.
+_EVERYWHERE = metrics_in_every_supported_release()
+SGLANG_GAUGES = {m.name.removeprefix("sglang:") for m in _EVERYWHERE.values() if m.kind == "gauge"}
+SGLANG_COUNTERS = {m.name.removeprefix("sglang:") for m in _EVERYWHERE.values() if m.kind == "counter"}
+SGLANG_HISTOGRAMS = {m.name.removeprefix("sglang:") for m in _EVERYWHERE.values() if m.kind == "histogram"}
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
 

@@ -181,7 +181,9 @@ def test_faults_are_retried_until_every_sample_is_present(tmp_path, demo_model):
     assert_exactly_once(open_storage(str(tmp_path / "out")), "chat", {f"s{i:04d}" for i in range(60)})
 
 
-def test_after_an_outage_retry_failed_generates_what_ran_out_of_retries(tmp_path, demo_model):
+def test_retry_failed_generates_what_was_given_up(tmp_path, demo_model):
+    """Samples given up for a server-side reason (here: answers corrupted by NaN logits, "NaN happened", every
+    time) stay failed on a plain rerun and are generated again with --retry-failed; bad input stays failed."""
     from tokenmill_runner.report import build_report
     from tokenmill_runner.report_files import load_ledger
     from tokenmill_sim.config import SimConfig
@@ -199,10 +201,10 @@ def test_after_an_outage_retry_failed_generates_what_ran_out_of_retries(tmp_path
             update = {"servers": [sim.url], "retry_failed": retry_failed}
             return await (await prepare(config.model_copy(update=update), api_key=None)).run()
 
-    down = SimConfig(model_path=str(demo_model), time_scale=2000.0, fault_503_rate=1.0)
+    corrupt = SimConfig(model_path=str(demo_model), time_scale=2000.0, fault_nan_rate=1.0)
     up = SimConfig(model_path=str(demo_model), time_scale=2000.0)
-    outage = asyncio.run(run_with(down, retry_failed=False))
-    assert outage.datasets[0].failed == {"retries_exhausted": 20, "invalid_json": 1}
+    given_up = asyncio.run(run_with(corrupt, retry_failed=False))
+    assert given_up.datasets[0].failed == {"nan_output": 20, "invalid_json": 1}
     plain = asyncio.run(run_with(up, retry_failed=False))
     assert plain.datasets[0].generated == 0 and plain.datasets[0].skipped == 21, "failures are final by default"
     retried = asyncio.run(run_with(up, retry_failed=True))

@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tokenmill_sim.config import SimConfig
 from tokenmill_sim.server import SimServer
 
+# meta_info of the default release, 0.5.23 (managers/tokenizer_manager.py:2510-2557, 3604-3628).
 META_KEYS = {"id", "finish_reason", "prompt_tokens", "weight_version", "num_retractions", "reasoning_tokens",
              "completion_tokens", "cached_tokens", "e2e_latency"}
 FAST = 1000.0  # simulated seconds per real second
@@ -97,18 +98,21 @@ def test_outputs_depend_on_seed_and_prompt_only(demo_model: Path, sim: SimServer
 def test_bad_requests_get_sglang_messages(sim: SimServer, prompt: list[int]) -> None:
     cases = [
         ({"input_ids": []}, "input_ids cannot be empty."),
-        ({"input_ids": [5, 99999]}, "The input_ids [5, 99999] contains values greater than the vocab size (1131)."),
         ({"input_ids": [5] * 40000}, "The input (40000 tokens) is longer than the model's context length "
                                      "(32768 tokens)."),
         ({"input_ids": prompt, "sampling_params": {"max_new_tokens": 32768}},
          "Requested token count exceeds the model's maximum context length of 32768 tokens."),
         ({"text": "Hello"}, "input_ids"),
-        ({"input_ids": prompt, "sampling_params": {"max_tokens": 10}}, "unexpected keyword argument 'max_tokens'"),
+        # The scheduler's limit: max_req_input_len = min(32767, pool - 1) - 5 (0.5.23 managers/tp_worker.py:572).
+        ({"input_ids": [5] * 32762}, "Input length (32762 tokens) exceeds the maximum allowed length (32762 tokens)"),
     ]
     for body, message in cases:
         response = generate(sim.url, body)
         assert response.status_code == 400, body
         assert message in response.json()["error"]["message"]
+    # 0.5.22+: the JSON contract gate's string error (0.5.23 entrypoints/http_server.py:937-939).
+    unknown = generate(sim.url, {"input_ids": prompt, "sampling_params": {"max_tokens": 10}})
+    assert unknown.status_code == 400 and unknown.json()["error"].startswith("unknown field `max_tokens`")
     broken = httpx.post(f"{sim.url}/generate", content=b"{not json", timeout=30)
     assert broken.status_code == 400 and broken.json()["code"] == 400
 
@@ -166,10 +170,14 @@ def test_model_and_server_info(sim: SimServer, demo_model: Path) -> None:
     assert info["architectures"] == ["LlamaForCausalLM"] and info["weight_version"] == "default"
     assert httpx.get(f"{sim.url}/get_model_info").json() == info
     server = httpx.get(f"{sim.url}/server_info").json()
-    assert server["context_length"] == 32768 and server["max_running_requests"] == 64
+    # context_length is what was passed, None unless given; max_req_input_len = min(32768 - 1, pool - 1) - 5
+    # (0.5.23 managers/tp_worker.py:568-572); keys 0.5.17/0.5.19/0.5.21 added.
+    assert server["context_length"] is None and server["max_running_requests"] == 64
     assert server["max_total_num_tokens"] == sim.config.max_total_tokens and server["tp_size"] == 1
-    assert server["max_req_input_len"] == 32767 and server["version"] == "tokenmill-sim"
-    assert "last_gen_throughput" in server["internal_states"][0]
+    assert server["max_req_input_len"] == 32762 and server["version"] == "0.5.23"
+    assert {"startup_time", "kv_events", "launch_command", "frontend"} <= set(server)
+    state = server["internal_states"][0]
+    assert state["effective_max_running_requests_per_dp"] == 64 and "last_gen_throughput" in state
     assert server["simulator"]["time_scale"] == FAST and "api_key" not in server["simulator"]
 
 
@@ -189,6 +197,24 @@ def test_metrics_use_sglang_names_and_count(sim: SimServer, prompt: list[int]) -
     assert after["sglang:context_len"] == 32768
     text = httpx.get(f"{sim.url}/metrics").text
     assert 'sglang:num_running_reqs{engine_type="unified",model_name="' in text and 'tp_rank="0"' in text
+    # 0.5.17+: is_streaming on the request counters (0.5.23 observability/metrics_collector.py:1858).
+    assert 'sglang:num_requests_total{engine_type="unified",is_streaming="false",model_name="' in text
+
+
+def test_metrics_of_an_older_release(demo_model: Path, prompt: list[int]) -> None:
+    # sglang:context_len first appears in 0.5.11. 0.5.9: tokenizer metrics carry only model_name (0.5.9
+    # managers/tokenizer_manager.py:433-436), no is_streaming; scheduler metrics model_name, engine_type, tp_rank,
+    # pp_rank, moe_ep_rank (0.5.9 managers/scheduler_metrics_mixin.py:114-120).
+    with SimServer(config(demo_model, sglang_version="0.5.9", served_model_name="m")) as server:
+        generate(server.url, {"input_ids": prompt, "sampling_params": {"max_new_tokens": 8}})
+        text = httpx.get(f"{server.url}/metrics").text
+        body = generate(server.url, {"input_ids": prompt, "sampling_params": {"max_new_tokens": 8}}).json()
+    assert 'sglang:num_requests_total{model_name="m"} 1.0' in text
+    assert "sglang:context_len" not in text and "is_streaming" not in text
+    assert 'sglang:num_running_reqs{engine_type="unified",model_name="m",moe_ep_rank="0",pp_rank="0",tp_rank="0"}' \
+        in text
+    meta = body["meta_info"]
+    assert "total_retractions" in meta and "num_retractions" not in meta and "reasoning_tokens" not in meta
 
 
 async def test_gauges_show_a_busy_server(demo_model: Path, prompt: list[int]) -> None:
@@ -267,3 +293,39 @@ def test_api_key_is_required_except_for_probes(demo_model: Path, prompt: list[in
         assert allowed.status_code == 200
         assert httpx.get(f"{server.url}/health").status_code == 200
         assert httpx.get(f"{server.url}/metrics").status_code == 200
+
+
+# ---- per-release behaviour that needs a running server ----------------------------------------------------------
+def test_fault_nan_gives_sglang_s_nan_answer(demo_model: Path, prompt: list[int]) -> None:
+    # _check_vocab_boundary_finish: the bad token becomes an end-of-sequence id, matched "NaN happened" (0.5.23
+    # managers/schedule_batch.py:1989, 2019).
+    with SimServer(config(demo_model, fault_nan_rate=1.0)) as server:
+        body = generate(server.url, {"input_ids": prompt, "sampling_params": {"max_new_tokens": 5000}}).json()
+    assert body["meta_info"]["finish_reason"] == {"type": "stop", "matched": "NaN happened"}
+    eos = 4  # examples/demo-model/config.json eos_token_id
+    assert body["output_ids"][-1] == eos and len(body["output_ids"]) == body["meta_info"]["completion_tokens"]
+
+
+def test_a_503_window_leaves_health_answering(demo_model: Path, prompt: list[int]) -> None:
+    # A queue that stays full: /generate answers 503 (0.5.23 managers/scheduler.py:3562), while /health still gets
+    # its one-token generation through and answers 200 (0.5.23 entrypoints/http_server.py:723).
+    with SimServer(config(demo_model, fault_503_after_s=0.0, fault_503_for_s=0.5)) as server:
+        assert generate(server.url, {"input_ids": prompt}).status_code == 503
+        assert httpx.get(f"{server.url}/health").status_code == 200
+        time.sleep(0.6)
+        assert generate(server.url, {"input_ids": prompt}).status_code == 200
+
+
+async def test_retractions_and_cached_tokens_are_reported(demo_model: Path, prompt: list[int]) -> None:
+    # A pool too small for what the estimate admits: requests are retracted and counted in num_retractions; the
+    # same prompt again finds all but its last token in the prefix cache (cached_tokens).
+    sim = config(demo_model, time_scale=2000.0, max_total_tokens=6000, max_running_requests=32)
+    with SimServer(sim) as server:
+        body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True}}
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            answers = [a.json()["meta_info"] for a in
+                       await asyncio.gather(*(client.post("/generate", json=body) for _ in range(12)))]
+        final = metrics(server.url)
+    assert sum(meta["num_retractions"] for meta in answers) == final["sglang:num_retracted_requests_total"] > 0
+    assert all(meta["completion_tokens"] == 1500 for meta in answers)
+    assert sorted(meta["cached_tokens"] for meta in answers)[-1] == len(prompt) - 1

@@ -1,4 +1,5 @@
-"""The simulator's pure parts: length profiles, token structure, the capacity model, the wire format, the flags."""
+"""The simulator's pure parts: length profiles, token structure, the flags (the capacity model is in
+test_sim_capacity.py, the wire format per release in test_sim_protocol.py)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,10 @@ from typing import Any
 
 import pytest
 
-from tokenmill_sim.capacity import CapacityModel, CapacityParams, Job
 from tokenmill_sim.config import SimConfig, add_arguments, config_from_args
 from tokenmill_sim.loader import load_model
 from tokenmill_sim.model import LoadedModel
 from tokenmill_sim.profiles import AUTO, CLARIFICATION_SHARE, PROFILES, SWE_PROMPT_TOKENS, choose_profile
-from tokenmill_sim.protocol import ApiError, parse_generate
 from tokenmill_sim.tokens import OutputGenerator, SamplingParams, declared_tools, prompt_digest
 
 WEATHER_TOOL = {"type": "function", "function": {
@@ -229,6 +228,19 @@ def test_stop_token_ids_stop_at_the_first_match_and_keep_it(model: LoadedModel) 
     assert result.output_ids == full[:full.index(word) + 1] and result.matched_stop == word
 
 
+@pytest.mark.parametrize(("eos_at_cap", "finish"), [("length", "length"), ("stop", "stop")])
+def test_eos_as_the_last_allowed_token(model: LoadedModel, eos_at_cap: str, finish: str) -> None:
+    # Through 0.5.17 the length check runs before the stop-token check (0.5.9 managers/schedule_batch.py:1081-1086):
+    # EOS sampled as the last allowed token finishes as `length`, EOS kept; from 0.5.18 it is `stop` (0.5.23
+    # managers/schedule_batch.py:2034-2043).
+    gen = OutputGenerator(model.vocab, model.bank, model.encode, model.decode, 0, AUTO, eos_at_cap)
+    prompt = random_prompts(1, 7)[0]
+    full = gen.generate(prompt, SamplingParams(max_new_tokens=100_000)).output_ids
+    result = gen.generate(prompt, SamplingParams(max_new_tokens=len(full)))
+    assert result.output_ids == full and full[-1] == model.vocab.eos
+    assert result.finish_reason["type"] == finish
+
+
 def test_ignore_eos_generates_exactly_max_new_tokens(model: LoadedModel) -> None:
     gen = generator(model)
     prompt = next(p for p in random_prompts(50, 8) if gen.plan(p).length < 1500)
@@ -268,184 +280,6 @@ def test_clarifications_are_short(model: LoadedModel) -> None:
         assert "?" in model.decode(ids[ids.index(model.vocab.think_end):], True)
 
 
-# ---- capacity model -------------------------------------------------------------------------------------------
-def drain(model: CapacityModel) -> list[Job]:
-    done: list[Job] = []
-    while (when := model.next_event_time()) is not None:
-        done += model.advance_to(when)
-    return done
-
-
-def concurrency_peak(jobs: list[Job]) -> int:
-    events = sorted([(j.admitted_at, 1) for j in jobs] + [(j.finished_at, -1) for j in jobs])
-    level = peak = 0
-    for _, delta in events:  # ends sort before starts at the same instant: a slot is reused at its step boundary
-        level += delta
-        peak = max(peak, level)
-    return peak
-
-
-def test_never_more_than_max_running_requests() -> None:
-    model = CapacityModel(CapacityParams(max_running_requests=8))
-    rng = random.Random(1)
-    jobs: list[Job] = []
-    done: list[Job] = []
-    now = 0.0
-    for _ in range(300):
-        now += rng.expovariate(20.0)
-        done += model.advance_to(now)
-        assert model.running <= 8
-        job = Job(rng.randrange(10, 2000), rng.randrange(1, 400), now)
-        model.submit(job)
-        jobs.append(job)
-    done += drain(model)
-    assert sorted(map(id, done)) == sorted(map(id, jobs))
-    assert concurrency_peak(jobs) == 8
-    for job in jobs:
-        assert job.arrival <= job.admitted_at < job.first_token_at <= job.finished_at
-
-
-def test_makespan_of_equal_requests_matches_the_step_arithmetic() -> None:
-    params = CapacityParams(max_running_requests=16, step_ms=20.0, step_ms_per_request=0.05,
-                            prefill_ms_per_1k_tokens=30.0)
-    model = CapacityModel(params)
-    jobs = [Job(1000, 100, 0.0) for _ in range(32)]
-    for job in jobs:
-        model.submit(job)
-    drain(model)
-    batch = 100 * params.step_seconds(16) + params.prefill_seconds(16 * 1000)
-    assert max(j.finished_at for j in jobs) == pytest.approx(2 * batch)
-    first, second = jobs[:16], jobs[16:]
-    assert all(j.finished_at == pytest.approx(batch) for j in first)
-    assert all(j.admitted_at == pytest.approx(batch) for j in second)  # they waited one full batch
-    ttft = params.step_seconds(16) + params.prefill_seconds(16 * 1000)
-    assert all(j.first_token_at - j.arrival == pytest.approx(ttft) for j in first)
-    assert model.generated_tokens == 32 * 100
-
-
-def test_the_kv_pool_limits_admission() -> None:
-    model = CapacityModel(CapacityParams(max_running_requests=100, max_total_tokens=3 * (500 + 50)))
-    jobs = [Job(500, 50, 0.0) for _ in range(9)]
-    for job in jobs:
-        model.submit(job)
-    model.advance_to(0.0)
-    assert model.running == 3 and model.queued == 6
-    assert model.used_tokens() == 3 * (500 + 1)  # prompts plus the first token of each
-    drain(model)
-    assert concurrency_peak(jobs) == 3
-    # A request larger than the whole pool still runs, alone.
-    big = Job(10_000, 10, model.boundary)
-    model.submit(big)
-    assert [job is big for job in drain(model)] == [True]
-
-
-def test_an_arrival_waits_for_the_next_step_boundary() -> None:
-    params = CapacityParams(max_running_requests=4, prefill_ms_per_1k_tokens=0.0)
-    model = CapacityModel(params)
-    long = Job(10, 1000, 0.0)
-    model.submit(long)
-    dt = params.step_seconds(1)
-    arrival = 10.5 * dt  # in the middle of step 10
-    model.advance_to(arrival)
-    late = Job(10, 5, arrival)
-    model.submit(late)
-    drain(model)
-    assert late.admitted_at == pytest.approx(11 * dt)
-    assert late.finished_at == pytest.approx(11 * dt + 5 * params.step_seconds(2))
-
-
-def test_cancel_frees_the_slot_and_skips_the_queue() -> None:
-    params = CapacityParams(max_running_requests=1, prefill_ms_per_1k_tokens=0.0)
-    model = CapacityModel(params)
-    first, queued, third = Job(10, 10_000, 0.0), Job(10, 10, 0.0), Job(10, 10, 0.0)
-    for job in (first, queued, third):
-        model.submit(job)
-    model.advance_to(1.0)
-    model.cancel(queued)
-    model.cancel(first)
-    assert model.running == 0 and model.queued == 1 and model.reserved == 0
-    done = drain(model)
-    assert done == [third] and third.admitted_at == pytest.approx(model.boundary - 10 * params.step_seconds(1))
-    assert third.admitted_at < 2.0
-
-
-def test_the_model_jumps_between_events() -> None:
-    lengths = random.Random(2)
-    model = CapacityModel(CapacityParams(max_running_requests=256))
-    # Lengths as the server sees them: cut at a max_new_tokens of 10240.
-    jobs = [Job(200, min(10240, PROFILES["glaive"].draw(lengths)), 0.0) for _ in range(20_000)]
-    started = time.perf_counter()
-    for job in jobs:
-        model.submit(job)
-    calls = 0
-    while (when := model.next_event_time()) is not None:
-        model.advance_to(when)
-        calls += 1
-    assert time.perf_counter() - started < 5.0
-    assert calls <= 2 * len(jobs)
-    assert model.completed == len(jobs) and model.generated_tokens == sum(j.steps for j in jobs)
-    # Full batches until the tail: throughput close to 256 slots' worth.
-    ideal = sum(j.steps for j in jobs) / 256 * CapacityParams().step_seconds(256)
-    assert max(j.finished_at for j in jobs) < 1.5 * ideal + 10
-
-
-def test_gauges_describe_the_batch() -> None:
-    params = CapacityParams(max_running_requests=4)
-    model = CapacityModel(params)
-    for _ in range(6):
-        model.submit(Job(100, 1000, 0.0))
-    model.advance_to(1.0)
-    assert model.running == 4 and model.queued == 2
-    assert model.decode_throughput() == pytest.approx(4 / params.step_seconds(4))
-    assert model.used_tokens() == 4 * 100 + 4 * model.step
-
-
-# ---- wire format ------------------------------------------------------------------------------------------------
-def parse(body: Any, vocab: int = 1000, context: int = 4096) -> Any:
-    return parse_generate(body, vocab, context)
-
-
-def error_of(body: Any, **kwargs: int) -> str:
-    with pytest.raises(ApiError) as caught:
-        parse(body, **kwargs)
-    assert caught.value.status == 400
-    return caught.value.body["error"]["message"]
-
-
-def test_single_and_batched_requests_parse() -> None:
-    single = parse({"input_ids": [1, 2, 3], "rid": "a"})
-    assert not single.batch and single.items[0].rid == "a"
-    assert single.items[0].params == SamplingParams(max_new_tokens=128)  # SGLang's default
-    batch = parse({"input_ids": [[1], [2, 3]], "rid": "r",
-                   "sampling_params": [{"max_new_tokens": 5}, {"max_new_tokens": 6, "ignore_eos": True,
-                                                              "stop_token_ids": [7]}]})
-    assert batch.batch and [i.rid for i in batch.items] == ["r_0", "r_1"]
-    assert batch.items[1].params == SamplingParams(6, frozenset({7}), ignore_eos=True)
-    broadcast = parse({"input_ids": [[1], [2]], "sampling_params": {"max_new_tokens": 9}, "rid": ["x", "y"]})
-    assert [i.params.max_new_tokens for i in broadcast.items] == [9, 9] and broadcast.items[1].rid == "y"
-    assert len({i.rid for i in parse({"input_ids": [[1], [2]]}).items}) == 2
-
-
-def test_validation_messages_follow_sglang() -> None:
-    assert error_of({"input_ids": []}) == "input_ids cannot be empty."
-    assert error_of({"input_ids": [[1], []]}) == "input_ids cannot be empty."
-    assert error_of({"input_ids": [1, 1000]}) == \
-        "The input_ids [1, 1000] contains values greater than the vocab size (1000)."
-    assert error_of({"input_ids": [1] * 10}, context=10) == \
-        "The input (10 tokens) is longer than the model's context length (10 tokens)."
-    assert error_of({"input_ids": [1] * 6, "sampling_params": {"max_new_tokens": 5}}, context=10) == (
-        "Requested token count exceeds the model's maximum context length of 10 tokens. You requested a total of "
-        "11 tokens: 6 tokens from the input messages and 5 tokens for the completion. Please reduce the number of "
-        "tokens in the input messages or the completion to fit within the limit.")
-    parse({"input_ids": [1] * 6}, context=10)  # without an explicit max_new_tokens SGLang does not check the total
-    assert "input_ids" in error_of({"text": "hello"})
-    assert "max_tokens" in error_of({"input_ids": [1], "sampling_params": {"max_tokens": 5}})
-    assert "max_new_tokens" in error_of({"input_ids": [1], "sampling_params": {"max_new_tokens": -1}})
-    assert error_of({"input_ids": [[1], [2]], "rid": ["a", "a"]}) == "Duplicate request ID detected"
-    assert "length" in error_of({"input_ids": [[1], [2]], "sampling_params": [{}]})
-    assert "integers" in error_of({"input_ids": [1, "2"]})
-
-
 # ---- flags --------------------------------------------------------------------------------------------------------
 def test_every_config_field_has_a_flag() -> None:
     parser = argparse.ArgumentParser()
@@ -453,17 +287,22 @@ def test_every_config_field_has_a_flag() -> None:
     args = parser.parse_args(["--model-path", "m"])
     assert config_from_args(args) == SimConfig(model_path="m")
     assert (args.host, args.port) == ("127.0.0.1", 30000)
-    argv = ["--model", "m", "--seed", "3", "--max-running-requests", "7", "--max-total-tokens", "900",
-            "--context-length", "800", "--step-ms", "1.5", "--step-ms-per-request", "0.5",
-            "--prefill-ms-per-1k-tokens", "2", "--time-scale", "100", "--profile", "swe", "--startup-seconds", "4",
-            "--fault-503-rate", "0.1", "--fault-reset-rate", "0.2", "--fault-abort-rate", "0.3",
-            "--fault-slow-rate", "0.4", "--fault-slow-seconds", "0.5", "--max-queued-requests", "9",
+    argv = ["--model", "m", "--sglang-version", "0.5.9", "--seed", "3", "--max-running-requests", "7",
+            "--max-total-tokens", "900", "--page-size", "16", "--context-length", "800", "--step-ms", "1.5",
+            "--step-ms-per-request", "0.5", "--prefill-ms-per-1k-tokens", "2", "--time-scale", "100", "--profile",
+            "swe", "--startup-seconds", "4", "--fault-503-rate", "0.1", "--fault-503-after-s", "3",
+            "--fault-503-for-s", "2", "--fault-nan-rate", "0.05", "--fault-reset-rate", "0.2", "--fault-abort-rate",
+            "0.3", "--fault-slow-rate", "0.4", "--fault-slow-seconds", "0.5", "--max-queued-requests", "9",
             "--api-key", "k", "--served-model-name", "kimi", "--host", "0.0.0.0", "--port", "1"]
     config = config_from_args(parser.parse_args(argv))
     flagged = {action.dest for action in parser._actions}
     assert {f.name for f in fields(SimConfig)} <= flagged
-    assert config == SimConfig("m", 3, 7, 900, 800, 1.5, 0.5, 2.0, 100.0, "swe", 4.0, 0.1, 0.2, 0.3, 0.4, 0.5, 9,
-                               "k", "kimi")
+    assert config == SimConfig(
+        "m", sglang_version="0.5.9", seed=3, max_running_requests=7, max_total_tokens=900, page_size=16,
+        context_length=800, step_ms=1.5, step_ms_per_request=0.5, prefill_ms_per_1k_tokens=2.0, time_scale=100.0,
+        profile="swe", startup_seconds=4.0, fault_503_rate=0.1, fault_503_after_s=3.0, fault_503_for_s=2.0,
+        fault_nan_rate=0.05, fault_reset_rate=0.2, fault_abort_rate=0.3, fault_slow_rate=0.4,
+        fault_slow_seconds=0.5, max_queued_requests=9, api_key="k", served_model_name="kimi")
     assert config.model_name == "kimi"
 
 
@@ -474,6 +313,10 @@ def test_bad_settings_are_refused() -> None:
         SimConfig("m", fault_abort_rate=2.0)
     with pytest.raises(ValueError, match="time_scale"):
         SimConfig("m", time_scale=0)
+    with pytest.raises(ValueError, match="supported SGLang releases"):
+        SimConfig("m", sglang_version="0.5.6")
+    with pytest.raises(ValueError, match="not a release tokenmill knows"):
+        SimConfig("m", sglang_version="0.4.0")
 
 
 def test_typescript_tool_declarations_are_read_like_json_ones() -> None:

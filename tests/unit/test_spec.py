@@ -98,19 +98,28 @@ def test_examples_parse():
 def test_auto_concurrency_fills_the_servers_and_keeps_a_queue():
     from tokenmill_runner.config import RunnerConfig
     from tokenmill_runner.prepare import resolve_concurrency
+    from tokenmill_runner.server_info import ServerFacts
+
+    def server(slots, kv_tokens):
+        # /server_info of 0.5.9+: effective_max_running_requests_per_dp and the KV pool per DP scheduler.
+        return ServerFacts.read("http://a", {"version": "0.5.23", "max_total_num_tokens": kv_tokens, "internal_states": [
+            {"effective_max_running_requests_per_dp": slots, "memory_usage": {"token_capacity": kv_tokens}}]})
 
     spec = parse_document(doc()).spec  # longest cap 32768 -> typical request 512 + 0.15 * 32768 = 5427 tokens
     one = RunnerConfig(spec=spec, servers=["http://a"], output_uri="/tmp/x")
-    kv_bound = {"max_running_requests": 2048, "max_total_num_tokens": 868_000}
+    kv_bound = server(2048, 868_000)
     assert resolve_concurrency(one, [kv_bound]) == int(159 * 1.5) + 64  # 868000 // 5427 = 159 requests fit
-    slot_bound = {"max_running_requests": 100, "max_total_num_tokens": 10_000_000}
-    assert resolve_concurrency(one, [slot_bound, slot_bound]) == 364
+    slot_bound = server(100, 10_000_000)
+    two = RunnerConfig(spec=spec, servers=["http://a", "http://b"], output_uri="/tmp/x")
+    assert resolve_concurrency(two, [slot_bound, slot_bound]) == 364
+    assert resolve_concurrency(two, [slot_bound]) == 364, "a replica down at the start counts like the other"
     four = RunnerConfig(spec=spec, servers=["http://a"], output_uri="/tmp/x", worker_count=4)
     assert resolve_concurrency(four, [slot_bound]) == 54  # ceil(214 / 4)
     # DP attention: each of the 8 groups has its own pool; /server_info reports one group's (--attn-dp-size from
     # 0.5.22, --dp-size with --enable-dp-attention before; --dp-size alone runs 8 replicas, each with its pool).
     for dp in ({"attn_dp_size": 8, "dp_size": 1}, {"dp_size": 8, "enable_dp_attention": True}, {"dp_size": 8}):
-        assert resolve_concurrency(one, [{**kv_bound, **dp, "max_running_requests": 16384}]) == int(8 * 159 * 1.5) + 64
+        info = {"version": "0.5.23", "max_total_num_tokens": 868_000, "max_running_requests": 16384, **dp}
+        assert resolve_concurrency(one, [ServerFacts.read("http://a", info)]) == int(8 * 159 * 1.5) + 64
     fixed = spec.model_copy(update={"runner": spec.runner.model_copy(update={"concurrency": 7})})
     assert resolve_concurrency(RunnerConfig(spec=fixed, servers=["http://a"], output_uri="/tmp/x"), [kv_bound]) == 7
 

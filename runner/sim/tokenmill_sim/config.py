@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, fields
 
+from tokenmill_runner.releases import DEFAULT_RELEASE, SUPPORTED_RELEASES, UnknownReleaseError, release
+
 from .profiles import AUTO, PROFILES
 
 DEFAULT_HOST = "127.0.0.1"  # like SGLang: pods must pass --host 0.0.0.0
@@ -14,11 +16,13 @@ DEFAULT_PORT = 30000
 @dataclass(frozen=True)
 class SimConfig:
     model_path: str  # folder with config.json and tokenizer files (e.g. examples/demo-model)
+    sglang_version: str = DEFAULT_RELEASE  # whose behaviour it shows (wire format, limits, metrics)
     seed: int = 0
     max_running_requests: int = 256
-    # KV pool in tokens; admission reserves prompt + final output length (SGLang reserves less and retracts). The
+    # KV pool in tokens. Admission goes by SGLang's estimate and retracts when decode runs out (capacity.py). The
     # default holds 256 requests of 10k+ tokens, so by default slots, not KV, bound the batch (as in DESIGN.md).
     max_total_tokens: int = 4_000_000
+    page_size: int = 1  # KV page size (--page-size); from 0.5.21 it rounds the per-request memory cap
     context_length: int | None = None  # None: config.json max_position_embeddings
     step_ms: float = 20.0  # simulated decode step time at an empty batch
     step_ms_per_request: float = 0.05  # added per running request
@@ -27,6 +31,11 @@ class SimConfig:
     profile: str = AUTO  # auto | glaive | reasoning | swe
     startup_seconds: float = 0.0  # real seconds of "weight loading": /health answers 503 until then
     fault_503_rate: float = 0.0  # share of /generate requests answered 503 (like a full queue)
+    # From this many real seconds after start, for fault_503_for_s seconds, every /generate answers 503 (a queue
+    # that stays full); /health keeps answering 200, as SGLang's does while its scheduler produces output.
+    fault_503_after_s: float | None = None
+    fault_503_for_s: float = 0.0
+    fault_nan_rate: float = 0.0  # share of requests whose output hits NaN logits ("NaN happened")
     fault_reset_rate: float = 0.0  # share whose connection is dropped instead of answered
     fault_abort_rate: float = 0.0  # share of items finishing with finish_reason {type: abort}
     fault_slow_rate: float = 0.0  # share answered only after fault_slow_seconds extra (real) seconds
@@ -37,13 +46,22 @@ class SimConfig:
     trust_remote_code: bool = False  # like SGLang --trust-remote-code: run the tokenizer's own code (Kimi)
 
     def __post_init__(self) -> None:
+        try:
+            supported = release(self.sglang_version).supported
+        except UnknownReleaseError as error:
+            raise ValueError(str(error)) from None
+        if not supported:
+            raise ValueError(f"the simulator shows the behaviour of the supported SGLang releases "
+                             f"({', '.join(SUPPORTED_RELEASES)}), not {self.sglang_version}")
+        if self.page_size < 1:
+            raise ValueError("page_size must be at least 1")
         if self.profile != AUTO and self.profile not in PROFILES:
             raise ValueError(f"unknown profile {self.profile!r}; choose auto or one of {sorted(PROFILES)}")
         if self.time_scale <= 0:
             raise ValueError("time_scale must be positive")
         if self.max_running_requests < 1 or self.max_total_tokens < 1:
             raise ValueError("max_running_requests and max_total_tokens must be at least 1")
-        for name in ("fault_503_rate", "fault_reset_rate", "fault_abort_rate", "fault_slow_rate"):
+        for name in ("fault_503_rate", "fault_reset_rate", "fault_abort_rate", "fault_slow_rate", "fault_nan_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be within [0, 1]")
 
@@ -54,6 +72,11 @@ class SimConfig:
 
 _HELP = {
     "model_path": "folder with config.json, generation_config.json and tokenizer files",
+    "sglang_version": f"the SGLang release whose behaviour to show: {', '.join(SUPPORTED_RELEASES)}",
+    "page_size": "KV cache page size in tokens (SGLang --page-size)",
+    "fault_503_after_s": "real seconds after start when /generate starts answering 503 for --fault-503-for-s",
+    "fault_503_for_s": "real seconds during which every /generate answers 503 (a queue that stays full)",
+    "fault_nan_rate": "share of requests whose output hits NaN logits (finish_reason matched 'NaN happened')",
     "seed": "seed of every drawn output (same seed + same prompt => same output)",
     "max_running_requests": "continuous-batching slots",
     "max_total_tokens": "KV cache pool in tokens (prompt + output reserved per running request)",
@@ -82,8 +105,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default {DEFAULT_HOST})")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
     typed: dict[str, type] = {
-        "seed": int, "max_running_requests": int, "max_total_tokens": int, "context_length": int,
-        "step_ms": float, "step_ms_per_request": float, "prefill_ms_per_1k_tokens": float, "time_scale": float,
+        "sglang_version": str, "page_size": int, "fault_503_after_s": float, "fault_503_for_s": float,
+        "fault_nan_rate": float, "seed": int, "max_running_requests": int, "max_total_tokens": int,
+        "context_length": int, "step_ms": float, "step_ms_per_request": float, "prefill_ms_per_1k_tokens": float,
+        "time_scale": float,
         "profile": str, "startup_seconds": float, "fault_503_rate": float, "fault_reset_rate": float,
         "fault_abort_rate": float, "fault_slow_rate": float, "fault_slow_seconds": float,
         "max_queued_requests": int, "api_key": str, "served_model_name": str,

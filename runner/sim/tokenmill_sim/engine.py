@@ -66,14 +66,14 @@ class Engine:
             if isinstance(future, asyncio.Future) and not future.done():
                 future.set_result(job)
 
-    def submit(self, prompt_tokens: int, output_tokens: int, *, enforce_queue_limit: bool = True) -> Job:
+    def submit(self, job: Job, *, enforce_queue_limit: bool = True) -> Job:
         """Queue a request now; await `job.handle` for the finished job. Raises QueueFull."""
         self.sync()
         limit = self.max_queued_requests
         if enforce_queue_limit and limit is not None and self.model.queued + 1 > limit:
             raise QueueFull()
-        job = Job(prompt_tokens, output_tokens, arrival=self.clock.now(),
-                  handle=asyncio.get_running_loop().create_future())
+        job.arrival = self.clock.now()
+        job.handle = asyncio.get_running_loop().create_future()
         self.model.submit(job)
         self._wake()
         return job

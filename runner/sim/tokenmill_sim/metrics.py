@@ -1,7 +1,11 @@
-"""/metrics with SGLang's metric names and labels, in a registry of its own (several servers share a test process).
+"""/metrics with the names and labels of the SGLang release being simulated, in a registry of its own (several
+servers share a test process). Times are simulated seconds.
 
-Scheduler gauges carry model_name, engine_type, tp_rank and pp_rank (v0.5.6 labels; HEAD adds moe_ep_rank);
-tokenizer counters and histograms carry model_name and engine_type, as in SGLang. Times are simulated seconds.
+Labels (0.5.9 managers/scheduler_metrics_mixin.py:114-120, managers/tokenizer_manager.py:433-436; 0.5.11
+managers/tokenizer_manager.py:461-463; 0.5.23 observability/metrics_collector.py:1383-1388, 1805-1812, 1858):
+scheduler metrics carry model_name, engine_type, tp_rank, pp_rank and moe_ep_rank in every supported release;
+tokenizer metrics carry only model_name until 0.5.10.post1 and model_name, engine_type from 0.5.11; from 0.5.17 the
+request counters and latency histograms also carry is_streaming. `sglang:context_len` exists from 0.5.11.
 """
 
 from __future__ import annotations
@@ -10,14 +14,17 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from tokenmill_runner.releases import Release, metric_in
 
 # Bucket edges close to SGLang's (seconds).
 LATENCY_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200, 1800,
                    2400, 3600, 7200)
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 15, 20, 25,
                 30, 60, 120, 300, 600)
+STREAMING = "is_streaming"
 
 
 @dataclass(frozen=True)
@@ -28,24 +35,30 @@ class SchedulerSnapshot:
     num_used_tokens: int
     max_total_num_tokens: int
     context_len: int
+    num_retracted_reqs: int = 0  # retracted by the last retraction
+    retracted_total: int = 0
 
     @property
     def token_usage(self) -> float:
         return self.num_used_tokens / self.max_total_num_tokens if self.max_total_num_tokens else 0.0
 
 
-class _SchedulerGauges(Collector):
-    NAMES = ("num_running_reqs", "num_queue_reqs", "gen_throughput", "token_usage", "num_used_tokens",
-             "max_total_num_tokens", "cache_hit_rate", "context_len")
+class _SchedulerMetrics(Collector):
+    GAUGES = ("num_running_reqs", "num_queue_reqs", "gen_throughput", "token_usage", "num_used_tokens",
+              "max_total_num_tokens", "cache_hit_rate", "context_len", "num_retracted_reqs")
 
-    def __init__(self, labels: dict[str, str], snapshot: Callable[[], SchedulerSnapshot]) -> None:
+    def __init__(self, labels: dict[str, str], snapshot: Callable[[], SchedulerSnapshot], release: Release) -> None:
         self.labels = labels
         self.snapshot = snapshot
+        self.gauges = tuple(n for n in self.GAUGES if metric_in(f"sglang:{n}", release.version))
+        self.retracted_counter = metric_in("sglang:num_retracted_requests_total", release.version)
 
     def describe(self) -> Iterator[Metric]:
         # Names only, so registering does not read a server that has not started yet.
-        for name in self.NAMES:
+        for name in self.gauges:
             yield GaugeMetricFamily(f"sglang:{name}", "", labels=list(self.labels))
+        if self.retracted_counter:
+            yield CounterMetricFamily("sglang:num_retracted_requests", "", labels=list(self.labels))
 
     def collect(self) -> Iterator[Metric]:
         state = self.snapshot()
@@ -59,36 +72,49 @@ class _SchedulerGauges(Collector):
                                      state.max_total_num_tokens),
             "cache_hit_rate": ("The prefix cache hit rate.", 0.0),
             "context_len": ("The context length.", state.context_len),
+            "num_retracted_reqs": ("The number of retracted requests.", state.num_retracted_reqs),
         }
-        for name, (documentation, value) in values.items():
+        for name in self.gauges:
+            documentation, value = values[name]
             family = GaugeMetricFamily(f"sglang:{name}", documentation, labels=list(self.labels))
             family.add_metric(list(self.labels.values()), float(value))
             yield family
+        if self.retracted_counter:
+            counter = CounterMetricFamily("sglang:num_retracted_requests", "Total number of retracted requests.",
+                                          labels=list(self.labels))
+            counter.add_metric(list(self.labels.values()), float(state.retracted_total))
+            yield counter
 
 
 class SimMetrics:
-    def __init__(self, model_name: str, snapshot: Callable[[], SchedulerSnapshot]) -> None:
+    def __init__(self, model_name: str, snapshot: Callable[[], SchedulerSnapshot], release: Release) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        tokenizer_labels = {"model_name": model_name, "engine_type": "unified"}
-        scheduler_labels = {**tokenizer_labels, "tp_rank": "0", "pp_rank": "0"}
-        self.registry.register(_SchedulerGauges(scheduler_labels, snapshot))
-        names = list(tokenizer_labels)
+        tokenizer_labels = {"model_name": model_name}
+        if release.metric_engine_type_label:
+            tokenizer_labels["engine_type"] = "unified"
+        scheduler_labels = {"model_name": model_name, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0",
+                            "moe_ep_rank": "0"}
+        self.registry.register(_SchedulerMetrics(scheduler_labels, snapshot, release))
+        # Non-streamed requests only: is_streaming is "false" wherever the release has the label.
+        streaming = {**tokenizer_labels, STREAMING: "false"} if release.metric_is_streaming_label else tokenizer_labels
 
-        def counter(name: str, documentation: str) -> Counter:
-            return Counter(name, documentation, names, registry=self.registry).labels(**tokenizer_labels)
+        def counter(name: str, documentation: str, labels: dict[str, str]) -> Counter:
+            return Counter(name, documentation, list(labels), registry=self.registry).labels(**labels)
 
         def histogram(name: str, documentation: str, buckets: tuple[float, ...], labels: dict[str, str]) -> Histogram:
             return Histogram(name, documentation, list(labels), buckets=buckets,
                              registry=self.registry).labels(**labels)
 
-        self.prompt_tokens = counter("sglang:prompt_tokens_total", "Number of prefill tokens processed.")
-        self.generation_tokens = counter("sglang:generation_tokens_total", "Number of generation tokens processed.")
-        self.num_requests = counter("sglang:num_requests_total", "Number of requests processed.")
-        self.num_aborted = counter("sglang:num_aborted_requests_total", "Number of requests aborted.")
+        self.prompt_tokens = counter("sglang:prompt_tokens_total", "Number of prefill tokens processed.", streaming)
+        self.generation_tokens = counter("sglang:generation_tokens_total", "Number of generation tokens processed.",
+                                         streaming)
+        self.num_requests = counter("sglang:num_requests_total", "Number of requests processed.", streaming)
+        self.num_aborted = counter("sglang:num_aborted_requests_total", "Number of requests aborted.",
+                                   tokenizer_labels)
         self.e2e_latency = histogram("sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency "
-                                     "in seconds", LATENCY_BUCKETS, tokenizer_labels)
+                                     "in seconds", LATENCY_BUCKETS, streaming)
         self.ttft = histogram("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                              TTFT_BUCKETS, tokenizer_labels)
+                              TTFT_BUCKETS, streaming)
         self.queue_time = histogram("sglang:queue_time_seconds", "Histogram of queueing time in seconds.",
                                     LATENCY_BUCKETS, scheduler_labels)
 

@@ -1,7 +1,10 @@
-"""SGLang's /generate wire format: request parsing and validation, and response bodies. Pure functions.
+"""SGLang's /generate wire format, release by release: request parsing and validation, and response bodies. Pure.
 
-Messages follow SGLang's TokenizerManager word for word where the source gives them (see reference/sglang.md), so a
-client tested here sees what it will see in production.
+Messages and statuses follow the release's own code (cited where each rule is applied), so a client tested here
+sees what it will see in production. Order of the checks, as in SGLang: the JSON contract gate (0.5.22+), the
+request's own validation (`GenerateReqInput`), the tokenizer manager's length checks, the SamplingParams
+constructor (an unknown key is a TypeError there: HTTP 500 until 0.5.21), and the scheduler's input limit and
+max_new_tokens clamp (`admit`).
 """
 
 from __future__ import annotations
@@ -11,36 +14,65 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
+from tokenmill_runner.releases import Release
+
 from .tokens import Finished, SamplingParams
 
-DEFAULT_MAX_NEW_TOKENS = 128
-
-# SamplingParams keys SGLang accepts; an unknown key is a TypeError there, so a typo never silently defaults.
-KNOWN_SAMPLING_KEYS = frozenset({
-    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
-    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema", "regex",
-    "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
-    "custom_params", "stream_interval", "logit_bias", "sampling_seed",
-})
+DEFAULT_MAX_NEW_TOKENS = 128  # SamplingParams' default (0.5.9 sampling/sampling_params.py:42)
+# A scheduler abort with status 400 becomes a ValueError and this message format (0.5.9
+# managers/schedule_batch.py:1180-1190 set_finish_with_abort, managers/utils.py:111-124).
+INPUT_TOO_LONG = ("Input length ({n} tokens) exceeds the maximum allowed length ({m} tokens). Use a shorter input or "
+                  "enable --allow-auto-truncate.")
+# What Starlette answers for an exception the route does not catch (a TypeError before 0.5.22).
+INTERNAL_SERVER_ERROR = "Internal Server Error"
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, body: dict[str, Any]) -> None:
+    """An HTTP error answer: a JSON body, or plain text."""
+
+    def __init__(self, status: int, body: dict[str, Any] | str) -> None:
         super().__init__(str(body))
         self.status = status
         self.body = body
 
 
 def bad_request(message: str) -> ApiError:
-    """A ValueError inside SGLang's /generate: HTTP 400 {"error": {"message": ...}} (_create_error_response)."""
+    """A ValueError inside SGLang's /generate: HTTP 400 {"error": {"message": ...}} (_create_error_response,
+    0.5.9 entrypoints/http_server.py:1636; 0.5.23 entrypoints/http_server.py:2246)."""
     return ApiError(HTTPStatus.BAD_REQUEST, {"error": {"message": message}})
 
 
 def abort_error(status: int, message: str) -> ApiError:
-    """An abort with status 500/503 (queue full, out of memory): raised as fastapi.HTTPException by SGLang and
-    rendered by its HTTPException handler as an OpenAI-style ErrorResponse."""
+    """A scheduler abort with status 500/503 (queue full, out of memory): raised as fastapi.HTTPException (0.5.9
+    managers/tokenizer_manager.py:1157-1185) and rendered by SGLang's handler as an OpenAI-style ErrorResponse
+    (0.5.9 entrypoints/http_server.py:399-405; 0.5.23 entrypoints/http_server.py:578)."""
     return ApiError(status, {"object": "error", "message": message, "type": str(status), "param": None,
                              "code": status})
+
+
+def contract_error(message: str) -> ApiError:
+    """0.5.22+: the JSON contract gate runs before anything else and answers 400 with the error as a string
+    (0.5.22 entrypoints/http_server.py:921; 0.5.23 entrypoints/http_server.py:937-939)."""
+    return ApiError(HTTPStatus.BAD_REQUEST, {"error": message})
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What the server was started with, as the scheduler sees it."""
+
+    context_length: int
+    max_total_tokens: int  # the KV pool
+    page_size: int = 1
+
+    @property
+    def max_req_len(self) -> int:
+        """min(context - 1, pool - 1) (0.5.9 managers/tp_worker.py:287; 0.5.23 managers/tp_worker.py:568)."""
+        return min(self.context_length - 1, self.max_total_tokens - 1)
+
+    @property
+    def max_req_input_len(self) -> int:
+        """max_req_len - 5 (0.5.9 managers/tp_worker.py:291; 0.5.23 managers/tp_worker.py:572)."""
+        return self.max_req_len - 5
 
 
 @dataclass(frozen=True)
@@ -59,24 +91,45 @@ class GenerateRequest:
     batch: bool  # 2-D input_ids: the answer is a JSON list, even for one item
 
 
-def parse_generate(body: Any, vocab_size: int, context_length: int) -> GenerateRequest:
-    """Validate a /generate body like SGLang does; raise ApiError(400) with SGLang's message otherwise."""
+def parse_generate(body: Any, release: Release, context_length: int) -> GenerateRequest:
+    """Validate a /generate body like that release does; raise ApiError with its status and body otherwise."""
     if not isinstance(body, dict):
         raise bad_request("The request body must be a JSON object.")
+    if release.unknown_sampling_key_status == 400:
+        _contract_gate(body.get("sampling_params"), release)
     prompts, batch = _prompts(body)
     if body.get("stream"):
         raise bad_request("The tokenmill simulator does not stream; send stream=false.")
-    params = _sampling_params(body.get("sampling_params"), len(prompts), batch)
+    raw_params = _raw_params(body.get("sampling_params"), len(prompts), batch)
     rids = _rids(body.get("rid"), len(prompts), batch)
     items = []
-    for rid, input_ids, (sampling, given) in zip(rids, prompts, params, strict=True):
-        _check_prompt(input_ids, sampling, given, vocab_size, context_length)
-        items.append(GenerateItem(rid, input_ids, sampling, given, bool(body.get("return_prompt_token_ids")),
+    for rid, input_ids, raw in zip(rids, prompts, raw_params, strict=True):
+        given = raw.get("max_new_tokens") is not None
+        _check_lengths(input_ids, raw.get("max_new_tokens") if given else None, release, context_length)
+        params = _sampling(raw, release)
+        items.append(GenerateItem(rid, input_ids, params, given, bool(body.get("return_prompt_token_ids")),
                                   bool(body.get("require_reasoning"))))
     return GenerateRequest(items, batch)
 
 
+def _contract_gate(raw: Any, release: Release) -> None:
+    """The 0.5.22+ gate's checks on sampling_params that the simulator models: unknown keys and max_new_tokens'
+    type (serde's messages, 0.5.23 sglang/api/v1/api_types.py:97-108, 1259-1264)."""
+    for params in raw if isinstance(raw, list) else [raw]:
+        if not isinstance(params, dict):
+            continue
+        for key in params:
+            if key not in release.sampling_keys:
+                listed = ", ".join(f"`{k}`" for k in release.sampling_keys)
+                raise contract_error(f"unknown field `{key}`, expected one of {listed}")
+        value = params.get("max_new_tokens")
+        if value is not None and type(value) is not int:
+            kind = "floating point" if isinstance(value, float) else type(value).__name__
+            raise contract_error(f"invalid type: {kind} `{value}`, expected i64")
+
+
 def _prompts(body: dict[str, Any]) -> tuple[list[list[int]], bool]:
+    # GenerateReqInput's own checks (0.5.9 managers/io_struct.py:321, 336).
     input_ids = body.get("input_ids")
     if input_ids is None:
         if body.get("text") is not None:
@@ -92,29 +145,50 @@ def _prompts(body: dict[str, Any]) -> tuple[list[list[int]], bool]:
             raise bad_request("input_ids cannot be empty.")
         if not all(type(token) is int for token in prompt):
             raise bad_request("input_ids must be a list of integers or a list of lists of integers.")
+    # No range check: SGLang defines _validate_input_ids_in_vocab but never calls it (0.5.9
+    # managers/tokenizer_manager.py; deleted in 0.5.21), so out-of-vocabulary ids are not refused.
     return prompts, batch
 
 
-def _sampling_params(raw: Any, count: int, batch: bool) -> list[tuple[SamplingParams, bool]]:
+def _raw_params(raw: Any, count: int, batch: bool) -> list[dict[str, Any]]:
     if raw is None:
         raw = {}
     if isinstance(raw, dict):
-        return [_one_sampling(raw)] * count
+        return [raw] * count
     if isinstance(raw, list) and len(raw) == count and all(isinstance(p, dict) for p in raw):
-        return [_one_sampling(p) for p in raw]
+        return raw
     what = "the batch size" if batch else "1"
     raise bad_request(f"sampling_params must be a dict, or a list of dicts whose length equals {what}.")
 
 
-def _one_sampling(raw: dict[str, Any]) -> tuple[SamplingParams, bool]:
-    unknown = sorted(set(raw) - KNOWN_SAMPLING_KEYS)
+def _check_lengths(input_ids: list[int], max_new: Any, release: Release, context_length: int) -> None:
+    """TokenizerManager._validate_one_request (0.5.9 managers/tokenizer_manager.py:761-800; 0.5.23
+    managers/tokenizer_manager.py:1338-1375): the prompt against the context, and prompt + max_new_tokens by the
+    release's rule (>= until 0.5.10.post1, > from 0.5.11) when the request sets max_new_tokens."""
+    prompt = len(input_ids)
+    if prompt >= context_length:
+        raise bad_request(f"The input ({prompt} tokens) is longer than the model's context length "
+                          f"({context_length} tokens).")
+    if type(max_new) is int and release.refuses_total(prompt, max_new, context_length):
+        raise bad_request(
+            f"Requested token count exceeds the model's maximum context length of {context_length} tokens. "
+            f"You requested a total of {prompt + max_new} tokens: {prompt} tokens from the input "
+            f"messages and {max_new} tokens for the completion. Please reduce the number of tokens "
+            "in the input messages or the completion to fit within the limit.")
+
+
+def _sampling(raw: dict[str, Any], release: Release) -> SamplingParams:
+    unknown = [key for key in raw if key not in release.sampling_keys]
     if unknown:
-        raise bad_request(f"SamplingParams.__init__() got an unexpected keyword argument '{unknown[0]}'")
+        # SamplingParams(**kwargs) raises TypeError, which the route does not catch (0.5.9
+        # managers/tokenizer_manager.py:911, entrypoints/http_server.py:681): Starlette answers 500 in plain text.
+        raise ApiError(HTTPStatus.INTERNAL_SERVER_ERROR, INTERNAL_SERVER_ERROR)
     if (raw.get("n") or 1) != 1:
         raise bad_request("The tokenmill simulator does not support parallel sampling (n > 1); repeat the prompt.")
-    given = raw.get("max_new_tokens") is not None
-    max_new = raw["max_new_tokens"] if given else DEFAULT_MAX_NEW_TOKENS
+    max_new = raw.get("max_new_tokens")
+    max_new = DEFAULT_MAX_NEW_TOKENS if max_new is None else max_new
     if type(max_new) is not int or max_new < 0:
+        # SamplingParams.verify (0.5.9 sampling/sampling_params.py; 0.5.23 sampling/sampling_params.py:288).
         raise bad_request(f"max_new_tokens must be at least 0, got {max_new}.")
     stop_ids = raw.get("stop_token_ids") or []
     if not isinstance(stop_ids, list) or not all(type(i) is int for i in stop_ids):
@@ -125,7 +199,7 @@ def _one_sampling(raw: dict[str, Any]) -> tuple[SamplingParams, bool]:
         ignore_eos=bool(raw.get("ignore_eos", False)),
         skip_special_tokens=bool(raw.get("skip_special_tokens", True)),
         no_stop_trim=bool(raw.get("no_stop_trim", False)),
-    ), given
+    )
 
 
 def _rids(raw: Any, count: int, batch: bool) -> list[str]:
@@ -140,50 +214,58 @@ def _rids(raw: Any, count: int, batch: bool) -> list[str]:
     raise bad_request("The rid should be a string or a list of strings with the same length as the batch.")
 
 
-def _check_prompt(input_ids: list[int], params: SamplingParams, given: bool, vocab_size: int,
-                  context_length: int) -> None:
-    if max(input_ids) >= vocab_size:
-        raise bad_request(f"The input_ids {input_ids} contains values greater than the vocab size ({vocab_size}).")
-    if min(input_ids) < 0:
-        raise bad_request(f"The input_ids {input_ids} contains negative values.")
-    prompt = len(input_ids)
-    if prompt >= context_length:
-        raise bad_request(f"The input ({prompt} tokens) is longer than the model's context length "
-                          f"({context_length} tokens).")
-    if given and prompt + params.max_new_tokens > context_length:
-        raise bad_request(
-            f"Requested token count exceeds the model's maximum context length of {context_length} tokens. "
-            f"You requested a total of {prompt + params.max_new_tokens} tokens: {prompt} tokens from the input "
-            f"messages and {params.max_new_tokens} tokens for the completion. Please reduce the number of tokens "
-            "in the input messages or the completion to fit within the limit.")
+def admit(item: GenerateItem, limits: ServerLimits, release: Release) -> int:
+    """The scheduler's side: abort (400) a prompt of max_req_input_len tokens or more (0.5.9 managers/utils.py:111;
+    0.5.23 managers/utils.py:272), else the max_new_tokens it will actually run: silently clamped to
+    max_req_len - prompt - 1 (0.5.9 managers/scheduler.py:1392; 0.5.23 managers/scheduler.py:2714) and, from 0.5.21,
+    to what an empty pool holds in whole pages (0.5.23 mem_cache/allocator/base.py:102-105)."""
+    prompt = len(item.input_ids)
+    if prompt >= limits.max_req_input_len:
+        raise bad_request(INPUT_TOO_LONG.format(n=prompt, m=limits.max_req_input_len))
+    max_new = max(0, min(item.params.max_new_tokens, limits.max_req_len - prompt - 1))
+    if release.kv_memory_cap:
+        paged = -(-prompt // limits.page_size) * limits.page_size
+        max_new = max(0, min(max_new, limits.max_total_tokens - paged - limits.page_size - 1))
+    return max_new
 
 
-def response_item(item: GenerateItem, finished: Finished, text: str, e2e_latency: float,
-                  reasoning_tokens: int) -> dict[str, Any]:
-    """One item of a /generate answer, with SGLang's keys (HEAD names: num_retractions, reasoning_tokens)."""
-    out: dict[str, Any] = {
-        "text": text,
-        "output_ids": finished.output_ids,
-        "meta_info": {
-            "id": item.rid,
-            "finish_reason": finished.finish_reason,
-            "prompt_tokens": len(item.input_ids),
-            "weight_version": "default",
-            "num_retractions": 0,
-            "reasoning_tokens": reasoning_tokens,
-            "completion_tokens": len(finished.output_ids),
-            "cached_tokens": 0,
-            "e2e_latency": e2e_latency,
-        },
+@dataclass(frozen=True)
+class Accounting:
+    """What the scheduler reports about a finished request besides its output."""
+
+    e2e_latency: float
+    reasoning_tokens: int
+    retractions: int
+    cached_tokens: int
+
+
+def response_item(item: GenerateItem, finished: Finished, text: str, accounting: Accounting,
+                  release: Release) -> dict[str, Any]:
+    """One item of a /generate answer with that release's meta_info keys (0.5.9
+    managers/tokenizer_manager.py:1497-1530, 2170-2187; 0.5.23 managers/tokenizer_manager.py:2510-2557, 3604-3628):
+    the retraction counter is total_retractions until 0.5.11 and num_retractions from 0.5.12.post1;
+    reasoning_tokens exists from 0.5.10.post1."""
+    meta: dict[str, Any] = {
+        "id": item.rid,
+        "finish_reason": finished.finish_reason,
+        "prompt_tokens": len(item.input_ids),
+        "weight_version": "default",
+        release.retractions_key: accounting.retractions,
     }
+    if release.has_reasoning_tokens:
+        meta["reasoning_tokens"] = accounting.reasoning_tokens
+    meta["completion_tokens"] = len(finished.output_ids)
+    meta["cached_tokens"] = accounting.cached_tokens
+    meta["e2e_latency"] = accounting.e2e_latency
+    out: dict[str, Any] = {"text": text, "output_ids": finished.output_ids, "meta_info": meta}
     if item.return_prompt_token_ids:
         out["prompt_token_ids"] = item.input_ids
     return out
 
 
-def reasoning_token_count(item: GenerateItem, output_ids: list[int], think_end: int) -> int:
+def reasoning_token_count(item: GenerateItem, output_ids: list[int], think_end: int | None) -> int:
     """meta_info.reasoning_tokens: SGLang counts through </think> only when the request sets require_reasoning."""
-    if not item.require_reasoning:
+    if not item.require_reasoning or think_end is None:
         return 0
     try:
         return output_ids.index(think_end) + 1

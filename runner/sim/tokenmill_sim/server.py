@@ -7,6 +7,7 @@ deprecated /get_* aliases), /metrics. Times reported in responses and metrics ar
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import random
@@ -21,20 +22,33 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from .capacity import CapacityModel, CapacityParams, Job
+from tokenmill_runner.releases import release
+
+from .capacity import CapacityModel, Job, LinearStepTime, SchedulerParams, StepTime
 from .config import SimConfig
 from .engine import Engine, QueueFull, SimClock
 from .loader import load_model
 from .metrics import SchedulerSnapshot, SimMetrics
 from .model import LoadedModel
-from .protocol import (ApiError, GenerateItem, GenerateRequest, abort_error, bad_request, parse_generate,
-                       reasoning_token_count, response_item)
-from .tokens import Finished, OutputGenerator
+from .protocol import (
+    Accounting,
+    ApiError,
+    GenerateItem,
+    GenerateRequest,
+    ServerLimits,
+    abort_error,
+    admit,
+    bad_request,
+    parse_generate,
+    reasoning_token_count,
+    response_item,
+)
+from .radix import PrefixCache
+from .tokens import Finished, OutputGenerator, with_nan
 
 logger = logging.getLogger(__name__)
 
 READY_LINE = "The server is fired up and ready to roll!"
-VERSION = "tokenmill-sim"
 HEALTH_CHECK_TIMEOUT_S = 20.0  # SGLANG_HEALTH_CHECK_TIMEOUT
 KEEPALIVE_TIMEOUT_S = 5.0  # SGLANG_TIMEOUT_KEEP_ALIVE: idle pooled connections are closed after 5 s
 MAX_BODY_BYTES = 512 * 1024 * 1024  # a batch of long prompts is large; SGLang's server sets no small limit
@@ -61,16 +75,20 @@ class _Outcome:
 class Simulator:
     """State behind one app: the model, the engine, metrics and fault dice."""
 
-    def __init__(self, config: SimConfig) -> None:
+    def __init__(self, config: SimConfig, step_time: StepTime | None = None) -> None:
         self.config = config
+        self.release = release(config.sglang_version)
         self.model = _cached_model(config.model_path, config.trust_remote_code)
         self.context_length = config.context_length or self.model.files.context_length
+        self.limits = ServerLimits(self.context_length, config.max_total_tokens, config.page_size)
         self.generator = OutputGenerator(self.model.vocab, self.model.bank, self.model.encode, self.model.decode,
-                                         config.seed, config.profile)
-        self.capacity = CapacityParams(config.max_running_requests, config.max_total_tokens, config.step_ms,
-                                       config.step_ms_per_request, config.prefill_ms_per_1k_tokens)
+                                         config.seed, config.profile, self.release.eos_at_cap)
+        self.scheduler = SchedulerParams(config.max_running_requests, config.max_total_tokens)
+        # The step time from the flags, unless a model of the GPU and the model is given (capacity.StepTime).
+        self.step_time = step_time or LinearStepTime(config.step_ms, config.step_ms_per_request,
+                                                     config.prefill_ms_per_1k_tokens)
         self.engine: Engine | None = None
-        self.metrics = SimMetrics(config.model_name, self.snapshot)
+        self.metrics = SimMetrics(config.model_name, self.snapshot, self.release)
         # Faults are drawn per request from one stream, not per prompt: a retry of a failed prompt can succeed.
         self.fault_rng = random.Random(config.seed ^ 0xFA17)
         self.in_flight: set[str] = set()
@@ -78,8 +96,8 @@ class Simulator:
 
     # ---- lifecycle ----------------------------------------------------------------------------------------
     async def on_startup(self, app: web.Application) -> None:
-        self.engine = Engine(CapacityModel(self.capacity), SimClock(self.config.time_scale),
-                             self.config.max_queued_requests)
+        model = CapacityModel(self.scheduler, self.step_time, PrefixCache(self.config.max_total_tokens))
+        self.engine = Engine(model, SimClock(self.config.time_scale), self.config.max_queued_requests)
         self.engine.start()
         self.started_at = time.monotonic()
         asyncio.get_running_loop().call_later(self.config.startup_seconds, logger.info, READY_LINE)
@@ -100,7 +118,8 @@ class Simulator:
         engine.sync()
         model = engine.model
         return SchedulerSnapshot(model.running, model.queued, model.decode_throughput(), model.used_tokens(),
-                                 self.config.max_total_tokens, self.context_length)
+                                 self.config.max_total_tokens, self.context_length, model.last_retracted,
+                                 model.retracted_total)
 
     # ---- /generate ----------------------------------------------------------------------------------------
     async def generate(self, request: web.Request) -> web.StreamResponse:
@@ -110,7 +129,7 @@ class Simulator:
             return _json(HTTPStatus.BAD_REQUEST, {"object": "error", "message": f"Invalid JSON body: {error}",
                                                   "type": "Bad Request", "param": None, "code": 400})
         try:
-            parsed = parse_generate(body, self.model.vocab_size, self.context_length)
+            parsed = parse_generate(body, self.release, self.context_length)
             self._claim_rids(parsed)
         except ApiError as error:
             return _json(error.status, error.body)
@@ -126,9 +145,16 @@ class Simulator:
             raise bad_request("Duplicate request ID detected")
         self.in_flight.update(item.rid for item in parsed.items)
 
+    def _unavailable_now(self) -> bool:
+        start = self.config.fault_503_after_s
+        if start is None:
+            return False
+        elapsed = time.monotonic() - self.started_at
+        return start <= elapsed < start + self.config.fault_503_for_s
+
     async def _serve(self, request: web.Request, parsed: GenerateRequest) -> web.StreamResponse:
         dice = [self.fault_rng.random() for _ in range(3)]
-        if dice[0] < self.config.fault_503_rate:
+        if dice[0] < self.config.fault_503_rate or self._unavailable_now():
             self.metrics.observe_aborted()
             raise abort_error(HTTPStatus.SERVICE_UNAVAILABLE, QUEUE_FULL)
         answers = [self._answer(outcome) for outcome in await self._run(parsed.items)]
@@ -143,9 +169,14 @@ class Simulator:
         outcomes: list[_Outcome] = []
         try:
             for item in items:
+                max_new = admit(item, self.limits, self.release)
+                if max_new != item.params.max_new_tokens:
+                    item = dataclasses.replace(item, params=dataclasses.replace(item.params, max_new_tokens=max_new))
                 finished, aborted = self._finish(item)
+                job = Job(len(item.input_ids), len(finished.output_ids), 0.0, max_new_tokens=max_new,
+                          prompt_ids=item.input_ids)
                 try:
-                    job = engine.submit(len(item.input_ids), len(finished.output_ids))
+                    job = engine.submit(job)
                 except QueueFull:
                     self.metrics.observe_aborted()
                     raise abort_error(HTTPStatus.SERVICE_UNAVAILABLE, QUEUE_FULL) from None
@@ -160,7 +191,11 @@ class Simulator:
 
     def _finish(self, item: GenerateItem) -> tuple[Finished, bool]:
         finished = self.generator.generate(item.input_ids, item.params)
-        abort_draw, cut_draw = self.fault_rng.random(), self.fault_rng.random()
+        abort_draw, cut_draw, nan_draw = self.fault_rng.random(), self.fault_rng.random(), self.fault_rng.random()
+        if nan_draw < self.config.fault_nan_rate and finished.output_ids:
+            position = int(cut_draw * len(finished.output_ids))
+            finished = with_nan(finished, position, item.params.max_new_tokens, self.model.vocab.eos,
+                                self.model.vocab_size + 1, nan_first=self.release.eos_at_cap == "stop")
         if abort_draw >= self.config.fault_abort_rate:
             return finished, False
         kept = finished.output_ids[:int(len(finished.output_ids) * cut_draw)]
@@ -178,7 +213,8 @@ class Simulator:
                                           job.first_token_at - job.arrival, job.admitted_at - job.arrival)
         text = self.generator.text(finished, item.params)
         reasoning = reasoning_token_count(item, finished.output_ids, self.model.vocab.think_end)
-        return response_item(item, finished, text, round(e2e, 6), reasoning)
+        accounting = Accounting(round(e2e, 6), reasoning, job.retractions, job.cached_tokens)
+        return response_item(item, finished, text, accounting, self.release)
 
     # ---- health and info ----------------------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
@@ -189,12 +225,16 @@ class Simulator:
         if engine.model.running:
             return web.Response(status=HTTPStatus.OK)  # a busy server is producing output: healthy
         # Like SGLang's health request: one token through the scheduler, never refused for a full queue.
-        job = engine.submit(1, 1, enforce_queue_limit=False)
+        job = engine.submit(Job(1, 1, 0.0), enforce_queue_limit=False)
         try:
-            await asyncio.wait_for(job.handle, HEALTH_CHECK_TIMEOUT_S)
+            async with asyncio.timeout(HEALTH_CHECK_TIMEOUT_S):
+                await asyncio.shield(job.handle)
         except TimeoutError:
             engine.cancel(job)
             return web.Response(status=HTTPStatus.SERVICE_UNAVAILABLE)
+        except asyncio.CancelledError:  # the prober hung up
+            engine.cancel(job)
+            raise
         return web.Response(status=HTTPStatus.OK)
 
     async def model_info(self, request: web.Request) -> web.Response:
@@ -211,13 +251,17 @@ class Simulator:
         })
 
     async def server_info(self, request: web.Request) -> web.Response:
+        """/server_info as the release builds it (0.5.9 entrypoints/http_server.py:593-610; 0.5.23
+        entrypoints/http_server.py:863): the ServerArgs fields, the scheduler's status, KV pool and longest input
+        (0.5.9 managers/scheduler.py:3144), one internal state per data-parallel scheduler with its effective
+        running slots (0.5.9 managers/scheduler.py:2650-2661), the version, and the keys later releases add."""
         snapshot = self.snapshot()
         args = self.server_args()
-        return _json(HTTPStatus.OK, {
+        info: dict[str, Any] = {
             **args,
-            "status": "ready" if self.is_ready() else "starting",
+            "status": "ready",
             "max_total_num_tokens": self.config.max_total_tokens,
-            "max_req_input_len": min(self.context_length - 1, self.config.max_total_tokens - 1),
+            "max_req_input_len": self.limits.max_req_input_len,
             "internal_states": [{
                 **args,
                 "last_gen_throughput": snapshot.gen_throughput,
@@ -225,20 +269,25 @@ class Simulator:
                                  "graph": 0.0},
                 "effective_max_running_requests_per_dp": self.config.max_running_requests,
             }],
-            "version": VERSION,
-            "simulator": {key: value for key, value in asdict(self.config).items() if key != "api_key"},
-        })
+            "version": self.release.version,
+        }
+        extras = {"startup_time": 0.0, "kv_events": None, "launch_command": "tokenmill sim-server",
+                  "frontend": "python"}
+        info.update({key: extras[key] for key in self.release.server_info_extra_keys})
+        info["simulator"] = {key: value for key, value in asdict(self.config).items() if key != "api_key"}
+        return _json(HTTPStatus.OK, info)
 
     def server_args(self) -> dict[str, Any]:
-        """The ServerArgs fields the simulator models, under SGLang's names."""
+        """The ServerArgs fields the simulator models, under SGLang's names. context_length is what was passed
+        (None unless given), as SGLang reports it."""
         config = self.config
         return {
             "model_path": config.model_path,
             "tokenizer_path": config.model_path,
             "served_model_name": config.model_name,
             "skip_tokenizer_init": False,
-            "trust_remote_code": False,
-            "context_length": self.context_length,
+            "trust_remote_code": config.trust_remote_code,
+            "context_length": config.context_length,
             "tp_size": 1,
             "dp_size": 1,
             "pp_size": 1,
@@ -247,6 +296,7 @@ class Simulator:
             "max_running_requests": config.max_running_requests,
             "max_queued_requests": config.max_queued_requests,
             "max_total_tokens": config.max_total_tokens,
+            "page_size": config.page_size,
             "chunked_prefill_size": 8192,
             "max_prefill_tokens": 16384,
             "schedule_policy": "fcfs",
@@ -266,6 +316,8 @@ class Simulator:
 
 
 def _json(status: int, payload: Any) -> web.Response:
+    if isinstance(payload, str):  # an uncaught exception: Starlette's plain-text answer
+        return web.Response(status=status, text=payload, content_type="text/plain")
     return web.Response(status=status, body=orjson.dumps(payload), content_type="application/json")
 
 
@@ -280,22 +332,22 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def _auth_middleware(api_key: str) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
-    expected = f"Bearer {api_key}"
-
     @web.middleware
     async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
-        # SGLang's add_api_key_middleware: /health* and /metrics stay open for probes and scrapers.
+        # SGLang's API key middleware (0.5.9 utils/auth.py:149): /health* and /metrics stay open for probes and
+        # scrapers; the scheme "Bearer" is matched without regard to case; anything else is 401 Unauthorized.
         open_path = request.path.startswith("/health") or request.path.startswith("/metrics")
-        if request.method == "OPTIONS" or open_path or request.headers.get("Authorization") == expected:
+        scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+        if request.method == "OPTIONS" or open_path or (scheme.lower() == "bearer" and key == api_key):
             return await handler(request)
         return _json(HTTPStatus.UNAUTHORIZED, {"error": "Unauthorized"})
 
     return authenticate
 
 
-def build_app(config: SimConfig) -> web.Application:
+def build_app(config: SimConfig, step_time: StepTime | None = None) -> web.Application:
     """An aiohttp app serving SGLang's API from the simulator; loads the tokenizer now."""
-    simulator = Simulator(config)
+    simulator = Simulator(config, step_time)
     middlewares = [_auth_middleware(config.api_key)] if config.api_key else []
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares)
     app[SIM_KEY] = simulator
@@ -323,8 +375,10 @@ _SERVER_KWARGS: dict[str, Any] = {
 class SimServer:
     """The simulator on a background thread with its own event loop; `with SimServer(config) as s: s.url`."""
 
-    def __init__(self, config: SimConfig, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, config: SimConfig, host: str = "127.0.0.1", port: int = 0,
+                 step_time: StepTime | None = None) -> None:
         self.config = config
+        self.step_time = step_time
         self.host = host
         self.port = port
         self.url = ""
@@ -335,7 +389,7 @@ class SimServer:
         self._error: BaseException | None = None
 
     def start(self) -> SimServer:
-        app = build_app(self.config)  # in the caller's thread, so a bad model path raises here
+        app = build_app(self.config, self.step_time)  # in the caller's thread, so a bad model path raises here
         self._thread = threading.Thread(target=self._main, args=(app,), name="tokenmill-sim-server", daemon=True)
         self._thread.start()
         self._started.wait()
@@ -374,6 +428,27 @@ class SimServer:
         if self._loop is not None and self._thread is not None and self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join()
+        self._thread = None
+
+    def kill(self) -> None:
+        """Stop as a killed process does: every open connection is reset at once, nothing is answered, and the
+        port refuses new connections."""
+        if self._loop is None or self._thread is None or not self._thread.is_alive():
+            return
+        assert self._runner is not None
+        server = self._runner.server
+
+        def abort() -> None:
+            for handler in list(getattr(server, "connections", [])):
+                if handler.transport is not None:
+                    handler.transport.abort()
+            for site in list(self._runner.sites):  # type: ignore[union-attr]
+                if site._server is not None:  # noqa: SLF001 - close the listening socket before any cleanup
+                    site._server.close()  # noqa: SLF001
+            self._loop.stop()  # type: ignore[union-attr]
+
+        self._loop.call_soon_threadsafe(abort)
+        self._thread.join()
         self._thread = None
 
     def __enter__(self) -> SimServer:

@@ -351,11 +351,14 @@ def _fill(bank: Sequence[Piece], tokens: int, rng: random.Random) -> Iterator[Pi
 
 
 def apply_stops(draft: Draft, params: SamplingParams, stop_ids: frozenset[int],
-                continuation: Callable[[int], list[int]]) -> Finished:
+                continuation: Callable[[int], list[int]], eos_at_cap: str = "stop") -> Finished:
     """Cut an output the way SGLang's scheduler does: at the first stop token (kept), else at max_new_tokens.
 
     `draft` must hold at least min(natural length, max_new_tokens) tokens; `continuation(n)` supplies what
-    follows the end-of-sequence token when ignore_eos disables token stops.
+    follows the end-of-sequence token when ignore_eos disables token stops. A stop token sampled as the last
+    allowed token finishes as `length` where the release checks the length first (`eos_at_cap`: "length" through
+    0.5.17, 0.5.9 managers/schedule_batch.py:1081-1086; "stop" from 0.5.18, 0.5.23
+    managers/schedule_batch.py:2034-2043).
     """
     limit = params.max_new_tokens
     head = draft.ids[:limit]
@@ -364,10 +367,26 @@ def apply_stops(draft: Draft, params: SamplingParams, stop_ids: frozenset[int],
             head = head + continuation(limit - len(head))
         return Finished(head, {"type": "length", "length": limit}, None, draft.marks)
     stop_at = _first_stop(head, stop_ids)
-    if stop_at is not None:
+    if stop_at is not None and not (stop_at == limit - 1 and eos_at_cap == "length"):
         matched = head[stop_at]
         return Finished(head[:stop_at + 1], {"type": "stop", "matched": matched}, matched, draft.marks)
     return Finished(head, {"type": "length", "length": limit}, None, draft.marks)
+
+
+NAN_MATCHED = "NaN happened"
+
+
+def with_nan(finished: Finished, position: int, limit: int, eos: int, bad_id: int, nan_first: bool) -> Finished:
+    """The output when the token sampled at `position` fell outside the vocabulary (NaN logits): SGLang overwrites
+    it with an end-of-sequence id and finishes with matched "NaN happened" (0.5.9 managers/schedule_batch.py:1056-1070;
+    0.5.23 managers/schedule_batch.py:2019). Where the length check runs first (through 0.5.17, `nan_first` False)
+    and that token is the last allowed one, the request finishes as `length` and the bad id stays in the output
+    (0.5.9 managers/schedule_batch.py:1081-1086 returns before the vocabulary check)."""
+    position = min(position, len(finished.output_ids) - 1)
+    kept = finished.output_ids[:position]
+    if position == limit - 1 and not nan_first:
+        return Finished(kept + [bad_id], {"type": "length", "length": limit}, None, finished.marks)
+    return Finished(kept + [eos], {"type": "stop", "matched": NAN_MATCHED}, None, finished.marks)
 
 
 def _first_stop(ids: list[int], stop_ids: frozenset[int]) -> int | None:
@@ -385,8 +404,9 @@ class OutputGenerator:
     """Prompt ids + sampling params -> the finished output, deterministic for (seed, prompt)."""
 
     def __init__(self, vocab: Vocabulary, bank: TokenBank, encode: Encode, decode: Decode, seed: int,
-                 profile: str) -> None:
+                 profile: str, eos_at_cap: str = "stop") -> None:
         self.vocab = vocab
+        self.eos_at_cap = eos_at_cap
         self.encode = encode
         self.decode = decode
         self.seed = seed
@@ -405,7 +425,7 @@ class OutputGenerator:
         plan = self.plan(input_ids)
         draft = self.builder.natural(plan, params.max_new_tokens)
         stops = frozenset() if params.ignore_eos else self.vocab.eos_ids | params.stop_token_ids
-        return apply_stops(draft, params, stops, lambda n: self.builder.continuation(plan, n))
+        return apply_stops(draft, params, stops, lambda n: self.builder.continuation(plan, n), self.eos_at_cap)
 
     def text(self, finished: Finished, params: SamplingParams) -> str:
         """The response's `text`: like SGLang's detokenizer, the matched stop token is trimmed unless no_stop_trim."""

@@ -1,0 +1,107 @@
+"""How one /generate answer is read: every body shape is classified by whose fault it is (results.py). The bodies
+per SGLang release, with their file:line, are in tests/contract/; these pin the rules themselves."""
+
+import random
+
+import orjson
+import pytest
+
+from tokenmill_runner.client import RetryPolicy
+from tokenmill_runner.results import (
+    NAN_MATCHED,
+    AttemptFailed,
+    Fault,
+    Generation,
+    classify_error,
+    error_message,
+    parse_generation,
+    transport_failure,
+)
+
+
+def body(output_ids, completion, finish, **meta):
+    return {"text": "x", "output_ids": output_ids,
+            "meta_info": {"id": "r", "finish_reason": finish, "prompt_tokens": 3,
+                          "completion_tokens": completion, "e2e_latency": 1.5, **meta}}
+
+
+def test_stop_generation_is_parsed_with_retractions_under_either_name():
+    old = parse_generation(body([4, 5, 9], 3, {"type": "stop", "matched": 9}, total_retractions=2,
+                                cached_tokens=7), "s", 2)
+    assert old == Generation([4, 5, 9], 3, 3, "stop", 9, 1.5, 2, "s", retractions=2, cached_tokens=7)
+    new = parse_generation(body([4, 5, 9], 3, {"type": "stop", "matched": 9}, num_retractions=1), "s", 1)
+    assert new.retractions == 1 and new.cached_tokens == 0
+
+
+def test_length_finish():
+    result = parse_generation(body([4] * 5, 5, {"type": "length", "length": 5}), "s", 1)
+    assert result.finish_reason == "length" and result.matched_stop is None
+
+
+def test_a_nan_answer_is_never_a_clean_stop():
+    result = parse_generation(body([4, 5, 9], 3, {"type": "stop", "matched": NAN_MATCHED}), "s", 1)
+    assert isinstance(result, AttemptFailed)
+    assert (result.fault, result.reason) == (Fault.SAMPLE, "nan_output")
+    assert "NaN happened" in result.message
+
+
+def test_an_id_outside_the_vocabulary_is_corrupt_even_as_length():
+    # NaN on the last allowed token, 0.5.9-0.5.17: finish length, the bad id kept (tests/unit/test_sim_protocol.py).
+    result = parse_generation(body([4, 5, 5001], 3, {"type": "length", "length": 3}), "s", 1, vocab_size=5000)
+    assert (result.fault, result.reason) == (Fault.SAMPLE, "nan_output") and "5001" in result.message
+    assert isinstance(parse_generation(body([4, 4999], 2, {"type": "length", "length": 2}), "s", 1, 5000),
+                      Generation)
+
+
+def test_a_stop_string_is_a_clean_stop_without_a_matched_token():
+    result = parse_generation(body([4, 5], 2, {"type": "stop", "matched": "\n\n"}), "s", 1)
+    assert isinstance(result, Generation) and result.matched_stop is None
+
+
+def test_prompt_tokens_prepended_by_old_sglang_is_final():
+    result = parse_generation(body([1, 2, 3, 4, 5, 9], 1, {"type": "stop", "matched": 9}), "s", 1)
+    assert (result.fault, result.reason) == (Fault.FINAL, "output_mismatch")
+    assert "0.5.4.post2" in result.message
+
+
+@pytest.mark.parametrize(("status_code", "fault"), [
+    (None, Fault.SAMPLE), (503, Fault.OVERLOAD), (500, Fault.REPLICA), (400, Fault.FINAL)])
+def test_an_abort_is_classified_by_its_status(status_code, fault):
+    finish = {"type": "abort", "message": "retracted", "status_code": status_code, "err_type": None}
+    result = parse_generation(body([], 0, finish), "s", 1)
+    assert isinstance(result, AttemptFailed) and result.fault is fault and "retracted" in result.message
+
+
+@pytest.mark.parametrize(("body_", "message"), [
+    ({"error": {"message": "bad top_p"}}, "bad top_p"),
+    ({"error": "unknown field `foo`, expected one of `max_new_tokens`"}, "unknown field `foo`"),
+    ({"object": "error", "message": "The request queue is full.", "type": "503", "param": None, "code": 503},
+     "The request queue is full."),
+    ({"detail": "Not Found"}, "Not Found"),
+])
+def test_error_messages_of_every_body_shape(body_, message):
+    assert error_message(orjson.dumps(body_)).startswith(message)
+
+
+def test_plain_text_error_bodies_are_read_too():
+    assert error_message(b"Internal Server Error") == "Internal Server Error"
+
+
+@pytest.mark.parametrize(("status", "fault"), [
+    (400, Fault.FINAL), (422, Fault.FINAL), (401, Fault.FATAL), (403, Fault.FATAL), (404, Fault.FATAL),
+    (429, Fault.OVERLOAD), (503, Fault.OVERLOAD), (500, Fault.REPLICA), (502, Fault.REPLICA), (504, Fault.REPLICA)])
+def test_http_errors_are_classified_by_status(status, fault):
+    assert classify_error(status, b'{"error": "x"}', "s").fault is fault
+
+
+def test_a_refused_connection_means_the_replica_is_down_a_dropped_one_that_it_failed():
+    assert transport_failure("s", "ConnectError", "refused", connect=True).fault is Fault.UNREACHABLE
+    assert transport_failure("s", "ReadError", "", connect=False).fault is Fault.REPLICA
+
+
+def test_backoff_grows_and_is_capped():
+    policy = RetryPolicy(base_delay_s=1.0, max_delay_s=8.0)
+    rng = random.Random(1)
+    for attempt, cap in [(1, 1.0), (2, 2.0), (3, 4.0), (6, 8.0), (500, 8.0)]:
+        delays = [policy.delay(attempt, rng) for _ in range(200)]
+        assert max(delays) <= cap and max(delays) > cap * 0.8
