@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import tracemalloc
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -12,44 +11,18 @@ import pytest
 from tokenmill_runner.checkpoints import CheckpointError, decode, encode
 from tokenmill_runner.commit_index import DatasetIndex, rates
 from tokenmill_runner.index_store import catch_up, load_index, open_index, write_checkpoint
-from tokenmill_runner.ledger import DatasetLedger, ShardContent, Slot
+from tokenmill_runner.ledger import DatasetLedger, Slot
 from tokenmill_runner.marker_names import OVERLAP, marker_name, shard_id_of, split_marker_name, time_key
-from tokenmill_runner.shards import commit_shard, leftovers, marker_keys
+from tokenmill_runner.shards import leftovers, marker_keys
 from tokenmill_runner.storage import LocalStorage
+
+from .counting_storage import CountingStorage, commit_lines
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
 
-class CountingStorage(LocalStorage):
-    """A local store that counts the objects read and the keys listed, as an S3 bill would."""
-
-    def __init__(self, root) -> None:
-        super().__init__(root)
-        self.gets: list[str] = []
-        self.listed = 0
-
-    def get(self, key: str) -> bytes:
-        self.gets.append(key)
-        return super().get(key)
-
-    def list_sizes(self, prefix: str = "", start_after: str | None = None) -> Iterator[tuple[str, int]]:
-        for item in super().list_sizes(prefix, start_after):
-            self.listed += 1
-            yield item
-
-    def reset(self) -> None:
-        self.gets, self.listed = [], 0
-
-
-def rows(lines: range, tokens: int = 10) -> list[dict[str, Any]]:
-    return [{"sample_id": f"s{line}", "dataset": "d", "line": line, "sample_index": 0, "prompt_ids": [1],
-             "output_ids": [2] * tokens, "prompt_tokens": 1, "completion_tokens": tokens, "finish_reason": "stop"}
-            for line in lines]
-
-
 def commit(storage, seq: int, lines: range, at: datetime, errors: list[dict[str, Any]] = ()) -> dict[str, Any]:
-    return commit_shard(storage, "d", f"w000-t-{seq:06d}", 0, ShardContent(rows(lines), list(errors)),
-                        clock=lambda: at)
+    return commit_lines(storage, "d", seq, lines, at, errors)
 
 
 def test_marker_names_sort_by_commit_time_and_keep_the_shard_id():
