@@ -149,8 +149,8 @@ class IntHistogram:
 class FloatSketch:
     """Floats: exact while there are at most `exact_limit`, then logarithmic buckets with `relative_error`."""
 
-    def __init__(self, exact_limit: int = EXACT_LIMIT, relative_error: float = RELATIVE_ERROR) -> None:
-        self.exact_limit = exact_limit
+    def __init__(self, exact_limit: int | None = None, relative_error: float = RELATIVE_ERROR) -> None:
+        self.exact_limit = EXACT_LIMIT if exact_limit is None else exact_limit
         self.relative_error = relative_error
         self._gamma = (1 + relative_error) / (1 - relative_error)
         self._log_gamma = math.log(self._gamma)

@@ -31,7 +31,7 @@ from .faults import FaultPoints
 from .faults import points as fault_points
 from .index_store import iter_keyed
 from .ledger import COMMITS, ERRORS, SHARDS, DatasetLedger, ShardContent, build_marker
-from .marker_names import is_marker_name, marker_name, shard_id_of
+from .marker_names import is_marker_name, marker_name, shard_id_of, split_marker_name
 from .storage import TMP_MARK, Storage
 
 logger = logging.getLogger(__name__)
@@ -153,6 +153,30 @@ def iter_markers(storage: Storage, keys: Iterable[str], threads: int = 16) -> It
     in memory (folding a dataset's ledger never needs them all at once)."""
     for _, data in iter_keyed(storage, keys, threads):
         yield orjson.loads(data)
+
+
+def datasets_with_commits(storage: Storage) -> list[str]:
+    """Top-level folders of the output that hold commit markers (one listing of the folders, not of every shard)."""
+    return [name for name in storage.folders("") if any(True for _ in storage.list(f"{name}/{COMMITS}/"))]
+
+
+def markers_in_commit_order(storage: Storage, dataset: str, threads: int = 16) -> Iterator[dict[str, Any]]:
+    """A dataset's markers oldest first, streamed (a window of them in memory). Time-named markers are in commit
+    order by name; old-style names (written before the time prefix, always before any time-named one) are read
+    once first to order them by their committed_at, then again as they are yielded."""
+    prefix = f"{dataset}/{COMMITS}/"
+
+    def named(timed: bool) -> Iterator[str]:
+        for key in storage.list(prefix):
+            name = key[len(prefix):]
+            if "/" not in name and is_marker_name(name) and (split_marker_name(name)[0] is not None) == timed:
+                yield key
+
+    old = list(named(False))
+    legacy = sorted((marker["committed_at"], marker["shard_id"], key)
+                    for key, marker in zip(old, iter_markers(storage, old, threads), strict=True))
+    yield from iter_markers(storage, [key for _, _, key in legacy], threads)
+    yield from iter_markers(storage, named(True), threads)
 
 
 def read_markers(storage: Storage, dataset: str, threads: int = 16) -> list[dict[str, Any]]:

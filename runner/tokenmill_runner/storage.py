@@ -74,6 +74,7 @@ class Storage(Protocol):
     def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[str]: ...
     def list_sizes(self, prefix: str = "", start_after: str | None = None) -> Iterator[tuple[str, int]]: ...
     def identity(self, key: str) -> str: ...  # what changes when the object does (size, mtime or ETag)
+    def folders(self, prefix: str = "") -> Iterator[str]: ...  # names of the folders right under prefix
     def delete(self, key: str) -> None: ...
     def exists(self, key: str) -> bool: ...  # False only for a missing object; raises when it cannot tell
     def open_read(self, key: str) -> IO[bytes]: ...
@@ -202,6 +203,11 @@ class LocalStorage:
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
+
+    def folders(self, prefix: str = "") -> Iterator[str]:
+        folder = self._path(prefix)
+        if folder.is_dir() and folder.is_relative_to(self.root):
+            yield from sorted(entry.name for entry in os.scandir(folder) if entry.is_dir())
 
     def identity(self, key: str) -> str:
         try:
@@ -343,6 +349,22 @@ class S3Storage:
             raise
         except Exception as error:
             raise StorageError(f"cannot delete {self.uri(key)}: {error}") from error
+
+    def folders(self, prefix: str = "") -> Iterator[str]:
+        """The common prefixes under `prefix` (S3's Delimiter listing), without the trailing '/'."""
+        arguments: dict[str, Any] = {"Bucket": self.location.bucket, "Prefix": self._key(prefix), "Delimiter": "/"}
+        while True:
+            try:
+                page = self.call("list", prefix, lambda args=dict(arguments): self._client.list_objects_v2(**args))
+            except StorageError:
+                raise
+            except Exception as error:
+                raise StorageError(f"cannot list {self.uri(prefix)}: {error}") from error
+            for item in page.get("CommonPrefixes", []):
+                yield item["Prefix"][len(self._key(prefix)):].rstrip("/")
+            if not page.get("IsTruncated"):
+                return
+            arguments["ContinuationToken"] = page["NextContinuationToken"]
 
     def identity(self, key: str) -> str:
         """The object's ETag, size and modification time (HEAD), so a cached answer about it can be checked."""
