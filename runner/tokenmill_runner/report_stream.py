@@ -6,13 +6,12 @@ not their number (`histograms.py`): token lengths in exact integer histograms (e
 exact, whatever the size), latencies exact up to `histograms.EXACT_LIMIT` samples and within
 `histograms.RELATIVE_ERROR` above, the first `DRIFT_FIRST_N` completions in commit order for the order-drift test,
 and at most `SCATTER_POINTS` (reasoning, answer) pairs for the plot (every pair below that, a uniform sample
-above). Per-turn or per-sample-index additions belong in their own accumulator next to this one.
+above, chosen by slot so it does not depend on the reading order). Per-turn or per-sample-index additions belong in their own accumulator next to this one.
 """
 
 from __future__ import annotations
 
 import math
-import random
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,32 +36,65 @@ def _ints(values: list[Any]) -> np.ndarray:
     return np.asarray([0 if v is None else v for v in values], dtype=np.int64)
 
 
+def _priorities(slots: np.ndarray) -> np.ndarray:
+    """A pseudo-random number per slot (splitmix64's finalizer): the same slot always gets the same one."""
+    z = slots.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
 class ReasoningPoints:
-    """(reasoning, answer) pairs for the scatter plot: all of them up to `limit`, then a uniform reservoir sample
-    (Vitter's algorithm R, seeded: the same markers always give the same picture). Fixed-size arrays."""
+    """(reasoning, answer) pairs for the scatter plot: every pair up to `limit`, then a uniform sample of `limit`
+    of them: the pairs whose slots have the smallest pseudo-random priorities (bottom-k sampling), so the picture
+    does not depend on the order markers are read in. Memory: fixed arrays of 2 x limit entries."""
 
     def __init__(self, limit: int = SCATTER_POINTS) -> None:
         self.limit = limit
-        self._pairs = np.zeros((0, 2), dtype=np.int64)
         self.seen = 0
-        self._random = random.Random(14)
+        self._used = 0
+        self._priority = np.empty(0, dtype=np.uint64)
+        self._pairs = np.empty((0, 2), dtype=np.int64)
+        self._threshold: int | None = None  # the limit-th smallest priority kept, once more than limit were seen
 
-    def add(self, reasoning: list[int], answer: list[int]) -> None:
-        if self._pairs.shape[0] == 0 and reasoning:
-            self._pairs = np.zeros((self.limit, 2), dtype=np.int64)
-        for r, a in zip(reasoning, answer, strict=True):
-            slot = self.seen if self.seen < self.limit else self._random.randrange(self.seen + 1)
-            self.seen += 1
-            if slot < self.limit:
-                self._pairs[slot] = (r, a)
+    def add(self, slots: np.ndarray, reasoning: np.ndarray, answer: np.ndarray) -> None:
+        if self._priority.size == 0:
+            self._priority = np.empty(2 * self.limit, dtype=np.uint64)
+            self._pairs = np.empty((2 * self.limit, 2), dtype=np.int64)
+        self.seen += int(slots.size)
+        priority = _priorities(slots)
+        for start in range(0, priority.size, self.limit):
+            self._append(priority[start:start + self.limit], reasoning[start:start + self.limit],
+                         answer[start:start + self.limit])
+
+    def _append(self, priority: np.ndarray, reasoning: np.ndarray, answer: np.ndarray) -> None:
+        if self._threshold is not None:
+            keep = priority < np.uint64(self._threshold)
+            priority, reasoning, answer = priority[keep], reasoning[keep], answer[keep]
+        if self._used + priority.size > self._priority.size:
+            self._shrink()
+        end = self._used + priority.size
+        self._priority[self._used:end] = priority
+        self._pairs[self._used:end, 0], self._pairs[self._used:end, 1] = reasoning, answer
+        self._used = end
+
+    def _shrink(self) -> None:
+        if self._used <= self.limit:
+            return
+        order = np.argpartition(self._priority[:self._used], self.limit - 1)[:self.limit]
+        self._priority[:self.limit], self._pairs[:self.limit] = self._priority[order], self._pairs[order]
+        self._used = self.limit
+        self._threshold = int(self._priority[:self.limit].max())
 
     @property
     def reasoning(self) -> np.ndarray:
-        return self._pairs[:min(self.seen, self.limit), 0]
+        self._shrink()
+        return self._pairs[:self._used, 0].copy()
 
     @property
     def answer(self) -> np.ndarray:
-        return self._pairs[:min(self.seen, self.limit), 1]
+        self._shrink()
+        return self._pairs[:self._used, 1].copy()
 
     @property
     def sampled(self) -> bool:
@@ -107,14 +139,17 @@ class DatasetSamples:
 
     def add_marker(self, marker: dict[str, Any]) -> None:
         assert self.ledger is not None
-        taken = self.ledger.fold(marker).tolist()
+        taken = self.ledger.fold(marker)
         self.errors = Counter(self.ledger.final_failures())
-        if not taken:
+        if not taken.size:
             return
         samples = marker["samples"]
         count = len(samples.get("line") or [])
-        columns = {name: [values[i] for i in taken] for name in SAMPLE_COLUMNS
-                   for values in [_column(samples, name, count)]}
+        if taken.size == count:  # every row is new (the usual case): no copy
+            columns = {name: _column(samples, name, count) for name in (*SAMPLE_COLUMNS, "sample_index")}
+        else:
+            columns = {name: [values[i] for i in taken.tolist()] for name in (*SAMPLE_COLUMNS, "sample_index")
+                       for values in [_column(samples, name, count)]}
         self._add_lengths(columns)
         self._add_reasoning(columns)
         self._add_counts(columns)
@@ -132,18 +167,22 @@ class DatasetSamples:
         self.at_cap += int(((caps > 0) & (done >= caps)).sum())
 
     def _add_reasoning(self, s: dict[str, list[Any]]) -> None:
-        reasoning, answer = [], []
-        for end, done, finish, matched, token in zip(s["reasoning_end"], s["completion_tokens"], s["finish_reason"],
-                                                      s["matched_stop"], s["reasoning_end_token_id"], strict=True):
-            if end is None:
-                self.truncated_while_reasoning += finish == "length"
-                continue
-            reasoning.append(end)
-            answer.append(done - end - 1 - (finish == "stop" and matched is not None))
-            self.end_tokens[token] += 1
+        end = np.asarray([-1 if v is None else v for v in s["reasoning_end"]], dtype=np.int64)
+        has = end >= 0
+        done = _ints(s["completion_tokens"])
+        stop = np.asarray([f == "stop" for f in s["finish_reason"]], dtype=bool)
+        length = np.asarray([f == "length" for f in s["finish_reason"]], dtype=bool)
+        matched = np.asarray([m is not None for m in s["matched_stop"]], dtype=bool)
+        self.truncated_while_reasoning += int((~has & length).sum())
+        if not has.any():
+            return
+        reasoning = end[has]
+        answer = (done - end - 1 - (stop & matched))[has]
+        self.end_tokens.update(t for t, h in zip(s["reasoning_end_token_id"], has.tolist(), strict=True) if h)
         self.reasoning.add(reasoning)
         self.answers.add(answer)
-        self.points.add(reasoning, answer)
+        slots = _ints(s["line"]) * 1024 + _ints(s["sample_index"])
+        self.points.add(slots[has], reasoning, answer)
 
     def _add_counts(self, s: dict[str, list[Any]]) -> None:
         self.finish_reasons.update(s["finish_reason"])

@@ -134,3 +134,20 @@ def test_the_report_of_a_run_reads_every_marker_once(tmp_path):
     assert report["datasets"]["d"]["samples"] == 1000 and report["overall"]["samples"] == 1000
     assert report["overall"]["completion_tokens"] == report["datasets"]["d"]["completion_tokens"]
     assert report["overall"]["order_drift"] is None
+
+
+def test_the_scatter_keeps_every_point_up_to_its_limit_then_the_same_sample_in_any_order():
+    from tokenmill_runner.report_stream import ReasoningPoints
+
+    slots = np.arange(1, 5001, dtype=np.int64)
+    small = ReasoningPoints(limit=10_000)
+    small.add(slots, slots, 2 * slots)
+    assert not small.sampled and sorted(small.reasoning.tolist()) == slots.tolist()
+    forward, backward = ReasoningPoints(limit=300), ReasoningPoints(limit=300)
+    for part in np.array_split(slots, 17):
+        forward.add(part, part, 2 * part)
+    for part in np.array_split(slots[::-1], 5):
+        backward.add(part, part, 2 * part)
+    assert forward.sampled and forward.seen == 5000 and len(forward.reasoning) == 300
+    assert sorted(forward.reasoning.tolist()) == sorted(backward.reasoning.tolist())
+    assert (forward.answer == 2 * forward.reasoning).all(), "pairs stay together"
