@@ -42,6 +42,7 @@ TRANSIENT_CODES = frozenset({"SlowDown", "RequestTimeout", "InternalError", "Ser
 # botocore does not retry on its own: every S3 call goes through `S3Storage.call`, whose budget alone decides how
 # long an operation keeps trying (and each retry is logged).
 BOTOCORE_ATTEMPTS = 1
+MAX_POOL_CONNECTIONS = 32
 
 T = TypeVar("T")
 
@@ -522,8 +523,10 @@ def s3_client(endpoint: str | None = None, region: str | None = None,
     from botocore.config import Config
 
     # Path-style addressing works with every S3-compatible store; virtual-host style needs DNS per bucket.
+    # Readers fetch markers 16 at a time (index_store.READ_THREADS) and commits run in parallel: botocore's default
+    # pool of 10 connections would drop and reopen connections on every burst.
     config = Config(s3={"addressing_style": "path"}, retries={"max_attempts": BOTOCORE_ATTEMPTS, "mode": "standard"},
-                    connect_timeout=10, read_timeout=60)
+                    connect_timeout=10, read_timeout=60, max_pool_connections=MAX_POOL_CONNECTIONS)
     return boto3.client(
         "s3",
         endpoint_url=endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"),
