@@ -1,17 +1,20 @@
 """Reading the facts of one reconcile pass: the server and the runner Job from the API server, run.json and the
-commit markers from storage. Nothing here changes anything."""
+commit markers from storage. Nothing here changes the cluster; in storage, only checkpoints are written (immutable
+objects that let the next reader skip what they cover)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import orjson
 
-from tokenmill_runner.ledger import COMMITS
-from tokenmill_runner.storage import Storage
+from tokenmill_runner.commit_index import DatasetIndex
+from tokenmill_runner.index_store import CHECKPOINT_EVERY, catch_up, load_index, write_checkpoint
+from tokenmill_runner.storage import Storage, StorageError
 
 from . import names
 from .facts import JobState, ProgressFacts, ServerState
@@ -22,6 +25,13 @@ from .status import RunStatus
 SERVER_PROBLEMS = ("ImagePullBackOff", "ErrImagePull", "CrashLoopBackOff", "CreateContainerConfigError",
                    "InvalidImageName", "RunContainerError")
 RUN_METADATA = "run.json"
+# Incremental listings miss a marker whose PUT finished more than the overlap (marker_names.OVERLAP) after its name
+# was chosen; a full listing of the names (no GETs but for such stragglers) catches it this often, and before any
+# decision that ends a run.
+FULL_LISTING_EVERY = timedelta(minutes=10)
+CHECKPOINT_WRITER = "operator"
+
+logger = logging.getLogger(__name__)
 
 
 def never() -> bool:
@@ -33,19 +43,49 @@ class PassCancelled(Exception):
 
 
 @dataclass
-class MarkerCache:
-    """Commit markers never change once written: fetch each once per operator lifetime."""
+class OutputIndex:
+    """What the operator knows of one resource's output between passes: an index per dataset (a bit per slot, the
+    hashes of the folded shards, a ring of recent commits; `commit_index.py`), never the markers themselves. A pass
+    reads only the markers committed since the last one."""
 
-    by_key: dict[str, dict[str, Any]] = field(default_factory=dict)
+    datasets: dict[str, DatasetIndex] = field(default_factory=dict)
+    output: str | None = None  # the output the indexes describe
+    last_full_listing: datetime | None = None
 
-    def markers(self, storage: Storage, dataset: str, stopped: Callable[[], bool] = never) -> list[dict[str, Any]]:
-        keys = [k for k in storage.list(f"{dataset}/{COMMITS}/") if k.endswith(".json")]
-        for key in keys:
-            if key not in self.by_key:
-                if stopped():  # thousands of markers after a restart: stop between reads, not after all of them
-                    raise PassCancelled
-                self.by_key[key] = orjson.loads(storage.get(key))
-        return [self.by_key[key] for key in keys]
+    def follow(self, storage: Storage, totals: dict[str, int], now: datetime, full: bool = False,
+               stopped: Callable[[], bool] = never) -> dict[str, DatasetIndex]:
+        """Bring every dataset's index up to what is committed; `full` lists every marker name (the GETs are
+        still only for markers not folded yet)."""
+        if self.output != storage.root_uri:
+            self.datasets, self.output, self.last_full_listing = {}, storage.root_uri, now
+        full = full or self.last_full_listing is None or now - self.last_full_listing >= FULL_LISTING_EVERY
+
+        def check() -> None:
+            if stopped():  # thousands of markers after a restart: stop between reads, not after all of them
+                raise PassCancelled
+
+        for name, rows in totals.items():
+            check()
+            index = self.datasets.get(name)
+            if index is None:
+                index = self.datasets[name] = load_index(storage, name, rows)
+            else:
+                index.ledger.reserve(rows)
+            catch_up(storage, index, full=full, check=check)
+            self._checkpoint(storage, index, now)
+        self.datasets = {name: index for name, index in self.datasets.items() if name in totals}
+        if full:
+            self.last_full_listing = now
+        return self.datasets
+
+    @staticmethod
+    def _checkpoint(storage: Storage, index: DatasetIndex, now: datetime) -> None:
+        if index.since_checkpoint < CHECKPOINT_EVERY:
+            return
+        try:
+            write_checkpoint(storage, index, CHECKPOINT_WRITER, now)
+        except StorageError as error:  # the next reader reads more markers; nothing is wrong
+            logger.warning("%s: could not write a checkpoint: %s", index.name, error)
 
 
 def observe_server(kube: Kube, name: str, namespace: str) -> ServerState | None:
@@ -109,12 +149,14 @@ def observe_job(kube: Kube, name: str, namespace: str) -> tuple[JobState | None,
     return job_state(job), parse_time(started) if started else None
 
 
-def observe_progress(storage: Storage, cache: MarkerCache, now: datetime, started: datetime | None,
-                     stopped: Callable[[], bool] = never) -> tuple[ProgressFacts | None, dict[str, Any] | None]:
-    """Progress from the markers, and run.json (None, None before the first runner wrote it)."""
+def observe_progress(storage: Storage, output: OutputIndex, now: datetime, started: datetime | None,
+                     stopped: Callable[[], bool] = never, full: bool = False
+                     ) -> tuple[ProgressFacts | None, dict[str, Any] | None]:
+    """Progress from the markers, and run.json (None, None before the first runner wrote it). `full` before a
+    decision that ends the run: every marker name is listed, so a late PUT cannot make samples look missing."""
     if not storage.exists(RUN_METADATA):
         return None, None
     run = orjson.loads(storage.get(RUN_METADATA))
     totals = {name: info["rows"] for name, info in run["datasets"].items()}
-    markers = {name: cache.markers(storage, name, stopped) for name in totals}
-    return progress_facts(markers, totals, now, started), run
+    indexes = output.follow(storage, totals, now, full, stopped)
+    return progress_facts(indexes, totals, now, started), run

@@ -17,7 +17,7 @@ from . import metrics, names
 from .crd import GROUP, PLURAL, VERSION
 from .kube import default_kube
 from .passes import Key, PassScheduler, Stopped
-from .reconcile import MarkerCache, OperatorSettings, PassCancelled, PassResult, run_pass
+from .reconcile import OutputIndex, OperatorSettings, PassCancelled, PassResult, run_pass
 
 logger = logging.getLogger(__name__)
 
@@ -27,13 +27,14 @@ RESYNC_SECONDS = float(os.environ.get("TOKENMILL_RESYNC_SECONDS", "15"))
 # itself, so it exits at once; this bounds the wait if it ever does not.
 CANCELLATION_POLLING_SECONDS = 1.0
 SETTINGS = OperatorSettings()
-CACHES: dict[str, MarkerCache] = {}
+# What each resource's passes know of its output (an index per dataset, bounded by its slots; gather.py).
+OUTPUTS: dict[str, OutputIndex] = {}
 
 
 def _pass(key: Key, stopped: Stopped) -> PassResult | None:
     namespace, name, uid = key
     try:
-        return run_pass(default_kube(), name, namespace, uid, CACHES.setdefault(uid, MarkerCache()), SETTINGS,
+        return run_pass(default_kube(), name, namespace, uid, OUTPUTS.setdefault(uid, OutputIndex()), SETTINGS,
                         stopped)
     except PassCancelled:
         logger.info("%s/%s is being deleted: the pass in progress stopped", namespace, name)
@@ -101,7 +102,7 @@ async def on_delete(name: str, namespace: str, uid: str, **_: Any) -> None:
     """Stop passes and give the GPUs back now; garbage collection would remove the children only once kopf has
     dropped the finalizer. The data in storage is kept on purpose."""
     SCHEDULER.forget(uid)
-    CACHES.pop(uid, None)
+    OUTPUTS.pop(uid, None)
     metrics.forget(name, namespace)
     try:
         await asyncio.to_thread(_release, name, namespace)

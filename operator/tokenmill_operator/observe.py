@@ -1,71 +1,57 @@
-"""Progress from commit markers: counts, rates and ETA as status wants them. Pure.
+"""Progress from the runner's commit index: counts, rates and ETA as status wants them. Pure.
 
-Rates come from the markers' own commit times over a recent window, so they survive operator restarts and need
-no state between timer ticks. This is the operator's one use of the runner's ledger (which outcome is final, which
-failure reasons a retry can fix): keep it here.
+Counts come from each dataset's ledger (a slot counts once, by its final outcome); rates from the index's ring of
+recent commits (their own commit times), so they survive operator restarts (a checkpoint keeps the ring). This is
+the operator's one use of the runner's ledger (which outcome is final, which failure reasons a retry can fix):
+keep it here.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
-from tokenmill_runner.ledger import RETRYABLE_REASONS, effective_failures
+from tokenmill_runner.commit_index import Commit, DatasetIndex, parse_time, rates
+from tokenmill_runner.ledger import RETRYABLE_REASONS
 from tokenmill_runner.progress import eta_seconds, format_duration
 from tokenmill_runner.spec import DatasetGenerationSpec
 
 from .facts import ProgressFacts
 from .status import DatasetProgress, Progress
 
-RATE_WINDOW = timedelta(minutes=10)
+__all__ = ["given_up", "parse_time", "progress_facts", "progress_of", "foreign_run"]
 
 
-def parse_time(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
-
-
-def failure_reasons(markers: list[dict[str, Any]]) -> Counter[str]:
-    """Final failures by reason (a line retried successfully no longer counts; a line failed twice counts once)."""
-    return Counter(effective_failures(markers).values())
-
-
-def given_up(reasons: Counter[str]) -> int:
+def given_up(reasons: Counter[str] | dict[str, int]) -> int:
     """Failures a retry can fix: the servers failed these samples, not their input."""
     return sum(count for reason, count in reasons.items() if reason in RETRYABLE_REASONS)
 
 
-def _counts(markers: list[dict[str, Any]]) -> tuple[int, Counter[str], int, int]:
-    """(completed, failures by reason, tokens, truncated)."""
+def _totals(indexes: list[DatasetIndex]) -> tuple[int, Counter[str], int, int]:
+    """(completed, final failures by reason, tokens, truncated) over the datasets."""
     completed = tokens = truncated = 0
-    for marker in markers:
-        completed += len(marker["samples"]["sample_id"])
-        tokens += sum(marker["samples"]["completion_tokens"])
-        truncated += sum(1 for reason in marker["samples"].get("finish_reason", []) if reason == "length")
-    return completed, failure_reasons(markers), tokens, truncated
+    reasons: Counter[str] = Counter()
+    for index in indexes:
+        ledger = index.ledger
+        completed += ledger.completed
+        tokens += ledger.completion_tokens
+        truncated += ledger.truncated
+        reasons.update(ledger.final_failures())
+    return completed, reasons, tokens, truncated
 
 
-def _rates(markers: list[dict[str, Any]], now: datetime, started: datetime | None) -> tuple[float, float]:
-    """(samples/s, tokens/s) committed within the window, or since the start when the run is younger."""
-    since = now - RATE_WINDOW
-    recent = [m for m in markers if parse_time(m["committed_at"]) >= since]
-    span = RATE_WINDOW.total_seconds()
-    if started is not None and started > since:
-        span = max((now - started).total_seconds(), 1.0)
-    completed, reasons, tokens, _ = _counts(recent)
-    return (completed + reasons.total()) / span, tokens / span
-
-
-def progress_of(markers: list[dict[str, Any]], total: int, now: datetime, started: datetime | None,
+def progress_of(indexes: list[DatasetIndex], total: int, now: datetime, started: datetime | None,
                 name: str | None = None) -> Progress:
-    completed, reasons, tokens, truncated = _counts(markers)
+    completed, reasons, tokens, truncated = _totals(indexes)
     failed = reasons.total()
-    samples_per_s, tokens_per_s = _rates(markers, now, started)
-    eta = eta_seconds(total - completed - failed, samples_per_s)
+    recent: list[Commit] = [commit for index in indexes for commit in index.recent]
+    rate = rates(recent, now, started)
+    eta = eta_seconds(total - completed - failed, rate.samples_per_s)
     share = (completed + failed) / total if total else 0.0
     fields = dict(
         completed=completed, failed=failed, total=total, generated_tokens=tokens, truncated=truncated,
-        tokens_per_second=int(round(tokens_per_s)), samples_per_second=f"{samples_per_s:.3f}",
+        tokens_per_second=int(round(rate.tokens_per_s)), samples_per_second=f"{rate.samples_per_s:.3f}",
         eta_seconds=int(eta) if eta is not None else None, eta=format_duration(eta) if eta is not None else "",
         display=f"{completed + failed}/{total} ({share:.1%})",
         given_up=given_up(reasons), failed_by_reason=dict(sorted(reasons.items())),
@@ -73,14 +59,15 @@ def progress_of(markers: list[dict[str, Any]], total: int, now: datetime, starte
     return DatasetProgress(name=name, **fields) if name is not None else Progress(**fields)
 
 
-def progress_facts(markers: dict[str, list[dict[str, Any]]], totals: dict[str, int], now: datetime,
+def progress_facts(indexes: dict[str, DatasetIndex], totals: dict[str, int], now: datetime,
                    started: datetime | None) -> ProgressFacts:
     """Progress per dataset and overall; `totals` come from run.json (rows per dataset source)."""
-    datasets = [progress_of(markers.get(name, []), totals.get(name, 0), now, started, name) for name in totals]
-    every = [m for name in totals for m in markers.get(name, [])]
+    chosen = {name: [indexes[name]] if name in indexes else [] for name in totals}
+    datasets = [progress_of(chosen[name], totals[name], now, started, name) for name in totals]
+    every = [index for name in totals for index in chosen[name]]
     overall = progress_of(every, sum(totals.values()), now, started)
-    times = [parse_time(m["committed_at"]) for m in every]
-    return ProgressFacts(overall=overall, datasets=datasets, last_commit_time=max(times, default=None))
+    last = max((index.last_commit for index in every if index.last_commit is not None), default=None)
+    return ProgressFacts(overall=overall, datasets=datasets, last_commit_time=last)
 
 
 def foreign_run(run: dict[str, Any] | None, spec: DatasetGenerationSpec) -> str | None:

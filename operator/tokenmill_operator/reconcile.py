@@ -27,7 +27,7 @@ from tokenmill_runner.storage import Storage, StorageError, StorageRetry, open_s
 from . import manifests, names
 from .facts import Decision, JobState, Observed, ServerState
 from .faults import crash_point
-from .gather import MarkerCache, PassCancelled, never, observe_job, observe_progress, observe_server
+from .gather import OutputIndex, PassCancelled, never, observe_job, observe_progress, observe_server
 from .kube import Kube, KubeUnavailable
 from .lifecycle import (
     blocked,
@@ -44,7 +44,7 @@ from .observe import foreign_run
 from .planner import PlanError, ServerPlan
 from .status import DatasetGenerationStatus, ReportStatus, RunStatus, merge_patch
 
-__all__ = ["MarkerCache", "OperatorSettings", "PassCancelled", "PassResult", "reconcile", "run_pass"]
+__all__ = ["OutputIndex", "OperatorSettings", "PassCancelled", "PassResult", "reconcile", "run_pass"]
 
 logger = logging.getLogger(__name__)
 
@@ -164,12 +164,16 @@ def _server_urls(context: Context, plan: ServerPlan | None) -> list[str] | None:
                              plan.nodes_per_replica)
 
 
-def _observed(context: Context, cache: MarkerCache, storage: Storage, planning: Planning, facts: Facts,
+def _observed(context: Context, output: OutputIndex, storage: Storage, planning: Planning, facts: Facts,
               now: datetime, settings: OperatorSettings, stopped: Callable[[], bool]) -> Observed:
     spec, previous, job = context.spec, context.previous, facts.job
     plan = planning.plan
     ended = previous.report is not None
-    progress, run = (None, None) if ended else observe_progress(storage, cache, now, facts.job_started, stopped)
+    # Before a decision that ends the run (the Job finished), every marker name is listed: a late PUT must not make
+    # committed samples look missing. (A run already failed relies on the periodic full listing.)
+    full = job is not None and job.finished and previous.phase != "Failed"
+    progress, run = (None, None) if ended else observe_progress(storage, output, now, facts.job_started, stopped,
+                                                                full)
     given_up = (progress.overall if progress else previous.progress).given_up
     retry = plan_retry(context.retry_request, previous.retry, given_up, now)
     urls = _server_urls(context, plan)
@@ -177,7 +181,7 @@ def _observed(context: Context, cache: MarkerCache, storage: Storage, planning: 
     ended_hash = job.hash if job is not None else (previous.run.job_hash if previous.run else None)
     reopened = reopen(previous, retry, desired_hash, ended_hash)
     if reopened:
-        progress, run = observe_progress(storage, cache, now, facts.job_started, stopped)
+        progress, run = observe_progress(storage, output, now, facts.job_started, stopped, full)
     return Observed(
         generation=context.generation, now=now, suspended=spec.suspend, previous=previous, name=context.name,
         plan=plan, plan_error=planning.error, planned_generation=planning.generation, server=facts.server, job=job,
@@ -190,7 +194,7 @@ def _observed(context: Context, cache: MarkerCache, storage: Storage, planning: 
     )
 
 
-def reconcile(kube: Kube, context: Context, cache: MarkerCache, settings: OperatorSettings,
+def reconcile(kube: Kube, context: Context, output: OutputIndex, settings: OperatorSettings,
               stopped: Callable[[], bool] = never) -> Decision:
     spec, now = context.spec, now_utc()
     base = Observed(generation=context.generation, now=now, suspended=spec.suspend, previous=context.previous,
@@ -214,7 +218,7 @@ def reconcile(kube: Kube, context: Context, cache: MarkerCache, settings: Operat
         change = identity_change(started_run, wanted)
         if change:
             return blocked(base, "ImmutableFieldChanged", change)
-        observed = _observed(context, cache, storage, planning, facts, now, settings, stopped)
+        observed = _observed(context, output, storage, planning, facts, now, settings, stopped)
     except UNOBSERVABLE as error:
         return cannot_observe(base, str(error))
     decision = decide(observed)
@@ -329,7 +333,7 @@ def settled(body: dict[str, Any], previous: DatasetGenerationStatus) -> bool:
             and (not request or retry_value(request) == handled))
 
 
-def run_pass(kube: Kube, name: str, namespace: str, uid: str, cache: MarkerCache, settings: OperatorSettings,
+def run_pass(kube: Kube, name: str, namespace: str, uid: str, output: OutputIndex, settings: OperatorSettings,
              stopped: Callable[[], bool] = never) -> PassResult | None:
     """Read the resource afresh (a queued pass never acts on an old copy), reconcile it and write its status.
     None when it is gone or being deleted."""
@@ -346,7 +350,7 @@ def run_pass(kube: Kube, name: str, namespace: str, uid: str, cache: MarkerCache
             return PassResult(body, Decision(previous, server_replicas=None), spec)
         context = Context(body=body, name=name, namespace=namespace,
                           generation=body["metadata"].get("generation", 0), spec=spec, previous=previous)
-        decision = reconcile(kube, context, cache, settings, stopped)
+        decision = reconcile(kube, context, output, settings, stopped)
     if stopped():
         raise PassCancelled
     write_status(kube, body, decision.status)

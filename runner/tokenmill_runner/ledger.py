@@ -4,13 +4,14 @@ A *slot* is one unit of work: (source line, sample index) of a dataset; the inde
 several samples per prompt. Exactly once means per slot: every slot ends with exactly one committed final outcome,
 a row or an error record, whatever is killed when.
 
-A commit marker (`<dataset>/commits/<shard_id>.json`, written after the shard's data and errors; `shards.py`
+A commit marker (`<dataset>/commits/<time>-<shard_id>.json`, written after the shard's data and errors; `shards.py`
 writes and reads them) lists each committed sample's slot, id, lengths and flags, and each failure recorded with
 the shard: enough for resume, progress and the report without reading a shard.
 
-`DatasetLedger.fold(marker)` folds markers into one byte per slot (nothing, a row, or the code of the reason it
-failed), so memory grows by a byte per source line, never by a Python object per sample. Folding is idempotent
-and does not depend on the order of the markers:
+`DatasetLedger.fold(marker)` folds markers into a bit per slot (has a row) plus a byte per slot only in the pages
+of 4096 slots where failures are (the code of the reason it failed), so memory grows by a bit per source line
+(1.25 MB at 10 million), never by a Python object per sample. Folding is idempotent and does not depend on the
+order of the markers:
 - a row wins over any failure of its slot (a retried slot that then succeeded), and a slot counts once however
   many markers name it (the first row's tokens count);
 - a failure never replaces a row; between two failures of one slot, one not retryable wins (nothing runs a slot
@@ -64,13 +65,13 @@ class ShardContent:
 
 
 def build_marker(dataset: str, shard_id: str, worker: int, content: ShardContent,
-                 data_bytes: int) -> dict[str, Any]:
+                 data_bytes: int, committed_at: datetime | None = None) -> dict[str, Any]:
     return {
         "version": MARKER_VERSION,
         "dataset": dataset,
         "shard_id": shard_id,
         "worker": worker,
-        "committed_at": datetime.now(UTC).isoformat(),
+        "committed_at": (committed_at or datetime.now(UTC)).isoformat(),
         "data": f"{SHARDS}/{shard_id}.parquet" if content.rows else None,
         "data_bytes": data_bytes,
         "errors": f"{ERRORS}/{shard_id}.jsonl" if content.errors else None,
@@ -87,57 +88,79 @@ class MarkerError(ValueError):
 
 _EMPTY, _ROW = 0, 1  # outcome codes; failure reasons take 2..255 in the order a ledger first meets them
 _MAX_REASONS = 254
+_POPCOUNT = np.array([bin(byte).count("1") for byte in range(256)], dtype=np.uint8)
+PAGE_BITS = 12  # failure codes live in pages of 4096 slots, allocated only where a failure is
 
 
 class DatasetLedger:
-    """One dataset's committed outcomes, one byte per slot. Build it with the dataset's row count when known (it
-    grows when a marker names a line beyond it, e.g. a JSONL source with blank lines), then `fold` markers."""
+    """One dataset's committed outcomes: a bit per slot for "has a row", and the failure reason's code (a byte) only
+    in pages of slots where failures are. Build it with the dataset's row count when known (it grows when a marker
+    names a line beyond it, e.g. a JSONL source with blank lines), then `fold` markers."""
 
     def __init__(self, name: str = "", rows: int = 0, samples_per_prompt: int = 1) -> None:
         if samples_per_prompt < 1:
             raise ValueError(f"samples_per_prompt must be at least 1, got {samples_per_prompt}")
         self.name = name
         self.samples_per_prompt = samples_per_prompt
-        self._outcome = np.zeros(max(rows, 0) * samples_per_prompt, dtype=np.uint8)
+        self._size = max(rows, 0) * samples_per_prompt  # slots the bitmap covers
+        self._rows = np.zeros(-(-self._size // 8), dtype=np.uint8)  # bit i: slot i has a row
+        self._pages: dict[int, np.ndarray] = {}  # page -> failure code per slot (0: none), see PAGE_BITS
+        self._failures = np.zeros(256, dtype=np.int64)  # slots whose final outcome is each failure code
         self._reasons: list[str] = ["", ""]  # code -> reason; codes 0 and 1 are "nothing" and "row"
         self._codes: dict[str, int] = {}
         self._retryable = np.zeros(256, dtype=bool)
-        self._by_code: np.ndarray | None = None  # cached counts per outcome code; None after a change
         self.completed = 0  # slots with a row
         self.completion_tokens = 0
         self.truncated = 0  # rows that stopped at max_new_tokens (finish_reason "length")
 
     # -- folding -------------------------------------------------------------------------------------------
-    def fold(self, marker: dict[str, Any]) -> None:
-        """Fold one commit marker in (version 1 or 2). Idempotent: folding a marker again changes nothing."""
+    def fold(self, marker: dict[str, Any]) -> np.ndarray:
+        """Fold one commit marker in (version 1 or 2). Idempotent: folding a marker again changes nothing.
+        Returns the positions, in the marker's `samples`, of the rows that counted (the first row of each slot that
+        had none): what a reader that aggregates per row (the report) adds, so it counts each slot once too."""
         samples, failed = marker.get("samples"), marker.get("failed")
         if not isinstance(samples, dict) or not isinstance(failed, dict):
             raise MarkerError(f"{self._where(marker)}: no 'samples'/'failed' tables")
-        self._fold_rows(marker, samples)
+        taken = self._fold_rows(marker, samples)
         self._fold_failures(marker, failed)
+        return taken
 
     def fold_all(self, markers: Iterable[dict[str, Any]]) -> DatasetLedger:
         for marker in markers:
             self.fold(marker)
         return self
 
-    def _fold_rows(self, marker: dict[str, Any], samples: dict[str, list[Any]]) -> None:
+    def _fold_rows(self, marker: dict[str, Any], samples: dict[str, list[Any]]) -> np.ndarray:
         lines = samples.get("line") or []
         if not lines:
-            return
+            return np.empty(0, dtype=np.int64)
         positions = self._positions(marker, "samples", lines, samples.get("sample_index"))
         unique, first = np.unique(positions, return_index=True)
-        new = self._outcome[unique] != _ROW
+        new = ~self._has_row(unique)
         if not new.any():
-            return
-        taken = first[new]
+            return np.empty(0, dtype=np.int64)
+        taken = np.sort(first[new])
         tokens = np.asarray(samples.get("completion_tokens") or [0] * len(lines), dtype=np.int64)
         finish = samples.get("finish_reason") or [None] * len(lines)
         self.completed += int(new.sum())
         self.completion_tokens += int(tokens[taken].sum())
         self.truncated += sum(1 for i in taken.tolist() if finish[i] == "length")
-        self._outcome[unique[new]] = _ROW
-        self._by_code = None
+        fresh = unique[new]
+        np.bitwise_or.at(self._rows, fresh >> 3, (1 << (fresh & 7)).astype(np.uint8))
+        if self._pages:
+            self._clear_failures(fresh)
+        return taken
+
+    def _clear_failures(self, positions: np.ndarray) -> None:
+        """A row clears an earlier failure of its slot (a retry that succeeded)."""
+        for page in np.unique(positions >> PAGE_BITS).tolist():
+            codes = self._pages.get(page)
+            if codes is None:
+                continue
+            offsets = positions[(positions >> PAGE_BITS) == page] & ((1 << PAGE_BITS) - 1)
+            cleared = codes[offsets]
+            np.subtract.at(self._failures, cleared[cleared > _ROW], 1)
+            codes[offsets] = _EMPTY
 
     def _fold_failures(self, marker: dict[str, Any], failed: dict[str, list[Any]]) -> None:
         lines = failed.get("line") or []
@@ -147,13 +170,22 @@ class DatasetLedger:
         reasons = failed.get("reason") or []
         if len(reasons) != len(lines):
             raise MarkerError(f"{self._where(marker)}: failed.reason has {len(reasons)} entries for {len(lines)} lines")
-        for position, reason in zip(positions.tolist(), reasons, strict=True):
+        has_row = self._has_row(positions).tolist()
+        for position, reason, row in zip(positions.tolist(), reasons, has_row, strict=True):
             code = self._code(str(reason))
-            current = int(self._outcome[position])
-            if current == _ROW or (current > _ROW and not self._retryable[current] and self._retryable[code]):
+            if row:
                 continue
-            self._outcome[position] = code
-        self._by_code = None
+            page = self._pages.get(position >> PAGE_BITS)
+            if page is None:
+                page = self._pages[position >> PAGE_BITS] = np.zeros(1 << PAGE_BITS, dtype=np.uint8)
+            offset = position & ((1 << PAGE_BITS) - 1)
+            current = int(page[offset])
+            if current > _ROW and not self._retryable[current] and self._retryable[code]:
+                continue
+            if current > _ROW:
+                self._failures[current] -= 1
+            page[offset] = code
+            self._failures[code] += 1
 
     def _positions(self, marker: dict[str, Any], table: str, lines: Sequence[Any],
                    indices: Sequence[Any] | None) -> np.ndarray:
@@ -172,11 +204,23 @@ class DatasetLedger:
         self._grow(int(positions.max()) + 1)
         return positions
 
-    def _grow(self, size: int) -> None:
-        if size > self._outcome.size:
-            grown = np.zeros(max(size, 2 * self._outcome.size), dtype=np.uint8)
-            grown[:self._outcome.size] = self._outcome
-            self._outcome = grown
+    def reserve(self, slots: int) -> None:
+        """Make room for `slots` slots up front (a source's row count), so folding does not grow the bitmap."""
+        self._grow(slots, exact=True)
+
+    def _grow(self, size: int, exact: bool = False) -> None:
+        if size > self._size:
+            self._size = size if exact else max(size, 2 * self._size)
+            grown = np.zeros(-(-self._size // 8), dtype=np.uint8)
+            grown[:self._rows.size] = self._rows
+            self._rows = grown
+
+    def _has_row(self, positions: np.ndarray) -> np.ndarray:
+        inside = positions < self._size
+        bits = np.zeros(positions.shape, dtype=bool)
+        at = positions[inside]
+        bits[inside] = ((self._rows[at >> 3] >> (at & 7).astype(np.uint8)) & 1).astype(bool)
+        return bits
 
     def _code(self, reason: str) -> int:
         code = self._codes.get(reason)
@@ -195,7 +239,12 @@ class DatasetLedger:
     # -- questions -----------------------------------------------------------------------------------------
     def _slot_code(self, slot: Slot) -> int:
         position = (slot.line - 1) * self.samples_per_prompt + slot.index
-        return int(self._outcome[position]) if 0 <= position < self._outcome.size else _EMPTY
+        if not 0 <= position < self._size:
+            return _EMPTY
+        if (self._rows[position >> 3] >> (position & 7)) & 1:
+            return _ROW
+        page = self._pages.get(position >> PAGE_BITS)
+        return _EMPTY if page is None else int(page[position & ((1 << PAGE_BITS) - 1)])
 
     def outcome(self, slot: Slot) -> str | None:
         """"row", the reason of the slot's final failure, or None when nothing is committed for it."""
@@ -211,16 +260,10 @@ class DatasetLedger:
         code = self._slot_code(slot)
         return code > _ROW and bool(self._retryable[code])
 
-    def _counts(self) -> np.ndarray:
-        if self._by_code is None:
-            self._by_code = np.bincount(self._outcome, minlength=256)
-        return self._by_code
-
     def final_failures(self) -> dict[str, int]:
         """{reason: slots whose final outcome is that failure}, by reason name."""
-        counts = self._counts()
-        return dict(sorted((self._reasons[code], int(counts[code])) for code in range(2, len(self._reasons))
-                           if counts[code]))
+        return dict(sorted((self._reasons[code], int(self._failures[code])) for code in range(2, len(self._reasons))
+                           if self._failures[code]))
 
     def given_up(self) -> dict[str, int]:
         """The final failures with a server-side (retryable) reason."""
@@ -228,7 +271,7 @@ class DatasetLedger:
 
     @property
     def failed(self) -> int:
-        return int(self._counts()[2:].sum())
+        return int(self._failures[2:].sum())
 
     @property
     def settled(self) -> int:
@@ -237,9 +280,61 @@ class DatasetLedger:
 
     def failed_slots(self) -> Iterator[tuple[Slot, str]]:
         """(slot, reason) of every slot whose final outcome is a failure, in slot order."""
-        for position in np.flatnonzero(self._outcome > _ROW).tolist():
-            line, index = divmod(position, self.samples_per_prompt)
-            yield Slot(line + 1, index), self._reasons[int(self._outcome[position])]
+        for page in sorted(self._pages):
+            codes = self._pages[page]
+            for offset in np.flatnonzero(codes > _ROW).tolist():
+                line, index = divmod((page << PAGE_BITS) + offset, self.samples_per_prompt)
+                yield Slot(line + 1, index), self._reasons[int(codes[offset])]
+
+    def _failure_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(slot positions, failure codes) of every final failure, in slot order."""
+        positions, codes = [np.empty(0, np.int64)], [np.empty(0, np.uint8)]
+        for page in sorted(self._pages):
+            offsets = np.flatnonzero(self._pages[page] > _ROW)
+            positions.append((page << PAGE_BITS) + offsets)
+            codes.append(self._pages[page][offsets])
+        return np.concatenate(positions).astype(np.int64), np.concatenate(codes)
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the per-slot state (the bitmap and the failure pages)."""
+        return self._rows.nbytes + sum(page.nbytes for page in self._pages.values())
+
+    # -- checkpoints ---------------------------------------------------------------------------------------
+    def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """Everything the ledger knows, as a JSON-able header and arrays (`checkpoints.py` writes them)."""
+        positions, codes = self._failure_arrays()
+        header = {"name": self.name, "samples_per_prompt": self.samples_per_prompt, "slots": self._size,
+                  "reasons": self._reasons[2:], "completed": self.completed,
+                  "completion_tokens": self.completion_tokens, "truncated": self.truncated}
+        return header, {"rows": self._rows[:-(-self._size // 8)], "failed_positions": positions, "failed_codes": codes}
+
+    @classmethod
+    def from_state(cls, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> DatasetLedger:
+        """The ledger `state` described; raises ValueError when the parts disagree."""
+        ledger = cls(str(header["name"]), 0, int(header["samples_per_prompt"]))
+        size = int(header["slots"])
+        rows = arrays["rows"]
+        if rows.dtype != np.uint8 or rows.size != -(-size // 8):
+            raise ValueError(f"row bitmap of {rows.size} bytes for {size} slots")
+        ledger._size, ledger._rows = size, rows.copy()
+        for reason in header["reasons"]:
+            ledger._code(str(reason))
+        positions, codes = arrays["failed_positions"], arrays["failed_codes"]
+        if positions.shape != codes.shape or (codes.size and (codes.min() < 2 or codes.max() >= len(ledger._reasons))):
+            raise ValueError("failure positions and codes disagree")
+        if positions.size and (positions.min() < 0 or positions.max() >= size or ledger._has_row(positions).any()):
+            raise ValueError("a failure names a slot outside the ledger or one with a row")
+        for position, code in zip(positions.tolist(), codes.tolist(), strict=True):
+            page = ledger._pages.setdefault(position >> PAGE_BITS, np.zeros(1 << PAGE_BITS, dtype=np.uint8))
+            page[position & ((1 << PAGE_BITS) - 1)] = code
+        np.add.at(ledger._failures, codes.astype(np.int64), 1)
+        ledger.completed = int(header["completed"])
+        ledger.completion_tokens = int(header["completion_tokens"])
+        ledger.truncated = int(header["truncated"])
+        if ledger.completed != int(_POPCOUNT[ledger._rows].sum(dtype=np.int64)):
+            raise ValueError(f"{ledger.completed} rows counted but the bitmap has another number")
+        return ledger
 
 
 def effective_failures(markers: Iterable[dict[str, Any]]) -> dict[Slot, str]:

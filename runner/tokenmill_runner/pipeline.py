@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import statistics
 import time
-from array import array
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -24,8 +22,11 @@ from itertools import islice
 from typing import Any
 
 from .client import GenerateClient
+from .commit_index import DatasetIndex
 from .config import RunnerConfig
 from .duplicates import DuplicateIds
+from .histograms import IntHistogram
+from .index_store import CHECKPOINT_EVERY, write_checkpoint
 from .ledger import RETRYABLE_REASONS, DatasetLedger, ShardContent, Slot
 from .metrics import RunnerMetrics
 from .pretokenize import PromptEncoder
@@ -33,6 +34,7 @@ from .progress import ProgressDisplay, Snapshot, ThroughputMeter
 from .prompts import Prompt, RowError, belongs_to_worker, duplicate_error, id_hash
 from .request_fit import ServerLimits
 from .results import Generation, ServersUnavailable
+from .scan import LineSet
 from .rows import build_row, failure_record, too_long_record
 from .shards import ShardBuffer, commit_shard, new_run_token, new_shard_id
 from .sources import read_prompts, source_format
@@ -74,7 +76,15 @@ class DatasetState:
     truncated: int = 0
     failed: Counter[str] = field(default_factory=Counter)
     given_up_before: Counter[str] = field(default_factory=Counter)  # skipped slots an earlier run gave up
-    lengths: array = field(default_factory=lambda: array("i"))
+    lengths: IntHistogram = field(default_factory=IntHistogram)  # this run's completion lengths
+    commits: DatasetIndex | None = None  # the ledger with the shards folded into it (checkpoints are written from it)
+    owned: LineSet | None = None  # this worker's lines (None: every line), from the scan
+
+    def __post_init__(self) -> None:
+        if self.commits is None:
+            self.commits = DatasetIndex(self.ledger)
+        elif self.commits.ledger is not self.ledger:
+            raise ValueError(f"{self.spec.name}: the index folds into another ledger than the state's")
 
     @property
     def name(self) -> str:
@@ -91,9 +101,8 @@ def summarize(state: DatasetState) -> DatasetSummary:
     return DatasetSummary(
         name=state.name, rows=state.rows, skipped=state.skipped, generated=state.generated,
         failed=dict(state.failed), completion_tokens=state.completion_tokens, truncated=state.truncated,
-        median_completion=statistics.median(lengths) if lengths else None,
-        mean_completion=statistics.fmean(lengths) if lengths else None,
-        max_completion=max(lengths) if lengths else None, given_up=dict(given_up),
+        median_completion=lengths.median(), mean_completion=lengths.mean(), max_completion=lengths.max,
+        given_up=dict(given_up),
     )
 
 
@@ -186,7 +195,8 @@ class Runner:
         for state in self.states:
             spec = state.spec
             fmt = source_format(spec.source, spec.format)
-            rows = read_prompts(spec.source, fmt, self.config.spec.output.endpoint, spec.limit)
+            rows = read_prompts(spec.source, fmt, self.config.spec.output.endpoint, spec.limit,
+                                wanted=lambda line, state=state: self._wanted(state, line))
             while chunk := await asyncio.to_thread(_take, rows, READ_BATCH):
                 prompts = self._admit(state, chunk)
                 for start in range(0, len(prompts), TOKENIZE_BATCH):
@@ -195,6 +205,19 @@ class Runner:
                     for prompt, ids in zip(batch, encoded, strict=True):
                         if ids := self._checked(state, prompt, ids):
                             await queue.put((state, prompt, ids))
+
+    def _wanted(self, state: DatasetState, line: int) -> bool:
+        """Before a row is parsed: False for another worker's line, and for a settled slot of ours (counted as
+        skipped here, so `_admit` never sees it)."""
+        if state.owned is not None and not state.owned.has(line):
+            return False
+        slot = Slot(line)
+        if not state.ledger.is_done(slot, self.config.retry_failed):
+            return True
+        state.skipped += 1
+        if state.ledger.is_given_up(slot):
+            state.given_up_before[state.ledger.outcome(slot) or ""] += 1
+        return False
 
     def _admit(self, state: DatasetState, chunk: list[Prompt | RowError]) -> list[Prompt]:
         """Drop other workers' rows and the slots already settled; record bad rows and duplicate ids; return the
@@ -257,7 +280,7 @@ class Runner:
         state.generated += 1
         state.completion_tokens += result.completion_tokens
         state.truncated += result.finish_reason == "length"
-        state.lengths.append(result.completion_tokens)
+        state.lengths.add([result.completion_tokens])
         self.meter.record(now, 1, result.completion_tokens)
         if state.buffer.is_due(now):
             self._commit(state)
@@ -297,11 +320,25 @@ class Runner:
                     logger.warning("commit of %s/%s failed (%s); retrying", dataset, shard_id, error)
                     await asyncio.sleep(2 ** attempt)
                     continue
-                state.ledger.fold(marker)
+                assert state.commits is not None
+                state.commits.fold(shard_id, marker)
+                await self._checkpoint(state)
                 logger.debug("committed %s/%s: %d rows, %d errors", dataset, shard_id,
                              len(content.rows), len(content.errors))
                 self.metrics.committed(dataset, len(content.rows), [e["reason"] for e in content.errors])
                 return
+
+    async def _checkpoint(self, state: DatasetState, at_end: bool = False) -> None:
+        """A single worker's index holds every commit of the dataset: checkpoint it now and then, and at the end,
+        so a resume reads one object plus the markers since (with several workers the operator checkpoints)."""
+        index = state.commits
+        due = index is not None and index.since_checkpoint >= (1 if at_end else CHECKPOINT_EVERY)
+        if self.config.worker_count != 1 or not due or index is None:
+            return
+        try:
+            await asyncio.to_thread(write_checkpoint, self.storage, index, f"w{self.config.worker_index:03d}")
+        except StorageError as error:  # a missing checkpoint costs the next reader time, never correctness
+            logger.warning("%s: could not write a checkpoint: %s", state.name, error)
 
     async def _flush_all(self) -> None:
         for state in self.states:
@@ -309,6 +346,8 @@ class Runner:
                 self._commit(state)
         while self._commits:
             await asyncio.gather(*list(self._commits), return_exceptions=True)
+        for state in self.states:
+            await self._checkpoint(state, at_end=True)
 
     async def _tick(self, every_s: float = 0.5) -> None:
         while True:

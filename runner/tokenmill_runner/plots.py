@@ -1,4 +1,7 @@
-"""One PNG per dataset: completion-length histogram (log axis, cap marked) and reasoning vs answer lengths."""
+"""One PNG per dataset: completion-length histogram (log axis, cap marked) and reasoning vs answer lengths.
+
+Drawn from what the report accumulated (`report_stream.py`): the histogram from the exact length counts, the
+scatter from every (reasoning, answer) pair up to 20,000 and a uniform sample of them above."""
 
 from __future__ import annotations
 
@@ -12,7 +15,8 @@ matplotlib.use("Agg")  # no display here or in pods
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from .stats import reasoning_and_answer  # noqa: E402
+from .histograms import IntHistogram  # noqa: E402
+from .report_stream import DatasetSamples  # noqa: E402
 
 WIDTH_PX, HEIGHT_PX, DPI = 1400, 560, 100
 
@@ -22,39 +26,40 @@ def _log_bins(values: np.ndarray) -> np.ndarray:
     return np.logspace(0, np.log10(top * 1.05), 40)
 
 
-def _histogram(ax: Any, name: str, completions: np.ndarray, caps: list[int]) -> None:
-    if completions.size:
-        ax.hist(np.maximum(completions, 1), bins=_log_bins(completions), color="#4472c4", edgecolor="white")
+def _histogram(ax: Any, name: str, completions: IntHistogram, caps: list[int]) -> None:
+    values, counts = completions.distinct()
+    if values.size:
+        ax.hist(np.maximum(values, 1), bins=_log_bins(values), weights=counts, color="#4472c4", edgecolor="white")
     ax.set_xscale("log")
     for cap in caps:
         ax.axvline(cap, color="#c00000", linestyle="--", linewidth=1.5, label=f"maxNewTokens {cap}")
-    if completions.size:
-        ax.axvline(float(np.median(completions)), color="#333333", linewidth=1, label="median")
-    ax.set_title(f"{name}: completion length (n={completions.size})")
+    if values.size:
+        ax.axvline(float(completions.median() or 0), color="#333333", linewidth=1, label="median")
+    ax.set_title(f"{name}: completion length (n={completions.count})")
     ax.set_xlabel("completion tokens (log scale)")
     ax.set_ylabel("samples")
     ax.legend(loc="upper left", fontsize=9)
 
 
-def _reasoning_scatter(ax: Any, reasoning: np.ndarray, answer: np.ndarray, total: int) -> None:
+def _reasoning_scatter(ax: Any, samples: DatasetSamples) -> None:
+    points = samples.points
+    reasoning = np.asarray(points.reasoning, dtype=np.int64)
+    answer = np.asarray(points.answer, dtype=np.int64)
     if reasoning.size:
         ax.scatter(np.maximum(reasoning, 1), np.maximum(answer, 1), s=8, alpha=0.5, color="#ed7d31")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_title(f"reasoning vs answer ({reasoning.size} of {total} with the end token)")
+    shown = f", {reasoning.size:,} shown" if points.sampled else ""
+    ax.set_title(f"reasoning vs answer ({points.seen} of {samples.samples} with the end token{shown})")
     ax.set_xlabel("reasoning tokens (before the end token, log)")
     ax.set_ylabel("answer tokens (after it, log)")
 
 
-def dataset_png(name: str, samples: dict[str, list[Any]], caps: list[int]) -> bytes:
-    completions = np.asarray(samples["completion_tokens"], dtype=np.int64)
-    reasoning_lengths, answer_lengths = reasoning_and_answer(samples)
-    reasoning = np.asarray(reasoning_lengths, dtype=np.int64)
-    answer = np.asarray(answer_lengths, dtype=np.int64)
+def dataset_png(name: str, samples: DatasetSamples, caps: list[int]) -> bytes:
     figure, (left, right) = plt.subplots(1, 2, figsize=(WIDTH_PX / DPI, HEIGHT_PX / DPI), dpi=DPI)
     try:
-        _histogram(left, name, completions, caps)
-        _reasoning_scatter(right, reasoning, answer, completions.size)
+        _histogram(left, name, samples.completions, caps)
+        _reasoning_scatter(right, samples)
         figure.tight_layout()
         buffer = io.BytesIO()
         figure.savefig(buffer, format="png", dpi=DPI)

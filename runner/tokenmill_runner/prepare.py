@@ -27,9 +27,10 @@ from .pretokenize import (
 from .replica_health import HealthPolicy
 from .request_fit import ServerLimits
 from .sampling_defaults import apply_model_defaults, model_sampling_defaults
-from .scan import scan_source
+from .scan_cache import cached_scan
+from .index_store import CHECKPOINT_EVERY, open_index, write_checkpoint
 from .server_info import ServerFacts, runnable_requests
-from .shards import ShardBuffer, clean_leftovers, read_ledger
+from .shards import ShardBuffer, clean_leftovers
 from .sources import source_format
 from .spec import DatasetGenerationSpec, SpecError
 from .storage import Storage, open_storage
@@ -79,18 +80,23 @@ def prepare_states(config: RunnerConfig, storage: Storage,
     states, totals = [], {}
     for index, dataset in enumerate(spec.datasets):
         fmt = source_format(dataset.source, dataset.format)
-        scan = scan_source(dataset.source, fmt, spec.output.endpoint, dataset.limit, config.worker_index,
-                           config.worker_count)
+        scan = cached_scan(storage, dataset.name, dataset.source, fmt, spec.output.endpoint, dataset.limit,
+                           config.worker_index, config.worker_count)
         totals[dataset.name] = scan.rows
-        removed = clean_leftovers(storage, dataset.name, config.worker_index)
+        commits, caught = open_index(storage, dataset.name, scan.rows)
+        logger.info("%s: %d markers folded (%d read now, %d listed)", dataset.name, commits.markers, caught.folded,
+                    caught.listed)
+        removed = clean_leftovers(storage, dataset.name, config.worker_index, commits.knows, caught.strays)
         if removed:
             logger.info("%s: removed %d uncommitted leftover files of worker %d", dataset.name, removed,
                         config.worker_index)
+        if config.worker_index == 0 and commits.since_checkpoint >= CHECKPOINT_EVERY:
+            write_checkpoint(storage, commits, f"w{config.worker_index:03d}")
         sampling, sources = apply_model_defaults(spec.sampling_for(dataset), model_defaults or {})
         states.append(DatasetState(
-            spec=dataset, index=index, sampling=sampling, ledger=read_ledger(storage, dataset.name, scan.rows),
+            spec=dataset, index=index, sampling=sampling, ledger=commits.ledger, commits=commits,
             duplicates=scan.duplicates, template_kwargs=spec.chat_template_kwargs_for(dataset),
-            sampling_sources=sources, rows=scan.worker_rows,
+            sampling_sources=sources, rows=scan.worker_rows, owned=scan.owned,
             buffer=ShardBuffer(spec.runner.shard_max_samples, spec.runner.shard_max_seconds),
         ))
     # Longest expected outputs first, so the run does not end on one long request with an idle GPU.

@@ -1,6 +1,7 @@
 """The validation report: what was generated, in tokens, per dataset, computed from the commit markers.
 
-Pure: the markers' samples and the ledger's outcomes in, a report dict out. Reading the markers and writing the
+Pure: what `report_stream.DatasetSamples` accumulated from the markers in, a report dict out (every figure exact;
+latency quantiles within 0.5 % above a million samples, see `histograms.py`). Reading the markers and writing the
 files is `report_files.py`.
 The report's JSON schema is `tokenmill.report/v1` (documented in docs/report.md); bump it on breaking changes.
 """
@@ -8,43 +9,30 @@ The report's JSON schema is `tokenmill.report/v1` (documented in docs/report.md)
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from .ledger import RETRYABLE_REASONS, DatasetLedger
+from .histograms import IntHistogram, mann_whitney_histograms
+from .ledger import RETRYABLE_REASONS
+from .report_stream import DRIFT_FIRST_N, SAMPLE_COLUMNS, DatasetSamples
+from .stats import OVER, UNDER, DriftResult
 from .summary import RETRY_HINT
-from .stats import distribution, length_shares, order_drift, reasoning_and_answer
 
 logger = logging.getLogger(__name__)
 
+__all__ = ["DRIFT_FIRST_N", "SAMPLE_COLUMNS", "DatasetSamples", "Ledger", "Thresholds", "build_report",
+           "dataset_report"]
+
 SCHEMA = "tokenmill.report/v1"
 LEVELS = ("pass", "warn", "fail")
-DRIFT_FIRST_N = 100
 # Reasoning "absent from (almost) every sample": below this share the run is broken, not just thin.
 BROKEN_REASONING_SHARE = 0.05
-SAMPLE_COLUMNS = ("sample_id", "line", "prompt_tokens", "completion_tokens", "finish_reason", "matched_stop",
-                  "reasoning_end", "reasoning_end_token_id", "has_tool_call", "max_new_tokens", "latency_s")
-
-
-@dataclass
-class DatasetSamples:
-    """A dataset's committed samples (in commit order) and final failures, from its markers."""
-
-    name: str
-    samples: dict[str, list[Any]] = field(default_factory=lambda: {c: [] for c in SAMPLE_COLUMNS})
-    errors: Counter[str] = field(default_factory=Counter)  # final failures by reason (retried ones excluded)
-    rows: int | None = None  # source rows (run.json), when known: what completeness is checked against
-
-    def add_markers(self, markers: list[dict[str, Any]]) -> None:
-        for marker in markers:
-            count = len(marker["samples"]["sample_id"])
-            for column in SAMPLE_COLUMNS:
-                # Markers written before a column existed (reasoning_end_token_id) read as nulls.
-                self.samples[column].extend(marker["samples"].get(column, [None] * count))
-        self.errors = Counter(DatasetLedger(self.name, self.rows or 0).fold_all(markers).final_failures())
+DRIFT_MIN_REST = 20
+DRIFT_ALPHA = 0.001
 
 
 @dataclass
@@ -75,54 +63,67 @@ def _share(part: int, whole: int) -> float | None:
     return part / whole if whole else None
 
 
-def _end_token_counts(s: dict[str, list[Any]], names: dict[str, str]) -> dict[str, int]:
+def _end_token_counts(d: DatasetSamples, names: dict[str, str]) -> dict[str, int]:
     """Samples per token that ended their reasoning (e.g. </think> vs Kimi's tool-call section opener)."""
-    counts = Counter(token for end, token in zip(s["reasoning_end"], s["reasoning_end_token_id"], strict=True)
-                     if end is not None)
     return {(_stop_name(token, names) if token is not None else "unrecorded"): count
-            for token, count in sorted(counts.items(), key=lambda item: -item[1])}
+            for token, count in sorted(d.end_tokens.items(), key=lambda item: -item[1])}
 
 
-def _reasoning(s: dict[str, list[Any]], expected: bool, end_names: dict[str, str] | None = None) -> dict[str, Any]:
-    ends = s["reasoning_end"]
-    reasoning, answer = reasoning_and_answer(s)
-    truncated_reasoning = sum(
-        1 for end, reason in zip(ends, s["finish_reason"], strict=True) if end is None and reason == "length"
-    )
+def _reasoning(d: DatasetSamples, expected: bool, end_names: dict[str, str] | None = None) -> dict[str, Any]:
+    present = d.reasoning.count
     return {
         "expected": expected,
-        "present": len(reasoning),
-        "present_share": _share(len(reasoning), len(ends)),
-        "reasoning_tokens": distribution(reasoning).as_dict(),
-        "answer_tokens": distribution(answer).as_dict(),
-        "truncated_while_reasoning": truncated_reasoning,
-        "end_tokens": _end_token_counts(s, end_names or {}),
+        "present": present,
+        "present_share": _share(present, d.samples),
+        "reasoning_tokens": d.reasoning.distribution().as_dict(),
+        "answer_tokens": d.answers.distribution().as_dict(),
+        "truncated_while_reasoning": d.truncated_while_reasoning,
+        "end_tokens": _end_token_counts(d, end_names or {}),
     }
 
 
-def _truncation(s: dict[str, list[Any]]) -> dict[str, Any]:
-    n = len(s["finish_reason"])
-    length = sum(1 for reason in s["finish_reason"] if reason == "length")
-    caps = sorted({cap for cap in s["max_new_tokens"] if cap})
-    at_cap = sum(1 for done, cap in zip(s["completion_tokens"], s["max_new_tokens"], strict=True)
-                 if cap and done >= cap)
-    return {"count": length, "share": _share(length, n), "caps": caps, "at_cap": at_cap}
+def _truncation(d: DatasetSamples) -> dict[str, Any]:
+    length = d.finish_reasons.get("length", 0)
+    return {"count": length, "share": _share(length, d.samples), "caps": sorted(d.caps), "at_cap": d.at_cap}
 
 
-def _context_budget(s: dict[str, list[Any]], context_length: int | None) -> dict[str, Any]:
-    budgets = [p + cap for p, cap in zip(s["prompt_tokens"], s["max_new_tokens"], strict=True)]
-    largest = max(budgets, default=None)
-    near = sum(1 for b in budgets if context_length and b > 0.9 * context_length)
+def _context_budget(d: DatasetSamples, context_length: int | None) -> dict[str, Any]:
+    largest = d.budgets.max
+    # Budgets are integers: b > 0.9 * context_length exactly when b > floor(0.9 * context_length).
+    near = d.budgets.above(math.floor(0.9 * context_length)) if context_length and d.budgets.count else 0
     return {
         "context_length": context_length,
         "max_prompt_plus_cap": largest,
         "headroom_tokens": (context_length - largest) if context_length and largest is not None else None,
-        "share_over_90pct_of_context": _share(near, len(budgets)),
+        "share_over_90pct_of_context": _share(near, d.budgets.count),
     }
 
 
 def _stop_name(token_id: int, names: dict[str, str]) -> str:
     return f"{names[str(token_id)]} ({token_id})" if str(token_id) in names else str(token_id)
+
+
+def _length_shares(completions: IntHistogram) -> dict[str, float | None]:
+    """Share of samples under 100/300/500 tokens and over 1000/5000 tokens (strict inequalities)."""
+    n = completions.count
+    shares = {f"under_{t}": _share(completions.below(t), n) for t in UNDER}
+    shares.update({f"over_{t}": _share(completions.above(t), n) for t in OVER})
+    return shares
+
+
+def order_drift(d: DatasetSamples) -> DriftResult | None:
+    """Do the first committed samples differ from the rest beyond chance? None when there are too few. The first
+    DRIFT_FIRST_N are kept in commit order; the rest is the whole histogram minus them."""
+    if d.samples < DRIFT_FIRST_N + DRIFT_MIN_REST:
+        return None
+    first = IntHistogram.of(d.first_completions)
+    rest = d.completions.minus(first)
+    z, p = mann_whitney_histograms(first, rest)
+    return DriftResult(
+        first_n=first.count, first_mean=float(first.mean() or 0.0), first_median=float(first.median() or 0.0),
+        rest_n=rest.count, rest_mean=float(rest.mean() or 0.0), rest_median=float(rest.median() or 0.0),
+        z=z, p_value=p, significant=p < DRIFT_ALPHA,
+    )
 
 
 def _outcomes(ledger: DatasetSamples, n: int) -> dict[str, Any]:
@@ -144,26 +145,24 @@ def _outcomes(ledger: DatasetSamples, n: int) -> dict[str, Any]:
 
 
 def dataset_report(ledger: DatasetSamples, context_length: int | None, reasoning_expected: bool,
-                   stop_names: dict[str, str] | None = None, end_names: dict[str, str] | None = None) -> dict[str, Any]:
-    s = ledger.samples
-    completions = s["completion_tokens"]
-    n = len(completions)
-    drift = order_drift(completions, DRIFT_FIRST_N)
+                   stop_names: dict[str, str] | None = None, end_names: dict[str, str] | None = None,
+                   drift: bool = True) -> dict[str, Any]:
+    n = ledger.samples
+    result = order_drift(ledger) if drift else None
     return {
         **_outcomes(ledger, n),
-        "completion_tokens_total": int(sum(completions)),
-        "completion_tokens": distribution(completions).as_dict(),
-        "length_shares": length_shares(completions),
-        "finish_reasons": dict(sorted(Counter(s["finish_reason"]).items())),
-        "stop_tokens": {_stop_name(k, stop_names or {}): v
-                        for k, v in sorted(Counter(m for m in s["matched_stop"] if m is not None).items())},
-        "truncated": _truncation(s),
-        "reasoning": _reasoning(s, reasoning_expected, end_names),
-        "tool_calls": {"count": sum(s["has_tool_call"]), "share": _share(sum(s["has_tool_call"]), n)},
-        "prompt_tokens": distribution(s["prompt_tokens"]).as_dict(),
-        "context_budget": _context_budget(s, context_length),
-        "latency_s": distribution(s["latency_s"]).as_dict(),
-        "order_drift": drift.as_dict() if drift else None,
+        "completion_tokens_total": ledger.completions.total,
+        "completion_tokens": ledger.completions.distribution().as_dict(),
+        "length_shares": _length_shares(ledger.completions),
+        "finish_reasons": dict(sorted(ledger.finish_reasons.items())),
+        "stop_tokens": {_stop_name(k, stop_names or {}): v for k, v in sorted(ledger.stop_tokens.items())},
+        "truncated": _truncation(ledger),
+        "reasoning": _reasoning(ledger, reasoning_expected, end_names),
+        "tool_calls": {"count": ledger.tool_calls, "share": _share(ledger.tool_calls, n)},
+        "prompt_tokens": ledger.prompts.distribution().as_dict(),
+        "context_budget": _context_budget(ledger, context_length),
+        "latency_s": ledger.latency.distribution().as_dict(),
+        "order_drift": result.as_dict() if result else None,
     }
 
 
@@ -172,9 +171,7 @@ def _merged(datasets: Iterable[DatasetSamples]) -> DatasetSamples:
     known = [d.rows for d in datasets if d.rows is not None]
     merged = DatasetSamples("overall", rows=sum(known) if len(known) == len(datasets) else None)
     for ledger in datasets:
-        for column in SAMPLE_COLUMNS:
-            merged.samples[column].extend(ledger.samples[column])
-        merged.errors.update(ledger.errors)
+        merged.merge(ledger)
     return merged
 
 
@@ -290,7 +287,6 @@ def build_report(ledger: Ledger, now: datetime | None = None) -> dict[str, Any]:
         "verdict": verdict,
         "findings": findings,
         # Drift is about commit order within one dataset; a concatenation of datasets has no such order.
-        "overall": {**dataset_report(_merged(ledger.datasets), context_length, expected, names, end_names),
-                    "order_drift": None},
+        "overall": dataset_report(_merged(ledger.datasets), context_length, expected, names, end_names, drift=False),
         "datasets": datasets,
     }

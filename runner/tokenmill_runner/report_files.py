@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 
 from .report import DatasetSamples, Ledger, build_report
-from .shards import read_markers
+from .shards import datasets_with_commits, markers_in_commit_order
 from .storage import Storage
 
 REPORT_DIR = "report"
@@ -17,12 +17,13 @@ REPORT_DIR = "report"
 def load_ledger(storage: Storage) -> Ledger:
     run = orjson.loads(storage.get("run.json")) if storage.exists("run.json") else {}
     names = [d["name"] for d in (run.get("spec") or {}).get("datasets", [])]
-    extra = sorted({key.split("/", 1)[0] for key in storage.list("") if "/commits/" in key} - set(names))
+    extra = sorted(set(datasets_with_commits(storage)) - set(names))
     rows = {name: facts.get("rows") for name, facts in (run.get("datasets") or {}).items()}
     datasets = []
     for name in names + extra:
         ledger = DatasetSamples(name, rows=rows.get(name))
-        ledger.add_markers(read_markers(storage, name))
+        for marker in markers_in_commit_order(storage, name):  # streamed: one pass, a window of markers in memory
+            ledger.add_marker(marker)
         datasets.append(ledger)
     return Ledger(storage.root_uri, run, datasets)
 
@@ -37,7 +38,7 @@ def write_report(storage: Storage) -> tuple[dict[str, Any], list[str]]:
     images = []
     for dataset in ledger.datasets:
         caps = report["datasets"][dataset.name]["truncated"]["caps"]
-        storage.put(f"{REPORT_DIR}/{dataset.name}.png", dataset_png(dataset.name, dataset.samples, caps))
+        storage.put(f"{REPORT_DIR}/{dataset.name}.png", dataset_png(dataset.name, dataset, caps))
         images.append(f"{dataset.name}.png")
     storage.put(f"{REPORT_DIR}/report.json", orjson.dumps(report, option=orjson.OPT_INDENT_2))
     storage.put(f"{REPORT_DIR}/report.md", render(report, images).encode())

@@ -33,6 +33,30 @@ class SourceScan:
     rows: int  # rows the source yields (after the dataset's limit), every worker's
     worker_rows: int  # of them, the rows this worker generates or records
     duplicates: DuplicateIds  # ids on several lines among this worker's rows
+    owned: LineSet | None = None  # the lines this worker owns (None: a single worker owns every line)
+
+    def owns(self, line: int) -> bool:
+        return self.owned is None or self.owned.has(line)
+
+
+class LineSet:
+    """A set of 1-based line numbers as a bitmap: a bit per line of the source, never an object per line."""
+
+    def __init__(self, bits: bytes | bytearray = b"") -> None:
+        self._bits = bytearray(bits)
+
+    def add(self, line: int) -> None:
+        byte = (line - 1) >> 3
+        if byte >= len(self._bits):
+            self._bits.extend(bytes(max(byte + 1 - len(self._bits), len(self._bits))))
+        self._bits[byte] |= 1 << ((line - 1) & 7)
+
+    def has(self, line: int) -> bool:
+        byte = (line - 1) >> 3
+        return 0 <= byte < len(self._bits) and bool((self._bits[byte] >> ((line - 1) & 7)) & 1)
+
+    def to_array(self) -> np.ndarray:
+        return np.frombuffer(bytes(self._bits), dtype=np.uint8)
 
 
 class PairSpool:
@@ -88,6 +112,7 @@ def scan_source(source: str, fmt: str, endpoint: str | None = None, limit: int |
                 worker_index: int = 0, worker_count: int = 1) -> SourceScan:
     """Count the source's rows and this worker's, and find the ids that occur on more than one valid line."""
     rows = worker_rows = 0
+    owned = LineSet() if worker_count > 1 else None
     with tempfile.TemporaryDirectory(prefix="tokenmill-ids-") as folder:
         spool = PairSpool(Path(folder))
         for item in read_prompts(source, fmt, endpoint, limit):
@@ -95,6 +120,8 @@ def scan_source(source: str, fmt: str, endpoint: str | None = None, limit: int |
             if not belongs_to_worker(item, worker_index, worker_count):
                 continue
             worker_rows += 1
+            if owned is not None:
+                owned.add(item.line)
             # Only rows that would be generated take part: a bad row with an id does not make a later good row
             # with the same id a duplicate (it is recorded for what is wrong with it).
             if isinstance(item, Prompt):
@@ -103,4 +130,4 @@ def scan_source(source: str, fmt: str, endpoint: str | None = None, limit: int |
     if len(duplicates):
         logger.info("%s: %d sample ids occur on more than one line; later lines are recorded as duplicates",
                     source, len(duplicates))
-    return SourceScan(rows, worker_rows, duplicates)
+    return SourceScan(rows, worker_rows, duplicates, owned)

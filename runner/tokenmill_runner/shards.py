@@ -1,9 +1,11 @@
 """Shards and commit markers in storage: encode, commit, list, read, clean up (the ledger's logic is `ledger.py`).
 
 Layout under the output root, per dataset:
-    <dataset>/shards/<shard_id>.parquet   rows (zstd Parquet)
-    <dataset>/errors/<shard_id>.jsonl     per-sample errors recorded with this commit
-    <dataset>/commits/<shard_id>.json     the commit marker, written last
+    <dataset>/shards/<shard_id>.parquet          rows (zstd Parquet)
+    <dataset>/errors/<shard_id>.jsonl            per-sample errors recorded with this commit
+    <dataset>/commits/<time>-<shard_id>.json     the commit marker, written last; named by the time it was written
+                                                 (`marker_names.py`) so readers list only what is new
+    <dataset>/index/<...>.ckpt                   checkpoints of the folded markers (`checkpoints.py`)
 
 A shard exists for readers only once its marker exists: data first, then errors, then the marker (each write
 atomic). The marker lists each sample's slot and id with the per-sample lengths and flags the report needs, so
@@ -16,10 +18,9 @@ from __future__ import annotations
 import io
 import logging
 import secrets
-from collections import deque
-from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -28,7 +29,9 @@ import pyarrow.parquet as pq
 
 from .faults import FaultPoints
 from .faults import points as fault_points
+from .index_store import iter_keyed
 from .ledger import COMMITS, ERRORS, SHARDS, DatasetLedger, ShardContent, build_marker
+from .marker_names import is_marker_name, marker_name, shard_id_of, split_marker_name
 from .storage import TMP_MARK, Storage
 
 logger = logging.getLogger(__name__)
@@ -116,8 +119,10 @@ def encode_errors(errors: list[dict[str, Any]]) -> bytes:
     return b"".join(orjson.dumps(record) + b"\n" for record in errors)
 
 
-def commit_shard(storage: Storage, dataset: str, shard_id: str, worker: int, content: ShardContent) -> dict[str, Any]:
-    """Write data, then errors, then the marker. A crash before the marker leaves only ignorable leftovers."""
+def commit_shard(storage: Storage, dataset: str, shard_id: str, worker: int, content: ShardContent,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> dict[str, Any]:
+    """Write data, then errors, then the marker. A crash before the marker leaves only ignorable leftovers. The
+    marker is named by the time just before its PUT, which is also its committed_at."""
     faults = fault_points()
     data_bytes = 0
     if content.rows:
@@ -126,8 +131,9 @@ def commit_shard(storage: Storage, dataset: str, shard_id: str, worker: int, con
         _write_step(storage, faults, "data", f"{dataset}/{SHARDS}/{shard_id}.parquet", data)
     if content.errors:
         _write_step(storage, faults, "errors", f"{dataset}/{ERRORS}/{shard_id}.jsonl", encode_errors(content.errors))
-    marker = build_marker(dataset, shard_id, worker, content, data_bytes)
-    _write_step(storage, faults, "marker", f"{dataset}/{COMMITS}/{shard_id}.json", orjson.dumps(marker))
+    at = clock()
+    marker = build_marker(dataset, shard_id, worker, content, data_bytes, committed_at=at)
+    _write_step(storage, faults, "marker", f"{dataset}/{COMMITS}/{marker_name(at, shard_id)}", orjson.dumps(marker))
     return marker
 
 
@@ -137,25 +143,40 @@ def _write_step(storage: Storage, faults: FaultPoints, step: str, key: str, data
     faults.after(step, key)
 
 
-def _shard_id_of(key: str) -> str:
-    return key.rsplit("/", 1)[-1].split(".", 1)[0]
-
-
 def marker_keys(storage: Storage, dataset: str) -> list[str]:
-    return [key for key in storage.list(f"{dataset}/{COMMITS}/") if key.endswith(".json")]
+    prefix = f"{dataset}/{COMMITS}/"
+    return [key for key in storage.list(prefix) if is_marker_name(key[len(prefix):])]
 
 
 def iter_markers(storage: Storage, keys: Iterable[str], threads: int = 16) -> Iterator[dict[str, Any]]:
     """The markers at `keys`, read `threads` at a time and yielded in key order, holding at most a window of them
     in memory (folding a dataset's ledger never needs them all at once)."""
-    with ThreadPoolExecutor(max_workers=threads) as pool:
-        window: deque[Future[bytes]] = deque()
-        for key in keys:
-            window.append(pool.submit(storage.get, key))
-            if len(window) >= 2 * threads:
-                yield orjson.loads(window.popleft().result())
-        while window:
-            yield orjson.loads(window.popleft().result())
+    for _, data in iter_keyed(storage, keys, threads):
+        yield orjson.loads(data)
+
+
+def datasets_with_commits(storage: Storage) -> list[str]:
+    """Top-level folders of the output that hold commit markers (one listing of the folders, not of every shard)."""
+    return [name for name in storage.folders("") if any(True for _ in storage.list(f"{name}/{COMMITS}/"))]
+
+
+def markers_in_commit_order(storage: Storage, dataset: str, threads: int = 16) -> Iterator[dict[str, Any]]:
+    """A dataset's markers oldest first, streamed (a window of them in memory). Time-named markers are in commit
+    order by name; old-style names (written before the time prefix, always before any time-named one) are read
+    once first to order them by their committed_at, then again as they are yielded."""
+    prefix = f"{dataset}/{COMMITS}/"
+
+    def named(timed: bool) -> Iterator[str]:
+        for key in storage.list(prefix):
+            name = key[len(prefix):]
+            if "/" not in name and is_marker_name(name) and (split_marker_name(name)[0] is not None) == timed:
+                yield key
+
+    old = list(named(False))
+    legacy = sorted((marker["committed_at"], marker["shard_id"], key)
+                    for key, marker in zip(old, iter_markers(storage, old, threads), strict=True))
+    yield from iter_markers(storage, [key for _, _, key in legacy], threads)
+    yield from iter_markers(storage, named(True), threads)
 
 
 def read_markers(storage: Storage, dataset: str, threads: int = 16) -> list[dict[str, Any]]:
@@ -170,20 +191,28 @@ def read_ledger(storage: Storage, dataset: str, rows: int = 0, threads: int = 16
     return DatasetLedger(dataset, rows).fold_all(iter_markers(storage, marker_keys(storage, dataset), threads))
 
 
-def leftovers(storage: Storage, dataset: str, worker: int | None = None) -> Iterator[str]:
-    """Data and error files without a commit marker (of one worker, or of all when worker is None)."""
-    committed = {_shard_id_of(key) for key in marker_keys(storage, dataset)}
+def leftovers(storage: Storage, dataset: str, worker: int | None = None,
+              committed: Callable[[str], bool] | None = None, strays: Iterable[str] | None = None) -> Iterator[str]:
+    """Data and error files without a commit marker, and temporary files of interrupted writes (of one worker, or
+    of all when worker is None). `committed(shard_id)` says whether a shard's marker exists (a reader's index,
+    `DatasetIndex.knows`, after a full catch-up) and `strays` are the non-marker files that catch-up met in the
+    commits folder; without them both come from listing the markers here."""
+    if committed is None or strays is None:
+        keys = list(storage.list(f"{dataset}/{COMMITS}/"))
+        names = {shard_id_of(key) for key in keys if is_marker_name(key.rsplit("/", 1)[-1])}
+        committed, strays = names.__contains__, [key for key in keys if TMP_MARK in key]
     prefix = "" if worker is None else f"w{worker:03d}-"
-    for folder in (SHARDS, ERRORS, COMMITS):
-        for key in storage.list(f"{dataset}/{folder}/"):
-            shard_id = _shard_id_of(key)
-            if shard_id.startswith(prefix) and (shard_id not in committed or TMP_MARK in key):
+    for folder in (SHARDS, ERRORS):
+        for key in storage.list(f"{dataset}/{folder}/{prefix}"):
+            if TMP_MARK in key or not committed(shard_id_of(key)):
                 yield key
+    yield from (key for key in strays if TMP_MARK in key and shard_id_of(key).startswith(prefix))
 
 
-def clean_leftovers(storage: Storage, dataset: str, worker: int) -> int:
+def clean_leftovers(storage: Storage, dataset: str, worker: int, committed: Callable[[str], bool] | None = None,
+                    strays: Iterable[str] | None = None) -> int:
     removed = 0
-    for key in list(leftovers(storage, dataset, worker)):
+    for key in list(leftovers(storage, dataset, worker, committed, strays)):
         logger.info("removing uncommitted leftover %s", storage.uri(key))
         storage.delete(key)
         removed += 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from .prompts import Prompt, RowError, parse_line
@@ -60,10 +60,13 @@ def read_parquet(source: str, endpoint: str | None = None, limit: int | None = N
                 yield number, row
 
 
-def read_prompts(source: str, fmt: str, endpoint: str | None = None,
-                 limit: int | None = None) -> Iterator[Prompt | RowError]:
+def read_prompts(source: str, fmt: str, endpoint: str | None = None, limit: int | None = None,
+                 wanted: Callable[[int], bool] | None = None) -> Iterator[Prompt | RowError]:
+    """The source's rows, parsed. `wanted(line)` is asked before a row is parsed: a resume skips the rows that are
+    done (or another worker's) for the price of reading them, not of parsing them."""
     rows: Iterable[tuple[int, Any]] = (
         read_parquet(source, endpoint, limit) if fmt == "parquet" else read_jsonl(source, endpoint, limit)
     )
     for line, raw in rows:
-        yield parse_line(line, raw)
+        if wanted is None or wanted(line):
+            yield parse_line(line, raw)

@@ -1,5 +1,7 @@
-"""Statistics for reports: distributions (not means), threshold shares, an order-drift test, and each sample's
-reasoning and answer lengths. Pure."""
+"""Statistics on lists of values: distributions (not means), threshold shares and the Mann-Whitney rank test. Pure.
+
+These are the definitions; the report computes the same figures from histograms (`histograms.py`), in memory
+that does not grow with the number of samples, and its tests check one against the other."""
 
 from __future__ import annotations
 
@@ -103,29 +105,3 @@ def mann_whitney(first: Sequence[float], rest: Sequence[float]) -> tuple[float, 
         return 0.0, 1.0
     z = float((u1 - n1 * n2 / 2.0) / math.sqrt(variance))
     return z, math.erfc(abs(z) / math.sqrt(2.0))
-
-
-def order_drift(values_in_commit_order: Sequence[float], first_n: int = 100,
-                alpha: float = 0.001) -> DriftResult | None:
-    """Do the first committed samples differ from the rest beyond chance? None when there are too few."""
-    if len(values_in_commit_order) < first_n + 20:
-        return None
-    first, rest = values_in_commit_order[:first_n], values_in_commit_order[first_n:]
-    z, p = mann_whitney(first, rest)
-    return DriftResult(
-        first_n=len(first), first_mean=float(np.mean(first)), first_median=float(np.median(first)),
-        rest_n=len(rest), rest_mean=float(np.mean(rest)), rest_median=float(np.median(rest)),
-        z=z, p_value=p, significant=p < alpha,
-    )
-
-
-def reasoning_and_answer(s: dict[str, list[Any]]) -> tuple[list[int], list[int]]:
-    """Per sample with the end-of-reasoning token: tokens before it, and tokens after it without the stop token
-    that closes the output."""
-    reasoning, answer = [], []
-    for end, done, finish, matched in zip(s["reasoning_end"], s["completion_tokens"], s["finish_reason"],
-                                          s["matched_stop"], strict=True):
-        if end is not None:
-            reasoning.append(end)
-            answer.append(done - end - 1 - (finish == "stop" and matched is not None))
-    return reasoning, answer

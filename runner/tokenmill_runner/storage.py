@@ -42,6 +42,7 @@ TRANSIENT_CODES = frozenset({"SlowDown", "RequestTimeout", "InternalError", "Ser
 # botocore does not retry on its own: every S3 call goes through `S3Storage.call`, whose budget alone decides how
 # long an operation keeps trying (and each retry is logged).
 BOTOCORE_ATTEMPTS = 1
+MAX_POOL_CONNECTIONS = 32
 
 T = TypeVar("T")
 
@@ -69,8 +70,12 @@ class Storage(Protocol):
     def put(self, key: str, data: bytes) -> None: ...
     def put_file(self, key: str, path: Path) -> None: ...  # atomic like put; the local file may be moved
     def get(self, key: str) -> bytes: ...
-    def list(self, prefix: str = "") -> Iterator[str]: ...
-    def list_sizes(self, prefix: str = "") -> Iterator[tuple[str, int]]: ...  # (key, size in bytes)
+    # Keys under `prefix`, and only those sorting after `start_after` when given (S3's StartAfter: a reader of
+    # time-named keys lists only what is new).
+    def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[str]: ...
+    def list_sizes(self, prefix: str = "", start_after: str | None = None) -> Iterator[tuple[str, int]]: ...
+    def identity(self, key: str) -> str: ...  # what changes when the object does (size, mtime or ETag)
+    def folders(self, prefix: str = "") -> Iterator[str]: ...  # names of the folders right under prefix
     def delete(self, key: str) -> None: ...
     def exists(self, key: str) -> bool: ...  # False only for a missing object; raises when it cannot tell
     def open_read(self, key: str) -> IO[bytes]: ...
@@ -177,11 +182,11 @@ class LocalStorage:
         except FileNotFoundError:
             raise StorageError(f"{self.uri(key)} does not exist") from None
 
-    def list(self, prefix: str = "") -> Iterator[str]:
-        for key, _ in self.list_sizes(prefix):
+    def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[str]:
+        for key, _ in self.list_sizes(prefix, start_after):
             yield key
 
-    def list_sizes(self, prefix: str = "") -> Iterator[tuple[str, int]]:
+    def list_sizes(self, prefix: str = "", start_after: str | None = None) -> Iterator[tuple[str, int]]:
         base = self._path(prefix)
         folder = base if base.is_dir() else base.parent
         # A missing root must list nothing, not its parent folder.
@@ -189,6 +194,8 @@ class LocalStorage:
             return
         for path in sorted(folder.rglob("*")):
             key = path.relative_to(self.root).as_posix()
+            if start_after is not None and key <= start_after:
+                continue
             if key.startswith(prefix) and path.is_file():
                 try:
                     yield key, path.stat().st_size
@@ -197,6 +204,18 @@ class LocalStorage:
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
+
+    def folders(self, prefix: str = "") -> Iterator[str]:
+        folder = self._path(prefix)
+        if folder.is_dir() and folder.is_relative_to(self.root):
+            yield from sorted(entry.name for entry in os.scandir(folder) if entry.is_dir())
+
+    def identity(self, key: str) -> str:
+        try:
+            stat = self._path(key).stat()
+        except FileNotFoundError:
+            raise StorageError(f"{self.uri(key)} does not exist") from None
+        return f"size={stat.st_size} mtime_ns={stat.st_mtime_ns} inode={stat.st_ino}"
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
@@ -301,13 +320,15 @@ class S3Storage:
                     from error
             raise StorageError(f"cannot read {self.uri(key)}: {error}") from error
 
-    def list(self, prefix: str = "") -> Iterator[str]:
-        for key, _ in self.list_sizes(prefix):
+    def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[str]:
+        for key, _ in self.list_sizes(prefix, start_after):
             yield key
 
-    def list_sizes(self, prefix: str = "") -> Iterator[tuple[str, int]]:
+    def list_sizes(self, prefix: str = "", start_after: str | None = None) -> Iterator[tuple[str, int]]:
         # Page by page, each page retried on its own: a failure in the middle never repeats or skips keys.
         arguments: dict[str, Any] = {"Bucket": self.location.bucket, "Prefix": self._key(prefix)}
+        if start_after is not None:
+            arguments["StartAfter"] = self._key(start_after)
         while True:
             try:
                 page = self.call("list", prefix, lambda args=dict(arguments): self._client.list_objects_v2(**args))
@@ -329,6 +350,37 @@ class S3Storage:
             raise
         except Exception as error:
             raise StorageError(f"cannot delete {self.uri(key)}: {error}") from error
+
+    def folders(self, prefix: str = "") -> Iterator[str]:
+        """The common prefixes under `prefix` (S3's Delimiter listing), without the trailing '/'."""
+        arguments: dict[str, Any] = {"Bucket": self.location.bucket, "Prefix": self._key(prefix), "Delimiter": "/"}
+        while True:
+            try:
+                page = self.call("list", prefix, lambda args=dict(arguments): self._client.list_objects_v2(**args))
+            except StorageError:
+                raise
+            except Exception as error:
+                raise StorageError(f"cannot list {self.uri(prefix)}: {error}") from error
+            for item in page.get("CommonPrefixes", []):
+                yield item["Prefix"][len(self._key(prefix)):].rstrip("/")
+            if not page.get("IsTruncated"):
+                return
+            arguments["ContinuationToken"] = page["NextContinuationToken"]
+
+    def identity(self, key: str) -> str:
+        """The object's ETag, size and modification time (HEAD), so a cached answer about it can be checked."""
+        try:
+            head = self.call("look up", key, lambda: self._client.head_object(Bucket=self.location.bucket,
+                                                                              Key=self._key(key)))
+        except StorageError:
+            raise
+        except Exception as error:  # botocore raises many unrelated types
+            if _is_missing(error):
+                raise StorageError(f"{self.uri(key)} does not exist") from None
+            raise StorageError(f"cannot look up {self.uri(key)}: {error}") from error
+        modified = head.get("LastModified")
+        return (f"etag={head.get('ETag')} size={head.get('ContentLength')} "
+                f"modified={modified.isoformat() if hasattr(modified, 'isoformat') else modified}")
 
     def exists(self, key: str) -> bool:
         """Whether the object is there. Only "not found" answers no: any other failure (an unreachable endpoint past
@@ -471,8 +523,10 @@ def s3_client(endpoint: str | None = None, region: str | None = None,
     from botocore.config import Config
 
     # Path-style addressing works with every S3-compatible store; virtual-host style needs DNS per bucket.
+    # Readers fetch markers 16 at a time (index_store.READ_THREADS) and commits run in parallel: botocore's default
+    # pool of 10 connections would drop and reopen connections on every burst.
     config = Config(s3={"addressing_style": "path"}, retries={"max_attempts": BOTOCORE_ATTEMPTS, "mode": "standard"},
-                    connect_timeout=10, read_timeout=60)
+                    connect_timeout=10, read_timeout=60, max_pool_connections=MAX_POOL_CONNECTIONS)
     return boto3.client(
         "s3",
         endpoint_url=endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"),

@@ -22,7 +22,8 @@ from tokenmill_runner.faults import FAULT_ENV
 from tokenmill_runner.ledger import RETRYABLE_REASONS, Slot
 from tokenmill_runner.prepare import prepare
 from tokenmill_runner.results import ServersUnavailable
-from tokenmill_runner.shards import leftovers, read_ledger, read_markers
+from tokenmill_runner.marker_names import shard_id_of
+from tokenmill_runner.shards import leftovers, marker_keys, read_ledger, read_markers
 from tokenmill_runner.spec import load_spec_file
 from tokenmill_runner.storage import LocalStorage, open_storage
 from tokenmill_runner.summary import EXIT_GIVEN_UP, EXIT_OK, EXIT_SERVERS_UNAVAILABLE, exit_code
@@ -84,8 +85,7 @@ def test_a_kill_between_a_duplicates_error_and_its_marker_loses_nothing(tmp_path
     storage = LocalStorage(out)
     # The only error of this source is line 900's, so the first error-file write is the one that holds it.
     errors_key = killed_at(run_cli(spec, out, sim.url, "kill-after:errors:1"), "kill-after:errors:1")
-    marker_key = errors_key.replace("/errors/", "/commits/").replace(".jsonl", ".json")
-    assert storage.exists(errors_key) and not storage.exists(marker_key)
+    assert storage.exists(errors_key) and shard_id_of(errors_key) not in committed_shards(storage, "p")
     assert [(e["line"], e["reason"]) for e in map(orjson.loads, storage.get(errors_key).splitlines())] == \
         [(900, "duplicate_sample_id")]
     ledger = read_ledger(storage, "p", 1000)
@@ -111,19 +111,24 @@ KILLS = [
 ]
 
 
+def committed_shards(storage: LocalStorage, dataset: str) -> set[str]:
+    """Shard ids with a commit marker (markers are named <time>-<shard id>.json, marker_names.py)."""
+    return {shard_id_of(key) for key in marker_keys(storage, dataset)}
+
+
 def check_kill_point(storage: LocalStorage, rule: str, key: str) -> None:
-    shard_id = key.rsplit("/", 1)[-1].split(".", 1)[0]
-    marker = f"p/commits/{shard_id}.json"
+    shard_id = shard_id_of(key)
+    committed = shard_id in committed_shards(storage, "p")
     written = [k for k in (f"p/shards/{shard_id}.parquet", f"p/errors/{shard_id}.jsonl") if storage.exists(k)]
     if rule.startswith("kill-before:data"):
-        assert not storage.exists(key) and not storage.exists(marker)
+        assert not storage.exists(key) and not committed
     elif rule.startswith("kill-before:marker"):
-        assert key == marker and not storage.exists(marker) and written
+        assert "/commits/" in key and shard_id_of(key) == shard_id and not committed and written
         assert set(written) <= set(leftovers(storage, "p"))
     elif rule.startswith("kill-after:marker"):
-        assert storage.exists(marker) and any(m["shard_id"] == shard_id for m in read_markers(storage, "p"))
+        assert storage.exists(key) and committed and any(m["shard_id"] == shard_id for m in read_markers(storage, "p"))
     else:
-        assert storage.exists(key) and not storage.exists(marker), (rule, key)
+        assert storage.exists(key) and not committed, (rule, key)
         assert key in set(leftovers(storage, "p")), "an uncommitted write is a leftover, invisible to readers"
 
 

@@ -17,6 +17,8 @@ from tokenmill_operator.lifecycle import (
     set_condition,
 )
 from tokenmill_operator.observe import progress_facts
+from tokenmill_runner.commit_index import DatasetIndex
+from tokenmill_runner.ledger import DatasetLedger
 from tokenmill_operator.planner import ServerPlan
 from tokenmill_operator.status import DatasetGenerationStatus, Progress, ReportStatus, RunStatus, merge_patch
 
@@ -141,8 +143,18 @@ def test_condition_transition_time_moves_only_on_change():
     assert flipped[0].last_transition_time == "2026-11-29T12:09:00Z"
 
 
+def indexes(markers: dict[str, list[dict]]) -> dict[str, DatasetIndex]:
+    """What the operator keeps per dataset after folding these markers (one shard each)."""
+    built = {}
+    for name, listed in markers.items():
+        built[name] = DatasetIndex(DatasetLedger(name))
+        for number, folded in enumerate(listed):
+            built[name].fold(f"w000-t-{number:06d}", folded)
+    return built
+
+
 def marker(at: datetime, completions: list[int], failed: int = 0) -> dict:
-    first = int(at.timestamp())  # distinct source lines per marker
+    first = int((at - T0).total_seconds()) + 100_000  # distinct source lines per marker
     return {"committed_at": at.isoformat(),
             "samples": {"sample_id": [str(i) for i in range(len(completions))], "completion_tokens": completions,
                         "line": [first + i for i in range(len(completions))]},
@@ -154,7 +166,7 @@ def test_progress_rates_and_eta_from_marker_times():
     markers = {"a": [marker(T0 - timedelta(minutes=30), [100] * 50),
                      marker(T0 - timedelta(minutes=5), [200] * 60, failed=0)],
                "b": [marker(T0 - timedelta(minutes=2), [50] * 40, failed=20)]}
-    facts = progress_facts(markers, {"a": 500, "b": 100}, T0, started)
+    facts = progress_facts(indexes(markers), {"a": 500, "b": 100}, T0, started)
     overall = facts.overall
     assert (overall.completed, overall.failed, overall.total) == (150, 20, 600)
     assert overall.generated_tokens == 50 * 100 + 60 * 200 + 40 * 50
@@ -392,7 +404,7 @@ def test_given_up_counts_only_final_server_side_failures():
         mk(T0 - timedelta(minutes=9), [1, 2], [(3, "retries_exhausted"), (4, "bad_response"), (5, "prompt_too_long")]),
         mk(T0 - timedelta(minutes=5), [3], [(4, "bad_response"), (6, "retries_exhausted")]),  # line 3 retried fine
     ]
-    facts = progress_facts({"a": markers}, {"a": 6}, T0, T0 - timedelta(minutes=10))
+    facts = progress_facts(indexes({"a": markers}), {"a": 6}, T0, T0 - timedelta(minutes=10))
     overall = facts.overall
     assert overall.completed == 3 and overall.failed == 3
     assert overall.failed_by_reason == {"bad_response": 1, "prompt_too_long": 1, "retries_exhausted": 1}

@@ -26,7 +26,7 @@ import orjson
 
 from ..progress import ThroughputMeter
 from ..prompts import Prompt, RowError
-from ..shards import decode_rows, read_markers
+from ..shards import datasets_with_commits, decode_rows, markers_in_commit_order
 from ..storage import TMP_MARK, LocalStorage, Storage, StorageError, open_storage
 from .filters import ExportFilters, excluded_by_findings, select_datasets
 from .formats import FORMATS, ExportFormat, hf_record, speculators_record, specforge_record
@@ -133,7 +133,7 @@ def _spool_folder(destination: Storage, stack: ExitStack) -> Path:
 def run_datasets(source: Storage, run: dict[str, Any]) -> list[str]:
     """The run's datasets, in spec order; listing the whole output (every shard) only when run.json names none."""
     names = [d["name"] for d in (run.get("spec") or {}).get("datasets", [])]
-    return names or sorted({key.split("/", 1)[0] for key in source.list("") if "/commits/" in key})
+    return names or datasets_with_commits(source)
 
 
 @dataclass(frozen=True)
@@ -146,9 +146,12 @@ class Shards:
 
 
 def committed_shards(source: Storage, dataset: str) -> Shards:
-    markers = read_markers(source, dataset)
-    return Shards([f"{dataset}/{m['data']}" for m in markers if m.get("data")],
-                  sum(len(m["samples"]["sample_id"]) for m in markers))
+    keys, rows = [], 0
+    for marker in markers_in_commit_order(source, dataset):  # streamed: only the shard keys are kept
+        if marker.get("data"):
+            keys.append(f"{dataset}/{marker['data']}")
+        rows += len(marker["samples"]["sample_id"])
+    return Shards(keys, rows)
 
 
 def committed_rows(source: Storage, keys: list[str], pool: ThreadPoolExecutor) -> Iterator[dict[str, Any]]:

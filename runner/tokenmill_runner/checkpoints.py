@@ -1,0 +1,76 @@
+"""Checkpoints: a dataset's index (`commit_index.py`) compacted into one immutable object. Pure: bytes in and out.
+
+A reader that starts (a runner resuming, an operator restarted) reads the newest checkpoint it can verify and then
+only the markers it does not cover, instead of every marker. Checkpoints are written under
+`<dataset>/index/<horizon>-<markers>-<writer>-<token>.ckpt`: names sort by how much they cover, every writer's names
+are its own (a random token), and an object never changes once written, so concurrent writers cannot corrupt each
+other and a reader takes the newest that verifies (`packed.py`: a digest over header and payload). What a
+checkpoint says is exactly which shards it folded (their hashes) and what folding them gave, so a reader folding
+more markers over it counts nothing twice.
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import datetime
+
+import numpy as np
+
+from .commit_index import Commit, DatasetIndex, parse_time
+from .ledger import DatasetLedger
+from .packed import PackError, pack, unpack
+
+KIND = "checkpoint"
+VERSION = 1
+INDEX = "index"
+SUFFIX = ".ckpt"
+NO_HORIZON = "00000000T000000.000000Z"  # an index that has listed nothing time-named yet sorts first
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be trusted: the message names what is wrong."""
+
+
+def checkpoint_name(index: DatasetIndex, writer: str) -> str:
+    return f"{index.horizon or NO_HORIZON}-{index.markers:010d}-{writer}-{secrets.token_hex(4)}{SUFFIX}"
+
+
+def encode(index: DatasetIndex, writer: str, now: datetime) -> bytes:
+    ledger_header, arrays = index.ledger.state()
+    header = {
+        "version": VERSION, "dataset": index.name, "writer": writer, "written_at": now.isoformat(),
+        "horizon": index.horizon, "newest": index.newest, "markers": index.markers,
+        "last_commit": index.last_commit.isoformat() if index.last_commit else None,
+        "recent": [[c.at.isoformat(), c.outcomes, c.tokens] for c in index.recent],
+        "ledger": ledger_header,
+    }
+    return pack(KIND, header, {**arrays, "known": index.known_hashes()})
+
+
+def decode(data: bytes, dataset: str, samples_per_prompt: int = 1) -> DatasetIndex:
+    """The index a checkpoint holds; CheckpointError when it does not verify or is another dataset's."""
+    try:
+        header, arrays = unpack(KIND, data)
+    except PackError as error:
+        raise CheckpointError(str(error)) from None
+    if header.get("version") != VERSION:
+        raise CheckpointError(f"checkpoint version {header.get('version')!r}, this tokenmill reads {VERSION}")
+    if header.get("dataset") != dataset:
+        raise CheckpointError(f"checkpoint of dataset {header.get('dataset')!r}, not {dataset!r}")
+    ledger_header = header["ledger"]
+    if int(ledger_header["samples_per_prompt"]) != samples_per_prompt:
+        raise CheckpointError(f"checkpoint made for {ledger_header['samples_per_prompt']} samples per prompt, "
+                              f"the run has {samples_per_prompt}")
+    try:
+        ledger = DatasetLedger.from_state(ledger_header, arrays)
+    except (KeyError, ValueError) as error:
+        raise CheckpointError(f"checkpoint ledger is inconsistent: {error}") from None
+    known = arrays.get("known")
+    if known is None or known.dtype != np.uint64 or (known.size > 1 and bool((known[1:] <= known[:-1]).any())):
+        raise CheckpointError("checkpoint shard hashes are not a sorted set")
+    if int(header["markers"]) != known.size:
+        raise CheckpointError(f"checkpoint counts {header['markers']} markers but holds {known.size} shard hashes")
+    return DatasetIndex.restore(
+        ledger, known, str(header["horizon"]), str(header["newest"]),
+        parse_time(header["last_commit"]) if header.get("last_commit") else None,
+        [Commit(parse_time(at), int(outcomes), int(tokens)) for at, outcomes, tokens in header["recent"]])

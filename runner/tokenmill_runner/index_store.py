@@ -1,0 +1,136 @@
+"""A dataset's index kept current from storage: the newest checkpoint that verifies, then only the markers it lacks.
+
+The storage edge of `commit_index.py` and `checkpoints.py`. `catch_up` lists the dataset's markers (all of them,
+or only those named after the index's horizon) and reads only the ones whose shard the index has not folded, so a
+reader's cost follows what was committed since it last looked, not the dataset's history.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+from .checkpoints import INDEX, SUFFIX, CheckpointError, checkpoint_name, decode, encode
+from .commit_index import DatasetIndex
+from .ledger import COMMITS, DatasetLedger
+from .marker_names import horizon, is_marker_name, split_marker_name
+from .storage import Storage, StorageError
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_EVERY = 1000  # markers folded since the last checkpoint before a reader writes a new one
+KEEP_CHECKPOINTS = 3  # a writer removes its dataset's checkpoints older than the newest few
+TRIES = 3  # checkpoints a reader tries, newest first, before it folds every marker
+READ_THREADS = 16
+
+
+def commits_prefix(dataset: str) -> str:
+    return f"{dataset}/{COMMITS}/"
+
+
+def iter_keyed(storage: Storage, keys: Iterable[str], threads: int = READ_THREADS) -> Iterator[tuple[str, bytes]]:
+    """(key, object) for each key, read `threads` at a time and yielded in key order, holding a bounded window."""
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        window: deque[tuple[str, Future[bytes]]] = deque()
+        for key in keys:
+            window.append((key, pool.submit(storage.get, key)))
+            if len(window) >= 2 * threads:
+                first, future = window.popleft()
+                yield first, future.result()
+        while window:
+            key, future = window.popleft()
+            yield key, future.result()
+
+
+def load_index(storage: Storage, dataset: str, rows: int = 0, samples_per_prompt: int = 1) -> DatasetIndex:
+    """The newest checkpoint of the dataset that verifies, or an empty index (nothing folded yet)."""
+    names = sorted((key for key in storage.list(f"{dataset}/{INDEX}/") if key.endswith(SUFFIX)), reverse=True)
+    for key in names[:TRIES]:
+        try:
+            index = decode(storage.get(key), dataset, samples_per_prompt)
+        except (CheckpointError, StorageError) as error:
+            logger.warning("%s: checkpoint %s not used: %s", dataset, storage.uri(key), error)
+            continue
+        index.ledger.reserve(rows * samples_per_prompt)
+        logger.info("%s: starting from checkpoint %s (%d markers folded)", dataset, key, index.markers)
+        return index
+    return DatasetIndex(DatasetLedger(dataset, rows, samples_per_prompt))
+
+
+@dataclass
+class CatchUp:
+    folded: int = 0  # markers read and folded
+    listed: int = 0  # marker names listed
+    strays: list[str] = field(default_factory=list)  # other files in the commits folder (temporary files)
+
+
+def catch_up(storage: Storage, index: DatasetIndex, full: bool = False, check: Callable[[], None] | None = None,
+             threads: int = READ_THREADS) -> CatchUp:
+    """Fold the markers the index lacks. Incremental (only names after the horizon) unless `full`; `check` is
+    called between reads (the operator stops a pass of a deleted resource there by raising)."""
+    prefix = commits_prefix(index.name)
+    start = None if full or not index.horizon else prefix + index.horizon
+    result, newest = CatchUp(), [""]
+
+    def unknown() -> Iterator[str]:
+        for key in storage.list(prefix, start):
+            name = key[len(prefix):]
+            if "/" in name or not is_marker_name(name):
+                result.strays.append(key)
+                continue
+            result.listed += 1
+            time, shard_id = split_marker_name(name)
+            if time is not None and time > newest[0]:
+                newest[0] = time
+            if not index.knows(shard_id):
+                yield key
+
+    for key, data in iter_keyed(storage, unknown(), threads):
+        if check is not None:
+            check()
+        if index.fold(key[len(prefix):], orjson.loads(data)) is not None:
+            result.folded += 1
+    if newest[0]:
+        index.listed(newest[0], horizon(newest[0]))
+    return result
+
+
+def open_index(storage: Storage, dataset: str, rows: int = 0, samples_per_prompt: int = 1) -> tuple[DatasetIndex,
+                                                                                                     CatchUp]:
+    """The dataset's index from its newest checkpoint plus every marker that checkpoint lacks (a full listing: a
+    runner must not miss a committed slot, however late its marker's PUT finished)."""
+    index = load_index(storage, dataset, rows, samples_per_prompt)
+    return index, catch_up(storage, index, full=True)
+
+
+def write_checkpoint(storage: Storage, index: DatasetIndex, writer: str, now: datetime | None = None) -> str:
+    """Write the index as a new checkpoint, then remove this dataset's checkpoints older than the newest few.
+    Returns its key."""
+    key = f"{index.name}/{INDEX}/{checkpoint_name(index, writer)}"
+    storage.put(key, encode(index, writer, now or datetime.now(UTC)))
+    index.since_checkpoint = 0
+    logger.info("%s: wrote checkpoint %s (%d markers)", index.name, storage.uri(key), index.markers)
+    _prune(storage, index.name, key)
+    return key
+
+
+def _prune(storage: Storage, dataset: str, written: str) -> None:
+    names = sorted(key for key in storage.list(f"{dataset}/{INDEX}/") if key.endswith(SUFFIX))
+    for key in (key for key in names[:-KEEP_CHECKPOINTS] if key < written):
+        try:
+            storage.delete(key)
+        except StorageError as error:  # a checkpoint left behind costs storage, never correctness
+            logger.warning("could not remove old checkpoint %s: %s", storage.uri(key), error)
+
+
+def read_marker_objects(storage: Storage, keys: Iterable[str], threads: int = READ_THREADS
+                        ) -> Iterator[tuple[str, dict[str, Any]]]:
+    for key, data in iter_keyed(storage, keys, threads):
+        yield key, orjson.loads(data)

@@ -1,0 +1,206 @@
+"""What the report needs of a dataset's committed samples, accumulated marker by marker. Pure.
+
+The markers are folded in commit order (`shards.markers_in_commit_order`), each through the dataset's ledger, so a
+slot named by two markers counts once (its first row), as everywhere else. Memory follows the range of the values,
+not their number (`histograms.py`): token lengths in exact integer histograms (every figure of the report is
+exact, whatever the size), latencies exact up to `histograms.EXACT_LIMIT` samples and within
+`histograms.RELATIVE_ERROR` above, the first `DRIFT_FIRST_N` completions in commit order for the order-drift test,
+and at most `SCATTER_POINTS` (reasoning, answer) pairs for the plot (every pair below that, a uniform sample
+above, chosen by slot so it does not depend on the reading order). Per-turn or per-sample-index additions belong in their own accumulator next to this one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .histograms import FloatSketch, IntHistogram
+from .ledger import DatasetLedger
+
+DRIFT_FIRST_N = 100
+SCATTER_POINTS = 20_000
+SAMPLE_COLUMNS = ("sample_id", "line", "prompt_tokens", "completion_tokens", "finish_reason", "matched_stop",
+                  "reasoning_end", "reasoning_end_token_id", "has_tool_call", "max_new_tokens", "latency_s")
+
+
+def _column(samples: dict[str, list[Any]], name: str, count: int) -> list[Any]:
+    # Markers written before a column existed (reasoning_end_token_id) read as nulls.
+    return samples.get(name) or [None] * count
+
+
+def _ints(values: list[Any]) -> np.ndarray:
+    return np.asarray([0 if v is None else v for v in values], dtype=np.int64)
+
+
+def _priorities(slots: np.ndarray) -> np.ndarray:
+    """A pseudo-random number per slot (splitmix64's finalizer): the same slot always gets the same one."""
+    z = slots.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+class ReasoningPoints:
+    """(reasoning, answer) pairs for the scatter plot: every pair up to `limit`, then a uniform sample of `limit`
+    of them: the pairs whose slots have the smallest pseudo-random priorities (bottom-k sampling), so the picture
+    does not depend on the order markers are read in. Memory: fixed arrays of 2 x limit entries."""
+
+    def __init__(self, limit: int = SCATTER_POINTS) -> None:
+        self.limit = limit
+        self.seen = 0
+        self._used = 0
+        self._priority = np.empty(0, dtype=np.uint64)
+        self._pairs = np.empty((0, 2), dtype=np.int64)
+        self._threshold: int | None = None  # the limit-th smallest priority kept, once more than limit were seen
+
+    def add(self, slots: np.ndarray, reasoning: np.ndarray, answer: np.ndarray) -> None:
+        if self._priority.size == 0:
+            self._priority = np.empty(2 * self.limit, dtype=np.uint64)
+            self._pairs = np.empty((2 * self.limit, 2), dtype=np.int64)
+        self.seen += int(slots.size)
+        priority = _priorities(slots)
+        for start in range(0, priority.size, self.limit):
+            self._append(priority[start:start + self.limit], reasoning[start:start + self.limit],
+                         answer[start:start + self.limit])
+
+    def _append(self, priority: np.ndarray, reasoning: np.ndarray, answer: np.ndarray) -> None:
+        if self._threshold is not None:
+            keep = priority < np.uint64(self._threshold)
+            priority, reasoning, answer = priority[keep], reasoning[keep], answer[keep]
+        if self._used + priority.size > self._priority.size:
+            self._shrink()
+        end = self._used + priority.size
+        self._priority[self._used:end] = priority
+        self._pairs[self._used:end, 0], self._pairs[self._used:end, 1] = reasoning, answer
+        self._used = end
+
+    def _shrink(self) -> None:
+        if self._used <= self.limit:
+            return
+        order = np.argpartition(self._priority[:self._used], self.limit - 1)[:self.limit]
+        self._priority[:self.limit], self._pairs[:self.limit] = self._priority[order], self._pairs[order]
+        self._used = self.limit
+        self._threshold = int(self._priority[:self.limit].max())
+
+    @property
+    def reasoning(self) -> np.ndarray:
+        self._shrink()
+        return self._pairs[:self._used, 0].copy()
+
+    @property
+    def answer(self) -> np.ndarray:
+        self._shrink()
+        return self._pairs[:self._used, 1].copy()
+
+    @property
+    def sampled(self) -> bool:
+        return self.seen > self.limit
+
+
+@dataclass
+class DatasetSamples:
+    """A dataset's committed samples as the report sees them, accumulated from its markers in commit order."""
+
+    name: str
+    rows: int | None = None  # source rows (run.json), when known: what completeness is checked against
+    ledger: DatasetLedger | None = None
+    completions: IntHistogram = field(default_factory=IntHistogram)
+    first_completions: list[int] = field(default_factory=list)  # the first DRIFT_FIRST_N, in commit order
+    prompts: IntHistogram = field(default_factory=IntHistogram)
+    budgets: IntHistogram = field(default_factory=IntHistogram)  # prompt tokens + max_new_tokens
+    reasoning: IntHistogram = field(default_factory=IntHistogram)  # tokens before the end-of-reasoning token
+    answers: IntHistogram = field(default_factory=IntHistogram)  # tokens after it, the closing stop token excluded
+    points: ReasoningPoints = field(default_factory=ReasoningPoints)
+    latency: FloatSketch = field(default_factory=FloatSketch)
+    finish_reasons: Counter[str] = field(default_factory=Counter)
+    stop_tokens: Counter[int] = field(default_factory=Counter)
+    end_tokens: Counter[int | None] = field(default_factory=Counter)  # per sample with reasoning: the token that ended it
+    truncated_while_reasoning: int = 0
+    at_cap: int = 0
+    caps: set[int] = field(default_factory=set)
+    tool_calls: int = 0
+    errors: Counter[str] = field(default_factory=Counter)  # final failures by reason (retried ones excluded)
+
+    def __post_init__(self) -> None:
+        if self.ledger is None:
+            self.ledger = DatasetLedger(self.name, self.rows or 0)
+
+    @property
+    def samples(self) -> int:
+        return self.completions.count
+
+    def add_markers(self, markers: list[dict[str, Any]]) -> None:
+        for marker in markers:
+            self.add_marker(marker)
+
+    def add_marker(self, marker: dict[str, Any]) -> None:
+        assert self.ledger is not None
+        taken = self.ledger.fold(marker)
+        self.errors = Counter(self.ledger.final_failures())
+        if not taken.size:
+            return
+        samples = marker["samples"]
+        count = len(samples.get("line") or [])
+        if taken.size == count:  # every row is new (the usual case): no copy
+            columns = {name: _column(samples, name, count) for name in (*SAMPLE_COLUMNS, "sample_index")}
+        else:
+            columns = {name: [values[i] for i in taken.tolist()] for name in (*SAMPLE_COLUMNS, "sample_index")
+                       for values in [_column(samples, name, count)]}
+        self._add_lengths(columns)
+        self._add_reasoning(columns)
+        self._add_counts(columns)
+        self.latency.add([math.nan if v is None else v for v in columns["latency_s"]])
+
+    def _add_lengths(self, s: dict[str, list[Any]]) -> None:
+        done, prompt, caps = _ints(s["completion_tokens"]), _ints(s["prompt_tokens"]), _ints(s["max_new_tokens"])
+        room = DRIFT_FIRST_N - len(self.first_completions)
+        if room > 0:
+            self.first_completions.extend(done[:room].tolist())
+        self.completions.add(done)
+        self.prompts.add(prompt)
+        self.budgets.add(prompt + caps)
+        self.caps.update(int(cap) for cap in np.unique(caps[caps > 0]).tolist())
+        self.at_cap += int(((caps > 0) & (done >= caps)).sum())
+
+    def _add_reasoning(self, s: dict[str, list[Any]]) -> None:
+        end = np.asarray([-1 if v is None else v for v in s["reasoning_end"]], dtype=np.int64)
+        has = end >= 0
+        done = _ints(s["completion_tokens"])
+        stop = np.asarray([f == "stop" for f in s["finish_reason"]], dtype=bool)
+        length = np.asarray([f == "length" for f in s["finish_reason"]], dtype=bool)
+        matched = np.asarray([m is not None for m in s["matched_stop"]], dtype=bool)
+        self.truncated_while_reasoning += int((~has & length).sum())
+        if not has.any():
+            return
+        reasoning = end[has]
+        answer = (done - end - 1 - (stop & matched))[has]
+        self.end_tokens.update(t for t, h in zip(s["reasoning_end_token_id"], has.tolist(), strict=True) if h)
+        self.reasoning.add(reasoning)
+        self.answers.add(answer)
+        slots = _ints(s["line"]) * 1024 + _ints(s["sample_index"])
+        self.points.add(slots[has], reasoning, answer)
+
+    def _add_counts(self, s: dict[str, list[Any]]) -> None:
+        self.finish_reasons.update(s["finish_reason"])
+        self.stop_tokens.update(m for m in s["matched_stop"] if m is not None)
+        self.tool_calls += sum(1 for flag in s["has_tool_call"] if flag)
+
+    def merge(self, other: DatasetSamples) -> None:
+        """Add another dataset's samples (for the overall figures; commit order across datasets is not kept)."""
+        for mine, theirs in ((self.completions, other.completions), (self.prompts, other.prompts),
+                             (self.budgets, other.budgets), (self.reasoning, other.reasoning),
+                             (self.answers, other.answers)):
+            mine.merge(theirs)
+        self.latency.merge(other.latency)
+        self.finish_reasons.update(other.finish_reasons)
+        self.stop_tokens.update(other.stop_tokens)
+        self.end_tokens.update(other.end_tokens)
+        self.errors.update(other.errors)
+        self.truncated_while_reasoning += other.truncated_while_reasoning
+        self.at_cap += other.at_cap
+        self.caps |= other.caps
+        self.tool_calls += other.tool_calls

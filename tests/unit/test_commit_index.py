@@ -1,0 +1,165 @@
+"""Readers of commit markers pay for what is new: time-ordered names, incremental listing, checkpoints that verify."""
+
+from __future__ import annotations
+
+import tracemalloc
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from tokenmill_runner.checkpoints import CheckpointError, decode, encode
+from tokenmill_runner.commit_index import DatasetIndex, rates
+from tokenmill_runner.index_store import catch_up, load_index, open_index, write_checkpoint
+from tokenmill_runner.ledger import DatasetLedger, Slot
+from tokenmill_runner.marker_names import OVERLAP, marker_name, shard_id_of, split_marker_name, time_key
+from tokenmill_runner.shards import leftovers, marker_keys
+from tokenmill_runner.storage import LocalStorage
+
+from .counting_storage import CountingStorage, commit_lines
+
+T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+
+def commit(storage, seq: int, lines: range, at: datetime, errors: list[dict[str, Any]] = ()) -> dict[str, Any]:
+    return commit_lines(storage, "d", seq, lines, at, errors)
+
+
+def test_marker_names_sort_by_commit_time_and_keep_the_shard_id():
+    early = marker_name(T0, "w007-ffff-000009")
+    late = marker_name(T0 + timedelta(microseconds=1), "w000-0000-000001")
+    assert early < late, "key order is time order, whatever the worker"
+    assert split_marker_name(early) == ("20261129T120000.000000Z", "w007-ffff-000009")
+    assert split_marker_name("w000-abc-000001.json") == (None, "w000-abc-000001"), "old names still read"
+    assert shard_id_of(f"d/commits/{early}.tmp-x1") == shard_id_of("d/shards/w007-ffff-000009.parquet") == \
+        "w007-ffff-000009"
+    assert "w000-abc-000001.json" > late, "old names sort after every time-named marker: incremental lists see them"
+
+
+def test_a_commit_names_its_marker_by_the_time_just_before_the_put(tmp_path):
+    storage = LocalStorage(tmp_path)
+    marker = commit(storage, 1, range(1, 4), T0)
+    [key] = marker_keys(storage, "d")
+    assert key == f"d/commits/{time_key(T0)}-w000-t-000001.json"
+    assert marker["committed_at"] == T0.isoformat()
+
+
+def test_catch_up_reads_only_markers_it_has_not_folded(tmp_path):
+    storage = CountingStorage(tmp_path)
+    for seq in range(1, 41):
+        commit(storage, seq, range(seq * 10 - 9, seq * 10 + 1), T0 + timedelta(minutes=seq))
+    index = DatasetIndex(DatasetLedger("d", 500))
+    storage.reset()
+    assert catch_up(storage, index).folded == 40 and len(storage.gets) == 40
+    assert index.ledger.completed == 400 and index.horizon == time_key(T0 + timedelta(minutes=40) - OVERLAP)
+
+    for seq in (41, 42):
+        commit(storage, seq, range(seq * 10 - 9, seq * 10 + 1), T0 + timedelta(minutes=seq))
+    storage.reset()
+    again = catch_up(storage, index)
+    assert again.folded == 2 and [shard_id_of(key) for key in storage.gets] == ["w000-t-000041", "w000-t-000042"]
+    # Only the overlap window is listed again (markers named at or after the horizon, minutes 25-40), never the
+    # whole history.
+    assert storage.listed == again.listed == 16 + 2
+    assert index.ledger.completed == 420 and index.markers == 42
+
+
+def test_a_straggler_older_than_the_overlap_is_caught_by_a_full_listing(tmp_path):
+    storage = LocalStorage(tmp_path)
+    commit(storage, 1, range(1, 11), T0)
+    commit(storage, 2, range(11, 21), T0 + timedelta(hours=1))
+    index = DatasetIndex(DatasetLedger("d", 100))
+    catch_up(storage, index)
+    # A PUT that finished long after its name was chosen (retried past the overlap): an incremental list misses it.
+    commit(storage, 3, range(21, 31), T0 + timedelta(minutes=20))
+    assert catch_up(storage, index).folded == 0 and not index.ledger.is_done(Slot(21))
+    assert catch_up(storage, index, full=True).folded == 1 and index.ledger.is_done(Slot(21))
+
+
+def test_a_checkpoint_round_trips_everything_a_reader_needs(tmp_path):
+    storage = LocalStorage(tmp_path)
+    commit(storage, 1, range(1, 11), T0, errors=[{"dataset": "d", "line": 50, "sample_index": 0, "sample_id": None,
+                                                  "reason": "retries_exhausted", "message": "down"}])
+    commit(storage, 2, range(11, 21), T0 + timedelta(minutes=5))
+    index, _ = open_index(storage, "d", 60)
+    restored = decode(encode(index, "op", T0), "d")
+    assert (restored.ledger.completed, restored.ledger.completion_tokens, restored.ledger.given_up()) == \
+        (20, 200, {"retries_exhausted": 1})
+    assert restored.ledger.outcome(Slot(50)) == "retries_exhausted" and restored.ledger.outcome(Slot(21)) is None
+    assert restored.knows("w000-t-000001") and not restored.knows("w000-t-000003")
+    assert (restored.horizon, restored.newest, restored.last_commit) == (index.horizon, index.newest,
+                                                                         T0 + timedelta(minutes=5))
+    assert rates(list(restored.recent), T0 + timedelta(minutes=6), None) == rates(list(index.recent),
+                                                                                 T0 + timedelta(minutes=6), None)
+
+
+def test_a_resume_reads_the_checkpoint_and_only_the_markers_after_it(tmp_path):
+    storage = CountingStorage(tmp_path)
+    for seq in range(1, 31):
+        commit(storage, seq, range(seq * 10 - 9, seq * 10 + 1), T0 + timedelta(minutes=seq))
+    index, _ = open_index(storage, "d", 400)
+    write_checkpoint(storage, index, "w000", T0)
+    for seq in range(31, 34):
+        commit(storage, seq, range(seq * 10 - 9, seq * 10 + 1), T0 + timedelta(minutes=seq))
+    storage.reset()
+    resumed, caught = open_index(storage, "d", 400)
+    markers_read = [key for key in storage.gets if "/commits/" in key]
+    assert caught.folded == 3 and len(markers_read) == 3, "30 markers are in the checkpoint"
+    assert resumed.ledger.completed == 330 and resumed.markers == 33
+
+
+def test_a_torn_or_foreign_checkpoint_is_skipped_for_an_older_one(tmp_path):
+    storage = LocalStorage(tmp_path)
+    commit(storage, 1, range(1, 11), T0)
+    index, _ = open_index(storage, "d", 20)
+    good = write_checkpoint(storage, index, "w000", T0)
+    commit(storage, 2, range(11, 21), T0 + timedelta(minutes=30))
+    catch_up(storage, index)
+    newer = write_checkpoint(storage, index, "op", T0)
+    assert newer > good
+    data = bytearray(storage.get(newer))
+    data[-5] ^= 0xFF
+    storage.put(newer, bytes(data))
+    with pytest.raises(CheckpointError, match="digest"):
+        decode(bytes(data), "d")
+    with pytest.raises(CheckpointError, match="dataset 'd', not 'e'"):
+        decode(storage.get(good), "e")
+    loaded = load_index(storage, "d", 20)
+    assert loaded.markers == 1 and loaded.ledger.completed == 10, "the newest that verifies is used"
+    assert catch_up(storage, loaded, full=True).folded == 1 and loaded.ledger.completed == 20
+
+
+def test_old_checkpoints_are_pruned_to_the_newest_few(tmp_path):
+    storage = LocalStorage(tmp_path)
+    index = DatasetIndex(DatasetLedger("d", 100))
+    for seq in range(1, 7):
+        commit(storage, seq, range(seq * 10 - 9, seq * 10 + 1), T0 + timedelta(hours=seq))
+        catch_up(storage, index)
+        write_checkpoint(storage, index, "op", T0)
+    kept = sorted(storage.list("d/index/"))
+    assert len(kept) == 3 and load_index(storage, "d").markers == 6
+
+
+def test_leftovers_are_found_from_the_index_without_listing_markers_again(tmp_path):
+    storage = LocalStorage(tmp_path)
+    commit(storage, 1, range(1, 11), T0)
+    storage.put("d/shards/w000-t-000002.parquet", b"killed before its marker")
+    storage.put("d/shards/w001-u-000001.parquet", b"another worker's")
+    (tmp_path / "d/commits" / f"{time_key(T0)}-w000-t-000003.json.tmp-x").write_bytes(b"{")
+    index, caught = open_index(storage, "d", 10)
+    found = sorted(leftovers(storage, "d", 0, index.knows, caught.strays))
+    assert found == sorted(leftovers(storage, "d", 0)) == [f"d/commits/{time_key(T0)}-w000-t-000003.json.tmp-x",
+                                                           "d/shards/w000-t-000002.parquet"]
+
+
+def test_the_ledger_holds_a_bit_per_slot_when_nothing_failed():
+    ledger = DatasetLedger("d", 0)
+    tracemalloc.start()
+    try:
+        for start in range(1, 1_000_001, 256):
+            ledger.fold({"samples": {"line": list(range(start, min(start + 256, 1_000_001)))}, "failed": {}})
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert ledger.completed == 1_000_000 and ledger.nbytes <= 1_000_000 // 8 * 2  # grown by doubling
+    assert held < 300_000, f"{held} bytes for a million slots"

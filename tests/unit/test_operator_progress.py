@@ -1,0 +1,99 @@
+"""The operator's passes read what was committed since the last pass, keep no marker, and survive a restart by
+reading a checkpoint instead of the whole history."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import orjson
+
+from tokenmill_operator.gather import FULL_LISTING_EVERY, OutputIndex, observe_progress
+from tokenmill_runner import index_store
+from tokenmill_runner.marker_names import shard_id_of
+
+from .counting_storage import CountingStorage, commit_lines
+
+T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+
+def run_json(storage, rows: dict[str, int]) -> None:
+    storage.put("run.json", orjson.dumps({"datasets": {name: {"rows": n} for name, n in rows.items()}}))
+
+
+def markers_read(storage: CountingStorage) -> list[str]:
+    return [shard_id_of(key) for key in storage.gets if "/commits/" in key]
+
+
+def test_each_pass_reads_only_the_markers_committed_since_the_last(tmp_path):
+    storage = CountingStorage(tmp_path)
+    run_json(storage, {"a": 1000, "b": 1000})
+    for seq in range(1, 11):
+        commit_lines(storage, "a", seq, range(seq * 10 - 9, seq * 10 + 1), T0 + timedelta(seconds=seq))
+    output = OutputIndex()
+    progress, _ = observe_progress(storage, output, T0 + timedelta(minutes=1), T0)
+    assert progress.overall.completed == 100 and len(markers_read(storage)) == 10
+
+    storage.reset()
+    commit_lines(storage, "a", 11, range(101, 111), T0 + timedelta(minutes=2))
+    commit_lines(storage, "b", 1, range(1, 6), T0 + timedelta(minutes=2))
+    progress, _ = observe_progress(storage, output, T0 + timedelta(minutes=3), T0)
+    assert sorted(markers_read(storage)) == ["w000-t-000001", "w000-t-000011"]
+    assert (progress.overall.completed, [d.completed for d in progress.datasets]) == (115, [110, 5])
+    assert progress.last_commit_time == T0 + timedelta(minutes=2)
+
+    storage.reset()
+    again, _ = observe_progress(storage, output, T0 + timedelta(minutes=4), T0)
+    assert markers_read(storage) == [] and again.overall == progress.overall.model_copy(
+        update={"samples_per_second": again.overall.samples_per_second,
+                "tokens_per_second": again.overall.tokens_per_second,
+                "eta_seconds": again.overall.eta_seconds, "eta": again.overall.eta})
+
+
+def test_a_late_marker_is_found_by_the_full_listing_before_the_run_ends(tmp_path):
+    storage = CountingStorage(tmp_path)
+    run_json(storage, {"a": 30})
+    commit_lines(storage, "a", 1, range(1, 11), T0)
+    commit_lines(storage, "a", 2, range(11, 21), T0 + timedelta(hours=1))
+    output = OutputIndex()
+    observe_progress(storage, output, T0 + timedelta(hours=1), T0)
+    # Its PUT was retried for longer than the overlap: named 30 minutes before the newest marker, visible only now.
+    commit_lines(storage, "a", 3, range(21, 31), T0 + timedelta(minutes=30))
+    incremental, _ = observe_progress(storage, output, T0 + timedelta(hours=1, seconds=15), T0)
+    assert incremental.overall.completed == 20 and not incremental.all_committed
+    final, _ = observe_progress(storage, output, T0 + timedelta(hours=1, seconds=30), T0, full=True)
+    assert final.all_committed, "the Job finished: the pass lists every name before deciding"
+    storage.reset()
+    observe_progress(storage, output, T0 + timedelta(hours=1, seconds=30) + FULL_LISTING_EVERY, T0)
+    assert storage.listed >= 3 and markers_read(storage) == [], "the periodic full listing reads nothing it knows"
+
+
+def test_a_restarted_operator_starts_from_the_checkpoint_a_pass_wrote(tmp_path, monkeypatch):
+    monkeypatch.setattr(index_store, "CHECKPOINT_EVERY", 20)
+    monkeypatch.setattr("tokenmill_operator.gather.CHECKPOINT_EVERY", 20)
+    storage = CountingStorage(tmp_path)
+    run_json(storage, {"a": 1000})
+    for seq in range(1, 31):
+        commit_lines(storage, "a", seq, range(seq * 10 - 9, seq * 10 + 1), T0 + timedelta(minutes=seq))
+    before, _ = observe_progress(storage, OutputIndex(), T0 + timedelta(minutes=31), T0)
+    assert len(list(storage.list("a/index/"))) == 1, "30 markers folded: a checkpoint was written"
+
+    commit_lines(storage, "a", 31, range(301, 311), T0 + timedelta(minutes=32))
+    storage.reset()
+    after, _ = observe_progress(storage, OutputIndex(), T0 + timedelta(minutes=33), T0)
+    assert markers_read(storage) == ["w000-t-000031"], "the checkpoint covers the other 30"
+    assert after.overall.completed == before.overall.completed + 10 == 310
+    # The last 10 minutes hold the markers of minutes 23-30 (from the checkpoint's ring) and 32: 90 samples.
+    assert (before.overall.samples_per_second, after.overall.samples_per_second) == ("0.167", "0.150"), \
+        "the rate window survives the restart (the checkpoint keeps recent commits)"
+
+
+def test_what_a_pass_keeps_grows_with_slots_not_with_markers(tmp_path):
+    storage = CountingStorage(tmp_path)
+    run_json(storage, {"a": 20_000})
+    for seq in range(1, 201):
+        commit_lines(storage, "a", seq, range(seq * 100 - 99, seq * 100 + 1), T0 + timedelta(seconds=seq))
+    output = OutputIndex()
+    observe_progress(storage, output, T0 + timedelta(hours=1), T0)
+    index = output.datasets["a"]
+    assert index.ledger.completed == 20_000 and index.ledger.nbytes <= 20_000 // 8 + 1
+    assert index.known_hashes().nbytes == 200 * 8 and len(index.recent) <= 200

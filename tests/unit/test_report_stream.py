@@ -1,0 +1,153 @@
+"""The report is one streaming pass: its figures equal the list-based definitions, a slot counts once, the commit
+order survives old marker names, and what it holds does not grow with the number of samples."""
+
+from __future__ import annotations
+
+import math
+import random
+import tracemalloc
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import orjson
+import pytest
+
+from tokenmill_runner import histograms
+from tokenmill_runner.ledger import ShardContent, build_marker
+from tokenmill_runner.report import build_report, dataset_report
+from tokenmill_runner.report_files import load_ledger
+from tokenmill_runner.report_stream import DatasetSamples
+from tokenmill_runner.shards import commit_shard, markers_in_commit_order
+from tokenmill_runner.stats import distribution, mann_whitney
+from tokenmill_runner.storage import LocalStorage
+
+T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+
+def sample(line: int, rng: random.Random) -> dict:
+    length = min(int(rng.lognormvariate(math.log(470), 1.4)) + 1, 4096)
+    end = length // 3 if line % 4 else None
+    finish = "length" if length >= 4096 else "stop"
+    return {"sample_id": f"s{line}", "line": line, "sample_index": 0, "prompt_tokens": 20 + line % 300,
+            "completion_tokens": length, "finish_reason": finish, "matched_stop": 9 if finish == "stop" else None,
+            "reasoning_end": end, "reasoning_end_token_id": None if end is None else 50,
+            "has_tool_call": line % 5 == 0, "max_new_tokens": 4096, "latency_s": rng.lognormvariate(0.5, 1.0)}
+
+
+def markers(lines: range, per: int = 256, seed: int = 1) -> list[dict]:
+    rng = random.Random(seed)
+    built = []
+    for n, start in enumerate(range(lines.start, lines.stop, per)):
+        rows = [sample(line, rng) for line in range(start, min(start + per, lines.stop))]
+        built.append(build_marker("d", f"w000-t-{n:06d}", 0, ShardContent(rows, []), 0))
+    return built
+
+
+def columns(built: list[dict], name: str) -> list:
+    return [value for marker in built for value in marker["samples"][name]]
+
+
+def test_every_figure_equals_the_definition_on_the_list_of_values():
+    built = markers(range(1, 5001))
+    samples = DatasetSamples("d", rows=5000)
+    samples.add_markers(built)
+    report = dataset_report(samples, 8192, True)
+    for key, name in (("completion_tokens", "completion_tokens"), ("prompt_tokens", "prompt_tokens"),
+                      ("latency_s", "latency_s")):
+        assert report[key] == pytest.approx(distribution(columns(built, name)).as_dict(), rel=1e-12), key
+    completions = columns(built, "completion_tokens")
+    z, p = mann_whitney(completions[:100], completions[100:])
+    assert report["order_drift"]["z"] == pytest.approx(z) and report["order_drift"]["p_value"] == pytest.approx(p)
+    assert report["order_drift"]["first_median"] == float(np.median(completions[:100]))
+    ends = [(e, c, f) for e, c, f in zip(columns(built, "reasoning_end"), completions, columns(built, "finish_reason"),
+                                         strict=True) if e is not None]
+    assert report["reasoning"]["answer_tokens"] == pytest.approx(
+        distribution([c - e - 1 - (f == "stop") for e, c, f in ends]).as_dict(), rel=1e-12)
+    budgets = [p + 4096 for p in columns(built, "prompt_tokens")]
+    assert report["context_budget"]["share_over_90pct_of_context"] == sum(b > 0.9 * 8192 for b in budgets) / 5000
+
+
+def test_a_slot_named_by_two_markers_counts_once_in_the_report():
+    built = markers(range(1, 301))
+    again = markers(range(1, 51), seed=2)  # a restarted worker committed lines 1-50 again
+    samples = DatasetSamples("d", rows=300)
+    samples.add_markers([*built, *again])
+    report = dataset_report(samples, 8192, True)
+    assert report["samples"] == 300 and report["without_outcome"] == 0
+    assert report["completion_tokens_total"] == sum(columns(built, "completion_tokens")), "the first row counts"
+
+
+def test_latency_is_exact_below_the_limit_and_within_the_bound_above(monkeypatch):
+    built = markers(range(1, 3001))
+    monkeypatch.setattr(histograms, "EXACT_LIMIT", 1000)
+    samples = DatasetSamples("d", rows=3000)
+    samples.add_markers(built)
+    assert not samples.latency.exact
+    got = dataset_report(samples, 8192, True)["latency_s"]
+    want = distribution(columns(built, "latency_s")).as_dict()
+    assert got["count"] == want["count"] and got["max"] == want["max"]
+    for key in ("p10", "p25", "median", "p75", "p90", "p95", "p99"):
+        assert got[key] == pytest.approx(want[key], rel=histograms.RELATIVE_ERROR), key
+
+
+def test_old_marker_names_keep_their_commit_order_before_time_named_ones(tmp_path):
+    storage = LocalStorage(tmp_path)
+    rows = [{"sample_id": f"s{n}", "dataset": "d", "line": n, "sample_index": 0, "prompt_ids": [1], "output_ids": [2],
+             "prompt_tokens": 1, "completion_tokens": n, "finish_reason": "stop"} for n in range(1, 5)]
+    # Two markers in the old layout (commits/<shard id>.json), committed in the opposite order of their names.
+    for shard, row, at in (("w000-b-000001", rows[0], T0), ("w000-a-000001", rows[1], T0 + timedelta(seconds=1))):
+        marker = build_marker("d", shard, 0, ShardContent([row], []), 0, committed_at=at)
+        storage.put(f"d/commits/{shard}.json", orjson.dumps(marker))
+    commit_shard(storage, "d", "w001-c-000001", 1, ShardContent([rows[3]], []), clock=lambda: T0 + timedelta(hours=1))
+    commit_shard(storage, "d", "w000-c-000001", 0, ShardContent([rows[2]], []), clock=lambda: T0 + timedelta(hours=2))
+    assert [m["samples"]["line"][0] for m in markers_in_commit_order(storage, "d")] == [1, 2, 4, 3]
+
+
+def test_what_the_report_holds_does_not_grow_with_the_samples(monkeypatch):
+    monkeypatch.setattr(histograms, "EXACT_LIMIT", 1000)
+    held = {}
+    for size in (20_000, 200_000):
+        built = markers(range(1, size + 1), per=1024)
+        tracemalloc.start()
+        try:
+            samples = DatasetSamples("d", rows=size)
+            for marker in built:
+                samples.add_marker(marker)
+            held[size], _ = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        del built
+    # A bit per slot in the ledger (22.5 kB more) and a few growing counters; no per-sample list.
+    assert held[200_000] - held[20_000] < 64 * 1024, held
+
+
+def test_the_report_of_a_run_reads_every_marker_once(tmp_path):
+    storage = LocalStorage(tmp_path)
+    for n, marker in enumerate(markers(range(1, 1001))):
+        rows = [{**{k: marker["samples"][k][i] for k in marker["samples"]}, "dataset": "d", "prompt_ids": [1],
+                 "output_ids": [2]} for i in range(len(marker["samples"]["line"]))]
+        commit_shard(storage, "d", f"w000-t-{n:06d}", 0, ShardContent(rows, []),
+                     clock=lambda n=n: T0 + timedelta(minutes=n))
+    storage.put("run.json", orjson.dumps({"spec": {"datasets": [{"name": "d"}]}, "datasets": {"d": {"rows": 1000}},
+                                          "context_length": 8192}))
+    report = build_report(load_ledger(storage))
+    assert report["datasets"]["d"]["samples"] == 1000 and report["overall"]["samples"] == 1000
+    assert report["overall"]["completion_tokens"] == report["datasets"]["d"]["completion_tokens"]
+    assert report["overall"]["order_drift"] is None
+
+
+def test_the_scatter_keeps_every_point_up_to_its_limit_then_the_same_sample_in_any_order():
+    from tokenmill_runner.report_stream import ReasoningPoints
+
+    slots = np.arange(1, 5001, dtype=np.int64)
+    small = ReasoningPoints(limit=10_000)
+    small.add(slots, slots, 2 * slots)
+    assert not small.sampled and sorted(small.reasoning.tolist()) == slots.tolist()
+    forward, backward = ReasoningPoints(limit=300), ReasoningPoints(limit=300)
+    for part in np.array_split(slots, 17):
+        forward.add(part, part, 2 * part)
+    for part in np.array_split(slots[::-1], 5):
+        backward.add(part, part, 2 * part)
+    assert forward.sampled and forward.seen == 5000 and len(forward.reasoning) == 300
+    assert sorted(forward.reasoning.tolist()) == sorted(backward.reasoning.tolist())
+    assert (forward.answer == 2 * forward.reasoning).all(), "pairs stay together"

@@ -1,0 +1,90 @@
+"""A resume does not pay the counting pass again: the scan is cached in the output, keyed by the source's identity."""
+
+from __future__ import annotations
+
+import os
+
+import orjson
+import pytest
+
+from tokenmill_runner import scan_cache
+from tokenmill_runner.prompts import Prompt, RowError, belongs_to_worker
+from tokenmill_runner.scan_cache import cached_scan
+from tokenmill_runner.sources import read_prompts
+from tokenmill_runner.storage import LocalStorage
+
+
+def write_source(path, ids: list[str | None]) -> None:
+    lines = [orjson.dumps({"sample_id": i, "messages": [{"role": "user", "content": f"q {n}"}]}) if i is not None
+             else b"{broken" for n, i in enumerate(ids)]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+
+
+@pytest.fixture
+def scans(monkeypatch):
+    """How many times the source was really scanned."""
+    calls = []
+    real = scan_cache.scan_source
+
+    def counting(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(scan_cache, "scan_source", counting)
+    return calls
+
+
+def test_the_scan_is_reused_until_the_source_changes(tmp_path, scans):
+    source = tmp_path / "p.jsonl"
+    write_source(source, ["a", "b", "a", None, "c"])
+    out = LocalStorage(tmp_path / "out")
+    first = cached_scan(out, "p", str(source), "jsonl")
+    again = cached_scan(out, "p", str(source), "jsonl")
+    assert len(scans) == 1, "the second start read the cached result"
+    assert (again.rows, again.worker_rows, len(again.duplicates)) == (first.rows, first.worker_rows, 1) == (5, 5, 1)
+    assert again.duplicates.first_of(3, int(first.duplicates.hashes[0])) == 1
+
+    write_source(source, ["a", "b", "c", "d", "e", "f"])
+    os.utime(source, ns=(1, 1))  # even with an old mtime: the size changed
+    changed = cached_scan(out, "p", str(source), "jsonl")
+    assert len(scans) == 2 and changed.rows == 6 and len(changed.duplicates) == 0
+    assert cached_scan(out, "p", str(source), "jsonl", limit=3).rows == 3 and len(scans) == 3, "the limit is keyed"
+
+
+def test_a_torn_cache_is_ignored_and_replaced(tmp_path, scans):
+    source = tmp_path / "p.jsonl"
+    write_source(source, ["a", "b"])
+    out = LocalStorage(tmp_path / "out")
+    cached_scan(out, "p", str(source), "jsonl")
+    [key] = list(out.list("p/scans/"))
+    out.put(key, out.get(key)[:-3])
+    assert cached_scan(out, "p", str(source), "jsonl").rows == 2 and len(scans) == 2
+    assert cached_scan(out, "p", str(source), "jsonl").rows == 2 and len(scans) == 2, "rewritten whole"
+
+
+def test_each_worker_caches_the_lines_it_owns(tmp_path, scans):
+    source = tmp_path / "p.jsonl"
+    ids = [f"id{n}" for n in range(200)]
+    ids[17] = None  # a bad row: owned by its line number
+    write_source(source, ids)
+    out = LocalStorage(tmp_path / "out")
+    owned = []
+    for worker in range(3):
+        scan = cached_scan(out, "p", str(source), "jsonl", worker_index=worker, worker_count=3)
+        expected = {item.line for item in read_prompts(str(source), "jsonl") if belongs_to_worker(item, worker, 3)}
+        assert {line for line in range(1, 201) if scan.owns(line)} == expected
+        assert cached_scan(out, "p", str(source), "jsonl", worker_index=worker, worker_count=3).owned.to_array() \
+            .tobytes() == scan.owned.to_array().tobytes()
+        owned.append(expected)
+    assert set().union(*owned) == set(range(1, 201)) and sum(map(len, owned)) == 200, "no gap, no overlap"
+    assert len(scans) == 3
+
+
+def test_rows_not_wanted_are_never_parsed(tmp_path):
+    source = tmp_path / "p.jsonl"
+    write_source(source, ["a", None, "c", "d"])
+    wanted = read_prompts(str(source), "jsonl", wanted=lambda line: line != 2)
+    assert [(type(item), item.line) for item in wanted] == [(Prompt, 1), (Prompt, 3), (Prompt, 4)]
+    everything = list(read_prompts(str(source), "jsonl"))
+    assert isinstance(everything[1], RowError) and everything[1].reason == "invalid_json"
+    assert [item.line for item in read_prompts(str(source), "jsonl", limit=2, wanted=lambda line: line != 1)] == [2]
