@@ -34,7 +34,8 @@ COMMITS, SHARDS, ERRORS = "commits", "shards", "errors"
 # Per-sample columns copied into the commit marker (everything but the token ids).
 MARKER_COLUMNS = ("sample_id", "line", "sample_index", "prompt_tokens", "completion_tokens", "finish_reason",
                   "matched_stop", "reasoning_end", "reasoning_end_token_id", "has_tool_call", "max_new_tokens",
-                  "latency_s")
+                  "latency_s", "turn_count", "stop_reason")  # the last two: multi-turn rows only (else null)
+MULTI_TURN_COLUMNS = ("turn_count", "stop_reason")  # in a marker only when one of its rows is a conversation
 ERROR_COLUMNS = ("line", "sample_index", "sample_id", "reason")
 
 # Server-side reasons: a later attempt can fix them (the server was down, overloaded, or answered something
@@ -76,7 +77,8 @@ def build_marker(dataset: str, shard_id: str, worker: int, content: ShardContent
         "data_bytes": data_bytes,
         "errors": f"{ERRORS}/{shard_id}.jsonl" if content.errors else None,
         "samples": {name: [row.get(name, 0 if name == "sample_index" else None) for row in content.rows]
-                    for name in MARKER_COLUMNS},
+                    for name in MARKER_COLUMNS
+                    if name not in MULTI_TURN_COLUMNS or any(row.get(name) is not None for row in content.rows)},
         "failed": {name: [error.get(name, 0 if name == "sample_index" else None) for error in content.errors]
                    for name in ERROR_COLUMNS},
     }

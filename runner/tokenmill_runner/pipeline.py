@@ -13,6 +13,7 @@ without writing anything off.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections import Counter
@@ -22,6 +23,7 @@ from itertools import islice
 from typing import Any
 
 from .client import GenerateClient
+from .conversation import Conversation, history_exact, read_answer, start
 from .commit_index import DatasetIndex
 from .config import RunnerConfig
 from .duplicates import DuplicateIds
@@ -35,7 +37,7 @@ from .prompts import Prompt, RowError, belongs_to_worker, duplicate_error, id_ha
 from .request_fit import ServerLimits
 from .results import Generation, ServersUnavailable
 from .scan import LineSet
-from .rows import build_row, failure_record, too_long_record
+from .rows import build_conversation_row, build_row, build_turn, failure_record, too_long_record
 from .shards import ShardBuffer, commit_shard, new_run_token, new_shard_id
 from .sources import read_prompts, source_format
 from .spec import DatasetSpec, SamplingSpec
@@ -199,12 +201,35 @@ class Runner:
                                 wanted=lambda line, state=state: self._wanted(state, line))
             while chunk := await asyncio.to_thread(_take, rows, READ_BATCH):
                 prompts = self._admit(state, chunk)
-                for start in range(0, len(prompts), TOKENIZE_BATCH):
-                    batch = prompts[start:start + TOKENIZE_BATCH]
-                    encoded = await asyncio.to_thread(self.encoder.encode_batch, batch, state.template_kwargs)
+                for begin in range(0, len(prompts), TOKENIZE_BATCH):
+                    batch = prompts[begin:begin + TOKENIZE_BATCH]
+                    if state.spec.mode == "all-turns":
+                        batch = self._conversations(state, batch)
+                    encoded = await asyncio.to_thread(self.encoder.encode_batch,
+                                                      [self._first_turn(state, p) for p in batch],
+                                                      state.template_kwargs)
                     for prompt, ids in zip(batch, encoded, strict=True):
                         if ids := self._checked(state, prompt, ids):
                             await queue.put((state, prompt, ids))
+
+    def _conversations(self, state: DatasetState, batch: list[Prompt]) -> list[Prompt]:
+        """The rows that can be regenerated turn by turn; the others get their error record."""
+        kept = []
+        for prompt in batch:
+            started = start(prompt)
+            if isinstance(started, RowError):
+                self._record_error(state, started.as_record(state.name), self.clock())
+            else:
+                kept.append(prompt)
+        return kept
+
+    @staticmethod
+    def _first_turn(state: DatasetState, prompt: Prompt) -> Prompt:
+        if state.spec.mode != "all-turns":
+            return prompt
+        conversation = start(prompt)
+        assert isinstance(conversation, Conversation)  # rows that cannot start were dropped by _conversations
+        return conversation.next_prompt()
 
     def _wanted(self, state: DatasetState, line: int) -> bool:
         """Before a row is parsed: False for another worker's line, and for a settled slot of ours (counted as
@@ -257,6 +282,12 @@ class Runner:
     async def _work(self, queue: asyncio.Queue[tuple[DatasetState, Prompt, list[int]]]) -> None:
         while True:
             state, prompt, ids = await queue.get()
+            if state.spec.mode == "all-turns":
+                try:
+                    await self._converse(state, prompt, ids)
+                finally:
+                    queue.task_done()
+                continue
             self.in_flight += 1
             self.metrics.set_in_flight(self.in_flight)
             try:
@@ -272,6 +303,79 @@ class Runner:
                 self.metrics.answered(state.name, result.attempts, False, 0, 0.0)
                 self._record_error(state, failure_record(state.name, prompt, result), now)
             queue.task_done()
+
+    async def _generate(self, state: DatasetState, ids: list[int]) -> Generation | Any:
+        self.in_flight += 1
+        self.metrics.set_in_flight(self.in_flight)
+        try:
+            result = await self.client.generate(ids, state.sampling.to_sglang())
+        finally:
+            self.in_flight -= 1
+            self.metrics.set_in_flight(self.in_flight)
+        if isinstance(result, Generation):
+            self.metrics.answered(state.name, result.attempts, True, result.completion_tokens, result.latency_s)
+            self.meter.record(self.clock(), 0, result.completion_tokens)
+        else:
+            self.metrics.answered(state.name, result.attempts, False, 0, 0.0)
+        return result
+
+    async def _converse(self, state: DatasetState, prompt: Prompt, ids: list[int]) -> None:
+        """Regenerate one conversation turn by turn (mode all-turns) and record it whole: its row, or one error
+        record when a request fails for good (nothing of it is kept then; the slot is one conversation)."""
+        conversation = start(prompt)
+        assert isinstance(conversation, Conversation)
+        turns: list[dict[str, Any]] = []
+        max_new = state.sampling.max_new_tokens or 0
+        while True:
+            result = await self._generate(state, ids)
+            if not isinstance(result, Generation):
+                record = failure_record(state.name, prompt, result)
+                record["message"] += f" (turn {len(turns)} of the conversation; it is generated again as a whole)"
+                self._record_error(state, record, self.clock())
+                return
+            exact = None if not turns else history_exact(turns[-1]["prompt_ids"], turns[-1]["output_ids"], ids)
+            turn = build_turn(state.name, prompt, ids, result, max_new, self.info, exact, None)
+            answer = read_answer(result.output_ids, result.finish_reason, turn["reasoning_end"],
+                                 turn["reasoning_end_token_id"] == self.info.tool_call_id, self.info.tool_call_id,
+                                 self._decode)
+            turn["tool_calls"] = json.dumps([{"name": c.name, "arguments": c.arguments, "id": c.id}
+                                             for c in answer.calls], ensure_ascii=False) if answer.calls else None
+            turns.append(turn)
+            conversation.advance(answer, result.finish_reason)
+            if conversation.done or not await self._next_turn(state, conversation):
+                break
+            ids = conversation.pending_ids
+        row = build_conversation_row(state.name, prompt, turns, conversation.stop_reason or "complete",
+                                     conversation.stop_detail, max_new)
+        self._record_conversation(state, row, [t["completion_tokens"] for t in turns])
+
+    async def _next_turn(self, state: DatasetState, conversation: Conversation) -> bool:
+        """Render the next turn's prompt into `conversation.pending_ids`; False (and the conversation stopped) when
+        the template fails on the history or the prompt no longer fits."""
+        encoded = await asyncio.to_thread(self.encoder.encode_one, conversation.next_prompt(), state.template_kwargs)
+        if isinstance(encoded, RowError):
+            conversation.stop("template_error", f"turn {conversation.turn}: {encoded.message}")
+            return False
+        why = self.limits.misfit(len(encoded), state.sampling.max_new_tokens or 0)
+        if why is not None:
+            conversation.stop("context_exceeded", f"turn {conversation.turn}: {why}")
+            return False
+        conversation.pending_ids = encoded
+        return True
+
+    def _decode(self, ids: Any, skip_special_tokens: bool) -> str:
+        return self.encoder.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def _record_conversation(self, state: DatasetState, row: dict[str, Any], lengths: list[int]) -> None:
+        now = self.clock()
+        state.buffer.add_row(row, now)
+        state.generated += 1
+        state.completion_tokens += row["completion_tokens"]
+        state.truncated += row["stop_reason"] == "truncated"
+        state.lengths.add([row["completion_tokens"]])
+        self.meter.record(now, 1, 0)
+        if state.buffer.is_due(now):
+            self._commit(state)
 
     def _record_row(self, state: DatasetState, prompt: Prompt, ids: list[int], result: Generation,
                     now: float) -> None:

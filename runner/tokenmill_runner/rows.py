@@ -51,6 +51,35 @@ def build_row(dataset: str, prompt: Prompt, prompt_ids: list[int], generation: G
     }
 
 
+TURN_FIELDS = ("prompt_ids", "output_ids", "prompt_tokens", "completion_tokens", "finish_reason", "matched_stop",
+               "reasoning_end", "reasoning_end_token_id", "has_tool_call", "latency_s", "attempts")
+
+
+def build_turn(dataset: str, prompt: Prompt, prompt_ids: list[int], generation: Generation, max_new_tokens: int,
+               info: TokenizerInfo, history_exact: bool | None, tool_calls: str | None) -> dict[str, Any]:
+    """One generated turn of a multi-turn row: the single-turn row's per-generation facts, plus whether its prompt
+    extends the previous turn's ids token for token and the calls parsed from it (JSON)."""
+    row = build_row(dataset, prompt, prompt_ids, generation, max_new_tokens, info)
+    return {**{name: row[name] for name in TURN_FIELDS}, "history_exact": history_exact, "tool_calls": tool_calls}
+
+
+def build_conversation_row(dataset: str, prompt: Prompt, turns: list[dict[str, Any]], stop_reason: str,
+                           stop_detail: str | None, max_new_tokens: int, sample_index: int = 0) -> dict[str, Any]:
+    """A regenerated conversation (mode all-turns): every turn in `turns`; the row's own token columns and
+    per-generation facts are its last turn's (whose prompt holds the whole history as rendered), except
+    `completion_tokens` and `latency_s`, the conversation's totals."""
+    last = turns[-1]
+    return {
+        "sample_id": prompt.sample_id, "dataset": dataset, "line": prompt.line, "sample_index": sample_index,
+        **{name: last[name] for name in TURN_FIELDS if name not in ("completion_tokens", "latency_s")},
+        "completion_tokens": sum(turn["completion_tokens"] for turn in turns),
+        "latency_s": round(sum(turn["latency_s"] for turn in turns), 4),
+        "has_tool_call": any(turn["has_tool_call"] for turn in turns),
+        "max_new_tokens": max_new_tokens,
+        "turns": turns, "turn_count": len(turns), "stop_reason": stop_reason, "stop_detail": stop_detail,
+    }
+
+
 def failure_record(dataset: str, prompt: Prompt, failure: GenerationFailure, sample_index: int = 0) -> dict[str, Any]:
     error = RowError(prompt.line, prompt.sample_id, failure.reason,
                      f"line {prompt.line} (sample {prompt.sample_id}): {failure.message}", sample_index)

@@ -206,6 +206,14 @@ class DatasetSpec(SpecModel):
         description="Chat template arguments for this dataset (e.g. thinking: false for Kimi, enable_thinking for "
         "Qwen3, reasoning_effort for GPT-OSS), merged over spec.chatTemplateKwargs key by key.",
     )
+    mode: Literal["last-turn", "all-turns"] = Field(
+        "last-turn",
+        description="last-turn: one answer to each row's messages as given. all-turns: every assistant turn is "
+        "regenerated in order, each the model's own answer to the history so far (user and system messages "
+        "replayed, the model's earlier answers in the history, the source's tool results spliced back when the "
+        "model calls the tool the source called, the conversation stopped where it diverges); one row per "
+        "conversation with each turn's prompt and output ids.",
+    )
 
     @field_validator("name")
     @classmethod
