@@ -159,11 +159,20 @@ def dataset_report(ledger: DatasetSamples, context_length: int | None, reasoning
         "truncated": _truncation(ledger),
         "reasoning": _reasoning(ledger, reasoning_expected, end_names),
         "tool_calls": {"count": ledger.tool_calls, "share": _share(ledger.tool_calls, n)},
+        "conversations": _conversations(ledger),
         "prompt_tokens": ledger.prompts.distribution().as_dict(),
         "context_budget": _context_budget(ledger, context_length),
         "latency_s": ledger.latency.distribution().as_dict(),
         "order_drift": result.as_dict() if result else None,
     }
+
+
+def _conversations(ledger: DatasetSamples) -> dict[str, Any] | None:
+    """Multi-turn rows (mode all-turns): how many, their turns, why they ended; None for a dataset without."""
+    if not ledger.turns.count:
+        return None
+    return {"count": ledger.turns.count, "turns": ledger.turns.distribution().as_dict(),
+            "turns_total": ledger.turns.total, "stop_reasons": dict(sorted(ledger.stop_reasons.items()))}
 
 
 def _merged(datasets: Iterable[DatasetSamples]) -> DatasetSamples:

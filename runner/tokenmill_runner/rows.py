@@ -77,6 +77,7 @@ def build_conversation_row(dataset: str, prompt: Prompt, turns: list[dict[str, A
         "has_tool_call": any(turn["has_tool_call"] for turn in turns),
         "max_new_tokens": max_new_tokens,
         "turns": turns, "turn_count": len(turns), "stop_reason": stop_reason, "stop_detail": stop_detail,
+        "last_turn_tokens": last["completion_tokens"],  # for the marker (shards store it inside `turns`)
     }
 
 

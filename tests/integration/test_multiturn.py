@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -92,6 +94,18 @@ def test_conversations_regenerate_on_the_model_history_with_spliced_tool_results
         units = list(units_from_row(row))
         assert [u.turn_index for u in units] == list(range(len(turns)))
         assert [u.prompt_ids for u in units] == [t["prompt_ids"] for t in turns]
+    # the export yields one record per assistant turn, token-exact, each with its conversation's id
+    subprocess.run([sys.executable, "-m", "tokenmill_runner.cli", "-q", "export", str(tmp_path / "out"),
+                    str(tmp_path / "exp"), "--format", "speculators"], check=True, capture_output=True)
+    records = {r["id"]: r for part in sorted((tmp_path / "exp" / "data").glob("*.jsonl"))
+               for r in map(json.loads, part.read_text().splitlines())}
+    assert len(records) == sum(row["turn_count"] for row in rows)
+    for row in rows:
+        for index, turn in enumerate(row["turns"]):
+            record = records[f"conv/{row['sample_id']}#s0#t{index}"]
+            assert record["input_ids"] == turn["prompt_ids"] + turn["output_ids"]
+            assert record["primary_id"] == f"conv/{row['sample_id']}#s0"
+            assert record["metadata"]["history_exact"] is (turn["history_exact"] is not False)
     markers = read_markers(storage, "conv")
     summaries = {sid: (n, r) for m in markers for sid, n, r in zip(m["samples"]["sample_id"],
                                                                     m["samples"]["turn_count"],

@@ -70,7 +70,7 @@ def metadata(unit: GenerationUnit) -> dict[str, Any]:
         "finish_reason": unit.finish_reason or "", "prompt_tokens": len(unit.prompt_ids),
         "completion_tokens": len(unit.output_ids), "has_reasoning": unit.has_reasoning,
         "reasoning_tokens": unit.reasoning_end or 0, "has_tool_call": unit.has_tool_call,
-        "max_new_tokens": unit.max_new_tokens or 0,
+        "max_new_tokens": unit.max_new_tokens or 0, "history_exact": unit.history_exact,
     }
 
 

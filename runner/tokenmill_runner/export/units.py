@@ -39,6 +39,9 @@ class GenerationUnit:
     reasoning_end_token_id: int | None
     has_tool_call: bool
     max_new_tokens: int | None
+    # Whether this turn's prompt ids extend the previous turn's prompt + output ids token for token (a template that
+    # drops reasoning from history answers makes it False); True for a first turn and a single-turn row.
+    history_exact: bool = True
 
     @property
     def id(self) -> str:
@@ -76,6 +79,7 @@ def _unit(row: dict[str, Any], turn: dict[str, Any], turn_index: int, turns: int
         prompt_ids=[int(i) for i in merged["prompt_ids"]], output_ids=[int(i) for i in merged["output_ids"]],
         **{name: merged.get(name) for name in UNIT_FIELDS if name != "has_tool_call"},
         has_tool_call=bool(merged.get("has_tool_call")),
+        history_exact=merged.get("history_exact") is not False,
     )
 
 
