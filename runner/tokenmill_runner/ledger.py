@@ -34,10 +34,10 @@ COMMITS, SHARDS, ERRORS = "commits", "shards", "errors"
 # Per-sample columns copied into the commit marker (everything but the token ids).
 MARKER_COLUMNS = ("sample_id", "line", "sample_index", "prompt_tokens", "completion_tokens", "finish_reason",
                   "matched_stop", "reasoning_end", "reasoning_end_token_id", "has_tool_call", "max_new_tokens",
-                  "latency_s", "turn_count", "stop_reason", "last_turn_tokens")
-# Multi-turn rows only (the conversation's turns, why it ended, its last turn's completion tokens; the row's
-# completion_tokens is the conversation's total): in a marker only when one of its rows is a conversation.
-MULTI_TURN_COLUMNS = ("turn_count", "stop_reason", "last_turn_tokens")
+                  "latency_s", "turn_count", "stop_reason", "last_turn_tokens", "reasoning_turns")
+# Multi-turn rows only (the conversation's turns, why it ended, its last turn's completion tokens, its turns with
+# an end-of-reasoning token; the row's completion_tokens is the conversation's total): in a marker only when one of its rows is a conversation.
+MULTI_TURN_COLUMNS = ("turn_count", "stop_reason", "last_turn_tokens", "reasoning_turns")
 ERROR_COLUMNS = ("line", "sample_index", "sample_id", "reason")
 
 # Server-side reasons: a later attempt can fix them (the server was down, overloaded, or answered something

@@ -27,9 +27,10 @@ SAMPLE_COLUMNS = ("sample_id", "line", "prompt_tokens", "completion_tokens", "fi
                   "reasoning_end", "reasoning_end_token_id", "has_tool_call", "max_new_tokens", "latency_s")
 
 
-# Multi-turn rows (mode all-turns) only: turns, why the conversation ended, and its last turn's completion tokens
+# Multi-turn rows (mode all-turns) only: turns, why the conversation ended, its last turn's completion tokens and
+# how many of its turns hold an end-of-reasoning token
 # (`completion_tokens` is the conversation's total; the reasoning, finish and cap columns are the last turn's).
-EXTRA_COLUMNS = ("sample_index", "turn_count", "stop_reason", "last_turn_tokens")
+EXTRA_COLUMNS = ("sample_index", "turn_count", "stop_reason", "last_turn_tokens", "reasoning_turns")
 
 
 def _last_turn(s: dict[str, list[Any]]) -> np.ndarray:
@@ -137,6 +138,8 @@ class DatasetSamples:
     errors: Counter[str] = field(default_factory=Counter)  # final failures by reason (retried ones excluded)
     turns: IntHistogram = field(default_factory=IntHistogram)  # assistant turns per conversation (mode all-turns)
     stop_reasons: Counter[str] = field(default_factory=Counter)  # why each conversation ended
+    earlier_turns: int = 0  # generations of conversations before their last turn (which the sample columns describe)
+    earlier_reasoning: int = 0  # of those, the ones whose output holds an end-of-reasoning token
 
     def __post_init__(self) -> None:
         if self.ledger is None:
@@ -174,6 +177,21 @@ class DatasetSamples:
         if turns:
             self.turns.add(np.asarray(turns, dtype=np.int64))
             self.stop_reasons.update(r for r in s["stop_reason"] if r is not None)
+            self.earlier_turns += sum(turns) - len(turns)
+            self.earlier_reasoning += sum(
+                (with_end or 0) - (end is not None)
+                for with_end, end, count in zip(s["reasoning_turns"], s["reasoning_end"], s["turn_count"], strict=True)
+                if count is not None)
+
+    @property
+    def generations(self) -> int:
+        """Answers generated: a sample each, plus the earlier turns of conversations (what truncation and
+        reasoning shares are of: a turn is one generation, as in the exports)."""
+        return self.samples + self.earlier_turns
+
+    @property
+    def with_reasoning(self) -> int:
+        return self.reasoning.count + self.earlier_reasoning
 
     def _add_lengths(self, s: dict[str, list[Any]]) -> None:
         done, prompt, caps = _ints(s["completion_tokens"]), _ints(s["prompt_tokens"]), _ints(s["max_new_tokens"])
@@ -226,4 +244,6 @@ class DatasetSamples:
         self.caps |= other.caps
         self.tool_calls += other.tool_calls
         self.turns.merge(other.turns)
+        self.earlier_turns += other.earlier_turns
+        self.earlier_reasoning += other.earlier_reasoning
         self.stop_reasons.update(other.stop_reasons)

@@ -77,7 +77,9 @@ def build_conversation_row(dataset: str, prompt: Prompt, turns: list[dict[str, A
         "has_tool_call": any(turn["has_tool_call"] for turn in turns),
         "max_new_tokens": max_new_tokens,
         "turns": turns, "turn_count": len(turns), "stop_reason": stop_reason, "stop_detail": stop_detail,
-        "last_turn_tokens": last["completion_tokens"],  # for the marker (shards store it inside `turns`)
+        # for the marker only (the shard has them inside `turns`)
+        "last_turn_tokens": last["completion_tokens"],
+        "reasoning_turns": sum(turn["reasoning_end"] is not None for turn in turns),
     }
 
 
