@@ -14,14 +14,18 @@ from pathlib import Path
 
 import pytest
 
+from tokenmill_runner.config import RunnerConfig
 from tokenmill_runner.conversation import STOP_REASONS
+from tokenmill_runner.prepare import prepare
+from tokenmill_runner.results import GenerationFailure
+from tokenmill_runner.spec import load_spec_file
 from tokenmill_runner.export.units import units_from_row
 from tokenmill_runner.shards import read_committed_rows, read_markers
 from tokenmill_runner.storage import LocalStorage, open_storage
 from tokenmill_runner.summary import EXIT_OK
 
 from .test_exactly_once import killed_at, outcomes_per_line, run_cli
-from .test_run import assert_exactly_once, run_spec
+from .test_run import assert_exactly_once, committed_errors, run_spec
 from .workloads import spec_document, write_spec
 
 CONVERSATIONS = Path(__file__).resolve().parents[2] / "examples" / "prompts" / "conversations.jsonl"
@@ -132,3 +136,48 @@ def test_a_kill_mid_conversation_redoes_that_conversation_whole(tmp_path, sim, t
         assert row["stop_reason"] in STOP_REASONS
         if row["sample_id"] in before:
             assert row["turns"] == before[row["sample_id"]]["turns"], "a committed conversation is never redone"
+
+
+
+class FailsLaterTurns:
+    """Stands in for the client: answers first turns, and fails every later turn for good (as after its retries),
+    so every conversation that gets past turn 0 fails mid-way."""
+
+    def __init__(self, client, assistant_id: int) -> None:
+        self.client, self.assistant_id = client, assistant_id
+
+    async def generate(self, input_ids, sampling_params):
+        if input_ids.count(self.assistant_id) > 1:  # an earlier answer in the history, plus the generation prompt
+            return GenerationFailure("retries_exhausted", "server error 503 (8 attempts)", 8)
+        return await self.client.generate(input_ids, sampling_params)
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+
+def test_a_request_failing_mid_conversation_fails_it_whole_and_retry_failed_redoes_it(tmp_path, sim, tokenizer,
+                                                                                      demo_model):
+    source = sources(12)
+    spec = load_spec_file(conversation_spec(tmp_path, demo_model, 12)).spec
+    out = str(tmp_path / "out")
+
+    async def run(failing: bool, retry_failed: bool = False):
+        runner = await prepare(RunnerConfig(spec=spec, servers=[sim.url], output_uri=out, retry_failed=retry_failed),
+                               api_key=None)
+        if failing:
+            runner.client = FailsLaterTurns(runner.client, tokenizer.convert_tokens_to_ids("<|im_assistant|>"))
+        return await runner.run()
+
+    asyncio.run(run(True))
+    storage = open_storage(out)
+    rows = list(read_committed_rows(storage, "conv"))
+    errors = committed_errors(storage, "conv")
+    # a conversation that stopped at turn 0 (diverged there) is a row; every other one failed whole, no partial row
+    assert all(row["turn_count"] == 1 for row in rows)
+    assert {e["sample_id"] for e in errors} | {r["sample_id"] for r in rows} == set(source)
+    assert errors and all(e["reason"] == "retries_exhausted" and "turn 1 of the conversation" in e["message"]
+                          for e in errors)
+    asyncio.run(run(False, retry_failed=True))
+    final = {row["sample_id"]: row for row in assert_exactly_once(storage, "conv", set(source))}
+    # the simulator answers a prompt the same way every time: each failed conversation now runs past turn 0
+    assert all(final[e["sample_id"]]["turn_count"] > 1 for e in errors)
