@@ -91,7 +91,6 @@ class Conversation:
     turn: int = 0
     stop_reason: str | None = None
     stop_detail: str | None = None
-    answers: list[Answer] = field(default_factory=list)
     pending_ids: list[int] = field(default_factory=list)  # the current turn's prompt ids, once rendered
 
     @property
@@ -107,7 +106,6 @@ class Conversation:
 
     def advance(self, answer: Answer, finish_reason: str | None) -> None:
         """Take the model's answer to the current turn: extend the history for the next turn, or stop."""
-        self.answers.append(answer)
         messages = self.prompt.messages
         position = self.targets[self.turn]
         turn = self.turn
