@@ -74,8 +74,9 @@ def read_answer(output_ids: list[int], finish_reason: str | None, reasoning_end:
     calls = parse_tool_calls(text)
     if tool_call_id is not None and tool_call_id in after:
         content = decode(after[:after.index(tool_call_id)], True)
-    elif calls and (cut := calls_start(text)) is not None:
-        content = text[:cut]
+    elif calls:  # a format without a special opener (Llama's bare JSON) has no content besides the call
+        cut = calls_start(text)
+        content = text[:cut] if cut is not None else ""
     else:
         content = decode(after, True)
     return Answer(content, reasoning, calls)
@@ -100,9 +101,13 @@ class Conversation:
     def stop(self, reason: str, detail: str | None = None) -> None:
         self.stop_reason, self.stop_detail = reason, detail
 
-    def next_prompt(self) -> Prompt:
-        """The messages to render for the current turn (the tools stay the row's)."""
-        return Prompt(self.prompt.line, self.prompt.sample_id, list(self.history), self.prompt.tools)
+    def next_prompt(self, arguments_as_text: bool = False) -> Prompt:
+        """The messages to render for the current turn (the tools stay the row's). The model's call arguments go to
+        the template as JSON objects, as SGLang's chat API hands history calls to templates (v0.5.23
+        entrypoints/openai/serving_chat.py:198-214, applied at :2041-2044); `arguments_as_text` keeps the text the
+        model wrote, for templates that concatenate it as a string (DeepSeek-R1's fails on an object)."""
+        history = self.history if arguments_as_text else [_arguments_as_objects(m) for m in self.history]
+        return Prompt(self.prompt.line, self.prompt.sample_id, list(history), self.prompt.tools)
 
     def advance(self, answer: Answer, finish_reason: str | None) -> None:
         """Take the model's answer to the current turn: extend the history for the next turn, or stop."""
@@ -133,6 +138,19 @@ class Conversation:
     def _next_target_position(self) -> int:
         return self.targets[self.turn] if self.turn < len(self.targets) and self.targets[self.turn] >= 0 \
             else len(self.prompt.messages)
+
+
+def _arguments_as_objects(message: dict[str, Any]) -> dict[str, Any]:
+    calls = message.get("tool_calls") if message.get("role") == "assistant" else None
+    if not calls:
+        return message
+    converted = []
+    for call in calls:
+        arguments = ToolCall(call["function"]["name"], call["function"]["arguments"]).parsed_arguments()
+        if isinstance(arguments, dict):
+            call = {**call, "function": {**call["function"], "arguments": arguments}}
+        converted.append(call)
+    return {**message, "tool_calls": converted}
 
 
 def _leading_tools(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -353,6 +353,9 @@ class Runner:
         """Render the next turn's prompt into `conversation.pending_ids`; False (and the conversation stopped) when
         the template fails on the history or the prompt no longer fits."""
         encoded = await asyncio.to_thread(self.encoder.encode_one, conversation.next_prompt(), state.template_kwargs)
+        if isinstance(encoded, RowError):  # a template that wants call arguments as text (see next_prompt)
+            encoded = await asyncio.to_thread(self.encoder.encode_one, conversation.next_prompt(arguments_as_text=True),
+                                              state.template_kwargs)
         if isinstance(encoded, RowError):
             conversation.stop("template_error", f"turn {conversation.turn}: {encoded.message}")
             return False

@@ -12,6 +12,7 @@ mistral_detector.py, gpt_oss_detector.py):
 - DeepSeek V3/R1: `<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\\n```json\\n{...}\\n```<｜tool▁call▁end｜>`.
 - Mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]` or (tekken v11+) `[TOOL_CALLS]NAME[ARGS]{...}`.
 - GPT-OSS (harmony): `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>`.
+- Llama 3.1/3.2: an answer that is only `{"name": ..., "parameters": {...}}` (after `<|python_tag|>` or not).
 
 The first format that matches the text wins; text with none of the markers has no calls.
 """
@@ -44,24 +45,31 @@ class ToolCall:
 
 
 KIMI_SECTION = "<|tool_calls_section_begin|>"
-KIMI_CALL = re.compile(r"<\|tool_call_begin\|>\s*(?:functions\.)?([\w.\-]+):(\d+)\s*<\|tool_call_argument_begin\|>"
-                       r"(.*?)<\|tool_call_end\|>", re.DOTALL)
+KIMI_CALL = re.compile(r"<\|tool_call_begin\|>\s*(.*?)\s*<\|tool_call_argument_begin\|>(.*?)<\|tool_call_end\|>", re.DOTALL)
+KIMI_ID = re.compile(r"(?:functions\.)?([\w.\-]+):\d+")
 HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 DEEPSEEK_CALL = re.compile(r"<｜tool▁call▁begin｜>\s*\w*<｜tool▁sep｜>\s*([\w.\-]+)\s*(?:```(?:json)?\s*)?(.*?)\s*(?:```)?"
                            r"\s*<｜tool▁call▁end｜>", re.DOTALL)
 MISTRAL_MARK = "[TOOL_CALLS]"
 MISTRAL_V11_CALL = re.compile(r"\[TOOL_CALLS\]\s*([\w.\-]+)\s*\[ARGS\]\s*(\{.*?\})(?=\s*(?:\[TOOL_CALLS\]|</s>|$))",
                               re.DOTALL)
-HARMONY_CALL = re.compile(r"to=functions\.([\w.\-]+)[^<]*(?:<\|constrain\|>\s*\w+\s*)?<\|message\|>(.*?)"
+# `<|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>{...}<|call|>` as the template renders
+# it, or `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>` as the model writes it.
+HARMONY_CALL = re.compile(r"to=functions\.([\w.\-]+)(?:(?!<\|message\|>).)*<\|message\|>(.*?)"
                           r"(?:<\|call\|>|<\|end\|>|$)", re.DOTALL)
+LLAMA_TAG = "<|python_tag|>"
 # Where the calls begin in the text: whatever precedes it is the answer's visible content.
 CALL_OPENERS = (KIMI_SECTION, "<tool_call>", "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", MISTRAL_MARK,
-                "<|channel|>commentary to=functions.", "to=functions.")
+                "<|channel|>commentary to=functions.", "to=functions.", LLAMA_TAG)
 
 
 def _kimi(text: str) -> list[ToolCall]:
-    return [ToolCall(name, arguments.strip(), f"functions.{name}:{index}")
-            for name, index, arguments in KIMI_CALL.findall(text)]
+    # The call id is `functions.NAME:IDX` (K2 also writes bare `NAME:IDX`, or a counter, kimik2_detector.py:70)
+    calls = []
+    for call_id, arguments in KIMI_CALL.findall(text):
+        named = KIMI_ID.fullmatch(call_id)
+        calls.append(ToolCall(named.group(1) if named else call_id, arguments.strip(), call_id))
+    return calls
 
 
 def _named_json(blob: str) -> ToolCall | None:
@@ -100,6 +108,18 @@ def _mistral(text: str) -> list[ToolCall]:
     return [call for call in calls if call is not None]
 
 
+def _llama(text: str) -> list[ToolCall]:
+    """Llama 3.1/3.2: the whole answer is `{"name": ..., "parameters": {...}}`, after `<|python_tag|>` or not
+    (llama32_detector.py); several calls are separated by `;`."""
+    body = text.replace(LLAMA_TAG, "").strip()
+    for end in ("<|eot_id|>", "<|eom_id|>"):
+        body = body.removesuffix(end).strip()
+    if not body.startswith("{"):
+        return []
+    calls = [_named_json(part) for part in body.split(";")] if ";" in body else [_named_json(body)]
+    return [] if any(call is None for call in calls) else [call for call in calls if call is not None]
+
+
 def _harmony(text: str) -> list[ToolCall]:
     return [ToolCall(name, arguments.strip()) for name, arguments in HARMONY_CALL.findall(text)]
 
@@ -115,7 +135,7 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
     for mark, parser in PARSERS:
         if mark in text:
             return parser(text)
-    return []
+    return _llama(text)
 
 
 def calls_start(text: str) -> int | None:

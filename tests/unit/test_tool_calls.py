@@ -63,3 +63,13 @@ def test_divergence_names_what_the_model_did_instead() -> None:
     assert "answered without a tool call" in (divergence([ToolCall("g", "{}")], []) or "")
     assert divergence([], []) is None
     assert divergence([ToolCall("f", '{"a": 1}')] * 2, source) is not None
+
+
+def test_llama_answers_that_are_only_a_call_and_kimi_bare_ids() -> None:
+    (call,) = parse_tool_calls('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Porto"}}<|eom_id|>')
+    assert (call.name, call.parsed_arguments()) == ("get_weather", {"city": "Porto"})
+    assert parse_tool_calls('{"name": "a", "parameters": {}}; {"name": "b", "parameters": {"x": 1}}')[1].name == "b"
+    assert parse_tool_calls("The JSON {\"name\": \"x\"} appears mid-answer") == []
+    (bare,) = parse_tool_calls('<|tool_calls_section_begin|><|tool_call_begin|>get_weather:3<|tool_call_argument_begin|>'
+                               '{}<|tool_call_end|><|tool_calls_section_end|>')
+    assert (bare.name, bare.id) == ("get_weather", "get_weather:3")
