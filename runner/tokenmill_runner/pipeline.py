@@ -7,7 +7,9 @@ that commit by count or age; each commit is folded into the dataset's ledger. Wh
 committed outcomes count, and a restart skips their slots. A line whose sample id appeared on an earlier line
 (found by the counting pass, `scan.py`) gets a `duplicate_sample_id` error of its own, whatever was committed
 before a restart. When the client reports that no server was live for longer than the outage budget, the run stops
-without writing anything off.
+without writing anything off. A dataset with `mode: all-turns` puts conversations on the queue instead: a worker
+regenerates one turn by turn (`conversation.py` decides, `_converse` renders, generates and decodes) and records
+its row when it stops, so a conversation is committed whole or not at all.
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ from itertools import islice
 from typing import Any
 
 from .client import GenerateClient
-from .conversation import Conversation, history_exact, read_answer, start
 from .commit_index import DatasetIndex
 from .config import RunnerConfig
+from .conversation import Conversation, history_exact, read_answer, start
 from .duplicates import DuplicateIds
 from .histograms import IntHistogram
 from .index_store import CHECKPOINT_EVERY, write_checkpoint
