@@ -321,7 +321,7 @@ class Runner:
             self.metrics.answered(state.name, result.attempts, False, 0, 0.0)
         return result
 
-    async def _converse(self, state: DatasetState, prompt: Prompt, ids: list[int]) -> None:
+    async def _converse(self, state: DatasetState, prompt: Prompt, ids: list[int], sample_index: int = 0) -> None:
         """Regenerate one conversation turn by turn (mode all-turns) and record it whole: its row, or one error
         record when a request fails for good (nothing of it is kept then; the slot is one conversation)."""
         conversation = start(prompt)
@@ -331,7 +331,7 @@ class Runner:
         while True:
             result = await self._generate(state, ids)
             if not isinstance(result, Generation):
-                record = failure_record(state.name, prompt, result)
+                record = failure_record(state.name, prompt, result, sample_index)
                 record["message"] += f" (turn {len(turns)} of the conversation; it is generated again as a whole)"
                 self._record_error(state, record, self.clock())
                 return
@@ -348,7 +348,7 @@ class Runner:
                 break
             ids = conversation.pending_ids
         row = build_conversation_row(state.name, prompt, turns, conversation.stop_reason or "complete",
-                                     conversation.stop_detail, max_new)
+                                     conversation.stop_detail, max_new, sample_index)
         self._record_conversation(state, row, [t["completion_tokens"] for t in turns])
 
     async def _next_turn(self, state: DatasetState, conversation: Conversation) -> bool:
