@@ -23,6 +23,7 @@ Rules (the trainers' notes, section 6, where sound; differences marked):
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,7 +48,8 @@ class Answer:
     def message(self, turn: int) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": self.content}
         if self.reasoning is not None:
-            message["reasoning_content"] = self.reasoning
+            # reasoning_content for Kimi, Qwen3, DeepSeek templates; thinking for GPT-OSS's
+            message["reasoning_content"] = message["thinking"] = self.reasoning
         if self.calls:
             message["tool_calls"] = [call.as_message_call(call_id(call, turn, index))
                                      for index, call in enumerate(self.calls)]
@@ -59,12 +61,29 @@ def call_id(call: ToolCall, turn: int, index: int) -> str:
     return call.id or f"call_{turn}_{index}"
 
 
+# GPT-OSS harmony: every message of the answer names its channel (analysis = reasoning, final = the answer,
+# commentary = tool calls); skipping special tokens would glue the channel names onto the text.
+HARMONY_MESSAGE = re.compile(r"<\|channel\|>(\w+)(?:(?!<\|message\|>).)*<\|message\|>(.*?)"
+                             r"(?=<\|end\|>|<\|return\|>|<\|call\|>|<\|start\|>|$)", re.DOTALL)
+
+
+def _harmony_answer(text: str) -> Answer | None:
+    found = HARMONY_MESSAGE.findall(text)
+    if not found:
+        return None
+    reasoning = "".join(body for channel, body in found if channel == "analysis")
+    content = "".join(body for channel, body in found if channel == "final")
+    return Answer(content, reasoning or None, parse_tool_calls(text))
+
+
 def read_answer(output_ids: list[int], finish_reason: str | None, reasoning_end: int | None,
                 reasoning_ends_in_calls: bool, tool_call_id: int | None, decode: Decode) -> Answer:
     """The assistant message of a generated turn. `reasoning_end` is the index of the token that ended reasoning;
     when that token opens the tool calls (Kimi-K2.5 leaves reasoning by opening the section) it belongs to the
     answer. The stop token that finished the turn is not part of the message (the template adds its own)."""
     body = output_ids[:-1] if finish_reason == "stop" and output_ids else output_ids
+    if harmony := _harmony_answer(decode(body, False)):
+        return harmony
     reasoning = None
     after = body
     if reasoning_end is not None:

@@ -106,3 +106,22 @@ def test_a_generated_kimi_turn_reads_back_as_reasoning_content_and_calls() -> No
     direct = tokenizer.encode(text.replace("</think>Checking.", ""), add_special_tokens=False)
     answer = read_answer(direct, "stop", direct.index(tool), True, tool, decode)
     assert answer.reasoning == "Need the weather." and answer.content == "" and len(answer.calls) == 1
+
+
+def test_a_gpt_oss_turn_reads_back_by_channel() -> None:
+    # harmony as GPT-OSS writes it (tests/fixtures/tokenizers/gpt-oss: the analysis channel, then a call on the
+    # commentary channel, or a final answer)
+    tokenizer = load_tokenizer(str(DEMO_MODEL.parents[1] / "tests" / "fixtures" / "tokenizers" / "gpt-oss"))
+    decode = lambda i, skip: tokenizer.decode(list(i), skip_special_tokens=skip)  # noqa: E731
+    end = tokenizer.convert_tokens_to_ids("<|end|>")
+    call = ("<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary "
+            'to=functions.get_weather <|constrain|>json<|message|>{"city": "Porto"}<|call|>')
+    ids = tokenizer.encode(call, add_special_tokens=False)
+    answer = read_answer(ids, "stop", ids.index(end), False, None, decode)
+    assert (answer.reasoning, answer.content) == ("Need weather.", "")
+    assert [(c.name, c.parsed_arguments()) for c in answer.calls] == [("get_weather", {"city": "Porto"})]
+    final = tokenizer.encode("<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant<|channel|>final"
+                             "<|message|>It is 18 C.<|return|>", add_special_tokens=False)
+    answer = read_answer(final, "stop", final.index(end), False, None, decode)
+    assert (answer.reasoning, answer.content, answer.calls) == ("Easy.", "It is 18 C.", [])
+    assert answer.message(0)["thinking"] == "Easy."
