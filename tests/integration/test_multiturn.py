@@ -181,3 +181,17 @@ def test_a_request_failing_mid_conversation_fails_it_whole_and_retry_failed_redo
     final = {row["sample_id"]: row for row in assert_exactly_once(storage, "conv", set(source))}
     # the simulator answers a prompt the same way every time: each failed conversation now runs past turn 0
     assert all(final[e["sample_id"]]["turn_count"] > 1 for e in errors)
+
+
+def test_a_turn_that_no_longer_fits_the_context_stops_the_conversation(tmp_path, sim, demo_model):
+    # Turn 0 (the tools, a system and a user message: ~380 tokens) + 700 fits 1400; the history grows past it.
+    spec = write_spec(tmp_path / "spec.yaml", spec_document(
+        demo_model, [{"name": "conv", "source": str(CONVERSATIONS), "limit": 8, "mode": "all-turns",
+                      "sampling": {"maxNewTokens": 700}}], "out", server={"contextLength": 1400}))
+    asyncio.run(run_spec(spec, [sim.url], str(tmp_path / "out")))
+    rows = list(read_committed_rows(open_storage(str(tmp_path / "out")), "conv"))
+    exceeded = [row for row in rows if row["stop_reason"] == "context_exceeded"]
+    assert exceeded, Counter(row["stop_reason"] for row in rows)
+    for row in exceeded:
+        assert f"turn {row['turn_count']}:" in row["stop_detail"]
+        assert all(t["prompt_tokens"] + 700 <= 1400 for t in row["turns"])
