@@ -73,10 +73,12 @@ class ExportRequest:
     part_bytes: int = DEFAULT_PART_BYTES
     s3_endpoint: str | None = None
     dest_s3_endpoint: str | None = None
+    per_conversation: bool = False  # a conversation as one record where its history is exact (units.py)
 
     def options(self) -> dict[str, Any]:
         return {"filters": self.filters.as_dict(), "keep_mismatched": self.keep_mismatched,
-                "tokenizer": self.tokenizer, "specforge_template": self.specforge_template}
+                "tokenizer": self.tokenizer, "specforge_template": self.specforge_template,
+                "per_conversation": self.per_conversation}
 
 
 def export_format(name: str) -> ExportFormat:
@@ -315,7 +317,7 @@ class Exporter:
         self.writer.write(record)
         counts.written += 1
         self.written += 1
-        counts.supervised_tokens += len(unit.output_ids)
+        counts.supervised_tokens += unit.supervised_tokens
         counts.longest = max(counts.longest, len(unit.prompt_ids) + len(unit.output_ids))
 
 
@@ -378,7 +380,7 @@ def _export_dataset(exporter: Exporter, source: Storage, dataset: str, shard_key
         if not seen.add(int(row["line"]), int(row.get("sample_index") or 0)):
             counts.duplicate_slots += 1
             continue
-        for unit in units_from_row(row):
+        for unit in units_from_row(row, exporter.request.per_conversation):
             exporter.add_unit(unit, counts)
         progress.update(exporter.done, exporter.written, exporter.mismatched)
 
