@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Scale: does cost follow new work, not history? Not a test (tests/unit/test_bench_scale.py runs --quick and
+"""Scale: does cost follow new work, not history? Not a test (tests/integration/test_bench_scale.py runs --quick and
 checks only the structure of what it reports).
 
 For a small and a large output (default 200k and 10M samples, 256 per marker: 781 and 39,063 markers), on local
@@ -303,6 +303,7 @@ async def _split_worker(worker: int, workers: int, replicas: list[SimReplica], s
                         concurrency: int, stats: Counter[str]) -> None:
     from tokenmill_runner.index_store import open_index
     from tokenmill_runner.ledger import Slot
+    from tokenmill_sim.capacity import Job
     from tokenmill_runner.prompts import Prompt, duplicate_error, id_hash
     from tokenmill_runner.scan_cache import cached_scan
     from tokenmill_runner.shards import ShardBuffer, clean_leftovers, commit_shard, new_run_token, new_shard_id
@@ -335,7 +336,7 @@ async def _split_worker(worker: int, workers: int, replicas: list[SimReplica], s
             choice = min(range(len(replicas)), key=lambda r: (outstanding[r], (r - worker) % len(replicas)))
             outstanding[choice] += 1
             length = int(min(np.random.default_rng(prompt.line).lognormal(np.log(470), 1.5) + 1, 10240))
-            job = replicas[choice].engine.submit(200, length, enforce_queue_limit=False)
+            job = replicas[choice].engine.submit(Job(200, length, arrival=0.0), enforce_queue_limit=False)
             await job.handle
             outstanding[choice] -= 1
             replicas[choice].completed += 1
@@ -379,14 +380,14 @@ async def split_simulation(folder: Path, prompts: int, workers: int, replicas: i
     from tokenmill_runner.shards import marker_keys, read_markers
     from tokenmill_runner.sources import read_prompts
     from tokenmill_runner.storage import LocalStorage
-    from tokenmill_sim.capacity import CapacityModel, CapacityParams
+    from tokenmill_sim.capacity import CapacityModel, SchedulerParams
     from tokenmill_sim.engine import Engine, SimClock
 
     source = folder / "split.jsonl"
     write_split_source(source, prompts)
     storage = LocalStorage(folder / "split-out")
     clock = SimClock(time_scale)
-    pool = [SimReplica(Engine(CapacityModel(CapacityParams(max_running_requests=64)), clock))
+    pool = [SimReplica(Engine(CapacityModel(SchedulerParams(max_running_requests=64)), clock))
             for _ in range(replicas)]
     for replica in pool:
         replica.engine.start()

@@ -20,11 +20,11 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
+from tests.faults.s3_proxy import FOREVER, Rule, S3FaultProxy
 from tokenmill_runner.shards import read_committed_rows
 from tokenmill_runner.storage import open_storage
 
 from .conftest import H200_NODES, REPO, Cluster
-from .faulty_s3 import faulty_s3
 from .operator_kit import (  # noqa: F401  (fixtures)
     NAME,
     Operator,
@@ -202,14 +202,14 @@ def test_job_affecting_edit_while_suspended_replaces_the_job_and_keeps_committed
 def test_deleting_during_a_slow_pass_frees_the_gpus_within_seconds(cluster, namespace, operator, credentials,
                                                                     s3_world):
     timings = []
-    with faulty_s3(s3_world) as proxy:
+    with S3FaultProxy(s3_world) as proxy:
         for attempt in range(3):
             name = f"del-{attempt}"
             cluster.apply(b5_resource(namespace, proxy.url, name=name))
             cluster.wait_for(lambda: [j for j in cluster.batch.list_namespaced_job(namespace).items
                                       if j.metadata.name == f"{name}-runner"], f"{name}'s runner Job", timeout=90)
-            proxy.set("slow", delay=8.0)  # every storage call of a pass now takes 8 s
-            proxy.wait_in_flight()  # a pass is reading the commit markers right now
+            proxy.only(Rule("delay", delay_s=8.0, times=FOREVER))  # every storage call of a pass now takes 8 s
+            proxy.wait_fired("delay")  # a pass is reading the commit markers right now
             started = time.monotonic()
             cluster.kubectl("delete", "dsgen", name, "-n", namespace, "--wait=false")
 
@@ -226,7 +226,7 @@ def test_deleting_during_a_slow_pass_frees_the_gpus_within_seconds(cluster, name
             cluster.wait_for(freed, f"{name}: StatefulSet, server pods, Job and the resource gone", timeout=120,
                              interval=0.2)
             timings.append(time.monotonic() - started)
-            proxy.set("pass")
+            proxy.clear()
     print(f"deletion to GPUs freed: {[round(t, 2) for t in timings]} s", file=sys.stderr)
     assert max(timings) < 5, f"deletion took {[round(t, 1) for t in timings]} s"
 
@@ -234,10 +234,11 @@ def test_deleting_during_a_slow_pass_frees_the_gpus_within_seconds(cluster, name
 # -- S3 faults while the operator reads markers ---------------------------------------------------------------------
 def test_s3_errors_resets_and_slowness_while_reading_markers_never_fail_the_run(
         cluster, namespace, operator, credentials, s3_world, tmp_path):
-    with faulty_s3(s3_world) as proxy, phases_seen(cluster, namespace) as phases:
+    with S3FaultProxy(s3_world) as proxy, phases_seen(cluster, namespace) as phases:
         cluster.apply(b5_resource(namespace, proxy.url))
         wait_phase(cluster, namespace, "Generating", timeout=90)
-        proxy.set("error")  # S3 throttles the operator: 503 SlowDown on every request
+        # S3 throttles the operator: 503 SlowDown on every request.
+        proxy.only(Rule("status", status=503, times=FOREVER))
         with simulator_for(cluster, namespace) as simulator:
             # The runners reach S3 directly and finish: the Job completes while its markers cannot be read.
             play_runner_pods(cluster, namespace, simulator.url, tmp_path, count=4, s3_endpoint=s3_world)
@@ -251,11 +252,11 @@ def test_s3_errors_resets_and_slowness_while_reading_markers_never_fail_the_run(
         assert blind["status"]["phase"] == "Generating" and blind["status"]["observationFailedSince"]
         assert "SlowDown" in condition(blind, "Ready")["message"] or "503" in condition(blind, "Ready")["message"]
         assert cluster.apps.read_namespaced_stateful_set(SERVER, namespace).spec.replicas == 1, "children kept"
-        proxy.set("reset")  # connections reset before any answer
-        proxy.wait_for_requests("reset", 10, timeout=120)
-        proxy.set("slow", delay=2.0)
-        proxy.wait_for_requests("slow", 3, timeout=120)
-        proxy.set("pass")
+        proxy.only(Rule("reset_request", times=FOREVER))  # connections reset before any answer
+        proxy.wait_fired("reset_request", 10, timeout=120)
+        proxy.only(Rule("delay", delay_s=2.0, times=FOREVER))
+        proxy.wait_fired("delay", 3, timeout=120)
+        proxy.clear()
         done = assert_done_exactly_once(cluster, namespace, s3_world)
     assert "Failed" not in phases, f"phases seen: {phases}"
     assert "observationFailedSince" not in done["status"]
@@ -346,8 +347,9 @@ def test_given_up_samples_fail_the_run_until_the_retry_annotation_runs_them(
         cluster, namespace, operator, credentials, s3_world, tmp_path):
     cluster.apply(b5_resource(namespace, s3_world, **{"runner.maxAttempts": 1}))
     first = wait_job(cluster, namespace)
-    # Half the requests are answered 503 (SGLang's answer when it cannot take more) and nothing is retried.
-    with simulator_for(cluster, namespace, fault_503_rate=0.5) as simulator:
+    # Half the requests end in an abort (finish_reason type abort, no status: counted against the sample, unlike a
+    # 503, which the client waits out) and nothing is retried.
+    with simulator_for(cluster, namespace, fault_abort_rate=0.5) as simulator:
         # A worker that gave samples up exits 3 (the ledger's exit codes) or, before that change, 0.
         play_runner_pods(cluster, namespace, simulator.url, tmp_path / "first", count=4, ok_codes=(0, 3))
     failed = wait_phase(cluster, namespace, "Failed", timeout=120)

@@ -19,7 +19,8 @@ Each request gets its own upstream connection (`Connection: close`), so a reset 
         proxy.add(Rule("reset_response", method="GET", path=r"/prompts\\.jsonl", after_bytes=50_000, times=2))
         storage = S3Storage("s3://bucket/run/", endpoint=proxy.url)
 
-The operator's tests use it for marker reads too.
+The operator's fault tests switch the proxy's whole behaviour while it runs: `proxy.only(Rule("status",
+times=FOREVER))` replaces every rule with one that acts on every request; `proxy.clear()` lets everything through.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import re
 import socket
 import struct
 import threading
+import time
 from contextlib import suppress
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -36,6 +38,7 @@ from urllib.parse import urlsplit
 ACTIONS = ("status", "delay", "reset_request", "reset_response")
 REASONS = {500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
 CODES = {500: "InternalError", 503: "SlowDown"}
+FOREVER = 1 << 62  # a rule's `times` that never runs out
 
 
 @dataclass
@@ -96,6 +99,20 @@ class S3FaultProxy:
     def clear(self) -> None:
         with self._lock:
             self.rules.clear()
+
+    def only(self, rule: Rule) -> Rule:
+        """Replace every rule with this one."""
+        with self._lock:
+            self.rules[:] = [rule]
+        return rule
+
+    def wait_fired(self, action: str, count: int = 1, timeout: float = 60) -> None:
+        """Until `action` has acted on `count` requests (a `delay` fires as its request starts waiting)."""
+        deadline = time.monotonic() + timeout
+        while len(self.fired(action)) < count:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the proxy's {action} rule acted on fewer than {count} requests in {timeout} s")
+            time.sleep(0.02)
 
     def fired(self, action: str | None = None, path: str = "") -> list[Event]:
         with self._lock:
