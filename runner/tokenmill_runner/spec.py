@@ -202,13 +202,13 @@ class InputFieldsSpec(SpecModel):
     """Which column of a row holds what (`prompts.py` reads rows through this mapping)."""
 
     messages: str | None = Field(
-        None, description="Column of the conversation: OpenAI messages, or ShareGPT turns. Default: messages "
+        None, min_length=1, description="Column of the conversation: OpenAI messages, or ShareGPT turns. Default: messages "
         "(conversations for input.format sharegpt; auto looks for messages, then conversations).")
-    prompt: str = Field("prompt", description="Column of a plain prompt string (input.format prompt).")
-    system: str = Field("system", description="Column of an optional system prompt, put before the conversation "
+    prompt: str = Field("prompt", min_length=1, description="Column of a plain prompt string (input.format prompt).")
+    system: str = Field("system", min_length=1, description="Column of an optional system prompt, put before the conversation "
                         "when it has no system message of its own.")
-    id: str = Field("sample_id", description="Column of the sample id (rows without one are named by their line).")
-    tools: str = Field("tools", description="Column of the tool schemas (a list, or a JSON string of one).")
+    id: str = Field("sample_id", min_length=1, description="Column of the sample id (rows without one are named by their line).")
+    tools: str = Field("tools", min_length=1, description="Column of the tool schemas (a list, or a JSON string of one).")
 
 
 class InputSpec(SpecModel):
