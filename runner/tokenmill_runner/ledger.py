@@ -326,6 +326,16 @@ class DatasetLedger:
             codes.append(self._pages[page][offsets])
         return np.concatenate(positions).astype(np.int64), np.concatenate(codes)
 
+    def rows_beyond(self, samples: int) -> int:
+        """Rows of sample indices `samples` and up: what a run with more samples per prompt committed."""
+        if samples >= self.samples_per_prompt:
+            return 0
+        prompts = -(-self._size // self.samples_per_prompt)
+        bits = np.zeros(prompts * self.samples_per_prompt, dtype=np.uint8)
+        have = np.unpackbits(self._rows, bitorder="little")[:min(self._size, bits.size)]
+        bits[:have.size] = have
+        return int(bits.reshape(prompts, self.samples_per_prompt)[:, samples:].sum(dtype=np.int64))
+
     @property
     def nbytes(self) -> int:
         """Memory held by the per-slot state (the bitmap and the failure pages)."""

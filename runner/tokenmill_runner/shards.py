@@ -53,6 +53,7 @@ ROW_SCHEMA = pa.schema([
     ("max_new_tokens", pa.int32()),
     ("latency_s", pa.float64()),
     ("attempts", pa.int16()),
+    ("seed", pa.int64()),  # the sample's seed (seeds.py), sent as sampling_seed when the server accepts it
 ])
 
 
