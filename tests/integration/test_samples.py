@@ -15,7 +15,7 @@ import pytest
 from tokenmill_runner.seeds import SEED_RULE, sample_seed
 from tokenmill_runner.shards import read_committed_rows, read_markers
 from tokenmill_runner.storage import LocalStorage
-from tokenmill_runner.summary import EXIT_OK
+from tokenmill_runner.summary import EXIT_GIVEN_UP, EXIT_OK
 
 from .test_exactly_once import killed_at, run_cli
 from .test_run import committed_errors
@@ -143,3 +143,32 @@ def test_a_sharegpt_dataset_folder_of_parquet_shards_runs_with_lines_across_shar
     assert error[:2] == (9, "unknown_role")
     assert "conversations[0].from is 'narrator'" in error[2] and "shard data/train-00001-of-00002.parquet, row 3" \
         in error[2]
+
+
+def test_retry_failed_runs_again_only_the_given_up_samples_of_a_prompt(tmp_path, demo_model, sim):
+    from tokenmill_sim.config import SimConfig
+    from tokenmill_sim.server import SimServer
+
+    write_jsonl(tmp_path / "p.jsonl", [chat(line) for line in range(1, 21)])
+    document = spec_document(demo_model, [{"name": "p", "source": "p.jsonl", "samples": 3}], "out",
+                             runner={"concurrency": 8, "maxAttempts": 1, "shardMaxSamples": 10, "shardMaxSeconds": 1})
+    path = write_spec(tmp_path / "retry.yaml", document)
+    out = tmp_path / "out"
+    storage = LocalStorage(out)
+    # Faults are drawn per request (tokenmill_sim/server.py: one stream, not per prompt): some samples of a prompt
+    # fail while its others succeed.
+    with SimServer(SimConfig(model_path=str(demo_model), time_scale=5000.0, fault_abort_rate=0.4)) as flaky:
+        gave_up = run_cli(path, out, flaky.url)
+    assert gave_up.returncode == EXIT_GIVEN_UP, gave_up.stderr[-2000:]
+    first = {(r["line"], r["sample_index"]): r["output_ids"] for r in read_committed_rows(storage, "p")}
+    failed = {(e["line"], e["sample_index"]) for e in committed_errors(storage, "p")}
+    assert first and failed and not set(first) & failed
+    assert any((line, i) in failed and (line, j) in first for line in range(1, 21) for i in range(3) for j in range(3))
+
+    retried = run_cli(path, out, sim.url, None, "--retry-failed")
+    assert retried.returncode == EXIT_OK, retried.stderr[-2000:]
+    rows = {(r["line"], r["sample_index"]): r for r in read_committed_rows(storage, "p")}
+    assert set(rows) == {(line, i) for line in range(1, 21) for i in range(3)}
+    assert len(list(read_committed_rows(storage, "p"))) == 60, "no slot has two rows"
+    assert all(rows[slot]["output_ids"] == ids for slot, ids in first.items()), "settled samples were not rerun"
+    assert all(row["seed"] == sample_seed(None, "p", *slot) for slot, row in rows.items())
