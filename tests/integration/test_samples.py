@@ -172,3 +172,28 @@ def test_retry_failed_runs_again_only_the_given_up_samples_of_a_prompt(tmp_path,
     assert len(list(read_committed_rows(storage, "p"))) == 60, "no slot has two rows"
     assert all(rows[slot]["output_ids"] == ids for slot, ids in first.items()), "settled samples were not rerun"
     assert all(row["seed"] == sample_seed(None, "p", *slot) for slot, row in rows.items())
+
+
+def test_a_dataset_folder_on_s3_is_found_read_in_order_and_identified_by_its_shards(s3_endpoint, s3_bucket):
+    import io
+
+    from tokenmill_runner.sources import read_prompts, source_format, source_identity
+    from tokenmill_runner.storage import s3_client
+
+    client = s3_client(s3_endpoint)
+
+    def put_shard(key: str, prompts: list[str]) -> None:
+        buffer = io.BytesIO()
+        pq.write_table(pa.table({"prompt": prompts}), buffer)
+        client.put_object(Bucket=s3_bucket, Key=key, Body=buffer.getvalue())
+
+    put_shard("hf/data/train-00001-of-00002.parquet", ["c", "d"])
+    put_shard("hf/data/train-00000-of-00002.parquet", ["a", "b"])
+    client.put_object(Bucket=s3_bucket, Key="hf/README.md", Body=b"# a dataset card")
+    for source in (f"s3://{s3_bucket}/hf/", f"s3://{s3_bucket}/hf"):
+        assert source_format(source, "auto", s3_endpoint) == "parquet"
+        got = [(p.line, p.messages[0]["content"]) for p in read_prompts(source, "parquet", s3_endpoint)]
+        assert got == [(1, "a"), (2, "b"), (3, "c"), (4, "d")]
+    before = source_identity(f"s3://{s3_bucket}/hf/", s3_endpoint)
+    put_shard("hf/data/train-00001-of-00002.parquet", ["c", "d", "e"])
+    assert source_identity(f"s3://{s3_bucket}/hf/", s3_endpoint) != before
