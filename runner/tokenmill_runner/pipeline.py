@@ -17,7 +17,7 @@ import dataclasses
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
@@ -103,6 +103,20 @@ class DatasetState:
     @property
     def done(self) -> int:
         return self.skipped + self.generated + sum(self.failed.values())
+
+
+def open_slots(state: DatasetState, line: int, retry_failed: bool) -> list[int]:
+    """The sample indices of the line still to settle (all of them for a new line)."""
+    return [index for index in range(state.samples) if not state.ledger.is_done(Slot(line, index), retry_failed)]
+
+
+def count_skipped(state: DatasetState, line: int, indices: Iterable[int]) -> None:
+    """Settled slots met by this run: skipped, and noted when an earlier run gave them up."""
+    for index in indices:
+        state.skipped += 1
+        slot = Slot(line, index)
+        if state.ledger.is_given_up(slot):
+            state.given_up_before[state.ledger.outcome(slot) or ""] += 1
 
 
 def summarize(state: DatasetState) -> DatasetSummary:
@@ -220,29 +234,14 @@ class Runner:
                             for index in indices:  # one request per open slot: the prompt is tokenized once
                                 await queue.put((state, prompt, ids, index))
 
-    def _open_slots(self, state: DatasetState, line: int) -> list[int]:
-        """The sample indices of the line still to settle; the settled ones are counted as skipped here."""
-        ledger, retry = state.ledger, self.config.retry_failed
-        indices = []
-        for index in range(state.samples):
-            slot = Slot(line, index)
-            if not ledger.is_done(slot, retry):
-                indices.append(index)
-                continue
-            state.skipped += 1
-            if ledger.is_given_up(slot):
-                state.given_up_before[ledger.outcome(slot) or ""] += 1
-        return indices
-
     def _wanted(self, state: DatasetState, line: int) -> bool:
         """Before a row is parsed: False for another worker's line, and for a line whose slots are all settled
         (counted as skipped here, so `_admit` never sees it)."""
         if state.owned is not None and not state.owned.has(line):
             return False
-        ledger, retry = state.ledger, self.config.retry_failed
-        if any(not ledger.is_done(Slot(line, index), retry) for index in range(state.samples)):
+        if open_slots(state, line, self.config.retry_failed):
             return True
-        self._open_slots(state, line)  # counts them skipped
+        count_skipped(state, line, range(state.samples))
         return False
 
     def _admit(self, state: DatasetState, chunk: list[Prompt | RowError]) -> list[tuple[Prompt, list[int]]]:
@@ -253,7 +252,8 @@ class Runner:
         for item in chunk:
             if not belongs_to_worker(item, self.config.worker_index, self.config.worker_count):
                 continue
-            indices = self._open_slots(state, item.line)
+            indices = open_slots(state, item.line, self.config.retry_failed)
+            count_skipped(state, item.line, [i for i in range(state.samples) if i not in indices])
             if not indices:
                 continue
             if isinstance(item, RowError):
