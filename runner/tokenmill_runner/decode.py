@@ -102,11 +102,19 @@ def _elide(tokenizer: Any, ids: list[int], keep: int) -> str:
     return f"{head}\n      … [{len(ids) - 2 * keep} tokens hidden] …\n{tail}"
 
 
+def _nth(row: dict[str, Any]) -> str:
+    """Which sample of its prompt a row is, with its seed, when the dataset has several (spec samples)."""
+    index = row.get("sample_index") or 0
+    if not index and row.get("seed") is None:
+        return ""
+    return f", sample index {index}" + (f", seed {row['seed']}" if row.get("seed") is not None else "")
+
+
 def render_sample(tokenizer: Any, row: dict[str, Any], prompt: list[Part], output: list[Part],
                   keep: int = 120) -> str:
     stop = f" ({tokenizer.decode([row['matched_stop']], skip_special_tokens=False)})" if row["matched_stop"] is not None else ""
     lines = [
-        f"══ {row['dataset']} · sample {row['sample_id']} (line {row['line']}) ══",
+        f"══ {row['dataset']} · sample {row['sample_id']} (line {row['line']}{_nth(row)}) ══",
         f"finish: {row['finish_reason']}{stop} · prompt {row['prompt_tokens']} tokens · completion "
         f"{row['completion_tokens']} tokens (max {row['max_new_tokens']}) · latency {row['latency_s']:.1f}s",
     ]

@@ -118,7 +118,8 @@ class DatasetSamples:
     """A dataset's committed samples as the report sees them, accumulated from its markers in commit order."""
 
     name: str
-    rows: int | None = None  # source rows (run.json), when known: what completeness is checked against
+    rows: int | None = None  # slots (source rows x samples, run.json), when known: what completeness is checked against
+    per_prompt: int = 1  # samples per prompt (spec.datasets[].samples)
     ledger: DatasetLedger | None = None
     completions: IntHistogram = field(default_factory=IntHistogram)
     first_completions: list[int] = field(default_factory=list)  # the first DRIFT_FIRST_N, in commit order
@@ -143,7 +144,7 @@ class DatasetSamples:
 
     def __post_init__(self) -> None:
         if self.ledger is None:
-            self.ledger = DatasetLedger(self.name, self.rows or 0)
+            self.ledger = DatasetLedger(self.name, (self.rows or 0) // self.per_prompt, self.per_prompt)
 
     @property
     def samples(self) -> int:

@@ -27,7 +27,8 @@ def first_reasoning_end(output_ids: list[int], end_ids: int | None | Iterable[in
 
 
 def build_row(dataset: str, prompt: Prompt, prompt_ids: list[int], generation: Generation,
-              max_new_tokens: int, info: TokenizerInfo, sample_index: int = 0) -> dict[str, Any]:
+              max_new_tokens: int, info: TokenizerInfo, sample_index: int = 0,
+              seed: int | None = None) -> dict[str, Any]:
     output_ids = generation.output_ids
     end_ids = [int(i) for i in info.reasoning_end_tokens] or info.reasoning_end_id
     ended = first_reasoning_end(output_ids, end_ids)
@@ -48,6 +49,7 @@ def build_row(dataset: str, prompt: Prompt, prompt_ids: list[int], generation: G
         "max_new_tokens": max_new_tokens,
         "latency_s": round(generation.latency_s, 4),
         "attempts": generation.attempts,
+        "seed": seed,
     }
 
 
@@ -64,7 +66,8 @@ def build_turn(dataset: str, prompt: Prompt, prompt_ids: list[int], generation: 
 
 
 def build_conversation_row(dataset: str, prompt: Prompt, turns: list[dict[str, Any]], stop_reason: str,
-                           stop_detail: str | None, max_new_tokens: int, sample_index: int = 0) -> dict[str, Any]:
+                           stop_detail: str | None, max_new_tokens: int, sample_index: int = 0,
+                           seed: int | None = None) -> dict[str, Any]:
     """A regenerated conversation (mode all-turns): every turn in `turns`; the row's own token columns and
     per-generation facts are its last turn's (whose prompt holds the whole history as rendered), except
     `completion_tokens` and `latency_s`, the conversation's totals."""
@@ -75,7 +78,7 @@ def build_conversation_row(dataset: str, prompt: Prompt, turns: list[dict[str, A
         "completion_tokens": sum(turn["completion_tokens"] for turn in turns),
         "latency_s": round(sum(turn["latency_s"] for turn in turns), 4),
         "has_tool_call": any(turn["has_tool_call"] for turn in turns),
-        "max_new_tokens": max_new_tokens,
+        "max_new_tokens": max_new_tokens, "seed": seed,
         "turns": turns, "turn_count": len(turns), "stop_reason": stop_reason, "stop_detail": stop_detail,
         # for the marker only (the shard has them inside `turns`)
         "last_turn_tokens": last["completion_tokens"],
@@ -89,11 +92,11 @@ def failure_record(dataset: str, prompt: Prompt, failure: GenerationFailure, sam
     return {**error.as_record(dataset), "attempts": failure.attempts}
 
 
-def too_long_record(dataset: str, prompt: Prompt, why: str, dataset_index: int) -> dict[str, Any]:
+def too_long_record(dataset: str, prompt: Prompt, why: str, dataset_index: int, sample_index: int = 0) -> dict[str, Any]:
     """The record of a prompt the server would refuse or cut (`why` from request_fit.ServerLimits.misfit)."""
     return RowError(
         prompt.line, prompt.sample_id, "prompt_too_long",
         f"line {prompt.line} (sample {prompt.sample_id}): {why}. Lower "
         f"spec.datasets[{dataset_index}].sampling.maxNewTokens, raise spec.server.contextLength (and the KV pool "
-        "that holds it), or shorten the prompt",
+        "that holds it), or shorten the prompt", sample_index,
     ).as_record(dataset)

@@ -69,6 +69,7 @@ ROW_SCHEMA = pa.schema([
     ("max_new_tokens", pa.int32()),
     ("latency_s", pa.float64()),
     ("attempts", pa.int16()),
+    ("seed", pa.int64()),  # the sample's seed (seeds.py), sent as sampling_seed when the server accepts it
     # Multi-turn rows (mode all-turns) only; null otherwise. The row's own columns above are its last turn's, but
     # completion_tokens and latency_s are the conversation's totals.
     ("turns", pa.list_(TURN_TYPE)),

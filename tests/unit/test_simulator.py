@@ -131,6 +131,21 @@ def test_same_seed_and_prompt_give_the_same_output(model: LoadedModel) -> None:
     assert prompt_digest(0, [1, 2]) != prompt_digest(0, [2, 1]) != prompt_digest(1, [2, 1])
 
 
+def test_a_request_seed_draws_another_output_and_repeats_it(model: LoadedModel) -> None:
+    # n samples of one prompt differ by their sampling_seed; the same seed gives the same output again, and a request
+    # without one gets what it always got.
+    prompts = random_prompts(10, 5)
+    gen = generator(model, 3)
+
+    def outputs(seed: int | None) -> list[list[int]]:
+        return [gen.generate(p, SamplingParams(max_new_tokens=20000, sampling_seed=seed)).output_ids for p in prompts]
+
+    assert outputs(11) == outputs(11)
+    assert sum(a != b for a, b in zip(outputs(11), outputs(12), strict=True)) >= 9
+    assert outputs(None) == [gen.generate(p, SamplingParams(max_new_tokens=20000)).output_ids for p in prompts]
+    assert prompt_digest(3, [1, 2]) == prompt_digest(3, [1, 2], None) != prompt_digest(3, [1, 2], 0)
+
+
 def test_a_cut_output_is_a_prefix_of_the_full_one(model: LoadedModel) -> None:
     gen = generator(model)
     for prompt in random_prompts(10, 2):

@@ -145,6 +145,7 @@ class SamplingParams:
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
+    sampling_seed: int | None = None  # per-request seed: another seed draws another output for the same prompt
 
 
 @dataclass(frozen=True)
@@ -163,9 +164,12 @@ class Finished:
     marks: list[tuple[int, str]] = field(default_factory=list)  # piece texts, to build `text` without decoding
 
 
-def prompt_digest(seed: int, input_ids: Sequence[int]) -> int:
-    """A 64-bit digest of (seed, prompt): the only source of randomness for a prompt's output."""
+def prompt_digest(seed: int, input_ids: Sequence[int], sampling_seed: int | None = None) -> int:
+    """A 64-bit digest of (seed, prompt[, the request's sampling_seed]): the only source of randomness for a prompt's
+    output. Without a request seed it is what it always was, so outputs of runs without seeds do not change."""
     payload = seed.to_bytes(8, "little", signed=True) + array("q", input_ids).tobytes()
+    if sampling_seed is not None:
+        payload += b"s" + sampling_seed.to_bytes(8, "little", signed=True)
     return int.from_bytes(hashlib.blake2b(payload, digest_size=8).digest(), "little")
 
 
@@ -496,14 +500,15 @@ class OutputGenerator:
         if not self.concatenative:
             logger.info("this tokenizer does not decode piece by piece; every response text is decoded in full")
 
-    def plan(self, input_ids: Sequence[int]) -> OutputPlan:
+    def plan(self, input_ids: Sequence[int], sampling_seed: int | None = None) -> OutputPlan:
         tools = declared_tools(input_ids, self.vocab, self.decode)
         profile = choose_profile(self.profile, len(input_ids), bool(tools))
         requested = requested_tools(input_ids, self.vocab, self.decode, tools) if tools else None
-        return make_plan(prompt_digest(self.seed, input_ids), profile, tools, self.vocab.tool is not None, requested)
+        digest = prompt_digest(self.seed, input_ids, sampling_seed)
+        return make_plan(digest, profile, tools, self.vocab.tool is not None, requested)
 
     def generate(self, input_ids: Sequence[int], params: SamplingParams) -> Finished:
-        plan = self.plan(input_ids)
+        plan = self.plan(input_ids, params.sampling_seed)
         draft = self.builder.natural(plan, params.max_new_tokens)
         stops = frozenset() if params.ignore_eos else self.vocab.eos_ids | params.stop_token_ids
         return apply_stops(draft, params, stops, lambda n: self.builder.continuation(plan, n), self.eos_at_cap)

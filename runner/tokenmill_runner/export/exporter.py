@@ -24,9 +24,11 @@ from typing import Any, TextIO
 
 import orjson
 
+from ..adapters import DEFAULT_LAYOUT, RowLayout
 from ..progress import ThroughputMeter
 from ..prompts import Prompt, RowError
 from ..shards import datasets_with_commits, decode_rows, markers_in_commit_order
+from ..spec import DatasetSpec
 from ..storage import TMP_MARK, LocalStorage, Storage, StorageError, open_storage
 from .filters import ExportFilters, excluded_by_findings, select_datasets
 from .formats import FORMATS, ExportFormat, hf_record, speculators_record, specforge_record
@@ -180,13 +182,15 @@ class TextSide:
     endpoint: str | None
     spool: Path
     stack: ExitStack
+    layouts: dict[str, RowLayout] = field(default_factory=dict)  # dataset -> its input layout (spec input)
     _open: dict[str, SourceLines] = field(default_factory=dict)
 
     def lines(self, dataset: str) -> SourceLines:
         if dataset not in self._open:
             if dataset not in self.sources:
                 raise ExportError(f"run.json names no source for dataset {dataset!r}; a text export needs its prompts")
-            lines = SourceLines(self.sources[dataset], self.formats.get(dataset, "auto"), self.endpoint, self.spool)
+            lines = SourceLines(self.sources[dataset], self.formats.get(dataset, "auto"), self.endpoint, self.spool,
+                                self.layouts.get(dataset, DEFAULT_LAYOUT))
             self._open[dataset] = self.stack.enter_context(lines)
         return self._open[dataset]
 
@@ -238,7 +242,8 @@ def text_side(request: ExportRequest, fmt: ExportFormat, run: dict[str, Any], sp
                                       openers, info.get("tool_call_id"))
     datasets = (run.get("spec") or {}).get("datasets", [])
     return TextSide(tokenizer, context, {d["name"]: d["source"] for d in datasets},
-                    {d["name"]: d.get("format", "auto") for d in datasets}, request.s3_endpoint, spool, stack)
+                    {d["name"]: d.get("format", "auto") for d in datasets}, request.s3_endpoint, spool, stack,
+                    {d["name"]: DatasetSpec.model_validate(d).row_layout() for d in datasets})
 
 
 # --- the export ------------------------------------------------------------------------------------------------
