@@ -184,14 +184,14 @@ def test_a_request_failing_mid_conversation_fails_it_whole_and_retry_failed_redo
 
 
 def test_a_turn_that_no_longer_fits_the_context_stops_the_conversation(tmp_path, sim, demo_model):
-    # Turn 0 (the tools, a system and a user message: ~380 tokens) + 700 fits 1400; the history grows past it.
+    # Turn 0 (the tools, a system and a user message: ~380 tokens) + 1000 fits 1400; the history grows past it.
     spec = write_spec(tmp_path / "spec.yaml", spec_document(
         demo_model, [{"name": "conv", "source": str(CONVERSATIONS), "limit": 8, "mode": "all-turns",
-                      "sampling": {"maxNewTokens": 700}}], "out", server={"contextLength": 1400}))
+                      "sampling": {"maxNewTokens": 1000}}], "out", server={"contextLength": 1400}))
     asyncio.run(run_spec(spec, [sim.url], str(tmp_path / "out")))
     rows = list(read_committed_rows(open_storage(str(tmp_path / "out")), "conv"))
     exceeded = [row for row in rows if row["stop_reason"] == "context_exceeded"]
     assert exceeded, Counter(row["stop_reason"] for row in rows)
     for row in exceeded:
         assert f"turn {row['turn_count']}:" in row["stop_detail"]
-        assert all(t["prompt_tokens"] + 700 <= 1400 for t in row["turns"])
+        assert all(t["prompt_tokens"] + 1000 <= 1400 for t in row["turns"])
