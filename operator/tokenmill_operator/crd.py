@@ -120,6 +120,8 @@ BOUNDS: dict[Path_, dict[str, Any]] = {
     ("datasets",): {"maxItems": 64},
     ("datasets", "[]", "name"): {"maxLength": 63, "pattern": "^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"},
     ("datasets", "[]", "source"): {"maxLength": 2048},
+    **{("datasets", "[]", "input", "fields", column): {"minLength": 1, "maxLength": 256}
+       for column in ("messages", "prompt", "system", "id", "tools")},
     ("model", "path"): {"maxLength": 2048, "minLength": 1},
     ("model", "tokenizer"): {"maxLength": 2048},
     ("output", "uri"): {"maxLength": 2048},

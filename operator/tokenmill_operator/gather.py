@@ -53,7 +53,7 @@ class OutputIndex:
     last_full_listing: datetime | None = None
 
     def follow(self, storage: Storage, totals: dict[str, int], now: datetime, full: bool = False,
-               stopped: Callable[[], bool] = never) -> dict[str, DatasetIndex]:
+               stopped: Callable[[], bool] = never, samples: dict[str, int] | None = None) -> dict[str, DatasetIndex]:
         """Bring every dataset's index up to what is committed; `full` lists every marker name (the GETs are
         still only for markers not folded yet)."""
         if self.output != storage.root_uri:
@@ -66,11 +66,13 @@ class OutputIndex:
 
         for name, rows in totals.items():
             check()
+            per_prompt = (samples or {}).get(name, 1)  # spec.datasets[].samples: slots per source row
             index = self.datasets.get(name)
             if index is None:
-                index = self.datasets[name] = load_index(storage, name, rows)
+                index = self.datasets[name] = load_index(storage, name, rows, per_prompt)
             else:
-                index.ledger.reserve(rows)
+                index.ledger.widen(per_prompt)
+                index.ledger.reserve(rows * index.ledger.samples_per_prompt)
             catch_up(storage, index, full=full, check=check)
             self._checkpoint(storage, index, now)
         self.datasets = {name: index for name, index in self.datasets.items() if name in totals}
@@ -157,6 +159,8 @@ def observe_progress(storage: Storage, output: OutputIndex, now: datetime, start
     if not storage.exists(RUN_METADATA):
         return None, None
     run = orjson.loads(storage.get(RUN_METADATA))
-    totals = {name: info["rows"] for name, info in run["datasets"].items()}
-    indexes = output.follow(storage, totals, now, full, stopped)
+    rows = {name: info["rows"] for name, info in run["datasets"].items()}
+    samples = {name: int(info.get("samples") or 1) for name, info in run["datasets"].items()}
+    indexes = output.follow(storage, rows, now, full, stopped, samples)
+    totals = {name: rows[name] * samples[name] for name in rows}  # slots: n samples of each row
     return progress_facts(indexes, totals, now, started), run

@@ -244,6 +244,10 @@ def sglang_args(name: str, spec: DatasetGenerationSpec, plan: ServerPlan, model_
     args += _parallel_args(plan)
     if spec.model.trust_remote_code:
         args += ["--trust-remote-code"]
+    if server.deterministic_inference:
+        # Only on request: SGLang then builds a per-request seed tensor (sampling_batch_info.py:157 in 0.5.23), so
+        # sampling_seed takes effect, at the price of batch-invariant kernels and the pytorch sampler.
+        args += ["--enable-deterministic-inference"]
     args += [
         "--enable-metrics",
         # Expanded by the kubelet from the env var (itself from the Secret): the key never appears in the spec.

@@ -105,6 +105,9 @@ def _add_export_parser(commands: argparse._SubParsersAction) -> None:
     export.add_argument("--finish-reason", choices=("stop", "length"), help="only samples that ended this way")
     export.add_argument("--exclude-truncated", action="store_true",
                         help="leave out samples cut at maxNewTokens (finish reason length)")
+    export.add_argument("--per-conversation", action="store_true",
+                        help="a multi-turn conversation as one record supervised on every turn, where each turn's "
+                        "prompt extends the previous ids exactly (else per turn); token formats only")
     export.add_argument("--require-reasoning", action="store_true",
                         help="only samples whose output ends reasoning (the end-of-reasoning token is present)")
     export.add_argument("--exclude-findings", choices=("warn", "fail"), metavar="LEVEL",
@@ -245,7 +248,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
     request = ExportRequest(args.uri, args.dest, args.format, filters, keep_mismatched=args.keep_mismatched,
                             overwrite=args.overwrite, tokenizer=args.tokenizer,
                             specforge_template=args.specforge_template, part_bytes=args.part_size_mb * 1024 * 1024,
-                            s3_endpoint=args.s3_endpoint, dest_s3_endpoint=args.dest_s3_endpoint)
+                            s3_endpoint=args.s3_endpoint, dest_s3_endpoint=args.dest_s3_endpoint,
+                            per_conversation=args.per_conversation)
     manifest = export(request)
     for line in summary_lines(manifest):
         print(line)

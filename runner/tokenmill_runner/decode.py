@@ -102,14 +102,24 @@ def _elide(tokenizer: Any, ids: list[int], keep: int) -> str:
     return f"{head}\n      … [{len(ids) - 2 * keep} tokens hidden] …\n{tail}"
 
 
+def _nth(row: dict[str, Any]) -> str:
+    """Which sample of its prompt a row is, with its seed, when the dataset has several (spec samples)."""
+    index = row.get("sample_index") or 0
+    if not index and row.get("seed") is None:
+        return ""
+    return f", sample index {index}" + (f", seed {row['seed']}" if row.get("seed") is not None else "")
+
+
 def render_sample(tokenizer: Any, row: dict[str, Any], prompt: list[Part], output: list[Part],
                   keep: int = 120) -> str:
     stop = f" ({tokenizer.decode([row['matched_stop']], skip_special_tokens=False)})" if row["matched_stop"] is not None else ""
     lines = [
-        f"══ {row['dataset']} · sample {row['sample_id']} (line {row['line']}) ══",
+        f"══ {row['dataset']} · sample {row['sample_id']} (line {row['line']}{_nth(row)}) ══",
         f"finish: {row['finish_reason']}{stop} · prompt {row['prompt_tokens']} tokens · completion "
         f"{row['completion_tokens']} tokens (max {row['max_new_tokens']}) · latency {row['latency_s']:.1f}s",
     ]
+    if "history_exact" in row:
+        lines.append(f"history exact: {row['history_exact']} · tool calls: {row.get('tool_calls') or '-'}")
     for title, parts in (("PROMPT", prompt), ("OUTPUT", output)):
         lines.append(f"┌─ {title}")
         for part in parts:
@@ -126,6 +136,8 @@ def sample_json(tokenizer: Any, row: dict[str, Any], prompt: list[Part], output:
         "max_new_tokens": row["max_new_tokens"], "reasoning_end": row["reasoning_end"],
         "reasoning_end_token_id": row.get("reasoning_end_token_id"),
         "has_tool_call": row["has_tool_call"],
+        **({"history_exact": row["history_exact"], "tool_calls": row.get("tool_calls")} if "history_exact" in row
+           else {}),
         "prompt": [p.as_dict(tokenizer) for p in prompt], "output": [p.as_dict(tokenizer) for p in output],
     }
 
@@ -171,6 +183,16 @@ def select_rows(storage: Storage, datasets: list[str], selection: Selection) -> 
     return rows
 
 
+def turn_rows(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """A single-turn row as is; a conversation (mode all-turns) as one row per turn, named `<id> turn k/n`, with
+    whether its prompt extends the previous turn's ids and the calls parsed from it."""
+    turns = row.get("turns")
+    if not turns:
+        return [row]
+    return [{**row, **turn, "sample_id": f"{row['sample_id']} turn {index}/{len(turns)}"}
+            for index, turn in enumerate(turns)]
+
+
 class NothingToInspect(LookupError):
     """No committed sample matches the selection."""
 
@@ -188,12 +210,25 @@ def inspect_samples(storage: Storage, selection: Selection, datasets: list[str] 
     folder = tokenizer_folder or local_model_folder(info["location"], endpoint)
     tokenizer = load_tokenizer(folder, run["spec"]["model"].get("trustRemoteCode", False))
     end_of_turn = set(info["eos_token_ids"])
-    decoded = []
+    decoded: list[Any] = []
     for row in rows:
-        prompt = prompt_parts(tokenizer, row["prompt_ids"], end_of_turn)
-        output = output_parts(row, info["tool_call_id"])
-        decoded.append(sample_json(tokenizer, row, prompt, output) if as_json
-                       else render_sample(tokenizer, row, prompt, output, keep))
+        views = []
+        for turn in turn_rows(row):
+            prompt = prompt_parts(tokenizer, turn["prompt_ids"], end_of_turn)
+            output = output_parts(turn, info["tool_call_id"])
+            views.append(sample_json(tokenizer, turn, prompt, output) if as_json
+                         else render_sample(tokenizer, turn, prompt, output, keep))
+        if not row.get("turns"):
+            decoded += views
+        elif as_json:
+            decoded.append({"dataset": row["dataset"], "sample_id": row["sample_id"], "line": row["line"],
+                            "stop_reason": row["stop_reason"], "stop_detail": row.get("stop_detail"),
+                            "turns": views})
+        else:
+            detail = f" ({row['stop_detail']})" if row.get("stop_detail") else ""
+            decoded.append(f"══ {row['dataset']} · conversation {row['sample_id']} (line {row['line']}) · "
+                           f"{row['turn_count']} turns · ended: {row['stop_reason']}{detail} ══\n\n"
+                           + "\n\n".join(views))
     if as_json:
         return orjson.dumps(decoded, option=orjson.OPT_INDENT_2).decode()
     return "\n\n".join(decoded)

@@ -1,7 +1,8 @@
 """The ledger: what a dataset's commit markers say about each unit of work. Pure: no storage here.
 
-A *slot* is one unit of work: (source line, sample index) of a dataset; the index is 0 until a dataset asks for
-several samples per prompt. Exactly once means per slot: every slot ends with exactly one committed final outcome,
+A *slot* is one unit of work: (source line, sample index) of a dataset; a dataset with `samples: n` has n slots per
+line. The layout follows the largest sample index seen (the spec's n, or a marker of a run with a larger n), so a
+reader that does not know n (the report, the operator) still counts every slot once. Exactly once means per slot: every slot ends with exactly one committed final outcome,
 a row or an error record, whatever is killed when.
 
 A commit marker (`<dataset>/commits/<time>-<shard_id>.json`, written after the shard's data and errors; `shards.py`
@@ -30,11 +31,15 @@ import numpy as np
 
 MARKER_VERSION = 2  # 2: samples and failures carry `sample_index` (version 1 markers read as index 0)
 COMMITS, SHARDS, ERRORS = "commits", "shards", "errors"
+MAX_SAMPLES_PER_PROMPT = 64  # spec.datasets[].samples is at most this; a marker naming a higher index is refused
 
 # Per-sample columns copied into the commit marker (everything but the token ids).
 MARKER_COLUMNS = ("sample_id", "line", "sample_index", "prompt_tokens", "completion_tokens", "finish_reason",
                   "matched_stop", "reasoning_end", "reasoning_end_token_id", "has_tool_call", "max_new_tokens",
-                  "latency_s")
+                  "latency_s", "turn_count", "stop_reason", "last_turn_tokens", "reasoning_turns")
+# Multi-turn rows only (the conversation's turns, why it ended, its last turn's completion tokens, its turns with
+# an end-of-reasoning token; the row's completion_tokens is the conversation's total): in a marker only when one of its rows is a conversation.
+MULTI_TURN_COLUMNS = ("turn_count", "stop_reason", "last_turn_tokens", "reasoning_turns")
 ERROR_COLUMNS = ("line", "sample_index", "sample_id", "reason")
 
 # Server-side reasons: a later attempt can fix them (the server was down, overloaded, or answered something
@@ -53,7 +58,7 @@ RETRYABLE_REASONS = frozenset({
 
 class Slot(NamedTuple):
     line: int  # 1-based source line (JSONL) or row (Parquet)
-    index: int = 0  # sample index within the prompt (0 until several samples per prompt exist)
+    index: int = 0  # sample index within the prompt (0..samples-1)
 
 
 @dataclass
@@ -76,7 +81,8 @@ def build_marker(dataset: str, shard_id: str, worker: int, content: ShardContent
         "data_bytes": data_bytes,
         "errors": f"{ERRORS}/{shard_id}.jsonl" if content.errors else None,
         "samples": {name: [row.get(name, 0 if name == "sample_index" else None) for row in content.rows]
-                    for name in MARKER_COLUMNS},
+                    for name in MARKER_COLUMNS
+                    if name not in MULTI_TURN_COLUMNS or any(row.get(name) is not None for row in content.rows)},
         "failed": {name: [error.get(name, 0 if name == "sample_index" else None) for error in content.errors]
                    for name in ERROR_COLUMNS},
     }
@@ -197,12 +203,39 @@ class DatasetLedger:
         if index.shape != line.shape:
             raise MarkerError(f"{self._where(marker)}: {table}.sample_index has {index.size} entries for "
                               f"{line.size} lines")
-        if line.min() < 1 or index.min() < 0 or index.max() >= self.samples_per_prompt:
+        if line.min() < 1 or index.min() < 0 or index.max() >= MAX_SAMPLES_PER_PROMPT:
             raise MarkerError(f"{self._where(marker)}: {table} names a line below 1 or a sample index outside "
-                              f"0..{self.samples_per_prompt - 1}")
+                              f"0..{MAX_SAMPLES_PER_PROMPT - 1}")
+        if index.max() >= self.samples_per_prompt:
+            self.widen(int(index.max()) + 1)
         positions = (line - 1) * self.samples_per_prompt + index
         self._grow(int(positions.max()) + 1)
         return positions
+
+    def widen(self, samples_per_prompt: int) -> None:
+        """Lay the slots out for more samples per prompt: a dataset's `samples` was raised, or a marker of an earlier
+        run with more samples is folded (its extra samples stay counted). Never narrows: committed slots are kept."""
+        old = self.samples_per_prompt
+        if samples_per_prompt <= old:
+            return
+        if samples_per_prompt > MAX_SAMPLES_PER_PROMPT:
+            raise ValueError(f"{self.name}: at most {MAX_SAMPLES_PER_PROMPT} samples per prompt, not "
+                             f"{samples_per_prompt}")
+        prompts = -(-self._size // old)
+        bits = np.zeros(prompts * old, dtype=np.uint8)
+        have = np.unpackbits(self._rows, bitorder="little")[:min(self._size, bits.size)]
+        bits[:have.size] = have
+        wide = np.zeros((prompts, samples_per_prompt), dtype=np.uint8)
+        wide[:, :old] = bits.reshape(prompts, old)
+        positions, codes = self._failure_arrays()
+        self.samples_per_prompt = samples_per_prompt
+        self._size = prompts * samples_per_prompt
+        self._rows = np.packbits(wide.reshape(-1), bitorder="little")
+        self._pages = {}
+        moved = (positions // old) * samples_per_prompt + positions % old
+        for position, code in zip(moved.tolist(), codes.tolist(), strict=True):
+            page = self._pages.setdefault(position >> PAGE_BITS, np.zeros(1 << PAGE_BITS, dtype=np.uint8))
+            page[position & ((1 << PAGE_BITS) - 1)] = code
 
     def reserve(self, slots: int) -> None:
         """Make room for `slots` slots up front (a source's row count), so folding does not grow the bitmap."""
@@ -238,6 +271,8 @@ class DatasetLedger:
 
     # -- questions -----------------------------------------------------------------------------------------
     def _slot_code(self, slot: Slot) -> int:
+        if slot.index >= self.samples_per_prompt:
+            return _EMPTY  # no marker named a sample this far: nothing committed for it
         position = (slot.line - 1) * self.samples_per_prompt + slot.index
         if not 0 <= position < self._size:
             return _EMPTY
@@ -294,6 +329,16 @@ class DatasetLedger:
             positions.append((page << PAGE_BITS) + offsets)
             codes.append(self._pages[page][offsets])
         return np.concatenate(positions).astype(np.int64), np.concatenate(codes)
+
+    def rows_beyond(self, samples: int) -> int:
+        """Rows of sample indices `samples` and up: what a run with more samples per prompt committed."""
+        if samples >= self.samples_per_prompt:
+            return 0
+        prompts = -(-self._size // self.samples_per_prompt)
+        bits = np.zeros(prompts * self.samples_per_prompt, dtype=np.uint8)
+        have = np.unpackbits(self._rows, bitorder="little")[:min(self._size, bits.size)]
+        bits[:have.size] = have
+        return int(bits.reshape(prompts, self.samples_per_prompt)[:, samples:].sum(dtype=np.int64))
 
     @property
     def nbytes(self) -> int:

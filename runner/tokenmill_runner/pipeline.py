@@ -7,16 +7,20 @@ that commit by count or age; each commit is folded into the dataset's ledger. Wh
 committed outcomes count, and a restart skips their slots. A line whose sample id appeared on an earlier line
 (found by the counting pass, `scan.py`) gets a `duplicate_sample_id` error of its own, whatever was committed
 before a restart. When the client reports that no server was live for longer than the outage budget, the run stops
-without writing anything off.
+without writing anything off. A dataset with `mode: all-turns` puts conversations on the queue instead: a worker
+regenerates one turn by turn (`conversation.py` decides, `_converse` renders, generates and decodes) and records
+its row when it stops, so a conversation is committed whole or not at all.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
@@ -24,6 +28,7 @@ from typing import Any
 from .client import GenerateClient
 from .commit_index import DatasetIndex
 from .config import RunnerConfig
+from .conversation import Conversation, history_exact, read_answer, start
 from .duplicates import DuplicateIds
 from .histograms import IntHistogram
 from .index_store import CHECKPOINT_EVERY, write_checkpoint
@@ -35,7 +40,8 @@ from .prompts import Prompt, RowError, belongs_to_worker, duplicate_error, id_ha
 from .request_fit import ServerLimits
 from .results import Generation, ServersUnavailable
 from .scan import LineSet
-from .rows import build_row, failure_record, too_long_record
+from .rows import build_conversation_row, build_row, build_turn, failure_record, too_long_record
+from .seeds import sample_seed
 from .shards import ShardBuffer, commit_shard, new_run_token, new_shard_id
 from .sources import read_prompts, source_format
 from .spec import DatasetSpec, SamplingSpec
@@ -49,6 +55,9 @@ READ_BATCH = 256
 TOKENIZE_BATCH = 64
 COMMIT_ATTEMPTS = 5
 MAX_PARALLEL_COMMITS = 4
+
+
+Request = tuple["DatasetState", Prompt, list[int], int]  # a slot to generate: the prompt, its ids, its sample index
 
 
 def _take(items: Iterator[Any], count: int) -> list[Any]:
@@ -91,8 +100,27 @@ class DatasetState:
         return self.spec.name
 
     @property
+    def samples(self) -> int:
+        """Samples per prompt: slots (line, 0..samples-1) of each line."""
+        return self.spec.samples
+
+    @property
     def done(self) -> int:
         return self.skipped + self.generated + sum(self.failed.values())
+
+
+def open_slots(state: DatasetState, line: int, retry_failed: bool) -> list[int]:
+    """The sample indices of the line still to settle (all of them for a new line)."""
+    return [index for index in range(state.samples) if not state.ledger.is_done(Slot(line, index), retry_failed)]
+
+
+def count_skipped(state: DatasetState, line: int, indices: Iterable[int]) -> None:
+    """Settled slots met by this run: skipped, and noted when an earlier run gave them up."""
+    for index in indices:
+        state.skipped += 1
+        slot = Slot(line, index)
+        if state.ledger.is_given_up(slot):
+            state.given_up_before[state.ledger.outcome(slot) or ""] += 1
 
 
 def summarize(state: DatasetState) -> DatasetSummary:
@@ -112,8 +140,10 @@ class Runner:
     def __init__(self, config: RunnerConfig, storage: Storage, encoder: PromptEncoder, info: TokenizerInfo,
                  client: GenerateClient, states: list[DatasetState], context_length: int, concurrency: int,
                  metrics: RunnerMetrics | None = None, display: ProgressDisplay | None = None,
-                 clock: Callable[[], float] = time.monotonic, limits: ServerLimits | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, limits: ServerLimits | None = None,
+                 send_seed: bool = True) -> None:
         self.config = config
+        self.send_seed = send_seed  # the servers' release accepts sampling_seed (every supported one does)
         self.storage = storage
         self.encoder = encoder
         self.info = info
@@ -149,7 +179,7 @@ class Runner:
         self._stop.set()
 
     async def run(self) -> RunSummary:
-        queue: asyncio.Queue[tuple[DatasetState, Prompt, list[int]]] = asyncio.Queue(maxsize=self.concurrency)
+        queue: asyncio.Queue[Request] = asyncio.Queue(maxsize=self.concurrency)
         producer = asyncio.create_task(self._guard(self._produce(queue)))
         workers = [asyncio.create_task(self._guard(self._work(queue))) for _ in range(self.concurrency)]
         ticker = asyncio.create_task(self._tick())
@@ -191,92 +221,206 @@ class Runner:
         await queue.join()
 
     # -- producing -----------------------------------------------------------------------------------------
-    async def _produce(self, queue: asyncio.Queue[tuple[DatasetState, Prompt, list[int]]]) -> None:
+    async def _produce(self, queue: asyncio.Queue[Request]) -> None:
         for state in self.states:
             spec = state.spec
-            fmt = source_format(spec.source, spec.format)
+            fmt = source_format(spec.source, spec.format, self.config.spec.output.endpoint)
             rows = read_prompts(spec.source, fmt, self.config.spec.output.endpoint, spec.limit,
-                                wanted=lambda line, state=state: self._wanted(state, line))
+                                wanted=lambda line, state=state: self._wanted(state, line), layout=spec.row_layout())
             while chunk := await asyncio.to_thread(_take, rows, READ_BATCH):
-                prompts = self._admit(state, chunk)
-                for start in range(0, len(prompts), TOKENIZE_BATCH):
-                    batch = prompts[start:start + TOKENIZE_BATCH]
-                    encoded = await asyncio.to_thread(self.encoder.encode_batch, batch, state.template_kwargs)
-                    for prompt, ids in zip(batch, encoded, strict=True):
-                        if ids := self._checked(state, prompt, ids):
-                            await queue.put((state, prompt, ids))
+                admitted = self._admit(state, chunk)
+                for begin in range(0, len(admitted), TOKENIZE_BATCH):
+                    batch = admitted[begin:begin + TOKENIZE_BATCH]
+                    if state.spec.mode == "all-turns":
+                        batch = self._conversations(state, batch)
+                    encoded = await asyncio.to_thread(self.encoder.encode_batch,
+                                                      [self._first_turn(state, p) for p, _ in batch],
+                                                      state.template_kwargs)
+                    for (prompt, indices), ids in zip(batch, encoded, strict=True):
+                        if ids := self._checked(state, prompt, ids, indices):
+                            for index in indices:  # one request per open slot: the prompt is tokenized once
+                                await queue.put((state, prompt, ids, index))
+
+    def _conversations(self, state: DatasetState,
+                       batch: list[tuple[Prompt, list[int]]]) -> list[tuple[Prompt, list[int]]]:
+        """The rows that can be regenerated turn by turn; the others get their error record, one per open slot."""
+        kept = []
+        for prompt, indices in batch:
+            started = start(prompt)
+            if isinstance(started, RowError):
+                self._record_errors(state, started, indices, self.clock())
+            else:
+                kept.append((prompt, indices))
+        return kept
+
+    @staticmethod
+    def _first_turn(state: DatasetState, prompt: Prompt) -> Prompt:
+        if state.spec.mode != "all-turns":
+            return prompt
+        conversation = start(prompt)
+        assert isinstance(conversation, Conversation)  # rows that cannot start were dropped by _conversations
+        return conversation.next_prompt()
 
     def _wanted(self, state: DatasetState, line: int) -> bool:
-        """Before a row is parsed: False for another worker's line, and for a settled slot of ours (counted as
-        skipped here, so `_admit` never sees it)."""
+        """Before a row is parsed: False for another worker's line, and for a line whose slots are all settled
+        (counted as skipped here, so `_admit` never sees it)."""
         if state.owned is not None and not state.owned.has(line):
             return False
-        slot = Slot(line)
-        if not state.ledger.is_done(slot, self.config.retry_failed):
+        if open_slots(state, line, self.config.retry_failed):
             return True
-        state.skipped += 1
-        if state.ledger.is_given_up(slot):
-            state.given_up_before[state.ledger.outcome(slot) or ""] += 1
+        count_skipped(state, line, range(state.samples))
         return False
 
-    def _admit(self, state: DatasetState, chunk: list[Prompt | RowError]) -> list[Prompt]:
-        """Drop other workers' rows and the slots already settled; record bad rows and duplicate ids; return the
-        prompts to generate."""
-        prompts: list[Prompt] = []
+    def _admit(self, state: DatasetState, chunk: list[Prompt | RowError]) -> list[tuple[Prompt, list[int]]]:
+        """Drop other workers' rows and the slots already settled; record bad rows and duplicate ids (one record
+        per open slot: each slot has its own outcome); return the prompts to generate with their open slots."""
+        admitted: list[tuple[Prompt, list[int]]] = []
         now = self.clock()
         for item in chunk:
             if not belongs_to_worker(item, self.config.worker_index, self.config.worker_count):
                 continue
-            slot = Slot(item.line)
-            if state.ledger.is_done(slot, self.config.retry_failed):
-                state.skipped += 1
-                if state.ledger.is_given_up(slot):
-                    state.given_up_before[state.ledger.outcome(slot) or ""] += 1
+            indices = open_slots(state, item.line, self.config.retry_failed)
+            count_skipped(state, item.line, [i for i in range(state.samples) if i not in indices])
+            if not indices:
                 continue
             if isinstance(item, RowError):
-                self._record_error(state, item.as_record(state.name), now)
+                self._record_errors(state, item, indices, now)
                 continue
             first = state.duplicates.first_of(item.line, id_hash(item.sample_id))
             if first is not None:
-                self._record_error(state, duplicate_error(item.line, item.sample_id, first).as_record(state.name), now)
+                self._record_errors(state, duplicate_error(item.line, item.sample_id, first), indices, now)
                 continue
-            prompts.append(item)
-        return prompts
+            admitted.append((item, indices))
+        return admitted
 
-    def _checked(self, state: DatasetState, prompt: Prompt, ids: list[int] | RowError) -> list[int] | None:
+    def _record_errors(self, state: DatasetState, error: RowError, indices: list[int], now: float) -> None:
+        for index in indices:
+            self._record_error(state, dataclasses.replace(error, sample_index=index).as_record(state.name), now)
+
+    def _checked(self, state: DatasetState, prompt: Prompt, ids: list[int] | RowError,
+                 indices: list[int]) -> list[int] | None:
         if isinstance(ids, RowError):
-            self._record_error(state, ids.as_record(state.name), self.clock())
+            self._record_errors(state, ids, indices, self.clock())
             return None
         why = self.limits.misfit(len(ids), state.sampling.max_new_tokens or 0)
         if why is not None:
-            self._record_error(state, too_long_record(state.name, prompt, why, state.index), self.clock())
+            for index in indices:
+                self._record_error(state, too_long_record(state.name, prompt, why, state.index, index), self.clock())
             return None
         return ids
 
     # -- generating ----------------------------------------------------------------------------------------
-    async def _work(self, queue: asyncio.Queue[tuple[DatasetState, Prompt, list[int]]]) -> None:
+    async def _work(self, queue: asyncio.Queue[Request]) -> None:
         while True:
-            state, prompt, ids = await queue.get()
+            state, prompt, ids, index = await queue.get()
+            seed = sample_seed(self.config.spec.seed, state.name, prompt.line, index)
+            params = state.sampling.to_sglang()
+            if self.send_seed:
+                params["sampling_seed"] = seed
+            if state.spec.mode == "all-turns":
+                try:
+                    await self._converse(state, prompt, ids, params, index, seed)
+                finally:
+                    queue.task_done()
+                continue
             self.in_flight += 1
             self.metrics.set_in_flight(self.in_flight)
             try:
-                result = await self.client.generate(ids, state.sampling.to_sglang())
+                result = await self.client.generate(ids, params)
             finally:
                 self.in_flight -= 1
                 self.metrics.set_in_flight(self.in_flight)
             now = self.clock()
             if isinstance(result, Generation):
                 self.metrics.answered(state.name, result.attempts, True, result.completion_tokens, result.latency_s)
-                self._record_row(state, prompt, ids, result, now)
+                self._record_row(state, prompt, ids, result, now, index, seed)
             else:
                 self.metrics.answered(state.name, result.attempts, False, 0, 0.0)
-                self._record_error(state, failure_record(state.name, prompt, result), now)
+                self._record_error(state, failure_record(state.name, prompt, result, index), now)
             queue.task_done()
 
-    def _record_row(self, state: DatasetState, prompt: Prompt, ids: list[int], result: Generation,
-                    now: float) -> None:
+    async def _generate(self, state: DatasetState, ids: list[int], params: dict[str, Any]) -> Generation | Any:
+        self.in_flight += 1
+        self.metrics.set_in_flight(self.in_flight)
+        try:
+            result = await self.client.generate(ids, params)
+        finally:
+            self.in_flight -= 1
+            self.metrics.set_in_flight(self.in_flight)
+        if isinstance(result, Generation):
+            self.metrics.answered(state.name, result.attempts, True, result.completion_tokens, result.latency_s)
+            self.meter.record(self.clock(), 0, result.completion_tokens)
+        else:
+            self.metrics.answered(state.name, result.attempts, False, 0, 0.0)
+        return result
+
+    async def _converse(self, state: DatasetState, prompt: Prompt, ids: list[int], params: dict[str, Any],
+                        sample_index: int, seed: int) -> None:
+        """Regenerate one conversation turn by turn (mode all-turns) and record it whole: its row, or one error
+        record when a request fails for good (nothing of it is kept then; the slot is one conversation). Every turn
+        is sent with the sample's seed: the prompts differ from turn to turn, so the draws do too."""
+        conversation = start(prompt)
+        assert isinstance(conversation, Conversation)
+        turns: list[dict[str, Any]] = []
         max_new = state.sampling.max_new_tokens or 0
-        state.buffer.add_row(build_row(state.name, prompt, ids, result, max_new, self.info), now)
+        while True:
+            result = await self._generate(state, ids, params)
+            if not isinstance(result, Generation):
+                record = failure_record(state.name, prompt, result, sample_index)
+                record["message"] += f" (turn {len(turns)} of the conversation; it is generated again as a whole)"
+                self._record_error(state, record, self.clock())
+                return
+            exact = None if not turns else history_exact(turns[-1]["prompt_ids"], turns[-1]["output_ids"], ids)
+            turn = build_turn(state.name, prompt, ids, result, max_new, self.info, exact, None)
+            answer = read_answer(result.output_ids, result.finish_reason, turn["reasoning_end"],
+                                 turn["reasoning_end_token_id"] == self.info.tool_call_id, self.info.tool_call_id,
+                                 self._decode)
+            turn["tool_calls"] = json.dumps([{"name": c.name, "arguments": c.arguments, "id": c.id}
+                                             for c in answer.calls], ensure_ascii=False) if answer.calls else None
+            turns.append(turn)
+            conversation.advance(answer, result.finish_reason)
+            if conversation.done or not await self._next_turn(state, conversation):
+                break
+            ids = conversation.pending_ids
+        row = build_conversation_row(state.name, prompt, turns, conversation.stop_reason or "complete",
+                                     conversation.stop_detail, max_new, sample_index, seed)
+        self._record_conversation(state, row, [t["completion_tokens"] for t in turns])
+
+    async def _next_turn(self, state: DatasetState, conversation: Conversation) -> bool:
+        """Render the next turn's prompt into `conversation.pending_ids`; False (and the conversation stopped) when
+        the template fails on the history or the prompt no longer fits."""
+        encoded = await asyncio.to_thread(self.encoder.encode_one, conversation.next_prompt(), state.template_kwargs)
+        if isinstance(encoded, RowError):  # a template that wants call arguments as text (see next_prompt)
+            encoded = await asyncio.to_thread(self.encoder.encode_one, conversation.next_prompt(arguments_as_text=True),
+                                              state.template_kwargs)
+        if isinstance(encoded, RowError):
+            conversation.stop("template_error", f"turn {conversation.turn}: {encoded.message}")
+            return False
+        why = self.limits.misfit(len(encoded), state.sampling.max_new_tokens or 0)
+        if why is not None:
+            conversation.stop("context_exceeded", f"turn {conversation.turn}: {why}")
+            return False
+        conversation.pending_ids = encoded
+        return True
+
+    def _decode(self, ids: Any, skip_special_tokens: bool) -> str:
+        return self.encoder.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def _record_conversation(self, state: DatasetState, row: dict[str, Any], lengths: list[int]) -> None:
+        now = self.clock()
+        state.buffer.add_row(row, now)
+        state.generated += 1
+        state.completion_tokens += row["completion_tokens"]
+        state.truncated += row["stop_reason"] == "truncated"
+        state.lengths.add([row["completion_tokens"]])
+        self.meter.record(now, 1, 0)
+        if state.buffer.is_due(now):
+            self._commit(state)
+
+    def _record_row(self, state: DatasetState, prompt: Prompt, ids: list[int], result: Generation,
+                    now: float, index: int = 0, seed: int | None = None) -> None:
+        max_new = state.sampling.max_new_tokens or 0
+        state.buffer.add_row(build_row(state.name, prompt, ids, result, max_new, self.info, index, seed), now)
         state.generated += 1
         state.completion_tokens += result.completion_tokens
         state.truncated += result.finish_reason == "length"

@@ -29,7 +29,8 @@ from .request_fit import ServerLimits
 from .sampling_defaults import apply_model_defaults, model_sampling_defaults
 from .scan_cache import cached_scan
 from .index_store import CHECKPOINT_EVERY, open_index, write_checkpoint
-from .server_info import ServerFacts, runnable_requests
+from .seeds import seed_rule
+from .server_info import ServerFacts, runnable_requests, seeds_accepted
 from .shards import ShardBuffer, clean_leftovers
 from .sources import source_format
 from .spec import DatasetGenerationSpec, SpecError
@@ -79,11 +80,16 @@ def prepare_states(config: RunnerConfig, storage: Storage,
     spec = config.spec
     states, totals = [], {}
     for index, dataset in enumerate(spec.datasets):
-        fmt = source_format(dataset.source, dataset.format)
+        fmt = source_format(dataset.source, dataset.format, spec.output.endpoint)
         scan = cached_scan(storage, dataset.name, dataset.source, fmt, spec.output.endpoint, dataset.limit,
-                           config.worker_index, config.worker_count)
+                           config.worker_index, config.worker_count, dataset.row_layout())
         totals[dataset.name] = scan.rows
-        commits, caught = open_index(storage, dataset.name, scan.rows)
+        commits, caught = open_index(storage, dataset.name, scan.rows, dataset.samples)
+        extra = commits.ledger.rows_beyond(dataset.samples)
+        if extra:
+            logger.warning("%s: %d rows of sample indices %d and up were committed by a run with more samples per "
+                           "prompt; they stay in the output (filter on sample_index to leave them out)",
+                           dataset.name, extra, dataset.samples)
         logger.info("%s: %d markers folded (%d read now, %d listed)", dataset.name, commits.markers, caught.folded,
                     caught.listed)
         removed = clean_leftovers(storage, dataset.name, config.worker_index, commits.knows, caught.strays)
@@ -96,7 +102,7 @@ def prepare_states(config: RunnerConfig, storage: Storage,
         states.append(DatasetState(
             spec=dataset, index=index, sampling=sampling, ledger=commits.ledger, commits=commits,
             duplicates=scan.duplicates, template_kwargs=spec.chat_template_kwargs_for(dataset),
-            sampling_sources=sources, rows=scan.worker_rows, owned=scan.owned,
+            sampling_sources=sources, rows=scan.worker_rows * dataset.samples, owned=scan.owned,
             buffer=ShardBuffer(spec.runner.shard_max_samples, spec.runner.shard_max_seconds),
         ))
     # Longest expected outputs first, so the run does not end on one long request with an idle GPU.
@@ -113,7 +119,7 @@ def expected_output_tokens(state: DatasetState) -> float:
 
 
 def run_metadata(config: RunnerConfig, info: TokenizerInfo, context_length: int,
-                 totals: dict[str, int], states: list[DatasetState] | None = None) -> bytes:
+                 totals: dict[str, int], states: list[DatasetState] | None = None, send_seed: bool = True) -> bytes:
     from . import __version__
 
     return orjson.dumps({
@@ -126,6 +132,8 @@ def run_metadata(config: RunnerConfig, info: TokenizerInfo, context_length: int,
         "context_length": context_length,
         "datasets": {name: {"rows": rows, **_dataset_settings(states or [], name)} for name, rows in totals.items()},
         "workers": config.worker_count,
+        "seeds": {**seed_rule(config.spec.seed), "sent_as_sampling_seed": send_seed,
+                  "deterministic_inference": config.spec.server.deterministic_inference},
     }, option=orjson.OPT_INDENT_2)
 
 
@@ -133,7 +141,8 @@ def _dataset_settings(states: list[DatasetState], name: str) -> dict[str, Any]:
     """What each dataset was generated with: its chat template arguments and sampling, with each value's source."""
     for state in states:
         if state.name == name:
-            return {"chat_template_kwargs": state.template_kwargs, "sampling": state.sampling_sources}
+            return {"chat_template_kwargs": state.template_kwargs, "sampling": state.sampling_sources,
+                    "samples": state.samples, "input": state.spec.input.model_dump(mode="json", by_alias=True)}
     return {}
 
 
@@ -173,8 +182,13 @@ async def prepare(config: RunnerConfig, api_key: str | None) -> Runner:
     context_length = resolve_context_length(config, server_infos[0], info)
     limits = ServerLimits.of(context_length, facts)
     concurrency = resolve_concurrency(config, facts)
+    send_seed = seeds_accepted(facts)
+    if not spec.server.deterministic_inference:
+        logger.info("per-sample seeds are recorded and sent, but SGLang uses them only with "
+                    "--enable-deterministic-inference (spec.server.deterministicInference): sampling is not "
+                    "reproducible without it")
     if config.worker_index == 0:
-        storage.put(RUN_METADATA, run_metadata(config, info, context_length, totals, states))
+        storage.put(RUN_METADATA, run_metadata(config, info, context_length, totals, states, send_seed))
     client = GenerateClient(
         config.servers, api_key=api_key, concurrency=concurrency,
         retry=RetryPolicy(max_attempts=spec.runner.max_attempts),
@@ -188,4 +202,4 @@ async def prepare(config: RunnerConfig, api_key: str | None) -> Runner:
                 ", ".join(s.name for s in states), storage.root_uri, len(config.servers), concurrency,
                 context_length)
     return Runner(config, storage, PromptEncoder(tokenizer), info, client, states, context_length, concurrency,
-                  metrics=metrics, limits=limits)
+                  metrics=metrics, limits=limits, send_seed=send_seed)

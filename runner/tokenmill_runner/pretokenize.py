@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .content_format import flatten, template_content_format
 from .prompts import Prompt, RowError
 from .storage import open_storage, write_atomic
 from .tokenizer_info import TokenizerInfo
@@ -197,11 +198,18 @@ class PromptEncoder:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self.fast = is_fast(tokenizer)
+        template = getattr(tokenizer, "chat_template", None)
+        if isinstance(template, dict):  # named templates: SGLang renders the default one
+            template = template.get("default")
+        self.content_format = template_content_format(template if isinstance(template, str) else None)
+
+    def _messages(self, prompt: Prompt) -> list[dict[str, Any]]:
+        return flatten(prompt.messages, self.content_format)
 
     def render(self, prompt: Prompt, template_kwargs: dict[str, Any] | None = None) -> str | RowError:
         try:
             return self.tokenizer.apply_chat_template(
-                prompt.messages, tools=prompt.tools, add_generation_prompt=True, tokenize=False,
+                self._messages(prompt), tools=prompt.tools, add_generation_prompt=True, tokenize=False,
                 **(template_kwargs or {}),
             )
         except Exception as error:  # jinja raises TemplateError, TypeError, KeyError...
@@ -210,7 +218,7 @@ class PromptEncoder:
     def encode_one(self, prompt: Prompt, template_kwargs: dict[str, Any] | None = None) -> list[int] | RowError:
         try:
             ids = self.tokenizer.apply_chat_template(
-                prompt.messages, tools=prompt.tools, add_generation_prompt=True, tokenize=True,
+                self._messages(prompt), tools=prompt.tools, add_generation_prompt=True, tokenize=True,
                 **(template_kwargs or {}),
             )
         except Exception as error:

@@ -1,7 +1,9 @@
 """Prompt rows validated one by one: a parsed row becomes a Prompt, or a RowError naming its line. Pure.
 
-A row is `{"sample_id": ..., "messages": [{role, content, tool_calls?}], "tools": [...]?}`. A bad row becomes a
-`RowError` naming its line and what to fix; it never stops the stream. Reading the rows is `sources.py`.
+A row is `{"sample_id": ..., "messages": [{role, content, tool_calls?}], "tools": [...]?}`, or another layout that
+`adapters.py` turns into one (ShareGPT, OpenAI multi-part content, a plain prompt; column names from the spec's
+`input.fields`). A bad row becomes a `RowError` naming its line and what to fix; it never stops the stream. Reading
+the rows is `sources.py`.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+from .adapters import DEFAULT_LAYOUT, AdapterError, RowLayout, to_messages
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -36,7 +40,7 @@ class RowError:
                 "sample_id": self.sample_id, "reason": self.reason, "message": self.message}
 
 
-def parse_line(line: int, raw: bytes | dict[str, Any]) -> Prompt | RowError:
+def parse_line(line: int, raw: bytes | dict[str, Any], layout: RowLayout = DEFAULT_LAYOUT) -> Prompt | RowError:
     if isinstance(raw, dict):
         row = raw
     else:
@@ -46,24 +50,24 @@ def parse_line(line: int, raw: bytes | dict[str, Any]) -> Prompt | RowError:
             return RowError(line, None, "invalid_json", f"line {line}: not valid JSON ({error})")
     if not isinstance(row, dict):
         return RowError(line, None, "not_an_object", f"line {line}: expected a JSON object, got {type(row).__name__}")
-    return validate_row(line, row)
+    return validate_row(line, row, layout)
 
 
-def _sample_id(line: int, row: dict[str, Any]) -> str | RowError:
-    value = row.get("sample_id")
+def _sample_id(line: int, row: dict[str, Any], column: str = "sample_id") -> str | RowError:
+    value = row.get(column)
     if value is None:
         # Many public datasets have no ids; the line number is stable for an unchanged file.
         return f"L{line}"
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         return RowError(line, None, "invalid_sample_id",
-                        f"line {line}: sample_id must be a string or an integer, got {type(value).__name__}")
+                        f"line {line}: {column} must be a string or an integer, got {type(value).__name__}")
     text = str(value)
     if not text:
-        return RowError(line, None, "invalid_sample_id", f"line {line}: sample_id is empty")
+        return RowError(line, None, "invalid_sample_id", f"line {line}: {column} is empty")
     return text
 
 
-def _message_error(line: int, sample_id: str, index: int, message: Any) -> RowError | None:
+def _message_error(line: int, sample_id: str, index: int, message: Any, parts_ok: bool) -> RowError | None:
     where = f"line {line} (sample {sample_id}): messages[{index}]"
     if not isinstance(message, dict):
         return RowError(line, sample_id, "invalid_message", f"{where} must be an object with role and content")
@@ -74,38 +78,41 @@ def _message_error(line: int, sample_id: str, index: int, message: Any) -> RowEr
     content = message.get("content")
     if content is None and role == "assistant" and message.get("tool_calls"):
         return None
+    if parts_ok and isinstance(content, list):
+        return None  # text parts, checked by the adapter
     if not isinstance(content, str):
         kind = "missing" if "content" not in message else f"a {type(content).__name__}"
-        return RowError(line, sample_id, "non_string_content",
-                        f"{where}.content is {kind}; tokenmill needs a string (flatten multi-part content first)")
+        hint = " (set input.format: openai for lists of text parts)" if isinstance(content, list) else ""
+        return RowError(line, sample_id, "non_string_content", f"{where}.content is {kind}; tokenmill needs a "
+                        f"string{hint}")
     tool_calls = message.get("tool_calls")
     if tool_calls is not None and not isinstance(tool_calls, list):
         return RowError(line, sample_id, "invalid_tool_calls", f"{where}.tool_calls must be a list")
     return None
 
 
-def validate_row(line: int, row: dict[str, Any]) -> Prompt | RowError:
-    sample_id = _sample_id(line, row)
+def validate_row(line: int, row: dict[str, Any], layout: RowLayout = DEFAULT_LAYOUT) -> Prompt | RowError:
+    sample_id = _sample_id(line, row, layout.id)
     if isinstance(sample_id, RowError):
         return sample_id
-    messages = row.get("messages")
-    if messages is None:
-        return RowError(line, sample_id, "missing_messages", f"line {line} (sample {sample_id}): no 'messages' field")
-    if not isinstance(messages, list) or not messages:
-        return RowError(line, sample_id, "empty_messages",
-                        f"line {line} (sample {sample_id}): 'messages' must be a non-empty list")
+    try:
+        messages = to_messages(row, layout, f"line {line} (sample {sample_id})")
+    except AdapterError as error:
+        return RowError(line, sample_id, error.reason, str(error))
+    parts_ok = layout.format != "messages"
     for index, message in enumerate(messages):
-        if error := _message_error(line, sample_id, index, message):
+        if error := _message_error(line, sample_id, index, message, parts_ok):
             return error
-    tools = row.get("tools")
-    if isinstance(tools, str):  # Parquet exports often keep tools as a JSON string
+    tools = row.get(layout.tools)
+    if isinstance(tools, str):  # Parquet exports (and ShareGPT datasets) often keep tools as a JSON string
         try:
             tools = orjson.loads(tools)
         except orjson.JSONDecodeError:
-            return RowError(line, sample_id, "invalid_tools", f"line {line} (sample {sample_id}): tools is not JSON")
+            return RowError(line, sample_id, "invalid_tools",
+                            f"line {line} (sample {sample_id}): {layout.tools} is not JSON")
     if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
         return RowError(line, sample_id, "invalid_tools",
-                        f"line {line} (sample {sample_id}): 'tools' must be a list of objects")
+                        f"line {line} (sample {sample_id}): '{layout.tools}' must be a list of objects")
     return Prompt(line, sample_id, messages, tools or None)
 
 

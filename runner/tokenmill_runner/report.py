@@ -70,11 +70,11 @@ def _end_token_counts(d: DatasetSamples, names: dict[str, str]) -> dict[str, int
 
 
 def _reasoning(d: DatasetSamples, expected: bool, end_names: dict[str, str] | None = None) -> dict[str, Any]:
-    present = d.reasoning.count
+    present = d.with_reasoning  # conversations: every turn that holds the token
     return {
         "expected": expected,
         "present": present,
-        "present_share": _share(present, d.samples),
+        "present_share": _share(d.with_reasoning, d.generations),
         "reasoning_tokens": d.reasoning.distribution().as_dict(),
         "answer_tokens": d.answers.distribution().as_dict(),
         "truncated_while_reasoning": d.truncated_while_reasoning,
@@ -84,7 +84,8 @@ def _reasoning(d: DatasetSamples, expected: bool, end_names: dict[str, str] | No
 
 def _truncation(d: DatasetSamples) -> dict[str, Any]:
     length = d.finish_reasons.get("length", 0)
-    return {"count": length, "share": _share(length, d.samples), "caps": sorted(d.caps), "at_cap": d.at_cap}
+    # Of generations: a conversation's turns are generations each (only its last can be cut: that stops it).
+    return {"count": length, "share": _share(length, d.generations), "caps": sorted(d.caps), "at_cap": d.at_cap}
 
 
 def _context_budget(d: DatasetSamples, context_length: int | None) -> dict[str, Any]:
@@ -159,11 +160,20 @@ def dataset_report(ledger: DatasetSamples, context_length: int | None, reasoning
         "truncated": _truncation(ledger),
         "reasoning": _reasoning(ledger, reasoning_expected, end_names),
         "tool_calls": {"count": ledger.tool_calls, "share": _share(ledger.tool_calls, n)},
+        "conversations": _conversations(ledger),
         "prompt_tokens": ledger.prompts.distribution().as_dict(),
         "context_budget": _context_budget(ledger, context_length),
         "latency_s": ledger.latency.distribution().as_dict(),
         "order_drift": result.as_dict() if result else None,
     }
+
+
+def _conversations(ledger: DatasetSamples) -> dict[str, Any] | None:
+    """Multi-turn rows (mode all-turns): how many, their turns, why they ended; None for a dataset without."""
+    if not ledger.turns.count:
+        return None
+    return {"count": ledger.turns.count, "turns": ledger.turns.distribution().as_dict(),
+            "turns_total": ledger.turns.total, "stop_reasons": dict(sorted(ledger.stop_reasons.items()))}
 
 
 def _merged(datasets: Iterable[DatasetSamples]) -> DatasetSamples:

@@ -18,10 +18,13 @@ def load_ledger(storage: Storage) -> Ledger:
     run = orjson.loads(storage.get("run.json")) if storage.exists("run.json") else {}
     names = [d["name"] for d in (run.get("spec") or {}).get("datasets", [])]
     extra = sorted(set(datasets_with_commits(storage)) - set(names))
-    rows = {name: facts.get("rows") for name, facts in (run.get("datasets") or {}).items()}
+    # Slots to settle: each source row times its samples per prompt (run.json; 1 before issue 12).
+    facts = run.get("datasets") or {}
+    samples = {name: int(f.get("samples") or 1) for name, f in facts.items()}
+    rows = {name: None if f.get("rows") is None else f["rows"] * samples[name] for name, f in facts.items()}
     datasets = []
     for name in names + extra:
-        ledger = DatasetSamples(name, rows=rows.get(name))
+        ledger = DatasetSamples(name, rows=rows.get(name), per_prompt=samples.get(name, 1))
         for marker in markers_in_commit_order(storage, name):  # streamed: one pass, a window of markers in memory
             ledger.add_marker(marker)
         datasets.append(ledger)

@@ -96,6 +96,15 @@ def _error_rows(report: dict[str, Any]) -> Iterable[list[str]]:
             yield [name, reason, str(count)]
 
 
+def _conversation_rows(report: dict[str, Any]) -> Iterable[list[str]]:
+    for name, data in report["datasets"].items():
+        found = data.get("conversations")
+        if found:
+            ended = ", ".join(f"{reason} {count}" for reason, count in found["stop_reasons"].items())
+            yield [name, str(found["count"]), str(found["turns_total"]), _num(found["turns"]["mean"], 1),
+                   _num(found["turns"]["max"]), ended]
+
+
 def render(report: dict[str, Any], images: list[str]) -> str:
     lines = [f"# tokenmill report: {report.get('name') or report['output_uri']}", "",
              f"Verdict: **{MARKS[report['verdict']]}** · output `{report['output_uri']}` · "
@@ -116,6 +125,12 @@ def render(report: dict[str, Any], images: list[str]) -> str:
                      "headroom"], _per_dataset(report, _prompt_row)),
              "## Order drift (completion tokens, mean / median)", "",
              *table(["dataset", "first committed", "rest", "p-value", "differs"], _drift_rows(report))]
+    conversations = list(_conversation_rows(report))
+    if conversations:
+        lines += ["## Conversations (mode all-turns)", "",
+                  "Completion lengths above are per conversation (every turn); the finish, reasoning and cap "
+                  "figures describe each conversation's last turn.", "",
+                  *table(["dataset", "conversations", "turns", "turns mean", "turns max", "ended by"], conversations)]
     errors = list(_error_rows(report))
     lines += ["## Errors", ""] + (table(["dataset", "reason", "count"], errors) if errors else ["none", ""])
     if images:

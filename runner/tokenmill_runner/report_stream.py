@@ -27,6 +27,18 @@ SAMPLE_COLUMNS = ("sample_id", "line", "prompt_tokens", "completion_tokens", "fi
                   "reasoning_end", "reasoning_end_token_id", "has_tool_call", "max_new_tokens", "latency_s")
 
 
+# Multi-turn rows (mode all-turns) only: turns, why the conversation ended, its last turn's completion tokens and
+# how many of its turns hold an end-of-reasoning token
+# (`completion_tokens` is the conversation's total; the reasoning, finish and cap columns are the last turn's).
+EXTRA_COLUMNS = ("sample_index", "turn_count", "stop_reason", "last_turn_tokens", "reasoning_turns")
+
+
+def _last_turn(s: dict[str, list[Any]]) -> np.ndarray:
+    """Completion tokens of the generation the per-sample columns describe (the last turn of a conversation)."""
+    return _ints([total if last is None else last
+                  for total, last in zip(s["completion_tokens"], s["last_turn_tokens"], strict=True)])
+
+
 def _column(samples: dict[str, list[Any]], name: str, count: int) -> list[Any]:
     # Markers written before a column existed (reasoning_end_token_id) read as nulls.
     return samples.get(name) or [None] * count
@@ -106,7 +118,8 @@ class DatasetSamples:
     """A dataset's committed samples as the report sees them, accumulated from its markers in commit order."""
 
     name: str
-    rows: int | None = None  # source rows (run.json), when known: what completeness is checked against
+    rows: int | None = None  # slots (source rows x samples, run.json), when known: what completeness is checked against
+    per_prompt: int = 1  # samples per prompt (spec.datasets[].samples)
     ledger: DatasetLedger | None = None
     completions: IntHistogram = field(default_factory=IntHistogram)
     first_completions: list[int] = field(default_factory=list)  # the first DRIFT_FIRST_N, in commit order
@@ -124,10 +137,14 @@ class DatasetSamples:
     caps: set[int] = field(default_factory=set)
     tool_calls: int = 0
     errors: Counter[str] = field(default_factory=Counter)  # final failures by reason (retried ones excluded)
+    turns: IntHistogram = field(default_factory=IntHistogram)  # assistant turns per conversation (mode all-turns)
+    stop_reasons: Counter[str] = field(default_factory=Counter)  # why each conversation ended
+    earlier_turns: int = 0  # generations of conversations before their last turn (which the sample columns describe)
+    earlier_reasoning: int = 0  # of those, the ones whose output holds an end-of-reasoning token
 
     def __post_init__(self) -> None:
         if self.ledger is None:
-            self.ledger = DatasetLedger(self.name, self.rows or 0)
+            self.ledger = DatasetLedger(self.name, (self.rows or 0) // self.per_prompt, self.per_prompt)
 
     @property
     def samples(self) -> int:
@@ -146,17 +163,40 @@ class DatasetSamples:
         samples = marker["samples"]
         count = len(samples.get("line") or [])
         if taken.size == count:  # every row is new (the usual case): no copy
-            columns = {name: _column(samples, name, count) for name in (*SAMPLE_COLUMNS, "sample_index")}
+            columns = {name: _column(samples, name, count) for name in (*SAMPLE_COLUMNS, *EXTRA_COLUMNS)}
         else:
-            columns = {name: [values[i] for i in taken.tolist()] for name in (*SAMPLE_COLUMNS, "sample_index")
+            columns = {name: [values[i] for i in taken.tolist()] for name in (*SAMPLE_COLUMNS, *EXTRA_COLUMNS)
                        for values in [_column(samples, name, count)]}
+        self._add_conversations(columns)
         self._add_lengths(columns)
         self._add_reasoning(columns)
         self._add_counts(columns)
         self.latency.add([math.nan if v is None else v for v in columns["latency_s"]])
 
+    def _add_conversations(self, s: dict[str, list[Any]]) -> None:
+        turns = [n for n in s["turn_count"] if n is not None]
+        if turns:
+            self.turns.add(np.asarray(turns, dtype=np.int64))
+            self.stop_reasons.update(r for r in s["stop_reason"] if r is not None)
+            self.earlier_turns += sum(turns) - len(turns)
+            self.earlier_reasoning += sum(
+                (with_end or 0) - (end is not None)
+                for with_end, end, count in zip(s["reasoning_turns"], s["reasoning_end"], s["turn_count"], strict=True)
+                if count is not None)
+
+    @property
+    def generations(self) -> int:
+        """Answers generated: a sample each, plus the earlier turns of conversations (what truncation and
+        reasoning shares are of: a turn is one generation, as in the exports)."""
+        return self.samples + self.earlier_turns
+
+    @property
+    def with_reasoning(self) -> int:
+        return self.reasoning.count + self.earlier_reasoning
+
     def _add_lengths(self, s: dict[str, list[Any]]) -> None:
         done, prompt, caps = _ints(s["completion_tokens"]), _ints(s["prompt_tokens"]), _ints(s["max_new_tokens"])
+        last = _last_turn(s)
         room = DRIFT_FIRST_N - len(self.first_completions)
         if room > 0:
             self.first_completions.extend(done[:room].tolist())
@@ -164,12 +204,12 @@ class DatasetSamples:
         self.prompts.add(prompt)
         self.budgets.add(prompt + caps)
         self.caps.update(int(cap) for cap in np.unique(caps[caps > 0]).tolist())
-        self.at_cap += int(((caps > 0) & (done >= caps)).sum())
+        self.at_cap += int(((caps > 0) & (last >= caps)).sum())
 
     def _add_reasoning(self, s: dict[str, list[Any]]) -> None:
         end = np.asarray([-1 if v is None else v for v in s["reasoning_end"]], dtype=np.int64)
         has = end >= 0
-        done = _ints(s["completion_tokens"])
+        done = _last_turn(s)
         stop = np.asarray([f == "stop" for f in s["finish_reason"]], dtype=bool)
         length = np.asarray([f == "length" for f in s["finish_reason"]], dtype=bool)
         matched = np.asarray([m is not None for m in s["matched_stop"]], dtype=bool)
@@ -204,3 +244,7 @@ class DatasetSamples:
         self.at_cap += other.at_cap
         self.caps |= other.caps
         self.tool_calls += other.tool_calls
+        self.turns.merge(other.turns)
+        self.earlier_turns += other.earlier_turns
+        self.earlier_reasoning += other.earlier_reasoning
+        self.stop_reasons.update(other.stop_reasons)

@@ -27,7 +27,8 @@ def first_reasoning_end(output_ids: list[int], end_ids: int | None | Iterable[in
 
 
 def build_row(dataset: str, prompt: Prompt, prompt_ids: list[int], generation: Generation,
-              max_new_tokens: int, info: TokenizerInfo, sample_index: int = 0) -> dict[str, Any]:
+              max_new_tokens: int, info: TokenizerInfo, sample_index: int = 0,
+              seed: int | None = None) -> dict[str, Any]:
     output_ids = generation.output_ids
     end_ids = [int(i) for i in info.reasoning_end_tokens] or info.reasoning_end_id
     ended = first_reasoning_end(output_ids, end_ids)
@@ -48,6 +49,40 @@ def build_row(dataset: str, prompt: Prompt, prompt_ids: list[int], generation: G
         "max_new_tokens": max_new_tokens,
         "latency_s": round(generation.latency_s, 4),
         "attempts": generation.attempts,
+        "seed": seed,
+    }
+
+
+TURN_FIELDS = ("prompt_ids", "output_ids", "prompt_tokens", "completion_tokens", "finish_reason", "matched_stop",
+               "reasoning_end", "reasoning_end_token_id", "has_tool_call", "latency_s", "attempts")
+
+
+def build_turn(dataset: str, prompt: Prompt, prompt_ids: list[int], generation: Generation, max_new_tokens: int,
+               info: TokenizerInfo, history_exact: bool | None, tool_calls: str | None) -> dict[str, Any]:
+    """One generated turn of a multi-turn row: the single-turn row's per-generation facts, plus whether its prompt
+    extends the previous turn's ids token for token and the calls parsed from it (JSON)."""
+    row = build_row(dataset, prompt, prompt_ids, generation, max_new_tokens, info)
+    return {**{name: row[name] for name in TURN_FIELDS}, "history_exact": history_exact, "tool_calls": tool_calls}
+
+
+def build_conversation_row(dataset: str, prompt: Prompt, turns: list[dict[str, Any]], stop_reason: str,
+                           stop_detail: str | None, max_new_tokens: int, sample_index: int = 0,
+                           seed: int | None = None) -> dict[str, Any]:
+    """A regenerated conversation (mode all-turns): every turn in `turns`; the row's own token columns and
+    per-generation facts are its last turn's (whose prompt holds the whole history as rendered), except
+    `completion_tokens` and `latency_s`, the conversation's totals."""
+    last = turns[-1]
+    return {
+        "sample_id": prompt.sample_id, "dataset": dataset, "line": prompt.line, "sample_index": sample_index,
+        **{name: last[name] for name in TURN_FIELDS if name not in ("completion_tokens", "latency_s")},
+        "completion_tokens": sum(turn["completion_tokens"] for turn in turns),
+        "latency_s": round(sum(turn["latency_s"] for turn in turns), 4),
+        "has_tool_call": any(turn["has_tool_call"] for turn in turns),
+        "max_new_tokens": max_new_tokens, "seed": seed,
+        "turns": turns, "turn_count": len(turns), "stop_reason": stop_reason, "stop_detail": stop_detail,
+        # for the marker only (the shard has them inside `turns`)
+        "last_turn_tokens": last["completion_tokens"],
+        "reasoning_turns": sum(turn["reasoning_end"] is not None for turn in turns),
     }
 
 
@@ -57,11 +92,11 @@ def failure_record(dataset: str, prompt: Prompt, failure: GenerationFailure, sam
     return {**error.as_record(dataset), "attempts": failure.attempts}
 
 
-def too_long_record(dataset: str, prompt: Prompt, why: str, dataset_index: int) -> dict[str, Any]:
+def too_long_record(dataset: str, prompt: Prompt, why: str, dataset_index: int, sample_index: int = 0) -> dict[str, Any]:
     """The record of a prompt the server would refuse or cut (`why` from request_fit.ServerLimits.misfit)."""
     return RowError(
         prompt.line, prompt.sample_id, "prompt_too_long",
         f"line {prompt.line} (sample {prompt.sample_id}): {why}. Lower "
         f"spec.datasets[{dataset_index}].sampling.maxNewTokens, raise spec.server.contextLength (and the KV pool "
-        "that holds it), or shorten the prompt",
+        "that holds it), or shorten the prompt", sample_index,
     ).as_record(dataset)

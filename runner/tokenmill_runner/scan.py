@@ -17,6 +17,7 @@ from typing import BinaryIO
 
 import numpy as np
 
+from .adapters import DEFAULT_LAYOUT, RowLayout
 from .duplicates import PAIR, DuplicateIds, repeated_ids
 from .prompts import Prompt, belongs_to_worker, id_hash
 from .sources import read_prompts
@@ -109,13 +110,13 @@ class PairSpool:
 
 
 def scan_source(source: str, fmt: str, endpoint: str | None = None, limit: int | None = None,
-                worker_index: int = 0, worker_count: int = 1) -> SourceScan:
+                worker_index: int = 0, worker_count: int = 1, layout: RowLayout = DEFAULT_LAYOUT) -> SourceScan:
     """Count the source's rows and this worker's, and find the ids that occur on more than one valid line."""
     rows = worker_rows = 0
     owned = LineSet() if worker_count > 1 else None
     with tempfile.TemporaryDirectory(prefix="tokenmill-ids-") as folder:
         spool = PairSpool(Path(folder))
-        for item in read_prompts(source, fmt, endpoint, limit):
+        for item in read_prompts(source, fmt, endpoint, limit, layout=layout):
             rows += 1
             if not belongs_to_worker(item, worker_index, worker_count):
                 continue

@@ -4,7 +4,8 @@
 three minutes at 10 million rows, on every start of every worker. Its result depends only on the source's bytes, the
 dataset's limit and the worker split, so it is written to `<dataset>/scans/<key>.scan` (`packed.py`: verified by a
 digest) with `key` a hash of those and of the source's identity as the store reports it (local: size, mtime and
-inode; S3: ETag, size and modification time). A changed source has another identity, so another key: its old
+inode; S3: ETag, size and modification time; a dataset folder: each shard's name and identity), and of the
+input layout (the same rows read as another layout have other valid rows and ids). A changed source has another identity, so another key: its old
 result is never used. A cache that is missing, torn or of another format is ignored and the scan runs again.
 """
 
@@ -12,29 +13,28 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from dataclasses import astuple
 
 import numpy as np
 
+from .adapters import DEFAULT_LAYOUT, RowLayout
 from .duplicates import DuplicateIds
 from .packed import PackError, pack, unpack
 from .scan import LineSet, SourceScan, scan_source
-from .storage import Storage, StorageError, open_storage, split_uri
+from .sources import source_identity
+from .storage import Storage, StorageError
 
 logger = logging.getLogger(__name__)
 
 KIND = "scan"
-VERSION = 1  # bump when what the scan computes changes
+VERSION = 2  # bump when what the scan computes changes (2: rows read through the dataset's input layout)
 SCANS = "scans"
 
 
-def source_identity(source: str, endpoint: str | None) -> str:
-    parent, name = split_uri(source)
-    return open_storage(parent, endpoint).identity(name)
-
-
 def cache_key(dataset: str, source: str, identity: str, fmt: str, limit: int | None, worker_index: int,
-              worker_count: int) -> str:
-    described = f"{VERSION}|{source}|{identity}|{fmt}|{limit}|{worker_index}|{worker_count}"
+              worker_count: int, layout: RowLayout = DEFAULT_LAYOUT) -> str:
+    described = (f"{VERSION}|{source}|{identity}|{fmt}|{limit}|{worker_index}|{worker_count}|"
+                 f"{'|'.join(str(part) for part in astuple(layout))}")
     digest = hashlib.blake2b(described.encode(), digest_size=16).hexdigest()
     return f"{dataset}/{SCANS}/w{worker_index:03d}-{digest}.scan"
 
@@ -60,11 +60,12 @@ def decode_scan(data: bytes) -> SourceScan:
 
 
 def cached_scan(storage: Storage, dataset: str, source: str, fmt: str, endpoint: str | None = None,
-                limit: int | None = None, worker_index: int = 0, worker_count: int = 1) -> SourceScan:
+                limit: int | None = None, worker_index: int = 0, worker_count: int = 1,
+                layout: RowLayout = DEFAULT_LAYOUT) -> SourceScan:
     """The scan of `source` for this worker: from the output's cache when the source is unchanged, else scanned now
     (and cached for the next start)."""
     identity = source_identity(source, endpoint)
-    key = cache_key(dataset, source, identity, fmt, limit, worker_index, worker_count)
+    key = cache_key(dataset, source, identity, fmt, limit, worker_index, worker_count, layout)
     try:
         if storage.exists(key):
             scan = decode_scan(storage.get(key))
@@ -72,7 +73,7 @@ def cached_scan(storage: Storage, dataset: str, source: str, fmt: str, endpoint:
             return scan
     except (PackError, KeyError, StorageError) as error:
         logger.warning("%s: cached scan %s not used (%s); scanning the source again", dataset, storage.uri(key), error)
-    scan = scan_source(source, fmt, endpoint, limit, worker_index, worker_count)
+    scan = scan_source(source, fmt, endpoint, limit, worker_index, worker_count, layout)
     described = {"source": source, "identity": identity, "format": fmt, "limit": limit, "worker_index": worker_index,
                  "worker_count": worker_count}
     try:

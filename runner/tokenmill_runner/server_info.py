@@ -127,3 +127,10 @@ def runnable_requests(facts: Sequence[ServerFacts], replicas: int, typical_token
             slots = min(slots, sum(max(16, int(pool // typical_tokens)) for pool in server.kv_pools))
         per_server.append(slots)
     return int(sum(per_server) * replicas / len(facts))
+
+
+def seeds_accepted(facts: Sequence[ServerFacts]) -> bool:
+    """Whether every server takes `sampling_seed` in sampling_params (every supported release does: 0.5.9
+    sampling/sampling_params.py:66, 0.5.23 sampling/sampling_params.py:179). A release tokenmill does not know is
+    sent it too: sending an unknown key costs a 400 only from 0.5.22, which knows the key."""
+    return all(f.release is None or "sampling_seed" in f.release.sampling_keys for f in facts)

@@ -36,6 +36,22 @@ from .storage import TMP_MARK, Storage
 
 logger = logging.getLogger(__name__)
 
+TURN_TYPE = pa.struct([
+    ("prompt_ids", pa.list_(pa.int32())),  # exactly what was sent for this turn
+    ("output_ids", pa.list_(pa.int32())),
+    ("prompt_tokens", pa.int32()),
+    ("completion_tokens", pa.int32()),
+    ("finish_reason", pa.string()),
+    ("matched_stop", pa.int64()),
+    ("reasoning_end", pa.int32()),
+    ("reasoning_end_token_id", pa.int64()),
+    ("has_tool_call", pa.bool_()),
+    ("latency_s", pa.float64()),
+    ("attempts", pa.int16()),
+    ("history_exact", pa.bool_()),  # prompt_ids extend the previous turn's prompt + output ids (null: first turn)
+    ("tool_calls", pa.string()),  # the calls parsed from this turn's output, JSON [{name, arguments, id}]
+])
+
 ROW_SCHEMA = pa.schema([
     ("sample_id", pa.string()),
     ("dataset", pa.string()),
@@ -53,6 +69,13 @@ ROW_SCHEMA = pa.schema([
     ("max_new_tokens", pa.int32()),
     ("latency_s", pa.float64()),
     ("attempts", pa.int16()),
+    ("seed", pa.int64()),  # the sample's seed (seeds.py), sent as sampling_seed when the server accepts it
+    # Multi-turn rows (mode all-turns) only; null otherwise. The row's own columns above are its last turn's, but
+    # completion_tokens and latency_s are the conversation's totals.
+    ("turns", pa.list_(TURN_TYPE)),
+    ("turn_count", pa.int32()),
+    ("stop_reason", pa.string()),  # conversation.STOP_REASONS
+    ("stop_detail", pa.string()),  # what diverged, in words
 ])
 
 
@@ -111,8 +134,17 @@ def encode_rows(rows: list[dict[str, Any]]) -> bytes:
     return sink.getvalue()
 
 
+MULTI_TURN_FIELDS = ("turns", "turn_count", "stop_reason", "stop_detail")
+
+
 def decode_rows(data: bytes) -> list[dict[str, Any]]:
-    return pq.read_table(io.BytesIO(data)).to_pylist()
+    """The rows of a shard; a single-turn row reads back without the (null) multi-turn columns."""
+    rows = pq.read_table(io.BytesIO(data)).to_pylist()
+    for row in rows:
+        if row.get("turns") is None:
+            for name in MULTI_TURN_FIELDS:
+                row.pop(name, None)
+    return rows
 
 
 def encode_errors(errors: list[dict[str, Any]]) -> bytes:

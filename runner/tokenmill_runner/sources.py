@@ -1,22 +1,71 @@
-"""Prompt sources: rows streamed from JSONL or Parquet, local or on S3, each parsed by `prompts.parse_line`."""
+"""Prompt sources: rows streamed from JSONL or Parquet, local or on S3, each parsed by `prompts.parse_line`.
+
+A source may also be a folder of Parquet shards, as Hugging Face lays out a dataset (`*.parquet`, else
+`data/*.parquet`, e.g. data/train-00000-of-00003.parquet): the shards are read in name order and row numbers
+continue across them, so (line, sample index) stays a stable identity of each sample while the folder is unchanged.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
+from .adapters import DEFAULT_LAYOUT, RowLayout
 from .prompts import Prompt, RowError, parse_line
-from .storage import open_storage, split_uri
+from .storage import Storage, open_storage, split_uri
 
 PARQUET_BATCH_ROWS = 1024
+FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".jsonl.gz")
+SHARD_FOLDERS = ("", "data/")  # where a dataset folder keeps its shards, in the order they are looked for
 
 
-def source_format(source: str, declared: str = "auto") -> str:
+def _folder_storage(source: str, endpoint: str | None) -> Storage | None:
+    """The storage rooted at the source when it names a folder, else None."""
+    if source.lower().endswith(FILE_SUFFIXES):
+        return None
+    if source.startswith("s3://"):
+        return open_storage(source.rstrip("/") + "/", endpoint)
+    local = Path(source.removeprefix("file://"))
+    return open_storage(str(local), endpoint) if local.is_dir() else None
+
+
+def parquet_shards(source: str, endpoint: str | None = None) -> list[str] | None:
+    """The shard keys (relative to the folder, in name order) when `source` is a dataset folder, else None. A folder
+    without shards is an error that says where tokenmill looked."""
+    storage = _folder_storage(source, endpoint)
+    if storage is None:
+        return None
+    for folder in SHARD_FOLDERS:
+        shards = sorted(key for key in storage.list(folder)
+                        if key.endswith(".parquet") and "/" not in key[len(folder):])
+        if shards:
+            return shards
+    if source.startswith("s3://") and not source.endswith("/"):
+        return None  # an S3 object without a known extension: read as a file
+    raise FileNotFoundError(f"{source}: a folder without *.parquet or data/*.parquet shards")
+
+
+def source_format(source: str, declared: str = "auto", endpoint: str | None = None) -> str:
     if declared != "auto":
         return declared
-    return "parquet" if source.rstrip("/").lower().endswith(".parquet") else "jsonl"
+    if source.rstrip("/").lower().endswith(".parquet") or parquet_shards(source, endpoint) is not None:
+        return "parquet"
+    return "jsonl"
+
+
+def source_identity(source: str, endpoint: str | None) -> str:
+    """What changes when the source does: the object's identity, or each shard's name and identity."""
+    shards = parquet_shards(source, endpoint)
+    if shards is None:
+        parent, name = split_uri(source)
+        return open_storage(parent, endpoint).identity(name)
+    storage = _folder_storage(source, endpoint)
+    assert storage is not None
+    return ";".join(f"{shard}:{storage.identity(shard)}" for shard in shards)
 
 
 def _open_source(source: str, endpoint: str | None) -> io.BufferedIOBase:
@@ -38,8 +87,32 @@ def read_jsonl(source: str, endpoint: str | None = None, limit: int | None = Non
 
 
 def read_parquet(source: str, endpoint: str | None = None, limit: int | None = None) -> Iterator[tuple[int, Any]]:
-    """(row number, row dict) streamed in record batches; S3 objects are spooled to a temporary file first
-    because Parquet needs random access to its footer."""
+    """(row number, row dict) streamed in record batches; a folder's shards one after the other, numbered on."""
+    return (item[:2] for item in read_parquet_rows(source, endpoint, limit))
+
+
+def read_parquet_rows(source: str, endpoint: str | None = None,
+                      limit: int | None = None) -> Iterator[tuple[int, Any, str | None, int]]:
+    """(row number, row dict, shard key or None, row within the shard) of a Parquet file or dataset folder."""
+    shards = parquet_shards(source, endpoint)
+    if shards is None:
+        for number, row in _read_one_parquet(source, endpoint, limit):
+            yield number, row, None, number
+        return
+    base = source.rstrip("/") + "/"
+    number = 0  # rows of the shards before this one
+    for shard in shards:
+        left = None if limit is None else limit - number
+        if left is not None and left <= 0:
+            return
+        read = 0
+        for read, row in _read_one_parquet(base + shard, endpoint, left):
+            yield number + read, row, shard, read
+        number += read
+
+
+def _read_one_parquet(source: str, endpoint: str | None, limit: int | None) -> Iterator[tuple[int, Any]]:
+    """S3 objects are spooled to a temporary file first because Parquet needs random access to its footer."""
     import pyarrow.parquet as pq
 
     with tempfile.TemporaryFile() as spool:
@@ -61,12 +134,20 @@ def read_parquet(source: str, endpoint: str | None = None, limit: int | None = N
 
 
 def read_prompts(source: str, fmt: str, endpoint: str | None = None, limit: int | None = None,
-                 wanted: Callable[[int], bool] | None = None) -> Iterator[Prompt | RowError]:
+                 wanted: Callable[[int], bool] | None = None,
+                 layout: RowLayout = DEFAULT_LAYOUT) -> Iterator[Prompt | RowError]:
     """The source's rows, parsed. `wanted(line)` is asked before a row is parsed: a resume skips the rows that are
-    done (or another worker's) for the price of reading them, not of parsing them."""
-    rows: Iterable[tuple[int, Any]] = (
-        read_parquet(source, endpoint, limit) if fmt == "parquet" else read_jsonl(source, endpoint, limit)
-    )
-    for line, raw in rows:
+    done (or another worker's) for the price of reading them, not of parsing them. A bad row of a dataset folder
+    names its shard too."""
+    if fmt != "parquet":
+        rows: Iterable[tuple[int, Any]] = read_jsonl(source, endpoint, limit)
+        for line, raw in rows:
+            if wanted is None or wanted(line):
+                yield parse_line(line, raw, layout)
+        return
+    for line, row, shard, within in read_parquet_rows(source, endpoint, limit):
         if wanted is None or wanted(line):
-            yield parse_line(line, raw)
+            item = parse_line(line, row, layout)
+            if shard is not None and isinstance(item, RowError):
+                item = dataclasses.replace(item, message=f"{item.message} [shard {shard}, row {within}]")
+            yield item

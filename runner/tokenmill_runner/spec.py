@@ -25,6 +25,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from .adapters import RowLayout
 from .releases import (
     DEFAULT_IMAGE,
     DEFAULT_RELEASE,
@@ -193,12 +194,46 @@ class DefaultSamplingSpec(SamplingSpec):
     )
 
 
+InputFormat = Literal["auto", "messages", "sharegpt", "openai", "prompt"]
+MAX_SAMPLES = 64
+
+
+class InputFieldsSpec(SpecModel):
+    """Which column of a row holds what (`prompts.py` reads rows through this mapping)."""
+
+    messages: str | None = Field(
+        None, min_length=1, description="Column of the conversation: OpenAI messages, or ShareGPT turns. Default: messages "
+        "(conversations for input.format sharegpt; auto looks for messages, then conversations).")
+    prompt: str = Field("prompt", min_length=1, description="Column of a plain prompt string (input.format prompt).")
+    system: str = Field("system", min_length=1, description="Column of an optional system prompt, put before the conversation "
+                        "when it has no system message of its own.")
+    id: str = Field("sample_id", min_length=1, description="Column of the sample id (rows without one are named by their line).")
+    tools: str = Field("tools", min_length=1, description="Column of the tool schemas (a list, or a JSON string of one).")
+
+
+class InputSpec(SpecModel):
+    """How a row becomes the OpenAI messages the chat template renders."""
+
+    format: InputFormat = Field(  # type: ignore[valid-type]
+        "auto", description="messages (OpenAI messages, string content), openai (messages whose content may be a "
+        "list of text parts), sharegpt (turns with from/value), prompt (one string: a single user turn), or auto "
+        "(per row: messages/openai, else ShareGPT conversations, else prompt).")
+    fields: InputFieldsSpec = Field(default_factory=InputFieldsSpec, description="Column names, when not the "
+                                    "defaults.")
+
+
 class DatasetSpec(SpecModel):
     name: str = Field(description="Dataset name; also its folder under the output URI.")
-    source: str = Field(description="Prompt rows: a .jsonl or .parquet file, local or s3://.")
+    source: str = Field(description="Prompt rows: a .jsonl or .parquet file, or a folder of .parquet shards (a "
+                        "Hugging Face dataset folder: *.parquet or data/*.parquet), local or s3://.")
     format: Literal["auto", "jsonl", "parquet"] = Field(
-        "auto", description="Row format; auto picks by the file extension (.parquet, else JSONL)."
+        "auto", description="File format; auto picks by the file extension (.parquet, else JSONL; a folder is "
+        "Parquet)."
     )
+    input: InputSpec = Field(default_factory=InputSpec, description="Row layout (ShareGPT, OpenAI, prompt) and the "
+                             "column names.")
+    samples: int = Field(1, ge=1, le=MAX_SAMPLES, description="Samples generated per prompt, each with its own seed; "
+                         "(line, sample index) is each sample's identity.")
     limit: int | None = Field(None, gt=0, description="Use only the first N rows of the source.")
     sampling: SamplingSpec = Field(default_factory=SamplingSpec, description="Overrides of the default sampling.")
     chat_template_kwargs: dict[str, Any] = Field(
@@ -206,6 +241,19 @@ class DatasetSpec(SpecModel):
         description="Chat template arguments for this dataset (e.g. thinking: false for Kimi, enable_thinking for "
         "Qwen3, reasoning_effort for GPT-OSS), merged over spec.chatTemplateKwargs key by key.",
     )
+    mode: Literal["last-turn", "all-turns"] = Field(
+        "last-turn",
+        description="last-turn: one answer to each row's messages as given. all-turns: every assistant turn is "
+        "regenerated in order, each the model's own answer to the history so far (user and system messages "
+        "replayed, the model's earlier answers in the history, the source's tool results spliced back when the "
+        "model calls the tool the source called, the conversation stopped where it diverges); one row per "
+        "conversation with each turn's prompt and output ids.",
+    )
+
+    def row_layout(self) -> RowLayout:
+        fields = self.input.fields
+        return RowLayout(format=self.input.format, messages=fields.messages, prompt=fields.prompt,
+                         system=fields.system, id=fields.id, tools=fields.tools)
 
     @field_validator("name")
     @classmethod
@@ -264,6 +312,9 @@ class ServerSpec(SpecModel):
         3600, gt=0, description="How long a server may load weights before its startup probe fails it."
     )
     shm_size: str = Field("64Gi", description="Size of the in-memory /dev/shm volume (NCCL needs a large one).")
+    deterministic_inference: bool = Field(
+        False, description="Start SGLang with --enable-deterministic-inference so each sample's seed makes its "
+        "sampling reproducible; it switches to batch-invariant kernels and the pytorch sampler (slower).")
     extra_args: list[str] = Field(default_factory=list, description="Extra SGLang flags, appended verbatim.")
     node_selector: dict[str, str] = Field(default_factory=dict, description="Extra node selector for server pods.")
     tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Extra tolerations.")
@@ -389,6 +440,10 @@ class DatasetGenerationSpec(SpecModel):
         default_factory=ValidationSpec, description="Thresholds of the validation report's checks."
     )
     suspend: bool = Field(False, description="Scale everything to zero; resuming continues from what is committed.")
+    seed: int | None = Field(
+        None, ge=0, lt=2**63, description="Base of the per-sample seeds (default 0): each sample's seed is a hash of "
+        "(seed, dataset, line, sample index), the same on every rerun. SGLang uses it only with "
+        "server.deterministicInference; otherwise it is recorded but sampling is not reproducible.")
 
     @model_validator(mode="after")
     def _unique_dataset_names(self) -> DatasetGenerationSpec:

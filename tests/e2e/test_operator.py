@@ -164,6 +164,14 @@ INVALID = [
      "must be in (0, 2]"),
     ("server.contextLength", 8192, "below server.contextLength"),
     ("runner.parallelism", 0, "spec.runner.parallelism"),
+    # n samples per prompt and the input layout (issue 12)
+    ("datasets", [{"name": "a", "source": "s3://b/a.jsonl", "samples": 0}], "spec.datasets[0].samples"),
+    ("datasets", [{"name": "a", "source": "s3://b/a.jsonl", "samples": 65}], "spec.datasets[0].samples"),
+    ("datasets", [{"name": "a", "source": "s3://b/a.jsonl", "input": {"format": "alpaca"}}],
+     "spec.datasets[0].input.format"),
+    ("datasets", [{"name": "a", "source": "s3://b/a.jsonl", "input": {"fields": {"prompt": ""}}}],
+     "spec.datasets[0].input.fields.prompt"),
+    ("seed", -1, "spec.seed"),
 ]
 
 

@@ -237,6 +237,11 @@ def kimi_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                    "reasoning": {"endToken": "</think>"}},
                          "datasets": [{"name": "prompts", "source": str(PROMPTS), "sampling": {"maxNewTokens": 16384}}],
                          "output": {"uri": str(tmp / "out")},
+                         # The simulator draws each output from its sample's seed (issue 12). Its text often opens a
+                         # paragraph with a space ("\n\n To"), which re-tokenizing merges differently, so whether
+                         # any of these 11 outputs survives the specforge-text round trip depends on the draw:
+                         # with seed base 1 some do (with 0, none: about 9 % of draws).
+                         "seed": 1,
                          "runner": {"concurrency": 16, "shardMaxSamples": 4, "shardMaxSeconds": 2}}}
     return simulated_run(tmp, document)
 

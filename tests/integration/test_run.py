@@ -128,8 +128,9 @@ def malformed_rows() -> tuple[list[Any], dict[int, str], set[str]]:
         5: ({"sample_id": "nomsg"}, "missing_messages"),
         7: ({"sample_id": "empty", "messages": []}, "empty_messages"),
         9: ({"sample_id": "role", "messages": [{"role": "bot", "content": "x"}]}, "unknown_role"),
-        11: ({"sample_id": "parts", "messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}]},
-             "non_string_content"),
+        # Multi-part text is read (input format auto/openai); an image part is not: tokenmill sends text only.
+        11: ({"sample_id": "parts", "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "https://example.com/x.png"}}]}]}, "unsupported_content"),
         13: ({"sample_id": "s0001", "messages": [{"role": "user", "content": "again"}]}, "duplicate_sample_id"),
         15: ({"sample_id": "long", "messages": [{"role": "user", "content": "tokens " * 5000}]}, "prompt_too_long"),
         17: ({"sample_id": "tmpl", "messages": [{"role": "user", "content": "x"},

@@ -93,6 +93,19 @@ def test_a_checkpoint_round_trips_everything_a_reader_needs(tmp_path):
                                                                                  T0 + timedelta(minutes=6), None)
 
 
+def test_a_checkpoint_of_fewer_samples_per_prompt_is_widened_not_thrown_away(tmp_path):
+    # samples raised from 1 to 4: the checkpoint is still used (no full refold), each outcome stays on its slot.
+    storage = LocalStorage(tmp_path)
+    commit(storage, 1, range(1, 11), T0, errors=[{"dataset": "d", "line": 12, "sample_index": 0, "sample_id": None,
+                                                  "reason": "invalid_json", "message": "bad"}])
+    index, _ = open_index(storage, "d", 20)
+    wide = decode(encode(index, "op", T0), "d", samples_per_prompt=4)
+    assert wide.ledger.samples_per_prompt == 4 and wide.markers == 1
+    assert [wide.ledger.outcome(Slot(line, 0)) for line in (1, 10, 11, 12)] == ["row", "row", None, "invalid_json"]
+    assert not any(wide.ledger.is_done(Slot(line, i)) for line in (1, 12) for i in (1, 2, 3))
+    assert (wide.ledger.completed, wide.ledger.failed) == (10, 1)
+
+
 def test_a_resume_reads_the_checkpoint_and_only_the_markers_after_it(tmp_path):
     storage = CountingStorage(tmp_path)
     for seq in range(1, 31):

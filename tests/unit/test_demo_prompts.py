@@ -43,3 +43,11 @@ def test_a_bad_scenario_file_is_named_with_what_is_wrong(tmp_path: Path) -> None
     broken.write_text(broken.read_text().replace("test_cmd:", "test_command:", 1))
     with pytest.raises(SystemExit, match=r"(?s)08-go-concurrent-map.yaml: .*test_cmd\n  Field required.*test_command"):
         generator.load_data(data)
+
+
+def test_the_conversation_generator_reproduces_the_committed_conversations(tmp_path: Path) -> None:
+    out = tmp_path / "conversations.jsonl"
+    done = subprocess.run([sys.executable, str(REPO / "hack" / "make_demo_conversations.py"), "--out", str(out)],
+                          capture_output=True, text=True, check=True)
+    assert "wrote 48 rows" in done.stdout
+    assert out.read_bytes() == (REPO / "examples" / "prompts" / "conversations.jsonl").read_bytes()

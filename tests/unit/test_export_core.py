@@ -177,3 +177,26 @@ def test_progress_line():
     line = progress_line(ExportProgress(done=250, total=1000, written=240, mismatched=3, units_per_s=50.0,
                                         elapsed_s=5.0))
     assert "250/1,000 units" in line and "( 25.0%)" in line and "50 units/s" in line and "ETA 00:00:15" in line
+
+
+def conversation_row(exact: bool) -> dict:
+    # turn 1's prompt extends turn 0's prompt + output exactly (a template that keeps history as generated), or not
+    turn0 = {"prompt_ids": [1, 2, 3], "output_ids": [10, 11, 9], "finish_reason": "stop", "history_exact": None,
+             "has_tool_call": True}
+    prompt1 = [1, 2, 3, 10, 11, 9, 4, 5] if exact else [1, 2, 3, 11, 9, 4, 5]
+    turn1 = {"prompt_ids": prompt1, "output_ids": [12, 9], "finish_reason": "stop", "history_exact": exact,
+             "has_tool_call": False}
+    return {"dataset": "d", "sample_id": "c1", "line": 4, "sample_index": 0, "prompt_ids": prompt1,
+            "output_ids": [12, 9], "finish_reason": "stop", "has_tool_call": True, "turns": [turn0, turn1],
+            "turn_count": 2, "stop_reason": "complete"}
+
+
+def test_a_conversation_with_an_exact_history_exports_as_one_record_supervised_on_every_turn():
+    (unit,) = units_from_row(conversation_row(True), per_conversation=True)
+    assert unit.id == "d/c1#s0" and unit.input_ids == [1, 2, 3, 10, 11, 9, 4, 5, 12, 9]
+    assert unit.loss_mask == [0, 0, 0, 1, 1, 1, 0, 0, 1, 1] and unit.supervised_tokens == 5
+    assert unit.has_tool_call and metadata(unit)["completion_tokens"] == 5
+    # per turn (the default), and per turn where the template rewrote the history
+    assert [u.id for u in units_from_row(conversation_row(True))] == ["d/c1#s0#t0", "d/c1#s0#t1"]
+    split = list(units_from_row(conversation_row(False), per_conversation=True))
+    assert [u.id for u in split] == ["d/c1#s0#t0", "d/c1#s0#t1"] and not split[1].history_exact

@@ -102,8 +102,27 @@ def test_the_sample_index_is_part_of_the_slot():
     ledger.fold(marker("b", failures=[(1, "retries_exhausted")], index=0))
     assert [ledger.outcome(Slot(1, i)) for i in range(3)] == ["retries_exhausted", None, "row"]
     assert dict(ledger.failed_slots()) == {Slot(1, 0): "retries_exhausted"}
-    with pytest.raises(MarkerError, match=r"commit marker d/commits/c.json: samples names .*sample index outside 0..2"):
-        ledger.fold(marker("c", rows=[(1, 3)], index=3))
+    with pytest.raises(MarkerError, match=r"commit marker d/commits/c.json: samples names .*sample index outside 0..63"):
+        ledger.fold(marker("c", rows=[(1, 3)], index=64))
+
+
+def test_a_higher_sample_index_widens_the_layout_and_keeps_every_outcome():
+    # samples raised from 2 to 4 between runs (or a reader that does not know n): what was committed stays where it is.
+    ledger = DatasetLedger("d", 3, samples_per_prompt=2)
+    ledger.fold(marker("a", rows=[(1, 5), (3, 7)], index=1))
+    ledger.fold(marker("b", failures=[(2, "retries_exhausted"), (3, "invalid_json")], index=0))
+    before = {(line, i): ledger.outcome(Slot(line, i)) for line in (1, 2, 3) for i in (0, 1)}
+    assert ledger.outcome(Slot(1, 3)) is None and not ledger.is_done(Slot(1, 3))
+    ledger.fold(marker("c", rows=[(2, 9)], index=3))
+    assert ledger.samples_per_prompt == 4
+    assert {(line, i): ledger.outcome(Slot(line, i)) for line in (1, 2, 3) for i in (0, 1)} == before
+    assert ledger.outcome(Slot(2, 3)) == "row" and ledger.outcome(Slot(2, 2)) is None
+    assert (ledger.completed, ledger.failed) == (3, 2)
+    assert dict(ledger.failed_slots()) == {Slot(2, 0): "retries_exhausted", Slot(3, 0): "invalid_json"}
+    header, arrays = ledger.state()
+    again = DatasetLedger.from_state(header, arrays)
+    assert [again.outcome(Slot(line, i)) for line in (1, 2, 3) for i in range(4)] == \
+        [ledger.outcome(Slot(line, i)) for line in (1, 2, 3) for i in range(4)]
 
 
 def test_lines_beyond_the_row_count_grow_the_ledger():

@@ -127,6 +127,15 @@ def test_server_args_come_from_the_plan():
     assert args[-2:] == ["--chunked-prefill-size", "4096"]  # extraArgs last: the user's flags win
 
 
+def test_deterministic_inference_only_when_asked():
+    # --enable-deterministic-inference exists in every supported release (0.5.9 server_args.py:4755; 0.5.23
+    # arg_groups/fields/exec_.py:1153); without it SGLang ignores sampling_seed.
+    assert "--enable-deterministic-inference" not in container(statefulset())["args"]
+    args = container(statefulset(spec(server__deterministicInference=True)))["args"]
+    assert "--enable-deterministic-inference" in args
+    assert args[-2:] == ["--chunked-prefill-size", "4096"]  # extraArgs still last
+
+
 def test_kv_cache_dtype_and_tokenizer_when_set():
     s = spec(model__tokenizer="pvc://weights/kimi-k2.5/tokenizer", model__trustRemoteCode=False)
     args = container(statefulset(s, plan(kv_cache_dtype="fp8_e4m3")))["args"]

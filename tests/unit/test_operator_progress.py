@@ -97,3 +97,22 @@ def test_what_a_pass_keeps_grows_with_slots_not_with_markers(tmp_path):
     index = output.datasets["a"]
     assert index.ledger.completed == 20_000 and index.ledger.nbytes <= 20_000 // 8 + 1
     assert index.known_hashes().nbytes == 200 * 8 and len(index.recent) <= 200
+
+
+def test_progress_counts_slots_when_a_dataset_has_several_samples_per_prompt(tmp_path):
+    # run.json records samples: 3 for 10 rows: 30 slots to settle; rows of sample 0 alone are a third of the way.
+    from tokenmill_runner.ledger import ShardContent
+    from tokenmill_runner.shards import commit_shard
+
+    from .counting_storage import rows
+
+    storage = CountingStorage(tmp_path)
+    storage.put("run.json", orjson.dumps({"datasets": {"a": {"rows": 10, "samples": 3}}}))
+    commit_lines(storage, "a", 1, range(1, 11), T0)
+    output = OutputIndex()
+    progress, _ = observe_progress(storage, output, T0 + timedelta(minutes=1), T0)
+    assert (progress.overall.completed, progress.overall.total, progress.all_committed) == (10, 30, False)
+    later = [{**row, "sample_index": index} for index in (1, 2) for row in rows("a", range(1, 11))]
+    commit_shard(storage, "a", "w000-t-000002", 0, ShardContent(later, []), clock=lambda: T0 + timedelta(minutes=2))
+    progress, _ = observe_progress(storage, output, T0 + timedelta(minutes=3), T0, full=True)
+    assert (progress.overall.completed, progress.overall.total, progress.all_committed) == (30, 30, True)

@@ -379,6 +379,16 @@ def test_a_fixed_workload_changes_the_prediction():
     assert short.prediction.eta_seconds < estimate.prediction.eta_seconds
 
 
+def test_samples_per_prompt_multiply_the_requests_the_plan_predicts():
+    one = plan_server(make_spec({"gpuProduct": H200}, [{"name": "d", "source": "d.jsonl", "limit": 500}]),
+                      facts("kimi-k2.5"))
+    four = plan_server(make_spec({"gpuProduct": H200}, [{"name": "d", "source": "d.jsonl", "limit": 500,
+                                                         "samples": 4}]), facts("kimi-k2.5"))
+    assert one.prediction and four.prediction
+    assert (one.prediction.samples, four.prediction.samples) == (500, 2000)
+    assert four.prediction.eta_seconds > one.prediction.eta_seconds  # (the plan may fill a larger batch)
+
+
 def test_datasets_without_limit_are_counted_as_assumed():
     plan = plan_server(make_spec({"gpuProduct": H200}, [{"name": "d", "source": "d.jsonl"}]), facts("kimi-k2.5"))
     assert plan.prediction and plan.prediction.samples == 10000 and plan.prediction.samples_assumed

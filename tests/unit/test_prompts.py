@@ -30,7 +30,7 @@ def test_good_row_keeps_its_id_as_string():
         (line({"sample_id": "x", "messages": [{"role": "bot", "content": "a"}]}), "unknown_role",
          "messages[0].role is 'bot'"),
         (line({"sample_id": "x", "messages": [{"role": "user", "content": [{"type": "text"}]}]}),
-         "non_string_content", "messages[0].content is a list"),
+         "non_string_content", "messages[0].content[0].text must be a string"),
         (line({"sample_id": "x", "messages": [{"role": "user"}]}), "non_string_content", "content is missing"),
         (line({"sample_id": "x", "messages": [{"role": "user", "content": "a"}], "tools": {"a": 1}}),
          "invalid_tools", "'tools' must be a list"),

@@ -107,3 +107,13 @@ def test_sampling_values_sglang_accepts_pass():
     spec = SamplingSpec.model_validate({"temperature": "0", "top_p": "1", "min_p": "0", "top_k": -1,
                                         "repetition_penalty": "2"})
     assert spec.to_sglang()["top_k"] == -1
+
+
+def test_every_supported_release_takes_a_per_request_seed() -> None:
+    # SamplingParams.sampling_seed: 0.5.9 sampling/sampling_params.py:66; 0.5.23 sampling/sampling_params.py:179 (and
+    # the 0.5.22+ contract gate's list, api/v1/api_types.py). tokenmill sends each sample's seed under this key.
+    from tokenmill_runner.server_info import ServerFacts, seeds_accepted
+
+    assert all("sampling_seed" in release(version).sampling_keys for version in SUPPORTED_RELEASES)
+    facts = [ServerFacts.read(f"http://s{i}", {"version": version}) for i, version in enumerate(SUPPORTED_RELEASES)]
+    assert seeds_accepted(facts) and seeds_accepted([ServerFacts.read("http://x", {})])

@@ -151,3 +151,30 @@ def test_the_scatter_keeps_every_point_up_to_its_limit_then_the_same_sample_in_a
     assert forward.sampled and forward.seen == 5000 and len(forward.reasoning) == 300
     assert sorted(forward.reasoning.tolist()) == sorted(backward.reasoning.tolist())
     assert (forward.answer == 2 * forward.reasoning).all(), "pairs stay together"
+
+
+def test_conversations_count_their_turns_as_generations_and_their_stop_reasons():
+    # Two conversations (3 turns ending truncated while reasoning; 2 turns complete) and one single-turn sample.
+    cut = {"sample_id": "c1", "line": 1, "sample_index": 0, "prompt_tokens": 900, "completion_tokens": 700,
+           "finish_reason": "length", "matched_stop": None, "reasoning_end": None, "reasoning_end_token_id": None,
+           "has_tool_call": True, "max_new_tokens": 500, "latency_s": 1.0, "turn_count": 3,
+           "stop_reason": "truncated", "last_turn_tokens": 500, "reasoning_turns": 2}
+    whole = {**cut, "sample_id": "c2", "line": 2, "completion_tokens": 300, "finish_reason": "stop",
+             "matched_stop": 9, "reasoning_end": 40, "reasoning_end_token_id": 50, "turn_count": 2,
+             "stop_reason": "complete", "last_turn_tokens": 120, "reasoning_turns": 2}
+    single = {**sample(3, random.Random(0)), "completion_tokens": 100, "finish_reason": "stop", "reasoning_end": 30}
+    marker = build_marker("d", "w000-t-000001", 0, ShardContent([cut, whole, single], []), 0)
+    ledger = DatasetSamples("d", rows=3)
+    ledger.add_marker(marker)
+    report = dataset_report(ledger, 32768, True)
+    assert report["conversations"]["count"] == 2 and report["conversations"]["turns_total"] == 5
+    assert report["conversations"]["stop_reasons"] == {"complete": 1, "truncated": 1}
+    assert report["completion_tokens_total"] == 700 + 300 + 100  # conversations count every turn's tokens
+    assert report["truncated"]["share"] == pytest.approx(1 / 6)  # 6 generations, the last turn of c1 cut
+    assert report["truncated"]["at_cap"] == 1  # c1's last turn hit its cap of 500 (its total 700 is not a turn)
+    assert report["reasoning"]["present"] == 5 and report["reasoning"]["present_share"] == pytest.approx(5 / 6)
+    assert report["reasoning"]["answer_tokens"]["max"] == 120 - 40 - 1 - 1  # the last turn's answer, stop excluded
+    single_only = DatasetSamples("d", rows=1)
+    single_only.add_marker(build_marker("d", "w000-t-000002", 0, ShardContent([single], []), 0))
+    assert dataset_report(single_only, 32768, True)["conversations"] is None
+    assert "turn_count" not in build_marker("d", "x", 0, ShardContent([single], []), 0)["samples"]

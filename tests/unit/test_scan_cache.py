@@ -8,7 +8,8 @@ import orjson
 import pytest
 
 from tokenmill_runner import scan_cache
-from tokenmill_runner.prompts import Prompt, RowError, belongs_to_worker
+from tokenmill_runner.adapters import RowLayout
+from tokenmill_runner.prompts import Prompt, RowError, belongs_to_worker, id_hash
 from tokenmill_runner.scan_cache import cached_scan
 from tokenmill_runner.sources import read_prompts
 from tokenmill_runner.storage import LocalStorage
@@ -88,3 +89,38 @@ def test_rows_not_wanted_are_never_parsed(tmp_path):
     everything = list(read_prompts(str(source), "jsonl"))
     assert isinstance(everything[1], RowError) and everything[1].reason == "invalid_json"
     assert [item.line for item in read_prompts(str(source), "jsonl", limit=2, wanted=lambda line: line != 1)] == [2]
+
+
+def write_shard(path, ids: list[str]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"sample_id": ids, "prompt": [f"q {i}" for i in ids]}), path)
+
+
+def test_a_dataset_folder_is_read_shard_after_shard_and_keyed_by_every_shard(tmp_path, scans):
+    # Hugging Face layout (data/train-0000k-of-0000n.parquet): names in order, line numbers continuing.
+    folder = tmp_path / "hf"
+    write_shard(folder / "data" / "train-00001-of-00002.parquet", ["d", "a"])
+    write_shard(folder / "data" / "train-00000-of-00002.parquet", ["a", "b", "c"])
+    assert [(p.line, p.sample_id) for p in read_prompts(str(folder), "parquet")] == \
+        [(1, "a"), (2, "b"), (3, "c"), (4, "d"), (5, "a")]
+    assert [p.line for p in read_prompts(str(folder), "parquet", limit=4)] == [1, 2, 3, 4]
+    out = LocalStorage(tmp_path / "out")
+    scan = cached_scan(out, "p", str(folder), "parquet")
+    assert scan.rows == 5 and scan.duplicates.first_of(5, id_hash("a")) == 1 and len(scans) == 1
+    assert cached_scan(out, "p", str(folder), "parquet").rows == 5 and len(scans) == 1
+    write_shard(folder / "data" / "train-00002-of-00002.parquet", ["e"])  # another shard: another identity
+    assert cached_scan(out, "p", str(folder), "parquet").rows == 6 and len(scans) == 2
+    write_shard(folder / "data" / "train-00000-of-00002.parquet", ["a"])  # a shard rewritten
+    assert cached_scan(out, "p", str(folder), "parquet").rows == 4 and len(scans) == 3
+    # The same rows read through another layout are another scan (other valid rows, other ids).
+    cached_scan(out, "p", str(folder), "parquet", layout=RowLayout(format="prompt", id="prompt"))
+    assert len(scans) == 4
+
+
+def test_a_folder_without_shards_says_where_it_looked(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"empty: a folder without \*.parquet or data/\*.parquet shards"):
+        list(read_prompts(str(tmp_path / "empty"), "parquet"))

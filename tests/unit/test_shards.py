@@ -17,7 +17,8 @@ def row(i: int, dataset: str = "d") -> dict:
             "output_ids": [5] * i + [9], "prompt_tokens": 3, "completion_tokens": i + 1,
             "finish_reason": "stop", "matched_stop": 9, "reasoning_end": None if i % 2 else 0,
             "reasoning_end_token_id": None if i % 2 else 5,
-            "has_tool_call": bool(i % 3 == 0), "max_new_tokens": 100, "latency_s": 0.5, "attempts": 1}
+            "has_tool_call": bool(i % 3 == 0), "max_new_tokens": 100, "latency_s": 0.5, "attempts": 1,
+            "seed": 1000 + i}
 
 
 def error(line: int) -> dict:

@@ -71,6 +71,15 @@ def test_validation_messages_follow_sglang() -> None:
     assert "integers" in message({"input_ids": [1, "2"]})
 
 
+def test_sampling_seed_is_read_and_checked_like_sglang() -> None:
+    # sampling_seed is a SamplingParams key in every supported release (0.5.9 sampling/sampling_params.py:66; 0.5.23
+    # sampling/sampling_params.py:179); verify() wants an int in int64 (0.5.23 sampling/sampling_params.py:302-311).
+    assert parse({"input_ids": [1], "sampling_params": {"sampling_seed": 7}}).items[0].params.sampling_seed == 7
+    assert parse({"input_ids": [1]}).items[0].params.sampling_seed is None
+    assert message({"input_ids": [1], "sampling_params": {"sampling_seed": 1.5}}, version="0.5.21") == \
+        "sampling_seed must be an integer, got float."
+
+
 def test_out_of_vocabulary_prompt_ids_are_not_refused() -> None:
     # _validate_input_ids_in_vocab is defined but never called (0.5.9 managers/tokenizer_manager.py; deleted 0.5.21).
     assert parse({"input_ids": [1, 10**7]}).items[0].input_ids == [1, 10**7]

@@ -8,6 +8,7 @@ import json
 import random
 import re
 import statistics
+from collections import Counter
 import time
 from dataclasses import fields
 from pathlib import Path
@@ -128,6 +129,21 @@ def test_same_seed_and_prompt_give_the_same_output(model: LoadedModel) -> None:
     assert sum(a != b for a, b in zip(first, other_seed, strict=True)) >= 18
     assert len({tuple(ids) for ids in first}) == len(prompts)  # different prompts, different outputs
     assert prompt_digest(0, [1, 2]) != prompt_digest(0, [2, 1]) != prompt_digest(1, [2, 1])
+
+
+def test_a_request_seed_draws_another_output_and_repeats_it(model: LoadedModel) -> None:
+    # n samples of one prompt differ by their sampling_seed; the same seed gives the same output again, and a request
+    # without one gets what it always got.
+    prompts = random_prompts(10, 5)
+    gen = generator(model, 3)
+
+    def outputs(seed: int | None) -> list[list[int]]:
+        return [gen.generate(p, SamplingParams(max_new_tokens=20000, sampling_seed=seed)).output_ids for p in prompts]
+
+    assert outputs(11) == outputs(11)
+    assert sum(a != b for a, b in zip(outputs(11), outputs(12), strict=True)) >= 9
+    assert outputs(None) == [gen.generate(p, SamplingParams(max_new_tokens=20000)).output_ids for p in prompts]
+    assert prompt_digest(3, [1, 2]) == prompt_digest(3, [1, 2], None) != prompt_digest(3, [1, 2], 0)
 
 
 def test_a_cut_output_is_a_prefix_of_the_full_one(model: LoadedModel) -> None:
@@ -330,3 +346,50 @@ def test_typescript_tool_declarations_are_read_like_json_ones() -> None:
     assert tool.name == "get_weather"
     assert tool.parameters == {"type": "object", "required": ["location"], "properties": {
         "location": {"type": "string"}, "days": {"type": "number"}, "unit": {"type": "string"}}}
+
+
+# ---- conversations (mode all-turns) -------------------------------------------------------------------------------
+def conversation_ids(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[int]:
+    ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def called(model: LoadedModel, ids: list[int]) -> list[str]:
+    return re.findall(r"functions\.(\w+):\d+", model.decode(ids, False))
+
+
+def test_a_user_message_naming_a_tool_gets_that_call_mostly_and_another_sometimes(model: LoadedModel,
+                                                                                  hf_tokenizer: Any) -> None:
+    gen = generator(model)
+    outcomes: Counter[str] = Counter()
+    for i in range(200):
+        ids = conversation_ids(hf_tokenizer, [{"role": "user", "content": f"What's the weather in Porto, day {i}?"}],
+                               [WEATHER_TOOL, SEARCH_TOOL])
+        out = gen.generate(ids, SamplingParams(max_new_tokens=100_000)).output_ids
+        names = called(model, out)
+        outcomes[names[0] if names else "none"] += 1
+        if names == ["get_weather"]:  # exactly the required arguments, as the source's call would have
+            arguments = re.search(r"<\|tool_call_argument_begin\|>(.*?)<\|tool_call_end\|>", model.decode(out, False))
+            assert arguments and set(json.loads(arguments.group(1))) == {"city"}
+        assert gen.generate(ids, SamplingParams(max_new_tokens=100_000)).output_ids == out  # deterministic
+    share = outcomes["get_weather"] / 200
+    assert 0.75 <= share <= 0.95, outcomes  # 15 % divergence (DIVERGENCE_SHARE), 2 % clarifications
+    assert outcomes["search_restaurants"] >= 10, outcomes
+
+
+def test_after_the_named_tool_answered_and_on_a_plain_follow_up_the_model_answers_without_a_call(
+        model: LoadedModel, hf_tokenizer: Any) -> None:
+    gen = generator(model)
+    calls = 0
+    for i in range(100):
+        asked = [{"role": "user", "content": f"What's the weather in Porto, day {i}?"},
+                 {"role": "assistant", "content": "", "tool_calls": [
+                     {"id": "functions.get_weather:0", "type": "function",
+                      "function": {"name": "get_weather", "arguments": '{"city": "Porto"}'}}]},
+                 {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "18 C"}]
+        follow_up = [*asked, {"role": "assistant", "content": "It is 18 C."}, {"role": "user", "content": "Thanks!"}]
+        for messages in (asked, follow_up):
+            out = gen.generate(conversation_ids(hf_tokenizer, messages, [WEATHER_TOOL, SEARCH_TOOL]),
+                               SamplingParams(max_new_tokens=100_000)).output_ids
+            calls += bool(called(model, out))
+    assert calls == 0

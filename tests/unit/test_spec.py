@@ -58,6 +58,12 @@ def test_default_max_new_tokens_is_not_sglangs_128():
         ({"server": {"sglangVersion": "0.4.1"}}, "spec.server.sglangVersion"),
         ({"server": {"nodes": 0}}, "spec.server.nodes"),
         ({"server": {"replicas": -1}}, "spec.server.replicas"),
+        ({"datasets": [{"name": "a", "source": "x", "samples": 0}]}, "spec.datasets[0].samples"),
+        ({"datasets": [{"name": "a", "source": "x", "samples": 65}]}, "spec.datasets[0].samples"),
+        ({"datasets": [{"name": "a", "source": "x", "input": {"format": "alpaca"}}]}, "spec.datasets[0].input.format"),
+        ({"datasets": [{"name": "a", "source": "x", "input": {"fields": {"prompt_col": "q"}}}]},
+         "spec.datasets[0].input.fields.prompt_col"),
+        ({"seed": -1}, "spec.seed"),
     ],
 )
 def test_bad_specs_name_the_field(update, fragment):

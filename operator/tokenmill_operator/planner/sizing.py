@@ -74,7 +74,9 @@ def workload(spec: DatasetGenerationSpec, prompt_tokens: int | None = None, outp
     for dataset in spec.datasets:
         cap = spec.sampling_for(dataset).max_new_tokens or spec.sampling.max_new_tokens
         loads.append(DatasetLoad(
-            name=dataset.name, samples=dataset.limit or SAMPLES_ASSUMED, samples_known=dataset.limit is not None,
+            # n samples per prompt are n requests each (the prompt's prefix is cached, the outputs are not).
+            name=dataset.name, samples=(dataset.limit or SAMPLES_ASSUMED) * dataset.samples,
+            samples_known=dataset.limit is not None,
             max_new_tokens=cap, **({"prompt_tokens": prompt_tokens} if prompt_tokens else {}),
             output_tokens=output_tokens))
     runner = spec.runner.concurrency

@@ -193,7 +193,14 @@ def _sampling(raw: dict[str, Any], release: Release) -> SamplingParams:
     stop_ids = raw.get("stop_token_ids") or []
     if not isinstance(stop_ids, list) or not all(type(i) is int for i in stop_ids):
         raise bad_request("stop_token_ids must be a list of integers.")
+    seed = raw.get("sampling_seed")
+    # SamplingParams.verify (0.5.21+; 0.5.23 sampling/sampling_params.py:302-311).
+    if seed is not None and type(seed) is not int:
+        raise bad_request(f"sampling_seed must be an integer, got {type(seed).__name__}.")
+    if seed is not None and not -(2**63) <= seed < 2**63:
+        raise bad_request(f"sampling_seed must be in [-2**63, 2**63 - 1], got {seed}.")
     return SamplingParams(
+        sampling_seed=seed,
         max_new_tokens=max_new,
         stop_token_ids=frozenset(stop_ids),
         ignore_eos=bool(raw.get("ignore_eos", False)),

@@ -44,6 +44,13 @@ TOOL_TOKENS = {
     "call_end": "<|tool_call_end|>",
 }
 DECLARE_TOKENS = {"system": "<|im_system|>", "middle": "<|im_middle|>", "end": "<|im_end|>"}
+USER_TOKEN, ASSISTANT_TOKEN = "<|im_user|>", "<|im_assistant|>"
+# Of turns whose user message asks for a tool (names it), the share where the model does something else: calls
+# another declared tool, or answers without a call when only one is declared. Multi-turn regeneration stops there,
+# so the demo shows both conversations that run to the end and ones that diverge.
+DIVERGENCE_SHARE = 0.15
+GENERIC_NAME_WORDS = frozenset({"get", "set", "list", "current", "info", "data", "from", "with", "make", "create",
+                                "find", "check", "fetch", "lookup", "query", "tool", "function"})
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,8 @@ class Vocabulary:
     tool: Mapping[str, int] | None  # TOOL_TOKENS keys -> ids; None when the tokenizer lacks them
     declare: Mapping[str, int] | None  # DECLARE_TOKENS keys -> ids
     tool_declare: tuple[int, ...]  # ids of the text "tool_declare" after <|im_system|>
+    user: int | None = None  # <|im_user|>: where the latest user message begins (Kimi's template)
+    assistant: int | None = None  # <|im_assistant|>: an earlier answer in the history
 
     @classmethod
     def resolve(cls, token_to_id: Mapping[str, int], encode: Encode, eos_ids: Iterable[int],
@@ -71,6 +80,8 @@ class Vocabulary:
             tool=_lookup(token_to_id, TOOL_TOKENS),
             declare=_lookup(token_to_id, DECLARE_TOKENS),
             tool_declare=tuple(encode("tool_declare")),
+            user=token_to_id.get(USER_TOKEN),
+            assistant=token_to_id.get(ASSISTANT_TOKEN),
         )
 
 
@@ -134,6 +145,7 @@ class SamplingParams:
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
+    sampling_seed: int | None = None  # per-request seed: another seed draws another output for the same prompt
 
 
 @dataclass(frozen=True)
@@ -152,9 +164,12 @@ class Finished:
     marks: list[tuple[int, str]] = field(default_factory=list)  # piece texts, to build `text` without decoding
 
 
-def prompt_digest(seed: int, input_ids: Sequence[int]) -> int:
-    """A 64-bit digest of (seed, prompt): the only source of randomness for a prompt's output."""
+def prompt_digest(seed: int, input_ids: Sequence[int], sampling_seed: int | None = None) -> int:
+    """A 64-bit digest of (seed, prompt[, the request's sampling_seed]): the only source of randomness for a prompt's
+    output. Without a request seed it is what it always was, so outputs of runs without seeds do not change."""
     payload = seed.to_bytes(8, "little", signed=True) + array("q", input_ids).tobytes()
+    if sampling_seed is not None:
+        payload += b"s" + sampling_seed.to_bytes(8, "little", signed=True)
     return int.from_bytes(hashlib.blake2b(payload, digest_size=8).digest(), "little")
 
 
@@ -255,8 +270,70 @@ def _fake_value(schema: Mapping[str, Any], rng: random.Random, name: str = "") -
     return rng.choice(textbank.ARGUMENT_WORDS)
 
 
-def make_plan(digest: int, profile: LengthProfile, tools: Sequence[ToolSpec], can_call_tools: bool) -> OutputPlan:
-    """Draw lengths and the output's kind for one prompt."""
+def name_words(name: str) -> set[str]:
+    """The words of a tool's name a user would say (get_current_weather -> weather)."""
+    words = {word.lower() for word in re.split(r"[_\-.\s]+|(?<=[a-z])(?=[A-Z])", name)}
+    return {word for word in words if len(word) >= 4 and word not in GENERIC_NAME_WORDS}
+
+
+@dataclass(frozen=True)
+class Requested:
+    """The tools the latest user message asks for (a word of the tool's name in its text, in the order the text
+    names them), and which of them the assistant has not called since that message."""
+
+    named: tuple[ToolSpec, ...]
+    pending: tuple[ToolSpec, ...]
+    follow_up: bool = False  # the history before the latest user message holds an answer of the assistant
+
+
+def requested_tools(input_ids: Sequence[int], vocab: Vocabulary, decode: Decode,
+                    tools: Sequence[ToolSpec]) -> Requested | None:
+    """What a tool-using model reads from a conversation (Kimi's template): None when the prompt has no user
+    message or the tokenizer lacks the markers; `named` empty when the user message names no declared tool."""
+    if vocab.user is None or vocab.declare is None or not tools:
+        return None
+    ids = list(input_ids)
+    try:
+        begin = len(ids) - 1 - ids[::-1].index(vocab.user)
+        end = ids.index(vocab.declare["end"], begin)
+    except ValueError:
+        return None
+    text = decode(ids[begin:end], True).lower()
+    found = []
+    for tool in tools:
+        positions = [text.find(word) for word in name_words(tool.name) if word in text]
+        if positions:
+            found.append((min(positions), tool.name, tool))
+    named = tuple(tool for _, _, tool in sorted(found, key=lambda item: (item[0], item[1])))
+    called = set(re.findall(r"functions\.([\w.\-]+):\d+", decode(ids[end:], False)))
+    follow_up = vocab.assistant is not None and vocab.assistant in ids[:begin]
+    return Requested(named, tuple(tool for tool in named if tool.name not in called), follow_up)
+
+
+def requested_plan(rng: random.Random, requested: Requested, tools: Sequence[ToolSpec]) -> tuple[str, ...] | None:
+    """The tool to call for a user message that asks for tools: the first one not yet called, mostly; another
+    declared tool (or none) now and then (DIVERGENCE_SHARE). () once every named tool was called: answer."""
+    if not requested.pending:
+        return ()
+    wanted = requested.pending[0]
+    if rng.random() < DIVERGENCE_SHARE:
+        others = [tool.name for tool in tools if tool.name != wanted.name]
+        return (rng.choice(others),) if others else ()
+    return (wanted.name,)
+
+
+def required_arguments(parameters: Mapping[str, Any], rng: random.Random) -> dict[str, Any]:
+    """Arguments for exactly the required properties (what a model does when a user asked for one thing)."""
+    required = parameters.get("required") or []
+    properties = parameters.get("properties") if isinstance(parameters.get("properties"), dict) else {}
+    return {name: _fake_value(properties.get(name) or {}, rng, name) for name in required}
+
+
+def make_plan(digest: int, profile: LengthProfile, tools: Sequence[ToolSpec], can_call_tools: bool,
+              requested: Requested | None = None) -> OutputPlan:
+    """Draw lengths and the output's kind for one prompt. When the latest user message names declared tools
+    (`requested`), the call follows it (see requested_plan) instead of the 60 % draw; a follow-up message in a
+    conversation that names none is answered without a call."""
     rng = random.Random(digest)
     length = profile.draw(rng)
     share = rng.uniform(*profile.reasoning_share)
@@ -267,7 +344,14 @@ def make_plan(digest: int, profile: LengthProfile, tools: Sequence[ToolSpec], ca
         reasoning = rng.randint(*CLARIFICATION_REASONING_TOKENS)
         return OutputPlan(profile.name, "clarification", reasoning + 45, reasoning, (), text_seed)
     calls: tuple[tuple[str, str], ...] = ()
-    if tools and can_call_tools and tool_draw < TOOL_CALL_SHARE:
+    if requested is not None and requested.follow_up and not requested.named:
+        pass  # a follow-up that asks for no tool ("thanks", "summarise that") is answered in prose
+    elif tools and can_call_tools and requested is not None and requested.named:
+        by_name = {tool.name: tool for tool in tools}
+        chosen_names = requested_plan(rng, requested, tools) or ()
+        calls = tuple((name, json.dumps(required_arguments(by_name[name].parameters, rng), ensure_ascii=False))
+                      for name in chosen_names)
+    elif tools and can_call_tools and tool_draw < TOOL_CALL_SHARE:
         count = 2 if rng.random() < SECOND_CALL_SHARE else 1
         chosen = [rng.choice(tools) for _ in range(count)]
         calls = tuple((t.name, json.dumps(fake_arguments(t.parameters, rng), ensure_ascii=False)) for t in chosen)
@@ -416,13 +500,15 @@ class OutputGenerator:
         if not self.concatenative:
             logger.info("this tokenizer does not decode piece by piece; every response text is decoded in full")
 
-    def plan(self, input_ids: Sequence[int]) -> OutputPlan:
+    def plan(self, input_ids: Sequence[int], sampling_seed: int | None = None) -> OutputPlan:
         tools = declared_tools(input_ids, self.vocab, self.decode)
         profile = choose_profile(self.profile, len(input_ids), bool(tools))
-        return make_plan(prompt_digest(self.seed, input_ids), profile, tools, self.vocab.tool is not None)
+        requested = requested_tools(input_ids, self.vocab, self.decode, tools) if tools else None
+        digest = prompt_digest(self.seed, input_ids, sampling_seed)
+        return make_plan(digest, profile, tools, self.vocab.tool is not None, requested)
 
     def generate(self, input_ids: Sequence[int], params: SamplingParams) -> Finished:
-        plan = self.plan(input_ids)
+        plan = self.plan(input_ids, params.sampling_seed)
         draft = self.builder.natural(plan, params.max_new_tokens)
         stops = frozenset() if params.ignore_eos else self.vocab.eos_ids | params.stop_token_ids
         return apply_stops(draft, params, stops, lambda n: self.builder.continuation(plan, n), self.eos_at_cap)

@@ -24,9 +24,11 @@ from typing import Any, TextIO
 
 import orjson
 
+from ..adapters import DEFAULT_LAYOUT, RowLayout
 from ..progress import ThroughputMeter
 from ..prompts import Prompt, RowError
 from ..shards import datasets_with_commits, decode_rows, markers_in_commit_order
+from ..spec import DatasetSpec
 from ..storage import TMP_MARK, LocalStorage, Storage, StorageError, open_storage
 from .filters import ExportFilters, excluded_by_findings, select_datasets
 from .formats import FORMATS, ExportFormat, hf_record, speculators_record, specforge_record
@@ -73,10 +75,12 @@ class ExportRequest:
     part_bytes: int = DEFAULT_PART_BYTES
     s3_endpoint: str | None = None
     dest_s3_endpoint: str | None = None
+    per_conversation: bool = False  # a conversation as one record where its history is exact (units.py)
 
     def options(self) -> dict[str, Any]:
         return {"filters": self.filters.as_dict(), "keep_mismatched": self.keep_mismatched,
-                "tokenizer": self.tokenizer, "specforge_template": self.specforge_template}
+                "tokenizer": self.tokenizer, "specforge_template": self.specforge_template,
+                "per_conversation": self.per_conversation}
 
 
 def export_format(name: str) -> ExportFormat:
@@ -178,13 +182,15 @@ class TextSide:
     endpoint: str | None
     spool: Path
     stack: ExitStack
+    layouts: dict[str, RowLayout] = field(default_factory=dict)  # dataset -> its input layout (spec input)
     _open: dict[str, SourceLines] = field(default_factory=dict)
 
     def lines(self, dataset: str) -> SourceLines:
         if dataset not in self._open:
             if dataset not in self.sources:
                 raise ExportError(f"run.json names no source for dataset {dataset!r}; a text export needs its prompts")
-            lines = SourceLines(self.sources[dataset], self.formats.get(dataset, "auto"), self.endpoint, self.spool)
+            lines = SourceLines(self.sources[dataset], self.formats.get(dataset, "auto"), self.endpoint, self.spool,
+                                self.layouts.get(dataset, DEFAULT_LAYOUT))
             self._open[dataset] = self.stack.enter_context(lines)
         return self._open[dataset]
 
@@ -236,7 +242,8 @@ def text_side(request: ExportRequest, fmt: ExportFormat, run: dict[str, Any], sp
                                       openers, info.get("tool_call_id"))
     datasets = (run.get("spec") or {}).get("datasets", [])
     return TextSide(tokenizer, context, {d["name"]: d["source"] for d in datasets},
-                    {d["name"]: d.get("format", "auto") for d in datasets}, request.s3_endpoint, spool, stack)
+                    {d["name"]: d.get("format", "auto") for d in datasets}, request.s3_endpoint, spool, stack,
+                    {d["name"]: DatasetSpec.model_validate(d).row_layout() for d in datasets})
 
 
 # --- the export ------------------------------------------------------------------------------------------------
@@ -315,7 +322,7 @@ class Exporter:
         self.writer.write(record)
         counts.written += 1
         self.written += 1
-        counts.supervised_tokens += len(unit.output_ids)
+        counts.supervised_tokens += unit.supervised_tokens
         counts.longest = max(counts.longest, len(unit.prompt_ids) + len(unit.output_ids))
 
 
@@ -378,7 +385,7 @@ def _export_dataset(exporter: Exporter, source: Storage, dataset: str, shard_key
         if not seen.add(int(row["line"]), int(row.get("sample_index") or 0)):
             counts.duplicate_slots += 1
             continue
-        for unit in units_from_row(row):
+        for unit in units_from_row(row, exporter.request.per_conversation):
             exporter.add_unit(unit, counts)
         progress.update(exporter.done, exporter.written, exporter.mismatched)
 

@@ -68,9 +68,9 @@ def metadata(unit: GenerationUnit) -> dict[str, Any]:
         "dataset": unit.dataset, "sample_id": unit.sample_id, "sample_index": unit.sample_index,
         "turn_index": unit.turn_index, "turns": unit.turns, "line": unit.line,
         "finish_reason": unit.finish_reason or "", "prompt_tokens": len(unit.prompt_ids),
-        "completion_tokens": len(unit.output_ids), "has_reasoning": unit.has_reasoning,
+        "completion_tokens": unit.supervised_tokens, "has_reasoning": unit.has_reasoning,
         "reasoning_tokens": unit.reasoning_end or 0, "has_tool_call": unit.has_tool_call,
-        "max_new_tokens": unit.max_new_tokens or 0,
+        "max_new_tokens": unit.max_new_tokens or 0, "history_exact": unit.history_exact,
     }
 
 
@@ -99,7 +99,7 @@ def hf_record(unit: GenerationUnit) -> dict[str, Any]:
     return {
         "id": unit.id, "dataset": unit.dataset, "sample_id": unit.sample_id, "sample_index": unit.sample_index,
         "turn_index": unit.turn_index, "turns": unit.turns, "line": unit.line, "input_ids": unit.input_ids,
-        "loss_mask": unit.loss_mask, "prompt_tokens": len(unit.prompt_ids), "completion_tokens": len(unit.output_ids),
+        "loss_mask": unit.loss_mask, "prompt_tokens": len(unit.prompt_ids), "completion_tokens": unit.supervised_tokens,
         "finish_reason": unit.finish_reason, "reasoning_end": unit.reasoning_end,
         "has_tool_call": unit.has_tool_call, "max_new_tokens": unit.max_new_tokens,
     }

@@ -15,15 +15,17 @@ from typing import BinaryIO
 
 import orjson
 
+from ..adapters import DEFAULT_LAYOUT, RowLayout
 from ..prompts import Prompt, RowError, parse_line
 from ..sources import read_jsonl, read_parquet, source_format
 
 
 class SourceLines:
     def __init__(self, source: str, declared_format: str = "auto", endpoint: str | None = None,
-                 spool: Path | None = None) -> None:
+                 spool: Path | None = None, layout: RowLayout = DEFAULT_LAYOUT) -> None:
         self.source = source
-        fmt = source_format(source, declared_format)
+        self.layout = layout
+        fmt = source_format(source, declared_format, endpoint)
         local = source.removeprefix("file://")
         if fmt == "jsonl" and not source.startswith("s3://"):
             self._handle: BinaryIO = open(local, "rb")  # noqa: SIM115 - closed by close()
@@ -56,7 +58,7 @@ class SourceLines:
         if not 1 <= line <= len(self._offsets):
             return RowError(line, None, "source_changed", f"line {line}: {self.source} has {len(self._offsets)} lines")
         self._handle.seek(self._offsets[line - 1])
-        return parse_line(line, self._handle.readline())
+        return parse_line(line, self._handle.readline(), self.layout)
 
     def close(self) -> None:
         self._handle.close()

@@ -14,7 +14,7 @@ that meets a slot twice (two markers naming it) keeps the first and counts the s
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -39,11 +39,19 @@ class GenerationUnit:
     reasoning_end_token_id: int | None
     has_tool_call: bool
     max_new_tokens: int | None
+    # Whether this turn's prompt ids extend the previous turn's prompt + output ids token for token (a template that
+    # drops reasoning from history answers makes it False); True for a first turn and a single-turn row.
+    history_exact: bool = True
+    # A whole conversation as one unit (--per-conversation): the spans of input_ids the model generated, one per
+    # turn (the last turn's output among them); None for a unit of one generation.
+    spans: tuple[tuple[int, int], ...] | None = None
 
     @property
     def id(self) -> str:
         # Sample ids are unique per dataset only (id-less rows are "L<line>" in every dataset), so the dataset is
         # part of the id; `#s`/`#t` name the sample and the turn (the researcher's rule 9 in the trainers' notes).
+        if self.spans is not None:
+            return self.conversation_id
         return f"{self.dataset}/{self.sample_id}#s{self.sample_index}#t{self.turn_index}"
 
     @property
@@ -65,7 +73,16 @@ class GenerationUnit:
     @property
     def loss_mask(self) -> list[int]:
         # 1 on exactly what the target generated, the stop token included (both trainers supervise it).
-        return [0] * len(self.prompt_ids) + [1] * len(self.output_ids)
+        if self.spans is None:
+            return [0] * len(self.prompt_ids) + [1] * len(self.output_ids)
+        mask = [0] * (len(self.prompt_ids) + len(self.output_ids))
+        for begin, end in self.spans:
+            mask[begin:end] = [1] * (end - begin)
+        return mask
+
+    @property
+    def supervised_tokens(self) -> int:
+        return len(self.output_ids) if self.spans is None else sum(end - begin for begin, end in self.spans)
 
 
 def _unit(row: dict[str, Any], turn: dict[str, Any], turn_index: int, turns: int) -> GenerationUnit:
@@ -76,14 +93,33 @@ def _unit(row: dict[str, Any], turn: dict[str, Any], turn_index: int, turns: int
         prompt_ids=[int(i) for i in merged["prompt_ids"]], output_ids=[int(i) for i in merged["output_ids"]],
         **{name: merged.get(name) for name in UNIT_FIELDS if name != "has_tool_call"},
         has_tool_call=bool(merged.get("has_tool_call")),
+        history_exact=merged.get("history_exact") is not False,
     )
 
 
-def units_from_row(row: dict[str, Any]) -> Iterator[GenerationUnit]:
-    """One unit per assistant turn of a committed row (one for today's single-turn rows)."""
+def conversation_unit(row: dict[str, Any]) -> GenerationUnit | None:
+    """A conversation as one unit: its last turn's prompt + output ids, supervised on every turn's output. Only
+    when each turn's prompt extends the previous turn's prompt + output ids token for token (`history_exact`),
+    so every answer sits in the last sequence exactly as generated; None otherwise (templates that drop history
+    reasoning, Kimi's and the demo's among them: export those per turn)."""
+    turns = row.get("turns")
+    if not turns or any(turn.get("history_exact") is not True for turn in turns[1:]):
+        return None
+    spans = tuple((len(turn["prompt_ids"]), len(turn["prompt_ids"]) + len(turn["output_ids"])) for turn in turns)
+    last = _unit(row, turns[-1], len(turns) - 1, len(turns))
+    return replace(last, spans=spans, has_tool_call=any(bool(turn.get("has_tool_call")) for turn in turns))
+
+
+def units_from_row(row: dict[str, Any], per_conversation: bool = False) -> Iterator[GenerationUnit]:
+    """One unit per assistant turn of a committed row (one for single-turn rows); with `per_conversation`, one
+    per conversation where `conversation_unit` can build it, per turn otherwise."""
     turns = row.get("turns")
     if not turns:
         yield _unit(row, {}, 0, 1)
+        return
+    whole = conversation_unit(row) if per_conversation else None
+    if whole is not None:
+        yield whole
         return
     for index, turn in enumerate(turns):
         yield _unit(row, turn, index, len(turns))
