@@ -323,19 +323,11 @@ class Runner:
                 finally:
                     queue.task_done()
                 continue
-            self.in_flight += 1
-            self.metrics.set_in_flight(self.in_flight)
-            try:
-                result = await self.client.generate(ids, params)
-            finally:
-                self.in_flight -= 1
-                self.metrics.set_in_flight(self.in_flight)
+            result = await self._generate(state, ids, params)
             now = self.clock()
             if isinstance(result, Generation):
-                self.metrics.answered(state.name, result.attempts, True, result.completion_tokens, result.latency_s)
                 self._record_row(state, prompt, ids, result, now, index, seed)
             else:
-                self.metrics.answered(state.name, result.attempts, False, 0, 0.0)
                 self._record_error(state, failure_record(state.name, prompt, result, index), now)
             queue.task_done()
 
@@ -349,7 +341,6 @@ class Runner:
             self.metrics.set_in_flight(self.in_flight)
         if isinstance(result, Generation):
             self.metrics.answered(state.name, result.attempts, True, result.completion_tokens, result.latency_s)
-            self.meter.record(self.clock(), 0, result.completion_tokens)
         else:
             self.metrics.answered(state.name, result.attempts, False, 0, 0.0)
         return result
@@ -365,7 +356,9 @@ class Runner:
         max_new = state.sampling.max_new_tokens or 0
         while True:
             result = await self._generate(state, ids, params)
-            if not isinstance(result, Generation):
+            if isinstance(result, Generation):  # tokens count turn by turn, the sample once when recorded
+                self.meter.record(self.clock(), 0, result.completion_tokens)
+            else:
                 record = failure_record(state.name, prompt, result, sample_index)
                 record["message"] += f" (turn {len(turns)} of the conversation; it is generated again as a whole)"
                 self._record_error(state, record, self.clock())

@@ -36,16 +36,21 @@ from .storage import TMP_MARK, Storage
 
 logger = logging.getLogger(__name__)
 
-TURN_TYPE = pa.struct([
-    ("prompt_ids", pa.list_(pa.int32())),  # exactly what was sent for this turn
+# What one generation gives, in a row (single-turn) and in each turn of a conversation.
+GENERATION_FIELDS = [
+    ("prompt_ids", pa.list_(pa.int32())),  # exactly what was sent
     ("output_ids", pa.list_(pa.int32())),
     ("prompt_tokens", pa.int32()),
     ("completion_tokens", pa.int32()),
     ("finish_reason", pa.string()),
     ("matched_stop", pa.int64()),
     ("reasoning_end", pa.int32()),
-    ("reasoning_end_token_id", pa.int64()),
+    ("reasoning_end_token_id", pa.int64()),  # which of the tokens that end reasoning did (null: none)
     ("has_tool_call", pa.bool_()),
+]
+
+TURN_TYPE = pa.struct([
+    *GENERATION_FIELDS,
     ("latency_s", pa.float64()),
     ("attempts", pa.int16()),
     ("history_exact", pa.bool_()),  # prompt_ids extend the previous turn's prompt + output ids (null: first turn)
@@ -57,15 +62,7 @@ ROW_SCHEMA = pa.schema([
     ("dataset", pa.string()),
     ("line", pa.int64()),
     ("sample_index", pa.int32()),  # which sample of the prompt: (line, sample_index) is the slot
-    ("prompt_ids", pa.list_(pa.int32())),
-    ("output_ids", pa.list_(pa.int32())),
-    ("prompt_tokens", pa.int32()),
-    ("completion_tokens", pa.int32()),
-    ("finish_reason", pa.string()),
-    ("matched_stop", pa.int64()),
-    ("reasoning_end", pa.int32()),
-    ("reasoning_end_token_id", pa.int64()),  # which of the tokens that end reasoning did (null: none)
-    ("has_tool_call", pa.bool_()),
+    *GENERATION_FIELDS,
     ("max_new_tokens", pa.int32()),
     ("latency_s", pa.float64()),
     ("attempts", pa.int16()),

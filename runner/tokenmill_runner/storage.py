@@ -325,10 +325,15 @@ class S3Storage:
             yield key
 
     def list_sizes(self, prefix: str = "", start_after: str | None = None) -> Iterator[tuple[str, int]]:
-        # Page by page, each page retried on its own: a failure in the middle never repeats or skips keys.
         arguments: dict[str, Any] = {"Bucket": self.location.bucket, "Prefix": self._key(prefix)}
         if start_after is not None:
             arguments["StartAfter"] = self._key(start_after)
+        for page in self._pages(prefix, arguments):
+            for item in page.get("Contents", []):
+                yield item["Key"][len(self.location.prefix):], int(item.get("Size", 0))
+
+    def _pages(self, prefix: str, arguments: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        # Page by page, each page retried on its own: a failure in the middle never repeats or skips keys.
         while True:
             try:
                 page = self.call("list", prefix, lambda args=dict(arguments): self._client.list_objects_v2(**args))
@@ -336,8 +341,7 @@ class S3Storage:
                 raise
             except Exception as error:
                 raise StorageError(f"cannot list {self.uri(prefix)}: {error}") from error
-            for item in page.get("Contents", []):
-                yield item["Key"][len(self.location.prefix):], int(item.get("Size", 0))
+            yield page
             if not page.get("IsTruncated"):
                 return
             arguments["ContinuationToken"] = page["NextContinuationToken"]
@@ -354,18 +358,9 @@ class S3Storage:
     def folders(self, prefix: str = "") -> Iterator[str]:
         """The common prefixes under `prefix` (S3's Delimiter listing), without the trailing '/'."""
         arguments: dict[str, Any] = {"Bucket": self.location.bucket, "Prefix": self._key(prefix), "Delimiter": "/"}
-        while True:
-            try:
-                page = self.call("list", prefix, lambda args=dict(arguments): self._client.list_objects_v2(**args))
-            except StorageError:
-                raise
-            except Exception as error:
-                raise StorageError(f"cannot list {self.uri(prefix)}: {error}") from error
+        for page in self._pages(prefix, arguments):
             for item in page.get("CommonPrefixes", []):
                 yield item["Prefix"][len(self._key(prefix)):].rstrip("/")
-            if not page.get("IsTruncated"):
-                return
-            arguments["ContinuationToken"] = page["NextContinuationToken"]
 
     def identity(self, key: str) -> str:
         """The object's ETag, size and modification time (HEAD), so a cached answer about it can be checked."""
