@@ -166,7 +166,12 @@ class Finished:
 
 def prompt_digest(seed: int, input_ids: Sequence[int], sampling_seed: int | None = None) -> int:
     """A 64-bit digest of (seed, prompt[, the request's sampling_seed]): the only source of randomness for a prompt's
-    output. Without a request seed it is what it always was, so outputs of runs without seeds do not change."""
+    output. Without a request seed it is what it always was, so outputs of runs without seeds do not change.
+
+    The simulator always honours the request seed, as SGLang does only with `--enable-deterministic-inference`
+    (0.5.23 `sampling/sampling_batch_info.py:128` builds the per-row seeds only when deterministic; without the flag
+    torch's RNG draws). Both ways, two samples of one prompt differ; only the deterministic server repeats a sample
+    on a rerun, and the simulator stands in for that one (docs/sglang-release-facts.md, sampling_seed)."""
     payload = seed.to_bytes(8, "little", signed=True) + array("q", input_ids).tobytes()
     if sampling_seed is not None:
         payload += b"s" + sampling_seed.to_bytes(8, "little", signed=True)
