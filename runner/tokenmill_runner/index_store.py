@@ -128,9 +128,3 @@ def _prune(storage: Storage, dataset: str, written: str) -> None:
             storage.delete(key)
         except StorageError as error:  # a checkpoint left behind costs storage, never correctness
             logger.warning("could not remove old checkpoint %s: %s", storage.uri(key), error)
-
-
-def read_marker_objects(storage: Storage, keys: Iterable[str], threads: int = READ_THREADS
-                        ) -> Iterator[tuple[str, dict[str, Any]]]:
-    for key, data in iter_keyed(storage, keys, threads):
-        yield key, orjson.loads(data)

@@ -249,7 +249,8 @@ def clean_leftovers(storage: Storage, dataset: str, worker: int, committed: Call
 
 
 def read_committed_rows(storage: Storage, dataset: str) -> Iterator[dict[str, Any]]:
-    """All committed rows of a dataset (reads the shards; for inspection and tests, not for progress)."""
-    for marker in read_markers(storage, dataset):
+    """All committed rows of a dataset in commit order (reads the shards; for inspection and tests, not for
+    progress), streamed: a window of markers and one shard in memory."""
+    for marker in markers_in_commit_order(storage, dataset):
         if marker["data"]:
             yield from decode_rows(storage.get(f"{dataset}/{marker['data']}"))
