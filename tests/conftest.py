@@ -23,7 +23,7 @@ def demo_model() -> Path:
 
 @pytest.fixture(scope="session")
 def tokenizer(demo_model: Path):
-    from tokenmill_runner.pretokenize import load_tokenizer
+    from tokenmill_runner.render.pretokenize import load_tokenizer
 
     return load_tokenizer(str(demo_model))
 
@@ -53,7 +53,7 @@ def s3_endpoint() -> Iterator[str]:
 
 @pytest.fixture
 def s3_bucket(s3_endpoint: str, request: pytest.FixtureRequest) -> str:
-    from tokenmill_runner.storage import s3_client
+    from tokenmill_runner.store.storage import s3_client
 
     name = "t-" + request.node.name.lower().replace("_", "-").replace("[", "-").replace("]", "")[:50]
     s3_client(s3_endpoint).create_bucket(Bucket=name)

@@ -27,8 +27,8 @@ import sys
 from pathlib import Path
 what, run, dest = sys.argv[1], sys.argv[2], sys.argv[3]
 if what == "read":
-    from tokenmill_runner.shards import read_committed_rows
-    from tokenmill_runner.storage import open_storage
+    from tokenmill_runner.store.shards import read_committed_rows
+    from tokenmill_runner.store.storage import open_storage
     sum(len(r["output_ids"]) for r in read_committed_rows(open_storage(run), "bench"))
 else:
     from tokenmill_runner.export.exporter import ExportRequest, export
@@ -37,9 +37,9 @@ else:
 
 
 def build_run(folder: Path, samples: int, shard: int = 256) -> int:
-    from tokenmill_runner.ledger import ShardContent
-    from tokenmill_runner.shards import commit_shard
-    from tokenmill_runner.storage import LocalStorage
+    from tokenmill_runner.store.ledger import ShardContent
+    from tokenmill_runner.store.shards import commit_shard
+    from tokenmill_runner.store.storage import LocalStorage
 
     rng = random.Random(0)
     storage = LocalStorage(folder)

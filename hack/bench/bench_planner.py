@@ -2,7 +2,7 @@
 """The planner's throughput model against published measurements: the error table, and (--fit) the refit.
 
 Reads docs/throughput-calibration.yaml (each record: source, configuration, published tokens/s) and the model
-fixtures in tests/fixtures/models/, predicts every record with runner/tokenmill_runner/throughput.py, and prints
+fixtures in tests/fixtures/models/, predicts every record with runner/tokenmill_runner/facts/throughput.py, and prints
 predicted vs published side by side with the ratio. `fit: true` records are the calibration set (the test holds
 them within +-30 %); the others are shown with the reason they are not fitted. With --fit it searches the
 constants of `Calibration` that minimise the squared log error over the fit set and prints them, ready to paste.
@@ -26,12 +26,12 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "runner"))
 
-from tokenmill_runner.calibration import (  # noqa: E402
+from tokenmill_runner.facts.calibration import (  # noqa: E402
     Record,
     load_records,
     predict,
 )
-from tokenmill_runner.throughput import CALIBRATION, Calibration  # noqa: E402
+from tokenmill_runner.facts.throughput import CALIBRATION, Calibration  # noqa: E402
 
 RECORDS = REPO / "docs" / "throughput-calibration.yaml"
 MODELS = REPO / "tests" / "fixtures" / "models"

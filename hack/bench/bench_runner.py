@@ -32,11 +32,11 @@ REPO = Path(__file__).resolve().parents[2]
 MODEL = REPO / "examples" / "demo-model"
 sys.path.insert(0, str(REPO / "runner"))
 
-from tokenmill_runner.config import RunnerConfig  # noqa: E402
+from tokenmill_runner.spec.config import RunnerConfig  # noqa: E402
 from tokenmill_runner.prepare import prepare  # noqa: E402
-from tokenmill_runner.pretokenize import PromptEncoder, load_tokenizer  # noqa: E402
-from tokenmill_runner.sources import read_prompts  # noqa: E402
-from tokenmill_runner.spec import load_spec_file  # noqa: E402
+from tokenmill_runner.render.pretokenize import PromptEncoder, load_tokenizer  # noqa: E402
+from tokenmill_runner.source.reader import read_prompts  # noqa: E402
+from tokenmill_runner.spec.resource import load_spec_file  # noqa: E402
 
 
 def free_port() -> int:

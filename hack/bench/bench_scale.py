@@ -79,7 +79,7 @@ def write_source(path: Path, samples: int) -> None:
 
 def build_marker(number: int, lines: range, at: datetime, worker: int) -> tuple[str, bytes]:
     """A marker as the runner writes it (ledger.build_marker's layout), with plausible lengths."""
-    from tokenmill_runner.marker_names import marker_name
+    from tokenmill_runner.store.marker_names import marker_name
 
     rng = np.random.default_rng(number)
     n = len(lines)
@@ -112,7 +112,7 @@ def committed_markers(samples: int) -> int:
 
 
 def _synth_part(uri: str, endpoint: str | None, samples: int, numbers: list[int]) -> None:
-    from tokenmill_runner.storage import open_storage
+    from tokenmill_runner.store.storage import open_storage
 
     storage = open_storage(uri, endpoint)
     total = markers_of(samples)
@@ -130,7 +130,7 @@ def _synth_part(uri: str, endpoint: str | None, samples: int, numbers: list[int]
 
 def synthesize(uri: str, endpoint: str | None, samples: int, processes: int = 2) -> float:
     """Markers for the first 99 % of the slots, written by `processes` processes of 16 threads; run.json."""
-    from tokenmill_runner.storage import open_storage
+    from tokenmill_runner.store.storage import open_storage
 
     started = time.perf_counter()
     numbers = list(range(committed_markers(samples)))
@@ -166,7 +166,7 @@ def _timed(calls: Counter[str], action: Any) -> dict[str, Any]:
 
 def steady_markers(uri: str, endpoint: str | None, samples: int, at: datetime, tag: int) -> int:
     """1 % of the markers again (the slots not committed yet, under new shard ids: the I/O of a steady pass)."""
-    from tokenmill_runner.storage import open_storage
+    from tokenmill_runner.store.storage import open_storage
 
     storage = open_storage(uri, endpoint)
     total, first = markers_of(samples), committed_markers(samples)
@@ -187,8 +187,8 @@ def child_operator(uri: str, endpoint: str | None, samples: int, resources: int,
     import tokenmill_operator.handlers  # noqa: F401 - the operator process's imports (kopf, clients): its baseline
     from tokenmill_operator.gather import OutputIndex, observe_progress
     from tokenmill_operator.reconcile import OBSERVE_RETRY
-    from tokenmill_runner.index_store import write_checkpoint
-    from tokenmill_runner.storage import open_storage
+    from tokenmill_runner.store.index_store import write_checkpoint
+    from tokenmill_runner.store.storage import open_storage
 
     storage = open_storage(uri, endpoint, retry=OBSERVE_RETRY)
     calls = count_calls(storage)
@@ -220,8 +220,8 @@ def child_operator(uri: str, endpoint: str | None, samples: int, resources: int,
 
 
 def _runner_config(uri: str, endpoint: str | None, source: str, worker: int, workers: int) -> Any:
-    from tokenmill_runner.config import RunnerConfig
-    from tokenmill_runner.spec import DatasetGenerationSpec
+    from tokenmill_runner.spec.config import RunnerConfig
+    from tokenmill_runner.spec.resource import DatasetGenerationSpec
 
     spec = DatasetGenerationSpec.model_validate({
         "model": {"path": str(MODEL)}, "datasets": [{"name": DATASET, "source": source}],
@@ -233,10 +233,10 @@ def _runner_config(uri: str, endpoint: str | None, source: str, worker: int, wor
 def child_runner(uri: str, endpoint: str | None, source: str, worker: int, workers: int) -> dict[str, Any]:
     from types import SimpleNamespace
 
-    from tokenmill_runner.pipeline import Runner
+    from tokenmill_runner.generate.pipeline import Runner
     from tokenmill_runner.prepare import prepare_states
-    from tokenmill_runner.sources import read_prompts
-    from tokenmill_runner.storage import open_storage
+    from tokenmill_runner.source.reader import read_prompts
+    from tokenmill_runner.store.storage import open_storage
 
     config = _runner_config(uri, endpoint, source, worker, workers)
     storage = open_storage(uri, endpoint)
@@ -301,13 +301,13 @@ class SimReplica:
 
 async def _split_worker(worker: int, workers: int, replicas: list[SimReplica], storage: Any, source: str,
                         concurrency: int, stats: Counter[str]) -> None:
-    from tokenmill_runner.index_store import open_index
-    from tokenmill_runner.ledger import Slot
+    from tokenmill_runner.store.index_store import open_index
+    from tokenmill_runner.store.ledger import Slot
     from tokenmill_sim.capacity import Job
-    from tokenmill_runner.prompts import Prompt, duplicate_error, id_hash
-    from tokenmill_runner.scan_cache import cached_scan
-    from tokenmill_runner.shards import ShardBuffer, clean_leftovers, commit_shard, new_run_token, new_shard_id
-    from tokenmill_runner.sources import read_prompts
+    from tokenmill_runner.source.prompts import Prompt, duplicate_error, id_hash
+    from tokenmill_runner.source.scan_cache import cached_scan
+    from tokenmill_runner.store.shards import ShardBuffer, clean_leftovers, commit_shard, new_run_token, new_shard_id
+    from tokenmill_runner.source.reader import read_prompts
 
     scan = cached_scan(storage, DATASET, source, "jsonl", None, None, worker, workers)
     index, caught = open_index(storage, DATASET, scan.rows)
@@ -375,11 +375,11 @@ async def _split_worker(worker: int, workers: int, replicas: list[SimReplica], s
 async def split_simulation(folder: Path, prompts: int, workers: int, replicas: int, kills: int,
                            time_scale: float) -> dict[str, Any]:
     sys.path.insert(0, str(REPO / "runner" / "sim"))
-    from tokenmill_runner.ledger import DatasetLedger
-    from tokenmill_runner.prompts import belongs_to_worker
-    from tokenmill_runner.shards import marker_keys, read_markers
-    from tokenmill_runner.sources import read_prompts
-    from tokenmill_runner.storage import LocalStorage
+    from tokenmill_runner.store.ledger import DatasetLedger
+    from tokenmill_runner.source.prompts import belongs_to_worker
+    from tokenmill_runner.store.shards import marker_keys, read_markers
+    from tokenmill_runner.source.reader import read_prompts
+    from tokenmill_runner.store.storage import LocalStorage
     from tokenmill_sim.capacity import CapacityModel, SchedulerParams
     from tokenmill_sim.engine import Engine, SimClock
 
@@ -470,7 +470,7 @@ def start_moto() -> tuple[subprocess.Popen, str]:
             f"ThreadedMotoServer(ip_address='127.0.0.1', port={port}, verbose=False).start(); time.sleep(10**9)")
     process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     endpoint = f"http://127.0.0.1:{port}"
-    from tokenmill_runner.storage import s3_client
+    from tokenmill_runner.store.storage import s3_client
 
     for _ in range(200):
         try:
@@ -496,7 +496,7 @@ def measure_output(uri: str, endpoint: str | None, samples: int, source: Path, f
 
 def copy_scan_cache(local_out: Path, uri: str, endpoint: str) -> None:
     """The S3 output's runner reads the same local source: reuse the scan the local run cached (same key)."""
-    from tokenmill_runner.storage import open_storage
+    from tokenmill_runner.store.storage import open_storage
 
     target = open_storage(uri, endpoint)
     for path in (local_out / DATASET / "scans").glob("*.scan"):

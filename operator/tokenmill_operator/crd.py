@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 
-from tokenmill_runner.releases import RELEASES
-from tokenmill_runner.spec import API_VERSION, KV_CACHE_DTYPES, DatasetGenerationSpec
+from tokenmill_runner.facts.releases import RELEASES
+from tokenmill_runner.spec.resource import API_VERSION, KV_CACHE_DTYPES, DatasetGenerationSpec
 
 from .status import DatasetGenerationStatus
 
@@ -200,7 +200,7 @@ RULES: dict[Path_, list[dict[str, str]]] = {
     ("validation", "minReasoningFraction"): [_rule(FRACTION_RULE, "must be a fraction between 0 and 1, e.g. \"0.9\"")],
     ("validation", "maxErrorFraction"): [_rule(FRACTION_RULE, "must be a fraction between 0 and 1, e.g. \"0.01\"")],
 }
-# The ranges SGLang's SamplingParams.verify accepts (spec.py says where they come from); outside them every
+# The ranges SGLang's SamplingParams.verify accepts (the runner's spec/resource.py says where they come from); outside them every
 # request of the dataset would be answered HTTP 400.
 SAMPLING_RANGES = {
     "temperature": ("double(self) >= 0.0", "must be a number >= 0 as a string, e.g. \"0.6\""),

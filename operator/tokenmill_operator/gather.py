@@ -12,9 +12,9 @@ from typing import Any
 
 import orjson
 
-from tokenmill_runner.commit_index import DatasetIndex
-from tokenmill_runner.index_store import CHECKPOINT_EVERY, catch_up, load_index, write_checkpoint
-from tokenmill_runner.storage import Storage, StorageError
+from tokenmill_runner.store.commit_index import DatasetIndex
+from tokenmill_runner.store.index_store import CHECKPOINT_EVERY, catch_up, load_index, write_checkpoint
+from tokenmill_runner.store.storage import Storage, StorageError
 
 from . import names
 from .facts import JobState, ProgressFacts, ServerState

@@ -1,4 +1,4 @@
-"""Known GPU products for the operator: the runner's hardware table (runner/tokenmill_runner/data/gpus.json, with
+"""Known GPU products for the operator: the runner's hardware table (runner/tokenmill_runner/facts/data/gpus.json, with
 sources) seen by node label. Pure.
 
 The memory values are MiB as `nvidia-smi --query-gpu=memory.total` reports them (on ROCm, rocminfo's pool size,
@@ -8,8 +8,8 @@ an error in the cluster, only in planning: set the memory in spec.server (gpuMem
 
 from __future__ import annotations
 
-from tokenmill_runner.hardware import find, products
-from tokenmill_runner.spec import ServerSpec
+from tokenmill_runner.facts.hardware import find, products
+from tokenmill_runner.spec.resource import ServerSpec
 
 # The spec field that gives the memory by hand, as users write it (its camelCase name comes from the spec model).
 MEMORY_FIELD = "spec.server." + (ServerSpec.model_fields["gpu_memory_mib"].alias or "gpu_memory_mib")

@@ -16,11 +16,11 @@ from typing import Any
 
 import yaml
 
-from tokenmill_runner.config import API_KEY_ENV
-from tokenmill_runner.hardware import GPU_RESOURCE as RESOURCE_BY_VENDOR
-from tokenmill_runner.hardware import PRODUCT_LABEL_KEY
-from tokenmill_runner.releases import release, version_key
-from tokenmill_runner.spec import API_VERSION, KIND, DatasetGenerationSpec
+from tokenmill_runner.spec.config import API_KEY_ENV
+from tokenmill_runner.facts.hardware import GPU_RESOURCE as RESOURCE_BY_VENDOR
+from tokenmill_runner.facts.hardware import PRODUCT_LABEL_KEY
+from tokenmill_runner.facts.releases import release, version_key
+from tokenmill_runner.spec.resource import API_VERSION, KIND, DatasetGenerationSpec
 
 from . import names
 from .planner import ServerPlan

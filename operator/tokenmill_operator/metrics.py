@@ -1,4 +1,4 @@
-"""The operator's Prometheus gauges, one series set per DatasetGeneration (names: README.md#metrics).
+"""The operator's Prometheus gauges, one series set per DatasetGeneration (names: docs/metrics.md).
 
 They are set from the status each reconcile pass computes, so dashboards and alerts work from the operator alone.
 """

@@ -12,10 +12,10 @@ from collections import Counter
 from datetime import datetime
 from typing import Any
 
-from tokenmill_runner.commit_index import Commit, DatasetIndex, parse_time, rates
-from tokenmill_runner.ledger import RETRYABLE_REASONS
+from tokenmill_runner.store.commit_index import Commit, DatasetIndex, parse_time, rates
+from tokenmill_runner.store.ledger import RETRYABLE_REASONS
 from tokenmill_runner.progress import eta_seconds, format_duration
-from tokenmill_runner.spec import DatasetGenerationSpec
+from tokenmill_runner.spec.resource import DatasetGenerationSpec
 
 from .facts import ProgressFacts
 from .status import DatasetProgress, Progress

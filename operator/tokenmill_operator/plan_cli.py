@@ -12,7 +12,7 @@ import sys
 import orjson
 import yaml
 
-from tokenmill_runner.spec import load_spec_file
+from tokenmill_runner.spec.resource import load_spec_file
 
 from . import manifests, names
 from .model_files import make_plan

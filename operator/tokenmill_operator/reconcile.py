@@ -20,9 +20,9 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
-from tokenmill_runner.report_files import REPORT_DIR, write_report
-from tokenmill_runner.spec import API_VERSION, KIND, DatasetGenerationSpec
-from tokenmill_runner.storage import Storage, StorageError, StorageRetry, open_storage
+from tokenmill_runner.report.files import REPORT_DIR, write_report
+from tokenmill_runner.spec.resource import API_VERSION, KIND, DatasetGenerationSpec
+from tokenmill_runner.store.storage import Storage, StorageError, StorageRetry, open_storage
 
 from . import manifests, names
 from .facts import Decision, JobState, Observed, ServerState

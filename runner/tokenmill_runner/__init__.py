@@ -1,3 +1,8 @@
+"""tokenmill's runner. A prompt travels source → render → generate → store, and report/export read what the
+store holds; each is a subpackage here, with `spec` (what was asked), `facts` (capacity facts the operator's
+planner shares) and `stats` beneath them. The root holds the CLI, the run's start (`prepare`) and progress/metrics.
+"""
+
 from importlib.metadata import PackageNotFoundError, version
 
 

@@ -12,11 +12,11 @@ import sys
 from collections.abc import Sequence
 from contextlib import ExitStack
 
-from . import builtin_sim
-from .config import API_KEY_ENV, RunnerConfig
-from .pretokenize import offline_transformers
-from .spec import DatasetGeneration, SpecError, load_spec_file
-from .summary import (  # noqa: F401 - the exit codes are part of the CLI's contract (the operator uses them)
+from .generate import builtin_sim
+from .spec.config import API_KEY_ENV, RunnerConfig
+from .render.pretokenize import offline_transformers
+from .spec.resource import DatasetGeneration, SpecError, load_spec_file
+from .generate.summary import (  # noqa: F401 - the exit codes are part of the CLI's contract (the operator uses them)
     EXIT_FAILED,
     EXIT_GIVEN_UP,
     EXIT_INTERRUPTED,
@@ -165,7 +165,7 @@ def runner_config(resource: DatasetGeneration, args: argparse.Namespace, servers
 
 
 def _start_simulator(resource: DatasetGeneration, args: argparse.Namespace, stack: ExitStack) -> str:
-    from .pretokenize import local_model_folder
+    from .render.pretokenize import local_model_folder
 
     model = resource.spec.model
     folder = local_model_folder(model.tokenizer or model.path, args.s3_endpoint or resource.spec.output.endpoint)
@@ -180,7 +180,7 @@ def _start_simulator(resource: DatasetGeneration, args: argparse.Namespace, stac
 async def _run_async(config: RunnerConfig) -> int:
     """Run, print the summary, and exit with a code that says how the run ended (summary.exit_code)."""
     from .prepare import prepare
-    from .summary import exit_code, iter_summary_lines
+    from .generate.summary import exit_code, iter_summary_lines
 
     runner = await prepare(config, os.environ.get(API_KEY_ENV))
     loop = asyncio.get_running_loop()
@@ -198,8 +198,8 @@ async def _run_async(config: RunnerConfig) -> int:
 
 
 def _print_report(storage) -> None:
-    from .report_files import write_report
-    from .report_markdown import summary
+    from .report.files import write_report
+    from .report.markdown import summary
 
     report, written = write_report(storage)
     print()
@@ -218,7 +218,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from .storage import open_storage
+    from .store.storage import open_storage
 
     storage = open_storage(args.uri, args.s3_endpoint)
     _print_report(storage)
@@ -226,8 +226,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from .decode import Selection, inspect_samples
-    from .storage import open_storage
+    from .report.decode import Selection, inspect_samples
+    from .store.storage import open_storage
 
     storage = open_storage(args.uri, args.s3_endpoint)
     selection = Selection(args.sample, args.shortest, args.longest, args.random, args.seed)

@@ -1,4 +1,4 @@
-"""The runner's Prometheus metrics (names and labels: README.md#metrics), in a registry of their own."""
+"""The runner's Prometheus metrics (names and labels: docs/metrics.md), in a registry of their own."""
 
 from __future__ import annotations
 

@@ -13,29 +13,29 @@ from typing import Any
 
 import orjson
 
-from .client import GenerateClient, RetryPolicy, get_json, healthy_servers
-from .config import RunnerConfig
+from .generate.client import GenerateClient, RetryPolicy, get_json, healthy_servers
+from .spec.config import RunnerConfig
 from .metrics import RunnerMetrics
-from .pipeline import DatasetState, Runner
-from .pretokenize import (
+from .generate.pipeline import DatasetState, Runner
+from .render.pretokenize import (
     PromptEncoder,
     describe_tokenizer,
     load_tokenizer,
     local_model_folder,
     model_generation_config,
 )
-from .replica_health import HealthPolicy
-from .request_fit import ServerLimits
-from .sampling_defaults import apply_model_defaults, model_sampling_defaults
-from .scan_cache import cached_scan
-from .index_store import CHECKPOINT_EVERY, open_index, write_checkpoint
-from .seeds import seed_rule
-from .server_info import ServerFacts, runnable_requests, seeds_accepted
-from .shards import ShardBuffer, clean_leftovers
-from .sources import source_format
-from .spec import DatasetGenerationSpec, SpecError
-from .storage import Storage, open_storage
-from .tokenizer_info import TokenizerInfo
+from .generate.replica_health import HealthPolicy
+from .render.request_fit import ServerLimits
+from .generate.sampling_defaults import apply_model_defaults, model_sampling_defaults
+from .source.scan_cache import cached_scan
+from .store.index_store import CHECKPOINT_EVERY, open_index, write_checkpoint
+from .generate.seeds import seed_rule
+from .facts.server_info import ServerFacts, runnable_requests, seeds_accepted
+from .store.shards import ShardBuffer, clean_leftovers
+from .source.reader import source_format
+from .spec.resource import DatasetGenerationSpec, SpecError
+from .store.storage import Storage, open_storage
+from .render.tokenizer_info import TokenizerInfo
 
 logger = logging.getLogger(__name__)
 

@@ -89,12 +89,12 @@ def test_dashboard_structure() -> None:
 
 
 def test_dashboard_uses_only_exported_metrics() -> None:
-    documented_metrics()  # fails clearly when README.md#metrics has no table
+    documented_metrics()  # fails clearly when docs/metrics.md has no table
     for key, expr in _expressions().items():
         names = metric_names(expr)
         assert names, f"{key}: no metric in {expr!r}"
         unknown = sorted(n for n in names if not known_metric(n))
-        assert not unknown, f"{key}: {unknown} are neither in README.md#metrics nor SGLang metrics: {expr}"
+        assert not unknown, f"{key}: {unknown} are neither in docs/metrics.md nor SGLang metrics: {expr}"
 
 
 def test_dashboard_counters_and_histograms_are_rated() -> None:

@@ -97,5 +97,5 @@ def test_rules_use_only_exported_metrics() -> None:
         names = metric_names(alert["expr"])
         assert names, alert["alert"]
         unknown = sorted(n for n in names if not known_metric(n))
-        assert not unknown, f"{alert['alert']} uses metrics nobody exports: {unknown} (README.md#metrics)"
+        assert not unknown, f"{alert['alert']} uses metrics nobody exports: {unknown} (docs/metrics.md)"
         assert all(n.startswith("tokenmill_") for n in names), "alerts read tokenmill's own series only"

@@ -1,4 +1,4 @@
-"""Helpers of the chart tests: the cached helm and promtool, rendering, PromQL metric names, README.md#metrics."""
+"""Helpers of the chart tests: the cached helm and promtool, rendering, PromQL metric names, docs/metrics.md."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tokenmill_runner.releases import metrics_in_every_supported_release
+from tokenmill_runner.facts.releases import metrics_in_every_supported_release
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "tokenmill"
@@ -20,7 +20,7 @@ CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))
 RULES = CHART / "rules" / "tokenmill.rules.yaml"
 RULE_TESTS = sorted((CHART / "rules" / "tests").glob("*.yaml"))
 DASHBOARD = CHART / "dashboards" / "tokenmill.json"
-METRICS_DOC = REPO / "README.md"
+METRICS_DOC = REPO / "docs" / "metrics.md"
 ARGOCD = REPO / "deploy" / "argocd"
 BUILD_TOOLS = REPO / "hack" / "build-tools.sh"
 
@@ -104,7 +104,7 @@ def grafana_to_promql(expr: str) -> str:
 
 @cache
 def documented_metrics() -> dict[str, str]:
-    """{metric name: type} from the tables of README.md#metrics (the contract the exporters follow)."""
+    """{metric name: type} from the tables of docs/metrics.md (the contract the exporters follow)."""
     out: dict[str, str] = {}
     for line in METRICS_DOC.read_text().splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -115,7 +115,7 @@ def documented_metrics() -> dict[str, str]:
 
 
 def known_metric(name: str) -> bool:
-    """A name the code exports (README.md#metrics) or SGLang exports, histogram series included."""
+    """A name the code exports (docs/metrics.md) or SGLang exports, histogram series included."""
     doc = documented_metrics()
     if doc.get(name) in ("counter", "gauge"):
         return True

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokenmill_runner.releases import SUPPORTED_RELEASES, Release, release
+from tokenmill_runner.facts.releases import SUPPORTED_RELEASES, Release, release
 
 PROMPT = [5, 6, 7]
 EOS = 4

@@ -21,10 +21,10 @@ import orjson
 import pytest
 from aiohttp import web
 
-from tokenmill_runner.client import GenerateClient, RetryPolicy, ServerFatalError, ServersUnavailable
-from tokenmill_runner.releases import release
-from tokenmill_runner.replica_health import HealthPolicy
-from tokenmill_runner.results import Generation, GenerationFailure
+from tokenmill_runner.generate.client import GenerateClient, RetryPolicy, ServerFatalError, ServersUnavailable
+from tokenmill_runner.facts.releases import release
+from tokenmill_runner.generate.replica_health import HealthPolicy
+from tokenmill_runner.generate.results import Generation, GenerationFailure
 
 from .answers import CASES, EOS, LEGACY, PROMPT, VOCAB, Answer, case_id, ok
 

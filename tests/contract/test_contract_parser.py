@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from tokenmill_runner.results import AttemptFailed, Generation, classify_error, parse_generation
+from tokenmill_runner.generate.results import AttemptFailed, Generation, classify_error, parse_generation
 
 from .answers import CASES, LEGACY, PROMPT, VOCAB, Answer, case_id
 
@@ -35,7 +35,7 @@ def test_every_answer_is_read_as_the_release_means_it(case: tuple[str, Answer]) 
 
 
 def test_every_supported_release_has_its_answers() -> None:
-    from tokenmill_runner.releases import SUPPORTED_RELEASES
+    from tokenmill_runner.facts.releases import SUPPORTED_RELEASES
 
     assert {version for version, _ in CASES} == set(SUPPORTED_RELEASES)
     assert all(sum(1 for v, _ in CASES if v == version) >= 14 for version in SUPPORTED_RELEASES)

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from tokenmill_runner.client import GenerateClient, RetryPolicy, ServerFatalError, ServersUnavailable
-from tokenmill_runner.releases import SUPPORTED_RELEASES, release
-from tokenmill_runner.replica_health import HealthPolicy
-from tokenmill_runner.results import Generation, GenerationFailure
+from tokenmill_runner.generate.client import GenerateClient, RetryPolicy, ServerFatalError, ServersUnavailable
+from tokenmill_runner.facts.releases import SUPPORTED_RELEASES, release
+from tokenmill_runner.generate.replica_health import HealthPolicy
+from tokenmill_runner.generate.results import Generation, GenerationFailure
 from tokenmill_sim.config import SimConfig
 from tokenmill_sim.server import SimServer
 

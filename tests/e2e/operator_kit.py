@@ -23,8 +23,8 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from tokenmill_runner.shards import read_committed_rows
-from tokenmill_runner.storage import open_storage, s3_client
+from tokenmill_runner.store.shards import read_committed_rows
+from tokenmill_runner.store.storage import open_storage, s3_client
 
 from .conftest import HOLD_LABEL, REPO, Cluster
 

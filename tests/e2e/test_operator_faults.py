@@ -21,8 +21,8 @@ import yaml
 from kubernetes import client as k8s
 
 from tests.faults.s3_proxy import FOREVER, Rule, S3FaultProxy
-from tokenmill_runner.shards import read_committed_rows
-from tokenmill_runner.storage import open_storage
+from tokenmill_runner.store.shards import read_committed_rows
+from tokenmill_runner.store.storage import open_storage
 
 from .conftest import H200_NODES, REPO, Cluster
 from .operator_kit import (  # noqa: F401  (fixtures)

@@ -9,9 +9,9 @@ from collections import Counter
 import orjson
 import pytest
 
-from tokenmill_runner.conversation import STOP_REASONS
-from tokenmill_runner.shards import read_committed_rows
-from tokenmill_runner.storage import open_storage, s3_client
+from tokenmill_runner.generate.conversation import STOP_REASONS
+from tokenmill_runner.store.shards import read_committed_rows
+from tokenmill_runner.store.storage import open_storage, s3_client
 
 from .conftest import REPO
 from .operator_kit import (  # noqa: F401  (fixtures)

@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 
 from tests.conftest import free_port
-from tokenmill_runner.pipeline import Runner
-from tokenmill_runner.summary import RunSummary
+from tokenmill_runner.generate.pipeline import Runner
+from tokenmill_runner.generate.summary import RunSummary
 
 
 class SimProcess:

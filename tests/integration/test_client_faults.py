@@ -21,11 +21,11 @@ from typing import Any
 import httpx
 import pytest
 
-from tokenmill_runner.config import RunnerConfig
+from tokenmill_runner.spec.config import RunnerConfig
 from tokenmill_runner.prepare import prepare
-from tokenmill_runner.shards import read_committed_rows, read_markers
-from tokenmill_runner.spec import load_spec_file
-from tokenmill_runner.storage import open_storage
+from tokenmill_runner.store.shards import read_committed_rows, read_markers
+from tokenmill_runner.spec.resource import load_spec_file
+from tokenmill_runner.store.storage import open_storage
 from tokenmill_sim.config import SimConfig
 from tokenmill_sim.server import SimServer
 

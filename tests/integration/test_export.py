@@ -20,8 +20,8 @@ from tests.trainers.specforge_env import read_prompts
 from tokenmill_runner.cli import main
 from tokenmill_runner.export.exporter import ExportError, ExportRequest, export
 from tokenmill_runner.export.filters import ExportFilters
-from tokenmill_runner.shards import read_committed_rows
-from tokenmill_runner.storage import LocalStorage, open_storage, s3_client
+from tokenmill_runner.store.shards import read_committed_rows
+from tokenmill_runner.store.storage import LocalStorage, open_storage, s3_client
 
 from .export_runs import Sample, built_run, simulated_run
 from .workloads import chat, spec_document, tool_chat, write_jsonl
@@ -287,7 +287,7 @@ _TOKENIZERS: dict[Path, Any] = {}
 
 
 def storage_tokenizer(run: Path) -> Any:
-    from tokenmill_runner.pretokenize import load_tokenizer
+    from tokenmill_runner.render.pretokenize import load_tokenizer
 
     if run not in _TOKENIZERS:
         _TOKENIZERS[run] = load_tokenizer(str(FIXTURES / "kimi-k2.5"), True)
@@ -325,8 +325,8 @@ def test_destination_rules_and_a_killed_export(demo_run: Path, tmp_path: Path, m
 
 
 def test_a_slot_committed_twice_is_exported_once(tmp_path: Path, demo_model: Path, tokenizer: Any) -> None:
-    from tokenmill_runner.ledger import ShardContent
-    from tokenmill_runner.shards import commit_shard
+    from tokenmill_runner.store.ledger import ShardContent
+    from tokenmill_runner.store.shards import commit_shard
 
     ask = [{"role": "user", "content": "Hi"}]
     built = built_run(tmp_path, demo_model, {"d": [Sample("a", ask, "Hello"), Sample("b", ask, "Hey")]})

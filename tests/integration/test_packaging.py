@@ -133,7 +133,7 @@ def test_each_wheel_holds_only_its_own_package(wheels: dict[str, Wheel]) -> None
 
 def test_the_runner_wheel_carries_the_sglang_release_facts(runner_alone: dict[str, str]) -> None:
     # The spec's default image and the planner's release checks read data/sglang_architectures.json.
-    probe = _python(runner_alone, "-c", "from tokenmill_runner.releases import release; "
+    probe = _python(runner_alone, "-c", "from tokenmill_runner.facts.releases import release; "
                     "print(release('0.5.23').serves('KimiK25ForConditionalGeneration'))")
     assert probe.returncode == 0 and probe.stdout.strip() == "True", probe.stderr
 

@@ -12,10 +12,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tokenmill_runner.seeds import SEED_RULE, sample_seed
-from tokenmill_runner.shards import read_committed_rows, read_markers
-from tokenmill_runner.storage import LocalStorage
-from tokenmill_runner.summary import EXIT_GIVEN_UP, EXIT_OK
+from tokenmill_runner.generate.seeds import SEED_RULE, sample_seed
+from tokenmill_runner.store.shards import read_committed_rows, read_markers
+from tokenmill_runner.store.storage import LocalStorage
+from tokenmill_runner.generate.summary import EXIT_GIVEN_UP, EXIT_OK
 
 from .test_exactly_once import killed_at, run_cli
 from .test_run import committed_errors
@@ -177,8 +177,8 @@ def test_retry_failed_runs_again_only_the_given_up_samples_of_a_prompt(tmp_path,
 def test_a_dataset_folder_on_s3_is_found_read_in_order_and_identified_by_its_shards(s3_endpoint, s3_bucket):
     import io
 
-    from tokenmill_runner.sources import read_prompts, source_format, source_identity
-    from tokenmill_runner.storage import s3_client
+    from tokenmill_runner.source.reader import read_prompts, source_format, source_identity
+    from tokenmill_runner.store.storage import s3_client
 
     client = s3_client(s3_endpoint)
 

@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tokenmill_runner.storage import LocalStorage, S3Storage, StorageError
+from tokenmill_runner.store.storage import LocalStorage, S3Storage, StorageError
 
 
 @pytest.fixture(params=["local", "s3"])

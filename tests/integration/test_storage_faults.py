@@ -16,9 +16,9 @@ import orjson
 import pytest
 
 from tests.faults.s3_proxy import Rule, S3FaultProxy
-from tokenmill_runner.shards import leftovers, read_committed_rows, read_markers
-from tokenmill_runner.sources import read_prompts
-from tokenmill_runner.storage import S3Storage, StorageError, StorageRetry, open_storage, s3_client
+from tokenmill_runner.store.shards import leftovers, read_committed_rows, read_markers
+from tokenmill_runner.source.reader import read_prompts
+from tokenmill_runner.store.storage import S3Storage, StorageError, StorageRetry, open_storage, s3_client
 
 from .test_run import assert_exactly_once, committed_errors, run_spec
 from .workloads import chat, spec_document, write_spec
@@ -53,7 +53,7 @@ def test_a_prompt_stream_broken_mid_body_resumes_from_its_byte_offset(proxy, s3_
 
 def test_tokenizer_files_survive_faults_and_a_truncated_cache_is_fetched_again(proxy, s3_endpoint, s3_bucket,
                                                                               demo_model, tmp_path, monkeypatch):
-    from tokenmill_runner.pretokenize import fetch_tokenizer_files
+    from tokenmill_runner.render.pretokenize import fetch_tokenizer_files
 
     client = s3_client(s3_endpoint)
     files = {path.name: path.read_bytes() for path in Path(demo_model).iterdir() if path.is_file()}

@@ -6,9 +6,9 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
-from tokenmill_runner.ledger import ShardContent
-from tokenmill_runner.shards import commit_shard
-from tokenmill_runner.storage import LocalStorage
+from tokenmill_runner.store.ledger import ShardContent
+from tokenmill_runner.store.shards import commit_shard
+from tokenmill_runner.store.storage import LocalStorage
 
 
 class CountingStorage(LocalStorage):

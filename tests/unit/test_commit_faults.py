@@ -9,17 +9,17 @@ import sys
 
 import pytest
 
-from tokenmill_runner.faults import FAULT_ENV, FaultRule, parse_rules
-from tokenmill_runner.marker_names import shard_id_of
-from tokenmill_runner.shards import marker_keys
-from tokenmill_runner.storage import LocalStorage
+from tokenmill_runner.store.faults import FAULT_ENV, FaultRule, parse_rules
+from tokenmill_runner.store.marker_names import shard_id_of
+from tokenmill_runner.store.shards import marker_keys
+from tokenmill_runner.store.storage import LocalStorage
 
 # Three commits of one shard each: rows and errors in every one.
 COMMITS = """
 import sys
-from tokenmill_runner.ledger import ShardContent
-from tokenmill_runner.shards import commit_shard
-from tokenmill_runner.storage import LocalStorage
+from tokenmill_runner.store.ledger import ShardContent
+from tokenmill_runner.store.shards import commit_shard
+from tokenmill_runner.store.storage import LocalStorage
 
 storage = LocalStorage(sys.argv[1])
 for n in (1, 2, 3):

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from tokenmill_runner.checkpoints import CheckpointError, decode, encode
-from tokenmill_runner.commit_index import DatasetIndex, rates
-from tokenmill_runner.index_store import catch_up, load_index, open_index, write_checkpoint
-from tokenmill_runner.ledger import DatasetLedger, Slot
-from tokenmill_runner.marker_names import OVERLAP, marker_name, shard_id_of, split_marker_name, time_key
-from tokenmill_runner.shards import leftovers, marker_keys
-from tokenmill_runner.storage import LocalStorage
+from tokenmill_runner.store.checkpoints import CheckpointError, decode, encode
+from tokenmill_runner.store.commit_index import DatasetIndex, rates
+from tokenmill_runner.store.index_store import catch_up, load_index, open_index, write_checkpoint
+from tokenmill_runner.store.ledger import DatasetLedger, Slot
+from tokenmill_runner.store.marker_names import OVERLAP, marker_name, shard_id_of, split_marker_name, time_key
+from tokenmill_runner.store.shards import leftovers, marker_keys
+from tokenmill_runner.store.storage import LocalStorage
 
 from .counting_storage import CountingStorage, commit_lines
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from tokenmill_runner.decode import output_parts, prompt_parts, render_sample
-from tokenmill_runner.pretokenize import PromptEncoder
-from tokenmill_runner.prompts import Prompt
+from tokenmill_runner.report.decode import output_parts, prompt_parts, render_sample
+from tokenmill_runner.render.pretokenize import PromptEncoder
+from tokenmill_runner.source.prompts import Prompt
 
 TOOLS = [{"type": "function", "function": {"name": "convert_currency", "description": "Convert an amount",
                                            "parameters": {"type": "object", "properties": {"amount": {"type": "number"}}}}}]
@@ -84,7 +84,7 @@ def test_terminal_view_elides_long_parts(tokenizer):
 
 
 def test_reasoning_ended_by_the_tool_call_section_keeps_the_opener_with_the_calls() -> None:
-    from tokenmill_runner.decode import output_parts
+    from tokenmill_runner.report.decode import output_parts
 
     section, think, eos = 9, 15, 4
     row = {"output_ids": [100, 101, section, 200, 201, eos], "finish_reason": "stop", "matched_stop": eos,

@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_hardware_page_lists_every_product_with_its_memory():
     page = (REPO / "docs" / "hardware.md").read_text()
-    products = json.loads((REPO / "runner" / "tokenmill_runner" / "data" / "gpus.json").read_text())["products"]
+    products = json.loads((REPO / "runner" / "tokenmill_runner" / "facts" / "data" / "gpus.json").read_text())["products"]
     for label, entry in products.items():
         assert f"| `{label}` | {entry['vendor']} | {entry['memory_mib']:,} |" in page, label
 

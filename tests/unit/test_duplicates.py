@@ -8,10 +8,10 @@ from collections import defaultdict
 import numpy as np
 import orjson
 
-from tokenmill_runner import scan
-from tokenmill_runner.duplicates import PAIR, DuplicateIds, repeated_ids
-from tokenmill_runner.prompts import id_hash
-from tokenmill_runner.scan import PairSpool, scan_source
+from tokenmill_runner.source import scan
+from tokenmill_runner.source.duplicates import PAIR, DuplicateIds, repeated_ids
+from tokenmill_runner.source.prompts import id_hash
+from tokenmill_runner.source.scan import PairSpool, scan_source
 
 
 def pairs(items: list[tuple[int, int]]) -> np.ndarray:

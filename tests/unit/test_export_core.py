@@ -20,8 +20,8 @@ from tokenmill_runner.export.roundtrip import (
 )
 from tokenmill_runner.export.specforge_rules import SPECFORGE_TEMPLATES, UnknownTemplate, prepare, specforge_template
 from tokenmill_runner.export.units import SlotSeen, invalid_reason, units_from_row
-from tokenmill_runner.pretokenize import PromptEncoder
-from tokenmill_runner.prompts import Prompt
+from tokenmill_runner.render.pretokenize import PromptEncoder
+from tokenmill_runner.source.prompts import Prompt
 
 
 def row(**over: Any) -> dict[str, Any]:

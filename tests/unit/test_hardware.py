@@ -1,11 +1,11 @@
 """The GPU table: memory as SGLang reads it (nvidia-smi / rocminfo MiB), names as nodes and tools spell them, the
-links tensor parallelism crosses. Sources for every number are in runner/tokenmill_runner/data/gpus.json."""
+links tensor parallelism crosses. Sources for every number are in runner/tokenmill_runner/facts/data/gpus.json."""
 
 from __future__ import annotations
 
 import pytest
 
-from tokenmill_runner.hardware import find, products
+from tokenmill_runner.facts.hardware import find, products
 
 
 @pytest.mark.parametrize(("name", "label", "memory_mib"), [

@@ -1,6 +1,6 @@
 """The layering is checked: the import contracts of pyproject.toml ([tool.importlinter]) hold, and they do fail when
 the runner imports the operator, a pure module imports an I/O library, `tokenmill plan` pulls in the Kubernetes
-client, or a cycle appears (each planted in a copy of the packages)."""
+client, a cycle appears, or a stage imports a stage above it (each planted in a copy of the packages)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ PACKAGES = {"tokenmill_runner": REPO / "runner", "tokenmill_sim": REPO / "runner
             "tokenmill_operator": REPO / "operator"}
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 CONTRACTS = [c["name"] for c in tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]]
-RUNNER, SIM, PURE, PLAN, CYCLES = CONTRACTS
+RUNNER, SIM, PURE, PLAN, CYCLES, LAYERS = CONTRACTS
 
 
 def lint_imports(config: Path, python_path: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -57,17 +57,21 @@ def test_the_contracts_fail_on_planted_violations(tmp_path: Path) -> None:
         shutil.copytree(parent / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
     future = "from __future__ import annotations\n"
-    _plant(tmp_path / "tokenmill_runner" / "stats.py", future, "\nfrom tokenmill_operator import names\n")
-    _plant(tmp_path / "tokenmill_runner" / "rows.py", future, "\nimport httpx\n")
+    runner = tmp_path / "tokenmill_runner"
+    _plant(runner / "stats" / "distributions.py", future, "\nfrom tokenmill_operator import names\n")
+    _plant(runner / "generate" / "rows.py", future, "\nimport httpx\n")
     _plant(tmp_path / "tokenmill_operator" / "plan_cli.py", future, "\nfrom .kube import Kube\n")
-    _plant(tmp_path / "tokenmill_runner" / "results.py", future, "\nfrom . import rows\n")  # rows imports results
+    _plant(runner / "generate" / "results.py", future, "\nfrom . import rows\n")  # rows imports results
+    _plant(runner / "store" / "ledger.py", future, "\nfrom ..report import validation\n")  # a stage above store
 
     done = lint_imports(tmp_path / "pyproject.toml", python_path=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     assert contract_results(done.stdout) == {RUNNER: "BROKEN", SIM: "KEPT", PURE: "BROKEN", PLAN: "BROKEN",
-                                             CYCLES: "BROKEN"}, done.stdout
+                                             CYCLES: "BROKEN", LAYERS: "BROKEN"}, done.stdout
     # Each report names the planted import.
-    for planted in ("tokenmill_runner.stats -> tokenmill_operator.names", "tokenmill_runner.rows -> httpx",
+    for planted in ("tokenmill_runner.stats.distributions -> tokenmill_operator.names",
+                    "tokenmill_runner.generate.rows -> httpx",
                     "tokenmill_operator.plan_cli -> tokenmill_operator.kube",
-                    "tokenmill_runner.results -> tokenmill_runner.rows"):
+                    "tokenmill_runner.generate.results -> tokenmill_runner.generate.rows",
+                    "tokenmill_runner.store.ledger -> tokenmill_runner.report.validation"):
         assert planted in done.stdout, planted

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tokenmill_runner.ledger import (
+from tokenmill_runner.store.ledger import (
     RETRYABLE_REASONS,
     DatasetLedger,
     MarkerError,

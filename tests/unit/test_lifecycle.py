@@ -17,8 +17,8 @@ from tokenmill_operator.lifecycle import (
     set_condition,
 )
 from tokenmill_operator.observe import progress_facts
-from tokenmill_runner.commit_index import DatasetIndex
-from tokenmill_runner.ledger import DatasetLedger
+from tokenmill_runner.store.commit_index import DatasetIndex
+from tokenmill_runner.store.ledger import DatasetLedger
 from tokenmill_operator.planner import ServerPlan
 from tokenmill_operator.status import DatasetGenerationStatus, Progress, ReportStatus, RunStatus, merge_patch
 
@@ -428,7 +428,7 @@ def test_a_long_retry_value_is_kept_by_its_hash_and_handled_once():
 
 def test_an_output_holding_another_models_run_fails_before_anything_runs():
     from tokenmill_operator.observe import foreign_run
-    from tokenmill_runner.spec import parse_document
+    from tokenmill_runner.spec.resource import parse_document
 
     spec = parse_document({"apiVersion": "tokenmill.io/v1alpha1", "kind": "DatasetGeneration", "metadata": {"name": "r"},
                            "spec": {"model": {"path": "s3://models/kimi/"}, "output": {"uri": "s3://o/run/"},

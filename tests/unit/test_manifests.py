@@ -18,7 +18,7 @@ import yaml
 from tokenmill_operator import manifests, names
 from tokenmill_operator.planner import ServerPlan
 from tokenmill_runner import cli
-from tokenmill_runner.spec import DatasetGenerationSpec, parse_document
+from tokenmill_runner.spec.resource import DatasetGenerationSpec, parse_document
 
 NAME, NAMESPACE = "b5-openthoughts", "gen"
 UID = "0d5f4c1e-1111-2222-3333-444455556666"

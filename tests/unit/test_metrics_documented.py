@@ -1,4 +1,4 @@
-"""Every exported metric is documented in the README with its type, and every documented one is exported."""
+"""Every exported metric is documented in docs/metrics.md with its type, and every documented one is exported."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ from pathlib import Path
 from tokenmill_operator import metrics as operator_metrics
 from tokenmill_runner.metrics import RunnerMetrics
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+METRICS_DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 
 
 def documented() -> dict[str, tuple[str, set[str]]]:
-    """{name: (type, labels)} from the README's metric tables."""
+    """{name: (type, labels)} from the metric tables of docs/metrics.md."""
     out = {}
-    for line in README.read_text().splitlines():
+    for line in METRICS_DOC.read_text().splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) >= 3 and re.fullmatch(r"`tokenmill_[a-z0-9_]+`", cells[0]):
             labels = {label.strip() for label in cells[2].split(",") if label.strip() not in ("—", "")}

@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 import orjson
 
 from tokenmill_operator.gather import FULL_LISTING_EVERY, OutputIndex, observe_progress
-from tokenmill_runner import index_store
-from tokenmill_runner.marker_names import shard_id_of
+from tokenmill_runner.store import index_store
+from tokenmill_runner.store.marker_names import shard_id_of
 
 from .counting_storage import CountingStorage, commit_lines
 
@@ -101,8 +101,8 @@ def test_what_a_pass_keeps_grows_with_slots_not_with_markers(tmp_path):
 
 def test_progress_counts_slots_when_a_dataset_has_several_samples_per_prompt(tmp_path):
     # run.json records samples: 3 for 10 rows: 30 slots to settle; rows of sample 0 alone are a third of the way.
-    from tokenmill_runner.ledger import ShardContent
-    from tokenmill_runner.shards import commit_shard
+    from tokenmill_runner.store.ledger import ShardContent
+    from tokenmill_runner.store.shards import commit_shard
 
     from .counting_storage import rows
 

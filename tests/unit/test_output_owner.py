@@ -6,8 +6,8 @@ import orjson
 import pytest
 
 from tokenmill_runner.prepare import check_output_owner
-from tokenmill_runner.spec import SpecError, parse_document
-from tokenmill_runner.storage import LocalStorage
+from tokenmill_runner.spec.resource import SpecError, parse_document
+from tokenmill_runner.store.storage import LocalStorage
 
 
 def spec(model: str, tokenizer: str | None = None):

@@ -1,7 +1,7 @@
 import pytest
 
-from tokenmill_runner.pretokenize import PromptEncoder, TokenizerError, describe_tokenizer
-from tokenmill_runner.prompts import Prompt, RowError
+from tokenmill_runner.render.pretokenize import PromptEncoder, TokenizerError, describe_tokenizer
+from tokenmill_runner.source.prompts import Prompt, RowError
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Current weather",

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 from tests.reference.families import FIXTURES
-from tokenmill_runner.report import DatasetSamples, dataset_report
-from tokenmill_runner.rows import first_reasoning_end
-from tokenmill_runner.sampling_defaults import apply_model_defaults, model_sampling_defaults
-from tokenmill_runner.spec import DatasetGenerationSpec, SamplingSpec
+from tokenmill_runner.report.validation import DatasetSamples, dataset_report
+from tokenmill_runner.generate.rows import first_reasoning_end
+from tokenmill_runner.generate.sampling_defaults import apply_model_defaults, model_sampling_defaults
+from tokenmill_runner.spec.resource import DatasetGenerationSpec, SamplingSpec
 
 
 def test_the_first_end_token_in_the_output_ends_reasoning() -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from tokenmill_operator.reconcile import Context, plan_for
 from tokenmill_operator.status import DatasetGenerationStatus
-from tokenmill_runner.spec import parse_document
+from tokenmill_runner.spec.resource import parse_document
 
 from .test_lifecycle import PLAN
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tokenmill_runner.releases import (
+from tokenmill_runner.facts.releases import (
     DEFAULT_IMAGE,
     DEFAULT_RELEASE,
     OLDEST_SUPPORTED,
@@ -13,7 +13,7 @@ from tokenmill_runner.releases import (
     release,
     release_of_image,
 )
-from tokenmill_runner.spec import DatasetGenerationSpec, SamplingSpec
+from tokenmill_runner.spec.resource import DatasetGenerationSpec, SamplingSpec
 
 
 def test_kimi_k25_is_served_from_the_first_supported_release_only():
@@ -112,7 +112,7 @@ def test_sampling_values_sglang_accepts_pass():
 def test_every_supported_release_takes_a_per_request_seed() -> None:
     # SamplingParams.sampling_seed: 0.5.9 sampling/sampling_params.py:66; 0.5.23 sampling/sampling_params.py:179 (and
     # the 0.5.22+ contract gate's list, api/v1/api_types.py). tokenmill sends each sample's seed under this key.
-    from tokenmill_runner.server_info import ServerFacts, seeds_accepted
+    from tokenmill_runner.facts.server_info import ServerFacts, seeds_accepted
 
     assert all("sampling_seed" in release(version).sampling_keys for version in SUPPORTED_RELEASES)
     facts = [ServerFacts.read(f"http://s{i}", {"version": version}) for i, version in enumerate(SUPPORTED_RELEASES)]

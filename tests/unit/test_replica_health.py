@@ -2,7 +2,7 @@
 
 import pytest
 
-from tokenmill_runner.replica_health import HealthPolicy, ReplicaSet, State
+from tokenmill_runner.generate.replica_health import HealthPolicy, ReplicaSet, State
 
 POLICY = HealthPolicy(open_after=3, probe_first_s=1.0, probe_max_s=8.0, outage_budget_s=100.0)
 

@@ -9,12 +9,12 @@ import struct
 import orjson
 import pytest
 
-from tokenmill_runner.ledger import ShardContent
-from tokenmill_runner.report import build_report
-from tokenmill_runner.report_files import load_ledger, write_report
-from tokenmill_runner.shards import commit_shard, read_committed_rows
-from tokenmill_runner.stats import mann_whitney
-from tokenmill_runner.storage import LocalStorage
+from tokenmill_runner.store.ledger import ShardContent
+from tokenmill_runner.report.validation import build_report
+from tokenmill_runner.report.files import load_ledger, write_report
+from tokenmill_runner.store.shards import commit_shard, read_committed_rows
+from tokenmill_runner.stats.distributions import mann_whitney
+from tokenmill_runner.store.storage import LocalStorage
 
 END, TOOL, EOS = 50, 60, 9
 

@@ -12,14 +12,14 @@ import numpy as np
 import orjson
 import pytest
 
-from tokenmill_runner import histograms
-from tokenmill_runner.ledger import ShardContent, build_marker
-from tokenmill_runner.report import build_report, dataset_report
-from tokenmill_runner.report_files import load_ledger
-from tokenmill_runner.report_stream import DatasetSamples
-from tokenmill_runner.shards import commit_shard, markers_in_commit_order
-from tokenmill_runner.stats import distribution, mann_whitney
-from tokenmill_runner.storage import LocalStorage
+from tokenmill_runner.stats import histograms
+from tokenmill_runner.store.ledger import ShardContent, build_marker
+from tokenmill_runner.report.validation import build_report, dataset_report
+from tokenmill_runner.report.files import load_ledger
+from tokenmill_runner.report.stream import DatasetSamples
+from tokenmill_runner.store.shards import commit_shard, markers_in_commit_order
+from tokenmill_runner.stats.distributions import distribution, mann_whitney
+from tokenmill_runner.store.storage import LocalStorage
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
@@ -137,7 +137,7 @@ def test_the_report_of_a_run_reads_every_marker_once(tmp_path):
 
 
 def test_the_scatter_keeps_every_point_up_to_its_limit_then_the_same_sample_in_any_order():
-    from tokenmill_runner.report_stream import ReasoningPoints
+    from tokenmill_runner.report.stream import ReasoningPoints
 
     slots = np.arange(1, 5001, dtype=np.int64)
     small = ReasoningPoints(limit=10_000)

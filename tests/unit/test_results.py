@@ -6,8 +6,8 @@ import random
 import orjson
 import pytest
 
-from tokenmill_runner.client import RetryPolicy
-from tokenmill_runner.results import (
+from tokenmill_runner.generate.client import RetryPolicy
+from tokenmill_runner.generate.results import (
     NAN_MATCHED,
     AttemptFailed,
     Fault,

@@ -7,12 +7,12 @@ import os
 import orjson
 import pytest
 
-from tokenmill_runner import scan_cache
-from tokenmill_runner.adapters import RowLayout
-from tokenmill_runner.prompts import Prompt, RowError, belongs_to_worker, id_hash
-from tokenmill_runner.scan_cache import cached_scan
-from tokenmill_runner.sources import read_prompts
-from tokenmill_runner.storage import LocalStorage
+from tokenmill_runner.source import scan_cache
+from tokenmill_runner.source.adapters import RowLayout
+from tokenmill_runner.source.prompts import Prompt, RowError, belongs_to_worker, id_hash
+from tokenmill_runner.source.scan_cache import cached_scan
+from tokenmill_runner.source.reader import read_prompts
+from tokenmill_runner.store.storage import LocalStorage
 
 
 def write_source(path, ids: list[str | None]) -> None:

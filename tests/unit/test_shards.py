@@ -1,5 +1,5 @@
-from tokenmill_runner.ledger import MARKER_VERSION, ShardContent, Slot
-from tokenmill_runner.shards import (
+from tokenmill_runner.store.ledger import MARKER_VERSION, ShardContent, Slot
+from tokenmill_runner.store.shards import (
     ShardBuffer,
     commit_shard,
     decode_rows,
@@ -9,7 +9,7 @@ from tokenmill_runner.shards import (
     read_ledger,
     read_markers,
 )
-from tokenmill_runner.storage import LocalStorage
+from tokenmill_runner.store.storage import LocalStorage
 
 
 def row(i: int, dataset: str = "d") -> dict:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tokenmill_runner.releases import SUPPORTED_RELEASES, release, version_key
+from tokenmill_runner.facts.releases import SUPPORTED_RELEASES, release, version_key
 from tokenmill_sim.protocol import (
     INTERNAL_SERVER_ERROR,
     Accounting,

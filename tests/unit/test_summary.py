@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tokenmill_runner.summary import (
+from tokenmill_runner.generate.summary import (
     EXIT_FAILED,
     EXIT_GIVEN_UP,
     EXIT_INTERRUPTED,

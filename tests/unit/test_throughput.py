@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tokenmill_runner.calibration import load_records, predict
-from tokenmill_runner.hardware import Link, find
-from tokenmill_runner.model_facts import model_facts
-from tokenmill_runner.throughput import (
+from tokenmill_runner.facts.calibration import load_records, predict
+from tokenmill_runner.facts.hardware import Link, find
+from tokenmill_runner.facts.model_facts import model_facts
+from tokenmill_runner.facts.throughput import (
     Layout,
     StepModel,
     experts_touched,

@@ -14,8 +14,8 @@ import sys
 import pytest
 
 from tests.reference.families import FIXTURES, PROMPTS, VARIANTS, Variant
-from tokenmill_runner.pretokenize import PromptEncoder, TokenizerError, describe_tokenizer, load_tokenizer
-from tokenmill_runner.prompts import Prompt, RowError
+from tokenmill_runner.render.pretokenize import PromptEncoder, TokenizerError, describe_tokenizer, load_tokenizer
+from tokenmill_runner.source.prompts import Prompt, RowError
 
 
 def prompts() -> list[Prompt]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tokenmill_runner.tool_calls import ToolCall, calls_start, divergence, parse_tool_calls, same_call, source_calls
+from tokenmill_runner.generate.tool_calls import ToolCall, calls_start, divergence, parse_tool_calls, same_call, source_calls
 
 KIMI = ('I will look.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>'
         '{"city": "Porto"}<|tool_call_end|><|tool_call_begin|>functions.convert:1<|tool_call_argument_begin|>'

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 
-from tokenmill_runner.workload import DatasetLoad, Workload, job_time, simulate
+from tokenmill_runner.facts.workload import DatasetLoad, Workload, job_time, simulate
 
 
 def seeds_like(samples: int = 10000, cap: int = 10240) -> Workload:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 
-from tokenmill_runner.spec import DatasetGenerationSpec
-from tokenmill_runner.workload import Workload
+from tokenmill_runner.spec.resource import DatasetGenerationSpec
+from tokenmill_runner.facts.workload import Workload
 
 from .explain import notes, reasoning, render_plan
 from .memory import kv_bytes_per_token_per_rank, sglang_default_mem_fraction

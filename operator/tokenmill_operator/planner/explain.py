@@ -7,7 +7,7 @@ Each line repeats the numbers and the rule behind a value, so a reader of `statu
 
 from __future__ import annotations
 
-from tokenmill_runner.throughput import simulator_step
+from tokenmill_runner.facts.throughput import simulator_step
 
 from .memory import MIB, Capacity, sglang_reserve, vlm_factor
 from .plan import Candidate, ServerPlan

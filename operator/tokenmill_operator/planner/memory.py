@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tokenmill_runner.model_facts import ModelFacts
-from tokenmill_runner.releases import Release, version_key
-from tokenmill_runner.throughput import Layout
+from tokenmill_runner.facts.model_facts import ModelFacts
+from tokenmill_runner.facts.releases import Release, version_key
+from tokenmill_runner.facts.throughput import Layout
 
 from .plan import PlanError
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tokenmill_runner.model_facts import ModelConfigError, ModelFacts
-from tokenmill_runner.model_facts import model_facts as _parse
+from tokenmill_runner.facts.model_facts import ModelConfigError, ModelFacts
+from tokenmill_runner.facts.model_facts import model_facts as _parse
 
 from .plan import PlanError
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tokenmill_runner.hardware import Gpu, find, products
-from tokenmill_runner.model_facts import ModelFacts
-from tokenmill_runner.releases import (
+from tokenmill_runner.facts.hardware import Gpu, find, products
+from tokenmill_runner.facts.model_facts import ModelFacts
+from tokenmill_runner.facts.releases import (
     DEFAULT_RELEASE,
     OLDEST_SUPPORTED,
     SUPPORTED_RELEASES,
@@ -22,7 +22,7 @@ from tokenmill_runner.releases import (
     release,
     release_of_image,
 )
-from tokenmill_runner.spec import ServerSpec
+from tokenmill_runner.spec.resource import ServerSpec
 
 from .plan import PlanError
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from tokenmill_runner.hardware import Gpu
-from tokenmill_runner.model_facts import ModelFacts
-from tokenmill_runner.spec import DatasetGenerationSpec
-from tokenmill_runner.throughput import Layout, StepModel
-from tokenmill_runner.workload import SAMPLES_ASSUMED, DatasetLoad, JobTime, Workload, job_time
+from tokenmill_runner.facts.hardware import Gpu
+from tokenmill_runner.facts.model_facts import ModelFacts
+from tokenmill_runner.spec.resource import DatasetGenerationSpec
+from tokenmill_runner.facts.throughput import Layout, StepModel
+from tokenmill_runner.facts.workload import SAMPLES_ASSUMED, DatasetLoad, JobTime, Workload, job_time
 
 from .memory import (
     Capacity,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, fields
 
-from tokenmill_runner.releases import DEFAULT_RELEASE, SUPPORTED_RELEASES, UnknownReleaseError, release
+from tokenmill_runner.facts.releases import DEFAULT_RELEASE, SUPPORTED_RELEASES, UnknownReleaseError, release
 
 from .profiles import AUTO, PROFILES
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tokenmill_runner.pretokenize import load_tokenizer
+from tokenmill_runner.render.pretokenize import load_tokenizer
 
 from .model import LoadedModel, ModelFiles
 from .tokens import Decode, Encode, TokenBank, Vocabulary

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
-from tokenmill_runner.releases import Release
+from tokenmill_runner.facts.releases import Release
 
 from .tokens import Finished, SamplingParams
 

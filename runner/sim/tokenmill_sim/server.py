@@ -22,7 +22,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from tokenmill_runner.releases import release
+from tokenmill_runner.facts.releases import release
 
 from .capacity import CapacityModel, Job, LinearStepTime, SchedulerParams, StepTime
 from .config import SimConfig

@@ -24,12 +24,12 @@ from typing import Any, TextIO
 
 import orjson
 
-from ..adapters import DEFAULT_LAYOUT, RowLayout
+from ..source.adapters import DEFAULT_LAYOUT, RowLayout
 from ..progress import ThroughputMeter
-from ..prompts import Prompt, RowError
-from ..shards import datasets_with_commits, decode_rows, markers_in_commit_order
-from ..spec import DatasetSpec
-from ..storage import TMP_MARK, LocalStorage, Storage, StorageError, open_storage
+from ..source.prompts import Prompt, RowError
+from ..store.shards import datasets_with_commits, decode_rows, markers_in_commit_order
+from ..spec.resource import DatasetSpec
+from ..store.storage import TMP_MARK, LocalStorage, Storage, StorageError, open_storage
 from .filters import ExportFilters, excluded_by_findings, select_datasets
 from .formats import FORMATS, ExportFormat, hf_record, speculators_record, specforge_record
 from .manifest import (
@@ -221,7 +221,7 @@ def template_columns(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def text_side(request: ExportRequest, fmt: ExportFormat, run: dict[str, Any], spool: Path,
               stack: ExitStack) -> TextSide:
-    from ..pretokenize import load_tokenizer, local_model_folder, single_token_id
+    from ..render.pretokenize import load_tokenizer, local_model_folder, single_token_id
 
     info = run.get("tokenizer") or {}
     model = (run.get("spec") or {}).get("model") or {}
@@ -367,8 +367,8 @@ def export(request: ExportRequest, stream: TextIO | None = None,
 def _excluded(source: Storage, datasets: list[str], filters: ExportFilters) -> dict[str, list[str]]:
     if filters.exclude_findings is None:
         return {}
-    from ..report import build_report
-    from ..report_files import load_ledger
+    from ..report.validation import build_report
+    from ..report.files import load_ledger
 
     findings = build_report(load_ledger(source))["findings"]
     return {name: messages for name, messages in excluded_by_findings(findings, filters.exclude_findings).items()

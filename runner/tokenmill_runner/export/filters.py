@@ -1,7 +1,7 @@
 """What an export leaves out on request: the filters of `tokenmill export`. Pure.
 
 Per unit: finish reason, truncated or not, reasoning present. Per dataset: names, and the validation report's
-findings. The report's findings are per dataset (report.py `dataset_findings`: truncation share, reasoning share,
+findings. The report's findings are per dataset (validation.py `dataset_findings`: truncation share, reasoning share,
 error share, ...), not per sample; the per-sample facts behind them (finish reason, end of reasoning) are the unit
 filters, so `--exclude-findings` leaves out whole datasets and the unit filters do the per-sample part.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from ..report import LEVELS
+from ..report.validation import LEVELS
 from .units import GenerationUnit
 
 FinishReason = Literal["stop", "length"]

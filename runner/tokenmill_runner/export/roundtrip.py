@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from ..prompts import Prompt
+from ..source.prompts import Prompt
 from .formats import conversation_record, text_record
 from .specforge_rules import SpecForgeTemplate, prepare
 from .units import GenerationUnit

@@ -15,9 +15,9 @@ from typing import BinaryIO
 
 import orjson
 
-from ..adapters import DEFAULT_LAYOUT, RowLayout
-from ..prompts import Prompt, RowError, parse_line
-from ..sources import read_jsonl, read_parquet, source_format
+from ..source.adapters import DEFAULT_LAYOUT, RowLayout
+from ..source.prompts import Prompt, RowError, parse_line
+from ..source.reader import read_jsonl, read_parquet, source_format
 
 
 class SourceLines:

@@ -19,7 +19,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..storage import Storage
+from ..store.storage import Storage
 from .formats import HF_COLUMNS, ExportFormat, hf_schema_metadata
 from .manifest import WrittenFile
 

@@ -29,9 +29,9 @@ import pyarrow.parquet as pq
 
 from .faults import FaultPoints
 from .faults import points as fault_points
-from .index_store import iter_keyed
+from .index_store import iter_keyed, list_commits
 from .ledger import COMMITS, ERRORS, SHARDS, DatasetLedger, ShardContent, build_marker
-from .marker_names import is_marker_name, marker_name, shard_id_of, split_marker_name
+from .marker_names import marker_name, shard_id_of
 from .storage import TMP_MARK, Storage
 
 logger = logging.getLogger(__name__)
@@ -173,8 +173,7 @@ def _write_step(storage: Storage, faults: FaultPoints, step: str, key: str, data
 
 
 def marker_keys(storage: Storage, dataset: str) -> list[str]:
-    prefix = f"{dataset}/{COMMITS}/"
-    return [key for key in storage.list(prefix) if is_marker_name(key[len(prefix):])]
+    return [entry.key for entry in list_commits(storage, dataset) if entry.is_marker]
 
 
 def iter_markers(storage: Storage, keys: Iterable[str], threads: int = 16) -> Iterator[dict[str, Any]]:
@@ -186,20 +185,17 @@ def iter_markers(storage: Storage, keys: Iterable[str], threads: int = 16) -> It
 
 def datasets_with_commits(storage: Storage) -> list[str]:
     """Top-level folders of the output that hold commit markers (one listing of the folders, not of every shard)."""
-    return [name for name in storage.folders("") if any(True for _ in storage.list(f"{name}/{COMMITS}/"))]
+    return [name for name in storage.folders("") if any(entry.is_marker for entry in list_commits(storage, name))]
 
 
 def markers_in_commit_order(storage: Storage, dataset: str, threads: int = 16) -> Iterator[dict[str, Any]]:
     """A dataset's markers oldest first, streamed (a window of them in memory). Time-named markers are in commit
     order by name; old-style names (written before the time prefix, always before any time-named one) are read
     once first to order them by their committed_at, then again as they are yielded."""
-    prefix = f"{dataset}/{COMMITS}/"
-
     def named(timed: bool) -> Iterator[str]:
-        for key in storage.list(prefix):
-            name = key[len(prefix):]
-            if "/" not in name and is_marker_name(name) and (split_marker_name(name)[0] is not None) == timed:
-                yield key
+        for entry in list_commits(storage, dataset):
+            if entry.is_marker and (entry.time is not None) == timed:
+                yield entry.key
 
     old = list(named(False))
     legacy = sorted((marker["committed_at"], marker["shard_id"], key)
@@ -227,9 +223,9 @@ def leftovers(storage: Storage, dataset: str, worker: int | None = None,
     `DatasetIndex.knows`, after a full catch-up) and `strays` are the non-marker files that catch-up met in the
     commits folder; without them both come from listing the markers here."""
     if committed is None or strays is None:
-        keys = list(storage.list(f"{dataset}/{COMMITS}/"))
-        names = {shard_id_of(key) for key in keys if is_marker_name(key.rsplit("/", 1)[-1])}
-        committed, strays = names.__contains__, [key for key in keys if TMP_MARK in key]
+        entries = list(list_commits(storage, dataset))
+        names = {entry.shard_id for entry in entries if entry.is_marker}
+        committed, strays = names.__contains__, [entry.key for entry in entries if not entry.is_marker]
     prefix = "" if worker is None else f"w{worker:03d}-"
     for folder in (SHARDS, ERRORS):
         for key in storage.list(f"{dataset}/{folder}/{prefix}"):

@@ -1,5 +1,5 @@
 """The report's files: the ledger read from a run's commit markers, and report.json, report.md and one PNG per
-dataset written next to them (under report/). The storage edge of `report.py`."""
+dataset written next to them (under report/). The storage edge of `validation.py`."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any
 
 import orjson
 
-from .report import DatasetSamples, Ledger, build_report
-from .shards import datasets_with_commits, markers_in_commit_order
-from .storage import Storage
+from .validation import DatasetSamples, Ledger, build_report
+from ..store.shards import datasets_with_commits, markers_in_commit_order
+from ..store.storage import Storage
 
 REPORT_DIR = "report"
 
@@ -34,7 +34,7 @@ def load_ledger(storage: Storage) -> Ledger:
 def write_report(storage: Storage) -> tuple[dict[str, Any], list[str]]:
     """Compute the report from the commit markers and write report.json, report.md and one PNG per dataset."""
     from .plots import dataset_png
-    from .report_markdown import render
+    from .markdown import render
 
     ledger = load_ledger(storage)
     report = build_report(ledger)

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from .content_format import flatten, template_content_format
-from .prompts import Prompt, RowError
-from .storage import open_storage, write_atomic
+from ..source.prompts import Prompt, RowError
+from ..store.storage import open_storage, write_atomic
 from .tokenizer_info import TokenizerInfo
 from .tokenizers_compat import TokenizerError, is_fast, load_folder_tokenizer
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .spec import SamplingSpec
+from ..spec.resource import SamplingSpec
 
 # generation_config.json keys SGLang reads as sampling defaults (model_config.py:1070-1076), by spec field.
 GENERATION_CONFIG_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",

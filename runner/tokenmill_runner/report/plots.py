@@ -1,6 +1,6 @@
 """One PNG per dataset: completion-length histogram (log axis, cap marked) and reasoning vs answer lengths.
 
-Drawn from what the report accumulated (`report_stream.py`): the histogram from the exact length counts, the
+Drawn from what the report accumulated (`stream.py`): the histogram from the exact length counts, the
 scatter from every (reasoning, answer) pair up to 20,000 and a uniform sample of them above."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ matplotlib.use("Agg")  # no display here or in pods
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from .histograms import IntHistogram  # noqa: E402
-from .report_stream import DatasetSamples  # noqa: E402
+from ..stats.histograms import IntHistogram  # noqa: E402
+from .stream import DatasetSamples  # noqa: E402
 
 WIDTH_PX, HEIGHT_PX, DPI = 1400, 560, 100
 

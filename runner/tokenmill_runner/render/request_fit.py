@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from .releases import Release, version_key
-from .server_info import INPUT_HEADROOM, ServerFacts
+from ..facts.releases import Release, version_key
+from ..facts.server_info import INPUT_HEADROOM, ServerFacts
 
 KV_MEMORY_CAP_SINCE = "0.5.21"
 

@@ -3,7 +3,7 @@
 A row is `{"sample_id": ..., "messages": [{role, content, tool_calls?}], "tools": [...]?}`, or another layout that
 `adapters.py` turns into one (ShareGPT, OpenAI multi-part content, a plain prompt; column names from the spec's
 `input.fields`). A bad row becomes a `RowError` naming its line and what to fix; it never stops the stream. Reading
-the rows is `sources.py`.
+the rows is `reader.py`.
 """
 
 from __future__ import annotations

@@ -221,12 +221,10 @@ class DatasetLedger:
         if samples_per_prompt > MAX_SAMPLES_PER_PROMPT:
             raise ValueError(f"{self.name}: at most {MAX_SAMPLES_PER_PROMPT} samples per prompt, not "
                              f"{samples_per_prompt}")
-        prompts = -(-self._size // old)
-        bits = np.zeros(prompts * old, dtype=np.uint8)
-        have = np.unpackbits(self._rows, bitorder="little")[:min(self._size, bits.size)]
-        bits[:have.size] = have
+        have = self._row_matrix()
+        prompts = have.shape[0]
         wide = np.zeros((prompts, samples_per_prompt), dtype=np.uint8)
-        wide[:, :old] = bits.reshape(prompts, old)
+        wide[:, :old] = have
         positions, codes = self._failure_arrays()
         self.samples_per_prompt = samples_per_prompt
         self._size = prompts * samples_per_prompt
@@ -334,11 +332,15 @@ class DatasetLedger:
         """Rows of sample indices `samples` and up: what a run with more samples per prompt committed."""
         if samples >= self.samples_per_prompt:
             return 0
+        return int(self._row_matrix()[:, samples:].sum(dtype=np.int64))
+
+    def _row_matrix(self) -> np.ndarray:
+        """The row bits as a (prompts, samples_per_prompt) matrix of 0/1, the last prompt padded with zeros."""
         prompts = -(-self._size // self.samples_per_prompt)
         bits = np.zeros(prompts * self.samples_per_prompt, dtype=np.uint8)
         have = np.unpackbits(self._rows, bitorder="little")[:min(self._size, bits.size)]
         bits[:have.size] = have
-        return int(bits.reshape(prompts, self.samples_per_prompt)[:, samples:].sum(dtype=np.int64))
+        return bits.reshape(prompts, self.samples_per_prompt)
 
     @property
     def nbytes(self) -> int:

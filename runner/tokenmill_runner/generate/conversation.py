@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .prompts import Prompt, RowError
+from ..source.prompts import Prompt, RowError
 from .tool_calls import ToolCall, calls_start, divergence, parse_tool_calls, source_calls
 
 STOP_REASONS = ("complete", "truncated", "tool_divergence", "diverged_no_call", "no_tool_result",

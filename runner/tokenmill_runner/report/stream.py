@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from .histograms import FloatSketch, IntHistogram
-from .ledger import DatasetLedger
+from ..stats.histograms import FloatSketch, IntHistogram
+from ..store.ledger import DatasetLedger
 
 DRIFT_FIRST_N = 100
 SCATTER_POINTS = 20_000

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .spec import DatasetGenerationSpec
+from .resource import DatasetGenerationSpec
 
 API_KEY_ENV = "TOKENMILL_API_KEY"
 

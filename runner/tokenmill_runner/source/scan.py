@@ -20,7 +20,7 @@ import numpy as np
 from .adapters import DEFAULT_LAYOUT, RowLayout
 from .duplicates import PAIR, DuplicateIds, repeated_ids
 from .prompts import Prompt, belongs_to_worker, id_hash
-from .sources import read_prompts
+from .reader import read_prompts
 
 logger = logging.getLogger(__name__)
 

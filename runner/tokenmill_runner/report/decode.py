@@ -13,9 +13,9 @@ from typing import Any
 
 import orjson
 
-from .pretokenize import load_tokenizer, local_model_folder
-from .shards import decode_rows, read_markers
-from .storage import Storage
+from ..render.pretokenize import load_tokenizer, local_model_folder
+from ..store.shards import decode_rows, read_markers
+from ..store.storage import Storage
 
 ROLE_LABELS = {"tool_declare": "tools", "system": "system", "user": "user", "assistant": "assistant",
                "tool": "tool result"}

@@ -2,7 +2,7 @@
 
 Pure: what `report_stream.DatasetSamples` accumulated from the markers in, a report dict out (every figure exact;
 latency quantiles within 0.5 % above a million samples, see `histograms.py`). Reading the markers and writing the
-files is `report_files.py`.
+files is `files.py`.
 The report's JSON schema is `tokenmill.report/v1` (documented in docs/report.md); bump it on breaking changes.
 """
 
@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from .histograms import IntHistogram, mann_whitney_histograms
-from .ledger import RETRYABLE_REASONS
-from .report_stream import DRIFT_FIRST_N, SAMPLE_COLUMNS, DatasetSamples
-from .stats import OVER, UNDER, DriftResult
-from .summary import RETRY_HINT
+from ..stats.histograms import IntHistogram, mann_whitney_histograms
+from ..store.ledger import RETRYABLE_REASONS
+from .stream import DRIFT_FIRST_N, SAMPLE_COLUMNS, DatasetSamples
+from ..stats.distributions import OVER, UNDER, DriftResult
+from ..generate.summary import RETRY_HINT
 
 logger = logging.getLogger(__name__)
 

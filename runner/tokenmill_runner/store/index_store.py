@@ -35,6 +35,33 @@ def commits_prefix(dataset: str) -> str:
     return f"{dataset}/{COMMITS}/"
 
 
+@dataclass(frozen=True)
+class Listed:
+    """One entry of a dataset's commits folder: a marker (its time key, None for an old-style name, and its shard
+    id), or a stray (a temporary file of an interrupted write, or anything else that is not a marker)."""
+
+    key: str
+    time: str | None = None
+    shard_id: str | None = None
+
+    @property
+    def is_marker(self) -> bool:
+        return self.shard_id is not None
+
+
+def list_commits(storage: Storage, dataset: str, start: str | None = None) -> Iterator[Listed]:
+    """The one listing of a dataset's commits folder (after `start`, a key, when given), each entry classified.
+    Every reader of markers (catch-up, commit order, leftovers) goes through it, so they agree on what a marker is."""
+    prefix = commits_prefix(dataset)
+    for key in storage.list(prefix, start):
+        name = key[len(prefix):]
+        if "/" in name or not is_marker_name(name):
+            yield Listed(key)
+        else:
+            time, shard_id = split_marker_name(name)
+            yield Listed(key, time, shard_id)
+
+
 def iter_keyed(storage: Storage, keys: Iterable[str], threads: int = READ_THREADS) -> Iterator[tuple[str, bytes]]:
     """(key, object) for each key, read `threads` at a time and yielded in key order, holding a bounded window."""
     with ThreadPoolExecutor(max_workers=threads) as pool:
@@ -80,17 +107,15 @@ def catch_up(storage: Storage, index: DatasetIndex, full: bool = False, check: C
     result, newest = CatchUp(), [""]
 
     def unknown() -> Iterator[str]:
-        for key in storage.list(prefix, start):
-            name = key[len(prefix):]
-            if "/" in name or not is_marker_name(name):
-                result.strays.append(key)
+        for entry in list_commits(storage, index.name, start):
+            if entry.shard_id is None:
+                result.strays.append(entry.key)
                 continue
             result.listed += 1
-            time, shard_id = split_marker_name(name)
-            if time is not None and time > newest[0]:
-                newest[0] = time
-            if not index.knows(shard_id):
-                yield key
+            if entry.time is not None and entry.time > newest[0]:
+                newest[0] = entry.time
+            if not index.knows(entry.shard_id):
+                yield entry.key
 
     for key, data in iter_keyed(storage, unknown(), threads):
         if check is not None:

@@ -19,10 +19,10 @@ import numpy as np
 
 from .adapters import DEFAULT_LAYOUT, RowLayout
 from .duplicates import DuplicateIds
-from .packed import PackError, pack, unpack
+from ..store.packed import PackError, pack, unpack
 from .scan import LineSet, SourceScan, scan_source
-from .sources import source_identity
-from .storage import Storage, StorageError
+from .reader import source_identity
+from ..store.storage import Storage, StorageError
 
 logger = logging.getLogger(__name__)
 

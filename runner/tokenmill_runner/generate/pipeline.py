@@ -26,28 +26,28 @@ from itertools import islice
 from typing import Any
 
 from .client import GenerateClient
-from .commit_index import DatasetIndex
-from .config import RunnerConfig
+from ..store.commit_index import DatasetIndex
+from ..spec.config import RunnerConfig
 from .conversation import Conversation, history_exact, read_answer, start
-from .duplicates import DuplicateIds
-from .histograms import IntHistogram
-from .index_store import CHECKPOINT_EVERY, write_checkpoint
-from .ledger import RETRYABLE_REASONS, DatasetLedger, ShardContent, Slot
-from .metrics import RunnerMetrics
-from .pretokenize import PromptEncoder
-from .progress import ProgressDisplay, Snapshot, ThroughputMeter
-from .prompts import Prompt, RowError, belongs_to_worker, duplicate_error, id_hash
-from .request_fit import ServerLimits
+from ..source.duplicates import DuplicateIds
+from ..stats.histograms import IntHistogram
+from ..store.index_store import CHECKPOINT_EVERY, write_checkpoint
+from ..store.ledger import RETRYABLE_REASONS, DatasetLedger, ShardContent, Slot
+from ..metrics import RunnerMetrics
+from ..render.pretokenize import PromptEncoder
+from ..progress import ProgressDisplay, Snapshot, ThroughputMeter
+from ..source.prompts import Prompt, RowError, belongs_to_worker, duplicate_error, id_hash
+from ..render.request_fit import ServerLimits
 from .results import Generation, ServersUnavailable
-from .scan import LineSet
+from ..source.scan import LineSet
 from .rows import build_conversation_row, build_row, build_turn, failure_record, too_long_record
 from .seeds import sample_seed
-from .shards import ShardBuffer, commit_shard, new_run_token, new_shard_id
-from .sources import read_prompts, source_format
-from .spec import DatasetSpec, SamplingSpec
-from .storage import Storage, StorageError
+from ..store.shards import ShardBuffer, commit_shard, new_run_token, new_shard_id
+from ..source.reader import read_prompts, source_format
+from ..spec.resource import DatasetSpec, SamplingSpec
+from ..store.storage import Storage, StorageError
 from .summary import DatasetSummary, RunSummary
-from .tokenizer_info import TokenizerInfo
+from ..render.tokenizer_info import TokenizerInfo
 
 logger = logging.getLogger(__name__)
 

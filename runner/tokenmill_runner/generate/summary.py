@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-# `tokenmill run` exit codes (README "Exit codes"; the operator's Job failure policy relies on them).
+# `tokenmill run` exit codes (docs/running.md, the exit-code table; the operator's Job failure policy relies on them).
 EXIT_OK = 0  # every slot has a final outcome, and none was given up
 EXIT_FAILED = 1  # an error stopped the run (the message says which); a rerun resumes from what is committed
 EXIT_USAGE = 2  # a bad command line or spec: no retry can succeed

@@ -25,8 +25,8 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from .adapters import RowLayout
-from .releases import (
+from ..source.adapters import RowLayout
+from ..facts.releases import (
     DEFAULT_IMAGE,
     DEFAULT_RELEASE,
     OLDEST_SUPPORTED,

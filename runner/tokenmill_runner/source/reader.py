@@ -16,7 +16,7 @@ from typing import Any
 
 from .adapters import DEFAULT_LAYOUT, RowLayout
 from .prompts import Prompt, RowError, parse_line
-from .storage import Storage, open_storage, split_uri
+from ..store.storage import Storage, open_storage, split_uri
 
 PARQUET_BATCH_ROWS = 1024
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".jsonl.gz")

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from .stats import PERCENTILES, Distribution
+from .distributions import PERCENTILES, Distribution
 
 QUANTILES = (10, 25, 50, 75, 90, 95, 99)
 EXACT_LIMIT = 1 << 20  # floats kept exactly up to this many values (8 MiB)
@@ -242,7 +242,7 @@ def _count_buckets(buckets: dict[int, int], positive: np.ndarray, log_gamma: flo
 
 
 def _exact(data: np.ndarray) -> Distribution:
-    from .stats import distribution
+    from .distributions import distribution
 
     return distribution(data)
 
