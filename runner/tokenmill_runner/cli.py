@@ -52,6 +52,11 @@ def _add_run_parser(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--retry-failed", action="store_true",
                      help="run again the samples given up for a server-side reason (retries exhausted, bad or "
                           "corrupt responses), e.g. after a server outage; input errors stay final")
+    run.add_argument("--take-over", action="store_true",
+                     help="write into an output another live owner holds (its lease.json): only when that writer "
+                          "is gone and you cannot wait for its lease to go stale")
+    run.add_argument("--owner-uid", help=argparse.SUPPRESS)  # set by the operator: the DatasetGeneration's uid
+    run.add_argument("--job-hash", help=argparse.SUPPRESS)  # set by the operator: the runner Job's hash
     run.add_argument("--server-wait", type=float, default=1800.0, metavar="SECONDS",
                      help="how long to wait for the servers' /health")
     run.add_argument("--sim-time-scale", type=float, default=50.0,
@@ -161,6 +166,7 @@ def runner_config(resource: DatasetGeneration, args: argparse.Namespace, servers
         retry_failed=args.retry_failed or spec.runner.retry_failed,
         output_uri=args.out or spec.output.uri, worker_index=args.worker_index,
         worker_count=args.workers or spec.runner.parallelism, server_wait_s=args.server_wait,
+        owner_uid=args.owner_uid, job_hash=args.job_hash, take_over=args.take_over,
     )
 
 

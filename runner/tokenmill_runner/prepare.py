@@ -7,11 +7,14 @@ healthy) fails here, before a single request is sent.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
+import os
+import secrets
+import socket
 from datetime import UTC, datetime
 from typing import Any
-
-import orjson
 
 from .generate.client import GenerateClient, RetryPolicy, get_json, healthy_servers
 from .spec.config import RunnerConfig
@@ -32,14 +35,15 @@ from .store.index_store import CHECKPOINT_EVERY, open_index, write_checkpoint
 from .generate.seeds import seed_rule
 from .facts.server_info import ServerFacts, runnable_requests, seeds_accepted
 from .store.shards import ShardBuffer, clean_leftovers
-from .source.reader import source_format
+from .source.reader import describe_source, source_format
 from .spec.resource import DatasetGenerationSpec, SpecError
+from .store.lease import LeaseHeld, LeaseKeeper, acquire
+from .store.manifest import DatasetLayout, Owner, RunManifest, layout_changes, model_conflict, read_manifest, \
+    write_manifest
 from .store.storage import Storage, open_storage
 from .render.tokenizer_info import TokenizerInfo
 
 logger = logging.getLogger(__name__)
-
-RUN_METADATA = "run.json"
 # A typical request, for sizing concurrency before any output is seen (the seeds: mean output ~0.13-0.14 of a
 # 10240 cap, prompts 75-1130 tokens).
 TYPICAL_PROMPT_TOKENS = 512
@@ -74,16 +78,22 @@ def resolve_concurrency(config: RunnerConfig, servers: list[ServerFacts]) -> int
 
 
 def prepare_states(config: RunnerConfig, storage: Storage,
-                   model_defaults: dict[str, Any] | None = None) -> tuple[list[DatasetState], dict[str, int]]:
+                   model_defaults: dict[str, Any] | None = None) -> tuple[list[DatasetState], dict[str, DatasetLayout]]:
     """Scan the sources (rows, duplicate ids) and read the ledger before any request is sent (a missing file fails
-    here, cheaply). `model_defaults` (from generation_config.json) fill the sampling fields the spec leaves unset."""
+    here, cheaply). `model_defaults` (from generation_config.json) fill the sampling fields the spec leaves unset.
+    Returns the states and the layout each dataset has now (its rows, samples, source identity, input mapping)."""
     spec = config.spec
-    states, totals = [], {}
+    states, layouts = [], {}
     for index, dataset in enumerate(spec.datasets):
         fmt = source_format(dataset.source, dataset.format, spec.output.endpoint)
         scan = cached_scan(storage, dataset.name, dataset.source, fmt, spec.output.endpoint, dataset.limit,
                            config.worker_index, config.worker_count, dataset.row_layout())
-        totals[dataset.name] = scan.rows
+        sampling, sources = apply_model_defaults(spec.sampling_for(dataset), model_defaults or {})
+        layouts[dataset.name] = DatasetLayout(
+            rows=scan.rows, samples=dataset.samples, limit=dataset.limit,
+            source=describe_source(dataset.source, spec.output.endpoint),
+            input=dataset.input.model_dump(mode="json", by_alias=True),
+            chat_template_kwargs=spec.chat_template_kwargs_for(dataset), sampling=sources)
         commits, caught = open_index(storage, dataset.name, scan.rows, dataset.samples)
         extra = commits.ledger.rows_beyond(dataset.samples)
         if extra:
@@ -98,16 +108,15 @@ def prepare_states(config: RunnerConfig, storage: Storage,
                         config.worker_index)
         if config.worker_index == 0 and commits.since_checkpoint >= CHECKPOINT_EVERY:
             write_checkpoint(storage, commits, f"w{config.worker_index:03d}")
-        sampling, sources = apply_model_defaults(spec.sampling_for(dataset), model_defaults or {})
         states.append(DatasetState(
             spec=dataset, index=index, sampling=sampling, ledger=commits.ledger, commits=commits,
             duplicates=scan.duplicates, template_kwargs=spec.chat_template_kwargs_for(dataset),
-            sampling_sources=sources, rows=scan.worker_rows * dataset.samples, owned=scan.owned,
+            sampling_sources=sources, slots=scan.worker_rows * dataset.samples, owned=scan.owned,
             buffer=ShardBuffer(spec.runner.shard_max_samples, spec.runner.shard_max_seconds),
         ))
     # Longest expected outputs first, so the run does not end on one long request with an idle GPU.
     states.sort(key=lambda state: -expected_output_tokens(state))
-    return states, totals
+    return states, layouts
 
 
 def expected_output_tokens(state: DatasetState) -> float:
@@ -118,45 +127,54 @@ def expected_output_tokens(state: DatasetState) -> float:
     return TYPICAL_OUTPUT_SHARE * (state.sampling.max_new_tokens or 0)
 
 
-def run_metadata(config: RunnerConfig, info: TokenizerInfo, context_length: int,
-                 totals: dict[str, int], states: list[DatasetState] | None = None, send_seed: bool = True) -> bytes:
+def spec_hash(spec: DatasetGenerationSpec) -> str:
+    """The identity of a spec as `tokenmill run` records it (a runner Job records its Job's hash instead)."""
+    document = spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+    document.pop("suspend", None)
+    return hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def run_owner(config: RunnerConfig) -> Owner:
+    if config.owner_uid:
+        return Owner(kind="DatasetGeneration", name=config.name, namespace=config.namespace or None,
+                     uid=config.owner_uid)
+    return Owner(kind="cli", name=config.name)
+
+
+def lease_holder() -> str:
+    """One process: a pod (its hostname) of a runner Job, or this machine's process."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+def run_manifest(config: RunnerConfig, info: TokenizerInfo, context_length: int | None,
+                 layouts: dict[str, DatasetLayout], send_seed: bool = True) -> RunManifest:
     from . import __version__
 
-    return orjson.dumps({
-        "version": 1,
-        "tokenmill": __version__,
-        "name": config.name,
-        "started_at": datetime.now(UTC).isoformat(),
-        "spec": config.spec.model_dump(mode="json", by_alias=True),
-        "tokenizer": info.as_dict(),
-        "context_length": context_length,
-        "datasets": {name: {"rows": rows, **_dataset_settings(states or [], name)} for name, rows in totals.items()},
-        "workers": config.worker_count,
-        "seeds": {**seed_rule(config.spec.seed), "sent_as_sampling_seed": send_seed,
-                  "deterministic_inference": config.spec.server.deterministic_inference},
-    }, option=orjson.OPT_INDENT_2)
+    return RunManifest(
+        tokenmill=__version__, owner=run_owner(config), spec_hash=config.job_hash or spec_hash(config.spec),
+        name=config.name, started_at=datetime.now(UTC).isoformat(),
+        spec=config.spec.model_dump(mode="json", by_alias=True), tokenizer=info.as_dict(),
+        context_length=context_length, datasets=layouts, workers=config.worker_count,
+        seeds={**seed_rule(config.spec.seed), "sent_as_sampling_seed": send_seed,
+               "deterministic_inference": config.spec.server.deterministic_inference},
+    )
 
 
-def _dataset_settings(states: list[DatasetState], name: str) -> dict[str, Any]:
-    """What each dataset was generated with: its chat template arguments and sampling, with each value's source."""
-    for state in states:
-        if state.name == name:
-            return {"chat_template_kwargs": state.template_kwargs, "sampling": state.sampling_sources,
-                    "samples": state.samples, "input": state.spec.input.model_dump(mode="json", by_alias=True)}
-    return {}
-
-
-def check_output_owner(storage: Storage, spec: DatasetGenerationSpec) -> None:
+def check_output(recorded: RunManifest | None, spec: DatasetGenerationSpec) -> None:
     """Refuse an output whose run.json records another model or tokenizer: two runs' outputs must never mix."""
-    if not storage.exists(RUN_METADATA):
-        return
-    recorded = (orjson.loads(storage.get(RUN_METADATA)).get("spec") or {}).get("model") or {}
-    ours = {"path": spec.model.path, "tokenizer": spec.model.tokenizer or spec.model.path}
-    theirs = {"path": recorded.get("path"), "tokenizer": recorded.get("tokenizer") or recorded.get("path")}
-    for key, value in ours.items():
-        if theirs[key] is not None and theirs[key] != value:
-            raise SpecError(f"{storage.uri(RUN_METADATA)} records a run with model.{key} {theirs[key]!r}, not "
-                            f"{value!r}: outputs of two runs must not mix; write this one to another output URI")
+    why = model_conflict(recorded, spec.model.path, spec.model.tokenizer or spec.model.path)
+    if why:
+        raise SpecError(f"{spec.output.uri}: {why}")
+
+
+def check_layout(recorded: RunManifest | None, layouts: dict[str, DatasetLayout], states: list[DatasetState]) -> None:
+    """Refuse a source or input mapping changed under committed work: the ledger is keyed by line, so committed
+    outcomes would silently belong to other prompts."""
+    committed = {state.name: state.ledger.settled for state in states}
+    problems = layout_changes(recorded, layouts, committed)
+    if problems:
+        raise SpecError("; ".join(problems) + ". Put the original source back, or write the new one to another "
+                        "output URI (a new run)")
 
 
 async def prepare(config: RunnerConfig, api_key: str | None) -> Runner:
@@ -167,7 +185,23 @@ async def prepare(config: RunnerConfig, api_key: str | None) -> Runner:
     if config.metrics_port:
         metrics.serve(config.metrics_port)
     storage = open_storage(config.output_uri, spec.output.endpoint, spec.output.region)
-    await asyncio.to_thread(check_output_owner, storage, spec)
+    recorded = await asyncio.to_thread(read_manifest, storage)
+    check_output(recorded, spec)
+    try:
+        lease = await asyncio.to_thread(acquire, storage, run_owner(config), lease_holder(), config.take_over)
+    except LeaseHeld as error:
+        raise SpecError(f"{storage.root_uri}: {error}") from None
+    keeper = LeaseKeeper(storage, lease).start()
+    try:
+        return await _prepare(config, api_key, storage, recorded, metrics, keeper)
+    except BaseException:
+        keeper.close()
+        raise
+
+
+async def _prepare(config: RunnerConfig, api_key: str | None, storage: Storage, recorded: RunManifest | None,
+                   metrics: RunnerMetrics, keeper: LeaseKeeper) -> Runner:
+    spec = config.spec
     tokenizer_location = spec.model.tokenizer or spec.model.path
     folder = await asyncio.to_thread(local_model_folder, tokenizer_location, spec.output.endpoint)
     tokenizer = await asyncio.to_thread(load_tokenizer, folder, spec.model.trust_remote_code)
@@ -175,7 +209,12 @@ async def prepare(config: RunnerConfig, api_key: str | None) -> Runner:
     info = describe_tokenizer(tokenizer, tokenizer_location, reasoning.candidates(), spec.model.tool_call_token,
                               folder, explicit_end_tokens=reasoning.end_tokens is not None)
     model_defaults = model_sampling_defaults(model_generation_config(folder))
-    states, totals = await asyncio.to_thread(prepare_states, config, storage, model_defaults)
+    states, layouts = await asyncio.to_thread(prepare_states, config, storage, model_defaults)
+    check_layout(recorded, layouts, states)
+    if config.worker_index == 0:  # the layout is recorded before any shard of it is committed
+        configured = spec.server.context_length
+        early = configured if isinstance(configured, int) else info.model_context_length
+        await asyncio.to_thread(write_manifest, storage, run_manifest(config, info, early, layouts))
     healthy = await healthy_servers(config.servers, config.server_wait_s, api_key)
     server_infos = await asyncio.gather(*(get_json(url, "/server_info", api_key) for url in healthy))
     facts = [ServerFacts.read(url, server_info) for url, server_info in zip(healthy, server_infos, strict=True)]
@@ -188,7 +227,7 @@ async def prepare(config: RunnerConfig, api_key: str | None) -> Runner:
                     "--enable-deterministic-inference (spec.server.deterministicInference): sampling is not "
                     "reproducible without it")
     if config.worker_index == 0:
-        storage.put(RUN_METADATA, run_metadata(config, info, context_length, totals, states, send_seed))
+        await asyncio.to_thread(write_manifest, storage, run_manifest(config, info, context_length, layouts, send_seed))
     client = GenerateClient(
         config.servers, api_key=api_key, concurrency=concurrency,
         retry=RetryPolicy(max_attempts=spec.runner.max_attempts),
@@ -202,4 +241,4 @@ async def prepare(config: RunnerConfig, api_key: str | None) -> Runner:
                 ", ".join(s.name for s in states), storage.root_uri, len(config.servers), concurrency,
                 context_length)
     return Runner(config, storage, PromptEncoder(tokenizer), info, client, states, context_length, concurrency,
-                  metrics=metrics, limits=limits, send_seed=send_seed)
+                  metrics=metrics, limits=limits, send_seed=send_seed, lease=keeper)

@@ -155,7 +155,7 @@ def test_kills_at_every_step_of_the_commit_protocol_lose_and_duplicate_nothing(t
     assert {e["line"]: e["reason"] for e in committed_errors(storage, "p")} == expected_errors
     assert not list(leftovers(storage, "p")) and not [p for p in out.rglob("*") if ".tmp-" in p.name]
     report = orjson.loads(storage.get("report/report.json"))["datasets"]["p"]
-    assert (report["rows"], report["samples"], report["errors"]) == (1000, len(good), len(expected_errors))
+    assert (report["slots"], report["samples"], report["errors"]) == (1000, len(good), len(expected_errors))
     assert report["without_outcome"] == 0 and report["given_up"] == 0
     assert re.search(r"^p\s+1000\s+\d+\s+\d+", final.stdout, re.MULTILINE), final.stdout
 

@@ -89,7 +89,7 @@ def test_a_killed_run_with_4_samples_resumes_with_the_same_seeds_and_nothing_twi
     assert run["datasets"]["p"]["samples"] == 4
     # The report checks completeness against slots (rows x samples), not rows.
     report = orjson.loads(storage.get("report/report.json"))["datasets"]["p"]
-    assert (report["rows"], report["without_outcome"]) == (LINES * 4, 0)
+    assert (report["slots"], report["without_outcome"]) == (LINES * 4, 0)
 
 
 def test_the_same_spec_gives_the_same_seeds_under_another_name(tmp_path, demo_model, sim):

@@ -228,8 +228,9 @@ def test_a_half_done_run_fails_against_the_run_json_totals(tmp_path):
     report = build_report(load_ledger(storage))
     assert report["verdict"] == "fail" and report["datasets"]["ok"]["without_outcome"] == 100
     [finding] = [f for f in report["findings"] if f["check"] == "complete"]
-    assert finding["message"].startswith("ok: 100 of 300 source lines have no outcome yet (200 samples and 0 errors")
-    assert report["overall"]["rows"] == 300 and report["overall"]["without_outcome"] == 100
+    assert finding["message"].startswith("ok: 100 of 300 slots of the current layout have no outcome (100 lines lack "
+                                         "sample 0)")
+    assert report["overall"]["slots"] == 300 and report["overall"]["without_outcome"] == 100
 
     commit_shard(storage, "ok", "w000-u-000001", 0, ShardContent(healthy_rows("ok", range(200, 300)), []))
     done = build_report(load_ledger(storage))
@@ -260,3 +261,21 @@ def test_given_up_samples_fail_the_report_apart_from_input_errors(tmp_path):
     after = build_report(load_ledger(storage))
     assert after["datasets"]["ok"]["given_up"] == 0 and after["datasets"]["ok"]["samples"] == 320
     assert after["verdict"] == "pass", after["findings"]
+
+
+def test_a_lowered_samples_count_is_judged_by_slot_not_by_count(tmp_path):
+    # Issue 19: 40 lines at samples 4 with 80 slots committed (lines 1-20, every index), then samples lowered to 2.
+    # 80 committed outcomes >= 40 x 2 slots, yet lines 21-40 have neither sample 0 nor 1: the report must fail.
+    storage = LocalStorage(tmp_path)
+    run = run_json(["d"])
+    run["datasets"] = {"d": {"rows": 40, "samples": 2}}
+    storage.put("run.json", orjson.dumps(run))
+    rows = [dict(row, sample_index=index) for index in range(4) for row in healthy_rows("d", range(20))]
+    commit_rows(storage, "d", rows)
+    report = build_report(load_ledger(storage))
+    outcome = report["datasets"]["d"]
+    assert (outcome["slots"], outcome["without_outcome"], outcome["missing_by_sample_index"]) == (80, 40, [20, 20])
+    assert outcome["outside_layout"] == 40  # samples 2 and 3 of lines 1-20: kept, not counted
+    [finding] = [f for f in report["findings"] if f["check"] == "complete"]
+    assert finding["level"] == "fail" and "20 lines lack sample 0, 20 lines lack sample 1" in finding["message"]
+    assert report["verdict"] == "fail"

@@ -49,7 +49,7 @@ def columns(built: list[dict], name: str) -> list:
 
 def test_every_figure_equals_the_definition_on_the_list_of_values():
     built = markers(range(1, 5001))
-    samples = DatasetSamples("d", rows=5000)
+    samples = DatasetSamples("d", lines=5000)
     samples.add_markers(built)
     report = dataset_report(samples, 8192, True)
     for key, name in (("completion_tokens", "completion_tokens"), ("prompt_tokens", "prompt_tokens"),
@@ -70,7 +70,7 @@ def test_every_figure_equals_the_definition_on_the_list_of_values():
 def test_a_slot_named_by_two_markers_counts_once_in_the_report():
     built = markers(range(1, 301))
     again = markers(range(1, 51), seed=2)  # a restarted worker committed lines 1-50 again
-    samples = DatasetSamples("d", rows=300)
+    samples = DatasetSamples("d", lines=300)
     samples.add_markers([*built, *again])
     report = dataset_report(samples, 8192, True)
     assert report["samples"] == 300 and report["without_outcome"] == 0
@@ -80,7 +80,7 @@ def test_a_slot_named_by_two_markers_counts_once_in_the_report():
 def test_latency_is_exact_below_the_limit_and_within_the_bound_above(monkeypatch):
     built = markers(range(1, 3001))
     monkeypatch.setattr(histograms, "EXACT_LIMIT", 1000)
-    samples = DatasetSamples("d", rows=3000)
+    samples = DatasetSamples("d", lines=3000)
     samples.add_markers(built)
     assert not samples.latency.exact
     got = dataset_report(samples, 8192, True)["latency_s"]
@@ -110,7 +110,7 @@ def test_what_the_report_holds_does_not_grow_with_the_samples(monkeypatch):
         built = markers(range(1, size + 1), per=1024)
         tracemalloc.start()
         try:
-            samples = DatasetSamples("d", rows=size)
+            samples = DatasetSamples("d", lines=size)
             for marker in built:
                 samples.add_marker(marker)
             held[size], _ = tracemalloc.get_traced_memory()
@@ -164,7 +164,7 @@ def test_conversations_count_their_turns_as_generations_and_their_stop_reasons()
              "stop_reason": "complete", "last_turn_tokens": 120, "reasoning_turns": 2}
     single = {**sample(3, random.Random(0)), "completion_tokens": 100, "finish_reason": "stop", "reasoning_end": 30}
     marker = build_marker("d", "w000-t-000001", 0, ShardContent([cut, whole, single], []), 0)
-    ledger = DatasetSamples("d", rows=3)
+    ledger = DatasetSamples("d", lines=3)
     ledger.add_marker(marker)
     report = dataset_report(ledger, 32768, True)
     assert report["conversations"]["count"] == 2 and report["conversations"]["turns_total"] == 5
@@ -174,7 +174,7 @@ def test_conversations_count_their_turns_as_generations_and_their_stop_reasons()
     assert report["truncated"]["at_cap"] == 1  # c1's last turn hit its cap of 500 (its total 700 is not a turn)
     assert report["reasoning"]["present"] == 5 and report["reasoning"]["present_share"] == pytest.approx(5 / 6)
     assert report["reasoning"]["answer_tokens"]["max"] == 120 - 40 - 1 - 1  # the last turn's answer, stop excluded
-    single_only = DatasetSamples("d", rows=1)
+    single_only = DatasetSamples("d", lines=1)
     single_only.add_marker(build_marker("d", "w000-t-000002", 0, ShardContent([single], []), 0))
     assert dataset_report(single_only, 32768, True)["conversations"] is None
     assert "turn_count" not in build_marker("d", "x", 0, ShardContent([single], []), 0)["samples"]

@@ -144,7 +144,7 @@ def test_datasets_run_longest_expected_first():
         ledger.fold({"shard_id": "w000-a-000001", "failed": {"line": [], "reason": []}, "samples": {
             "line": list(range(1, rows + 1)), "completion_tokens": [tokens // rows if rows else 0] * rows}})
         return DatasetState(spec=dataset, index=index, sampling=spec.sampling_for(dataset), ledger=ledger,
-                            buffer=ShardBuffer(1, 1), rows=10)
+                            buffer=ShardBuffer(1, 1), slots=10)
 
     assert expected_output_tokens(state(0)) == 0.15 * 32768  # nothing seen yet: a share of the cap
     assert expected_output_tokens(state(1)) == 0.15 * 1000

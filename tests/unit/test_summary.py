@@ -17,7 +17,7 @@ from tokenmill_runner.generate.summary import (
 
 def dataset(name: str = "d", rows: int = 10, generated: int = 10, failed: dict | None = None,
             given_up: dict | None = None, skipped: int = 0) -> DatasetSummary:
-    return DatasetSummary(name=name, rows=rows, skipped=skipped, generated=generated, failed=failed or {},
+    return DatasetSummary(name=name, slots=rows, skipped=skipped, generated=generated, failed=failed or {},
                           completion_tokens=100, truncated=0, median_completion=10.0, mean_completion=10.0,
                           max_completion=10, given_up=given_up or {})
 

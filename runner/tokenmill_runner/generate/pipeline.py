@@ -32,6 +32,7 @@ from .conversation import Conversation, history_exact, read_answer, start
 from ..source.duplicates import DuplicateIds
 from ..stats.histograms import IntHistogram
 from ..store.index_store import CHECKPOINT_EVERY, write_checkpoint
+from ..store.lease import LeaseKeeper
 from ..store.ledger import RETRYABLE_REASONS, DatasetLedger, ShardContent, Slot
 from ..metrics import RunnerMetrics
 from ..render.pretokenize import PromptEncoder
@@ -75,7 +76,7 @@ class DatasetState:
     sampling: SamplingSpec
     ledger: DatasetLedger  # every committed outcome of the dataset (all workers'), kept current by each commit
     buffer: ShardBuffer
-    rows: int  # this worker's rows of the source, counted by the scan
+    slots: int  # this worker's slots: its lines of the source (counted by the scan) x samples
     duplicates: DuplicateIds = field(default_factory=DuplicateIds)
     template_kwargs: dict[str, Any] = field(default_factory=dict)  # chat template arguments for this dataset
     sampling_sources: dict[str, Any] = field(default_factory=dict)  # where each sampling value came from
@@ -127,7 +128,7 @@ def summarize(state: DatasetState) -> DatasetSummary:
     lengths = state.lengths
     given_up = state.given_up_before + Counter({r: n for r, n in state.failed.items() if r in RETRYABLE_REASONS})
     return DatasetSummary(
-        name=state.name, rows=state.rows, skipped=state.skipped, generated=state.generated,
+        name=state.name, slots=state.slots, skipped=state.skipped, generated=state.generated,
         failed=dict(state.failed), completion_tokens=state.completion_tokens, truncated=state.truncated,
         median_completion=lengths.median(), mean_completion=lengths.mean(), max_completion=lengths.max,
         given_up=dict(given_up),
@@ -141,9 +142,10 @@ class Runner:
                  client: GenerateClient, states: list[DatasetState], context_length: int, concurrency: int,
                  metrics: RunnerMetrics | None = None, display: ProgressDisplay | None = None,
                  clock: Callable[[], float] = time.monotonic, limits: ServerLimits | None = None,
-                 send_seed: bool = True) -> None:
+                 send_seed: bool = True, lease: LeaseKeeper | None = None) -> None:
         self.config = config
         self.send_seed = send_seed  # the servers' release accepts sampling_seed (every supported one does)
+        self.lease = lease  # renewed while the run lasts; lost when another owner takes the output over
         self.storage = storage
         self.encoder = encoder
         self.info = info
@@ -179,6 +181,15 @@ class Runner:
         self._stop.set()
 
     async def run(self) -> RunSummary:
+        """Generate until every open slot is settled, the run is stopped, or it fails; the output's lease is given
+        up (a process) or left to go stale (a Job's worker) when it ends."""
+        try:
+            return await self._run()
+        finally:
+            if self.lease is not None:
+                self.lease.close()
+
+    async def _run(self) -> RunSummary:
         queue: asyncio.Queue[Request] = asyncio.Queue(maxsize=self.concurrency)
         producer = asyncio.create_task(self._guard(self._produce(queue)))
         workers = [asyncio.create_task(self._guard(self._work(queue))) for _ in range(self.concurrency)]
@@ -442,6 +453,10 @@ class Runner:
     async def _write(self, state: DatasetState, shard_id: str, content: ShardContent) -> None:
         dataset = state.name
         async with self._commit_slots:
+            if self.lease is not None and self.lease.lost.is_set():
+                self._fail(CommitFailed(f"not committing shard {dataset}/{shard_id}: another owner took the output "
+                                        "over (its lease.json); this run's remaining samples are left to it"))
+                return
             for attempt in range(1, COMMIT_ATTEMPTS + 1):
                 try:
                     marker = await asyncio.to_thread(
@@ -498,13 +513,13 @@ class Runner:
 
     def _publish_remaining(self) -> None:
         for state in self.states:
-            self.metrics.set_remaining(state.name, state.rows - state.done)
+            self.metrics.set_remaining(state.name, state.slots - state.done)
 
     def snapshot(self) -> Snapshot:
         now = self.clock()
         samples_per_s, tokens_per_s = self.meter.rates(now, self._started)
         return Snapshot(
-            done=sum(s.done for s in self.states), total=sum(s.rows for s in self.states),
+            done=sum(s.done for s in self.states), total=sum(s.slots for s in self.states),
             failed=sum(sum(s.failed.values()) for s in self.states), samples_per_s=samples_per_s,
             tokens_per_s=tokens_per_s, in_flight=self.in_flight, elapsed_s=now - self._started,
         )

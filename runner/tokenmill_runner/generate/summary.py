@@ -22,7 +22,7 @@ RETRY_HINT = ("run again with `tokenmill run --retry-failed` (on a cluster: anno
 @dataclass(frozen=True)
 class DatasetSummary:
     name: str
-    rows: int  # this worker's rows of the source
+    slots: int  # this worker's slots: its source lines x samples per prompt
     skipped: int  # slots with a final outcome before this run
     generated: int
     failed: dict[str, int]  # this run's failures by reason
@@ -39,7 +39,7 @@ class DatasetSummary:
 
     @property
     def without_outcome(self) -> int:
-        return max(self.rows - self.done, 0)
+        return max(self.slots - self.done, 0)
 
 
 @dataclass(frozen=True)
@@ -84,13 +84,13 @@ def given_up_line(given_up: Counter[str] | dict[str, int]) -> str:
 
 
 def iter_summary_lines(summary: RunSummary) -> Iterator[str]:
-    header = f"{'dataset':<20} {'rows':>7} {'done before':>11} {'generated':>9} {'failed':>6} " \
+    header = f"{'dataset':<20} {'slots':>7} {'done before':>11} {'generated':>9} {'failed':>6} " \
              f"{'tokens':>11} {'median':>7} {'mean':>7} {'max':>6} {'truncated':>9}"
     yield header
     for d in summary.datasets:
         median = f"{d.median_completion:.0f}" if d.median_completion is not None else "-"
         mean = f"{d.mean_completion:.0f}" if d.mean_completion is not None else "-"
-        yield (f"{d.name:<20} {d.rows:>7} {d.skipped:>11} {d.generated:>9} {sum(d.failed.values()):>6} "
+        yield (f"{d.name:<20} {d.slots:>7} {d.skipped:>11} {d.generated:>9} {sum(d.failed.values()):>6} "
                f"{d.completion_tokens:>11,} {median:>7} {mean:>7} {d.max_completion or '-':>6} {d.truncated:>9}")
         for reason, count in sorted(d.failed.items()):
             yield f"    failed: {reason}: {count}"

@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 
 from .validation import DatasetSamples, Ledger, build_report
+from ..store.manifest import RunManifest, read_manifest
 from ..store.shards import datasets_with_commits, markers_in_commit_order
 from ..store.storage import Storage
 
@@ -15,20 +16,17 @@ REPORT_DIR = "report"
 
 
 def load_ledger(storage: Storage) -> Ledger:
-    run = orjson.loads(storage.get("run.json")) if storage.exists("run.json") else {}
-    names = [d["name"] for d in (run.get("spec") or {}).get("datasets", [])]
+    manifest = read_manifest(storage) or RunManifest()
+    names = manifest.dataset_names
     extra = sorted(set(datasets_with_commits(storage)) - set(names))
-    # Slots to settle: each source row times its samples per prompt (run.json; 1 before issue 12).
-    facts = run.get("datasets") or {}
-    samples = {name: int(f.get("samples") or 1) for name, f in facts.items()}
-    rows = {name: None if f.get("rows") is None else f["rows"] * samples[name] for name, f in facts.items()}
     datasets = []
     for name in names + extra:
-        ledger = DatasetSamples(name, rows=rows.get(name), per_prompt=samples.get(name, 1))
+        layout = manifest.datasets.get(name)  # the current layout: lines x samples per prompt
+        ledger = DatasetSamples(name, lines=layout.rows if layout else None, per_prompt=layout.samples if layout else 1)
         for marker in markers_in_commit_order(storage, name):  # streamed: one pass, a window of markers in memory
             ledger.add_marker(marker)
         datasets.append(ledger)
-    return Ledger(storage.root_uri, run, datasets)
+    return Ledger(storage.root_uri, manifest.model_dump(mode="json", exclude_none=True), datasets)
 
 
 def write_report(storage: Storage) -> tuple[dict[str, Any], list[str]]:

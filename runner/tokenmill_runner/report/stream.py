@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..stats.histograms import FloatSketch, IntHistogram
-from ..store.ledger import DatasetLedger
+from ..store.ledger import Completeness, DatasetLedger
 
 DRIFT_FIRST_N = 100
 SCATTER_POINTS = 20_000
@@ -118,8 +118,8 @@ class DatasetSamples:
     """A dataset's committed samples as the report sees them, accumulated from its markers in commit order."""
 
     name: str
-    rows: int | None = None  # slots (source rows x samples, run.json), when known: what completeness is checked against
-    per_prompt: int = 1  # samples per prompt (spec.datasets[].samples)
+    lines: int | None = None  # source lines of the current layout (run.json), when known: completeness is checked
+    per_prompt: int = 1  # samples per prompt of the current layout (spec.datasets[].samples)
     ledger: DatasetLedger | None = None
     completions: IntHistogram = field(default_factory=IntHistogram)
     first_completions: list[int] = field(default_factory=list)  # the first DRIFT_FIRST_N, in commit order
@@ -144,11 +144,17 @@ class DatasetSamples:
 
     def __post_init__(self) -> None:
         if self.ledger is None:
-            self.ledger = DatasetLedger(self.name, (self.rows or 0) // self.per_prompt, self.per_prompt)
+            self.ledger = DatasetLedger(self.name, self.lines or 0, self.per_prompt)
 
     @property
     def samples(self) -> int:
         return self.completions.count
+
+    def completeness(self) -> Completeness | None:
+        """The current layout's slots and their outcomes (None when run.json gives no layout)."""
+        if self.lines is None or self.ledger is None:
+            return None
+        return self.ledger.completeness(self.lines, self.per_prompt)
 
     def add_markers(self, markers: list[dict[str, Any]]) -> None:
         for marker in markers:

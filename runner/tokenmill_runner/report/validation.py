@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..stats.histograms import IntHistogram, mann_whitney_histograms
-from ..store.ledger import RETRYABLE_REASONS
+from ..store.ledger import RETRYABLE_REASONS, Completeness
 from .stream import DRIFT_FIRST_N, SAMPLE_COLUMNS, DatasetSamples
 from ..stats.distributions import OVER, UNDER, DriftResult
 from ..generate.summary import RETRY_HINT
@@ -127,31 +127,42 @@ def order_drift(d: DatasetSamples) -> DriftResult | None:
     )
 
 
-def _outcomes(ledger: DatasetSamples, n: int) -> dict[str, Any]:
-    """Failures split into input-caused and given up, and completeness against the source's rows."""
-    errors = sum(ledger.errors.values())
-    given_up = {r: c for r, c in sorted(ledger.errors.items()) if r in RETRYABLE_REASONS}
+def _outcomes(ledger: DatasetSamples, n: int, layout: list[Completeness] | None) -> dict[str, Any]:
+    """Failures split into input-caused and given up, and completeness by slot against the current layout (slots
+    of an earlier, larger layout are counted apart, as `outside_layout`, never as the layout's outcomes)."""
+    failures = Counter(ledger.errors)
+    if layout is not None:
+        failures = Counter()
+        for part in layout:
+            failures.update(part.failures)
+    errors = failures.total()
+    given_up = {r: c for r, c in sorted(failures.items()) if r in RETRYABLE_REASONS}
     input_errors = errors - sum(given_up.values())
     return {
         "samples": n,
         "errors": errors,
         "input_errors": input_errors,
         "error_share": _share(input_errors, n + errors),
-        "errors_by_reason": dict(sorted(ledger.errors.items())),
+        "errors_by_reason": dict(sorted(failures.items())),
         "given_up": sum(given_up.values()),
         "given_up_by_reason": given_up,
-        "rows": ledger.rows,
-        "without_outcome": None if ledger.rows is None else max(ledger.rows - n - errors, 0),
+        "slots": None if layout is None else sum(part.slots for part in layout),
+        "without_outcome": None if layout is None else sum(part.missing for part in layout),
+        "missing_by_sample_index": (list(layout[0].missing_by_index) if layout is not None and len(layout) == 1
+                                    else None),
+        "outside_layout": None if layout is None else sum(part.outside for part in layout),
     }
 
 
 def dataset_report(ledger: DatasetSamples, context_length: int | None, reasoning_expected: bool,
                    stop_names: dict[str, str] | None = None, end_names: dict[str, str] | None = None,
-                   drift: bool = True) -> dict[str, Any]:
+                   drift: bool = True, layout: list[Completeness] | None = None) -> dict[str, Any]:
     n = ledger.samples
     result = order_drift(ledger) if drift else None
+    if layout is None and (own := ledger.completeness()) is not None:
+        layout = [own]
     return {
-        **_outcomes(ledger, n),
+        **_outcomes(ledger, n, layout),
         "completion_tokens_total": ledger.completions.total,
         "completion_tokens": ledger.completions.distribution().as_dict(),
         "length_shares": _length_shares(ledger.completions),
@@ -177,12 +188,16 @@ def _conversations(ledger: DatasetSamples) -> dict[str, Any] | None:
 
 
 def _merged(datasets: Iterable[DatasetSamples]) -> DatasetSamples:
-    datasets = list(datasets)
-    known = [d.rows for d in datasets if d.rows is not None]
-    merged = DatasetSamples("overall", rows=sum(known) if len(known) == len(datasets) else None)
+    merged = DatasetSamples("overall")
     for ledger in datasets:
         merged.merge(ledger)
     return merged
+
+
+def _layouts(datasets: list[DatasetSamples]) -> list[Completeness] | None:
+    """Every dataset's completeness, or None when one of them has no known layout."""
+    parts = [d.completeness() for d in datasets]
+    return None if any(part is None for part in parts) else [part for part in parts if part is not None]
 
 
 def _finding(check: str, level: str, dataset: str | None, message: str, value: Any = None,
@@ -199,12 +214,14 @@ def outcome_findings(name: str, report: dict[str, Any]) -> list[dict[str, Any]]:
     """Fail while lines have no outcome (the run is not finished) or samples were given up (a server-side reason):
     a half-done run or one that wrote samples off never passes."""
     findings = []
-    missing, rows = report["without_outcome"], report["rows"]
+    missing, slots = report["without_outcome"], report["slots"]
     if missing:
+        by_index = report.get("missing_by_sample_index") or []
+        lacking = ", ".join(f"{count} lines lack sample {index}" for index, count in enumerate(by_index) if count)
         findings.append(_finding(
             "complete", "fail", name,
-            f"{name}: {missing} of {rows} source lines have no outcome yet ({report['samples']} samples and "
-            f"{report['errors']} errors committed): the run is not finished; run it again (it resumes) or wait for "
+            f"{name}: {missing} of {slots} slots of the current layout have no outcome"
+            f"{f' ({lacking})' if lacking else ''}: the run is not finished; run it again (it resumes) or wait for "
             "its workers", missing, 0))
     if report["given_up"]:
         reasons = ", ".join(f"{r} {c}" for r, c in report["given_up_by_reason"].items())
@@ -297,6 +314,7 @@ def build_report(ledger: Ledger, now: datetime | None = None) -> dict[str, Any]:
         "verdict": verdict,
         "findings": findings,
         # Drift is about commit order within one dataset; a concatenation of datasets has no such order.
-        "overall": dataset_report(_merged(ledger.datasets), context_length, expected, names, end_names, drift=False),
+        "overall": dataset_report(_merged(ledger.datasets), context_length, expected, names, end_names, drift=False,
+                                  layout=_layouts(ledger.datasets)),
         "datasets": datasets,
     }

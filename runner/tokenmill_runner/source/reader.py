@@ -8,7 +8,9 @@ continue across them, so (line, sample index) stays a stable identity of each sa
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
+import re
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -16,6 +18,7 @@ from typing import Any
 
 from .adapters import DEFAULT_LAYOUT, RowLayout
 from .prompts import Prompt, RowError, parse_line
+from ..store.manifest import SourceIdentity
 from ..store.storage import Storage, open_storage, split_uri
 
 PARQUET_BATCH_ROWS = 1024
@@ -66,6 +69,28 @@ def source_identity(source: str, endpoint: str | None) -> str:
     storage = _folder_storage(source, endpoint)
     assert storage is not None
     return ";".join(f"{shard}:{storage.identity(shard)}" for shard in shards)
+
+
+IDENTITY_BLOCK = 65536  # bytes of a source's head hashed into its identity
+
+
+def describe_source(source: str, endpoint: str | None) -> SourceIdentity:
+    """The source's identity for the run manifest: its size, the store's version string, and a hash of its first
+    block (of each shard's name and size, and the first shard's first block, for a folder). A replaced or rewritten
+    file changes the hash or the size; a re-upload of the same bytes changes only the version."""
+    version = source_identity(source, endpoint)
+    sizes = [int(size) for size in re.findall(r"size=(\d+)", version)]
+    digest = hashlib.blake2b(digest_size=16)
+    shards = parquet_shards(source, endpoint)
+    if shards is not None:
+        digest.update(";".join(f"{shard}:{size}" for shard, size in zip(shards, sizes, strict=False)).encode())
+        first = f"{source.rstrip('/')}/{shards[0]}"
+    else:
+        first = source
+    with _open_source(first, endpoint) as handle:
+        digest.update(handle.read(IDENTITY_BLOCK))
+    return SourceIdentity(uri=source, size=sum(sizes) if sizes else None, version=version,
+                          head_hash=digest.hexdigest())
 
 
 def _open_source(source: str, endpoint: str | None) -> io.BufferedIOBase:

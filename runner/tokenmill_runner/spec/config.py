@@ -27,6 +27,11 @@ class RunnerConfig(BaseModel):
     progress_log_s: float = Field(10.0, gt=0, description="Progress log interval when stderr is not a terminal.")
     probe_first_s: float = Field(1.0, gt=0, description="First /health probe of a replica taken out of rotation.")
     probe_max_s: float = Field(30.0, gt=0, description="Longest interval between /health probes of a replica.")
+    owner_uid: str | None = Field(None, description="The DatasetGeneration's uid when a runner Job runs this: the "
+                                  "resource owns the output (its Jobs share the output lease).")
+    job_hash: str | None = Field(None, description="The hash of the runner Job this process belongs to, recorded "
+                                 "in run.json (the operator compares it with the Job's); default: the spec's hash.")
+    take_over: bool = Field(False, description="Take the output's lease from another live owner.")
 
     @model_validator(mode="after")
     def _index_in_range(self) -> RunnerConfig:

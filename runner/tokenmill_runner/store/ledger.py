@@ -53,12 +53,50 @@ RETRYABLE_REASONS = frozenset({
     "output_mismatch",  # output_ids disagree with completion_tokens (a server release bug; upgrade, then retry)
     "outage_timeout",  # the servers stayed unavailable past the outage budget for this sample
     "nan_output",  # SGLang replaced a NaN step with EOS ("NaN happened"), again on every attempt
+    "replica_crash",  # the replica died with the request in flight, again and again (a prompt that crashes it)
 })
 
 
 class Slot(NamedTuple):
     line: int  # 1-based source line (JSONL) or row (Parquet)
     index: int = 0  # sample index within the prompt (0..samples-1)
+
+
+@dataclass(frozen=True)
+class Completeness:
+    """The slots of one layout (lines 1..lines, sample indices 0..samples-1) and their outcomes. Settled means
+    every slot of the layout has a final outcome; outcomes outside it (an earlier, larger layout) are kept and
+    counted apart, never as the layout's."""
+
+    lines: int
+    samples: int
+    generated: int  # slots of the layout with a row
+    failures: dict[str, int]  # slots of the layout whose final outcome is that failure
+    missing_by_index: tuple[int, ...]  # per sample index: lines without an outcome
+    outside: int  # outcomes of slots outside the layout
+
+    @property
+    def slots(self) -> int:
+        return self.lines * self.samples
+
+    @property
+    def failed(self) -> int:
+        return sum(self.failures.values())
+
+    @property
+    def missing(self) -> int:
+        return sum(self.missing_by_index)
+
+    @property
+    def settled(self) -> bool:
+        return self.missing == 0
+
+    def describe_missing(self) -> str:
+        """`21 of 40 lines lack sample 0, 19 lack sample 1`, for findings and messages."""
+        parts = [f"{count} lack sample {index}" for index, count in enumerate(self.missing_by_index) if count]
+        if not parts:
+            return "every slot has an outcome"
+        return f"{self.missing} of {self.slots} slots have no outcome ({self.lines} lines: " + ", ".join(parts) + ")"
 
 
 @dataclass
@@ -333,6 +371,25 @@ class DatasetLedger:
         if samples >= self.samples_per_prompt:
             return 0
         return int(self._row_matrix()[:, samples:].sum(dtype=np.int64))
+
+    def completeness(self, lines: int, samples: int) -> Completeness:
+        """Which slots of the layout `lines` x `samples` have a final outcome: what "settled" means for a run, for
+        the report, the operator and `tokenmill run` alike."""
+        width = max(samples, self.samples_per_prompt)
+        settled = np.zeros((max(lines, 0), width), dtype=bool)
+        have = self._row_matrix()[:lines].astype(bool)
+        settled[:have.shape[0], :have.shape[1]] = have
+        generated = int(settled[:, :samples].sum(dtype=np.int64))
+        positions, codes = self._failure_arrays()
+        line, index = positions // self.samples_per_prompt, positions % self.samples_per_prompt
+        inside = (line < lines) & (index < samples)
+        settled[line[inside], index[inside]] = True
+        failures: dict[str, int] = {}
+        for code, count in zip(*np.unique(codes[inside], return_counts=True), strict=True):
+            failures[self._reasons[int(code)]] = int(count)
+        missing = tuple(int(lines - settled[:, i].sum(dtype=np.int64)) for i in range(samples))
+        outside = self.completed - generated + int((~inside).sum())
+        return Completeness(lines, samples, generated, dict(sorted(failures.items())), missing, outside)
 
     def _row_matrix(self) -> np.ndarray:
         """The row bits as a (prompts, samples_per_prompt) matrix of 0/1, the last prompt padded with zeros."""

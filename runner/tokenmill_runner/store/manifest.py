@@ -1,0 +1,164 @@
+"""The run manifest (`run.json`): what a run is, in one schema every reader shares. Pure: bytes in and out.
+
+It says who owns the output (a DatasetGeneration by namespace/name/uid, or a `tokenmill run` on a machine), the
+hash of the spec the writing Job was built from, and the layout: per dataset the source's identity, its rows
+(lines), `limit`, `samples`, input mapping, and the seed rule. The runner writes it before any shard of the layout
+it describes; the operator, the report, export and inspect read it here and nowhere else. A reader that needs to
+know whether committed work is the *current* run's compares `spec_hash` with the hash it expects: a Job that ended
+before its runner recorded its layout left the previous run's manifest, which is not its work.
+
+Version 1 files (before owners and hashes) still read: their owner and hash are None.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from .storage import Storage
+
+MANIFEST = "run.json"
+VERSION = 2
+
+
+class ManifestError(ValueError):
+    """run.json exists but cannot be read as a manifest."""
+
+
+class Owner(BaseModel):
+    """Who writes the output. A DatasetGeneration is one owner across its Jobs (its uid tells a re-created resource
+    of the same name apart); a `tokenmill run` is owned by its spec's name on one machine."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    kind: Literal["DatasetGeneration", "cli"]
+    name: str
+    namespace: str | None = None
+    uid: str | None = None
+
+    def describe(self) -> str:
+        if self.kind == "cli":
+            return f"tokenmill run {self.name!r}"
+        return f"DatasetGeneration {self.namespace}/{self.name} (uid {self.uid})"
+
+
+class SourceIdentity(BaseModel):
+    """Enough to tell a replaced source from the one a run committed against: its size, the store's version (ETag or
+    mtime) and a hash of its first block (of the shard names and sizes, and the first shard's first block, for a
+    folder of shards)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    uri: str
+    size: int | None = None
+    version: str | None = None  # ETag on S3, mtime locally
+    head_hash: str | None = None  # BLAKE2b of the first block
+
+    def differs(self, other: SourceIdentity) -> str | None:
+        """What changed between two identities of one source, or None. A version alone (a re-upload of the same
+        bytes changes the ETag) does not count when the content hash agrees."""
+        if self.size is not None and other.size is not None and self.size != other.size:
+            return f"its size changed from {self.size} to {other.size} bytes"
+        if self.head_hash and other.head_hash and self.head_hash != other.head_hash:
+            return "its content changed (the hash of its first block differs)"
+        return None
+
+
+class DatasetLayout(BaseModel):
+    """One dataset of the run: the slots are (line 1..rows, sample index 0..samples-1)."""
+
+    model_config = ConfigDict(extra="allow")
+    rows: int  # source lines within `limit`
+    samples: int = 1
+    limit: int | None = None
+    source: SourceIdentity | None = None
+    input: dict[str, Any] = Field(default_factory=dict)
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    sampling: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def slots(self) -> int:
+        return self.rows * self.samples
+
+
+class RunManifest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    version: int = VERSION
+    tokenmill: str | None = None
+    owner: Owner | None = None
+    spec_hash: str | None = None
+    name: str | None = None
+    started_at: str | None = None
+    spec: dict[str, Any] = Field(default_factory=dict)
+    tokenizer: dict[str, Any] = Field(default_factory=dict)
+    context_length: int | None = None
+    datasets: dict[str, DatasetLayout] = Field(default_factory=dict)
+    workers: int = 1
+    seeds: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def dataset_names(self) -> list[str]:
+        """The spec's datasets in spec order (the layout's keys when the spec names none)."""
+        named = [d["name"] for d in self.spec.get("datasets", []) if isinstance(d, dict) and "name" in d]
+        return named or list(self.datasets)
+
+    @property
+    def model(self) -> dict[str, Any]:
+        return self.spec.get("model") or {}
+
+    def encode(self) -> bytes:
+        return orjson.dumps(self.model_dump(mode="json", exclude_none=True), option=orjson.OPT_INDENT_2)
+
+
+def decode(data: bytes, where: str = MANIFEST) -> RunManifest:
+    try:
+        return RunManifest.model_validate(orjson.loads(data))
+    except (orjson.JSONDecodeError, ValueError) as error:
+        raise ManifestError(f"{where} is not a tokenmill run manifest: {error}") from error
+
+
+def read_manifest(storage: Storage) -> RunManifest | None:
+    """The output's manifest, or None where no run has recorded one yet."""
+    if not storage.exists(MANIFEST):
+        return None
+    return decode(storage.get(MANIFEST), storage.uri(MANIFEST))
+
+
+def write_manifest(storage: Storage, manifest: RunManifest) -> None:
+    storage.put(MANIFEST, manifest.encode())
+
+
+def model_conflict(recorded: RunManifest | None, model_path: str, tokenizer: str) -> str | None:
+    """Why an output recorded for another model or tokenizer must not take this run's samples, or None."""
+    if recorded is None:
+        return None
+    model = recorded.model
+    theirs = {"path": model.get("path"), "tokenizer": model.get("tokenizer") or model.get("path")}
+    for key, ours in (("path", model_path), ("tokenizer", tokenizer)):
+        if theirs[key] is not None and theirs[key] != ours:
+            return (f"the output records a run with model.{key} {theirs[key]!r}, not {ours!r}: outputs of two "
+                    "runs must not mix; write this one to another output URI")
+    return None
+
+
+def layout_changes(recorded: RunManifest | None, current: dict[str, DatasetLayout],
+                   committed: dict[str, int]) -> list[str]:
+    """Edits that would re-map committed outcomes onto other prompts: a dataset with commits whose source content or
+    input mapping changed. (`samples` and `limit` may change: the layout says which slots are current.)"""
+    if recorded is None:
+        return []
+    problems = []
+    for name, layout in current.items():
+        before = recorded.datasets.get(name)
+        if before is None or not committed.get(name):
+            continue
+        if before.source is not None and layout.source is not None:
+            why = before.source.differs(layout.source)
+            if why:
+                problems.append(f"datasets[{name}].source {layout.source.uri}: {why} since {committed[name]} "
+                                "slots were committed against it")
+        if before.input and layout.input and before.input != layout.input:
+            problems.append(f"datasets[{name}].input changed from {before.input} to {layout.input} after "
+                            f"{committed[name]} slots were committed")
+    return problems
