@@ -43,10 +43,14 @@ class ProgressFacts:
     overall: Progress
     datasets: list[DatasetProgress]
     last_commit_time: datetime | None
+    settled: bool = False  # every slot of the manifest's layout has a final outcome (ledger.completeness)
+    missing: dict[str, str] = field(default_factory=dict)  # per unsettled dataset: which slots lack an outcome
+    spec_hash: str | None = None  # the hash the manifest's writer recorded (its runner Job's)
 
-    @property
-    def all_committed(self) -> bool:
-        return self.overall.total > 0 and self.overall.completed + self.overall.failed >= self.overall.total
+    def settled_by(self, job_hash: str | None) -> bool:
+        """Settled, by the Job that ended: a manifest written for another Job (the ended one failed before its
+        runner recorded its layout) describes earlier work, not this Job's."""
+        return self.settled and job_hash is not None and self.spec_hash == job_hash
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import orjson
 
 from tokenmill_runner.store.commit_index import DatasetIndex
 from tokenmill_runner.store.index_store import CHECKPOINT_EVERY, catch_up, load_index, write_checkpoint
+from tokenmill_runner.store.manifest import RunManifest, read_manifest
 from tokenmill_runner.store.storage import Storage, StorageError
 
 from . import names
@@ -24,7 +25,6 @@ from .status import RunStatus
 
 SERVER_PROBLEMS = ("ImagePullBackOff", "ErrImagePull", "CrashLoopBackOff", "CreateContainerConfigError",
                    "InvalidImageName", "RunContainerError")
-RUN_METADATA = "run.json"
 # Incremental listings miss a marker whose PUT finished more than the overlap (marker_names.OVERLAP) after its name
 # was chosen; a full listing of the names (no GETs but for such stragglers) catches it this often, and before any
 # decision that ends a run.
@@ -153,14 +153,14 @@ def observe_job(kube: Kube, name: str, namespace: str) -> tuple[JobState | None,
 
 def observe_progress(storage: Storage, output: OutputIndex, now: datetime, started: datetime | None,
                      stopped: Callable[[], bool] = never, full: bool = False
-                     ) -> tuple[ProgressFacts | None, dict[str, Any] | None]:
-    """Progress from the markers, and run.json (None, None before the first runner wrote it). `full` before a
-    decision that ends the run: every marker name is listed, so a late PUT cannot make samples look missing."""
-    if not storage.exists(RUN_METADATA):
+                     ) -> tuple[ProgressFacts | None, RunManifest | None]:
+    """Progress from the markers against the run manifest's layout (None, None before a runner wrote one). `full`
+    before a decision that ends the run: every marker name is listed, so a late PUT cannot make samples look
+    missing."""
+    manifest = read_manifest(storage)
+    if manifest is None:
         return None, None
-    run = orjson.loads(storage.get(RUN_METADATA))
-    rows = {name: info["rows"] for name, info in run["datasets"].items()}
-    samples = {name: int(info.get("samples") or 1) for name, info in run["datasets"].items()}
-    indexes = output.follow(storage, rows, now, full, stopped, samples)
-    totals = {name: rows[name] * samples[name] for name in rows}  # slots: n samples of each row
-    return progress_facts(indexes, totals, now, started), run
+    lines = {name: layout.rows for name, layout in manifest.datasets.items()}
+    samples = {name: layout.samples for name, layout in manifest.datasets.items()}
+    indexes = output.follow(storage, lines, now, full, stopped, samples)
+    return progress_facts(indexes, manifest, now, started), manifest

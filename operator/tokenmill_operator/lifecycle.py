@@ -282,7 +282,7 @@ def _running(observed: Observed, status: _Status, replace_job: bool) -> Decision
 def _job_finished(observed: Observed, status: _Status, job: JobState) -> Decision:
     """The Job ended (every index done, or it failed). The ledger, not the Job, says whether the run is complete:
     workers that gave samples up exit 3, which fails their index, yet every sample has its final outcome."""
-    if observed.progress is not None and observed.progress.all_committed:
+    if observed.progress is not None and observed.progress.settled_by(job.hash):
         status.set("Progressing", "True", "Reporting", "writing the validation report")
         return Decision(_base_status(observed, status, "Reporting", "writing the validation report"),
                         server_replicas=0, write_report=True)
@@ -294,10 +294,17 @@ def _job_finished(observed: Observed, status: _Status, job: JobState) -> Decisio
         return _failed(observed, status, "SamplesMissing",
                        "the runner Job completed but the output has no run.json (no runner ever started "
                        f"generating); check the runner logs, then start it again: {delete_job}")
-    overall = observed.progress.overall
-    missing = overall.total - overall.completed - overall.failed
+    progress = observed.progress
+    if progress.spec_hash != job.hash:
+        return _failed(observed, status, "SamplesMissing",
+                       f"the runner Job ended before its runner recorded the run's layout (run.json is from Job "
+                       f"{progress.spec_hash or 'of an earlier run'}, this Job is {job.hash}): its work is not known "
+                       f"to be done; check the runner logs, then start it again: {delete_job}")
+    overall = progress.overall
+    count = overall.total - overall.completed - overall.failed
+    where = "; ".join(f"{name}: {what}" for name, what in progress.missing.items())
     return _failed(observed, status, "SamplesMissing",
-                   f"the runner Job completed but {missing} of {overall.total} samples are not committed; "
+                   f"the runner Job completed but {count} of {overall.total} samples have no outcome ({where}); "
                    f"check the runner logs, then run the missing samples again: {delete_job}")
 
 

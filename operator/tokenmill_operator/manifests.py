@@ -485,9 +485,21 @@ def runner_configmap(name: str, namespace: str, owner: dict[str, Any], spec: Dat
     }
 
 
-def runner_args(spec: DatasetGenerationSpec, server_urls: list[str], retry_failed: bool = False) -> list[str]:
+@dataclass(frozen=True)
+class RunnerIdentity:
+    """Who the runner writes for: the resource's uid (its Jobs share the output's lease) and its Job's hash (recorded
+    in run.json, so the operator can tell this Job's layout from an earlier one's)."""
+
+    owner_uid: str
+    job_hash: str
+
+
+def runner_args(spec: DatasetGenerationSpec, server_urls: list[str], retry_failed: bool = False,
+                identity: RunnerIdentity | None = None) -> list[str]:
     args = ["run", f"{CONFIG_MOUNT}/{SPEC_KEY}", "--out", spec.output.uri,
             "--workers", str(spec.runner.parallelism), "--metrics-port", str(RUNNER_METRICS_PORT)]
+    if identity is not None:
+        args += ["--owner-uid", identity.owner_uid, "--job-hash", identity.job_hash]
     for url in server_urls:
         args += ["--server", url]
     if spec.output.endpoint:
@@ -539,12 +551,12 @@ def _pod_failure_policy() -> Manifest:
 
 
 def _runner_container(name: str, spec: DatasetGenerationSpec, image: str, server_urls: list[str],
-                      tokenizer: PodFiles, retry_failed: bool) -> Manifest:
+                      tokenizer: PodFiles, retry_failed: bool, identity: RunnerIdentity) -> Manifest:
     container: Manifest = {
         "name": RUNNER_CONTAINER,
         "image": image,
         "command": ["tokenmill"],
-        "args": runner_args(spec, server_urls, retry_failed),
+        "args": runner_args(spec, server_urls, retry_failed, identity),
         "env": _runner_env(name, spec),
         "ports": [{"name": "metrics", "containerPort": RUNNER_METRICS_PORT, "protocol": "TCP"}],
         # The runner holds tokenized prompts of a bounded in-flight window plus one open shard per dataset:
@@ -569,7 +581,7 @@ def _runner_container(name: str, spec: DatasetGenerationSpec, image: str, server
 
 
 def _runner_pod(name: str, spec: DatasetGenerationSpec, image: str, server_urls: list[str],
-                retry_failed: bool) -> Manifest:
+                retry_failed: bool, identity: RunnerIdentity) -> Manifest:
     tokenizer = runner_tokenizer_files(spec)
     return {
         "metadata": {"labels": names.labels(name, names.RUNNER_COMPONENT)},
@@ -586,7 +598,7 @@ def _runner_pod(name: str, spec: DatasetGenerationSpec, image: str, server_urls:
                 "fsGroup": RUNNER_UID,
                 "seccompProfile": {"type": "RuntimeDefault"},
             },
-            "containers": [_runner_container(name, spec, image, server_urls, tokenizer, retry_failed)],
+            "containers": [_runner_container(name, spec, image, server_urls, tokenizer, retry_failed, identity)],
             "volumes": [
                 {"name": "config", "configMap": {"name": names.runner_configmap_name(name)}},
                 # No sizeLimit: S3 Parquet sources are spooled here whole (Parquet needs its footer first).
@@ -604,9 +616,10 @@ def runner_job(name: str, namespace: str, owner: dict[str, Any], spec: DatasetGe
     handled tokenmill.io/retry-failed value) makes it run with --retry-failed; the Job carries its hash and what the
     run was started with as annotations."""
     workers = spec.runner.parallelism
+    job_hash = runner_job_hash(spec, server_urls, retry_token)
     metadata = _metadata(names.runner_name(name), namespace, owner, names.labels(name, names.RUNNER_COMPONENT))
     metadata["annotations"] = {
-        names.JOB_HASH_ANNOTATION: runner_job_hash(spec, server_urls, retry_token),
+        names.JOB_HASH_ANNOTATION: job_hash,
         names.RUN_ANNOTATION: json.dumps(run_identity(spec), sort_keys=True),
         **({names.RETRY_ANNOTATION: retry_token} if retry_token else {}),
     }
@@ -627,7 +640,8 @@ def runner_job(name: str, namespace: str, owner: dict[str, Any], spec: DatasetGe
             "podFailurePolicy": _pod_failure_policy(),
             "suspend": spec.suspend,
             # No ttlSecondsAfterFinished: the operator reads the finished Job's status.
-            "template": _runner_pod(name, spec, image, server_urls, bool(retry_token)),
+            "template": _runner_pod(name, spec, image, server_urls, bool(retry_token),
+                                    RunnerIdentity(owner["uid"], job_hash)),
         },
     }
 

@@ -12,10 +12,12 @@ from collections import Counter
 from datetime import datetime
 from typing import Any
 
-from tokenmill_runner.store.commit_index import Commit, DatasetIndex, parse_time, rates
-from tokenmill_runner.store.ledger import RETRYABLE_REASONS
 from tokenmill_runner.progress import eta_seconds, format_duration
 from tokenmill_runner.spec.resource import DatasetGenerationSpec
+from tokenmill_runner.store.commit_index import Commit, DatasetIndex, parse_time, rates
+from tokenmill_runner.store.lease import Lease, refusal
+from tokenmill_runner.store.ledger import RETRYABLE_REASONS, Completeness
+from tokenmill_runner.store.manifest import DatasetLayout, Owner, RunManifest, model_conflict
 
 from .facts import ProgressFacts
 from .status import DatasetProgress, Progress
@@ -28,23 +30,22 @@ def given_up(reasons: Counter[str] | dict[str, int]) -> int:
     return sum(count for reason, count in reasons.items() if reason in RETRYABLE_REASONS)
 
 
-def _totals(indexes: list[DatasetIndex]) -> tuple[int, Counter[str], int, int]:
-    """(completed, final failures by reason, tokens, truncated) over the datasets."""
-    completed = tokens = truncated = 0
-    reasons: Counter[str] = Counter()
-    for index in indexes:
-        ledger = index.ledger
-        completed += ledger.completed
-        tokens += ledger.completion_tokens
-        truncated += ledger.truncated
-        reasons.update(ledger.final_failures())
-    return completed, reasons, tokens, truncated
+def _completeness(index: DatasetIndex | None, layout: DatasetLayout) -> Completeness:
+    if index is None:
+        return Completeness(layout.rows, layout.samples, 0, {}, (layout.rows,) * layout.samples, 0)
+    return index.ledger.completeness(layout.rows, layout.samples)
 
 
-def progress_of(indexes: list[DatasetIndex], total: int, now: datetime, started: datetime | None,
+def progress_of(indexes: list[DatasetIndex], parts: list[Completeness], now: datetime, started: datetime | None,
                 name: str | None = None) -> Progress:
-    completed, reasons, tokens, truncated = _totals(indexes)
-    failed = reasons.total()
+    """Counts of the current layout's slots (outcomes outside it are not counted), rates from recent commits."""
+    completed = sum(part.generated for part in parts)
+    reasons: Counter[str] = Counter()
+    for part in parts:
+        reasons.update(part.failures)
+    failed, total = reasons.total(), sum(part.slots for part in parts)
+    tokens = sum(index.ledger.completion_tokens for index in indexes)
+    truncated = sum(index.ledger.truncated for index in indexes)
     recent: list[Commit] = [commit for index in indexes for commit in index.recent]
     rate = rates(recent, now, started)
     eta = eta_seconds(total - completed - failed, rate.samples_per_s)
@@ -59,23 +60,33 @@ def progress_of(indexes: list[DatasetIndex], total: int, now: datetime, started:
     return DatasetProgress(name=name, **fields) if name is not None else Progress(**fields)
 
 
-def progress_facts(indexes: dict[str, DatasetIndex], totals: dict[str, int], now: datetime,
+def progress_facts(indexes: dict[str, DatasetIndex], manifest: RunManifest, now: datetime,
                    started: datetime | None) -> ProgressFacts:
-    """Progress per dataset and overall; `totals` come from run.json (rows per dataset source)."""
-    chosen = {name: [indexes[name]] if name in indexes else [] for name in totals}
-    datasets = [progress_of(chosen[name], totals[name], now, started, name) for name in totals]
-    every = [index for name in totals for index in chosen[name]]
-    overall = progress_of(every, sum(totals.values()), now, started)
+    """Progress per dataset and overall against the manifest's layout, and whether every slot of it is settled
+    (the same `completeness` the report checks)."""
+    layouts = manifest.datasets
+    parts = {name: _completeness(indexes.get(name), layout) for name, layout in layouts.items()}
+    chosen = {name: [indexes[name]] if name in indexes else [] for name in layouts}
+    datasets = [progress_of(chosen[name], [parts[name]], now, started, name) for name in layouts]
+    every = [index for name in layouts for index in chosen[name]]
+    overall = progress_of(every, list(parts.values()), now, started)
     last = max((index.last_commit for index in every if index.last_commit is not None), default=None)
-    return ProgressFacts(overall=overall, datasets=datasets, last_commit_time=last)
+    missing = {name: part.describe_missing() for name, part in parts.items() if not part.settled}
+    return ProgressFacts(overall=overall, datasets=datasets, last_commit_time=last,
+                         settled=bool(layouts) and not missing, missing=missing, spec_hash=manifest.spec_hash)
 
 
-def foreign_run(run: dict[str, Any] | None, spec: DatasetGenerationSpec) -> str | None:
-    """Why the output's run.json belongs to another model's run, or None. (The model path is compared: the runner
-    sees the tokenizer at a mounted path when it is on a PVC, so the recorded tokenizer differs on purpose.)"""
-    recorded = (((run or {}).get("spec") or {}).get("model") or {}).get("path")
-    if recorded is None or recorded == spec.model.path:
-        return None
-    return (f"{spec.output.uri} already holds a run of model {recorded!r} (its run.json), not of "
-            f"{spec.model.path!r}: two models' outputs must not mix. Give this DatasetGeneration its own output.uri "
-            "(a new resource), or point it back at that model")
+def foreign_run(manifest: RunManifest | None, lease: Lease | None, spec: DatasetGenerationSpec, owner: Owner,
+                now: datetime) -> str | None:
+    """Why the output belongs to another run, or None: its run.json records another model, or another owner holds
+    its lease and is alive. (The model path is compared, not the tokenizer: the runner sees the tokenizer at a
+    mounted path when it is on a PVC, so the recorded tokenizer differs on purpose.)"""
+    recorded = (manifest.model if manifest else {}).get("path")
+    if recorded is not None and recorded != spec.model.path:
+        return (f"{spec.output.uri} already holds a run of model {recorded!r} (its run.json), not of "
+                f"{spec.model.path!r}: two models' outputs must not mix. Give this DatasetGeneration its own "
+                "output.uri (a new resource), or point it back at that model")
+    why = refusal(lease, owner, "operator", now, take_over=False)
+    if why:
+        return f"{spec.output.uri}: {why}. Give this DatasetGeneration its own output.uri"
+    return None

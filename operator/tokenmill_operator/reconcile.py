@@ -22,6 +22,8 @@ from pydantic import ValidationError
 
 from tokenmill_runner.report.files import REPORT_DIR, write_report
 from tokenmill_runner.spec.resource import API_VERSION, KIND, DatasetGenerationSpec
+from tokenmill_runner.store.lease import read_lease
+from tokenmill_runner.store.manifest import ManifestError, Owner
 from tokenmill_runner.store.storage import Storage, StorageError, StorageRetry, open_storage
 
 from . import manifests, names
@@ -48,8 +50,9 @@ __all__ = ["OutputIndex", "OperatorSettings", "PassCancelled", "PassResult", "re
 
 logger = logging.getLogger(__name__)
 
-# What a pass may meet while reading storage or the API server that says nothing about the run itself.
-UNOBSERVABLE = (StorageError, KubeUnavailable, OSError, ValueError)
+# What a pass may meet while reading storage or the API server that says nothing about the run itself. (A
+# programming error is not one of them: it fails the pass loudly instead of reading as ObservationFailed forever.)
+UNOBSERVABLE = (StorageError, KubeUnavailable, OSError, ManifestError)
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,12 @@ class Context:
     generation: int
     spec: DatasetGenerationSpec
     previous: DatasetGenerationStatus
+
+    @property
+    def owner(self) -> Owner:
+        """Who owns the output: this resource, across its Jobs (a re-created one of the same name is another)."""
+        return Owner(kind="DatasetGeneration", name=self.name, namespace=self.namespace,
+                     uid=self.body["metadata"].get("uid"))
 
     @property
     def retry_request(self) -> str | None:
@@ -170,10 +179,13 @@ def _observed(context: Context, output: OutputIndex, storage: Storage, planning:
     plan = planning.plan
     ended = previous.report is not None
     # Before a decision that ends the run (the Job finished), every marker name is listed: a late PUT must not make
-    # committed samples look missing. (A run already failed relies on the periodic full listing.)
+    # committed samples look missing. A run that already failed is listed fully only when it now looks settled
+    # (a missed marker can only make it look less done, never done).
     full = job is not None and job.finished and previous.phase != "Failed"
     progress, run = (None, None) if ended else observe_progress(storage, output, now, facts.job_started, stopped,
                                                                 full)
+    if progress is not None and progress.settled and job is not None and job.finished and not full:
+        progress, run = observe_progress(storage, output, now, facts.job_started, stopped, full=True)
     given_up = (progress.overall if progress else previous.progress).given_up
     retry = plan_retry(context.retry_request, previous.retry, given_up, now)
     urls = _server_urls(context, plan)
@@ -190,7 +202,8 @@ def _observed(context: Context, output: OutputIndex, storage: Storage, planning:
         stall_after_s=spec.runner.stall_seconds or settings.stall_after_s,
         desired_job_hash=desired_hash,
         wanted_run=RunStatus.model_validate({**manifests.run_identity(spec), "jobHash": desired_hash or ""}),
-        retry=retry, reopened=reopened, foreign_output=foreign_run(run, spec),
+        retry=retry, reopened=reopened,
+        foreign_output=foreign_run(run, read_lease(storage), spec, context.owner, now),
     )
 
 

@@ -19,6 +19,7 @@ from tokenmill_operator.lifecycle import (
 from tokenmill_operator.observe import progress_facts
 from tokenmill_runner.store.commit_index import DatasetIndex
 from tokenmill_runner.store.ledger import DatasetLedger
+from tokenmill_runner.store.manifest import DatasetLayout, Owner, RunManifest
 from tokenmill_operator.planner import ServerPlan
 from tokenmill_operator.status import DatasetGenerationStatus, Progress, ReportStatus, RunStatus, merge_patch
 
@@ -37,9 +38,16 @@ def observed(**changes) -> Observed:
     return Observed(**base)
 
 
-def progress(completed: int, failed: int, total: int, last_commit: datetime | None = None) -> ProgressFacts:
+JOB_HASH = "job-1"  # the runner Job whose runner wrote run.json
+
+
+def progress(completed: int, failed: int, total: int, last_commit: datetime | None = None,
+             spec_hash: str = JOB_HASH) -> ProgressFacts:
     overall = Progress(completed=completed, failed=failed, total=total, display=f"{completed + failed}/{total}")
-    return ProgressFacts(overall=overall, datasets=[], last_commit_time=last_commit)
+    settled = completed + failed == total
+    return ProgressFacts(overall=overall, datasets=[], last_commit_time=last_commit, settled=settled,
+                         missing={} if settled else {"d": f"{total - completed - failed} slots have no outcome"},
+                         spec_hash=spec_hash)
 
 
 def conditions(decision) -> dict[str, tuple[str, str]]:
@@ -90,14 +98,14 @@ def test_recent_commit_is_not_a_stall():
 
 
 def test_everything_committed_and_job_complete_writes_the_report_and_releases_gpus():
-    decision = decide(observed(job=JobState(succeeded=4, complete=True), progress=progress(98, 2, 100)))
+    decision = decide(observed(job=JobState(succeeded=4, complete=True, hash=JOB_HASH), progress=progress(98, 2, 100)))
     assert decision.write_report and decision.server_replicas == 0
     assert decision.status.phase == "Reporting"
 
 
 def test_report_means_succeeded_once():
     report = ReportStatus(uri="s3://b/run/report/report.json", verdict="warn", findings=["B1: truncated 6%"])
-    decision = decide(observed(job=JobState(succeeded=4, complete=True), progress=progress(98, 2, 100),
+    decision = decide(observed(job=JobState(succeeded=4, complete=True, hash=JOB_HASH), progress=progress(98, 2, 100),
                                remembered_report=report))
     assert decision.status.phase == "Succeeded" and decision.delete_server
     assert conditions(decision)["Succeeded"] == ("True", "ReportWritten")
@@ -122,7 +130,7 @@ def test_plan_error_fails_with_the_planners_words():
 
 
 def test_job_complete_with_samples_missing_fails_with_what_to_do():
-    decision = decide(observed(job=JobState(succeeded=4, complete=True), progress=progress(90, 0, 100)))
+    decision = decide(observed(job=JobState(succeeded=4, complete=True, hash=JOB_HASH), progress=progress(90, 0, 100)))
     assert decision.status.phase == "Failed"
     assert conditions(decision)["Failed"] == ("True", "SamplesMissing")
     assert "10 of 100 samples" in decision.status.message
@@ -153,20 +161,21 @@ def indexes(markers: dict[str, list[dict]]) -> dict[str, DatasetIndex]:
     return built
 
 
-def marker(at: datetime, completions: list[int], failed: int = 0) -> dict:
-    first = int((at - T0).total_seconds()) + 100_000  # distinct source lines per marker
+def marker(at: datetime, completions: list[int], failed: int = 0, first: int = 1) -> dict:
+    """Rows of lines first.. and then failures of the lines after them."""
+    after = first + len(completions)
     return {"committed_at": at.isoformat(),
             "samples": {"sample_id": [str(i) for i in range(len(completions))], "completion_tokens": completions,
                         "line": [first + i for i in range(len(completions))]},
-            "failed": {"line": [first - 1 - i for i in range(failed)], "reason": ["invalid_json"] * failed}}
+            "failed": {"line": [after + i for i in range(failed)], "reason": ["invalid_json"] * failed}}
 
 
 def test_progress_rates_and_eta_from_marker_times():
     started = T0 - timedelta(hours=1)
     markers = {"a": [marker(T0 - timedelta(minutes=30), [100] * 50),
-                     marker(T0 - timedelta(minutes=5), [200] * 60, failed=0)],
+                     marker(T0 - timedelta(minutes=5), [200] * 60, failed=0, first=51)],
                "b": [marker(T0 - timedelta(minutes=2), [50] * 40, failed=20)]}
-    facts = progress_facts(indexes(markers), {"a": 500, "b": 100}, T0, started)
+    facts = progress_facts(indexes(markers), layout({"a": 500, "b": 100}), T0, started)
     overall = facts.overall
     assert (overall.completed, overall.failed, overall.total) == (150, 20, 600)
     assert overall.generated_tokens == 50 * 100 + 60 * 200 + 40 * 50
@@ -248,14 +257,20 @@ def given_up_progress(total: int = 100, completed: int = 90, reasons: dict[str, 
     overall = Progress(completed=completed, failed=sum(reasons.values()), total=total, failed_by_reason=reasons,
                        given_up=sum(n for r, n in reasons.items() if r in retryable),
                        display=f"{total}/{total} (100.0%)")
-    return ProgressFacts(overall=overall, datasets=[], last_commit_time=T0)
+    return ProgressFacts(overall=overall, datasets=[], last_commit_time=T0, settled=completed + sum(reasons.values())
+                         == total, spec_hash=JOB_HASH)
+
+
+def layout(lines: dict[str, int], samples: int = 1, spec_hash: str = JOB_HASH) -> RunManifest:
+    return RunManifest(spec_hash=spec_hash,
+                       datasets={name: DatasetLayout(rows=count, samples=samples) for name, count in lines.items()})
 
 
 REPORT = ReportStatus(uri="s3://b/run/report/report.json", verdict="fail", findings=["8 samples given up"])
 
 
 def test_a_run_with_given_up_samples_fails_with_counts_and_the_retry_annotation_never_succeeds():
-    decision = decide(observed(name="b5", job=JobState(succeeded=4, complete=True), progress=given_up_progress(),
+    decision = decide(observed(name="b5", job=JobState(succeeded=4, complete=True, hash=JOB_HASH), progress=given_up_progress(),
                                remembered_report=REPORT))
     assert decision.status.phase == "Failed" and decision.delete_server
     assert conditions(decision)["Failed"] == ("True", "SamplesGivenUp")
@@ -269,13 +284,14 @@ def test_a_run_with_given_up_samples_fails_with_counts_and_the_retry_annotation_
 
 def test_input_caused_failures_alone_still_succeed():
     progress = given_up_progress(reasons={"prompt_too_long": 3})
-    decision = decide(observed(job=JobState(complete=True), progress=progress, remembered_report=REPORT))
+    decision = decide(observed(job=JobState(complete=True, hash=JOB_HASH), progress=progress, remembered_report=REPORT))
     assert decision.status.phase == "Succeeded", "bad input is a report finding, not a given-up sample"
 
 
 def test_a_failed_job_whose_samples_all_have_an_outcome_is_reported_not_failed():
     # Workers that gave samples up exit 3; podFailurePolicy fails their index, so the Job ends Failed.
-    job = JobState(succeeded=3, failed=1, failed_message="runner Job failed (FailedIndexes): Job has failed indexes")
+    job = JobState(succeeded=3, failed=1, failed_message="runner Job failed (FailedIndexes): Job has failed indexes",
+                   hash=JOB_HASH)
     decision = decide(observed(job=job, progress=given_up_progress()))
     assert decision.write_report and decision.status.phase == "Reporting"
 
@@ -287,7 +303,7 @@ def test_a_terminal_failure_suspends_the_running_job_together_with_the_server():
 
 
 def test_deleting_the_job_after_samples_missing_starts_the_missing_work_again():
-    failed = decide(observed(name="b5", job=JobState(succeeded=4, complete=True), progress=progress(90, 0, 100)))
+    failed = decide(observed(name="b5", job=JobState(succeeded=4, complete=True, hash=JOB_HASH), progress=progress(90, 0, 100)))
     assert failed.status.phase == "Failed" and "kubectl delete job b5-runner" in failed.status.message
     # The user deleted the Job: the server comes back first, then a new Job.
     restarting = decide(observed(name="b5", previous=failed.status, server=None, progress=progress(90, 0, 100)))
@@ -343,13 +359,13 @@ def test_retry_annotation_accepted_once_when_something_was_given_up():
 
 
 def test_an_ended_run_reopens_for_a_retry_or_a_job_changing_edit_after_giving_up():
-    gave_up = decide(observed(job=JobState(complete=True), progress=given_up_progress(), remembered_report=REPORT))
+    gave_up = decide(observed(job=JobState(complete=True, hash=JOB_HASH), progress=given_up_progress(), remembered_report=REPORT))
     accepted = plan_retry("1", None, given_up=8, now=T0)
     assert reopen(gave_up.status, accepted, "bbbb", "aaaa")
     kept = plan_retry(None, None, given_up=8, now=T0)
     assert reopen(gave_up.status, kept, "bbbb", "aaaa"), "e.g. spec.runner.retryFailed set to true"
     assert not reopen(gave_up.status, kept, "aaaa", "aaaa")
-    succeeded = decide(observed(job=JobState(complete=True), progress=progress(100, 0, 100),
+    succeeded = decide(observed(job=JobState(complete=True, hash=JOB_HASH), progress=progress(100, 0, 100),
                                 remembered_report=REPORT))
     assert not reopen(succeeded.status, kept, "bbbb", "aaaa"), "an edit after success does not restart the GPUs"
 
@@ -404,7 +420,7 @@ def test_given_up_counts_only_final_server_side_failures():
         mk(T0 - timedelta(minutes=9), [1, 2], [(3, "retries_exhausted"), (4, "bad_response"), (5, "prompt_too_long")]),
         mk(T0 - timedelta(minutes=5), [3], [(4, "bad_response"), (6, "retries_exhausted")]),  # line 3 retried fine
     ]
-    facts = progress_facts(indexes({"a": markers}), {"a": 6}, T0, T0 - timedelta(minutes=10))
+    facts = progress_facts(indexes({"a": markers}), layout({"a": 6}), T0, T0 - timedelta(minutes=10))
     overall = facts.overall
     assert overall.completed == 3 and overall.failed == 3
     assert overall.failed_by_reason == {"bad_response": 1, "prompt_too_long": 1, "retries_exhausted": 1}
@@ -433,10 +449,59 @@ def test_an_output_holding_another_models_run_fails_before_anything_runs():
     spec = parse_document({"apiVersion": "tokenmill.io/v1alpha1", "kind": "DatasetGeneration", "metadata": {"name": "r"},
                            "spec": {"model": {"path": "s3://models/kimi/"}, "output": {"uri": "s3://o/run/"},
                                     "datasets": [{"name": "a", "source": "s3://p/a.jsonl"}]}}).spec
-    assert foreign_run(None, spec) is None
-    assert foreign_run({"spec": {"model": {"path": "s3://models/kimi/", "tokenizer": "/models/tok"}}}, spec) is None
-    why = foreign_run({"spec": {"model": {"path": "s3://models/qwen/"}}}, spec)
+    owner = Owner(kind="DatasetGeneration", name="r", namespace="ns", uid="u1")
+    assert foreign_run(None, None, spec, owner, T0) is None
+    kimi = RunManifest(spec={"model": {"path": "s3://models/kimi/", "tokenizer": "/models/tok"}})
+    assert foreign_run(kimi, None, spec, owner, T0) is None
+    why = foreign_run(RunManifest(spec={"model": {"path": "s3://models/qwen/"}}), None, spec, owner, T0)
     assert "s3://o/run/ already holds a run of model 's3://models/qwen/'" in why
     decision = decide(observed(foreign_output=why, job=JobState(active=4)))
     assert conditions(decision)["Failed"] == ("True", "OutputInUse")
     assert decision.delete_server and decision.suspend_job
+
+
+def test_a_lowered_samples_count_never_reads_as_every_sample_committed():
+    # Issue 19 (review 1): 40 lines at samples 4, lines 1-20 fully committed (80 outcomes), samples lowered to 2.
+    # 80 >= 40 x 2 used to end Succeeded; by slot, lines 21-40 lack samples 0 and 1.
+    ledger = DatasetLedger("d", 40, 4)
+    for index in range(4):
+        ledger.fold({"shard_id": f"s{index}", "failed": {"line": [], "reason": []},
+                     "samples": {"line": list(range(1, 21)), "sample_index": [index] * 20,
+                                 "completion_tokens": [10] * 20}})
+    facts = progress_facts({"d": DatasetIndex(ledger)}, layout({"d": 40}, samples=2), T0, T0)
+    assert (facts.overall.completed, facts.overall.total, facts.settled) == (40, 80, False)
+    assert facts.missing == {"d": "40 of 80 slots have no outcome (40 lines: 20 lack sample 0, 20 lack sample 1)"}
+    decision = decide(observed(job=JobState(succeeded=1, complete=True, hash=JOB_HASH), progress=facts))
+    assert conditions(decision)["Failed"] == ("True", "SamplesMissing") and not decision.write_report
+    assert "20 lack sample 0, 20 lack sample 1" in decision.status.message
+
+
+def test_a_job_that_ended_before_its_runner_recorded_the_layout_is_not_finished_work():
+    # Review 2: the replaced Job failed before any worker rewrote run.json; the old run.json is settled.
+    old = progress(50, 0, 50, spec_hash="job-of-generation-1")
+    job = JobState(failed=4, failed_message="runner Job failed (BackoffLimitExceeded): ...", hash="job-of-generation-2")
+    failed = decide(observed(job=job, progress=old))
+    assert conditions(failed)["Failed"] == ("True", "RunnerFailed") and not failed.write_report
+    # A Job whose pods all exited 0 without ever writing run.json (they had nothing to do): not reported either.
+    job = JobState(succeeded=4, complete=True, hash="job-of-generation-2")
+    decision = decide(observed(job=job, progress=old))
+    assert conditions(decision)["Failed"] == ("True", "SamplesMissing") and not decision.write_report
+    assert "ended before its runner recorded the run's layout" in decision.status.message
+    assert "job-of-generation-1" in decision.status.message and "job-of-generation-2" in decision.status.message
+
+
+def test_an_output_another_live_resource_writes_is_in_use_until_its_lease_goes_stale():
+    from tokenmill_operator.observe import foreign_run
+    from tokenmill_runner.spec.resource import parse_document
+    from tokenmill_runner.store.lease import STALE_AFTER_S, Lease
+
+    spec = parse_document({"apiVersion": "tokenmill.io/v1alpha1", "kind": "DatasetGeneration", "metadata": {"name": "r"},
+                           "spec": {"model": {"path": "s3://models/kimi/"}, "output": {"uri": "s3://o/run/"},
+                                    "datasets": [{"name": "a", "source": "s3://p/a.jsonl"}]}}).spec
+    first = Owner(kind="DatasetGeneration", name="r", namespace="ns", uid="u1")
+    recreated = first.model_copy(update={"uid": "u2"})
+    lease = Lease(first, "r-runner-0", T0 - timedelta(hours=1), T0 - timedelta(seconds=20))
+    assert foreign_run(None, lease, spec, first, T0) is None
+    why = foreign_run(None, lease, spec, recreated, T0)
+    assert "DatasetGeneration ns/r (uid u1)" in why and "its own output.uri" in why
+    assert foreign_run(None, lease, spec, recreated, T0 + timedelta(seconds=STALE_AFTER_S)) is None

@@ -59,9 +59,9 @@ def test_a_late_marker_is_found_by_the_full_listing_before_the_run_ends(tmp_path
     # Its PUT was retried for longer than the overlap: named 30 minutes before the newest marker, visible only now.
     commit_lines(storage, "a", 3, range(21, 31), T0 + timedelta(minutes=30))
     incremental, _ = observe_progress(storage, output, T0 + timedelta(hours=1, seconds=15), T0)
-    assert incremental.overall.completed == 20 and not incremental.all_committed
+    assert incremental.overall.completed == 20 and not incremental.settled
     final, _ = observe_progress(storage, output, T0 + timedelta(hours=1, seconds=30), T0, full=True)
-    assert final.all_committed, "the Job finished: the pass lists every name before deciding"
+    assert final.settled, "the Job finished: the pass lists every name before deciding"
     storage.reset()
     observe_progress(storage, output, T0 + timedelta(hours=1, seconds=30) + FULL_LISTING_EVERY, T0)
     assert storage.listed >= 3 and markers_read(storage) == [], "the periodic full listing reads nothing it knows"
@@ -111,8 +111,8 @@ def test_progress_counts_slots_when_a_dataset_has_several_samples_per_prompt(tmp
     commit_lines(storage, "a", 1, range(1, 11), T0)
     output = OutputIndex()
     progress, _ = observe_progress(storage, output, T0 + timedelta(minutes=1), T0)
-    assert (progress.overall.completed, progress.overall.total, progress.all_committed) == (10, 30, False)
+    assert (progress.overall.completed, progress.overall.total, progress.settled) == (10, 30, False)
     later = [{**row, "sample_index": index} for index in (1, 2) for row in rows("a", range(1, 11))]
     commit_shard(storage, "a", "w000-t-000002", 0, ShardContent(later, []), clock=lambda: T0 + timedelta(minutes=2))
     progress, _ = observe_progress(storage, output, T0 + timedelta(minutes=3), T0, full=True)
-    assert (progress.overall.completed, progress.overall.total, progress.all_committed) == (30, 30, True)
+    assert (progress.overall.completed, progress.overall.total, progress.settled) == (30, 30, True)

@@ -83,7 +83,8 @@ def refusal(current: Lease | None, owner: Owner, holder: str, now: datetime, tak
             f"writer is gone, wait {STALE_AFTER_S:.0f} s after its last renewal or pass --take-over")
 
 
-def _read(storage: Storage) -> Lease | None:
+def read_lease(storage: Storage) -> Lease | None:
+    """The output's lease, or None when there is none (or it cannot be read: it is then free to take)."""
     if not storage.exists(LEASE):
         return None
     try:
@@ -96,7 +97,7 @@ def _read(storage: Storage) -> Lease | None:
 def acquire(storage: Storage, owner: Owner, holder: str, take_over: bool = False,
             clock: Callable[[], datetime] = lambda: datetime.now(UTC), settle_s: float = SETTLE_S) -> Lease:
     """Take (or join) the lease; raises LeaseHeld naming the holder."""
-    current = _read(storage)
+    current = read_lease(storage)
     now = clock()
     why = refusal(current, owner, holder, now, take_over)
     if why:
@@ -107,7 +108,7 @@ def acquire(storage: Storage, owner: Owner, holder: str, take_over: bool = False
     lease = Lease(owner, holder, since, now)
     storage.put(LEASE, lease.encode())
     time.sleep(settle_s)
-    landed = _read(storage)
+    landed = read_lease(storage)
     if landed is not None and not landed.shared_with(owner, holder):
         raise LeaseHeld(f"another writer took the output at the same moment: {landed.describe(clock())}")
     return lease
@@ -115,7 +116,7 @@ def acquire(storage: Storage, owner: Owner, holder: str, take_over: bool = False
 
 def release(storage: Storage, lease: Lease) -> None:
     """Give the lease up at a clean exit, unless another holder has it by now."""
-    current = _read(storage)
+    current = read_lease(storage)
     if current is not None and current.holder == lease.holder:
         storage.delete(LEASE)
 
@@ -166,7 +167,7 @@ class LeaseKeeper:
                 return
 
     def renew(self) -> None:
-        current = _read(self.storage)
+        current = read_lease(self.storage)
         if current is not None and not current.shared_with(self.lease.owner, self.lease.holder):
             logger.error("the output was taken over by %s: committing nothing more",
                          current.describe(datetime.now(UTC)))
