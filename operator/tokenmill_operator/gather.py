@@ -73,7 +73,7 @@ class OutputIndex:
             else:
                 index.ledger.widen(per_prompt)
                 index.ledger.reserve(rows * index.ledger.samples_per_prompt)
-            catch_up(storage, index, full=full, check=check)
+            catch_up(storage, index, full=full, check=check, now=now)
             self._checkpoint(storage, index, now)
         self.datasets = {name: index for name, index in self.datasets.items() if name in totals}
         if full:

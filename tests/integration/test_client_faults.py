@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tokenmill_runner.generate.seeds import sample_seed
 from tokenmill_runner.spec.config import RunnerConfig
 from tokenmill_runner.prepare import prepare
 from tokenmill_runner.store.shards import read_committed_rows, read_markers
@@ -165,6 +166,10 @@ def test_nan_answers_are_retried_and_never_stored_as_clean(tmp_path: Path, demo_
         if row["finish_reason"] == "stop":
             assert row["matched_stop"] == eos == row["output_ids"][-1]
     assert sum(row["attempts"] > 1 for row in rows) > 10
+    # Each attempt is drawn with a seed of its own (review 9: under deterministic inference one seed would replay the
+    # NaN on every retry); the row records the seed of the attempt that produced it.
+    for row in rows:
+        assert row["seed"] == sample_seed(None, "p", row["line"], 0, attempt=row["attempts"] - 1)
 
 
 def test_an_outage_longer_than_the_budget_stops_the_run_with_exit_4_and_writes_nothing_off(
@@ -237,3 +242,52 @@ def test_runner_metrics_name_the_replicas(tmp_path: Path, demo_model: Path) -> N
         runner = asyncio.run(go())
     assert gauge(runner, "tokenmill_runner_replica_live", replica=server.url) == 1
     assert gauge(runner, "tokenmill_runner_outage_seconds") == 0
+
+
+def test_a_prompt_that_crashes_the_server_every_time_is_given_up_in_bounded_time(tmp_path: Path,
+                                                                                 demo_model: Path) -> None:
+    """Issue 19 (review 4): one prompt kills the server process whenever it is sent (restarted "2 s" later, as a pod
+    is). Before, the sample was never charged (the replica died, so the failure was not the sample's) and the run
+    went on crashing the server forever. Now the sample is given up as `replica_crash` after the replica died
+    RetryPolicy.max_replica_deaths times while it was the one suspect in flight (suspects run one at a time, so the
+    samples that were only in flight beside it are generated), and the run ends (exit 3: given up, retryable)."""
+    poison = "POISON-PILL"
+    write_jsonl(tmp_path / "p.jsonl", [chat(i, poison if i == 7 else None) for i in range(40)])
+    config = runner_config(tmp_path, demo_model, ["http://placeholder"], 0)
+    write_jsonl(tmp_path / "p.jsonl", [chat(i, poison if i == 7 else None) for i in range(40)])  # after the helper's
+    crashes: list[float] = []
+    first = SimServer(sim(demo_model, fault_crash_text=poison)).start()
+    servers = [first]
+
+    async def supervise(stop: asyncio.Event) -> None:
+        """A pod's restart: when the server died, start it again on its port 0.2 s later."""
+        while not stop.is_set():
+            current = servers[-1]
+            if current._thread is None or not current._thread.is_alive():  # noqa: SLF001 - the process died
+                crashes.append(time.monotonic())
+                await asyncio.sleep(2.0 / SCALE)
+                servers.append(await asyncio.to_thread(
+                    SimServer(sim(demo_model, fault_crash_text=poison), port=first.port).start))
+            await asyncio.sleep(0.02)
+
+    async def go() -> Any:
+        runner = await prepare(config.model_copy(update={"servers": [first.url]}), api_key=None)
+        stop = asyncio.Event()
+        watcher = asyncio.create_task(supervise(stop))
+        try:
+            return await asyncio.wait_for(runner.run(), timeout=120)
+        finally:
+            stop.set()
+            await watcher
+
+    try:
+        summary = asyncio.run(go())
+    finally:
+        for server in servers:
+            server.stop()
+    dataset = summary.datasets[0]
+    assert dataset.failed == {"replica_crash": 1} and dataset.generated == 39
+    assert 3 <= len(crashes) <= 8, f"the server was crashed {len(crashes)} times"
+    [error] = committed_errors(open_storage(str(tmp_path / "out")), "p")
+    assert error["sample_id"] == "s0007" and error["reason"] == "replica_crash"
+    assert "2 of them while it was the only suspect in flight" in error["message"]

@@ -10,9 +10,9 @@ import pytest
 
 from tokenmill_runner.store.checkpoints import CheckpointError, decode, encode
 from tokenmill_runner.store.commit_index import DatasetIndex, rates
-from tokenmill_runner.store.index_store import catch_up, load_index, open_index, write_checkpoint
+from tokenmill_runner.store.index_store import catch_up, load_index, open_index, take_checkpoint, write_checkpoint
 from tokenmill_runner.store.ledger import DatasetLedger, Slot
-from tokenmill_runner.store.marker_names import OVERLAP, marker_name, shard_id_of, split_marker_name, time_key
+from tokenmill_runner.store.marker_names import MAX_CLOCK_SKEW, OVERLAP, marker_name, shard_id_of, split_marker_name, time_key
 from tokenmill_runner.store.shards import leftovers, marker_keys
 from tokenmill_runner.store.storage import LocalStorage
 
@@ -176,3 +176,32 @@ def test_the_ledger_holds_a_bit_per_slot_when_nothing_failed():
         tracemalloc.stop()
     assert ledger.completed == 1_000_000 and ledger.nbytes <= 1_000_000 // 8 * 2  # grown by doubling
     assert held < 300_000, f"{held} bytes for a million slots"
+
+
+def test_a_writer_clock_far_ahead_does_not_hide_later_markers_of_correct_clocks(tmp_path):
+    # Review 11b: one worker's clock an hour ahead moved the horizon past every correctly clocked worker's names.
+    storage = CountingStorage(tmp_path)
+    commit(storage, 1, range(1, 11), T0 + timedelta(hours=1))  # named by a clock one hour ahead
+    index = DatasetIndex(DatasetLedger("d", 100))
+    catch_up(storage, index, now=T0)
+    assert index.ledger.completed == 10, "the marker from the future is folded all the same"
+    assert index.horizon <= time_key(T0 + MAX_CLOCK_SKEW - OVERLAP)
+    commit(storage, 2, range(11, 21), T0 + timedelta(minutes=1))  # a correct clock, committed just after
+    assert catch_up(storage, index, now=T0 + timedelta(minutes=2)).folded == 1
+    assert index.ledger.completed == 20
+
+
+def test_a_checkpoint_snapshot_is_the_index_of_its_moment_whatever_folds_after_it(tmp_path):
+    # Review 6: encoding happened in a thread while the loop kept folding; a fold in between gave a checkpoint that
+    # knew a shard but lacked its outcomes. A snapshot copies what it writes.
+    storage = LocalStorage(tmp_path)
+    index = DatasetIndex(DatasetLedger("d", 100))
+    first = commit(storage, 1, range(1, 11), T0)
+    index.fold(first["shard_id"], first)
+    taken = take_checkpoint(index, "w000", T0)
+    second = commit(storage, 2, range(11, 21), T0, errors=[{"line": 30, "sample_index": 0, "reason": "invalid_json"}])
+    index.fold(second["shard_id"], second)
+    restored = decode(taken.encode(), "d")
+    assert restored.markers == 1 and restored.knows(first["shard_id"]) and not restored.knows(second["shard_id"])
+    assert restored.ledger.completed == 10 and restored.ledger.failed == 0
+    assert index.since_checkpoint == 1, "the fold after the snapshot is still to be checkpointed"

@@ -40,6 +40,9 @@ class SimConfig:
     fault_abort_rate: float = 0.0  # share of items finishing with finish_reason {type: abort}
     fault_slow_rate: float = 0.0  # share answered only after fault_slow_seconds extra (real) seconds
     fault_slow_seconds: float = 5.0
+    # A poison prompt: the process dies when a prompt contains this text, as SGLang's does when its scheduler hits
+    # an assertion or a CUDA fault on one input (every in-flight request is lost; its pod restarts it).
+    fault_crash_text: str | None = None
     max_queued_requests: int | None = None  # like SGLang --max-queued-requests: more waiting => 503
     api_key: str | None = None  # like SGLang --api-key: "Authorization: Bearer <key>" or 401 (/health, /metrics open)
     served_model_name: str | None = None  # metrics' model_name label; defaults to model_path
@@ -92,6 +95,7 @@ _HELP = {
     "fault_abort_rate": "share of requests finishing with finish_reason type abort",
     "fault_slow_rate": "share of /generate requests delayed by --fault-slow-seconds",
     "fault_slow_seconds": "real seconds of delay for slow requests",
+    "fault_crash_text": "the process dies (every in-flight request lost) when a prompt contains this text",
     "max_queued_requests": "waiting-queue limit; newcomers beyond it get 503 (SGLang --max-queued-requests)",
     "api_key": "require 'Authorization: Bearer KEY' (SGLang --api-key)",
     "served_model_name": "model name in /metrics labels (default: the model path)",
@@ -111,7 +115,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "time_scale": float,
         "profile": str, "startup_seconds": float, "fault_503_rate": float, "fault_reset_rate": float,
         "fault_abort_rate": float, "fault_slow_rate": float, "fault_slow_seconds": float,
-        "max_queued_requests": int, "api_key": str, "served_model_name": str,
+        "max_queued_requests": int, "api_key": str, "served_model_name": str, "fault_crash_text": str,
     }
     parser.add_argument("--trust-remote-code", dest="trust_remote_code", action="store_true",
                         help="run the tokenizer's own Python code (SGLang --trust-remote-code), e.g. Kimi's")

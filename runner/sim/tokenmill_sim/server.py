@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import functools
 import logging
+import os
 import random
 import threading
 import time
@@ -93,6 +94,8 @@ class Simulator:
         self.fault_rng = random.Random(config.seed ^ 0xFA17)
         self.in_flight: set[str] = set()
         self.started_at = time.monotonic()
+        # What a poison prompt does (fault_crash_text): the standalone server's process dies; SimServer kills itself.
+        self.crash: Callable[[], None] = lambda: os._exit(70)
 
     # ---- lifecycle ----------------------------------------------------------------------------------------
     async def on_startup(self, app: web.Application) -> None:
@@ -152,7 +155,15 @@ class Simulator:
         elapsed = time.monotonic() - self.started_at
         return start <= elapsed < start + self.config.fault_503_for_s
 
+    def _poisoned(self, parsed: GenerateRequest) -> bool:
+        text = self.config.fault_crash_text
+        return bool(text) and any(text in self.model.decode(item.input_ids, False) for item in parsed.items)
+
     async def _serve(self, request: web.Request, parsed: GenerateRequest) -> web.StreamResponse:
+        if self._poisoned(parsed):
+            logger.error("a prompt contains the fault_crash_text: the server process dies")
+            self.crash()
+            await asyncio.sleep(3600)  # never answered: the connection is reset when the server goes down
         dice = [self.fault_rng.random() for _ in range(3)]
         if dice[0] < self.config.fault_503_rate or self._unavailable_now():
             self.metrics.observe_aborted()
@@ -390,6 +401,7 @@ class SimServer:
 
     def start(self) -> SimServer:
         app = build_app(self.config, self.step_time)  # in the caller's thread, so a bad model path raises here
+        app[SIM_KEY].crash = lambda: threading.Thread(target=self.kill, name="tokenmill-sim-crash").start()
         self._thread = threading.Thread(target=self._main, args=(app,), name="tokenmill-sim-server", daemon=True)
         self._thread.start()
         self._started.wait()

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -59,12 +59,24 @@ class HealthListener(Protocol):
 @dataclass(frozen=True)
 class RetryPolicy:
     max_attempts: int = 6  # failures plausibly the sample's own before it is recorded
+    # A prompt that crashes the server (a scheduler assertion, a CUDA fault on one input) would otherwise be resent
+    # forever, each time taking the replica and everything in flight on it down. A sample whose request was in
+    # flight during `quarantine_after` replica deaths is a suspect: its next attempts run in quarantine, one
+    # suspect at a time across the client (other traffic goes on), so a death during its turn points at it (there a
+    # dropped connection counts as a death). It is given up as `replica_crash` (retryable: --retry-failed runs it
+    # again) after `max_replica_deaths` deaths in quarantine, or `max_deaths_in_flight` deaths in all.
+    quarantine_after: int = 2
+    max_replica_deaths: int = 2
+    max_deaths_in_flight: int = 8
     base_delay_s: float = 0.5
     max_delay_s: float = 30.0
 
     def delay(self, attempt: int, rng: random.Random) -> float:
         # Full jitter: spreads retries of many requests that failed together (a server restart) over time.
         return rng.uniform(0, min(self.max_delay_s, self.base_delay_s * 2 ** (min(attempt, 30) - 1)))
+
+
+_NO_LOCK = contextlib.nullcontext()
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:
@@ -84,6 +96,7 @@ class GenerateClient:
         self.outstanding = dict.fromkeys(self.servers, 0)
         self.retry = retry or RetryPolicy()
         self.retries = 0  # requests beyond the first of each sample, over the whole run
+        self._quarantine = asyncio.Lock()  # one suspect of crashing replicas in flight at a time
         self.listener = listener
         self.vocab_size = vocab_size
         self._rng = random.Random(seed)
@@ -110,41 +123,66 @@ class GenerateClient:
             await lane.aclose()
 
     # -- one sample ----------------------------------------------------------------------------------------
-    async def generate(self, input_ids: list[int], sampling_params: dict[str, Any]) -> Generation | GenerationFailure:
-        """The sample's generation, or its final failure. Raises ServersUnavailable past the outage budget and
-        ServerFatalError on a wrong key or URL."""
-        body = orjson.dumps({"input_ids": input_ids, "sampling_params": sampling_params})
+    async def generate(self, input_ids: list[int], sampling_params: dict[str, Any],
+                       seed_for: Callable[[int], int] | None = None) -> Generation | GenerationFailure:
+        """The sample's generation, or its final failure. `seed_for(n)` is the sampling_seed of the n-th attempt
+        (from 0), so a retry does not replay the draw that failed. Raises ServersUnavailable past the outage budget
+        and ServerFatalError on a wrong key or URL."""
+
+        def body(attempt: int) -> bytes:
+            params = sampling_params if seed_for is None else {**sampling_params, "sampling_seed": seed_for(attempt)}
+            return orjson.dumps({"input_ids": input_ids, "sampling_params": params})
+
         sent = own_failures = 0
-        suspects: list[Suspect] = []
+        suspects: list[Suspect] = []  # server-side failures, judged by what the replica did next
+        quarantined: list[Suspect] = []  # those of attempts made in quarantine
         previous: str | None = None
         while True:
-            server = await self._acquire(previous)
-            sent += 1
-            self.retries += sent > 1
-            self.outstanding[server] += 1
-            try:
-                outcome = await self._attempt(server, body, sent)
-            finally:
-                self.outstanding[server] -= 1
-            if isinstance(outcome, Generation):
-                self.replicas.record_success(server)
-                return outcome
-            if outcome.fault is Fault.FINAL:
-                return GenerationFailure(outcome.reason, outcome.message, sent)
-            if outcome.fault is Fault.SAMPLE:
-                own_failures += 1
-            else:
-                self._replica_failed(server, outcome)
-                if outcome.fault is not Fault.OVERLOAD:
-                    suspects.append(self.replicas.suspect(server))
-            charged = own_failures + self.replicas.charged(suspects)
-            if charged >= self.retry.max_attempts:
-                return GenerationFailure(
-                    outcome.reason, f"gave up after {charged} failed attempts ({sent} requests); last error: "
-                    f"{outcome.message}", sent)
+            suspect = self.replicas.deaths(suspects) >= self.retry.quarantine_after
+            async with self._quarantine if suspect else _NO_LOCK:
+                server = await self._acquire(previous)
+                sent += 1
+                self.retries += sent > 1
+                self.outstanding[server] += 1
+                try:
+                    outcome = await self._attempt(server, body(sent - 1), sent)
+                finally:
+                    self.outstanding[server] -= 1
+                if isinstance(outcome, Generation):
+                    self.replicas.record_success(server)
+                    return outcome
+                if outcome.fault is Fault.FINAL:
+                    return GenerationFailure(outcome.reason, outcome.message, sent)
+                if outcome.fault is Fault.SAMPLE:
+                    own_failures += 1
+                else:
+                    if outcome.fault is not Fault.OVERLOAD:  # judged by what the replica does next, this one included
+                        suspects.append(self.replicas.suspect(server, dropped=outcome.fault is Fault.REPLICA))
+                        if suspect:
+                            quarantined.append(suspects[-1])
+                    self._replica_failed(server, outcome)
+            given_up = self._given_up(outcome, sent, own_failures, suspects, quarantined)
+            if given_up is not None:
+                return given_up
             logger.debug("attempt %d failed (%s): %s", sent, outcome.fault.value, outcome.message)
             previous = server
             await asyncio.sleep(self.retry.delay(sent, self._rng))
+
+    def _given_up(self, outcome: AttemptFailed, sent: int, own_failures: int, suspects: list[Suspect],
+                  quarantined: list[Suspect]) -> GenerationFailure | None:
+        """The sample's final failure once its failures are charged enough, else None (it is tried again)."""
+        charged = own_failures + self.replicas.charged(suspects)
+        if charged >= self.retry.max_attempts:
+            return GenerationFailure(outcome.reason, f"gave up after {charged} failed attempts ({sent} requests); "
+                                     f"last error: {outcome.message}", sent)
+        # In quarantine a dropped connection is the death itself: a replica restarted quickly may never be seen down.
+        alone, deaths = sum(s.dropped for s in quarantined), self.replicas.deaths(suspects)
+        if alone >= self.retry.max_replica_deaths or deaths >= self.retry.max_deaths_in_flight:
+            return GenerationFailure(
+                "replica_crash", f"the replica went down {deaths} times with this request in flight ({alone} of "
+                f"them while it was the only suspect in flight; {sent} requests): the prompt may crash the server; "
+                f"last error: {outcome.message}", sent)
+        return None
 
     def _replica_failed(self, server: str, failed: AttemptFailed) -> None:
         """Report a server-side failure to the replica's breaker."""

@@ -31,7 +31,7 @@ from ..spec.config import RunnerConfig
 from .conversation import Conversation, history_exact, read_answer, start
 from ..source.duplicates import DuplicateIds
 from ..stats.histograms import IntHistogram
-from ..store.index_store import CHECKPOINT_EVERY, write_checkpoint
+from ..store.index_store import CHECKPOINT_EVERY, put_checkpoint, take_checkpoint
 from ..store.lease import LeaseKeeper
 from ..store.ledger import RETRYABLE_REASONS, DatasetLedger, ShardContent, Slot
 from ..metrics import RunnerMetrics
@@ -324,29 +324,34 @@ class Runner:
     async def _work(self, queue: asyncio.Queue[Request]) -> None:
         while True:
             state, prompt, ids, index = await queue.get()
-            seed = sample_seed(self.config.spec.seed, state.name, prompt.line, index)
+            seeds = self._seeds(state, prompt.line, index)
             params = state.sampling.to_sglang()
-            if self.send_seed:
-                params["sampling_seed"] = seed
             if state.spec.mode == "all-turns":
                 try:
-                    await self._converse(state, prompt, ids, params, index, seed)
+                    await self._converse(state, prompt, ids, params, index, seeds)
                 finally:
                     queue.task_done()
                 continue
-            result = await self._generate(state, ids, params)
+            result = await self._generate(state, ids, params, lambda attempt: seeds(attempt, 0))
             now = self.clock()
             if isinstance(result, Generation):
-                self._record_row(state, prompt, ids, result, now, index, seed)
+                self._record_row(state, prompt, ids, result, now, index, seeds(result.attempts - 1, 0))
             else:
                 self._record_error(state, failure_record(state.name, prompt, result, index), now)
             queue.task_done()
 
-    async def _generate(self, state: DatasetState, ids: list[int], params: dict[str, Any]) -> Generation | Any:
+    def _seeds(self, state: DatasetState, line: int, index: int) -> Callable[[int, int], int]:
+        """The slot's seed of each (attempt, turn); a given-up slot run again by --retry-failed is in round 1."""
+        retry_round = int(self.config.retry_failed and state.ledger.is_given_up(Slot(line, index)))
+        base = self.config.spec.seed
+        return lambda attempt, turn: sample_seed(base, state.name, line, index, attempt, retry_round, turn)
+
+    async def _generate(self, state: DatasetState, ids: list[int], params: dict[str, Any],
+                        seed_for: Callable[[int], int]) -> Generation | Any:
         self.in_flight += 1
         self.metrics.set_in_flight(self.in_flight)
         try:
-            result = await self.client.generate(ids, params)
+            result = await self.client.generate(ids, params, seed_for if self.send_seed else None)
         finally:
             self.in_flight -= 1
             self.metrics.set_in_flight(self.in_flight)
@@ -357,16 +362,17 @@ class Runner:
         return result
 
     async def _converse(self, state: DatasetState, prompt: Prompt, ids: list[int], params: dict[str, Any],
-                        sample_index: int, seed: int) -> None:
+                        sample_index: int, seeds: Callable[[int, int], int]) -> None:
         """Regenerate one conversation turn by turn (mode all-turns) and record it whole: its row, or one error
-        record when a request fails for good (nothing of it is kept then; the slot is one conversation). Every turn
-        is sent with the sample's seed: the prompts differ from turn to turn, so the draws do too."""
+        record when a request fails for good (nothing of it is kept then; the slot is one conversation). Each turn
+        has its own seed (seeds.py), recorded with the turn; the row's `seed` is its first turn's."""
         conversation = start(prompt)
         assert isinstance(conversation, Conversation)
         turns: list[dict[str, Any]] = []
         max_new = state.sampling.max_new_tokens or 0
         while True:
-            result = await self._generate(state, ids, params)
+            turn_number = len(turns)
+            result = await self._generate(state, ids, params, lambda attempt: seeds(attempt, turn_number))
             if isinstance(result, Generation):  # tokens count turn by turn, the sample once when recorded
                 self.meter.record(self.clock(), 0, result.completion_tokens)
             else:
@@ -375,10 +381,12 @@ class Runner:
                 self._record_error(state, record, self.clock())
                 return
             exact = None if not turns else history_exact(turns[-1]["prompt_ids"], turns[-1]["output_ids"], ids)
-            turn = build_turn(state.name, prompt, ids, result, max_new, self.info, exact, None)
-            answer = read_answer(result.output_ids, result.finish_reason, turn["reasoning_end"],
-                                 turn["reasoning_end_token_id"] == self.info.tool_call_id, self.info.tool_call_id,
-                                 self._decode)
+            turn = build_turn(state.name, prompt, ids, result, max_new, self.info, exact, None,
+                              seeds(result.attempts - 1, turn_number))
+            # Decoding a long output takes a while: off the loop, where every other request's bookkeeping runs.
+            answer = await asyncio.to_thread(
+                read_answer, result.output_ids, result.finish_reason, turn["reasoning_end"],
+                turn["reasoning_end_token_id"] == self.info.tool_call_id, self.info.tool_call_id, self._decode)
             turn["tool_calls"] = json.dumps([{"name": c.name, "arguments": c.arguments, "id": c.id}
                                              for c in answer.calls], ensure_ascii=False) if answer.calls else None
             turns.append(turn)
@@ -387,7 +395,7 @@ class Runner:
                 break
             ids = conversation.pending_ids
         row = build_conversation_row(state.name, prompt, turns, conversation.stop_reason or "complete",
-                                     conversation.stop_detail, max_new, sample_index, seed)
+                                     conversation.stop_detail, max_new, sample_index, turns[0]["seed"])
         self._record_conversation(state, row, [t["completion_tokens"] for t in turns])
 
     async def _next_turn(self, state: DatasetState, conversation: Conversation) -> bool:
@@ -487,8 +495,9 @@ class Runner:
         due = index is not None and index.since_checkpoint >= (1 if at_end else CHECKPOINT_EVERY)
         if self.config.worker_count != 1 or not due or index is None:
             return
+        taken = take_checkpoint(index, f"w{self.config.worker_index:03d}")  # on the loop: no fold lands half-way
         try:
-            await asyncio.to_thread(write_checkpoint, self.storage, index, f"w{self.config.worker_index:03d}")
+            await asyncio.to_thread(put_checkpoint, self.storage, index.name, taken)
         except StorageError as error:  # a missing checkpoint costs the next reader time, never correctness
             logger.warning("%s: could not write a checkpoint: %s", state.name, error)
 

@@ -116,9 +116,16 @@ class Suspect:
     url: str
     successes: int
     outages: int
+    dropped: bool = False  # the request reached the replica and its connection was dropped (not refused)
+    down: bool = False  # the replica was already taken out when this failure came in (others failed first)
 
     def charged(self, breaker: ReplicaBreaker) -> bool:
         return breaker.outages == self.outages and breaker.successes > self.successes
+
+    def died(self, breaker: ReplicaBreaker) -> bool:
+        """The replica died with this request in flight: it was sent to a live replica, its connection dropped, and
+        the replica was down by then or went down after."""
+        return self.dropped and (self.down or breaker.outages > self.outages)
 
 
 @dataclass
@@ -164,12 +171,16 @@ class ReplicaSet:
     def record_probe(self, url: str, now: float, healthy: bool, message: str, jitter: float) -> bool:
         return self.breakers[url].record_probe(now, healthy, message, jitter)
 
-    def suspect(self, url: str) -> Suspect:
+    def suspect(self, url: str, dropped: bool = False) -> Suspect:
         breaker = self.breakers[url]
-        return Suspect(url, breaker.successes, breaker.outages)
+        return Suspect(url, breaker.successes, breaker.outages, dropped, breaker.state is State.DOWN)
 
     def charged(self, suspects: Sequence[Suspect]) -> int:
         return sum(1 for suspect in suspects if suspect.charged(self.breakers[suspect.url]))
+
+    def deaths(self, suspects: Sequence[Suspect]) -> int:
+        """Replica deaths this sample's requests were in flight for."""
+        return sum(1 for suspect in suspects if suspect.died(self.breakers[suspect.url]))
 
     def note_time(self, now: float) -> None:
         """Start the outage clock when no replica is live (it stops at the next successful generation)."""

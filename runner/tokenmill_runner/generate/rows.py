@@ -58,11 +58,13 @@ TURN_FIELDS = ("prompt_ids", "output_ids", "prompt_tokens", "completion_tokens",
 
 
 def build_turn(dataset: str, prompt: Prompt, prompt_ids: list[int], generation: Generation, max_new_tokens: int,
-               info: TokenizerInfo, history_exact: bool | None, tool_calls: str | None) -> dict[str, Any]:
+               info: TokenizerInfo, history_exact: bool | None, tool_calls: str | None,
+               seed: int | None = None) -> dict[str, Any]:
     """One generated turn of a multi-turn row: the single-turn row's per-generation facts, plus whether its prompt
-    extends the previous turn's ids token for token and the calls parsed from it (JSON)."""
+    extends the previous turn's ids token for token, the calls parsed from it (JSON) and the seed it was drawn with."""
     row = build_row(dataset, prompt, prompt_ids, generation, max_new_tokens, info)
-    return {**{name: row[name] for name in TURN_FIELDS}, "history_exact": history_exact, "tool_calls": tool_calls}
+    return {**{name: row[name] for name in TURN_FIELDS}, "history_exact": history_exact, "tool_calls": tool_calls,
+            "seed": seed}
 
 
 def build_conversation_row(dataset: str, prompt: Prompt, turns: list[dict[str, Any]], stop_reason: str,

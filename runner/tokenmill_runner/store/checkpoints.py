@@ -12,7 +12,9 @@ more markers over it counts nothing twice.
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import numpy as np
 
@@ -35,7 +37,20 @@ def checkpoint_name(index: DatasetIndex, writer: str) -> str:
     return f"{index.horizon or NO_HORIZON}-{index.markers:010d}-{writer}-{secrets.token_hex(4)}{SUFFIX}"
 
 
-def encode(index: DatasetIndex, writer: str, now: datetime) -> bytes:
+@dataclass(frozen=True)
+class Snapshot:
+    """An index as it was at one moment, its arrays copied: it can be packed and written from another thread while
+    the index keeps folding (a view would let a fold land between the header and the arrays)."""
+
+    name: str
+    header: dict[str, Any]
+    arrays: dict[str, np.ndarray]
+
+    def encode(self) -> bytes:
+        return pack(KIND, self.header, self.arrays)
+
+
+def snapshot(index: DatasetIndex, writer: str, now: datetime) -> Snapshot:
     ledger_header, arrays = index.ledger.state()
     header = {
         "version": VERSION, "dataset": index.name, "writer": writer, "written_at": now.isoformat(),
@@ -44,7 +59,12 @@ def encode(index: DatasetIndex, writer: str, now: datetime) -> bytes:
         "recent": [[c.at.isoformat(), c.outcomes, c.tokens] for c in index.recent],
         "ledger": ledger_header,
     }
-    return pack(KIND, header, {**arrays, "known": index.known_hashes()})
+    copied = {name: array.copy() for name, array in arrays.items()}
+    return Snapshot(checkpoint_name(index, writer), header, {**copied, "known": index.known_hashes().copy()})
+
+
+def encode(index: DatasetIndex, writer: str, now: datetime) -> bytes:
+    return snapshot(index, writer, now).encode()
 
 
 def decode(data: bytes, dataset: str, samples_per_prompt: int = 1) -> DatasetIndex:

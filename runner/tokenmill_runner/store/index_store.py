@@ -17,10 +17,10 @@ from typing import Any
 
 import orjson
 
-from .checkpoints import INDEX, SUFFIX, CheckpointError, checkpoint_name, decode, encode
+from .checkpoints import INDEX, SUFFIX, CheckpointError, Snapshot, decode, snapshot
 from .commit_index import DatasetIndex
 from .ledger import COMMITS, DatasetLedger
-from .marker_names import horizon, is_marker_name, split_marker_name
+from .marker_names import MAX_CLOCK_SKEW, horizon, is_marker_name, split_marker_name, time_key
 from .storage import Storage, StorageError
 
 logger = logging.getLogger(__name__)
@@ -99,12 +99,14 @@ class CatchUp:
 
 
 def catch_up(storage: Storage, index: DatasetIndex, full: bool = False, check: Callable[[], None] | None = None,
-             threads: int = READ_THREADS) -> CatchUp:
+             threads: int = READ_THREADS, now: datetime | None = None) -> CatchUp:
     """Fold the markers the index lacks. Incremental (only names after the horizon) unless `full`; `check` is
-    called between reads (the operator stops a pass of a deleted resource there by raising)."""
+    called between reads (the operator stops a pass of a deleted resource there by raising). Names further ahead of
+    `now` than MAX_CLOCK_SKEW are folded but move the horizon no further than that."""
     prefix = commits_prefix(index.name)
     start = None if full or not index.horizon else prefix + index.horizon
     result, newest = CatchUp(), [""]
+    latest = time_key((now or datetime.now(UTC)) + MAX_CLOCK_SKEW)
 
     def unknown() -> Iterator[str]:
         for entry in list_commits(storage, index.name, start):
@@ -112,8 +114,11 @@ def catch_up(storage: Storage, index: DatasetIndex, full: bool = False, check: C
                 result.strays.append(entry.key)
                 continue
             result.listed += 1
-            if entry.time is not None and entry.time > newest[0]:
-                newest[0] = entry.time
+            if entry.time is not None and entry.time > latest:
+                logger.warning("%s is named %s, beyond this reader's clock plus %s: its writer's clock runs ahead",
+                               storage.uri(entry.key), entry.time, MAX_CLOCK_SKEW)
+            if entry.time is not None and min(entry.time, latest) > newest[0]:
+                newest[0] = min(entry.time, latest)
             if not index.knows(entry.shard_id):
                 yield entry.key
 
@@ -135,15 +140,25 @@ def open_index(storage: Storage, dataset: str, rows: int = 0, samples_per_prompt
     return index, catch_up(storage, index, full=True)
 
 
-def write_checkpoint(storage: Storage, index: DatasetIndex, writer: str, now: datetime | None = None) -> str:
-    """Write the index as a new checkpoint, then remove this dataset's checkpoints older than the newest few.
-    Returns its key."""
-    key = f"{index.name}/{INDEX}/{checkpoint_name(index, writer)}"
-    storage.put(key, encode(index, writer, now or datetime.now(UTC)))
+def take_checkpoint(index: DatasetIndex, writer: str, now: datetime | None = None) -> Snapshot:
+    """The index as it is now, to be written by `put_checkpoint` (possibly from another thread)."""
+    taken = snapshot(index, writer, now or datetime.now(UTC))
     index.since_checkpoint = 0
-    logger.info("%s: wrote checkpoint %s (%d markers)", index.name, storage.uri(key), index.markers)
-    _prune(storage, index.name, key)
+    return taken
+
+
+def put_checkpoint(storage: Storage, dataset: str, taken: Snapshot) -> str:
+    """Write a snapshot as a new checkpoint, then remove this dataset's checkpoints older than the newest few."""
+    key = f"{dataset}/{INDEX}/{taken.name}"
+    storage.put(key, taken.encode())
+    logger.info("%s: wrote checkpoint %s (%d markers)", dataset, storage.uri(key), taken.header["markers"])
+    _prune(storage, dataset, key)
     return key
+
+
+def write_checkpoint(storage: Storage, index: DatasetIndex, writer: str, now: datetime | None = None) -> str:
+    """Write the index as a new checkpoint (from the thread that folds it). Returns its key."""
+    return put_checkpoint(storage, index.name, take_checkpoint(index, writer, now))
 
 
 def _prune(storage: Storage, dataset: str, written: str) -> None:

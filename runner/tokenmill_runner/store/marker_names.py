@@ -20,6 +20,10 @@ from datetime import UTC, datetime, timedelta
 TIME_FORMAT = "%Y%m%dT%H%M%S.%fZ"
 TIME_CHARS = len("20261129T120000.123456Z")
 OVERLAP = timedelta(minutes=15)
+# A writer's clock may run ahead of the reader's by this much before its names stop moving the reader's horizon: a
+# name far in the future would otherwise push the horizon past every correctly clocked writer's markers, and
+# incremental listings would stop seeing them until the next full listing.
+MAX_CLOCK_SKEW = timedelta(minutes=5)
 SUFFIX = ".json"
 
 

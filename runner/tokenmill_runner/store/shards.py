@@ -55,6 +55,7 @@ TURN_TYPE = pa.struct([
     ("attempts", pa.int16()),
     ("history_exact", pa.bool_()),  # prompt_ids extend the previous turn's prompt + output ids (null: first turn)
     ("tool_calls", pa.string()),  # the calls parsed from this turn's output, JSON [{name, arguments, id}]
+    ("seed", pa.int64()),  # the seed this turn was drawn with (seeds.py: the slot's, with `|t<turn>`)
 ])
 
 ROW_SCHEMA = pa.schema([
