@@ -152,6 +152,13 @@ ROOT_RULES = [
           + _tokenizer("self") + " == " + _tokenizer("oldSelf"),
           "spec.model.tokenizer cannot change once the run has started (status.run): prompts tokenized two ways "
           "would mix; create a new DatasetGeneration", "FieldValueForbidden", ".spec.model.tokenizer"),
+    _rule(_STARTED + "oldSelf.spec.datasets.all(o, self.spec.datasets.all(n, n.name != o.name || "
+          "(n.source == o.source && (has(n.input) == has(o.input)) && (!has(n.input) || n.input == o.input))))",
+          "spec.datasets[].source and .input cannot change once the run has started (status.run): committed samples "
+          "are keyed by source line, so another file or another column mapping would silently re-map them onto "
+          "other prompts; add the new source as a dataset of its own name, or create a new DatasetGeneration "
+          "(samples and limit may change)",
+          "FieldValueForbidden", ".spec.datasets"),
     _rule(_STARTED + "self.spec.output.uri == oldSelf.spec.output.uri",
           "spec.output.uri cannot change once the run has started (status.run): the runner resumes from what is "
           "committed there; create a new DatasetGeneration to start over elsewhere", "FieldValueForbidden",

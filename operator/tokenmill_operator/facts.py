@@ -32,6 +32,7 @@ class JobState:
     hash: str | None = None  # what it was built from (None: made by an operator that did not record it)
     run: RunStatus | None = None  # what the run was started with, from the Job's annotation
     deleting: bool = False  # being deleted (replaced): its pods may still be stopping
+    pod_problem: tuple[str, str] | None = None  # (reason, message) of a runner pod that cannot start
 
     @property
     def finished(self) -> bool:
@@ -70,6 +71,7 @@ class Observed:
     # from storage. Once there is one, the run has ended (unless it is reopened, see `reopen`).
     remembered_report: ReportStatus | None = None
     stall_after_s: float = 900.0
+    start_deadline_s: float = 1800.0  # runner pods that cannot start for this long end the run
     desired_job_hash: str | None = None  # the hash a runner Job built from this spec would have
     wanted_run: RunStatus | None = None  # what a runner Job created now would start the run with
     retry: RetryDecision | None = None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -148,7 +148,13 @@ def observe_job(kube: Kube, name: str, namespace: str) -> tuple[JobState | None,
     if job is None:
         return None, None
     started = (job.get("status") or {}).get("startTime")
-    return job_state(job), parse_time(started) if started else None
+    state = job_state(job)
+    if state.active:  # a runner pod that cannot start (the image, CPU or memory quota) holds the server for nothing
+        for pod in kube.list("v1", "Pod", namespace, names.selector_labels(name, names.RUNNER_COMPONENT)):
+            if problem := pod_problem(pod):
+                state = replace(state, pod_problem=problem)
+                break
+    return state, parse_time(started) if started else None
 
 
 def observe_progress(storage: Storage, output: OutputIndex, now: datetime, started: datetime | None,

@@ -80,15 +80,18 @@ def plan_retry(request: str | None, previous: RetryStatus | None, given_up: int,
 
 
 def reopen(previous: DatasetGenerationStatus, retry: RetryDecision, desired_job_hash: str | None,
-           ended_job_hash: str | None) -> bool:
-    """Whether an ended run starts again: a retry was accepted, or the run gave samples up and the spec changed
-    what its runner Job would be (e.g. runner.retryFailed set to true)."""
+           ended_job_hash: str | None, would_generate: bool = True) -> bool:
+    """Whether an ended run starts again: a retry was accepted, or the run gave samples up, the spec changed what
+    its runner Job would be, and that Job would generate something (runner.retryFailed set, more samples, a higher
+    limit, a new dataset). An edit that changes nothing to generate (a validation threshold) does not bring the
+    server back for a Job that would skip every slot."""
     if previous.report is None:
         return False
     if retry.accepted:
         return True
     gave_up = condition_reason(previous.conditions, "Failed") == "SamplesGivenUp"
-    return gave_up and desired_job_hash is not None and ended_job_hash not in (None, desired_job_hash)
+    changed = desired_job_hash is not None and ended_job_hash not in (None, desired_job_hash)
+    return gave_up and changed and would_generate
 
 
 def identity_change(started: RunStatus | None, wanted: RunStatus) -> str | None:
@@ -286,7 +289,7 @@ def _job_finished(observed: Observed, status: _Status, job: JobState) -> Decisio
         status.set("Progressing", "True", "Reporting", "writing the validation report")
         return Decision(_base_status(observed, status, "Reporting", "writing the validation report"),
                         server_replicas=0, write_report=True)
-    delete_job = f"kubectl delete job {names.runner_name(observed.name)}" if observed.name else "delete the Job"
+    delete_job = _delete_job(observed)
     if job.failed_message:
         return _failed(observed, status, "RunnerFailed",
                        f"{job.failed_message}; check the runner pods' logs, then run the rest again: {delete_job}")
@@ -306,6 +309,10 @@ def _job_finished(observed: Observed, status: _Status, job: JobState) -> Decisio
     return _failed(observed, status, "SamplesMissing",
                    f"the runner Job completed but {count} of {overall.total} samples have no outcome ({where}); "
                    f"check the runner logs, then run the missing samples again: {delete_job}")
+
+
+def _delete_job(observed: Observed) -> str:
+    return f"kubectl delete job {names.runner_name(observed.name)}" if observed.name else "delete the Job"
 
 
 def blocked(observed: Observed, reason: str, message: str) -> Decision:
@@ -352,7 +359,32 @@ def decide(observed: Observed) -> Decision:
         return _suspended(observed, status, replace_job)
     if job is not None and job.finished and not replace_job and not job.deleting:
         return _job_finished(observed, status, job)
+    cannot_start = _runner_cannot_start(observed, replace_job)
+    if cannot_start:
+        return _failed(observed, status, "RunnerCannotStart", cannot_start)
     return _running(observed, status, replace_job)
+
+
+def _runner_cannot_start(observed: Observed, replace_job: bool) -> str | None:
+    """Why the run ends because its runner pods cannot start (past spec.runner.startDeadlineSeconds), or None. Once
+    it ended so, it stays ended for this Job: a new Job (the spec fixed) starts it again."""
+    job = observed.job
+    if job is None or replace_job or job.deleting:
+        return None
+    previous = observed.previous
+    if condition_reason(previous.conditions, "Failed") == "RunnerCannotStart":
+        return next(c.message for c in previous.conditions if c.type == "Failed")
+    started = observed.job_started
+    if job.pod_problem is None or started is None:
+        return None
+    waited = (observed.now - started).total_seconds()
+    if waited < observed.start_deadline_s:
+        return None
+    reason, message = job.pod_problem
+    return (f"runner pods cannot start ({reason}) after {format_duration(waited)} (spec.runner."
+            f"startDeadlineSeconds {format_duration(observed.start_deadline_s)}): {message}. The server was scaled "
+            "to zero to give the GPUs back; fix spec.runner.image (a new runner Job starts the run again) or the "
+            f"namespace's CPU/memory quota, then {_delete_job(observed)} to start it again")
 
 
 def with_retry_event(decision: Decision, retry: RetryDecision | None) -> Decision:

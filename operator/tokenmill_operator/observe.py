@@ -22,7 +22,7 @@ from tokenmill_runner.store.manifest import DatasetLayout, Owner, RunManifest, m
 from .facts import ProgressFacts
 from .status import DatasetProgress, Progress
 
-__all__ = ["given_up", "parse_time", "progress_facts", "progress_of", "foreign_run"]
+__all__ = ["foreign_run", "given_up", "parse_time", "progress_facts", "progress_of", "would_generate"]
 
 
 def given_up(reasons: Counter[str] | dict[str, int]) -> int:
@@ -74,6 +74,20 @@ def progress_facts(indexes: dict[str, DatasetIndex], manifest: RunManifest, now:
     missing = {name: part.describe_missing() for name, part in parts.items() if not part.settled}
     return ProgressFacts(overall=overall, datasets=datasets, last_commit_time=last,
                          settled=bool(layouts) and not missing, missing=missing, spec_hash=manifest.spec_hash)
+
+
+def would_generate(spec: DatasetGenerationSpec, manifest: RunManifest | None) -> bool:
+    """Whether a runner Job of this spec has slots to run beyond the layout the ended run recorded: given-up samples
+    to retry (runner.retryFailed), a dataset it did not lay out, more samples per prompt, or a higher limit."""
+    if spec.runner.retry_failed or manifest is None:
+        return True
+    for dataset in spec.datasets:
+        layout = manifest.datasets.get(dataset.name)
+        if layout is None or dataset.samples > layout.samples:
+            return True
+        if layout.limit is not None and (dataset.limit is None or dataset.limit > layout.limit):
+            return True
+    return False
 
 
 def foreign_run(manifest: RunManifest | None, lease: Lease | None, spec: DatasetGenerationSpec, owner: Owner,

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from tokenmill_runner.report.files import REPORT_DIR, write_report
 from tokenmill_runner.spec.resource import API_VERSION, KIND, DatasetGenerationSpec
 from tokenmill_runner.store.lease import read_lease
-from tokenmill_runner.store.manifest import ManifestError, Owner
+from tokenmill_runner.store.manifest import ManifestError, Owner, read_manifest
 from tokenmill_runner.store.storage import Storage, StorageError, StorageRetry, open_storage
 
 from . import manifests, names
@@ -42,7 +42,7 @@ from .lifecycle import (
     with_retry_event,
 )
 from .model_files import make_plan
-from .observe import foreign_run
+from .observe import foreign_run, would_generate
 from .planner import PlanError, ServerPlan
 from .status import DatasetGenerationStatus, ReportStatus, RunStatus, merge_patch
 
@@ -191,7 +191,8 @@ def _observed(context: Context, output: OutputIndex, storage: Storage, planning:
     urls = _server_urls(context, plan)
     desired_hash = manifests.runner_job_hash(spec, urls, retry.token) if urls is not None else None
     ended_hash = job.hash if job is not None else (previous.run.job_hash if previous.run else None)
-    reopened = reopen(previous, retry, desired_hash, ended_hash)
+    growing = ended and would_generate(spec, read_manifest(storage))
+    reopened = reopen(previous, retry, desired_hash, ended_hash, growing)
     if reopened:
         progress, run = observe_progress(storage, output, now, facts.job_started, stopped, full)
     return Observed(
@@ -200,6 +201,7 @@ def _observed(context: Context, output: OutputIndex, storage: Storage, planning:
         job_started=facts.job_started, progress=progress,
         remembered_report=None if reopened else previous.report,
         stall_after_s=spec.runner.stall_seconds or settings.stall_after_s,
+        start_deadline_s=spec.runner.start_deadline_seconds,
         desired_job_hash=desired_hash,
         wanted_run=RunStatus.model_validate({**manifests.run_identity(spec), "jobHash": desired_hash or ""}),
         retry=retry, reopened=reopened,

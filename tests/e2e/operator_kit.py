@@ -137,8 +137,8 @@ def b5_resource(namespace: str, endpoint: str, name: str = NAME, **spec_changes:
         node = resource["spec"]
         *parents, leaf = path.split(".")
         for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
+            node = node[int(part)] if part.isdigit() else node.setdefault(part, {})
+        node[int(leaf) if leaf.isdigit() else leaf] = value
     return resource
 
 

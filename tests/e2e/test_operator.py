@@ -185,7 +185,11 @@ def test_invalid_resources_are_rejected_with_the_field(cluster, namespace, crd, 
 
 IMMUTABLE = [("model.path", "s3://models/other/", "spec.model.path cannot change once the run has started"),
              ("model.tokenizer", "s3://models/tok/", "spec.model.tokenizer cannot change once the run has started"),
-             ("output.uri", "s3://tokenmill-data/elsewhere/", "spec.output.uri cannot change once the run has started")]
+             ("output.uri", "s3://tokenmill-data/elsewhere/", "spec.output.uri cannot change once the run has started"),
+             ("datasets.0.source", "s3://tokenmill-data/prompts/replaced.jsonl",
+              "spec.datasets[].source and .input cannot change once the run has started"),
+             ("datasets.0.input", {"format": "sharegpt"},
+              "spec.datasets[].source and .input cannot change once the run has started")]
 
 
 @pytest.mark.parametrize(("path", "value", "message"), IMMUTABLE, ids=[p for p, _, _ in IMMUTABLE])
@@ -205,6 +209,9 @@ def test_what_the_run_started_with_cannot_change_even_when_suspended(cluster, na
     other = cluster.apply(b5_resource(namespace, "http://127.0.0.1:9", suspend=True, **{"runner.parallelism": 2}),
                           check=False)
     assert other.returncode == 0, f"other fields stay editable: {other.stderr}"
+    layout = cluster.apply(b5_resource(namespace, "http://127.0.0.1:9", suspend=True,
+                                       **{"datasets.0.limit": 500, "datasets.0.samples": 2}), check=False)
+    assert layout.returncode == 0, f"samples and limit may change (the layout says which is current): {layout.stderr}"
 
 
 def test_missing_credentials_secret_is_reported_then_picked_up(cluster, namespace, operator, s3_world):

@@ -505,3 +505,47 @@ def test_an_output_another_live_resource_writes_is_in_use_until_its_lease_goes_s
     why = foreign_run(None, lease, spec, recreated, T0)
     assert "DatasetGeneration ns/r (uid u1)" in why and "its own output.uri" in why
     assert foreign_run(None, lease, spec, recreated, T0 + timedelta(seconds=STALE_AFTER_S)) is None
+
+
+def test_an_edit_after_samples_were_given_up_reopens_only_when_the_new_job_would_generate_something():
+    # Review 5: editing validation.maxErrorFraction after SamplesGivenUp recreated the server for a Job that skipped
+    # every slot and ended SamplesGivenUp again.
+    from tokenmill_operator.observe import would_generate
+    from tokenmill_runner.spec.resource import parse_document
+
+    def spec(**changes):
+        dataset = {"name": "a", "source": "s3://p/a.jsonl", "limit": 100, **changes.pop("dataset", {})}
+        document = {"apiVersion": "tokenmill.io/v1alpha1", "kind": "DatasetGeneration", "metadata": {"name": "r"},
+                    "spec": {"model": {"path": "s3://m/"}, "output": {"uri": "s3://o/"}, "datasets": [dataset],
+                             **changes}}
+        return parse_document(document).spec
+
+    ended = RunManifest(datasets={"a": DatasetLayout(rows=100, samples=1, limit=100)})
+    assert not would_generate(spec(validation={"maxErrorFraction": "0.2"}), ended)
+    assert would_generate(spec(runner={"retryFailed": True}), ended)
+    assert would_generate(spec(dataset={"samples": 2}), ended)
+    assert would_generate(spec(dataset={"limit": 200}), ended)
+    gave_up = decide(observed(job=JobState(complete=True, hash=JOB_HASH), progress=given_up_progress(),
+                              remembered_report=REPORT))
+    kept = plan_retry(None, None, given_up=8, now=T0)
+    assert not reopen(gave_up.status, kept, "bbbb", "aaaa", would_generate=False)
+    assert reopen(gave_up.status, kept, "bbbb", "aaaa", would_generate=True)
+
+
+def test_runner_pods_that_cannot_start_end_the_run_and_release_the_gpus_after_the_deadline():
+    # Review 10: a wrong spec.runner.image (ImagePullBackOff) kept the GPU StatefulSet up indefinitely.
+    job = JobState(active=2, hash=JOB_HASH, pod_problem=("ImagePullBackOff", "pod r-runner-0-x: Back-off pulling "
+                                                          "image \"ghcr.io/typo/runner:1\""))
+    early = decide(observed(job=job, job_started=T0 - timedelta(minutes=10), start_deadline_s=1800))
+    assert early.status.phase == "Generating" and early.server_replicas == 1
+    late = decide(observed(job=job, job_started=T0 - timedelta(minutes=31), start_deadline_s=1800))
+    assert conditions(late)["Failed"] == ("True", "RunnerCannotStart")
+    assert late.delete_server and late.suspend_job and late.server_replicas == 0
+    assert "ImagePullBackOff" in late.status.message and "ghcr.io/typo/runner:1" in late.status.message
+    # The suspended Job's pods are gone on the next pass: the run stays ended until the Job is replaced.
+    after = decide(observed(job=JobState(suspended=True, hash=JOB_HASH), previous=late.status,
+                            job_started=T0 - timedelta(minutes=31)))
+    assert after.status.phase == "Failed" and after.delete_server
+    replaced = decide(observed(job=JobState(suspended=True, hash=JOB_HASH), previous=late.status,
+                               desired_job_hash="fixed-image"))
+    assert replaced.status.phase == "Generating" and replaced.replace_job

@@ -386,6 +386,12 @@ class RunnerSpec(SpecModel):
         description="Report Stalled (condition, Event, alert) when nothing is committed for this long; default: "
         "the operator's setting (15 minutes). Longer than the slowest expected request.",
     )
+    start_deadline_seconds: int = Field(
+        1800, gt=0, le=7 * 86400,
+        description="Runner pods that cannot start for this long (image pull errors, unschedulable for CPU or "
+        "memory) end the run Failed with RunnerCannotStart and the server scaled to zero, so the GPUs are not held "
+        "for runners that never come; fix the cause (spec.runner.image, quotas) and the run starts again.",
+    )
     retry_failed: bool = Field(
         False,
         description="Run with --retry-failed: samples given up for a retryable reason (retries exhausted, bad "
