@@ -10,9 +10,6 @@ import asyncio
 import hashlib
 import json
 import logging
-import os
-import secrets
-import socket
 from datetime import UTC, datetime
 from typing import Any
 
@@ -37,7 +34,7 @@ from .facts.server_info import ServerFacts, runnable_requests, seeds_accepted
 from .store.shards import ShardBuffer, clean_leftovers
 from .source.reader import describe_source, source_format
 from .spec.resource import DatasetGenerationSpec, SpecError
-from .store.lease import LeaseHeld, LeaseKeeper, acquire
+from .store.lease import LeaseHeld, LeaseKeeper, acquire, process_holder
 from .store.manifest import DatasetLayout, Owner, RunManifest, layout_changes, model_conflict, read_manifest, \
     write_manifest
 from .store.storage import Storage, open_storage
@@ -141,11 +138,6 @@ def run_owner(config: RunnerConfig) -> Owner:
     return Owner(kind="cli", name=config.name)
 
 
-def lease_holder() -> str:
-    """One process: a pod (its hostname) of a runner Job, or this machine's process."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-
-
 def run_manifest(config: RunnerConfig, info: TokenizerInfo, context_length: int | None,
                  layouts: dict[str, DatasetLayout], send_seed: bool = True) -> RunManifest:
     from . import __version__
@@ -188,7 +180,7 @@ async def prepare(config: RunnerConfig, api_key: str | None) -> Runner:
     recorded = await asyncio.to_thread(read_manifest, storage)
     check_output(recorded, spec)
     try:
-        lease = await asyncio.to_thread(acquire, storage, run_owner(config), lease_holder(), config.take_over)
+        lease = await asyncio.to_thread(acquire, storage, run_owner(config), process_holder(), config.take_over)
     except LeaseHeld as error:
         raise SpecError(f"{storage.root_uri}: {error}") from None
     keeper = LeaseKeeper(storage, lease).start()

@@ -3,6 +3,7 @@ output lease, as the runner applies them before it commits anything."""
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime, timedelta
 
 import orjson
@@ -122,3 +123,19 @@ def test_a_keeper_that_finds_the_output_taken_over_stops_and_says_so(tmp_path):
     assert keeper.lost.is_set()
     keeper.close()
     assert orjson.loads(storage.get(LEASE))["holder"] == "laptop:9"  # the new holder's lease stays
+
+
+def test_the_lease_of_a_killed_process_of_this_machine_is_free_at_once(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    storage = LocalStorage(tmp_path)
+    dead = Lease(CLI, f"{socket.gethostname()}:{gone.stdout.strip()}:abcd", NOW, datetime.now(UTC))
+    storage.put(LEASE, dead.encode())
+    assert acquire(storage, CLI, "this-run", settle_s=0).holder == "this-run"
+    alive = Lease(CLI, f"{socket.gethostname()}:{os.getpid()}:abcd", NOW, datetime.now(UTC))
+    storage.put(LEASE, alive.encode())
+    with pytest.raises(LeaseHeld):
+        acquire(storage, CLI, "this-run", settle_s=0)

@@ -15,6 +15,9 @@ never removes a shard that another live owner has written and not yet marked.
 from __future__ import annotations
 
 import logging
+import os
+import secrets
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -74,9 +77,11 @@ class Lease:
                 f"ago")
 
 
-def refusal(current: Lease | None, owner: Owner, holder: str, now: datetime, take_over: bool) -> str | None:
-    """Why `holder` of `owner` may not take the lease now, or None. Pure."""
-    if current is None or take_over or current.stale(now) or current.shared_with(owner, holder):
+def refusal(current: Lease | None, owner: Owner, holder: str, now: datetime, take_over: bool,
+            holder_alive: bool = True) -> str | None:
+    """Why `holder` of `owner` may not take the lease now, or None. Pure. `holder_alive` False: the holder is a
+    process of this machine that no longer exists (killed), so its lease is free at once."""
+    if current is None or take_over or not holder_alive or current.stale(now) or current.shared_with(owner, holder):
         return None
     return (f"the output is being written by {current.describe(now)}; two writers would commit samples twice and "
             f"delete each other's unmarked shards. Wait for it to finish, write to another output, or, if that "
@@ -99,7 +104,7 @@ def acquire(storage: Storage, owner: Owner, holder: str, take_over: bool = False
     """Take (or join) the lease; raises LeaseHeld naming the holder."""
     current = read_lease(storage)
     now = clock()
-    why = refusal(current, owner, holder, now, take_over)
+    why = refusal(current, owner, holder, now, take_over, current is None or process_alive(current.holder))
     if why:
         raise LeaseHeld(why)
     if take_over and current is not None and not current.stale(now) and not current.shared_with(owner, holder):
@@ -112,6 +117,27 @@ def acquire(storage: Storage, owner: Owner, holder: str, take_over: bool = False
     if landed is not None and not landed.shared_with(owner, holder):
         raise LeaseHeld(f"another writer took the output at the same moment: {landed.describe(clock())}")
     return lease
+
+
+def process_holder() -> str:
+    """This process as a holder: `host:pid:token` (the token tells a reused pid apart)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+def process_alive(holder: str) -> bool:
+    """False only for a holder that was a process of this machine and is gone (a killed `tokenmill run`); a holder
+    elsewhere (another machine, a pod) cannot be checked and counts as alive until its lease goes stale."""
+    host, _, rest = holder.partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it exists
+        return True
+    return True
 
 
 def release(storage: Storage, lease: Lease) -> None:
