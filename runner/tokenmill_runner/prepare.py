@@ -36,7 +36,7 @@ from .source.reader import describe_source, source_format
 from .spec.resource import DatasetGenerationSpec, SpecError
 from .store.lease import LeaseHeld, LeaseKeeper, acquire, process_holder
 from .store.manifest import DatasetLayout, Owner, RunManifest, layout_changes, model_conflict, read_manifest, \
-    write_manifest
+    retire, write_manifest
 from .store.storage import Storage, open_storage
 from .render.tokenizer_info import TokenizerInfo
 
@@ -139,14 +139,16 @@ def run_owner(config: RunnerConfig) -> Owner:
 
 
 def run_manifest(config: RunnerConfig, info: TokenizerInfo, context_length: int | None,
-                 layouts: dict[str, DatasetLayout], send_seed: bool = True) -> RunManifest:
+                 layouts: dict[str, DatasetLayout], recorded: RunManifest | None = None,
+                 send_seed: bool = True) -> RunManifest:
     from . import __version__
 
     return RunManifest(
         tokenmill=__version__, owner=run_owner(config), spec_hash=config.job_hash or spec_hash(config.spec),
         name=config.name, started_at=datetime.now(UTC).isoformat(),
         spec=config.spec.model_dump(mode="json", by_alias=True), tokenizer=info.as_dict(),
-        context_length=context_length, datasets=layouts, workers=config.worker_count,
+        context_length=context_length, datasets=layouts, retired=retire(recorded, layouts),
+        workers=config.worker_count,
         seeds={**seed_rule(config.spec.seed), "sent_as_sampling_seed": send_seed,
                "deterministic_inference": config.spec.server.deterministic_inference},
     )
@@ -206,7 +208,7 @@ async def _prepare(config: RunnerConfig, api_key: str | None, storage: Storage, 
     if config.worker_index == 0:  # the layout is recorded before any shard of it is committed
         configured = spec.server.context_length
         early = configured if isinstance(configured, int) else info.model_context_length
-        await asyncio.to_thread(write_manifest, storage, run_manifest(config, info, early, layouts))
+        await asyncio.to_thread(write_manifest, storage, run_manifest(config, info, early, layouts, recorded))
     healthy = await healthy_servers(config.servers, config.server_wait_s, api_key)
     server_infos = await asyncio.gather(*(get_json(url, "/server_info", api_key) for url in healthy))
     facts = [ServerFacts.read(url, server_info) for url, server_info in zip(healthy, server_infos, strict=True)]
@@ -219,7 +221,8 @@ async def _prepare(config: RunnerConfig, api_key: str | None, storage: Storage, 
                     "--enable-deterministic-inference (spec.server.deterministicInference): sampling is not "
                     "reproducible without it")
     if config.worker_index == 0:
-        await asyncio.to_thread(write_manifest, storage, run_manifest(config, info, context_length, layouts, send_seed))
+        manifest = run_manifest(config, info, context_length, layouts, recorded, send_seed)
+        await asyncio.to_thread(write_manifest, storage, manifest)
     client = GenerateClient(
         config.servers, api_key=api_key, concurrency=concurrency,
         retry=RetryPolicy(max_attempts=spec.runner.max_attempts),

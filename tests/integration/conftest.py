@@ -16,3 +16,13 @@ def simulator(demo_model: Path) -> Iterator[Any]:
 
     with SimServer(SimConfig(model_path=str(demo_model), time_scale=2000.0, max_running_requests=64)) as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def lifecycle_sim(demo_model):
+    """A fast simulator for the lifecycle model's many short runs."""
+    from tokenmill_sim.config import SimConfig
+    from tokenmill_sim.server import SimServer
+
+    with SimServer(SimConfig(model_path=str(demo_model), time_scale=5000.0, max_running_requests=32)) as server:
+        yield server

@@ -94,6 +94,9 @@ class RunManifest(BaseModel):
     tokenizer: dict[str, Any] = Field(default_factory=dict)
     context_length: int | None = None
     datasets: dict[str, DatasetLayout] = Field(default_factory=dict)
+    # Datasets an earlier layout had and this one does not: their commits stay in the output, and their source
+    # identity is kept so that adding one back over another file is refused like any replaced source.
+    retired: dict[str, DatasetLayout] = Field(default_factory=dict)
     workers: int = 1
     seeds: dict[str, Any] = Field(default_factory=dict)
 
@@ -109,6 +112,14 @@ class RunManifest(BaseModel):
 
     def encode(self) -> bytes:
         return orjson.dumps(self.model_dump(mode="json", exclude_none=True), option=orjson.OPT_INDENT_2)
+
+
+def retire(recorded: RunManifest | None, current: dict[str, DatasetLayout]) -> dict[str, DatasetLayout]:
+    """The layouts of datasets the recorded run had and the current spec does not (kept as `retired`)."""
+    if recorded is None:
+        return {}
+    earlier = {**recorded.retired, **recorded.datasets}
+    return {name: layout for name, layout in earlier.items() if name not in current}
 
 
 def decode(data: bytes, where: str = MANIFEST) -> RunManifest:
@@ -150,7 +161,7 @@ def layout_changes(recorded: RunManifest | None, current: dict[str, DatasetLayou
         return []
     problems = []
     for name, layout in current.items():
-        before = recorded.datasets.get(name)
+        before = recorded.datasets.get(name) or recorded.retired.get(name)
         if before is None or not committed.get(name):
             continue
         if before.source is not None and layout.source is not None:

@@ -1,0 +1,253 @@
+"""A model of a run's lifecycle for hypothesis' stateful testing: random interleavings of what users and clusters do
+to a run (spec edits, kills at every kill point of the commit protocol, operator restarts, server outages, a second
+writer, a replaced source), driving the real `tokenmill run` (a subprocess against the simulator), the real ledger,
+run manifest and report, and the operator's real observation and decision functions. After every step the
+invariants of docs/reliability.md must hold; they are checked against a recount made straight from the commit
+markers, not through the code under test.
+
+Used by tests/integration/test_lifecycle_model.py (a fixed seed, a small budget) and hack/bench/bench_lifecycle_model.py
+(long, printing how many steps and states it explored).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from tokenmill_operator.facts import JobState, Observed
+from tokenmill_operator.gather import OutputIndex, observe_progress
+from tokenmill_operator.lifecycle import decide
+from tokenmill_operator.status import DatasetGenerationStatus
+from tokenmill_runner.report.files import load_ledger
+from tokenmill_runner.report.validation import build_report
+from tokenmill_runner.store.faults import FAULT_ENV
+from tokenmill_runner.store.lease import LEASE, Lease
+from tokenmill_runner.store.manifest import Owner, read_manifest
+from tokenmill_runner.store.shards import read_markers
+from tokenmill_runner.store.storage import LocalStorage
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = REPO / "examples" / "demo-model"
+LINES = 12
+BAD_LINE = 5  # an invalid row: every run records its error, a final outcome of its slots
+KILL_POINTS = [None, "kill-after:data:1", "kill-after:errors:1", "kill-before:marker:2", "kill-after:marker:1",
+               "kill-after:marker:3"]
+RUN_TIMEOUT_S = 180  # every run ends within this, whatever was done to it (the bound the model checks)
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_GIVEN_UP, EXIT_SERVERS_DOWN = 0, 1, 2, 3, 4
+
+
+class Counts:
+    """What the machine explored, over every example (the bench prints it)."""
+
+    steps: Counter[str] = Counter()
+    states: set[tuple[Any, ...]] = set()
+
+
+def source_rows(dataset: str, version: int) -> list[str]:
+    rows = []
+    for line in range(1, LINES + 1):
+        if line == BAD_LINE:
+            rows.append('{"sample_id": "broken", "messages": [')
+            continue
+        text = f"{dataset} question {line} (version {version}): what is {line} + {version}?"
+        rows.append(json.dumps({"sample_id": f"{dataset}-{line}",
+                                "messages": [{"role": "user", "content": text}]}))
+    return rows
+
+
+def recount(storage: LocalStorage, dataset: str) -> tuple[Counter[tuple[int, int]], set[tuple[int, int]]]:
+    """(rows per slot, slots with any outcome) straight from the dataset's commit markers."""
+    rows: Counter[tuple[int, int]] = Counter()
+    settled: set[tuple[int, int]] = set()
+    for marker in read_markers(storage, dataset):
+        samples, failed = marker["samples"], marker["failed"]
+        slots = list(zip(samples["line"], samples.get("sample_index") or [0] * len(samples["line"]), strict=True))
+        rows.update(slots)
+        settled.update(slots)
+        settled.update(zip(failed["line"], failed.get("sample_index") or [0] * len(failed["line"]), strict=True))
+    return rows, settled
+
+
+class LifecycleModel(RuleBasedStateMachine):
+    server_url: str = ""  # the simulator every run talks to (set by whoever runs the machine)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.root = Path(tempfile.mkdtemp(prefix="tokenmill-model-"))
+        self.out = self.root / "out"
+        self.storage = LocalStorage(self.out)
+        self.layout: dict[str, dict[str, Any]] = {"a": {"samples": 1, "limit": None}}
+        self.versions = {"a": 0, "b": 0}
+        self.recorded: dict[str, int] = {}  # the source version run.json records per dataset (kept when retired)
+        self.operator = OutputIndex()
+        for name in self.versions:
+            self._write_source(name)
+
+    # -- the world ---------------------------------------------------------------------------------------------
+    def _write_source(self, name: str) -> None:
+        (self.root / f"{name}.jsonl").write_text("\n".join(source_rows(name, self.versions[name])) + "\n")
+
+    def _spec(self, **runner: Any) -> Path:
+        datasets = [{"name": name, "source": f"{name}.jsonl", "samples": d["samples"],
+                     **({"limit": d["limit"]} if d["limit"] else {})} for name, d in sorted(self.layout.items())]
+        document = {"apiVersion": "tokenmill.io/v1alpha1", "kind": "DatasetGeneration", "metadata": {"name": "model"},
+                    "spec": {"model": {"path": str(MODEL)}, "sampling": {"maxNewTokens": 512},
+                             "datasets": datasets,
+                             "runner": {"concurrency": 8, "shardMaxSamples": 4, "shardMaxSeconds": 30,
+                                        "maxAttempts": 3, **runner},
+                             "output": {"uri": "out"}}}
+        path = self.root / "spec.yaml"
+        path.write_text(yaml.safe_dump(document))
+        return path
+
+    def _run(self, server: str, fault: str | None = None, **runner: Any) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if k != FAULT_ENV}
+        env["TOKENMILL_LEASE_SETTLE_SECONDS"] = "0"
+        if fault:
+            env[FAULT_ENV] = fault
+        return subprocess.run([sys.executable, "-m", "tokenmill_runner.cli", "-q", "run", str(self._spec(**runner)),
+                               "--out", str(self.out), "--server", server, "--server-wait", "2"],
+                              capture_output=True, text=True, env=env, timeout=RUN_TIMEOUT_S)
+
+    def _replaced(self) -> bool:
+        """A dataset of the spec whose source is not the one its commits were made against: the run must refuse."""
+        return any(self.recorded.get(name, self.versions[name]) != self.versions[name]
+                   and recount(self.storage, name)[1] for name in self.layout)
+
+    def _recorded_now(self) -> None:
+        """A run that got past its checks recorded each dataset's source in run.json."""
+        self.recorded.update({name: self.versions[name] for name in self.layout})
+
+    def _note(self, step: str) -> None:
+        Counts.steps[step] += 1
+        Counts.states.add((step, tuple(sorted((n, d["samples"], d["limit"]) for n, d in self.layout.items())),
+                           tuple(sorted(self.versions.items()))))
+
+    # -- what users and clusters do -----------------------------------------------------------------------------
+    @initialize()
+    def start(self) -> None:
+        self._note("start")
+
+    @rule(name=st.sampled_from(["a", "b"]), samples=st.integers(1, 3), limit=st.sampled_from([None, 4, 8]),
+          toggle=st.booleans())
+    def edit(self, name: str, samples: int, limit: int | None, toggle: bool) -> None:
+        """samples and limit up or down; a dataset added or removed."""
+        if toggle and name in self.layout and len(self.layout) > 1:
+            del self.layout[name]
+        elif toggle or name not in self.layout:
+            self.layout.setdefault(name, {"samples": 1, "limit": None})
+        if name in self.layout:
+            self.layout[name] = {"samples": samples, "limit": limit}
+        self._note("edit")
+
+    @rule(name=st.sampled_from(["a", "b"]))
+    def replace_or_restore_source(self, name: str) -> None:
+        """Odd versions are another file under the same name; even ones the original content back."""
+        self.versions[name] = (self.versions[name] + 1) % 2
+        self._write_source(name)
+        self._note("replace_source" if self.versions[name] else "restore_source")
+
+    @rule()
+    def run_to_the_end(self) -> None:
+        self.run(None)
+
+    @rule(fault=st.sampled_from(KILL_POINTS[1:]))
+    def run(self, fault: str | None) -> None:
+        replaced = self._replaced()
+        done = self._run(self.server_url, fault)
+        self._note(f"run:{fault or 'to the end'}")
+        if replaced:
+            assert done.returncode == EXIT_USAGE and ".source" in done.stderr, done.stderr[-1500:]
+            return
+        self._recorded_now()
+        assert done.returncode in (EXIT_OK, EXIT_GIVEN_UP, -9), done.stderr[-1500:]
+        if done.returncode == EXIT_OK:
+            self._assert_settled("tokenmill run exited 0")
+
+    @rule()
+    def outage(self) -> None:
+        """No server at all: the run waits, gives up on the servers and writes nothing off."""
+        before, replaced = self._failures(), self._replaced()
+        done = self._run("http://127.0.0.1:9", outageBudgetSeconds=1)
+        self._note("outage")
+        if replaced:
+            assert done.returncode == EXIT_USAGE and ".source" in done.stderr, done.stderr[-1500:]
+        else:
+            self._recorded_now()
+            assert done.returncode in (EXIT_FAILED, EXIT_SERVERS_DOWN), done.stderr[-1500:]
+        assert self._failures() == before, "an outage wrote samples off"
+
+    @rule()
+    def second_writer(self) -> None:
+        """Another owner holds the output (a fresh lease): the run is refused and commits nothing."""
+        intruder = Lease(Owner(kind="cli", name="intruder"), "elsewhere:1:x", datetime.now(UTC), datetime.now(UTC))
+        self.storage.put(LEASE, intruder.encode())
+        markers = len(list(self.out.glob("*/commits/*.json")))
+        done = self._run(self.server_url)
+        self.storage.delete(LEASE)
+        self._note("second_writer")
+        assert done.returncode == EXIT_USAGE and "tokenmill run 'intruder'" in done.stderr, done.stderr[-1500:]
+        assert len(list(self.out.glob("*/commits/*.json"))) == markers
+
+    @precondition(lambda self: (self.out / "run.json").exists())
+    @rule(restarted=st.booleans())
+    def operator_decides_the_job_ended(self, restarted: bool) -> None:
+        """The operator's pass (after a restart of the operator, or not) once the runner Job that wrote run.json
+        ended: Reporting only when settled, and a terminal decision holds no GPU."""
+        if restarted:
+            self.operator = OutputIndex()
+        now = datetime.now(UTC)
+        progress, manifest = observe_progress(self.storage, self.operator, now, now, full=True)
+        assert manifest is not None and progress is not None
+        job = JobState(succeeded=1, complete=True, hash=manifest.spec_hash)
+        decision = decide(Observed(generation=1, now=now, suspended=False, previous=DatasetGenerationStatus(),
+                                   name="model", job=job, progress=progress))
+        self._note("operator_decides")
+        if decision.write_report:
+            self._assert_settled("the operator decided to report")
+        if decision.status.phase in ("Succeeded", "Failed"):
+            assert decision.server_replicas == 0 and decision.delete_server, "a terminal run holds GPUs"
+
+    # -- invariants -------------------------------------------------------------------------------------------
+    def _failures(self) -> int:
+        return sum(len(m["failed"]["line"]) for name in ("a", "b") for m in read_markers(self.storage, name))
+
+    def _assert_settled(self, why: str) -> None:
+        manifest = read_manifest(self.storage)
+        assert manifest is not None, why
+        for name, layout in manifest.datasets.items():
+            _, settled = recount(self.storage, name)
+            wanted = {(line, index) for line in range(1, layout.rows + 1) for index in range(layout.samples)}
+            assert wanted <= settled, f"{why}, yet {name} lacks {sorted(wanted - settled)[:5]}"
+
+    @invariant()
+    def no_slot_has_two_rows(self) -> None:
+        for name in ("a", "b"):
+            rows, _ = recount(self.storage, name)
+            assert all(count == 1 for count in rows.values()), f"{name}: {rows.most_common(3)}"
+
+    @invariant()
+    def no_marker_points_at_a_missing_file(self) -> None:
+        for name in ("a", "b"):
+            for marker in read_markers(self.storage, name):
+                for key in (marker.get("data"), marker.get("errors")):
+                    assert not key or (self.out / name / key).is_file(), f"{name}/{key} is gone"
+
+    @invariant()
+    def a_passing_report_means_every_slot_is_settled(self) -> None:
+        if not (self.out / "run.json").exists():
+            return
+        report = build_report(load_ledger(self.storage))
+        if report["verdict"] != "fail":
+            self._assert_settled(f"the report's verdict is {report['verdict']}")
