@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from .generate.client import GenerateClient, RetryPolicy, get_json, healthy_servers
+from .generate.conversation import unread_call_format
 from .spec.config import RunnerConfig
 from .metrics import RunnerMetrics
 from .generate.pipeline import DatasetState, Runner
@@ -22,6 +23,7 @@ from .render.pretokenize import (
     describe_tokenizer,
     load_tokenizer,
     local_model_folder,
+    model_family,
     model_generation_config,
 )
 from .generate.replica_health import HealthPolicy
@@ -146,6 +148,16 @@ def _dataset_settings(states: list[DatasetState], name: str) -> dict[str, Any]:
     return {}
 
 
+def refuse_unread_call_formats(encoder: PromptEncoder, states: list[DatasetState], family: str) -> None:
+    """Refuse `mode: all-turns` before any GPU hour when the model's template writes tool calls no parser reads."""
+    for state in states:
+        if state.spec.mode != "all-turns":
+            continue
+        why = unread_call_format(lambda prompt: encoder.render(prompt, state.template_kwargs), state.name, family)
+        if why is not None:
+            raise SpecError(why)
+
+
 def check_output_owner(storage: Storage, spec: DatasetGenerationSpec) -> None:
     """Refuse an output whose run.json records another model or tokenizer: two runs' outputs must never mix."""
     if not storage.exists(RUN_METADATA):
@@ -176,6 +188,8 @@ async def prepare(config: RunnerConfig, api_key: str | None) -> Runner:
                               folder, explicit_end_tokens=reasoning.end_tokens is not None)
     model_defaults = model_sampling_defaults(model_generation_config(folder))
     states, totals = await asyncio.to_thread(prepare_states, config, storage, model_defaults)
+    encoder = PromptEncoder(tokenizer)
+    refuse_unread_call_formats(encoder, states, model_family(folder, tokenizer_location))
     healthy = await healthy_servers(config.servers, config.server_wait_s, api_key)
     server_infos = await asyncio.gather(*(get_json(url, "/server_info", api_key) for url in healthy))
     facts = [ServerFacts.read(url, server_info) for url, server_info in zip(healthy, server_infos, strict=True)]
@@ -201,5 +215,5 @@ async def prepare(config: RunnerConfig, api_key: str | None) -> Runner:
     logger.info("generating %s into %s: %d servers, concurrency %d, context length %d",
                 ", ".join(s.name for s in states), storage.root_uri, len(config.servers), concurrency,
                 context_length)
-    return Runner(config, storage, PromptEncoder(tokenizer), info, client, states, context_length, concurrency,
+    return Runner(config, storage, encoder, info, client, states, context_length, concurrency,
                   metrics=metrics, limits=limits, send_seed=send_seed)

@@ -249,3 +249,32 @@ def history_exact(previous_prompt: list[int], previous_output: list[int], prompt
     template re-renders the history differently, e.g. dropping reasoning the model generated)."""
     head = previous_prompt + previous_output
     return len(prompt) >= len(head) and prompt[:len(head)] == head
+
+
+# A history with one tool call, rendered through the model's template at start: the call must read back.
+PROBE = Prompt(0, "tool-call-probe", [
+    {"role": "user", "content": "Weather in Porto?"},
+    {"role": "assistant", "content": "", "tool_calls": [ToolCall("get_weather", '{"city": "Porto"}').as_message_call(
+        "call_0_0")]},
+    {"role": "tool", "tool_call_id": "call_0_0", "content": "18 C"}], None)
+
+
+def unread_call_format(render: Callable[[Prompt], str | RowError], dataset: str, family: str) -> str | None:
+    """Why `mode: all-turns` cannot run on this template: it writes an assistant's tool call in a form no parser of
+    tokenmill reads, so every tool turn would stop as `unparsed_tool_call` (or, without an opener we know, as
+    `diverged_no_call`) after spending its GPU time. None when the call reads back, when the template does not write
+    calls at all (nothing to parse), or when it fails on the history (turns then stop as `template_error`)."""
+    rendered = render(Conversation(PROBE, list(PROBE.messages), []).next_prompt())
+    if not isinstance(rendered, str):
+        rendered = render(Conversation(PROBE, list(PROBE.messages), []).next_prompt(arguments_as_text=True))
+    if not isinstance(rendered, str) or "Weather in Porto?" not in rendered or "18 C" not in rendered:
+        return None
+    history = rendered[rendered.index("Weather in Porto?") + len("Weather in Porto?"):rendered.index("18 C")]
+    # Llama writes the call as the whole message, bare JSON between the role headers: read that part alone too.
+    bare = history[history.find('{"name"'):history.rfind("}") + 1] if '{"name"' in history else ""
+    if "get_weather" not in history or any(call.name == "get_weather" for text in (history, bare)
+                                           for call in parse_tool_calls(text)):
+        return None
+    return (f"dataset {dataset}: mode all-turns needs the model's tool calls read back from its output, and the "
+            f"chat template of model family {family} writes a call as {history.strip()[:160]!r}, which no tool-call "
+            "parser of tokenmill reads (supported families: docs/multiturn.md); use mode last-turn for this dataset")
