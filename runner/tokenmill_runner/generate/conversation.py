@@ -36,8 +36,8 @@ from typing import Any
 from ..source.prompts import Prompt, RowError
 from .tool_calls import ToolCall, calls_start, divergence, has_call_opener, parse_tool_calls, source_calls
 
-STOP_REASONS = ("complete", "truncated", "tool_divergence", "diverged_no_call", "unparsed_tool_call", "no_tool_result",
-                "context_exceeded", "template_error")
+STOP_REASONS = ("complete", "truncated", "tool_divergence", "diverged_no_call", "unparsed_tool_call",
+                "no_tool_result", "context_exceeded", "template_error")
 
 Decode = Callable[[Sequence[int], bool], str]  # (ids, skip_special_tokens) -> text
 
