@@ -17,10 +17,11 @@ Rules (the trainers' notes, section 6, where sound; differences marked):
   `tool_call_id` (parallel calls are often answered out of order); a result for an id the source never called stops
   the conversation (`tool_divergence`). Without ids results go by position. Results beyond the calls answer nothing
   the model asked and are left out (a stale id would point the template at a call that does not exist).
+  speculators checks the name only and splices results for other arguments too; we also require the argument
+  names, so a result never answers a request of another shape. A call where the source answered in prose stops as
+  `tool_divergence` (there is no result to give).
 - An output that opens a tool call (a family's call marker) that no parser reads stops as `unparsed_tool_call`:
-  a parser gap must not pass for a model that answered without the call (`diverged_no_call`). speculators checks the name only and splices results for other arguments too; we
-  also require the argument names, so a result never answers a request of another shape. A call where the source
-  answered in prose stops as `tool_divergence` (there is no result to give).
+  a parser gap must not pass for a model that answered without the call (`diverged_no_call`).
 - A turn cut at maxNewTokens ends the conversation (`truncated`), kept and flagged; later turns would condition on
   an answer the model never finished. A turn whose prompt no longer fits stops it (`context_exceeded`).
 - The conversation is one slot: committed whole when it stops, never a part of it.
@@ -197,7 +198,7 @@ def pair_results(calls: Sequence[ToolCall], results: list[dict[str, Any]]) -> li
     """The source's result for each of the source's `calls`, in call order: by `tool_call_id` when every call and
     every result carries one, by position otherwise. Results beyond the calls are left out."""
     ids = [str(call.id) for call in calls if call.id]
-    by_id = calls and len(ids) == len(calls) and all(result.get("tool_call_id") for result in results)
+    by_id = bool(calls) and len(ids) == len(calls) and all(result.get("tool_call_id") for result in results)
     if not by_id:
         if len(results) < len(calls):
             return Stop("no_tool_result", f"the source has {len(results)} tool result(s) for {len(calls)} call(s)")
