@@ -39,10 +39,16 @@ QWEN3_CODER = ('<tool_call>\n<function=get_weather>\n<parameter=city>\nPorto\n</
                '</tool_call>')
 GLM45 = '<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Porto</arg_value>\n</tool_call>'
 GLM47 = '<tool_call>get_weather<arg_key>city</arg_key><arg_value>Porto</arg_value></tool_call>'
+DSML_V4 = ('<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">'
+           'Porto</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>')
+DSML_V41 = ('<｜DSML｜ calls><｜DSML｜ invoke name="get_weather"><｜DSML｜ parameter name="city" string="true">Porto'
+            '</｜DSML｜ parameter></｜DSML｜ invoke></｜DSML｜ calls>')
+MINIMAX = ('<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Porto</parameter>\n</invoke>\n'
+           '</minimax:tool_call>')
 
 
 @pytest.mark.parametrize("text", [QWEN, DEEPSEEK, MISTRAL, MISTRAL_V11, HARMONY, DEEPSEEK_V31, DSML, DSML_JSON,
-                                  QWEN3_CODER, GLM45, GLM47])
+                                  QWEN3_CODER, GLM45, GLM47, DSML_V4, DSML_V41, MINIMAX])
 def test_each_family_yields_the_function_and_its_json_arguments(text: str) -> None:
     (call,) = parse_tool_calls(text)
     assert call.name == "get_weather"
@@ -122,6 +128,7 @@ def test_xml_formats_type_values_that_read_as_json_and_keep_the_rest_as_text() -
     "<tool_call>the weather in <b>Porto</b></tool_call>",
     "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\"",
     '<｜DSML｜function_calls><｜DSML｜invoke name="get_weather">Porto</｜DSML｜invoke></｜DSML｜function_calls>',
+    '<minimax:tool_call>\n<invoke name="get_weather">\n<parameter name="city">Porto',
 ])
 def test_an_opened_call_that_does_not_parse_is_told_apart_from_no_call(text: str) -> None:
     assert parse_tool_calls(text) == []

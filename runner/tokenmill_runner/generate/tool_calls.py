@@ -18,7 +18,11 @@ detectors ship in v0.5.9 and v0.5.23, python/sglang/srt/function_call/; lines ci
 - DeepSeek V3.1: `<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{json}<｜tool▁call▁end｜>` (deepseekv31_detector.py:47-51).
 - DeepSeek V3.2 (DSML): `<｜DSML｜function_calls><｜DSML｜invoke name="NAME"><｜DSML｜parameter name="KEY"
   string="true|false">VALUE</｜DSML｜parameter>...</｜DSML｜invoke></｜DSML｜function_calls>`, or a JSON object as the
-  invoke's body (deepseekv32_detector.py:85-100, values at :130-190).
+  invoke's body (deepseekv32_detector.py:85-100, values at :130-190); V4 names the block `tool_calls`
+  (deepseekv4_detector.py:60), V4.1 writes a space before each tag name (deepseekv41_detector.py:12-14; v0.5.23
+  only).
+- MiniMax-M2: `<minimax:tool_call><invoke name="NAME"><parameter name="KEY">VALUE</parameter>...</invoke>
+  </minimax:tool_call>`, newlines around a value stripped (minimax_m2.py:32-45, 478-495).
 - Mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]` or (tekken v11+) `[TOOL_CALLS]NAME[ARGS]{...}`.
 - GPT-OSS (harmony): `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>`.
 - Llama 3.1/3.2: an answer that is only `{"name": ..., "parameters": {...}}` (after `<|python_tag|>` or not).
@@ -67,10 +71,13 @@ GLM_ARGUMENT = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_val
 # V3/R1 write `function<｜tool▁sep｜>NAME` and fence the JSON; V3.1 writes `NAME<｜tool▁sep｜>{json}`.
 DEEPSEEK_CALL = re.compile(r"<｜tool▁call▁begin｜>(.*?)<｜tool▁sep｜>(.*?)<｜tool▁call▁end｜>", re.DOTALL)
 DEEPSEEK_V3_BODY = re.compile(r"\s*([\w.\-]+)\s*(?:```(?:json)?\s*)?(.*?)\s*(?:```)?\s*$", re.DOTALL)
-DSML_BLOCK = "<｜DSML｜function_calls>"
-DSML_INVOKE = re.compile(r'<｜DSML｜invoke\s+name="([^"]+)"\s*(?:/>|>(.*?)</｜DSML｜invoke>)', re.DOTALL)
-DSML_PARAMETER = re.compile(r'<｜DSML｜parameter\s+name="([^"]+)"\s+string="([^"]+)"\s*>(.*?)</｜DSML｜parameter>',
+DSML = "｜DSML｜"
+DSML_INVOKE = re.compile(r'<｜DSML｜ ?invoke\s+name="([^"]+)"\s*(?:/>|>(.*?)</｜DSML｜ ?invoke>)', re.DOTALL)
+DSML_PARAMETER = re.compile(r'<｜DSML｜ ?parameter\s+name="([^"]+)"\s+string="([^"]+)"\s*>(.*?)</｜DSML｜ ?parameter>',
                             re.DOTALL)
+MINIMAX_BLOCK = re.compile(r"<minimax:tool_call>(.*?)</minimax:tool_call>", re.DOTALL)
+MINIMAX_INVOKE = re.compile(r'<invoke name="([^"]+)">(.*?)</invoke>', re.DOTALL)
+MINIMAX_PARAMETER = re.compile(r'<parameter name="([^"]+)">(.*?)</parameter>', re.DOTALL)
 MISTRAL_MARK = "[TOOL_CALLS]"
 MISTRAL_V11_CALL = re.compile(r"\[TOOL_CALLS\]\s*([\w.\-]+)\s*\[ARGS\]\s*(\{.*?\})(?=\s*(?:\[TOOL_CALLS\]|</s>|$))",
                               re.DOTALL)
@@ -80,8 +87,8 @@ HARMONY_CALL = re.compile(r"to=functions\.([\w.\-]+)(?:(?!<\|message\|>).)*<\|me
                           r"(?:<\|call\|>|<\|end\|>|$)", re.DOTALL)
 LLAMA_TAG = "<|python_tag|>"
 # Where the calls begin in the text: whatever precedes it is the answer's visible content.
-CALL_OPENERS = (KIMI_SECTION, "<tool_call>", "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", DSML_BLOCK,
-                "<｜DSML｜invoke", MISTRAL_MARK, "<|channel|>commentary to=functions.", "to=functions.", LLAMA_TAG)
+CALL_OPENERS = (KIMI_SECTION, "<tool_call>", "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<" + DSML,
+                "<minimax:tool_call>", MISTRAL_MARK, "<|channel|>commentary to=functions.", "to=functions.", LLAMA_TAG)
 
 
 def _kimi(text: str) -> list[ToolCall]:
@@ -185,6 +192,16 @@ def _dsml(text: str) -> list[ToolCall]:
     return calls
 
 
+def _minimax(text: str) -> list[ToolCall]:
+    calls = []
+    for block in MINIMAX_BLOCK.findall(text):
+        for name, body in MINIMAX_INVOKE.findall(block):
+            pairs = [(key, value.strip("\n")) for key, value in MINIMAX_PARAMETER.findall(body)]
+            call = _from_pairs(name, pairs)
+            calls.extend([call] if call is not None else [])
+    return calls
+
+
 def _mistral(text: str) -> list[ToolCall]:
     if MISTRAL_MARK not in text:
         return []
@@ -218,7 +235,7 @@ def _harmony(text: str) -> list[ToolCall]:
 
 PARSERS: tuple[tuple[str, Callable[[str], list[ToolCall]]], ...] = (
     ("<|tool_call_begin|>", _kimi), ("<tool_call>", _tool_call_blocks), ("<｜tool▁call▁begin｜>", _deepseek),
-    ("<｜DSML｜invoke", _dsml), (MISTRAL_MARK, _mistral), ("to=functions.", _harmony),
+    (DSML, _dsml), ("<minimax:tool_call>", _minimax), (MISTRAL_MARK, _mistral), ("to=functions.", _harmony),
 )
 
 
