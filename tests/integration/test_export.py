@@ -131,6 +131,9 @@ def test_hf_export_loads_with_datasets_and_its_declared_features(demo_run: Path,
     assert dataset.features["input_ids"] == List(Value("int32"))
     assert dataset.features["loss_mask"] == List(Value("int8"))
     assert dataset.features["reasoning_end"] == Value("int32")
+    # docs/multiturn.md promises history_exact in every export; single-turn rows hold true
+    assert dataset.features["history_exact"] == Value("bool") and all(dataset["history_exact"])
+    assert dataset[0]["conversation_id"] == dataset[0]["id"].rsplit("#t", 1)[0]
     assert_exact(list(dataset), rows, lambda r: r["id"])
     assert len(dataset) == manifest["counts"]["written"]
     # The schema metadata spells lists "Sequence", which datasets 3.x also reads ("List" is datasets >= 4 only).
