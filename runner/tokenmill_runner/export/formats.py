@@ -53,7 +53,7 @@ FORMATS: dict[str, ExportFormat] = {f.name: f for f in (
                  "Hugging Face datasets (Parquet with declared features)",
                  "datasets.load_dataset('{dest}')  # or load_dataset('parquet', data_files='{dest}/data/*.parquet')"),
     ExportFormat("specforge-conversations", "jsonl", "conversations.jsonl", None, True,
-                 "SpecForge 0.2.0 conversations (data.train_data_path; prepare_hidden_states.py --data-path)",
+                 "SpecForge 0.2.0 conversations (data.train_data_path, online training; not prepare_hidden_states.py)",
                  "data.train_data_path: {dest}/conversations.jsonl, data.chat_template: <SpecForge template>, "
                  "data.train_only_last_turn: true"),
     ExportFormat("specforge-text", "jsonl", "text.jsonl", None, True,

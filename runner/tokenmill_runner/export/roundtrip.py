@@ -102,7 +102,7 @@ def _mismatch(reason: str, position: int, expected: list[int], got: list[int],
 def check_mask(tokenizer: Tokenizer, unit: GenerationUnit, text: str, trainer_ids: list[int],
                template: SpecForgeTemplate, record: dict[str, Any], suffix_tokens: int = 0) -> Checked:
     """SpecForge's loss mask over the text it renders (the ids already agree) against the target's."""
-    trainer = loss_mask(lambda part: encode(tokenizer, part), text, template)
+    trainer = loss_mask(lambda part: encode(tokenizer, part), text, template, tokens=len(trainer_ids))
     target = unit.loss_mask
     difference = mask_difference(target, trainer, len(unit.prompt_ids))
     if difference.first is None:

@@ -163,9 +163,10 @@ def prepare(conversation: list[dict[str, Any]], template: SpecForgeTemplate,
 
 
 def loss_mask(encode: Callable[[str], list[int]], text: str, template: SpecForgeTemplate,
-              train_only_last_turn: bool = True) -> list[int]:
-    """The loss mask SpecForge builds for a rendered or pre-formatted text (SF data/parse.py:266-347)."""
-    mask = [0] * len(encode(text))
+              train_only_last_turn: bool = True, tokens: int | None = None) -> list[int]:
+    """The loss mask SpecForge builds for a rendered or pre-formatted text (SF data/parse.py:266-347); `tokens`:
+    the text's length in tokens, when the caller has already tokenized it."""
+    mask = [0] * (len(encode(text)) if tokens is None else tokens)
     pattern = re.escape(template.assistant_header) + r"([\s\S]*?(?:" + re.escape(template.end_of_turn) + "|$))"
     matches = list(re.finditer(pattern, text, re.DOTALL))
     for match in matches[-1:] if train_only_last_turn else matches:
