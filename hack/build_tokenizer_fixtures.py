@@ -364,14 +364,28 @@ def build_deepseek(texts: list[str], out: Path) -> None:
                                                  "transformers_version": "4.46.3"})
 
 
-def build_deepseek_v31(texts: list[str], out: Path) -> None:
-    """DeepSeek-V3.1 keeps V3's vocabulary and special tokens; its template writes calls as NAME<｜tool▁sep｜>{json}."""
-    from_sibling("deepseek-r1", "deepseek-v3.1", out)
+def deepseek_successor(family: str, out: Path) -> None:
+    """DeepSeek-V3.1 and V3.2 keep V3's vocabulary and special tokens (V3.2's DSML calls are plain text) with their
+    own templates and V3.1's sampling defaults."""
+    from_sibling("deepseek-r1", family, out)
     config = json.loads((out / "config.json").read_text())
     write_json(out / "config.json", {**config, "max_position_embeddings": 163840})
     write_json(out / "generation_config.json", {"_from_model_config": True, "bos_token_id": 0, "eos_token_id": 1,
                                                  "do_sample": True, "temperature": 0.6, "top_p": 0.95,
                                                  "transformers_version": "4.44.2"})
+
+
+def build_deepseek_v31(texts: list[str], out: Path) -> None:
+    """Its template writes calls as NAME<｜tool▁sep｜>{json}."""
+    deepseek_successor("deepseek-v3.1", out)
+
+
+def build_deepseek_v32(texts: list[str], out: Path) -> None:
+    """Its template writes calls as DSML blocks; the model adds sparse attention (index_topk)."""
+    deepseek_successor("deepseek-v3.2", out)
+    config = json.loads((out / "config.json").read_text())
+    write_json(out / "config.json", {**config, "architectures": ["DeepseekV32ForCausalLM"],
+                                     "model_type": "deepseek_v32", "index_topk": 2048})
 
 
 GLM_SPECIALS = [  # in order after the base vocabulary (151329 + i in GLM-4.5); the think/tool markers not special
@@ -483,7 +497,7 @@ def build_mistral(texts: list[str], out: Path) -> None:
 FAMILIES: dict[str, Callable[[list[str], Path], None]] = {
     "kimi-k2.5": build_kimi, "qwen3": build_qwen3, "llama-3.1": build_llama, "deepseek-r1": build_deepseek,
     "gpt-oss": build_gpt_oss, "mistral-tekken": build_mistral, "qwen3-coder": build_qwen3_coder,
-    "deepseek-v3.1": build_deepseek_v31, "glm-4.5": build_glm45,
+    "deepseek-v3.1": build_deepseek_v31, "deepseek-v3.2": build_deepseek_v32, "glm-4.5": build_glm45,
 }
 
 

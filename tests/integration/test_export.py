@@ -417,6 +417,7 @@ def test_export_command_line(demo_run: Path, tmp_path: Path, capsys) -> None:
 
 MASK_CASES = [  # (fixture folder, SpecForge template): the families whose template SpecForge registers
     (QWEN3, "qwen3-thinking"), (QWEN3, "qwen3-instruct"), (FIXTURES / "deepseek-v3.1", "deepseek-v3"),
+    (FIXTURES / "deepseek-v3.2", "deepseek-v32"),
     (FIXTURES / "kimi-k2.5", "kimi-k2-thinking"),
 ]
 
