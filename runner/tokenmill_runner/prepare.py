@@ -34,6 +34,7 @@ from .store.index_store import CHECKPOINT_EVERY, open_index, write_checkpoint
 from .generate.seeds import seed_rule
 from .facts.server_info import ServerFacts, runnable_requests, seeds_accepted
 from .store.shards import ShardBuffer, clean_leftovers
+from .source.prompts import Prompt, RowError
 from .source.reader import source_format
 from .spec.resource import DatasetGenerationSpec, SpecError
 from .store.storage import Storage, open_storage
@@ -148,14 +149,23 @@ def _dataset_settings(states: list[DatasetState], name: str) -> dict[str, Any]:
     return {}
 
 
+def call_format_problem(encoder: PromptEncoder, template_kwargs: dict[str, Any], dataset: str,
+                        family: str) -> str | None:
+    """`conversation.unread_call_format` through the model's own template (mistral_common renders to ids: decoded)."""
+    def render(prompt: Prompt) -> str | RowError:
+        rendered = encoder.render(prompt, template_kwargs)
+        return encoder.tokenizer.decode(rendered, skip_special_tokens=False) if isinstance(rendered, list) else rendered
+
+    return unread_call_format(render, dataset, family)
+
+
 def refuse_unread_call_formats(encoder: PromptEncoder, states: list[DatasetState], family: str) -> None:
     """Refuse `mode: all-turns` before any GPU hour when the model's template writes tool calls no parser reads."""
     for state in states:
-        if state.spec.mode != "all-turns":
-            continue
-        why = unread_call_format(lambda prompt: encoder.render(prompt, state.template_kwargs), state.name, family)
-        if why is not None:
-            raise SpecError(why)
+        if state.spec.mode == "all-turns":
+            why = call_format_problem(encoder, state.template_kwargs, state.name, family)
+            if why is not None:
+                raise SpecError(why)
 
 
 def check_output_owner(storage: Storage, spec: DatasetGenerationSpec) -> None:

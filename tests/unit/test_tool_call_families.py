@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from tests.reference.families import BY_NAME, VARIANTS, Variant
-from tokenmill_runner.generate.conversation import Answer, Conversation, start, unread_call_format
+from tokenmill_runner.generate.conversation import Answer, Conversation, start
+from tokenmill_runner.prepare import call_format_problem
 from tokenmill_runner.render.pretokenize import PromptEncoder, load_tokenizer
 from tokenmill_runner.source.prompts import Prompt
 from tokenmill_runner.generate.tool_calls import ToolCall, parse_tool_calls
@@ -52,7 +53,7 @@ def test_the_model_call_in_the_history_renders_as_the_family_writes_calls(varian
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
 def test_every_fixture_family_writes_calls_that_read_back_so_all_turns_may_start(variant: Variant) -> None:
     encoder = PromptEncoder(load_tokenizer(str(variant.path), variant.trust_remote_code))
-    assert unread_call_format(lambda prompt: encoder.render(prompt, variant.kwargs), "d", variant.family) is None
+    assert call_format_problem(encoder, variant.kwargs, "d", variant.family) is None
 
 
 def test_all_turns_is_refused_at_start_for_a_template_whose_calls_no_parser_reads() -> None:
@@ -62,7 +63,6 @@ def test_all_turns_is_refused_at_start_for_a_template_whose_calls_no_parser_read
         "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
         "{% for c in m.tool_calls or [] %}<<call {{ c.function.name }} {{ c.function.arguments | tojson }}>>{% endfor %}"
         "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    encoder = PromptEncoder(tokenizer)
-    why = unread_call_format(lambda prompt: encoder.render(prompt, {}), "M1_tools", "acme_lm")
+    why = call_format_problem(PromptEncoder(tokenizer), {}, "M1_tools", "acme_lm")
     assert why is not None and "M1_tools" in why and "acme_lm" in why and "<<call get_weather" in why
     assert "last-turn" in why
