@@ -57,6 +57,12 @@ KIMI_TRAIN_PATTERN = (r"[\p{Han}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p
                       r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
+# The templates in the corpus: the families that train their own vocabulary on it. Fixed, so that a new family's
+# template changes no other fixture's vocabulary (qwen3-coder and deepseek-v3.1 copy their siblings' tokenizer
+# files, as the real models share them; glm-4.5 trains its own without its template in the corpus).
+TRAINED_ON_TEMPLATES = ("deepseek-r1", "gpt-oss", "kimi-k2.5", "llama-3.1", "qwen3")
+
+
 # -- corpus -----------------------------------------------------------------------------------------------------
 def _strings(value: object) -> Iterator[str]:
     if isinstance(value, str):
@@ -78,13 +84,13 @@ def corpus() -> list[str]:
         for line in path.read_text().splitlines():
             if line.strip():
                 row = json.loads(line)
-                texts.extend(_strings(row["messages"]))
+                texts.extend(_strings(row.get("messages", [])))  # ShareGPT rows ("conversations") are not read
                 if row.get("tools"):
                     texts.append(json.dumps(row["tools"]))
-    for template in sorted(SOURCES.glob("*/chat_template.jinja")):
-        texts.append(template.read_text())
-    sys.path.insert(0, str(ROOT / "runner"))
-    from tokenmill_runner.simulator import textbank
+    for family in TRAINED_ON_TEMPLATES:
+        texts.append((SOURCES / family / "chat_template.jinja").read_text())
+    sys.path.insert(0, str(ROOT / "runner" / "sim"))
+    from tokenmill_sim import textbank
 
     texts.extend(textbank.REASONING + textbank.ANSWER + textbank.CLARIFICATION)
     return texts
@@ -248,6 +254,31 @@ def build_qwen3(texts: list[str], out: Path) -> None:
     })
 
 
+def from_sibling(sibling: str, family: str, out: Path) -> None:
+    """A family that ships its sibling's tokenizer files (as built in the same output folder) with its own template
+    in tokenizer_config.json."""
+    source = out.parent / sibling
+    shutil.copyfile(source / "tokenizer.json", out / "tokenizer.json")
+    for name in ("config.json", "generation_config.json"):
+        shutil.copyfile(source / name, out / name)
+    settings = json.loads((source / "tokenizer_config.json").read_text())
+    write_json(out / "tokenizer_config.json",
+               {**settings, "chat_template": (SOURCES / family / "chat_template.jinja").read_text()})
+
+
+def build_qwen3_coder(texts: list[str], out: Path) -> None:
+    """Qwen3-Coder ships Qwen3's vocabulary and special tokens with its own template, config and sampling."""
+    from_sibling("qwen3", "qwen3-coder", out)
+    config = json.loads((out / "config.json").read_text())
+    write_json(out / "config.json", {**config, "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+                                     "hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 32,
+                                     "num_key_value_heads": 4, "num_experts": 128, "num_experts_per_tok": 8,
+                                     "moe_intermediate_size": 768, "max_position_embeddings": 262144})
+    generation = json.loads((out / "generation_config.json").read_text())
+    write_json(out / "generation_config.json", {**generation, "temperature": 0.7, "top_p": 0.8, "top_k": 20,
+                                                "repetition_penalty": 1.05})
+
+
 def _llama_specials() -> list[str]:
     names = ["<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>", "<|reserved_special_token_1|>",
              "<|finetune_right_pad_id|>", "<|reserved_special_token_2|>", "<|start_header_id|>",
@@ -333,6 +364,66 @@ def build_deepseek(texts: list[str], out: Path) -> None:
                                                  "transformers_version": "4.46.3"})
 
 
+def deepseek_successor(family: str, out: Path) -> None:
+    """DeepSeek-V3.1 and V3.2 keep V3's vocabulary and special tokens (V3.2's DSML calls are plain text) with their
+    own templates and V3.1's sampling defaults."""
+    from_sibling("deepseek-r1", family, out)
+    config = json.loads((out / "config.json").read_text())
+    write_json(out / "config.json", {**config, "max_position_embeddings": 163840})
+    write_json(out / "generation_config.json", {"_from_model_config": True, "bos_token_id": 0, "eos_token_id": 1,
+                                                 "do_sample": True, "temperature": 0.6, "top_p": 0.95,
+                                                 "transformers_version": "4.44.2"})
+
+
+def build_deepseek_v31(texts: list[str], out: Path) -> None:
+    """Its template writes calls as NAME<｜tool▁sep｜>{json}."""
+    deepseek_successor("deepseek-v3.1", out)
+
+
+def build_deepseek_v32(texts: list[str], out: Path) -> None:
+    """Its template writes calls as DSML blocks; the model adds sparse attention (index_topk)."""
+    deepseek_successor("deepseek-v3.2", out)
+    config = json.loads((out / "config.json").read_text())
+    write_json(out / "config.json", {**config, "architectures": ["DeepseekV32ForCausalLM"],
+                                     "model_type": "deepseek_v32", "index_topk": 2048})
+
+
+GLM_SPECIALS = [  # in order after the base vocabulary (151329 + i in GLM-4.5); the think/tool markers not special
+    "<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>", "<|assistant|>",
+    "<|observation|>", "<|begin_of_image|>", "<|end_of_image|>", "<|begin_of_video|>", "<|end_of_video|>",
+    "<|begin_of_audio|>", "<|end_of_audio|>", "<|begin_of_transcription|>", "<|end_of_transcription|>",
+    "<|code_prefix|>", "<|code_middle|>", "<|code_suffix|>", "/nothink", "<think>", "</think>", "<tool_call>",
+    "</tool_call>", "<tool_response>", "</tool_response>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>",
+]
+GLM_NOT_SPECIAL = set(GLM_SPECIALS[21:])
+
+
+def build_glm45(texts: list[str], out: Path) -> None:
+    tok = byte_level_bpe(texts, split_then_bytes(LLAMA3_PATTERN))
+    base = tok.get_vocab_size()
+    add_specials(tok, GLM_SPECIALS, special=lambda name: name not in GLM_NOT_SPECIAL)
+    tok.save(str(out / "tokenizer.json"))
+    ids = {name: base + i for i, name in enumerate(GLM_SPECIALS)}
+    write_json(out / "tokenizer_config.json", {
+        "added_tokens_decoder": added_tokens_decoder(tok, base), "additional_special_tokens": GLM_SPECIALS[:21],
+        "clean_up_tokenization_spaces": False, "do_lower_case": False, "eos_token": "<|endoftext|>",
+        "extra_special_tokens": {}, "model_max_length": 128000, "pad_token": "<|endoftext|>", "padding_side": "left",
+        "remove_space": False, "tokenizer_class": "PreTrainedTokenizerFast",
+    })
+    copy_sources("glm-4.5", out, ["chat_template.jinja"])
+    eos = [ids["<|endoftext|>"], ids["<|user|>"], ids["<|observation|>"]]
+    write_json(out / "config.json", {
+        "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "eos_token_id": eos,
+        "pad_token_id": ids["<|endoftext|>"], "vocab_size": base + len(GLM_SPECIALS), "hidden_size": 5120,
+        "num_hidden_layers": 92, "num_attention_heads": 96, "num_key_value_heads": 8, "head_dim": 128,
+        "n_routed_experts": 160, "num_experts_per_tok": 8, "max_position_embeddings": 131072,
+        "torch_dtype": "bfloat16",
+    })
+    write_json(out / "generation_config.json", {"_from_model_config": True, "eos_token_id": eos,
+                                                 "pad_token_id": ids["<|endoftext|>"], "temperature": 0.6,
+                                                 "top_p": 0.95, "transformers_version": "4.54.0"})
+
+
 def _gpt_oss_specials() -> list[str]:
     named = {0: "<|startoftext|>", 1: "<|endoftext|>", 4: "<|return|>", 5: "<|constrain|>", 7: "<|channel|>",
              8: "<|start|>", 9: "<|end|>", 10: "<|message|>", 14: "<|call|>"}
@@ -405,7 +496,8 @@ def build_mistral(texts: list[str], out: Path) -> None:
 
 FAMILIES: dict[str, Callable[[list[str], Path], None]] = {
     "kimi-k2.5": build_kimi, "qwen3": build_qwen3, "llama-3.1": build_llama, "deepseek-r1": build_deepseek,
-    "gpt-oss": build_gpt_oss, "mistral-tekken": build_mistral,
+    "gpt-oss": build_gpt_oss, "mistral-tekken": build_mistral, "qwen3-coder": build_qwen3_coder,
+    "deepseek-v3.1": build_deepseek_v31, "deepseek-v3.2": build_deepseek_v32, "glm-4.5": build_glm45,
 }
 
 

@@ -126,7 +126,8 @@ def _add_export_parser(commands: argparse._SubParsersAction) -> None:
                              f"({', '.join(sorted(SPECFORGE_TEMPLATES))})")
     export.add_argument("--tokenizer", help="text formats: tokenizer folder (default: the one recorded in run.json)")
     export.add_argument("--overwrite", action="store_true", help="replace an earlier export in DEST")
-    export.add_argument("--part-size-mb", type=int, default=256, help="size of each part file (speculators, hf)")
+    export.add_argument("--part-size-mb", type=int, default=256,
+                        help="size of each part file (specforge, speculators, hf)")
     export.add_argument("--s3-endpoint", metavar="URL", help="S3 endpoint for S3-compatible stores")
     export.add_argument("--dest-s3-endpoint", metavar="URL", help="S3 endpoint of DEST (default: --s3-endpoint)")
     export.set_defaults(handler=_cmd_export)

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .generate.client import GenerateClient, RetryPolicy, get_json, healthy_servers
+from .generate.conversation import unread_call_format
 from .spec.config import RunnerConfig
 from .metrics import RunnerMetrics
 from .generate.pipeline import DatasetState, Runner
@@ -22,6 +23,7 @@ from .render.pretokenize import (
     describe_tokenizer,
     load_tokenizer,
     local_model_folder,
+    model_family,
     model_generation_config,
 )
 from .generate.replica_health import HealthPolicy
@@ -32,6 +34,7 @@ from .store.index_store import CHECKPOINT_EVERY, open_index, write_checkpoint
 from .generate.seeds import seed_rule
 from .facts.server_info import ServerFacts, runnable_requests, seeds_accepted
 from .store.shards import ShardBuffer, clean_leftovers
+from .source.prompts import Prompt, RowError
 from .source.reader import describe_source, source_format
 from .spec.resource import DatasetGenerationSpec, SpecError
 from .store.lease import LeaseHeld, LeaseKeeper, acquire, process_holder
@@ -154,6 +157,25 @@ def run_manifest(config: RunnerConfig, info: TokenizerInfo, context_length: int 
     )
 
 
+def call_format_problem(encoder: PromptEncoder, template_kwargs: dict[str, Any], dataset: str,
+                        family: str) -> str | None:
+    """`conversation.unread_call_format` through the model's own template (mistral_common renders to ids: decoded)."""
+    def render(prompt: Prompt) -> str | RowError:
+        rendered = encoder.render(prompt, template_kwargs)
+        return encoder.tokenizer.decode(rendered, skip_special_tokens=False) if isinstance(rendered, list) else rendered
+
+    return unread_call_format(render, dataset, family)
+
+
+def refuse_unread_call_formats(encoder: PromptEncoder, states: list[DatasetState], family: str) -> None:
+    """Refuse `mode: all-turns` before any GPU hour when the model's template writes tool calls no parser reads."""
+    for state in states:
+        if state.spec.mode == "all-turns":
+            why = call_format_problem(encoder, state.template_kwargs, state.name, family)
+            if why is not None:
+                raise SpecError(why)
+
+
 def check_output(recorded: RunManifest | None, spec: DatasetGenerationSpec) -> None:
     """Refuse an output whose run.json records another model or tokenizer: two runs' outputs must never mix."""
     why = model_conflict(recorded, spec.model.path, spec.model.tokenizer or spec.model.path)
@@ -205,6 +227,8 @@ async def _prepare(config: RunnerConfig, api_key: str | None, storage: Storage, 
     model_defaults = model_sampling_defaults(model_generation_config(folder))
     states, layouts = await asyncio.to_thread(prepare_states, config, storage, model_defaults)
     check_layout(recorded, layouts, states)
+    encoder = PromptEncoder(tokenizer)
+    refuse_unread_call_formats(encoder, states, model_family(folder, tokenizer_location))
     if config.worker_index == 0:  # the layout is recorded before any shard of it is committed
         configured = spec.server.context_length
         early = configured if isinstance(configured, int) else info.model_context_length
@@ -235,5 +259,5 @@ async def _prepare(config: RunnerConfig, api_key: str | None, storage: Storage, 
     logger.info("generating %s into %s: %d servers, concurrency %d, context length %d",
                 ", ".join(s.name for s in states), storage.root_uri, len(config.servers), concurrency,
                 context_length)
-    return Runner(config, storage, PromptEncoder(tokenizer), info, client, states, context_length, concurrency,
+    return Runner(config, storage, encoder, info, client, states, context_length, concurrency,
                   metrics=metrics, limits=limits, send_seed=send_seed, lease=keeper)

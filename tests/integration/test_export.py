@@ -16,10 +16,11 @@ import pytest
 
 from tests.reference.families import FIXTURES, PROMPTS
 from tests.trainers import readers
-from tests.trainers.specforge_env import read_prompts
+from tests.trainers.specforge_env import loss_masks, read_prompts
 from tokenmill_runner.cli import main
 from tokenmill_runner.export.exporter import ExportError, ExportRequest, export
 from tokenmill_runner.export.filters import ExportFilters
+from tokenmill_runner.export.specforge_rules import loss_mask, specforge_template
 from tokenmill_runner.store.shards import read_committed_rows
 from tokenmill_runner.store.storage import LocalStorage, open_storage, s3_client
 
@@ -63,8 +64,10 @@ def assert_exact(reader_rows: list[dict[str, Any]], rows: dict[str, dict[str, An
 def test_specforge_export_is_read_by_specforge_itself(demo_run: Path, tmp_path: Path) -> None:
     manifest = do_export(demo_run, tmp_path / "sf", "specforge")
     rows = committed(demo_run)
-    path = tmp_path / "sf" / "prompts.jsonl"
+    path = tmp_path / "sf" / "prompts" / "part-00000.jsonl"
+    assert [f["path"] for f in manifest["files"]] == ["prompts/part-00000.jsonl"]
     ours = readers.specforge_pretokenized(path)
+    assert manifest["files"][0]["tokens"] == sum(len(r["input_ids"]) for r in ours)
     assert len(ours) == len(rows) == manifest["counts"]["written"]  # truncated answers included: no filter set
     assert_exact(ours, rows, lambda got: got["record"]["id"])
     # SpecForge 0.2.0's own reader (specforge.data.prompt_builder.prepare_prompt_tasks) on the same file, in order.
@@ -74,6 +77,21 @@ def test_specforge_export_is_read_by_specforge_itself(demo_run: Path, tmp_path: 
     longest = manifest["counts"]["longest_record_tokens"]
     assert longest == max(len(r["input_ids"]) for r in ours)
     assert all(len(t["payload"]["input_ids"]) < longest for t in read_prompts(path, longest - 1)["tasks"])
+
+
+def test_specforge_export_in_parts_each_read_whole_by_specforge(demo_run: Path, tmp_path: Path, capsys) -> None:
+    # SpecForge reads one path and keeps every record of it in memory: parts bound what one process holds.
+    dest = tmp_path / "sf"
+    assert main(["-q", "export", str(demo_run), "--format", "specforge", str(dest), "--part-size-mb", "0"]) == 0
+    out = capsys.readouterr().out
+    manifest = orjson.loads((dest / "export.json").read_bytes())
+    rows = committed(demo_run)
+    assert len(manifest["files"]) == len(rows) > 1  # a part closes at the first record that reaches the size
+    tasks = [task for f in manifest["files"] for task in read_prompts(dest / f["path"])["tasks"]]
+    assert sorted(len(t["payload"]["input_ids"]) for t in tasks) == sorted(
+        len(r["prompt_ids"]) + len(r["output_ids"]) for r in rows.values())
+    assert f"set data.max_length: {manifest['counts']['longest_record_tokens']}" in out
+    assert f"{len(rows)} parts" in out
 
 
 def test_specforge_reader_refuses_what_it_should(tmp_path: Path) -> None:
@@ -113,6 +131,9 @@ def test_hf_export_loads_with_datasets_and_its_declared_features(demo_run: Path,
     assert dataset.features["input_ids"] == List(Value("int32"))
     assert dataset.features["loss_mask"] == List(Value("int8"))
     assert dataset.features["reasoning_end"] == Value("int32")
+    # docs/multiturn.md promises history_exact in every export; single-turn rows hold true
+    assert dataset.features["history_exact"] == Value("bool") and all(dataset["history_exact"])
+    assert dataset[0]["conversation_id"] == dataset[0]["id"].rsplit("#t", 1)[0]
     assert_exact(list(dataset), rows, lambda r: r["id"])
     assert len(dataset) == manifest["counts"]["written"]
     # The schema metadata spells lists "Sequence", which datasets 3.x also reads ("List" is datasets >= 4 only).
@@ -170,24 +191,31 @@ def test_text_export_reports_ids_that_do_not_survive_tokenization(tmp_path: Path
     built = built_run(tmp_path, demo_model, {"d": [
         Sample("good", [system, ask], tokenizer("I think", add_special_tokens=False)["input_ids"] + end + canonical),
         Sample("split", [system, ask], canonical + pieces + canonical)]})
-    manifest = do_export(built.root, tmp_path / "text", "specforge-text")
-    assert manifest["counts"]["mismatched"] == {"retokenization": 1} and manifest["counts"]["written"] == 1
-    [mismatch] = [orjson.loads(line) for line in (tmp_path / "text" / "mismatches.jsonl").read_bytes().splitlines()]
+    manifest = do_export(built.root, tmp_path / "text", "specforge-text", specforge_template="kimi-k2-thinking")
+    # "good" round-trips its ids, but SpecForge's mask trains on the <think> of the generation prompt (below)
+    assert manifest["counts"]["mismatched"] == {"retokenization": 1, "trainer_loss_mask": 1}
+    assert manifest["counts"]["written"] == 0 and manifest["counts"]["trainer_mask_tokens"] == 1
+    found = {m["sample_id"]: m for m in map(orjson.loads, (tmp_path / "text" / "mismatches.jsonl").read_bytes()
+                                                .splitlines())}
+    mismatch, masked = found["split"], found["good"]
+    assert masked["reason"] == "trainer_loss_mask" and "'<think>'" in masked["detail"]
     split = built.rows["split"]
     assert mismatch["sample_id"] == "split" and mismatch["written"] is False
     assert mismatch["output_position"] == len(canonical)  # where the two pieces start
     assert word in mismatch["detail"]
     template = readers.SF_TEMPLATES["kimi-k2-thinking"]  # the demo model has Kimi's special tokens
-    [good] = readers.specforge_preformatted(tmp_path / "text" / "text.jsonl", tokenizer, template)
+    do_export(built.root, tmp_path / "kept", "specforge-text", specforge_template="kimi-k2-thinking",
+              keep_mismatched=True)
+    kept = {r["id"]: r for r in readers.specforge_preformatted(tmp_path / "kept" / "text.jsonl", tokenizer, template)}
+    good = kept["d/good#s0#t0"]
     row = built.rows["good"]
     assert good["input_ids"] == row["prompt_ids"] + row["output_ids"]
     # SpecForge supervises from the assistant header on: that includes <think>, which the generation prompt wrote.
     first = good["loss_mask"].index(1)
     assert good["loss_mask"][first:] == [1] * (len(good["input_ids"]) - first)
     assert first == len(row["prompt_ids"]) - 1 and tokenizer.decode(row["prompt_ids"][first:]) == "<think>"
+    assert masked["position"] == first
     # Written anyway, the mismatched record really gives the trainer other ids, from the reported position on.
-    do_export(built.root, tmp_path / "kept", "specforge-text", keep_mismatched=True)
-    kept = {r["id"]: r for r in readers.specforge_preformatted(tmp_path / "kept" / "text.jsonl", tokenizer, template)}
     trainer_ids = kept["d/split#s0#t0"]["input_ids"]
     stored = split["prompt_ids"] + split["output_ids"]
     assert trainer_ids[:mismatch["position"]] == stored[:mismatch["position"]]
@@ -210,11 +238,15 @@ def test_conversations_export_round_trips_through_specforge_rules(tmp_path: Path
                          specforge_template="qwen3-thinking")
     counts = manifest["counts"]
     # SpecForge's qwen3-thinking template inserts "You are a helpful assistant." where the target saw no system
-    # prompt (SF data/parse.py:202-212); a cut answer cannot be a closed assistant turn.
-    assert counts["mismatched"] == {"trainer_system_prompt": 1, "truncated_turn": 1}
-    assert counts["written"] == 1 and counts["suffix_tokens"] == 1
-    [got] = readers.specforge_conversations(tmp_path / "conv" / "conversations.jsonl", built.tokenizer,
-                                            readers.SF_TEMPLATES["qwen3-thinking"])
+    # prompt (SF data/parse.py:202-212); a cut answer cannot be a closed assistant turn; the one that round-trips
+    # is trained by SpecForge on the "\n" after <|im_end|>, which the target never generated.
+    assert counts["mismatched"] == {"trainer_system_prompt": 1, "truncated_turn": 1, "trainer_loss_mask": 1}
+    assert counts["written"] == 0 and counts["suffix_tokens"] == 1 and counts["trainer_mask_tokens"] == 1
+    do_export(built.root, tmp_path / "kept", "specforge-conversations", specforge_template="qwen3-thinking",
+              keep_mismatched=True)
+    got = {r["id"]: r for r in readers.specforge_conversations(tmp_path / "kept" / "conversations.jsonl",
+                                                                built.tokenizer, readers.SF_TEMPLATES["qwen3-thinking"])
+           }["math/with-system#s0"]
     row = built.rows["with-system"]
     prompt, output = row["prompt_ids"], row["output_ids"]
     # Exactly the stored ids, plus the "\n" Qwen's template writes after <|im_end|>, which SpecForge supervises
@@ -222,7 +254,7 @@ def test_conversations_export_round_trips_through_specforge_rules(tmp_path: Path
     newline = built.tokenizer("\n", add_special_tokens=False)["input_ids"]
     assert got["input_ids"] == prompt + output + newline
     assert got["loss_mask"] == [0] * len(prompt) + [1] * (len(output) + len(newline))
-    record = orjson.loads((tmp_path / "conv" / "conversations.jsonl").read_bytes().splitlines()[0])
+    record = orjson.loads((tmp_path / "kept" / "conversations.jsonl").read_bytes().splitlines()[0])
     # The texts are the decoded ids as generated; Qwen's template strips the newlines around them when rendering.
     assert record["conversations"][-1]["reasoning_content"] == "\nThe sum is four.\n"
     assert record["conversations"][-1]["content"] == "\n\nIt is 4."
@@ -278,9 +310,11 @@ def test_kimi_conversations_lose_the_reasoning_and_the_export_says_so(kimi_run: 
         assert trainer["input_ids"] != stored
         reasoning = storage_tokenizer(kimi_run).decode(row["output_ids"][:row["reasoning_end"]])
         assert reasoning.strip() and reasoning not in trainer["text"]
-    # The pre-formatted text form is not re-rendered: Kimi's reasoning survives it wherever the ids round-trip.
-    text = do_export(kimi_run, tmp_path / "text", "specforge-text")
-    assert text["counts"]["written"] > 0 and set(text["counts"]["mismatched"]) <= {"retokenization"}
+    # The pre-formatted text form is not re-rendered: Kimi's reasoning survives it wherever the ids round-trip, but
+    # SpecForge's kimi-k2-thinking mask starts before the <think> of the generation prompt, in every record.
+    text = do_export(kimi_run, tmp_path / "text", "specforge-text", specforge_template="kimi-k2-thinking")
+    assert set(text["counts"]["mismatched"]) <= {"retokenization", "trainer_loss_mask"}
+    assert text["counts"]["mismatched"]["trainer_loss_mask"] == text["counts"]["trainer_mask_tokens"] > 0
 
 
 _TOKENIZERS: dict[Path, Any] = {}
@@ -373,9 +407,73 @@ def test_export_command_line(demo_run: Path, tmp_path: Path, capsys) -> None:
     dest = tmp_path / "cli"
     assert main(["-q", "export", str(demo_run), "--format", "specforge", str(dest), "--exclude-truncated"]) == 0
     out = capsys.readouterr().out
-    assert f"use: data.prompts_path: {dest}/prompts.jsonl" in out
+    assert f"use: data.prompts_path: {dest}/prompts/part-00000.jsonl" in out
     manifest = orjson.loads((dest / "export.json").read_bytes())
     assert manifest["options"]["filters"]["exclude_truncated"] is True
     assert manifest["source"]["run"]["tokenizer"]["reasoning_end_token"] == "</think>"
     assert main(["-q", "export", str(demo_run), "--format", "specforge-conversations", str(tmp_path / "c")]) == 1
     assert "needs --specforge-template" in capsys.readouterr().err
+
+
+MASK_CASES = [  # (fixture folder, SpecForge template): the families whose template SpecForge registers
+    (QWEN3, "qwen3-thinking"), (QWEN3, "qwen3-instruct"), (FIXTURES / "deepseek-v3.1", "deepseek-v3"),
+    (FIXTURES / "deepseek-v3.2", "deepseek-v32"),
+    (FIXTURES / "kimi-k2.5", "kimi-k2-thinking"),
+]
+
+
+@pytest.mark.parametrize(("folder", "template"), MASK_CASES, ids=lambda v: getattr(v, "name", v))
+def test_the_loss_mask_the_export_checks_is_specforge_s_own(folder: Path, template: str, tmp_path: Path) -> None:
+    from tokenmill_runner.render.pretokenize import load_tokenizer
+
+    kimi = folder.name == "kimi-k2.5"
+    tokenizer = load_tokenizer(str(folder), kimi)
+    rows = [json_row for json_row in map(orjson.loads, PROMPTS.read_bytes().splitlines())]
+    texts = []
+    for row in rows:
+        messages = row["messages"] + [{"role": "assistant", "content": "Sure: 4."}]
+        try:
+            texts.append(tokenizer.apply_chat_template(messages, tools=row.get("tools"), tokenize=False))
+        except Exception:  # noqa: BLE001 - a template that refuses a history (DeepSeek's dict arguments) is skipped
+            continue
+    assert len(texts) >= len(rows) - 3
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    # Kimi ships tiktoken remote code, not a tokenizer.json SpecForge's stand-in tokenizer could read: its mask
+    # rule is checked on the demo model, whose tokenizer.json carries Kimi's special tokens.
+    tokenizer_json = folder / "tokenizer.json"
+    if kimi:
+        tokenizer = load_tokenizer(str(FIXTURES.parents[2] / "examples" / "demo-model"))
+        tokenizer_json = FIXTURES.parents[2] / "examples" / "demo-model" / "tokenizer.json"
+    for last_turn in (True, False):
+        theirs = loss_masks(tokenizer_json, template, texts, last_turn)
+        ours = [loss_mask(encode, text, specforge_template(template), last_turn) for text in texts]
+        assert [t["loss_mask"] for t in theirs] == ours
+        assert [t["input_ids"] for t in theirs] == [encode(text) for text in texts]
+        assert any(any(mask) for mask in ours)  # the template's header is found: the check is not vacuous
+
+
+def test_text_records_set_aside_are_those_specforge_would_mask_otherwise(tmp_path: Path) -> None:
+    # Qwen3 outputs that open <think> themselves: with qwen3-thinking SpecForge's mask is exactly the output
+    # (the text export writes no "\n" after <|im_end|>); with qwen3-instruct it also unmasks an empty think block.
+    system = {"role": "system", "content": "You are terse."}
+    ask = {"role": "user", "content": "What is 2 + 2?"}
+    built = built_run(tmp_path, QWEN3, {"d": [
+        Sample("thought", [system, ask], "<think>\nThe sum is four.\n</think>\n\nIt is 4."),
+        Sample("empty", [system, ask], "<think>\n\n</think>\n\nIt is 4."),
+        Sample("history", [system, ask, {"role": "assistant", "content": "4."}, ask], "It is 4.")]})
+    for template in ("qwen3-thinking", "qwen3-instruct"):
+        manifest = do_export(built.root, tmp_path / template, "specforge-text", specforge_template=template,
+                             keep_mismatched=True)
+        records = [orjson.loads(line) for line in (tmp_path / template / "text.jsonl").read_bytes().splitlines()]
+        theirs = loss_masks(QWEN3 / "tokenizer.json", template, [r["text"] for r in records])
+        differs = set()
+        for record, got in zip(records, theirs, strict=True):
+            row = built.rows[record["id"].split("/")[1].split("#")[0]]
+            assert got["input_ids"] == row["prompt_ids"] + row["output_ids"]
+            if got["loss_mask"] != [0] * len(row["prompt_ids"]) + [1] * len(row["output_ids"]):
+                differs.add(row["sample_id"])
+        found = tmp_path / template / "mismatches.jsonl"
+        mismatches = [orjson.loads(line) for line in found.read_bytes().splitlines()] if found.exists() else []
+        assert {m["sample_id"] for m in mismatches if m["reason"] == "trainer_loss_mask"} == differs
+        assert manifest["counts"]["mismatched"].get("trainer_loss_mask", 0) == len(differs)
+        assert (template == "qwen3-instruct") == ("empty" in differs)

@@ -195,3 +195,29 @@ def test_a_turn_that_no_longer_fits_the_context_stops_the_conversation(tmp_path,
     for row in exceeded:
         assert f"turn {row['turn_count']}:" in row["stop_detail"]
         assert all(t["prompt_tokens"] + 1000 <= 1400 for t in row["turns"])
+
+
+def test_all_turns_on_a_family_without_a_tool_call_parser_is_refused_before_any_request(tmp_path: Path) -> None:
+    import shutil
+
+    from tests.reference.families import FIXTURES
+    from tokenmill_runner.spec.resource import SpecError
+
+    # The qwen3 fixture with a template that writes calls as <<call NAME ARGS>>, a form no parser of tokenmill reads.
+    model = tmp_path / "acme"
+    shutil.copytree(FIXTURES / "qwen3", model)
+    settings = json.loads((model / "tokenizer_config.json").read_text())
+    settings["chat_template"] = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}{% for c in m.tool_calls or [] %}"
+        "<<call {{ c.function.name }} {{ c.function.arguments | tojson }}>>{% endfor %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    (model / "tokenizer_config.json").write_text(json.dumps(settings))
+    spec = load_spec_file(write_spec(tmp_path / "spec.yaml", spec_document(model, [
+        {"name": "chat", "source": str(CONVERSATIONS), "limit": 2},
+        {"name": "agent", "source": str(CONVERSATIONS), "limit": 2, "mode": "all-turns"}], "out"))).spec
+    out = tmp_path / "out"
+    with pytest.raises(SpecError, match=r"dataset agent: mode all-turns .* model family qwen3 .*<<call get_weather"):
+        # no server listens there: the refusal comes first
+        asyncio.run(prepare(RunnerConfig(spec=spec, servers=["http://127.0.0.1:9"], output_uri=str(out)),
+                            api_key=None))
+    assert not (out / "run.json").exists()

@@ -37,5 +37,12 @@ VARIANTS = [
     Variant("gpt-oss", "gpt-oss", end_token="<|end|>"),
     Variant("gpt-oss+high", "gpt-oss", kwargs={"reasoning_effort": "high"}, end_token="<|end|>"),
     Variant("mistral-tekken", "mistral-tekken", end_token="[/THINK]"),
+    Variant("qwen3-coder", "qwen3-coder", end_token=None),
+    Variant("deepseek-v3.1", "deepseek-v3.1"),
+    Variant("deepseek-v3.1+thinking", "deepseek-v3.1", kwargs={"thinking": True}),
+    Variant("deepseek-v3.2", "deepseek-v3.2"),
+    Variant("deepseek-v3.2+thinking", "deepseek-v3.2", kwargs={"thinking": True}),
+    Variant("glm-4.5", "glm-4.5"),
+    Variant("glm-4.5+no-thinking", "glm-4.5", kwargs={"enable_thinking": False}),
 ]
 BY_NAME = {variant.name: variant for variant in VARIANTS}

@@ -125,3 +125,55 @@ def test_a_gpt_oss_turn_reads_back_by_channel() -> None:
     answer = read_answer(final, "stop", final.index(end), False, None, decode)
     assert (answer.reasoning, answer.content, answer.calls) == ("Easy.", "It is 18 C.", [])
     assert answer.message(0)["thinking"] == "Easy."
+
+
+def parallel_calls(*results: dict) -> Prompt:
+    calls = [{"id": "c_weather", "type": "function", "function": WEATHER},
+             {"id": "c_time", "type": "function", "function": {"name": "get_time", "arguments": '{"city": "Porto"}'}}]
+    return source({"role": "user", "content": "Weather and time in Porto?"},
+                  {"role": "assistant", "content": "", "tool_calls": calls}, *results,
+                  {"role": "assistant", "content": "Sunny, 14:05."})
+
+
+MODEL_CALLS = [ToolCall("get_weather", '{"city": "Porto"}'), ToolCall("get_time", '{"city": "Porto"}')]
+
+
+def test_parallel_results_answered_out_of_order_reach_the_call_with_their_id() -> None:
+    conversation = started(parallel_calls({"role": "tool", "tool_call_id": "c_time", "content": "14:05"},
+                                          {"role": "tool", "tool_call_id": "c_weather", "content": "sunny, 21C"}))
+    conversation.advance(Answer("", None, MODEL_CALLS), "stop")
+    history = conversation.next_prompt().messages
+    calls = {call["id"]: call["function"]["name"] for call in history[1]["tool_calls"]}
+    answered = {calls[m["tool_call_id"]]: m["content"] for m in history if m["role"] == "tool"}
+    assert answered == {"get_weather": "sunny, 21C", "get_time": "14:05"}
+
+
+def test_a_result_for_an_id_the_source_never_called_stops_with_tool_divergence() -> None:
+    conversation = started(parallel_calls({"role": "tool", "tool_call_id": "c_time", "content": "14:05"},
+                                          {"role": "tool", "tool_call_id": "c_other", "content": "sunny, 21C"}))
+    conversation.advance(Answer("", None, MODEL_CALLS), "stop")
+    assert conversation.stop_reason == "tool_divergence" and "c_other" in (conversation.stop_detail or "")
+
+
+def test_results_without_ids_go_by_position_and_extra_results_are_left_out() -> None:
+    conversation = started(parallel_calls({"role": "tool", "content": "sunny, 21C"}, {"role": "tool", "content": "14:05"},
+                                          {"role": "tool", "tool_call_id": "stale", "content": "extra"}))
+    conversation.advance(Answer("", None, MODEL_CALLS), "stop")
+    tools = [m for m in conversation.next_prompt().messages if m["role"] == "tool"]
+    assert [(m["tool_call_id"], m["content"]) for m in tools] == [("call_0_0", "sunny, 21C"), ("call_0_1", "14:05")]
+    short = started(parallel_calls({"role": "tool", "content": "sunny, 21C"}))
+    short.advance(Answer("", None, MODEL_CALLS), "stop")
+    assert short.stop_reason == "no_tool_result"
+
+
+def test_an_opened_call_that_no_parser_reads_stops_as_unparsed_not_as_no_call() -> None:
+    tokenizer = load_tokenizer(str(DEMO_MODEL.parents[1] / "tests" / "fixtures" / "tokenizers" / "qwen3"))
+    decode = lambda i, skip: tokenizer.decode(list(i), skip_special_tokens=skip)  # noqa: E731
+    ids = tokenizer.encode('<tool_call>\n{"name": "get_weather", "arguments": {"city": \n</tool_call><|im_end|>',
+                           add_special_tokens=False)
+    answer = read_answer(ids, "stop", None, False, tokenizer.convert_tokens_to_ids("<tool_call>"), decode)
+    assert answer.calls == [] and answer.unparsed is not None
+    for prompt in (tool_turn(), source({"role": "user", "content": "U"})):  # where the source called, or answered
+        conversation = started(prompt)
+        conversation.advance(answer, "stop")
+        assert conversation.stop_reason == "unparsed_tool_call" and "<tool_call>" in (conversation.stop_detail or "")

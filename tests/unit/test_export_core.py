@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 
 from tokenmill_runner.export.filters import ExportFilters, FilterError, excluded_by_findings, select_datasets
-from tokenmill_runner.export.formats import hf_features, metadata, speculators_record
+from tests.reference.families import FIXTURES
+from tokenmill_runner.export.exporter import answered_history
+from tokenmill_runner.export.formats import HF_COLUMNS, hf_features, hf_record, metadata, speculators_record
 from tokenmill_runner.export.manifest import ExportProgress, progress_line
 from tokenmill_runner.export.roundtrip import (
     ConversationContext,
@@ -18,9 +20,16 @@ from tokenmill_runner.export.roundtrip import (
     first_difference,
     split_output,
 )
-from tokenmill_runner.export.specforge_rules import SPECFORGE_TEMPLATES, UnknownTemplate, prepare, specforge_template
+from tokenmill_runner.export.specforge_rules import (
+    SPECFORGE_TEMPLATES,
+    UnknownTemplate,
+    loss_mask,
+    mask_difference,
+    prepare,
+    specforge_template,
+)
 from tokenmill_runner.export.units import SlotSeen, invalid_reason, units_from_row
-from tokenmill_runner.render.pretokenize import PromptEncoder
+from tokenmill_runner.render.pretokenize import PromptEncoder, load_tokenizer
 from tokenmill_runner.source.prompts import Prompt
 
 
@@ -111,7 +120,36 @@ def test_specforge_prepares_conversations_as_its_parser_does():
     assert not general.inserted_system_prompt and general.template_kwargs == {}
     with pytest.raises(UnknownTemplate, match="gpt-oss.*kimi-k2-thinking"):
         specforge_template("gpt-oss")
-    assert "deepseek-r1-distill" in SPECFORGE_TEMPLATES
+    # Its end_of_turn_token is None, which SpecForge's mask pattern cannot escape (SF data/parse.py:179-185).
+    assert "deepseek-r1-distill" not in SPECFORGE_TEMPLATES
+
+
+def chars(text: str) -> list[int]:
+    return [ord(c) for c in text]  # one token per character: spans are easy to read
+
+
+def test_specforge_loss_mask_runs_from_the_assistant_header_through_the_end_of_turn():
+    qwen = specforge_template("qwen3-thinking")
+    text = "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\nA<|im_end|>\n<|im_start|>user\nr<|im_end|>\n" \
+           "<|im_start|>assistant\nB<|im_end|>\n"
+    mask = loss_mask(chars, text, qwen)
+    supervised = "".join(c for c, m in zip(text, mask) if m)
+    assert supervised == "B<|im_end|>\n"  # the last turn only (data.train_only_last_turn: true), suffix included
+    every = "".join(c for c, m in zip(text, loss_mask(chars, text, qwen, train_only_last_turn=False)) if m)
+    assert every == "A<|im_end|>\nB<|im_end|>\n"  # SpecForge's default also trains on the history's answers
+    # qwen3-instruct unsupervises its empty thinking block again (its ignore_token)
+    empty = "<|im_start|>assistant\n<think>\n\n</think>\n\nB<|im_end|>\n"
+    kept = "".join(c for c, m in zip(empty, loss_mask(chars, empty, specforge_template("qwen3-instruct"))) if m)
+    assert kept == "B<|im_end|>\n"
+
+
+def test_mask_difference_names_prompt_output_and_suffix_tokens():
+    target = [0, 0, 0, 1, 1, 1]
+    assert mask_difference(target, target, 3).first is None
+    trainer = [0, 0, 1, 1, 0, 1, 1]  # one prompt token trained, one generated token skipped, one suffix trained
+    difference = mask_difference(target, trainer, 3)
+    assert (difference.prompt_supervised, difference.output_unsupervised, difference.suffix_supervised) == (1, 1, 1)
+    assert difference.first == 2 and difference.tokens == 3
 
 
 def test_first_difference():
@@ -146,11 +184,15 @@ def demo_unit(tokenizer: Any, messages: list[dict[str, Any]], output: str) -> tu
     return unit, prompt
 
 
-def test_text_round_trip_of_a_canonical_sample(tokenizer):
+def test_text_round_trip_of_a_canonical_sample_and_specforge_s_mask_over_it(tokenizer):
     unit, _ = demo_unit(tokenizer, [{"role": "user", "content": "Hi"}], "Let me see.</think>Hello there.")
-    checked = check_text(tokenizer, unit)
-    assert checked.mismatch is None and checked.record == {"id": "d/s1#s0#t0", "text": tokenizer.decode(
-        unit.input_ids, skip_special_tokens=False)}
+    checked = check_text(tokenizer, unit, specforge_template("kimi-k2-thinking"))
+    assert checked.record == {"id": "d/s1#s0#t0", "text": tokenizer.decode(unit.input_ids, skip_special_tokens=False)}
+    # The ids round-trip, but SpecForge's mask starts at the assistant header, before the <think> the demo
+    # template's generation prompt wrote: one prompt token the target never generated is trained on.
+    assert checked.mismatch is not None and checked.mismatch.reason == "trainer_loss_mask"
+    assert checked.mask is not None and (checked.mask.prompt_supervised, checked.mask.tokens) == (1, 1)
+    assert checked.mismatch.position == len(unit.prompt_ids) - 1 and "'<think>'" in checked.mismatch.detail
 
 
 def test_the_demo_template_drops_reasoning_and_specforge_adds_a_system_prompt(tokenizer):
@@ -168,9 +210,12 @@ def test_the_demo_template_drops_reasoning_and_specforge_adds_a_system_prompt(to
     no_system, prompt = demo_unit(tokenizer, messages[1:], "</think>Hello there.")
     checked = check_conversation(tokenizer, no_system, prompt, context)
     assert checked.mismatch is not None and checked.mismatch.reason == "trainer_system_prompt"
-    # A SpecForge template without a system prompt leaves the conversation as it is: it round-trips.
-    plain = ConversationContext(specforge_template("deepseek-r1-distill"), {}, frozenset(), None)
-    assert check_conversation(tokenizer, no_system, prompt, plain).mismatch is None
+    # A SpecForge template without a system prompt leaves the conversation as it is: the ids round-trip, but its
+    # assistant header is not this model's, so SpecForge would train on nothing the target generated.
+    plain = ConversationContext(specforge_template("lfm"), {}, frozenset(), None)
+    checked = check_conversation(tokenizer, no_system, prompt, plain)
+    assert checked.mismatch is not None and checked.mismatch.reason == "trainer_loss_mask"
+    assert checked.mask is not None and checked.mask.output_unsupervised == len(no_system.output_ids)
 
 
 def test_progress_line():
@@ -200,3 +245,36 @@ def test_a_conversation_with_an_exact_history_exports_as_one_record_supervised_o
     assert [u.id for u in units_from_row(conversation_row(True))] == ["d/c1#s0#t0", "d/c1#s0#t1"]
     split = list(units_from_row(conversation_row(False), per_conversation=True))
     assert [u.id for u in split] == ["d/c1#s0#t0", "d/c1#s0#t1"] and not split[1].history_exact
+
+
+def test_hf_records_carry_history_exact_and_the_conversation_id():
+    unit = list(units_from_row(conversation_row(False)))[1]
+    record = hf_record(unit)
+    assert (record["history_exact"], record["conversation_id"]) == (False, "d/c1#s0")
+    assert set(record) == {name for name, _ in HF_COLUMNS}
+
+
+def test_a_conversation_stopped_after_turn_0_is_exported_with_the_history_it_answered():
+    tokenizer = load_tokenizer(str(FIXTURES / "qwen3"))
+    system, ask = {"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is 2 + 2?"}
+    source = Prompt(1, "c1", [system, ask, {"role": "assistant", "content": "Four."},
+                              {"role": "user", "content": "And 3 + 3?"}, {"role": "assistant", "content": "Six."}], None)
+    history = answered_history(source)
+    assert isinstance(history, Prompt) and history.messages == [system, ask]
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    turn = {"prompt_ids": PromptEncoder(tokenizer).encode_one(history), "history_exact": None,
+            "output_ids": tokenizer("<think>\nEasy.\n</think>\n\nIt is 4.", add_special_tokens=False)["input_ids"]
+            + [end], "finish_reason": "stop", "matched_stop": end, "reasoning_end_token_id": end}
+    turn["reasoning_end"] = turn["output_ids"].index(tokenizer.convert_tokens_to_ids("</think>"))
+    (unit,) = units_from_row({**row(), "sample_id": "c1", "line": 1, "turns": [turn], "stop_reason": "truncated"})
+    assert unit.in_conversation
+    context = ConversationContext(specforge_template("qwen3-thinking"), {}, frozenset(
+        {tokenizer.convert_tokens_to_ids("<think>")}), None)
+    checked = check_conversation(tokenizer, unit, history, context)
+    assert [m["content"] for m in checked.record["conversations"]] == ["You are terse.", "What is 2 + 2?",
+                                                                      "\n\nIt is 4."]
+    # The ids are the generated ones exactly; what remains is Qwen's "\n" after <|im_end|>, which SpecForge trains
+    assert checked.mask is not None and (checked.mask.suffix_supervised, checked.mask.tokens) == (1, 1)
+    # Built from the whole source row, the source's later turns would sit around the answer: the ids differ.
+    whole = check_conversation(tokenizer, unit, source, context)
+    assert whole.mismatch is not None and whole.mismatch.reason != "trainer_loss_mask"

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.reference.families import VARIANTS, Variant
+from tests.reference.families import BY_NAME, VARIANTS, Variant
 from tokenmill_runner.generate.conversation import Answer, Conversation, start
+from tokenmill_runner.prepare import call_format_problem
 from tokenmill_runner.render.pretokenize import PromptEncoder, load_tokenizer
 from tokenmill_runner.source.prompts import Prompt
 from tokenmill_runner.generate.tool_calls import ToolCall, parse_tool_calls
@@ -47,3 +48,21 @@ def test_the_model_call_in_the_history_renders_as_the_family_writes_calls(varian
     history = rendered[rendered.index("Weather in Porto?"):rendered.index("18 C")]
     calls = parse_tool_calls(history)
     assert [(c.name, c.parsed_arguments()) for c in calls] == [("get_weather", {"city": "Lisbon"})], history
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+def test_every_fixture_family_writes_calls_that_read_back_so_all_turns_may_start(variant: Variant) -> None:
+    encoder = PromptEncoder(load_tokenizer(str(variant.path), variant.trust_remote_code))
+    assert call_format_problem(encoder, variant.kwargs, "d", variant.family) is None
+
+
+def test_all_turns_is_refused_at_start_for_a_template_whose_calls_no_parser_reads() -> None:
+    tokenizer = load_tokenizer(str(BY_NAME["qwen3"].path))
+    # A family tokenmill has no parser for: calls written as <<call NAME ARGS>> (ChatML otherwise)
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+        "{% for c in m.tool_calls or [] %}<<call {{ c.function.name }} {{ c.function.arguments | tojson }}>>{% endfor %}"
+        "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    why = call_format_problem(PromptEncoder(tokenizer), {}, "M1_tools", "acme_lm")
+    assert why is not None and "M1_tools" in why and "acme_lm" in why and "<<call get_weather" in why
+    assert "last-turn" in why

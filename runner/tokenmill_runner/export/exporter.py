@@ -24,6 +24,7 @@ from typing import Any, TextIO
 
 import orjson
 
+from ..generate.conversation import start
 from ..source.adapters import DEFAULT_LAYOUT, RowLayout
 from ..progress import ThroughputMeter
 from ..source.prompts import Prompt, RowError
@@ -176,7 +177,8 @@ class TextSide:
     """Tokenizer, sources and template facts for the text formats (None of it is needed for the token formats)."""
 
     tokenizer: Any
-    context: ConversationContext | None  # specforge-conversations only
+    context: ConversationContext  # the SpecForge template (both text formats) and the run's facts
+    conversations: bool  # specforge-conversations (re-rendered), else specforge-text (re-tokenized)
     sources: dict[str, str]  # dataset -> source URI
     formats: dict[str, str]  # dataset -> declared source format
     endpoint: str | None
@@ -195,9 +197,11 @@ class TextSide:
         return self._open[dataset]
 
     def check(self, unit: GenerationUnit) -> Checked:
-        if self.context is None:
-            return check_text(self.tokenizer, unit)
+        if not self.conversations:
+            return check_text(self.tokenizer, unit, self.context.template)
         prompt = self.lines(unit.dataset).prompt(unit.line)
+        if isinstance(prompt, Prompt) and unit.in_conversation:
+            prompt = answered_history(prompt)
         if not isinstance(prompt, Prompt) or prompt.sample_id != unit.sample_id:
             found = prompt.message if isinstance(prompt, RowError) else f"sample {prompt.sample_id!r}"
             return Checked({}, Mismatch("source_changed", 0, [], [],
@@ -206,6 +210,16 @@ class TextSide:
         context = ConversationContext(self.context.template, self.context.template_kwargs.get(unit.dataset, {}),
                                       self.context.openers, self.context.tool_call_id)
         return check_conversation(self.tokenizer, unit, prompt, context)
+
+
+def answered_history(prompt: Prompt) -> Prompt | RowError:
+    """The messages a regenerated conversation's first turn answered (`mode: all-turns`): the source up to its first
+    assistant message. A conversation that stopped after turn 0 is exported with that history only: the source's
+    later answers and tool results followed the source's answer, not the model's."""
+    conversation = start(prompt)
+    if isinstance(conversation, RowError):
+        return conversation
+    return Prompt(prompt.line, prompt.sample_id, conversation.history, prompt.tools)
 
 
 def template_columns(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -229,19 +243,18 @@ def text_side(request: ExportRequest, fmt: ExportFormat, run: dict[str, Any], sp
     if not location:
         raise ExportError("run.json records no tokenizer; pass --tokenizer FOLDER")
     tokenizer = load_tokenizer(local_model_folder(location, request.s3_endpoint), model.get("trustRemoteCode", False))
-    context = None
-    if fmt.name == "specforge-conversations":
-        if not request.specforge_template:
-            raise ExportError("--format specforge-conversations needs --specforge-template NAME: the "
-                              "data.chat_template you will train with (it decides the system prompt SpecForge adds "
-                              "and whether reasoning_content reaches the template)")
-        ends = (info.get("reasoning_end_tokens") or {}).values()
-        openers = frozenset(i for text in ends if text in REASONING_OPENERS
-                            for i in [single_token_id(tokenizer, REASONING_OPENERS[text])] if i is not None)
-        context = ConversationContext(specforge_template(request.specforge_template), template_columns(run),
-                                      openers, info.get("tool_call_id"))
+    if not request.specforge_template:
+        raise ExportError(f"--format {fmt.name} needs --specforge-template NAME: the data.chat_template you will train "
+                          "with (it decides the loss mask SpecForge builds, the system prompt it adds and whether "
+                          "reasoning_content reaches the template)")
+    ends = (info.get("reasoning_end_tokens") or {}).values()
+    openers = frozenset(i for text in ends if text in REASONING_OPENERS
+                        for i in [single_token_id(tokenizer, REASONING_OPENERS[text])] if i is not None)
+    context = ConversationContext(specforge_template(request.specforge_template), template_columns(run),
+                                  openers, info.get("tool_call_id"))
     datasets = (run.get("spec") or {}).get("datasets", [])
-    return TextSide(tokenizer, context, {d["name"]: d["source"] for d in datasets},
+    return TextSide(tokenizer, context, fmt.name == "specforge-conversations",
+                    {d["name"]: d["source"] for d in datasets},
                     {d["name"]: d.get("format", "auto") for d in datasets}, request.s3_endpoint, spool, stack,
                     {d["name"]: DatasetSpec.model_validate(d).row_layout() for d in datasets})
 
@@ -310,6 +323,7 @@ class Exporter:
         else:
             checked = self.text.check(unit)
             counts.suffix_tokens += checked.suffix_tokens > 0
+            counts.trainer_mask_tokens += checked.mask.tokens if checked.mask else 0
             if checked.mismatch is not None:
                 counts.mismatched[checked.mismatch.reason] += 1
                 self.mismatched += 1

@@ -2,8 +2,10 @@
 
 Formats and the reader each one is written for (SpecForge 0.2.0 `SF`, speculators 0.9.0 `SP`; the rules, with
 file:line, are in docs/export.md):
-- `specforge`: pre-tokenized JSONL for SpecForge's `data.prompts_path` (`SF data/prompt_builder.py:219-287`): one
-  file, one record per generation, `input_ids` + `loss_mask` (0/1, equal lengths, at least one 1).
+- `specforge`: pre-tokenized JSONL for SpecForge's `data.prompts_path` (`SF data/prompt_builder.py:219-287`), one
+  record per generation, `input_ids` + `loss_mask` (0/1, equal lengths, at least one 1), in parts under prompts/:
+  SpecForge reads one path and holds all of it as Python lists (about 37 bytes per token, measured), so each part
+  is a file one SpecForge process can hold.
 - `speculators`: JSONL parts under data/ for `speculators prepare-data --data DEST/data` (`SP
   data_generation/preprocessing.py:458-483, 725-777`), one record per generation event as its own regenerator
   writes them (`id`, `primary_id`, `input_ids`, `loss_mask`, `metadata`).
@@ -41,9 +43,9 @@ class ExportFormat:
 
 
 FORMATS: dict[str, ExportFormat] = {f.name: f for f in (
-    ExportFormat("specforge", "jsonl", "prompts.jsonl", None, False,
+    ExportFormat("specforge", "jsonl", None, "prompts/part-", False,
                  "SpecForge 0.2.0 pre-tokenized prompts (data.prompts_path, online training)",
-                 "data.prompts_path: {dest}/prompts.jsonl"),
+                 "data.prompts_path: {dest}/prompts/part-00000.jsonl (one part per path; export.json lists them)"),
     ExportFormat("speculators", "jsonl", None, "data/part-", False,
                  "speculators 0.9.0 prepare-data, speculator-format rows (input_ids + loss_mask pass through)",
                  "speculators prepare-data --data {dest}/data --model <tokenizer folder> --output <prepared>"),
@@ -51,7 +53,7 @@ FORMATS: dict[str, ExportFormat] = {f.name: f for f in (
                  "Hugging Face datasets (Parquet with declared features)",
                  "datasets.load_dataset('{dest}')  # or load_dataset('parquet', data_files='{dest}/data/*.parquet')"),
     ExportFormat("specforge-conversations", "jsonl", "conversations.jsonl", None, True,
-                 "SpecForge 0.2.0 conversations (data.train_data_path; prepare_hidden_states.py --data-path)",
+                 "SpecForge 0.2.0 conversations (data.train_data_path, online training; not prepare_hidden_states.py)",
                  "data.train_data_path: {dest}/conversations.jsonl, data.chat_template: <SpecForge template>, "
                  "data.train_only_last_turn: true"),
     ExportFormat("specforge-text", "jsonl", "text.jsonl", None, True,
@@ -86,22 +88,25 @@ def speculators_record(unit: GenerationUnit) -> dict[str, Any]:
             "loss_mask": unit.loss_mask, "metadata": metadata(unit)}
 
 
-# Parquet columns of the hf export: (name, Arrow type name, nullable). The writer maps type names to Arrow types.
+# Parquet columns of the hf export: (name, Arrow type name). The writer maps type names to Arrow types.
 HF_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("id", "string"), ("dataset", "string"), ("sample_id", "string"), ("sample_index", "int32"),
-    ("turn_index", "int32"), ("turns", "int32"), ("line", "int64"), ("input_ids", "list<int32>"),
-    ("loss_mask", "list<int8>"), ("prompt_tokens", "int32"), ("completion_tokens", "int32"),
-    ("finish_reason", "string"), ("reasoning_end", "int32"), ("has_tool_call", "bool"), ("max_new_tokens", "int32"),
+    ("id", "string"), ("conversation_id", "string"), ("dataset", "string"), ("sample_id", "string"),
+    ("sample_index", "int32"), ("turn_index", "int32"), ("turns", "int32"), ("line", "int64"),
+    ("input_ids", "list<int32>"), ("loss_mask", "list<int8>"), ("prompt_tokens", "int32"),
+    ("completion_tokens", "int32"), ("finish_reason", "string"), ("reasoning_end", "int32"),
+    ("has_tool_call", "bool"), ("max_new_tokens", "int32"), ("history_exact", "bool"),
 )
 
 
 def hf_record(unit: GenerationUnit) -> dict[str, Any]:
     return {
-        "id": unit.id, "dataset": unit.dataset, "sample_id": unit.sample_id, "sample_index": unit.sample_index,
+        "id": unit.id, "conversation_id": unit.conversation_id, "dataset": unit.dataset,
+        "sample_id": unit.sample_id, "sample_index": unit.sample_index,
         "turn_index": unit.turn_index, "turns": unit.turns, "line": unit.line, "input_ids": unit.input_ids,
         "loss_mask": unit.loss_mask, "prompt_tokens": len(unit.prompt_ids), "completion_tokens": unit.supervised_tokens,
         "finish_reason": unit.finish_reason, "reasoning_end": unit.reasoning_end,
         "has_tool_call": unit.has_tool_call, "max_new_tokens": unit.max_new_tokens,
+        "history_exact": unit.history_exact,
     }
 
 

@@ -40,11 +40,13 @@ class DatasetCounts:
     invalid: Counter[str] = field(default_factory=Counter)
     duplicate_slots: int = 0  # a slot met again in another marker: the first is exported
     suffix_tokens: int = 0  # records whose template renders tokens after the generated ones
+    trainer_mask_tokens: int = 0  # tokens where SpecForge's loss mask differs from the target's (text formats)
     supervised_tokens: int = 0  # loss-mask ones in what was written
     longest: int = 0  # tokens of the longest written record: the trainer's max length must reach it
 
     def add(self, other: DatasetCounts) -> None:
-        for name in ("units", "written", "kept_mismatched", "duplicate_slots", "suffix_tokens", "supervised_tokens"):
+        for name in ("units", "written", "kept_mismatched", "duplicate_slots", "suffix_tokens", "supervised_tokens",
+                     "trainer_mask_tokens"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.filtered.update(other.filtered)
         self.mismatched.update(other.mismatched)
@@ -57,6 +59,7 @@ class DatasetCounts:
             "mismatched": dict(sorted(self.mismatched.items())), "kept_mismatched": self.kept_mismatched,
             "invalid": dict(sorted(self.invalid.items())), "duplicate_slots": self.duplicate_slots,
             "suffix_tokens": self.suffix_tokens, "supervised_tokens": self.supervised_tokens,
+            "trainer_mask_tokens": self.trainer_mask_tokens,
             "longest_record_tokens": self.longest,
         }
 
@@ -81,6 +84,7 @@ class WrittenFile:
     records: int
     bytes: int
     sha256: str
+    tokens: int = 0  # input ids in the file's records (SpecForge holds about 37 bytes per token of a part it reads)
 
 
 def run_facts(run: dict[str, Any]) -> dict[str, Any]:
@@ -138,8 +142,20 @@ def summary_lines(manifest: dict[str, Any]) -> Iterator[str]:
                "end-of-turn suffix); SpecForge supervises them when its end_of_turn_token includes them")
     if counts["duplicate_slots"]:
         yield f"note: {counts['duplicate_slots']} slots were committed twice; the first commit was exported"
+    if counts["trainer_mask_tokens"]:
+        yield (f"note: SpecForge's loss mask differs from the target's on {counts['trainer_mask_tokens']:,} tokens "
+               "(mismatches.jsonl, reason trainer_loss_mask, says where)")
     yield f"{counts['written']} records, {counts['supervised_tokens']:,} supervised tokens, longest " \
           f"{counts['longest_record_tokens']} tokens ({manifest['format']}: {manifest['reads']})"
+    if manifest["format"].startswith("specforge") and counts["written"]:
+        # SpecForge cuts records at data.max_length and skips, silently, those left with no supervised token
+        # (SF data/prompt_builder.py:243-246); its default is 2048 (SF config/schema.py:140).
+        yield f"set data.max_length: {counts['longest_record_tokens']} (the longest record; SpecForge cuts longer " \
+              "ones and silently skips those left with nothing to train on)"
+    if len(manifest["files"]) > 1:
+        largest = max(manifest["files"], key=lambda file: file["tokens"])
+        yield f"{len(manifest['files'])} parts, the largest {largest['bytes'] / 2**20:,.0f} MiB, " \
+              f"{largest['tokens']:,} tokens ({manifest['format']})"
     if manifest["mismatches"]:
         yield f"mismatches: {manifest['mismatches']['path']} ({manifest['mismatches']['records']} records)"
     yield f"use: {manifest['usage']}"

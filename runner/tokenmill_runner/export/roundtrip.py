@@ -3,9 +3,10 @@
 A text record is only as good as what the trainer rebuilds from it. For each unit this module builds the text
 record (pre-formatted text, or a conversation with `reasoning_content`), rebuilds the ids the way SpecForge would
 (re-tokenize the text; or prepare the conversation, render it with the model's chat template and tokenize), and
-compares them with the stored prompt + output ids. A difference is a `Mismatch`: a stable reason and the first
-differing position, so the export can report it instead of writing a record that teaches the drafter tokens the
-target never produced.
+compares them with the stored prompt + output ids; where the ids agree, it builds SpecForge's loss mask for the
+chosen template (`specforge_rules.loss_mask`) and compares it with the target's (1 on exactly the generated tokens).
+A difference is a `Mismatch`: a stable reason and the first differing position, so the export can report it
+instead of writing a record that teaches the drafter tokens the target never produced.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import orjson
 
 from ..source.prompts import Prompt
 from .formats import conversation_record, text_record
-from .specforge_rules import SpecForgeTemplate, prepare
+from .specforge_rules import MaskDifference, SpecForgeTemplate, loss_mask, mask_difference, prepare
 from .units import GenerationUnit
 
 # Stable reason codes, counted in export.json and written to mismatches.jsonl.
@@ -33,6 +34,10 @@ MISMATCH_REASONS: dict[str, str] = {
     "truncated_turn": "the answer was cut at maxNewTokens: a rendered conversation closes every assistant turn, so "
                       "the trainer would learn an end of turn the target never produced",
     "template_error": "the chat template failed on the conversation",
+    "trainer_loss_mask": "SpecForge's loss mask for the chosen template (from its assistant header to its end-of-turn "
+                         "token, data.train_only_last_turn: true) trains on tokens the target did not generate here "
+                         "(a generation prompt's <think>, a template's suffix such as Qwen's \"\\n\" after "
+                         "<|im_end|>) or skips generated ones",
     "source_changed": "the source line no longer holds this sample (the prompt file changed after the run)",
 }
 CONTEXT = 8  # ids shown on each side of the first difference
@@ -65,6 +70,7 @@ class Checked:
     record: dict[str, Any]  # what the export writes for the unit (when it matches, or with --keep-mismatched)
     mismatch: Mismatch | None
     suffix_tokens: int = 0  # tokens the template renders after the generated ids (e.g. Qwen's "\n" after <|im_end|>)
+    mask: MaskDifference | None = None  # where SpecForge's loss mask differs from the target's, when it does
 
 
 def encode(tokenizer: Tokenizer, text: str) -> list[int]:
@@ -93,15 +99,40 @@ def _mismatch(reason: str, position: int, expected: list[int], got: list[int],
     return Mismatch(reason, position, expected[window], got[window], detail)
 
 
-def check_text(tokenizer: Tokenizer, unit: GenerationUnit) -> Checked:
-    """SpecForge's pre-formatted form: the decoded prompt + output, re-tokenized by the trainer."""
+def check_mask(tokenizer: Tokenizer, unit: GenerationUnit, text: str, trainer_ids: list[int],
+               template: SpecForgeTemplate, record: dict[str, Any], suffix_tokens: int = 0) -> Checked:
+    """SpecForge's loss mask over the text it renders (the ids already agree) against the target's."""
+    trainer = loss_mask(lambda part: encode(tokenizer, part), text, template, tokens=len(trainer_ids))
+    target = unit.loss_mask
+    difference = mask_difference(target, trainer, len(unit.prompt_ids))
+    if difference.first is None:
+        return Checked(record, None, suffix_tokens)
+    window = slice(max(difference.first - CONTEXT, 0), difference.first + CONTEXT)
+    wanted = (target + [0] * len(trainer))[:len(trainer)]
+    spans = [("prompt", [i for i in range(len(unit.prompt_ids)) if trainer[i]]),
+             ("after the output", [i for i in range(len(target), len(trainer)) if trainer[i]]),
+             ("generated, not trained", [i for i in range(len(unit.prompt_ids), len(target)) if not trainer[i]])]
+    detail = "; ".join(f"{label}: {len(where)} token(s) {_text(tokenizer, [trainer_ids[i] for i in where[:16]])!r}"
+                       for label, where in spans if where)
+    mismatch = Mismatch("trainer_loss_mask", difference.first, wanted[window], trainer[window],
+                        f"SpecForge {template.name}: {detail}")
+    return Checked(record, mismatch, suffix_tokens, difference)
+
+
+def _text(tokenizer: Tokenizer, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def check_text(tokenizer: Tokenizer, unit: GenerationUnit, template: SpecForgeTemplate) -> Checked:
+    """SpecForge's pre-formatted form: the decoded prompt + output, re-tokenized by the trainer, masked by its rule
+    for the template."""
     ids = unit.input_ids
     text = tokenizer.decode(ids, skip_special_tokens=False)
     back = encode(tokenizer, text)
     record = text_record(unit, text)
     position = first_difference(ids, back)
     if position is None:
-        return Checked(record, None)
+        return check_mask(tokenizer, unit, text, back, template, record)
     return Checked(record, _mismatch("retokenization", position, ids, back, tokenizer))
 
 
@@ -220,10 +251,8 @@ def check_conversation(tokenizer: Tokenizer, unit: GenerationUnit, prompt: Promp
         return Checked(record, Mismatch("template_error", 0, [], [], f"{type(error).__name__}: {error}"))
     got = encode(tokenizer, rendered)
     position = first_difference(ids, got)
-    if position is None:
-        return Checked(record, None)
-    if position == len(ids) and len(got) > len(ids):
-        return Checked(record, None, suffix_tokens=len(got) - len(ids))
+    if position is None or (position == len(ids) and len(got) > len(ids)):
+        return check_mask(tokenizer, unit, rendered, got, context.template, record, len(got) - len(ids))
     reason = _conversation_reason(tokenizer, unit, position, prepared.inserted_system_prompt, reasoning, rendered)
     return Checked(record, _mismatch(reason, position, ids, got, tokenizer))
 

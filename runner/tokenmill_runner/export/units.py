@@ -45,6 +45,9 @@ class GenerationUnit:
     # A whole conversation as one unit (--per-conversation): the spans of input_ids the model generated, one per
     # turn (the last turn's output among them); None for a unit of one generation.
     spans: tuple[tuple[int, int], ...] | None = None
+    # A turn of a conversation regenerated turn by turn (mode all-turns): its prompt is the regenerated history,
+    # not the source row's messages.
+    in_conversation: bool = False
 
     @property
     def id(self) -> str:
@@ -93,7 +96,7 @@ def _unit(row: dict[str, Any], turn: dict[str, Any], turn_index: int, turns: int
         prompt_ids=[int(i) for i in merged["prompt_ids"]], output_ids=[int(i) for i in merged["output_ids"]],
         **{name: merged.get(name) for name in UNIT_FIELDS if name != "has_tool_call"},
         has_tool_call=bool(merged.get("has_tool_call")),
-        history_exact=merged.get("history_exact") is not False,
+        history_exact=merged.get("history_exact") is not False, in_conversation=bool(turn),
     )
 
 

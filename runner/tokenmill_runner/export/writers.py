@@ -52,12 +52,12 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def publish(destination: Storage, key: str, path: Path, records: int) -> WrittenFile:
+def publish(destination: Storage, key: str, path: Path, records: int, tokens: int = 0) -> WrittenFile:
     size = path.stat().st_size
     digest = sha256_of(path)
     destination.put_file(key, path)
-    logger.info("wrote %s (%d records, %d bytes)", destination.uri(key), records, size)
-    return WrittenFile(key, records, size, digest)
+    logger.info("wrote %s (%d records, %d tokens, %d bytes)", destination.uri(key), records, tokens, size)
+    return WrittenFile(key, records, size, digest, tokens)
 
 
 class JsonlFiles:
@@ -72,13 +72,14 @@ class JsonlFiles:
         self._key = ""
         self._records = 0
         self._bytes = 0
+        self._tokens = 0
 
     def _open(self) -> BinaryIO:
         if self._handle is None:
             self._key = self.single_name or self.fmt.part_name(len(self.files))  # type: ignore[union-attr]
             path = self.spool / self._key.replace("/", "__")
             self._handle = path.open("wb")
-            self._records = self._bytes = 0
+            self._records = self._bytes = self._tokens = 0
         return self._handle
 
     def write(self, record: dict[str, Any]) -> None:
@@ -86,6 +87,7 @@ class JsonlFiles:
         self._open().write(line)
         self._records += 1
         self._bytes += len(line)
+        self._tokens += len(record.get("input_ids") or ())
         if self.single_name is None and self._bytes >= self.part_bytes:
             self._finish()
 
@@ -96,7 +98,7 @@ class JsonlFiles:
         handle.flush()
         os.fsync(handle.fileno())
         handle.close()
-        self.files.append(publish(self.destination, self._key, Path(handle.name), self._records))
+        self.files.append(publish(self.destination, self._key, Path(handle.name), self._records, self._tokens))
 
     def close(self) -> list[WrittenFile]:
         self._finish()
@@ -116,9 +118,11 @@ class ParquetFiles:
         self._key = ""
         self._records = 0
         self._bytes = 0
+        self._tokens = 0
 
     def write(self, record: dict[str, Any]) -> None:
         self._pending.append(record)
+        self._tokens += len(record["input_ids"])
         if len(self._pending) >= ROW_GROUP_RECORDS:
             self.flush()
 
@@ -144,7 +148,8 @@ class ParquetFiles:
             return
         self._writer.close()
         self._writer = None
-        self.files.append(publish(self.destination, self._key, self._path, self._records))
+        self.files.append(publish(self.destination, self._key, self._path, self._records, self._tokens))
+        self._tokens = 0
 
     def close(self) -> list[WrittenFile]:
         self.flush()

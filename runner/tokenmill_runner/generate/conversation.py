@@ -13,9 +13,15 @@ Rules (the trainers' notes, section 6, where sound; differences marked):
 - Tool calls: when the source's assistant turn called tools, the model's calls are paired with them by position
   (`tool_calls.divergence`: same function, same argument names); on a match the source's tool results follow with
   the model's call ids; otherwise the conversation stops (`tool_divergence`, or `diverged_no_call` when the model
-  answered without the call). speculators checks the name only and splices results for other arguments too; we
-  also require the argument names, so a result never answers a request of another shape. A call where the source
-  answered in prose stops as `tool_divergence` (there is no result to give).
+  answered without the call). A source whose calls and results all carry ids gives each call the result with its
+  `tool_call_id` (parallel calls are often answered out of order); a result for an id the source never called stops
+  the conversation (`tool_divergence`). Without ids results go by position. Results beyond the calls answer nothing
+  the model asked and are left out (a stale id would point the template at a call that does not exist).
+  speculators checks the name only and splices results for other arguments too; we also require the argument
+  names, so a result never answers a request of another shape. A call where the source answered in prose stops as
+  `tool_divergence` (there is no result to give).
+- An output that opens a tool call (a family's call marker) that no parser reads stops as `unparsed_tool_call`:
+  a parser gap must not pass for a model that answered without the call (`diverged_no_call`).
 - A turn cut at maxNewTokens ends the conversation (`truncated`), kept and flagged; later turns would condition on
   an answer the model never finished. A turn whose prompt no longer fits stops it (`context_exceeded`).
 - The conversation is one slot: committed whole when it stops, never a part of it.
@@ -29,10 +35,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..source.prompts import Prompt, RowError
-from .tool_calls import ToolCall, calls_start, divergence, parse_tool_calls, source_calls
+from .tool_calls import ToolCall, calls_start, divergence, has_call_opener, parse_tool_calls, source_calls
 
-STOP_REASONS = ("complete", "truncated", "tool_divergence", "diverged_no_call", "no_tool_result",
-                "context_exceeded", "template_error")
+STOP_REASONS = ("complete", "truncated", "tool_divergence", "diverged_no_call", "unparsed_tool_call",
+                "no_tool_result", "context_exceeded", "template_error")
 
 Decode = Callable[[Sequence[int], bool], str]  # (ids, skip_special_tokens) -> text
 
@@ -44,6 +50,7 @@ class Answer:
     content: str
     reasoning: str | None
     calls: list[ToolCall]
+    unparsed: str | None = None  # the answer's text from a call opener on, when no call in it parsed
 
     def message(self, turn: int) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": self.content}
@@ -73,7 +80,8 @@ def _harmony_answer(text: str) -> Answer | None:
         return None
     reasoning = "".join(body for channel, body in found if channel == "analysis")
     content = "".join(body for channel, body in found if channel == "final")
-    return Answer(content, reasoning or None, parse_tool_calls(text))
+    calls = parse_tool_calls(text)
+    return Answer(content, reasoning or None, calls, _unparsed(text, calls))
 
 
 def read_answer(output_ids: list[int], finish_reason: str | None, reasoning_end: int | None,
@@ -98,7 +106,13 @@ def read_answer(output_ids: list[int], finish_reason: str | None, reasoning_end:
         content = text[:cut] if cut is not None else ""
     else:
         content = decode(after, True)
-    return Answer(content, reasoning, calls)
+    return Answer(content, reasoning, calls, _unparsed(text, calls))
+
+
+def _unparsed(text: str, calls: list[ToolCall]) -> str | None:
+    if calls or not has_call_opener(text):
+        return None
+    return text[calls_start(text) or 0:][:200]
 
 
 @dataclass
@@ -136,6 +150,9 @@ class Conversation:
         self.turn += 1
         if finish_reason == "length":
             return self.stop("truncated", f"turn {turn} reached maxNewTokens")
+        if answer.unparsed is not None:
+            return self.stop("unparsed_tool_call", f"turn {turn}: the answer opens a tool call that no parser of "
+                             f"tokenmill reads: {answer.unparsed!r}")
         if position < 0:
             return self.stop("complete")
         wanted = source_calls(messages[position])
@@ -143,14 +160,13 @@ class Conversation:
             return self.stop("diverged_no_call" if not answer.calls else "tool_divergence", f"turn {turn}: {why}")
         following = messages[position + 1:self._next_target_position()]
         results = _leading_tools(following)
-        if len(results) < len(answer.calls):
-            return self.stop("no_tool_result", f"turn {turn}: the source has {len(results)} tool result(s) for "
-                             f"{len(answer.calls)} call(s)")
+        paired = pair_results(wanted, results)
+        if isinstance(paired, Stop):
+            return self.stop(paired.reason, f"turn {turn}: {paired.detail}")
         self.history.append(answer.message(turn))
-        for index, result in enumerate(following):
-            if index < len(answer.calls):
-                result = {**result, "tool_call_id": call_id(answer.calls[index], turn, index)}
-            self.history.append(result)
+        for index, result in enumerate(paired):
+            self.history.append({**result, "tool_call_id": call_id(answer.calls[index], turn, index)})
+        self.history.extend(following[len(results):])
         if self.turn == len(self.targets):
             self.stop("complete")
 
@@ -170,6 +186,34 @@ def _arguments_as_objects(message: dict[str, Any]) -> dict[str, Any]:
             call = {**call, "function": {**call["function"], "arguments": arguments}}
         converted.append(call)
     return {**message, "tool_calls": converted}
+
+
+@dataclass(frozen=True)
+class Stop:
+    reason: str
+    detail: str
+
+
+def pair_results(calls: Sequence[ToolCall], results: list[dict[str, Any]]) -> list[dict[str, Any]] | Stop:
+    """The source's result for each of the source's `calls`, in call order: by `tool_call_id` when every call and
+    every result carries one, by position otherwise. Results beyond the calls are left out."""
+    ids = [str(call.id) for call in calls if call.id]
+    by_id = bool(calls) and len(ids) == len(calls) and all(result.get("tool_call_id") for result in results)
+    if not by_id:
+        if len(results) < len(calls):
+            return Stop("no_tool_result", f"the source has {len(results)} tool result(s) for {len(calls)} call(s)")
+        return results[:len(calls)]
+    found: dict[str, dict[str, Any]] = {}
+    for result in results:
+        key = str(result["tool_call_id"])
+        if key not in ids:
+            return Stop("tool_divergence", f"the source has a tool result for call id {key!r}, which none of its "
+                        f"calls ({', '.join(ids)}) has")
+        found.setdefault(key, result)
+    missing = [key for key in ids if key not in found]
+    if missing:
+        return Stop("no_tool_result", f"the source has no tool result for call id(s) {', '.join(missing)}")
+    return [found[key] for key in ids]
 
 
 def _leading_tools(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -206,3 +250,32 @@ def history_exact(previous_prompt: list[int], previous_output: list[int], prompt
     template re-renders the history differently, e.g. dropping reasoning the model generated)."""
     head = previous_prompt + previous_output
     return len(prompt) >= len(head) and prompt[:len(head)] == head
+
+
+# A history with one tool call, rendered through the model's template at start: the call must read back.
+PROBE = Prompt(0, "tool-call-probe", [
+    {"role": "user", "content": "Weather in Porto?"},
+    {"role": "assistant", "content": "", "tool_calls": [ToolCall("get_weather", '{"city": "Porto"}').as_message_call(
+        "call_0_0")]},
+    {"role": "tool", "tool_call_id": "call_0_0", "content": "18 C"}], None)
+
+
+def unread_call_format(render: Callable[[Prompt], str | RowError], dataset: str, family: str) -> str | None:
+    """Why `mode: all-turns` cannot run on this template: it writes an assistant's tool call in a form no parser of
+    tokenmill reads, so every tool turn would stop as `unparsed_tool_call` (or, without an opener we know, as
+    `diverged_no_call`) after spending its GPU time. None when the call reads back, when the template does not write
+    calls at all (nothing to parse), or when it fails on the history (turns then stop as `template_error`)."""
+    rendered = render(Conversation(PROBE, list(PROBE.messages), []).next_prompt())
+    if not isinstance(rendered, str):
+        rendered = render(Conversation(PROBE, list(PROBE.messages), []).next_prompt(arguments_as_text=True))
+    if not isinstance(rendered, str) or "Weather in Porto?" not in rendered or "18 C" not in rendered:
+        return None
+    history = rendered[rendered.index("Weather in Porto?") + len("Weather in Porto?"):rendered.index("18 C")]
+    # Llama writes the call as the whole message, bare JSON between the role headers: read that part alone too.
+    bare = history[history.find('{"name"'):history.rfind("}") + 1] if '{"name"' in history else ""
+    if "get_weather" not in history or any(call.name == "get_weather" for text in (history, bare)
+                                           for call in parse_tool_calls(text)):
+        return None
+    return (f"dataset {dataset}: mode all-turns needs the model's tool calls read back from its output, and the "
+            f"chat template of model family {family} writes a call as {history.strip()[:160]!r}, which no tool-call "
+            "parser of tokenmill reads (supported families: docs/multiturn.md); use mode last-turn for this dataset")

@@ -117,6 +117,11 @@ def _read_json(folder: str | None, name: str) -> dict[str, Any]:
     return json.loads((Path(folder) / name).read_text())
 
 
+def model_family(folder: str | None, location: str) -> str:
+    """The model's family as its config.json names it (model_type), else where the tokenizer is."""
+    return str(_read_json(folder, "config.json").get("model_type") or location)
+
+
 def model_context_length(folder: str | None) -> int | None:
     config = _read_json(folder, "config.json")
     for source in (config, config.get("text_config") or {}):
