@@ -24,6 +24,7 @@ from tokenmill_runner.spec.resource import API_VERSION, KIND, DatasetGenerationS
 
 from . import names
 from .planner import ServerPlan
+from .planner.attention import given_backend
 
 # aws-cli image used by the init container that copies s3:// weights into the pod. The spec has no field for it
 # yet; pinned (not `latest`) so a restarted pod runs the same copier. Its entrypoint is `aws`.
@@ -248,6 +249,9 @@ def sglang_args(name: str, spec: DatasetGenerationSpec, plan: ServerPlan, model_
         # Only on request: SGLang then builds a per-request seed tensor (sampling_batch_info.py:157 in 0.5.23), so
         # sampling_seed takes effect, at the price of batch-invariant kernels and the pytorch sampler.
         args += ["--enable-deterministic-inference"]
+    if plan.attention_backend and given_backend(server.extra_args) is None:
+        # Chosen by the planner for deterministic inference (planner/attention.py says why SGLang's own pick fails).
+        args += ["--attention-backend", plan.attention_backend]
     args += [
         "--enable-metrics",
         # Expanded by the kubelet from the env var (itself from the Secret): the key never appears in the spec.

@@ -73,6 +73,7 @@ def render_plan(plan: ServerPlan) -> str:
         ("context length", f"{plan.context_length:,}"),
         ("max running requests", f"{plan.max_running_requests:,}"),
         ("KV cache dtype", plan.kv_cache_dtype),
+        ("attention backend", plan.attention_backend or "SGLang's choice"),
         ("GPU", f"{plan.gpu_product or '-'}, {plan.gpu_memory_mib:,} MiB"
                 f"{f', TP over {plan.interconnect}' if plan.interconnect else ''}"),
         ("weights", f"{gib(plan.weight_bytes)}, {gib(plan.weight_bytes_per_gpu)} per GPU"),
@@ -99,8 +100,9 @@ def render_plan(plan: ServerPlan) -> str:
 
 def _release_lines(sizing: Sizing) -> list[str]:
     serving = sizing.ctx.serving
+    attention = [sizing.attention.reason] if sizing.attention else []
     return [f"{serving.source} (released {serving.release.released}): the checks and the memory rules below are "
-            f"that release's", *serving.warnings]
+            f"that release's", *attention, *sizing.warnings]
 
 
 def _model_line(sizing: Sizing) -> str:

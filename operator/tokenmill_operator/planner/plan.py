@@ -55,6 +55,9 @@ class ServerPlan(_Model):
     cuda_graph_max_bs: int | None = Field(
         None, description="Decode CUDA-graph batch per DP attention group, when the plan sets it.")
     kv_cache_dtype: str = Field(description="--kv-cache-dtype.")
+    attention_backend: str | None = Field(
+        None, description="--attention-backend the server runs with: tokenmill passes one with deterministicInference, "
+        "or extraArgs sets it; None: SGLang picks by GPU and model.")
     sglang_version: str | None = Field(None, description="SGLang release the plan is for.")
     gpu_product: str | None = Field(None, description="GPU product the plan is for.")
     gpu_vendor: str = Field("nvidia", description="nvidia or amd: the device plugin resource and node label used.")

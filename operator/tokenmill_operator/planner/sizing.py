@@ -31,6 +31,7 @@ from .memory import (
     sglang_reserve,
 )
 from .plan import Candidate, PlanError, Prediction, ServerPlan
+from .attention import AttentionBackend, attention_backend
 from .serving import (
     ServingRelease,
     check_architecture,
@@ -368,6 +369,7 @@ class Sizing:
     options: tuple[Option, ...]
     chosen: Option
     warnings: tuple[str, ...] = field(default=())
+    attention: AttentionBackend | None = None
 
     @property
     def spec(self) -> DatasetGenerationSpec:
@@ -417,6 +419,7 @@ class Sizing:
             max_running_requests=chosen.max_running,
             cuda_graph_max_bs=chosen.graph_bs,
             kv_cache_dtype=chosen.kv_cache_dtype,
+            attention_backend=self.attention.backend if self.attention else None,
             sglang_version=self.ctx.serving.release.version,
             gpu_product=gpu.label if gpu else server.gpu_product,
             gpu_vendor=gpu.vendor if gpu else "nvidia",
@@ -488,6 +491,7 @@ def size_server(spec: DatasetGenerationSpec, model: ModelFacts, gpu_memory: int 
     check_image(server, gpu, serving)
     check_architecture(model, serving)
     check_kv_cache_dtype(server, serving)
+    attention = attention_backend(server, gpu, model, serving)
     memory = gpu_memory if gpu_memory is not None and server.gpu_memory_mib is None else gpu_memory_mib(server, gpu)
     length, context_source = context_length(server, model)
     work = work or workload(spec)
@@ -507,4 +511,5 @@ def size_server(spec: DatasetGenerationSpec, model: ModelFacts, gpu_memory: int 
                             f"{given[0].unusable}")
         raise _no_fit_error(ctx, options, budget)
     return Sizing(ctx=ctx, budget_gpus=budget, budget_source=budget_source, context_source=context_source,
-                  options=tuple(options), chosen=chosen, warnings=serving.warnings)
+                  options=tuple(options), chosen=chosen, warnings=serving.warnings + attention.warnings,
+                  attention=attention)

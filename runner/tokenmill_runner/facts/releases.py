@@ -48,6 +48,9 @@ DEFAULT_IMAGE = f"{IMAGE_REPOSITORY}:v{DEFAULT_RELEASE}"
 # The last release with a CUDA 12 image (install docs: "v0.5.19-cu129 is the last CUDA 12 tag"); later images need a
 # driver that supports CUDA 13.
 LAST_CUDA12_RELEASE = "0.5.19"
+# SGLANG_HEALTH_CHECK_TIMEOUT's default: /health and /health_generate wait this long for a scheduler answer before
+# they say 503 (0.5.9 entrypoints/http_server.py:166, 520; 0.5.23 entrypoints/http_server.py:218, 779).
+HEALTH_CHECK_TIMEOUT_S = 20
 
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?$")
 _IMAGE_TAG = re.compile(r":v?(\d+\.\d+\.\d+(?:\.post\d+)?)(?:-[A-Za-z0-9._-]+)?$")
@@ -112,6 +115,15 @@ class Release:
     server_info_extra_keys: tuple[str, ...]
     transformers_pin: str
     default_cuda: str  # CUDA of the plain vX image tag
+    # --attention-backend choices of the argument parser (0.5.9 server_args.py:122; 0.5.23 arg_groups/choices.py:69).
+    attention_backends: tuple[str, ...]
+    # Backends --enable-deterministic-inference accepts (any other raises ValueError at start), and those of them
+    # that keep the radix cache (0.5.9 server_args.py:154,156; 0.5.23 arg_groups/choices.py:113,249).
+    deterministic_attention_backends: tuple[str, ...]
+    radix_deterministic_attention_backends: tuple[str, ...]
+    # Architectures the deterministic check holds to the radix-supported backends ("absorbed-MLA models"; 0.5.9
+    # server_args.py:2729-2736; 0.5.23 arg_groups/attention_hook.py:623-632). Kimi-K2.5, MLA too, is not listed.
+    deterministic_mla_architectures: tuple[str, ...]
 
     @property
     def image(self) -> str:
@@ -179,7 +191,60 @@ def _build(version: str, released: str) -> Release:
         server_info_extra_keys=tuple(key for first, key in _SERVER_INFO_KEYS if since(first)),
         transformers_pin=_transformers_pin(version),
         default_cuda="13.0" if since("0.5.11") else "12.9",
+        attention_backends=_changed(version, _ATTENTION_BACKENDS),
+        deterministic_attention_backends=_changed(version, _DETERMINISTIC_BACKENDS),
+        radix_deterministic_attention_backends=_changed(version, _RADIX_DETERMINISTIC_BACKENDS),
+        deterministic_mla_architectures=_changed(version, _DETERMINISTIC_MLA_ARCHITECTURES),
     )
+
+
+# A list as change points: (first release, added, removed), read in order from the oldest supported release.
+ListChanges = tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...]
+
+
+def _changed(version: str, changes: ListChanges) -> tuple[str, ...]:
+    items: list[str] = []
+    for index, (first, added, removed) in enumerate(changes):
+        if index == 0 or _at_least(version, first):  # the first row is the base, also for older releases
+            items = [item for item in items if item not in removed] + list(added)
+    return tuple(items)
+
+
+# ATTENTION_BACKEND_CHOICES (0.5.9 server_args.py:122; 0.5.23 arg_groups/choices.py:69).
+_ATTENTION_BACKENDS: ListChanges = (
+    ("0.5.9", ("triton", "torch_native", "flex_attention", "nsa", "cutlass_mla", "fa3", "fa4", "flashinfer",
+               "flashmla", "trtllm_mla", "trtllm_mha", "dual_chunk_flash_attn", "aiter", "wave", "intel_amx",
+               "ascend", "intel_xpu"), ()),
+    ("0.5.12.post1", ("compressed", "dsv4", "tokenspeed_mla"), ()),
+    ("0.5.13.post1", ("cutedsl_mla", "dsa"), ()),
+    ("0.5.17", ("hpc_ops",), ()),
+    ("0.5.19", ("minicpm_flashattn", "minicpm_flashinfer"), ()),
+    ("0.5.20", ("qsa",), ("cutlass_mla", "dual_chunk_flash_attn")),
+    ("0.5.22", ("llada2_cfg_flashinfer",), ()),
+)
+# DETERMINISTIC_ATTENTION_BACKEND_CHOICES (0.5.9 server_args.py:154; 0.5.13.post1 :199; 0.5.16 :223; 0.5.19 :234;
+# 0.5.23 arg_groups/choices.py:113).
+_DETERMINISTIC_BACKENDS: ListChanges = (
+    ("0.5.9", ("flashinfer", "fa3", "triton"), ()),
+    ("0.5.13.post1", ("ascend",), ()),
+    ("0.5.16", ("fa4",), ()),
+    ("0.5.19", ("intel_xpu",), ()),
+)
+# RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND (0.5.9 server_args.py:156; 0.5.16 :231; 0.5.23
+# arg_groups/choices.py:249).
+_RADIX_DETERMINISTIC_BACKENDS: ListChanges = (
+    ("0.5.9", ("fa3", "triton"), ()),
+    ("0.5.13.post1", ("ascend",), ()),
+    ("0.5.16", ("fa4",), ()),
+)
+# The is_deepseek_model list of the deterministic check (0.5.9 server_args.py:2729; 0.5.18 arg_groups/overrides.py;
+# 0.5.20 arg_groups/attention_hook.py; 0.5.23 arg_groups/attention_hook.py:623).
+_DETERMINISTIC_MLA_ARCHITECTURES: ListChanges = (
+    ("0.5.9", ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "MistralLarge3ForCausalLM",
+               "PixtralForConditionalGeneration", "GlmMoeDsaForCausalLM"), ()),
+    ("0.5.18", ("Glm4MoeLiteForCausalLM",), ()),
+    ("0.5.20", ("Glm5NextForConditionalGeneration",), ()),
+)
 
 
 # SamplingParams.__init__ (0.5.9 sampling/sampling_params.py:40; 0.5.14 sampling/sampling_params.py:71).
