@@ -66,7 +66,7 @@ def test_an_unknown_gpu_gets_triton_which_runs_everywhere() -> None:
 
 @pytest.mark.parametrize(("backend", "says"), [
     ("trtllm_mla", "refuses it at start"),  # not in the deterministic set: SGLang's ValueError
-    ("flashinfer", "not deterministic for MLA models"),  # accepted by SGLang for K2.5, but its own comment says so
+    ("flashinfer", "flashinfer is not deterministic for DeepSeek models"),  # accepted by SGLang for K2.5, but its own comment says so
     ("no_such_backend", "does not know it"),  # the argument parser exits
 ])
 def test_an_extra_args_backend_no_deterministic_run_allows_is_refused(backend: str, says: str) -> None:

@@ -30,6 +30,10 @@ from .serving import ServingRelease
 FLAG = "--attention-backend"
 # Hopper runs FlashAttention 3 (SGLang's default there for MHA and MLA alike, 0.5.9 server_args.py:1799-1822).
 HOPPER = "sm90"
+# What every release's check lets an MLA model run deterministically on: fa3 and triton (0.5.9
+# server_args.py:2765-2769); fa4 only from 0.5.17 and only on sm100/sm110 (0.5.23 arg_groups/attention_hook.py:643-654),
+# so tokenmill leaves it out.
+MLA_DETERMINISTIC = ("fa3", "triton")
 
 
 @dataclass(frozen=True)
@@ -92,12 +96,12 @@ def attention_backend(server: ServerSpec, gpu: Gpu | None, model: ModelFacts,
         raise PlanError(f"spec.server.extraArgs {FLAG} {given}: {where} refuses it at start (ValueError, the pod "
                         f"restarts forever); use one of {', '.join(facts.deterministic_attention_backends)}, or drop "
                         f"it and tokenmill passes one")
+    if mla and given not in MLA_DETERMINISTIC:
+        raise PlanError(f"spec.server.extraArgs {FLAG} {given}: {model.architecture} is an MLA model, and SGLang "
+                        f"runs MLA deterministically only on {' or '.join(MLA_DETERMINISTIC)} (its own comment: "
+                        f"flashinfer is not deterministic for DeepSeek models); use one of them, or drop it and "
+                        f"tokenmill passes one")
     if given not in facts.radix_deterministic_attention_backends:
-        if mla:
-            raise PlanError(f"spec.server.extraArgs {FLAG} {given}: {model.architecture} is an MLA model, and SGLang "
-                            f"says {given} is not deterministic for MLA models; use one of "
-                            f"{', '.join(facts.radix_deterministic_attention_backends)}, or drop it and tokenmill "
-                            f"passes one")
         return AttentionBackend(given, False, f"{FLAG} {given} from spec.server.extraArgs",
                                 (f"warning: {FLAG} {given} turns SGLang's radix cache off under deterministic "
                                  f"inference (no prefix reuse across samples and turns); "
