@@ -359,7 +359,7 @@ def _server_container(name: str, namespace: str, spec: DatasetGenerationSpec, pl
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, *model.mounts, *(tokenizer.mounts if tokenizer else ())]
     return {
         "name": SERVER_CONTAINER,
-        "image": server.image,
+        "image": plan.image or server.image,  # the plan may swap in the -cu129 tag the nodes' driver runs
         "command": command,
         "args": args,
         "env": _server_env(name, multi_node),

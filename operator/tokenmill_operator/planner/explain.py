@@ -66,7 +66,7 @@ def render_plan(plan: ServerPlan) -> str:
     """The plan for people: a short table of the settings, the candidate layouts, then the arithmetic."""
     dp = f", DP attention over {plan.attention_data_parallel} groups" if plan.attention_data_parallel > 1 else ""
     rows = [
-        ("SGLang", plan.sglang_version or "-"),
+        ("SGLang", f"{plan.sglang_version or '-'}, {plan.image or '-'}"),
         ("tensor parallel", f"{plan.tensor_parallel} = {count(plan.nodes_per_replica, 'node')} x "
                             f"{count(plan.gpus_per_node, 'GPU')}, {count(plan.replicas, 'replica')}{dp}"),
         ("mem-fraction-static", plan.mem_fraction_static),
@@ -100,9 +100,9 @@ def render_plan(plan: ServerPlan) -> str:
 
 def _release_lines(sizing: Sizing) -> list[str]:
     serving = sizing.ctx.serving
-    attention = [sizing.attention.reason] if sizing.attention else []
+    said = [sizing.image.reason if sizing.image else "", sizing.attention.reason if sizing.attention else ""]
     return [f"{serving.source} (released {serving.release.released}): the checks and the memory rules below are "
-            f"that release's", *attention, *sizing.warnings]
+            f"that release's", *filter(None, said), *sizing.warnings]
 
 
 def _model_line(sizing: Sizing) -> str:

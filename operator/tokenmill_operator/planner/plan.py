@@ -59,6 +59,10 @@ class ServerPlan(_Model):
         None, description="--attention-backend the server runs with: tokenmill passes one with deterministicInference, "
         "or extraArgs sets it; None: SGLang picks by GPU and model.")
     sglang_version: str | None = Field(None, description="SGLang release the plan is for.")
+    image: str | None = Field(None, description="SGLang image the server runs: spec.server.image, or its CUDA 12 "
+                              "(-cu129) tag when the nodes' driver cannot run the image's CUDA.")
+    cuda_driver_major: int | None = Field(
+        None, description="NVIDIA driver branch of the GPU nodes the image was checked against, when known.")
     gpu_product: str | None = Field(None, description="GPU product the plan is for.")
     gpu_vendor: str = Field("nvidia", description="nvidia or amd: the device plugin resource and node label used.")
     gpu_memory_mib: int = Field(description="Memory of one GPU, MiB.")

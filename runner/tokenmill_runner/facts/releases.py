@@ -48,12 +48,18 @@ DEFAULT_IMAGE = f"{IMAGE_REPOSITORY}:v{DEFAULT_RELEASE}"
 # The last release with a CUDA 12 image (install docs: "v0.5.19-cu129 is the last CUDA 12 tag"); later images need a
 # driver that supports CUDA 13.
 LAST_CUDA12_RELEASE = "0.5.19"
+# The oldest NVIDIA driver branch that runs each CUDA major line (minor version compatibility: NVIDIA's CUDA
+# Compatibility guide, table 1: CUDA 13.x >= 580, CUDA 12.x >= 525). GPU feature discovery labels the branch as
+# nvidia.com/cuda.driver.major (e.g. 570); nvidia.com/cuda.runtime.major is the CUDA line the driver supports.
+MIN_DRIVER_BY_CUDA_MAJOR = {12: 525, 13: 580}
 # SGLANG_HEALTH_CHECK_TIMEOUT's default: /health and /health_generate wait this long for a scheduler answer before
 # they say 503 (0.5.9 entrypoints/http_server.py:166, 520; 0.5.23 entrypoints/http_server.py:218, 779).
 HEALTH_CHECK_TIMEOUT_S = 20
 
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?$")
 _IMAGE_TAG = re.compile(r":v?(\d+\.\d+\.\d+(?:\.post\d+)?)(?:-[A-Za-z0-9._-]+)?$")
+
+_CUDA_SUFFIX = re.compile(r"-cu(\d\d)(\d)(?:-|$)")
 
 VersionKey = tuple[int, int, int, int]
 
@@ -134,6 +140,15 @@ class Release:
         backend, which cannot serve large MoE checkpoints such as Kimi-K2.5)."""
         first = _architectures().get(architecture)
         return first is not None and _at_least(self.version, first)
+
+    def image_cuda(self, image: str) -> str | None:
+        """The CUDA an image of this release was built with: its -cuXYZ suffix (v0.5.19-cu129 → 12.9), else the plain
+        tag's; None for a ROCm image."""
+        tag = image.rsplit(":", 1)[-1] if ":" in image.split("/")[-1] else ""
+        if "rocm" in tag:
+            return None
+        suffix = _CUDA_SUFFIX.search(tag)
+        return f"{int(suffix.group(1))}.{suffix.group(2)}" if suffix else self.default_cuda
 
     def cuda12_image(self) -> str | None:
         if not _at_least(LAST_CUDA12_RELEASE, self.version):

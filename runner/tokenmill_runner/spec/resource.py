@@ -289,6 +289,11 @@ class ServerSpec(SpecModel):
     gpu_memory_mib: int | None = Field(
         None, gt=0, description="Memory of one GPU in MiB; default: known from gpuProduct (e.g. NVIDIA-H200: 143771)."
     )
+    cuda_driver_major: int | None = Field(
+        None, gt=0, description="NVIDIA driver branch of the GPU nodes (e.g. 570, 580), as GPU feature discovery labels "
+        "them (nvidia.com/cuda.driver.major); default: read from the nodes by the operator. An image whose CUDA the "
+        "driver cannot run (CUDA 13 needs 580+, CUDA 12 525+) is swapped for its -cu129 tag or refused at plan time.",
+    )
     nodes: int | Auto = Field(
         "auto", description="Nodes the run may use (each with gpusPerNode GPUs); auto: the fewest one replica needs. "
         "The planner lays out replicas on them for the fastest finish.",
