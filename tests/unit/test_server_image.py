@@ -1,6 +1,8 @@
-"""The image against the GPU nodes' NVIDIA driver (planner/serving.py server_image): a CUDA 13 image on a driver
-older than 580 is swapped for SGLang's -cu129 tag of the same release, or, for the default image, of the last
-release that has one; what no image fixes is refused at plan time with the reason."""
+"""The server image: against the GPU nodes' NVIDIA driver (planner/serving.py server_image), a CUDA 13 image on a
+driver older than 580 is swapped for SGLang's -cu129 tag of the same release, or, for the default image, of the last
+release that has one, and what no image fixes is refused at plan time with the reason; a tag that names no release
+is either stated (sglangVersion) or, when it does not move, planned with the assumed release said; the health
+probes wait out SGLang's own health check."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ import pytest
 
 from tokenmill_operator.manifests import server_statefulset
 from tokenmill_operator.planner import PlanError, plan_server
-from tokenmill_runner.facts.releases import DEFAULT_IMAGE, release
+from tokenmill_runner.facts.releases import DEFAULT_IMAGE, HEALTH_CHECK_TIMEOUT_S, release
+from tokenmill_runner.spec.resource import SpecError
 
 from .test_planner import H200, facts, make_spec
 
@@ -70,3 +73,31 @@ def test_the_statefulset_runs_the_planned_image() -> None:
     plan = plan_server(spec, facts(KIMI))
     sts = server_statefulset("run", "ns", {"apiVersion": "v1", "kind": "X", "name": "run", "uid": "u"}, spec, plan)
     assert sts["spec"]["template"]["spec"]["containers"][0]["image"] == "lmsysorg/sglang:v0.5.19-cu129"
+
+
+@pytest.mark.parametrize("image", ["lmsysorg/sglang:latest", "lmsysorg/sglang:latest-runtime",
+                                   "lmsysorg/sglang:nightly-dev-20261101", "registry.example/sglang:dev"])
+def test_a_moving_tag_needs_the_release_stated(image: str) -> None:
+    with pytest.raises(SpecError, match="spec.server: .*image .*: the tag moves to each new SGLang build.* set sglangVersion"):
+        make_spec({"gpuProduct": H200, "image": image})
+    plan = plan_server(make_spec({"gpuProduct": H200, "image": image, "sglangVersion": "0.5.21"}), facts(KIMI))
+    assert (plan.sglang_version, plan.image) == ("0.5.21", image)
+
+
+def test_a_custom_tag_says_which_release_it_is_taken_for() -> None:
+    plan = plan_server(make_spec({"gpuProduct": H200, "image": "registry.example/sglang:team-build"}), facts(KIMI))
+    assert plan.sglang_version == "0.5.23"
+    assert any(line.startswith("warning: the image registry.example/sglang:team-build names no SGLang release; the "
+                               "checks and the plan assume 0.5.23") for line in plan.reasoning)
+
+
+def test_health_probes_wait_for_sglangs_own_health_verdict() -> None:
+    spec = make_spec({"gpuProduct": H200})
+    plan = plan_server(spec, facts(KIMI))
+    container = server_statefulset("run", "ns", {"apiVersion": "v1", "kind": "X", "name": "run", "uid": "u"}, spec,
+                                   plan)["spec"]["template"]["spec"]["containers"][0]
+    for probe in ("readinessProbe", "livenessProbe"):
+        # SGLang answers 503 after SGLANG_HEALTH_CHECK_TIMEOUT (20 s) without a scheduler answer: the kubelet must
+        # wait longer than that, or a slow-but-healthy server reads as a timeout.
+        assert container[probe]["timeoutSeconds"] > HEALTH_CHECK_TIMEOUT_S == 20
+        assert container[probe]["periodSeconds"] >= container[probe]["timeoutSeconds"]

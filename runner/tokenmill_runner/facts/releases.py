@@ -59,6 +59,9 @@ HEALTH_CHECK_TIMEOUT_S = 20
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?$")
 _IMAGE_TAG = re.compile(r":v?(\d+\.\d+\.\d+(?:\.post\d+)?)(?:-[A-Za-z0-9._-]+)?$")
 
+# Tags SGLang moves to each new build (install docs: "latest ... always points at the newest stable release"; nightly
+# and dev builds): no release can be read from them, and the one behind them changes without the spec changing.
+_MOVING_TAG = re.compile(r":(latest|nightly|dev)(?:[-.][A-Za-z0-9._-]*)?$")
 _CUDA_SUFFIX = re.compile(r"-cu(\d\d)(\d)(?:-|$)")
 
 VersionKey = tuple[int, int, int, int]
@@ -361,3 +364,8 @@ def release_of_image(image: str) -> str | None:
     or None for a tag that names none (latest, a digest, a custom build)."""
     match = _IMAGE_TAG.search(image.split("@", 1)[0])
     return match.group(1) if match else None
+
+
+def is_moving_tag(image: str) -> bool:
+    """Whether the image's tag is one SGLang moves (latest, latest-runtime, nightly-…, dev-…)."""
+    return _MOVING_TAG.search(image.split("@", 1)[0]) is not None
