@@ -6,14 +6,20 @@ probes wait out SGLang's own health check."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from tokenmill_operator.manifests import server_statefulset
 from tokenmill_operator.planner import PlanError, plan_server
+from tokenmill_operator.reconcile import plan_for
+from tokenmill_operator.status import DatasetGenerationStatus
 from tokenmill_runner.facts.releases import DEFAULT_IMAGE, HEALTH_CHECK_TIMEOUT_S, release
 from tokenmill_runner.spec.resource import SpecError
 
-from .test_planner import H200, facts, make_spec
+from .test_planner import H200, facts, fixture, make_spec
+from .test_reconcile import context
 
 KIMI = "kimi-k2.5"
 
@@ -101,3 +107,18 @@ def test_health_probes_wait_for_sglangs_own_health_verdict() -> None:
         # wait longer than that, or a slow-but-healthy server reads as a timeout.
         assert container[probe]["timeoutSeconds"] > HEALTH_CHECK_TIMEOUT_S == 20
         assert container[probe]["periodSeconds"] >= container[probe]["timeoutSeconds"]
+
+
+def test_the_operator_reads_the_nodes_driver_only_when_it_makes_a_plan(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(fixture(KIMI)["config"]))
+    reads: list[int] = []
+
+    def node_driver() -> int:
+        reads.append(570)
+        return 570
+
+    made = plan_for(context(tmp_path, 1), None, node_driver)
+    assert made.plan is not None and made.plan.image == "lmsysorg/sglang:v0.5.19-cu129" and reads == [570]
+    previous = DatasetGenerationStatus(server_plan=made.plan, planned_generation=1, observed_generation=1)
+    assert plan_for(context(tmp_path, 1, previous), None, node_driver).plan == made.plan
+    assert reads == [570], "a kept plan reads no nodes"
