@@ -107,7 +107,9 @@ class Release:
     # DP attention is `--dp-size N --enable-dp-attention` until 0.5.21, `--attn-dp-size N` from 0.5.22.
     dp_attention_flag: Literal["--enable-dp-attention", "--attn-dp-size"]
     effective_max_running_per_dp: bool  # /server_info internal_states[*].effective_max_running_requests_per_dp
-    server_info_resolved: bool  # /server_info reports resolved values (not only what was passed) from 0.5.19
+    # /server_info reports the resolution hooks' values and launch_command from 0.5.19; what __post_init__ computes
+    # (mem_fraction_static) it reports in every release (0.5.9 entrypoints/http_server.py:605-610, server_args.py:1059)
+    server_info_resolved: bool
     metric_engine_type_label: bool  # tokenizer metrics carry engine_type besides model_name
     metric_context_len: bool  # sglang:context_len
     repetition_penalty_zero_allowed: bool  # [0, 2] until 0.5.11, (0, 2] from 0.5.12.post1
