@@ -61,7 +61,8 @@ _IMAGE_TAG = re.compile(r":v?(\d+\.\d+\.\d+(?:\.post\d+)?)(?:-[A-Za-z0-9._-]+)?$
 
 # Tags SGLang moves to each new build (install docs: "latest ... always points at the newest stable release"; nightly
 # and dev builds): no release can be read from them, and the one behind them changes without the spec changing.
-_MOVING_TAG = re.compile(r":(latest|nightly|dev)(?:[-.][A-Za-z0-9._-]*)?$")
+MOVING_TAG_PATTERN = r":(latest|nightly|dev)([-.][A-Za-z0-9._-]*)?$"  # RE2 too: the CRD's CEL rule uses it
+_MOVING_TAG = re.compile(MOVING_TAG_PATTERN)
 _CUDA_SUFFIX = re.compile(r"-cu(\d\d)(\d)(?:-|$)")
 
 VersionKey = tuple[int, int, int, int]
