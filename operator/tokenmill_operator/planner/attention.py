@@ -38,11 +38,9 @@ MLA_DETERMINISTIC = ("fa3", "triton")
 
 @dataclass(frozen=True)
 class AttentionBackend:
-    """The backend the server runs with (None: SGLang picks by GPU and model) and why; `emit` when tokenmill passes
-    it (else extraArgs does, or nobody)."""
+    """The backend the server runs with (None: SGLang picks by GPU and model), and why."""
 
     backend: str | None
-    emit: bool
     reason: str
     warnings: tuple[str, ...] = ()
 
@@ -63,7 +61,7 @@ def _default_backend(gpu: Gpu | None) -> tuple[str, str]:
         return "triton", "the GPU product is unknown, and triton runs on every GPU"
     if gpu.arch == HOPPER:
         return "fa3", f"{gpu.label} is Hopper ({gpu.arch}), where FlashAttention 3 is SGLang's own default"
-    return "triton", f"{gpu.label} ({gpu.arch}) is not Hopper, and fa3 is built for Hopper only"
+    return "triton", f"{gpu.label} ({gpu.arch}) is not Hopper (fa3's GPU), and triton runs on every GPU"
 
 
 def attention_backend(server: ServerSpec, gpu: Gpu | None, model: ModelFacts,
@@ -76,8 +74,8 @@ def attention_backend(server: ServerSpec, gpu: Gpu | None, model: ModelFacts,
                         f"parser exits and the pod restarts forever); it knows {', '.join(facts.attention_backends)}")
     if not server.deterministic_inference:
         if given is not None:
-            return AttentionBackend(given, False, f"{FLAG} {given} from spec.server.extraArgs")
-        return AttentionBackend(None, False, "SGLang picks the attention backend by GPU and model")
+            return AttentionBackend(given, f"{FLAG} {given} from spec.server.extraArgs")
+        return AttentionBackend(None, "SGLang picks the attention backend by GPU and model")
     where = f"spec.server.deterministicInference with {serving.source}"
     if model.sparse_attention:
         raise PlanError(f"{where}: {model.architecture} uses DeepSeek sparse attention (config.json index_topk), "
@@ -87,7 +85,7 @@ def attention_backend(server: ServerSpec, gpu: Gpu | None, model: ModelFacts,
     mla = model.is_mla or model.architecture in facts.deterministic_mla_architectures
     if given is None:
         backend, why = _default_backend(gpu)
-        return AttentionBackend(backend, True, f"{FLAG} {backend} for deterministic inference: {why}; it is in the "
+        return AttentionBackend(backend, f"{FLAG} {backend} for deterministic inference: {why}; it is in the "
                                 f"release's deterministic set and keeps the radix cache (left unset, SGLang would "
                                 f"pick trtllm_mla for DeepSeek-family models on sm100-class GPUs, which its "
                                 f"deterministic check refuses, or flashinfer on Blackwell, not deterministic for MLA "
@@ -102,8 +100,8 @@ def attention_backend(server: ServerSpec, gpu: Gpu | None, model: ModelFacts,
                         f"flashinfer is not deterministic for DeepSeek models); use one of them, or drop it and "
                         f"tokenmill passes one")
     if given not in facts.radix_deterministic_attention_backends:
-        return AttentionBackend(given, False, f"{FLAG} {given} from spec.server.extraArgs",
+        return AttentionBackend(given, f"{FLAG} {given} from spec.server.extraArgs",
                                 (f"warning: {FLAG} {given} turns SGLang's radix cache off under deterministic "
                                  f"inference (no prefix reuse across samples and turns); "
                                  f"{', '.join(facts.radix_deterministic_attention_backends)} keep it",))
-    return AttentionBackend(given, False, f"{FLAG} {given} from spec.server.extraArgs")
+    return AttentionBackend(given, f"{FLAG} {given} from spec.server.extraArgs")

@@ -118,8 +118,8 @@ def server_image(server: ServerSpec, gpu: Gpu | None, node_driver_major: int | N
                                      f"instead", driver)
     older = (f"use an image the driver runs ({IMAGE_REPOSITORY}:v{LAST_CUDA12_RELEASE}-cu129 is the last CUDA 12 "
              f"image) or " if driver >= MIN_DRIVER_BY_CUDA_MAJOR[12] else "")
-    raise PlanError(f"spec.server.image {server.image} runs CUDA {cuda}, which needs NVIDIA driver {need} or newer, and "
-                    f"the GPU nodes run driver {driver} ({source}): the server would fail at its first CUDA call; "
+    raise PlanError(f"spec.server.image {server.image} runs CUDA {cuda}, which needs NVIDIA driver {need} or newer, "
+                    f"and the GPU nodes run driver {driver} ({source}): the server would fail at its first CUDA call; "
                     f"{older}upgrade the nodes' driver")
 
 

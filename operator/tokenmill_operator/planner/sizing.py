@@ -494,7 +494,7 @@ def size_server(spec: DatasetGenerationSpec, model: ModelFacts, gpu_memory: int 
     server = spec.server
     gpu = gpu_product(server)
     image = server_image(server, gpu, node_driver_major)
-    serving = serving_release(server if image.image == server.image else server.model_copy(update={"image": image.image}))
+    serving = serving_release(server.model_copy(update={"image": image.image}))
     check_image(server, gpu, serving)
     check_architecture(model, serving)
     check_kv_cache_dtype(server, serving)
