@@ -22,6 +22,7 @@ from tokenmill_runner.spec.resource import DatasetGenerationSpec
 from tokenmill_runner.facts.throughput import Layout, StepModel
 from tokenmill_runner.facts.workload import SAMPLES_ASSUMED, DatasetLoad, JobTime, Workload, job_time
 
+from .attention import AttentionBackend, attention_backend
 from .memory import (
     Capacity,
     kv_dtype_bytes,
@@ -31,7 +32,6 @@ from .memory import (
     sglang_reserve,
 )
 from .plan import Candidate, PlanError, Prediction, ServerPlan
-from .attention import AttentionBackend, attention_backend
 from .serving import (
     ServerImage,
     ServingRelease,
