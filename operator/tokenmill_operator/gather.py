@@ -22,8 +22,8 @@ from tokenmill_runner.store.storage import Storage, StorageError
 from . import names
 from .facts import JobState, ProgressFacts, ServerState
 from .kube import Kube, KubeUnavailable
-from .planner.serving import DRIVER_LABEL
 from .observe import parse_time, progress_facts
+from .planner.serving import DRIVER_LABEL
 from .status import RunStatus
 
 SERVER_PROBLEMS = ("ImagePullBackOff", "ErrImagePull", "CrashLoopBackOff", "CreateContainerConfigError",
