@@ -23,9 +23,10 @@ from .release_code import Gpu, check_node, run_deterministic_check
 from .sglang_wheels import list_holding, module_lists
 
 KIMI = "KimiK25ForConditionalGeneration"
-# GPU products by the compute capability major SGLang's probes read (sm103 is major 10 like sm100).
+# GPU products by what SGLang's probes read: the compute capability major (sm103 is 10 like sm100), or ROCm.
 GPUS = {"NVIDIA-H200": Gpu(9), "NVIDIA-B200": Gpu(10), "NVIDIA-GB300": Gpu(10),
-        "NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition": Gpu(12), "NVIDIA-A100-SXM4-80GB": Gpu(8)}
+        "NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition": Gpu(12), "NVIDIA-A100-SXM4-80GB": Gpu(8),
+        "AMD_Instinct_MI300X_OAM": Gpu(9, hip=True)}
 MODELS = ("kimi-k2.5", "deepseek-v3", "qwen3-30b-a3b")
 
 
