@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from tokenmill_runner.facts.releases import RELEASES
+from tokenmill_runner.facts.releases import MOVING_TAG_PATTERN, RELEASES
 from tokenmill_runner.spec.resource import API_VERSION, KV_CACHE_DTYPES, DatasetGenerationSpec
 
 from .status import DatasetGenerationStatus
@@ -259,6 +259,10 @@ def kv_cache_dtype_rules() -> list[dict[str, str]]:
 
 RULES[("server",)] += [
     *kv_cache_dtype_rules(),
+    _rule(f"has(self.sglangVersion) || !has(self.image) || !self.image.matches('{MOVING_TAG_PATTERN}')",
+          "server.image has a tag SGLang moves to each new build (latest, nightly, dev): pin a release tag (e.g. "
+          "lmsysorg/sglang:v0.5.23) or set server.sglangVersion to the release it runs", "FieldValueRequired",
+          ".sglangVersion"),
     _rule("!has(self.attentionDataParallel) || type(self.attentionDataParallel) != int || "
           "(has(self.tensorParallel) && type(self.tensorParallel) == int ? "
           "self.tensorParallel % self.attentionDataParallel == 0 : self.attentionDataParallel in [1, 2, 4, 8, 16, 32, 64])",

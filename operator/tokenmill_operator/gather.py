@@ -11,7 +11,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import orjson
+from kubernetes.client.exceptions import ApiException
 
+from tokenmill_runner.facts.hardware import find
+from tokenmill_runner.spec.resource import ServerSpec
 from tokenmill_runner.store.commit_index import DatasetIndex
 from tokenmill_runner.store.index_store import CHECKPOINT_EVERY, catch_up, load_index, write_checkpoint
 from tokenmill_runner.store.manifest import RunManifest, read_manifest
@@ -19,8 +22,9 @@ from tokenmill_runner.store.storage import Storage, StorageError
 
 from . import names
 from .facts import JobState, ProgressFacts, ServerState
-from .kube import Kube
+from .kube import Kube, KubeUnavailable
 from .observe import parse_time, progress_facts
+from .planner.serving import DRIVER_LABEL
 from .status import RunStatus
 
 SERVER_PROBLEMS = ("ImagePullBackOff", "ErrImagePull", "CrashLoopBackOff", "CreateContainerConfigError",
@@ -88,6 +92,24 @@ class OutputIndex:
             write_checkpoint(storage, index, CHECKPOINT_WRITER, now)
         except StorageError as error:  # the next reader reads more markers; nothing is wrong
             logger.warning("%s: could not write a checkpoint: %s", index.name, error)
+
+
+def node_driver_major(kube: Kube, server: ServerSpec) -> int | None:
+    """The oldest NVIDIA driver branch among the nodes the server pods may land on (their GPU product and
+    spec.server.nodeSelector), as GPU feature discovery labels it; None when no such node carries the label or the
+    nodes cannot be read (the plan then says the driver is unknown)."""
+    gpu = find(server.gpu_product) if server.gpu_product else None
+    if gpu is not None and gpu.vendor != "nvidia":
+        return None
+    selector = {**({gpu.label_key: gpu.label} if gpu else {}), **server.node_selector}
+    try:
+        nodes = kube.list("v1", "Node", None, selector)
+    except (KubeUnavailable, ApiException) as error:  # e.g. 403 where the chart's ClusterRole was trimmed
+        logger.warning("cannot read the GPU nodes' %s label: %s", DRIVER_LABEL, error)
+        return None
+    branches = [int(value) for node in nodes
+                if (value := ((node.get("metadata") or {}).get("labels") or {}).get(DRIVER_LABEL, "")).isdigit()]
+    return min(branches, default=None)
 
 
 def observe_server(kube: Kube, name: str, namespace: str) -> ServerState | None:

@@ -19,11 +19,12 @@ import yaml
 from tokenmill_runner.spec.config import API_KEY_ENV
 from tokenmill_runner.facts.hardware import GPU_RESOURCE as RESOURCE_BY_VENDOR
 from tokenmill_runner.facts.hardware import PRODUCT_LABEL_KEY
-from tokenmill_runner.facts.releases import release, version_key
+from tokenmill_runner.facts.releases import HEALTH_CHECK_TIMEOUT_S, release, version_key
 from tokenmill_runner.spec.resource import API_VERSION, KIND, DatasetGenerationSpec
 
 from . import names
 from .planner import ServerPlan
+from .planner.attention import given_backend
 
 # aws-cli image used by the init container that copies s3:// weights into the pod. The spec has no field for it
 # yet; pinned (not `latest`) so a restarted pod runs the same copier. Its entrypoint is `aws`.
@@ -45,6 +46,9 @@ GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 PROBE_PERIOD_S = 10
+# A health probe waits for SGLang's own verdict: its handler answers 503 after HEALTH_CHECK_TIMEOUT_S without a
+# scheduler answer, so the kubelet gives it that long plus a margin for the reply to arrive.
+HEALTH_PROBE_TIMEOUT_S = HEALTH_CHECK_TIMEOUT_S + 5
 # `tokenmill run` exit codes (docs: README "Exit codes"). 2: a usage or spec error; the operator builds the same
 # command line and spec for every index, so no retry and no other index can succeed either.
 RUNNER_EXIT_USAGE = 2
@@ -248,6 +252,9 @@ def sglang_args(name: str, spec: DatasetGenerationSpec, plan: ServerPlan, model_
         # Only on request: SGLang then builds a per-request seed tensor (sampling_batch_info.py:157 in 0.5.23), so
         # sampling_seed takes effect, at the price of batch-invariant kernels and the pytorch sampler.
         args += ["--enable-deterministic-inference"]
+    if plan.attention_backend and given_backend(server.extra_args) is None:
+        # Chosen by the planner for deterministic inference (planner/attention.py says why SGLang's own pick fails).
+        args += ["--attention-backend", plan.attention_backend]
     args += [
         "--enable-metrics",
         # Expanded by the kubelet from the env var (itself from the Secret): the key never appears in the spec.
@@ -335,9 +342,9 @@ def _server_probes(port_name: str, startup_timeout_s: int) -> dict[str, Manifest
     return {
         "startupProbe": {"httpGet": http("/health"), "periodSeconds": PROBE_PERIOD_S, "timeoutSeconds": 10,
                          "failureThreshold": max(1, math.ceil(startup_timeout_s / PROBE_PERIOD_S))},
-        "readinessProbe": {"httpGet": http("/health_generate"), "periodSeconds": 15, "timeoutSeconds": 10,
-                           "failureThreshold": 3},
-        "livenessProbe": {"httpGet": http("/health"), "periodSeconds": 30, "timeoutSeconds": 20,
+        "readinessProbe": {"httpGet": http("/health_generate"), "periodSeconds": 30,
+                           "timeoutSeconds": HEALTH_PROBE_TIMEOUT_S, "failureThreshold": 3},
+        "livenessProbe": {"httpGet": http("/health"), "periodSeconds": 30, "timeoutSeconds": HEALTH_PROBE_TIMEOUT_S,
                           "failureThreshold": 5},
     }
 
@@ -355,7 +362,7 @@ def _server_container(name: str, namespace: str, spec: DatasetGenerationSpec, pl
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, *model.mounts, *(tokenizer.mounts if tokenizer else ())]
     return {
         "name": SERVER_CONTAINER,
-        "image": server.image,
+        "image": plan.image or server.image,  # the plan may swap in the -cu129 tag the nodes' driver runs
         "command": command,
         "args": args,
         "env": _server_env(name, multi_node),

@@ -29,12 +29,12 @@ def model_files_location(spec: DatasetGenerationSpec) -> str:
 
 def make_plan(spec: DatasetGenerationSpec, credentials: dict[str, str] | None,
               work: Workload | None = None, location: str | None = None,
-              retry: StorageRetry | None = None) -> ServerPlan:
+              retry: StorageRetry | None = None, node_driver_major: int | None = None) -> ServerPlan:
     """Read config.json (and the safetensors index unless spec.model.weightBytes is set), then plan the server.
 
     work overrides the job's lengths and concurrency (tokenmill plan's fixed-workload flags); location reads the
     model files from elsewhere than the spec says (tokenmill plan --model-files); retry bounds how long a failing store
-    is retried (the operator's passes keep it short)."""
+    is retried (the operator's passes keep it short); node_driver_major is the GPU nodes' NVIDIA driver branch."""
     output = spec.output
     storage = open_storage(location or model_files_location(spec), output.endpoint, output.region, credentials,
                            retry)
@@ -44,4 +44,4 @@ def make_plan(spec: DatasetGenerationSpec, credentials: dict[str, str] | None,
         weight_bytes = orjson.loads(storage.get("model.safetensors.index.json"))["metadata"]["total_size"]
     if weight_bytes is None:
         raise PlanError(f"no model.safetensors.index.json at {storage.root_uri}: set spec.model.weightBytes")
-    return plan_server(spec, model_facts(config, weight_bytes), work=work)
+    return plan_server(spec, model_facts(config, weight_bytes), work=work, node_driver_major=node_driver_major)

@@ -29,7 +29,15 @@ from tokenmill_runner.store.storage import Storage, StorageError, StorageRetry, 
 from . import manifests, names
 from .facts import Decision, JobState, Observed, ServerState
 from .faults import crash_point
-from .gather import OutputIndex, PassCancelled, never, observe_job, observe_progress, observe_server
+from .gather import (
+    OutputIndex,
+    PassCancelled,
+    never,
+    node_driver_major,
+    observe_job,
+    observe_progress,
+    observe_server,
+)
 from .kube import Kube, KubeUnavailable
 from .lifecycle import (
     blocked,
@@ -131,14 +139,17 @@ def _current_plan(context: Context) -> ServerPlan | None:
     return previous.server_plan if planned == context.generation else None
 
 
-def plan_for(context: Context, credentials: dict[str, str] | None) -> Planning:
-    """The plan of this generation: kept from the status, or made now. A spec edit that cannot be planned because
-    the model files cannot be read keeps the server on its previous plan until they can."""
+def plan_for(context: Context, credentials: dict[str, str] | None,
+             node_driver: Callable[[], int | None] = lambda: None) -> Planning:
+    """The plan of this generation: kept from the status, or made now (node_driver reads the GPU nodes' NVIDIA
+    driver branch then). A spec edit that cannot be planned because the model files cannot be read keeps the server
+    on its previous plan until they can."""
     current = _current_plan(context)
     if current is not None:
         return Planning(current)
     try:
-        plan = make_plan(context.spec, credentials, retry=OBSERVE_RETRY)
+        driver = None if context.spec.server.cuda_driver_major else node_driver()
+        plan = make_plan(context.spec, credentials, retry=OBSERVE_RETRY, node_driver_major=driver)
     except (PlanError, LookupError, ValueError) as error:
         return Planning(None, error=str(error))
     except Exception as error:  # storage: unreachable, slow, denied or missing; say where and retry
@@ -222,7 +233,7 @@ def reconcile(kube: Kube, context: Context, output: OutputIndex, settings: Opera
                        "credentialsSecret names it)")
     except KubeUnavailable as error:
         return cannot_observe(base, str(error))
-    planning = plan_for(context, credentials)
+    planning = plan_for(context, credentials, lambda: node_driver_major(kube, spec.server))
     if planning.transient:
         return cannot_observe(base, planning.transient)
     try:

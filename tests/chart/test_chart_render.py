@@ -142,13 +142,14 @@ NAMESPACED_NEEDS = {
     ("", "secrets"): {"get", "create"},
 }
 CRD_NEEDS = {("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"}}
+NODE_NEEDS = {("", "nodes"): {"list"}}  # the GPU nodes' driver label, read when a plan is made
 
 
 def test_rbac_cluster_scope_is_least_privilege(helm: str, henv: dict[str, str]) -> None:
     objects = template(helm, env=henv)
     assert by_kind(objects, "Role") == [] and by_kind(objects, "RoleBinding") == []
     role = one(objects, "ClusterRole")
-    assert _rules(role) == {**NAMESPACED_NEEDS, **CRD_NEEDS, ("", "namespaces"): {"list", "watch"}}
+    assert _rules(role) == {**NAMESPACED_NEEDS, **CRD_NEEDS, **NODE_NEEDS, ("", "namespaces"): {"list", "watch"}}
     binding = one(objects, "ClusterRoleBinding")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                                   "name": role["metadata"]["name"]}
@@ -163,7 +164,7 @@ def test_rbac_cluster_scope_is_least_privilege(helm: str, henv: dict[str, str]) 
 def test_rbac_namespace_scope(helm: str, henv: dict[str, str]) -> None:
     objects = template(helm, "--set", "rbac.scope=namespace", "--set", "rbac.namespaces={team-a,team-b}",
                        "--set", "metrics.runners.podMonitor.enabled=true", env=henv)
-    assert _rules(one(objects, "ClusterRole")) == CRD_NEEDS
+    assert _rules(one(objects, "ClusterRole")) == {**CRD_NEEDS, **NODE_NEEDS}
     roles = by_kind(objects, "Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     for role in roles:

@@ -172,6 +172,8 @@ INVALID = [
     ("datasets", [{"name": "a", "source": "s3://b/a.jsonl", "input": {"fields": {"prompt": ""}}}],
      "spec.datasets[0].input.fields.prompt"),
     ("seed", -1, "spec.seed"),
+    # a moving tag names no release (issue 21)
+    ("server.image", "lmsysorg/sglang:latest", "has a tag SGLang moves to each new build"),
 ]
 
 

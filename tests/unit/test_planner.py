@@ -227,7 +227,7 @@ def test_the_release_comes_from_the_tag_then_sglang_version_then_the_default():
                        kimi).sglang_version == "0.5.19"
     custom = {"gpuProduct": H200, "image": "registry.example/sglang:team-build", "sglangVersion": "0.5.15.post1"}
     assert plan_server(make_spec(custom), kimi).sglang_version == "0.5.15.post1"
-    plan = plan_server(make_spec({"gpuProduct": H200, "image": "registry.example/sglang:latest"}), kimi)
+    plan = plan_server(make_spec({"gpuProduct": H200, "image": "registry.example/sglang:team-build"}), kimi)
     assert plan.sglang_version == "0.5.23"
     assert any(line.startswith("warning:") and "names no SGLang release" in line for line in plan.reasoning)
 

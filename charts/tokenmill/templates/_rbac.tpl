@@ -55,3 +55,10 @@ CRD rule (kopf scans CustomResourceDefinitions, which are cluster-scoped).
   resources: [customresourcedefinitions]
   verbs: [get, list, watch]
 {{- end }}
+{{- define "tokenmill.nodeRules" -}}
+# Planning: the GPU nodes' NVIDIA driver branch (GPU feature discovery's label nvidia.com/cuda.driver.major), so the
+# image's CUDA is one the driver runs. Read-only, labels only; nodes are cluster-scoped.
+- apiGroups: [""]
+  resources: [nodes]
+  verbs: [list]
+{{- end }}

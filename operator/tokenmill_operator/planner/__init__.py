@@ -27,13 +27,14 @@ logger = logging.getLogger(__name__)
 
 
 def plan_server(spec: DatasetGenerationSpec, model: ModelFacts, gpu_memory_mib: int | None = None,
-                work: Workload | None = None) -> ServerPlan:
+                work: Workload | None = None, node_driver_major: int | None = None) -> ServerPlan:
     """Choose how SGLang runs this spec's model, with the arithmetic. Anything set in the spec wins.
 
     gpu_memory_mib is the memory of one GPU; when None it comes from the spec (its memory field, else gpuProduct).
     work overrides the job's lengths and concurrency (tokenmill plan --prompt-tokens/--output-tokens/--concurrency).
+    node_driver_major is the GPU nodes' NVIDIA driver branch (label nvidia.com/cuda.driver.major), when read.
     """
-    sizing = size_server(spec, model, gpu_memory_mib, work)
+    sizing = size_server(spec, model, gpu_memory_mib, work, node_driver_major)
     plan = sizing.to_plan(reasoning(sizing), notes(sizing))
     logger.debug("server plan: %d x TP %d (DP attention %d) on %d node(s), %d KV tokens, batch %d",
                  plan.replicas, plan.tensor_parallel, plan.attention_data_parallel, plan.nodes_per_replica,

@@ -66,13 +66,14 @@ def render_plan(plan: ServerPlan) -> str:
     """The plan for people: a short table of the settings, the candidate layouts, then the arithmetic."""
     dp = f", DP attention over {plan.attention_data_parallel} groups" if plan.attention_data_parallel > 1 else ""
     rows = [
-        ("SGLang", plan.sglang_version or "-"),
+        ("SGLang", f"{plan.sglang_version or '-'}, {plan.image or '-'}"),
         ("tensor parallel", f"{plan.tensor_parallel} = {count(plan.nodes_per_replica, 'node')} x "
                             f"{count(plan.gpus_per_node, 'GPU')}, {count(plan.replicas, 'replica')}{dp}"),
         ("mem-fraction-static", plan.mem_fraction_static),
         ("context length", f"{plan.context_length:,}"),
         ("max running requests", f"{plan.max_running_requests:,}"),
         ("KV cache dtype", plan.kv_cache_dtype),
+        ("attention backend", plan.attention_backend or "SGLang's choice"),
         ("GPU", f"{plan.gpu_product or '-'}, {plan.gpu_memory_mib:,} MiB"
                 f"{f', TP over {plan.interconnect}' if plan.interconnect else ''}"),
         ("weights", f"{gib(plan.weight_bytes)}, {gib(plan.weight_bytes_per_gpu)} per GPU"),
@@ -99,8 +100,9 @@ def render_plan(plan: ServerPlan) -> str:
 
 def _release_lines(sizing: Sizing) -> list[str]:
     serving = sizing.ctx.serving
+    said = [sizing.image.reason if sizing.image else "", sizing.attention.reason if sizing.attention else ""]
     return [f"{serving.source} (released {serving.release.released}): the checks and the memory rules below are "
-            f"that release's", *serving.warnings]
+            f"that release's", *filter(None, said), *sizing.warnings]
 
 
 def _model_line(sizing: Sizing) -> str:

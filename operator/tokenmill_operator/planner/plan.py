@@ -55,7 +55,14 @@ class ServerPlan(_Model):
     cuda_graph_max_bs: int | None = Field(
         None, description="Decode CUDA-graph batch per DP attention group, when the plan sets it.")
     kv_cache_dtype: str = Field(description="--kv-cache-dtype.")
+    attention_backend: str | None = Field(
+        None, description="--attention-backend the server runs with: tokenmill passes one with deterministicInference, "
+        "or extraArgs sets it; None: SGLang picks by GPU and model.")
     sglang_version: str | None = Field(None, description="SGLang release the plan is for.")
+    image: str | None = Field(None, description="SGLang image the server runs: spec.server.image, or its CUDA 12 "
+                              "(-cu129) tag when the nodes' driver cannot run the image's CUDA.")
+    cuda_driver_major: int | None = Field(
+        None, description="NVIDIA driver branch of the GPU nodes the image was checked against, when known.")
     gpu_product: str | None = Field(None, description="GPU product the plan is for.")
     gpu_vendor: str = Field("nvidia", description="nvidia or amd: the device plugin resource and node label used.")
     gpu_memory_mib: int = Field(description="Memory of one GPU, MiB.")

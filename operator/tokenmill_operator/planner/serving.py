@@ -15,6 +15,9 @@ from tokenmill_runner.facts.hardware import Gpu, find, products
 from tokenmill_runner.facts.model_facts import ModelFacts
 from tokenmill_runner.facts.releases import (
     DEFAULT_RELEASE,
+    IMAGE_REPOSITORY,
+    LAST_CUDA12_RELEASE,
+    MIN_DRIVER_BY_CUDA_MAJOR,
     OLDEST_SUPPORTED,
     SUPPORTED_RELEASES,
     Release,
@@ -27,6 +30,9 @@ from tokenmill_runner.spec.resource import ServerSpec
 from .plan import PlanError
 
 MEMORY_FIELD = "spec.server." + (ServerSpec.model_fields["gpu_memory_mib"].alias or "gpu_memory_mib")
+DRIVER_FIELD = "spec.server." + (ServerSpec.model_fields["cuda_driver_major"].alias or "cuda_driver_major")
+# GPU feature discovery's label for the NVIDIA driver branch of a node (e.g. 570, 580).
+DRIVER_LABEL = "nvidia.com/cuda.driver.major"
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,63 @@ def serving_release(server: ServerSpec) -> ServingRelease:
         warnings = (f"warning: SGLang {facts.version} is older than tokenmill supports ({OLDEST_SUPPORTED} to "
                     f"{SUPPORTED_RELEASES[-1]}); the plan uses its known facts",)
     return ServingRelease(facts, f"SGLang {facts.version} from {source}", warnings)
+
+
+@dataclass(frozen=True)
+class ServerImage:
+    """The SGLang image the server runs, and why (for the plan's reasoning)."""
+
+    image: str
+    reason: str
+    driver_major: int | None = None
+
+
+def _cuda12_fallback(server: ServerSpec, facts: Release) -> str | None:
+    """A CUDA 12 image of the same release (plain vX tag → vX-cu129), or, for the default image left unset, of the
+    last release that has one."""
+    plain = server.image == facts.image
+    if plain and facts.cuda12_image():
+        return facts.cuda12_image()
+    if "image" not in server.model_fields_set and not server.sglang_version:
+        return release(LAST_CUDA12_RELEASE).cuda12_image()
+    return None
+
+
+def server_image(server: ServerSpec, gpu: Gpu | None, node_driver_major: int | None = None) -> ServerImage:
+    """spec.server.image, unless the GPU nodes' NVIDIA driver cannot run the CUDA it was built with: then a -cu129
+    image that it can (SGLang's own CUDA 12 tags), or a refusal with the reason, before any GPU is allocated (the
+    server would otherwise fail at its first CUDA call and restart forever). The driver is spec.server.cudaDriverMajor,
+    else what the operator read from the nodes' nvidia.com/cuda.driver.major label."""
+    version = server.release_version()
+    if version is None or (gpu is not None and gpu.vendor == "amd"):
+        return ServerImage(server.image, "")
+    try:
+        facts = release(version)
+    except UnknownReleaseError:
+        return ServerImage(server.image, "")  # serving_release refuses it, naming the field
+    cuda = facts.image_cuda(server.image)
+    if cuda is None:
+        return ServerImage(server.image, "")
+    need = MIN_DRIVER_BY_CUDA_MAJOR[int(cuda.split(".")[0])]
+    driver = server.cuda_driver_major or node_driver_major
+    source = DRIVER_FIELD if server.cuda_driver_major else f"the GPU nodes' label {DRIVER_LABEL}"
+    if driver is None:
+        return ServerImage(server.image, f"{server.image} runs CUDA {cuda}, which needs NVIDIA driver {need} or newer; "
+                                         f"the nodes' driver is unknown (set {DRIVER_FIELD}, or label the nodes with "
+                                         f"NVIDIA GPU feature discovery: {DRIVER_LABEL})")
+    if driver >= need:
+        return ServerImage(server.image, f"{server.image} runs CUDA {cuda}; driver {driver} ({source}) runs it "
+                                         f"(needs {need} or newer)", driver)
+    fallback = _cuda12_fallback(server, facts)
+    if fallback and driver >= MIN_DRIVER_BY_CUDA_MAJOR[12]:
+        return ServerImage(fallback, f"{server.image} runs CUDA {cuda}, which needs NVIDIA driver {need} or newer, and "
+                                     f"the nodes run {driver} ({source}): the server runs {fallback} (CUDA 12.9) "
+                                     f"instead", driver)
+    older = (f"use an image the driver runs ({IMAGE_REPOSITORY}:v{LAST_CUDA12_RELEASE}-cu129 is the last CUDA 12 "
+             f"image) or " if driver >= MIN_DRIVER_BY_CUDA_MAJOR[12] else "")
+    raise PlanError(f"spec.server.image {server.image} runs CUDA {cuda}, which needs NVIDIA driver {need} or newer, "
+                    f"and the GPU nodes run driver {driver} ({source}): the server would fail at its first CUDA call; "
+                    f"{older}upgrade the nodes' driver")
 
 
 def gpu_product(server: ServerSpec) -> Gpu | None:

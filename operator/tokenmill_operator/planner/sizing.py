@@ -22,6 +22,7 @@ from tokenmill_runner.spec.resource import DatasetGenerationSpec
 from tokenmill_runner.facts.throughput import Layout, StepModel
 from tokenmill_runner.facts.workload import SAMPLES_ASSUMED, DatasetLoad, JobTime, Workload, job_time
 
+from .attention import AttentionBackend, attention_backend
 from .memory import (
     Capacity,
     kv_dtype_bytes,
@@ -32,6 +33,7 @@ from .memory import (
 )
 from .plan import Candidate, PlanError, Prediction, ServerPlan
 from .serving import (
+    ServerImage,
     ServingRelease,
     check_architecture,
     check_image,
@@ -39,6 +41,7 @@ from .serving import (
     context_length,
     gpu_memory_mib,
     gpu_product,
+    server_image,
     serving_release,
 )
 from .units import gib
@@ -368,6 +371,8 @@ class Sizing:
     options: tuple[Option, ...]
     chosen: Option
     warnings: tuple[str, ...] = field(default=())
+    attention: AttentionBackend | None = None
+    image: ServerImage | None = None
 
     @property
     def spec(self) -> DatasetGenerationSpec:
@@ -417,6 +422,9 @@ class Sizing:
             max_running_requests=chosen.max_running,
             cuda_graph_max_bs=chosen.graph_bs,
             kv_cache_dtype=chosen.kv_cache_dtype,
+            attention_backend=self.attention.backend if self.attention else None,
+            image=self.image.image if self.image else server.image,
+            cuda_driver_major=self.image.driver_major if self.image else None,
             sglang_version=self.ctx.serving.release.version,
             gpu_product=gpu.label if gpu else server.gpu_product,
             gpu_vendor=gpu.vendor if gpu else "nvidia",
@@ -477,17 +485,20 @@ def _no_fit_error(ctx: Context, options: list[Option], budget: int) -> PlanError
 
 
 def size_server(spec: DatasetGenerationSpec, model: ModelFacts, gpu_memory: int | None = None,
-                work: Workload | None = None) -> Sizing:
+                work: Workload | None = None, node_driver_major: int | None = None) -> Sizing:
     """Every number of the plan for this spec's model. Anything set in the spec wins; errors name the field.
 
     gpu_memory is the memory of one GPU; when None it comes from the spec (its memory field, else gpuProduct).
+    node_driver_major is the GPU nodes' NVIDIA driver branch as the operator read it from their labels.
     """
     server = spec.server
-    serving = serving_release(server)
     gpu = gpu_product(server)
+    image = server_image(server, gpu, node_driver_major)
+    serving = serving_release(server.model_copy(update={"image": image.image}))
     check_image(server, gpu, serving)
     check_architecture(model, serving)
     check_kv_cache_dtype(server, serving)
+    attention = attention_backend(server, gpu, model, serving)
     memory = gpu_memory if gpu_memory is not None and server.gpu_memory_mib is None else gpu_memory_mib(server, gpu)
     length, context_source = context_length(server, model)
     work = work or workload(spec)
@@ -507,4 +518,5 @@ def size_server(spec: DatasetGenerationSpec, model: ModelFacts, gpu_memory: int 
                             f"{given[0].unusable}")
         raise _no_fit_error(ctx, options, budget)
     return Sizing(ctx=ctx, budget_gpus=budget, budget_source=budget_source, context_source=context_source,
-                  options=tuple(options), chosen=chosen, warnings=serving.warnings)
+                  options=tuple(options), chosen=chosen, warnings=serving.warnings + attention.warnings,
+                  attention=attention, image=image)

@@ -102,6 +102,9 @@ class ModelFacts:
     routed_bits: float = 16.0  # bits per routed-expert weight, scales included
     other_bits: float = 16.0  # bits per weight of the other linear layers
     compute_dtype: str = "bf16"  # dtype the GEMMs run in: fp8 for fp8 checkpoints, bf16 for weight-only int4
+    # DeepSeek sparse attention (DSA, DeepSeek-V3.2 / GLM-5): config.json has the indexer's index_topk, the test
+    # SGLang itself makes (0.5.9 configs/model_config.py:54-67; 0.5.23 configs/model_config.py:191).
+    sparse_attention: bool = False
 
     @property
     def is_mla(self) -> bool:
@@ -350,6 +353,7 @@ def model_facts(config: dict[str, Any], weight_bytes: int) -> ModelFacts:
         v_head_dim=llm.get("v_head_dim"),
         tied_embeddings=bool(llm.get("tie_word_embeddings", False)),
         mtp_layers=_int(llm, "num_nextn_predict_layers"),
+        sparse_attention=llm.get("index_topk") is not None,
         **_moe(llm, layers),
         **_vision(config, hidden),
         **_quantization(llm),

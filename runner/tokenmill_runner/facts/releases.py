@@ -48,9 +48,22 @@ DEFAULT_IMAGE = f"{IMAGE_REPOSITORY}:v{DEFAULT_RELEASE}"
 # The last release with a CUDA 12 image (install docs: "v0.5.19-cu129 is the last CUDA 12 tag"); later images need a
 # driver that supports CUDA 13.
 LAST_CUDA12_RELEASE = "0.5.19"
+# The oldest NVIDIA driver branch that runs each CUDA major line (minor version compatibility: NVIDIA's CUDA
+# Compatibility guide, table 1: CUDA 13.x >= 580, CUDA 12.x >= 525). GPU feature discovery labels the branch as
+# nvidia.com/cuda.driver.major (e.g. 570); nvidia.com/cuda.runtime.major is the CUDA line the driver supports.
+MIN_DRIVER_BY_CUDA_MAJOR = {12: 525, 13: 580}
+# SGLANG_HEALTH_CHECK_TIMEOUT's default: /health and /health_generate wait this long for a scheduler answer before
+# they say 503 (0.5.9 entrypoints/http_server.py:166, 520; 0.5.23 entrypoints/http_server.py:218, 779).
+HEALTH_CHECK_TIMEOUT_S = 20
 
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?$")
 _IMAGE_TAG = re.compile(r":v?(\d+\.\d+\.\d+(?:\.post\d+)?)(?:-[A-Za-z0-9._-]+)?$")
+
+# Tags SGLang moves to each new build (install docs: "latest ... always points at the newest stable release"; nightly
+# and dev builds): no release can be read from them, and the one behind them changes without the spec changing.
+MOVING_TAG_PATTERN = r":(latest|nightly|dev)([-.][A-Za-z0-9._-]*)?$"  # RE2 too: the CRD's CEL rule uses it
+_MOVING_TAG = re.compile(MOVING_TAG_PATTERN)
+_CUDA_SUFFIX = re.compile(r"-cu(\d\d)(\d)(?:-|$)")
 
 VersionKey = tuple[int, int, int, int]
 
@@ -95,7 +108,9 @@ class Release:
     # DP attention is `--dp-size N --enable-dp-attention` until 0.5.21, `--attn-dp-size N` from 0.5.22.
     dp_attention_flag: Literal["--enable-dp-attention", "--attn-dp-size"]
     effective_max_running_per_dp: bool  # /server_info internal_states[*].effective_max_running_requests_per_dp
-    server_info_resolved: bool  # /server_info reports resolved values (not only what was passed) from 0.5.19
+    # /server_info reports the resolution hooks' values and launch_command from 0.5.19; what __post_init__ computes
+    # (mem_fraction_static) it reports in every release (0.5.9 entrypoints/http_server.py:605-610, server_args.py:1059)
+    server_info_resolved: bool
     metric_engine_type_label: bool  # tokenizer metrics carry engine_type besides model_name
     metric_context_len: bool  # sglang:context_len
     repetition_penalty_zero_allowed: bool  # [0, 2] until 0.5.11, (0, 2] from 0.5.12.post1
@@ -112,6 +127,15 @@ class Release:
     server_info_extra_keys: tuple[str, ...]
     transformers_pin: str
     default_cuda: str  # CUDA of the plain vX image tag
+    # --attention-backend choices of the argument parser (0.5.9 server_args.py:122; 0.5.23 arg_groups/choices.py:69).
+    attention_backends: tuple[str, ...]
+    # Backends --enable-deterministic-inference accepts (any other raises ValueError at start), and those of them
+    # that keep the radix cache (0.5.9 server_args.py:154,156; 0.5.23 arg_groups/choices.py:113,249).
+    deterministic_attention_backends: tuple[str, ...]
+    radix_deterministic_attention_backends: tuple[str, ...]
+    # Architectures the deterministic check holds to the radix-supported backends ("absorbed-MLA models"; 0.5.9
+    # server_args.py:2729-2736; 0.5.23 arg_groups/attention_hook.py:623-632). Kimi-K2.5, MLA too, is not listed.
+    deterministic_mla_architectures: tuple[str, ...]
 
     @property
     def image(self) -> str:
@@ -122,6 +146,15 @@ class Release:
         backend, which cannot serve large MoE checkpoints such as Kimi-K2.5)."""
         first = _architectures().get(architecture)
         return first is not None and _at_least(self.version, first)
+
+    def image_cuda(self, image: str) -> str | None:
+        """The CUDA an image of this release was built with: its -cuXYZ suffix (v0.5.19-cu129 → 12.9), else the plain
+        tag's; None for a ROCm image."""
+        tag = image.rsplit(":", 1)[-1] if ":" in image.split("/")[-1] else ""
+        if "rocm" in tag:
+            return None
+        suffix = _CUDA_SUFFIX.search(tag)
+        return f"{int(suffix.group(1))}.{suffix.group(2)}" if suffix else self.default_cuda
 
     def cuda12_image(self) -> str | None:
         if not _at_least(LAST_CUDA12_RELEASE, self.version):
@@ -179,7 +212,60 @@ def _build(version: str, released: str) -> Release:
         server_info_extra_keys=tuple(key for first, key in _SERVER_INFO_KEYS if since(first)),
         transformers_pin=_transformers_pin(version),
         default_cuda="13.0" if since("0.5.11") else "12.9",
+        attention_backends=_changed(version, _ATTENTION_BACKENDS),
+        deterministic_attention_backends=_changed(version, _DETERMINISTIC_BACKENDS),
+        radix_deterministic_attention_backends=_changed(version, _RADIX_DETERMINISTIC_BACKENDS),
+        deterministic_mla_architectures=_changed(version, _DETERMINISTIC_MLA_ARCHITECTURES),
     )
+
+
+# A list as change points: (first release, added, removed), read in order from the oldest supported release.
+ListChanges = tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...]
+
+
+def _changed(version: str, changes: ListChanges) -> tuple[str, ...]:
+    items: list[str] = []
+    for index, (first, added, removed) in enumerate(changes):
+        if index == 0 or _at_least(version, first):  # the first row is the base, also for older releases
+            items = [item for item in items if item not in removed] + list(added)
+    return tuple(items)
+
+
+# ATTENTION_BACKEND_CHOICES (0.5.9 server_args.py:122; 0.5.23 arg_groups/choices.py:69).
+_ATTENTION_BACKENDS: ListChanges = (
+    ("0.5.9", ("triton", "torch_native", "flex_attention", "nsa", "cutlass_mla", "fa3", "fa4", "flashinfer",
+               "flashmla", "trtllm_mla", "trtllm_mha", "dual_chunk_flash_attn", "aiter", "wave", "intel_amx",
+               "ascend", "intel_xpu"), ()),
+    ("0.5.12.post1", ("compressed", "dsv4", "tokenspeed_mla"), ()),
+    ("0.5.13.post1", ("cutedsl_mla", "dsa"), ()),
+    ("0.5.17", ("hpc_ops",), ()),
+    ("0.5.19", ("minicpm_flashattn", "minicpm_flashinfer"), ()),
+    ("0.5.20", ("qsa",), ("cutlass_mla", "dual_chunk_flash_attn")),
+    ("0.5.22", ("llada2_cfg_flashinfer",), ()),
+)
+# DETERMINISTIC_ATTENTION_BACKEND_CHOICES (0.5.9 server_args.py:154; 0.5.13.post1 :199; 0.5.16 :223; 0.5.19 :234;
+# 0.5.23 arg_groups/choices.py:113).
+_DETERMINISTIC_BACKENDS: ListChanges = (
+    ("0.5.9", ("flashinfer", "fa3", "triton"), ()),
+    ("0.5.13.post1", ("ascend",), ()),
+    ("0.5.16", ("fa4",), ()),
+    ("0.5.19", ("intel_xpu",), ()),
+)
+# RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND (0.5.9 server_args.py:156; 0.5.16 :231; 0.5.23
+# arg_groups/choices.py:249).
+_RADIX_DETERMINISTIC_BACKENDS: ListChanges = (
+    ("0.5.9", ("fa3", "triton"), ()),
+    ("0.5.13.post1", ("ascend",), ()),
+    ("0.5.16", ("fa4",), ()),
+)
+# The is_deepseek_model list of the deterministic check (0.5.9 server_args.py:2729; 0.5.18 arg_groups/overrides.py;
+# 0.5.20 arg_groups/attention_hook.py; 0.5.23 arg_groups/attention_hook.py:623).
+_DETERMINISTIC_MLA_ARCHITECTURES: ListChanges = (
+    ("0.5.9", ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "MistralLarge3ForCausalLM",
+               "PixtralForConditionalGeneration", "GlmMoeDsaForCausalLM"), ()),
+    ("0.5.18", ("Glm4MoeLiteForCausalLM",), ()),
+    ("0.5.20", ("Glm5NextForConditionalGeneration",), ()),
+)
 
 
 # SamplingParams.__init__ (0.5.9 sampling/sampling_params.py:40; 0.5.14 sampling/sampling_params.py:71).
@@ -281,3 +367,8 @@ def release_of_image(image: str) -> str | None:
     or None for a tag that names none (latest, a digest, a custom build)."""
     match = _IMAGE_TAG.search(image.split("@", 1)[0])
     return match.group(1) if match else None
+
+
+def is_moving_tag(image: str) -> bool:
+    """Whether the image's tag is one SGLang moves (latest, latest-runtime, nightly-…, dev-…)."""
+    return _MOVING_TAG.search(image.split("@", 1)[0]) is not None

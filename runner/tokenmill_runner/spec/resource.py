@@ -32,6 +32,7 @@ from ..facts.releases import (
     OLDEST_SUPPORTED,
     RELEASES,
     UnknownReleaseError,
+    is_moving_tag,
     release,
     release_of_image,
 )
@@ -289,6 +290,11 @@ class ServerSpec(SpecModel):
     gpu_memory_mib: int | None = Field(
         None, gt=0, description="Memory of one GPU in MiB; default: known from gpuProduct (e.g. NVIDIA-H200: 143771)."
     )
+    cuda_driver_major: int | None = Field(
+        None, gt=0, description="NVIDIA driver branch of the GPU nodes (e.g. 570, 580), as GPU feature discovery labels "
+        "them (nvidia.com/cuda.driver.major); default: read from the nodes by the operator. An image whose CUDA the "
+        "driver cannot run (CUDA 13 needs 580+, CUDA 12 525+) is swapped for its -cu129 tag or refused at plan time.",
+    )
     nodes: int | Auto = Field(
         "auto", description="Nodes the run may use (each with gpusPerNode GPUs); auto: the fewest one replica needs. "
         "The planner lays out replicas on them for the fastest finish.",
@@ -341,6 +347,15 @@ class ServerSpec(SpecModel):
     def release_version(self) -> str | None:
         """The SGLang release the image runs: sglangVersion when set, else the image tag's, else None."""
         return self.sglang_version or release_of_image(self.image)
+
+    @model_validator(mode="after")
+    def _moving_tag_needs_a_release(self) -> ServerSpec:
+        if self.sglang_version is None and is_moving_tag(self.image):
+            raise ValueError(
+                f"image {self.image}: the tag moves to each new SGLang build, so tokenmill cannot tell which release's "
+                f"flags and rules apply (and they change in almost every release): pin a release tag such as "
+                f"{DEFAULT_IMAGE}, or set sglangVersion to the release the tag runs")
+        return self
 
     @model_validator(mode="after")
     def _kv_cache_dtype_of_the_release(self) -> ServerSpec:
