@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from collections import Counter
 from datetime import datetime
-from typing import Any
 
 from tokenmill_runner.progress import eta_seconds, format_duration
 from tokenmill_runner.spec.resource import DatasetGenerationSpec
 from tokenmill_runner.store.commit_index import Commit, DatasetIndex, parse_time, rates
 from tokenmill_runner.store.lease import Lease, refusal
 from tokenmill_runner.store.ledger import RETRYABLE_REASONS, Completeness
-from tokenmill_runner.store.manifest import DatasetLayout, Owner, RunManifest, model_conflict
+from tokenmill_runner.store.manifest import DatasetLayout, Owner, RunManifest
 
 from .facts import ProgressFacts
 from .status import DatasetProgress, Progress

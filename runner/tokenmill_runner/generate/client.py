@@ -157,7 +157,7 @@ class GenerateClient:
                     own_failures += 1
                 else:
                     if outcome.fault is not Fault.OVERLOAD:  # judged by what the replica does next, this one included
-                        suspects.append(self.replicas.suspect(server, dropped=outcome.fault is Fault.REPLICA))
+                        suspects.append(self.replicas.suspect(server, dropped=outcome.dropped))
                         if suspect:
                             quarantined.append(suspects[-1])
                     self._replica_failed(server, outcome)

@@ -76,6 +76,7 @@ class AttemptFailed:
     fault: Fault
     reason: str  # the error record's reason if this stays the sample's last failure
     message: str  # names the server and what it said
+    dropped: bool = False  # the request reached the server and its connection broke without an answer
 
 
 def parse_generation(body: Any, server: str, attempts: int,
@@ -178,7 +179,8 @@ def _by_status(status: int, message: str) -> AttemptFailed:
 def transport_failure(server: str, error: str, detail: str, *, connect: bool) -> AttemptFailed:
     """No HTTP answer: refused/unresolvable (nothing listens: the replica is down) or dropped on the way."""
     fault = Fault.UNREACHABLE if connect else Fault.REPLICA
-    return AttemptFailed(fault, "retries_exhausted", f"{server}: {error}: {detail or 'connection failed'}")
+    return AttemptFailed(fault, "retries_exhausted", f"{server}: {error}: {detail or 'connection failed'}",
+                         dropped=not connect)
 
 
 def error_message(content: bytes) -> str:
