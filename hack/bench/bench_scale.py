@@ -245,9 +245,11 @@ def child_runner(uri: str, endpoint: str | None, source: str, worker: int, worke
     [state], _ = prepare_states(config, storage, {})
     startup = {"seconds": round(time.perf_counter() - started, 3), "calls": dict(calls)}
     # What the stream does before its first request: read the source, asking the ledger before parsing a row.
-    wanted = Runner._wanted.__get__(SimpleNamespace(config=config))
+    runner = SimpleNamespace(config=config, _settled_lines=[])
+    wanted = Runner._wanted.__get__(runner)
     started = time.perf_counter()
     first = next((item.line for item in read_prompts(source, "jsonl", wanted=lambda line: wanted(state, line))), None)
+    Runner._count_settled_lines.__get__(runner)(state)
     return {"startup": startup, "first_unsettled_line": first, "skipped": state.skipped,
             "to_first_unsettled_s": round(time.perf_counter() - started, 3), "markers": state.commits.markers}
 

@@ -232,3 +232,28 @@ def test_missing_credentials_secret_is_reported_then_picked_up(cluster, namespac
         string_data={"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}))
     cluster.wait_for(lambda: cluster.apps.read_namespaced_stateful_set(f"{NAME}-server", namespace),
                      "the server once the Secret exists", timeout=60)
+
+
+def test_an_output_another_live_resource_writes_is_in_use_and_holds_no_gpu(cluster, namespace, operator, credentials,
+                                                                             s3_world):
+    # Review 3: a second resource (another uid, the same model) on an output a first one writes. The first one's
+    # runners hold the output's lease; the second fails OutputInUse before any server starts, naming the holder,
+    # and starts once the lease is gone (the first one finished or was deleted, and its lease went stale).
+    from datetime import UTC, datetime
+
+    from tokenmill_runner.store.lease import LEASE, Lease
+    from tokenmill_runner.store.manifest import Owner
+    from tokenmill_runner.store.storage import open_storage
+
+    storage = open_storage(f"s3://tokenmill-data/runs/{namespace}/", s3_world)
+    first = Owner(kind="DatasetGeneration", name="first", namespace=namespace, uid="uid-of-the-first")
+    storage.put(LEASE, Lease(first, "first-runner-0", datetime.now(UTC), datetime.now(UTC)).encode())
+    cluster.apply(b5_resource(namespace, s3_world))
+    failed = wait_phase(cluster, namespace, "Failed", timeout=90)
+    reason = condition(failed, "Failed")
+    assert reason["reason"] == "OutputInUse"
+    assert f"DatasetGeneration {namespace}/first (uid uid-of-the-first)" in reason["message"]
+    assert not cluster.apps.list_namespaced_stateful_set(namespace).items, "no GPU held while the output is in use"
+    storage.delete(LEASE)
+    cluster.wait_for(lambda: cluster.apps.read_namespaced_stateful_set(f"{NAME}-server", namespace),
+                     "the server once the output is free", timeout=90)

@@ -163,6 +163,7 @@ class Runner:
         self._sequence = 0
         self._commits: set[asyncio.Task[None]] = set()
         self._commit_slots = asyncio.Semaphore(MAX_PARALLEL_COMMITS)
+        self._settled_lines: list[int] = []  # lines the reader skipped as settled, counted on the loop
         self._stop = asyncio.Event()
         self._interrupted = False
         self._fatal: BaseException | None = None
@@ -239,6 +240,7 @@ class Runner:
             rows = read_prompts(spec.source, fmt, self.config.spec.output.endpoint, spec.limit,
                                 wanted=lambda line, state=state: self._wanted(state, line), layout=spec.row_layout())
             while chunk := await asyncio.to_thread(_take, rows, READ_BATCH):
+                self._count_settled_lines(state)
                 admitted = self._admit(state, chunk)
                 for begin in range(0, len(admitted), TOKENIZE_BATCH):
                     batch = admitted[begin:begin + TOKENIZE_BATCH]
@@ -251,6 +253,7 @@ class Runner:
                         if ids := self._checked(state, prompt, ids, indices):
                             for index in indices:  # one request per open slot: the prompt is tokenized once
                                 await queue.put((state, prompt, ids, index))
+            self._count_settled_lines(state)
 
     def _conversations(self, state: DatasetState,
                        batch: list[tuple[Prompt, list[int]]]) -> list[tuple[Prompt, list[int]]]:
@@ -273,14 +276,20 @@ class Runner:
         return conversation.next_prompt()
 
     def _wanted(self, state: DatasetState, line: int) -> bool:
-        """Before a row is parsed: False for another worker's line, and for a line whose slots are all settled
-        (counted as skipped here, so `_admit` never sees it)."""
+        """Before a row is parsed, in the reader's thread: False for another worker's line, and for a line whose
+        slots are all settled (noted for the loop to count as skipped: nothing of the state changes here)."""
         if state.owned is not None and not state.owned.has(line):
             return False
         if open_slots(state, line, self.config.retry_failed):
             return True
-        count_skipped(state, line, range(state.samples))
+        self._settled_lines.append(line)  # list.append is atomic; the loop drains the list
         return False
+
+    def _count_settled_lines(self, state: DatasetState) -> None:
+        """Count, on the loop, the settled lines the reader skipped since the last chunk."""
+        lines, self._settled_lines = self._settled_lines, []
+        for line in lines:
+            count_skipped(state, line, range(state.samples))
 
     def _admit(self, state: DatasetState, chunk: list[Prompt | RowError]) -> list[tuple[Prompt, list[int]]]:
         """Drop other workers' rows and the slots already settled; record bad rows and duplicate ids (one record
