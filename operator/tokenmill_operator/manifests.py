@@ -53,6 +53,9 @@ RUNNER_EXIT_USAGE = 2
 RUNNER_EXIT_GAVE_UP = 3
 # 4: no server was live for longer than the outage budget; nothing was written off, so a new pod continues.
 RUNNER_EXIT_SERVERS_DOWN = 4
+# 5: a dataset has no sample: its source is empty (every worker sees the same) or all its rows failed for their
+# input (a single worker): no retry changes the input.
+RUNNER_EXIT_NO_SAMPLES = 5
 # Only the tokenizer of an s3:// tokenizer location is needed; skip weights if it points at a full model prefix.
 _WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf", "*.msgpack", "*.h5", "*.ckpt")
 
@@ -532,6 +535,7 @@ def _pod_failure_policy() -> Manifest:
         # Eviction, preemption, node drain: not the worker's fault, and it resumes from what is committed.
         {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
         _exit_codes("FailJob", RUNNER_EXIT_USAGE),
+        _exit_codes("FailJob", RUNNER_EXIT_NO_SAMPLES),
         _exit_codes("FailIndex", RUNNER_EXIT_GAVE_UP),
         # Said explicitly: a servers' outage is retried, within backoffLimitPerIndex (the default action).
         _exit_codes("Count", RUNNER_EXIT_SERVERS_DOWN),

@@ -32,8 +32,9 @@ from .store.index_store import CHECKPOINT_EVERY, open_index, write_checkpoint
 from .generate.seeds import seed_rule
 from .facts.server_info import ServerFacts, runnable_requests, seeds_accepted
 from .store.shards import ShardBuffer, clean_leftovers
-from .source.reader import source_format
-from .spec.resource import DatasetGenerationSpec, SpecError
+from .source.reader import SourceError, source_format
+from .source.row_size import RowBound
+from .spec.resource import MAX_CONCURRENCY, DatasetGenerationSpec, SpecError
 from .store.storage import Storage, open_storage
 from .render.tokenizer_info import TokenizerInfo
 
@@ -70,19 +71,22 @@ def resolve_concurrency(config: RunnerConfig, servers: list[ServerFacts]) -> int
     longest_cap = max(spec.sampling_for(d).max_new_tokens or 0 for d in spec.datasets)
     typical_tokens = TYPICAL_PROMPT_TOKENS + TYPICAL_OUTPUT_SHARE * longest_cap
     total = int(runnable_requests(servers, len(config.servers), typical_tokens) * 1.5) + 64
-    return max(16, min(4096, -(-total // config.worker_count)))
+    return max(16, min(MAX_CONCURRENCY, -(-total // config.worker_count)))
 
 
-def prepare_states(config: RunnerConfig, storage: Storage,
-                   model_defaults: dict[str, Any] | None = None) -> tuple[list[DatasetState], dict[str, int]]:
+def prepare_states(config: RunnerConfig, storage: Storage, model_defaults: dict[str, Any] | None = None,
+                   bound: RowBound | None = None) -> tuple[list[DatasetState], dict[str, int]]:
     """Scan the sources (rows, duplicate ids) and read the ledger before any request is sent (a missing file fails
     here, cheaply). `model_defaults` (from generation_config.json) fill the sampling fields the spec leaves unset."""
     spec = config.spec
     states, totals = [], {}
     for index, dataset in enumerate(spec.datasets):
         fmt = source_format(dataset.source, dataset.format, spec.output.endpoint)
-        scan = cached_scan(storage, dataset.name, dataset.source, fmt, spec.output.endpoint, dataset.limit,
-                           config.worker_index, config.worker_count, dataset.row_layout())
+        try:
+            scan = cached_scan(storage, dataset.name, dataset.source, fmt, spec.output.endpoint, dataset.limit,
+                               config.worker_index, config.worker_count, dataset.row_layout(), bound)
+        except SourceError as error:  # no retry reads it better: a spec error (exit 2), naming the dataset
+            raise SpecError(f"spec.datasets[{index}] ({dataset.name}): {error}") from None
         totals[dataset.name] = scan.rows
         commits, caught = open_index(storage, dataset.name, scan.rows, dataset.samples)
         extra = commits.ledger.rows_beyond(dataset.samples)
@@ -102,7 +106,7 @@ def prepare_states(config: RunnerConfig, storage: Storage,
         states.append(DatasetState(
             spec=dataset, index=index, sampling=sampling, ledger=commits.ledger, commits=commits,
             duplicates=scan.duplicates, template_kwargs=spec.chat_template_kwargs_for(dataset),
-            sampling_sources=sources, rows=scan.worker_rows * dataset.samples, owned=scan.owned,
+            sampling_sources=sources, rows=scan.worker_rows * dataset.samples, owned=scan.owned, source_rows=scan.rows,
             buffer=ShardBuffer(spec.runner.shard_max_samples, spec.runner.shard_max_seconds),
         ))
     # Longest expected outputs first, so the run does not end on one long request with an idle GPU.
@@ -175,7 +179,10 @@ async def prepare(config: RunnerConfig, api_key: str | None) -> Runner:
     info = describe_tokenizer(tokenizer, tokenizer_location, reasoning.candidates(), spec.model.tool_call_token,
                               folder, explicit_end_tokens=reasoning.end_tokens is not None)
     model_defaults = model_sampling_defaults(model_generation_config(folder))
-    states, totals = await asyncio.to_thread(prepare_states, config, storage, model_defaults)
+    # The row bound is known before the servers answer: the spec's context length, else the model's (an upper
+    # bound of the server's is enough), so the scan and the stream refuse the same rows.
+    bound = RowBound.of(spec.server.context_length, info.model_context_length)
+    states, totals = await asyncio.to_thread(prepare_states, config, storage, model_defaults, bound)
     healthy = await healthy_servers(config.servers, config.server_wait_s, api_key)
     server_infos = await asyncio.gather(*(get_json(url, "/server_info", api_key) for url in healthy))
     facts = [ServerFacts.read(url, server_info) for url, server_info in zip(healthy, server_infos, strict=True)]
@@ -202,4 +209,4 @@ async def prepare(config: RunnerConfig, api_key: str | None) -> Runner:
                 ", ".join(s.name for s in states), storage.root_uri, len(config.servers), concurrency,
                 context_length)
     return Runner(config, storage, PromptEncoder(tokenizer), info, client, states, context_length, concurrency,
-                  metrics=metrics, limits=limits, send_seed=send_seed)
+                  metrics=metrics, limits=limits, send_seed=send_seed, row_bound=bound)
