@@ -46,8 +46,11 @@ def _merge_any_of(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     if len(options) == 1:
         return {**options[0], **base}
     if types == {"integer", "string"}:
-        # `N | "auto"`: Kubernetes' int-or-string, checked by a CEL rule below.
-        return {**base, "x-kubernetes-int-or-string": True, "x-kubernetes-validations": [
+        # `N | "auto"`: Kubernetes' int-or-string, checked by a CEL rule; the number's bounds apply to numbers only
+        # (without them `replicas: -1` passed kubectl apply and failed in the operator).
+        number = next(o for o in options if o.get("type") == "integer")
+        bounds = {key: number[key] for key in ("minimum", "maximum") if key in number}
+        return {**base, **bounds, "x-kubernetes-int-or-string": True, "x-kubernetes-validations": [
             {"rule": "type(self) == int || self == 'auto'", "message": "must be an integer or \"auto\""}]}
     if types == {"string"}:
         return {**base, "type": "string"}
@@ -69,6 +72,8 @@ def structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         out["enum"] = [node["const"]]
     if "exclusiveMinimum" in node:
         out["minimum"] = node["exclusiveMinimum"] + (1 if node.get("type") == "integer" else 0)
+    if "exclusiveMaximum" in node:
+        out["maximum"] = node["exclusiveMaximum"] - (1 if node.get("type") == "integer" else 0)
     if "properties" in node:
         out["properties"] = {name: structural(child, defs) for name, child in node["properties"].items()}
         required = node.get("required") or []
@@ -129,7 +134,6 @@ BOUNDS: dict[Path_, dict[str, Any]] = {
     ("server", "extraArgs", "[]"): {"maxLength": 4096},
     ("sampling", "stopTokenIds"): {"maxItems": 64},
     ("datasets", "[]", "sampling", "stopTokenIds"): {"maxItems": 64},
-    ("runner", "parallelism"): {"maximum": 256},
     ("output", "credentialsSecret"): {"maxLength": 253, "pattern": "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"},
     ("output", "endpoint"): {"maxLength": 2048, "pattern": "^https?://"},
 }
