@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from tokenmill_runner.facts.releases import RELEASES
-from tokenmill_runner.spec.resource import API_VERSION, KV_CACHE_DTYPES, DatasetGenerationSpec
+from tokenmill_runner.spec.resource import API_VERSION, KV_CACHE_DTYPES, MANAGED_FLAGS, DatasetGenerationSpec
 
 from .status import DatasetGenerationStatus
 
@@ -117,8 +117,6 @@ def _rule(rule: str, message: str, reason: str | None = None, field_path: str | 
 
 FRACTION_RULE = "self.matches('^[0-9]*[.]?[0-9]+$') && double(self) > 0.0 && double(self) < 1.0"
 DECIMAL_RULE = "self.matches('^-?[0-9]*[.]?[0-9]+$')"
-OPERATOR_FLAGS = ["--model-path", "--model", "--tokenizer-path", "--host", "--port", "--tp-size", "--tp",
-                  "--tensor-parallel-size", "--api-key", "--nnodes", "--node-rank", "--dist-init-addr"]
 
 # Bounds keep CEL's cost estimate finite; the numbers are far above any real run.
 BOUNDS: dict[Path_, dict[str, Any]] = {
@@ -192,11 +190,12 @@ RULES: dict[Path_, list[dict[str, str]]] = {
               "self.tensorParallel <= self.gpusPerNode || self.tensorParallel % self.gpusPerNode == 0",
               "server.tensorParallel above gpusPerNode must span whole nodes (a multiple of gpusPerNode)",
               "FieldValueInvalid", ".tensorParallel"),
-        _rule("!has(self.extraArgs) || self.extraArgs.all(a, !(a.split('=')[0] in "
-              + str(OPERATOR_FLAGS).replace('"', "'") + "))",
-              "server.extraArgs must not set flags the operator manages (model path, host, port, "
-              "tensor parallel, API key, multi-node): use the spec fields instead", "FieldValueForbidden",
-              ".extraArgs"),
+        # An abbreviation is a prefix: refused like the flag (spec/resource.py MANAGED_FLAGS says why).
+        _rule("!has(self.extraArgs) || self.extraArgs.all(a, !a.startsWith('--') || !("
+              + str(list(MANAGED_FLAGS)).replace('"', "'") + ".exists(f, f.startsWith(a.split('=')[0]))))",
+              "server.extraArgs must not set flags the operator manages, nor abbreviate one (model path, host, "
+              "port, tensor parallel, API keys, multi-node, --trust-remote-code, --config): use the spec fields "
+              "instead", "FieldValueForbidden", ".extraArgs"),
     ],
     ("server", "memFractionStatic"): [_rule("self == 'auto' || (" + FRACTION_RULE + ")",
                                             "must be \"auto\" or a fraction between 0 and 1 as a string, e.g. \"0.85\"")],

@@ -24,7 +24,7 @@ from tokenmill_runner.report.files import REPORT_DIR, write_report
 from tokenmill_runner.spec.resource import API_VERSION, KIND, DatasetGenerationSpec
 from tokenmill_runner.store.storage import Storage, StorageError, StorageRetry, open_storage
 
-from . import manifests, names
+from . import manifests, names, policy
 from .facts import Decision, JobState, Observed, ServerState
 from .faults import crash_point
 from .gather import OutputIndex, PassCancelled, never, observe_job, observe_progress, observe_server
@@ -59,15 +59,20 @@ class OperatorSettings:
     # Extra labels on runner pods (JSON object); the e2e tests use it to hold Job pods running under kwok.
     runner_pod_labels: dict[str, str] = field(
         default_factory=lambda: orjson.loads(os.environ.get("TOKENMILL_RUNNER_POD_LABELS", "{}")))
+    tenant_policy: policy.TenantPolicy = field(default_factory=lambda: policy.TenantPolicy.from_env(os.environ))
 
 
 def now_utc() -> datetime:
     return datetime.now(UTC)
 
 
+# The keys of the credentials Secret the operator reads (storage.s3_client); others may hold anything, e.g. a DER key.
+CREDENTIAL_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+
+
 def _credentials(kube: Kube, spec: DatasetGenerationSpec, namespace: str) -> dict[str, str] | None:
     secret = spec.output.credentials_secret
-    return kube.secret_data(secret, namespace) if secret else None
+    return kube.secret_data(secret, namespace, CREDENTIAL_KEYS) if secret else None
 
 
 # A pass gives up on a store that keeps failing after this long and says ObservationFailed; the next pass tries
@@ -199,6 +204,9 @@ def reconcile(kube: Kube, context: Context, output: OutputIndex, settings: Opera
     spec, now = context.spec, now_utc()
     base = Observed(generation=context.generation, now=now, suspended=spec.suspend, previous=context.previous,
                     name=context.name)
+    refused = policy.refusal(spec, settings.tenant_policy)
+    if refused:  # before the Secret, the model files or the output are touched
+        return blocked(base, "NotAllowed", refused)
     try:
         credentials = _credentials(kube, spec, context.namespace)
     except LookupError as error:

@@ -88,6 +88,22 @@ MAX_SHARD_SECONDS = 3600  # ... and a crashed worker redoes what it had not comm
 MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
 MAX_TOKEN_ID = 2**31 - 1  # SGLang keeps token ids and top-k in int32 tensors
 
+# Flags the operator sets (or must never let a resource set) on the SGLang command line. SGLang parses with a
+# default argparse.ArgumentParser (0.5.23 server_args.py:679), which takes any unambiguous abbreviation (--api-ke,
+# --hos), so every prefix of these is refused too; --config FILE (:683) could set any of them, and
+# --trust-remote-code only follows spec.model.trustRemoteCode.
+MANAGED_FLAGS = ("--model-path", "--model", "--tokenizer-path", "--host", "--port", "--tp-size", "--tp",
+                 "--tensor-parallel-size", "--api-key", "--admin-api-key", "--nnodes", "--node-rank",
+                 "--dist-init-addr", "--trust-remote-code", "--config")
+
+
+def managed_flag(arg: str) -> str | None:
+    """The managed flag `arg` sets or abbreviates (argparse reads "--a=b" and "--a b" alike), else None."""
+    name = arg.split("=", 1)[0]
+    if not name.startswith("--"):
+        return None
+    return next((flag for flag in MANAGED_FLAGS if flag.startswith(name)), None)
+
 
 class SpecModel(BaseModel):
     """camelCase on the wire, snake_case in Python; unknown fields are errors (a typo must not be ignored)."""
@@ -338,10 +354,22 @@ class ServerSpec(SpecModel):
     deterministic_inference: bool = Field(
         False, description="Start SGLang with --enable-deterministic-inference so each sample's seed makes its "
         "sampling reproducible; it switches to batch-invariant kernels and the pytorch sampler (slower).")
-    extra_args: list[str] = Field(default_factory=list, description="Extra SGLang flags, appended verbatim.")
+    extra_args: list[str] = Field(
+        default_factory=list, description="Extra SGLang flags, appended verbatim. Not the flags the operator "
+        f"manages, nor any abbreviation of one (SGLang's argparse accepts --api-ke for --api-key): "
+        f"{', '.join(MANAGED_FLAGS)}; use the spec fields instead.")
     node_selector: dict[str, str] = Field(default_factory=dict, description="Extra node selector for server pods.")
     tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Extra tolerations.")
     resources: dict[str, Any] = Field(default_factory=dict, description="Extra container resources.")
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_managed_flag(cls, value: list[str]) -> list[str]:
+        for index, arg in enumerate(value):
+            if flag := managed_flag(arg):
+                raise ValueError(f"[{index}] {arg.split('=')[0]!r} sets (or abbreviates) {flag}, which the operator "
+                                 "manages: use the spec field instead (model, server, trustRemoteCode)")
+        return value
 
     @field_validator("sglang_version")
     @classmethod
