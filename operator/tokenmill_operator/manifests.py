@@ -28,6 +28,7 @@ from .planner import ServerPlan
 # aws-cli image used by the init container that copies s3:// weights into the pod. The spec has no field for it
 # yet; pinned (not `latest`) so a restarted pod runs the same copier. Its entrypoint is `aws`.
 DEFAULT_MODEL_SYNC_IMAGE = "amazon/aws-cli:2.27.0"
+SYNC_UID = 65532  # the conventional "nonroot" user: the model copy runs as no user the image knows
 
 API_KEY_SECRET_KEY = "api-key"
 SERVER_API_KEY_ENV = "SGLANG_API_KEY"
@@ -132,7 +133,7 @@ def _sync_container(location: str, volume: str, root: str, target: str, spec: Da
         command += ["--endpoint-url", spec.output.endpoint]
     for pattern in excludes:
         command += ["--exclude", pattern]
-    env = [{"name": "HOME", "value": "/tmp"}]
+    env = [{"name": "HOME", "value": "/tmp"}]  # the aws CLI's cache; the image's own HOME belongs to root
     if spec.output.region:
         env += [{"name": "AWS_DEFAULT_REGION", "value": spec.output.region}]
     container: Manifest = {
@@ -142,7 +143,9 @@ def _sync_container(location: str, volume: str, root: str, target: str, spec: Da
         "env": env,
         "volumeMounts": [{"name": volume, "mountPath": root}],
         "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        # The aws-cli image defaults to root, which copying files into an emptyDir (mode 0777) does not need.
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                            "runAsNonRoot": True, "runAsUser": SYNC_UID, "runAsGroup": SYNC_UID},
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if spec.output.credentials_secret:
@@ -315,10 +318,14 @@ def _server_resources(spec: DatasetGenerationSpec, plan: ServerPlan) -> Manifest
     extra = spec.server.resources
     gpus = str(plan.gpus_per_node)
     resource = _gpu_resource(plan)
+    # Without cpu and memory requests the most expensive pod of the run is BestEffort, the first evicted under node
+    # pressure. The /dev/shm tmpfs is charged to the pod's memory, so at least that much is requested; a CPU per GPU
+    # for its scheduler process (plus tokenizer and detokenizer). spec.server.resources.requests wins.
+    requests = {"cpu": gpus, "memory": spec.server.shm_size}
     return {
         **extra,
         "limits": {**extra.get("limits", {}), resource: gpus},
-        "requests": {**extra.get("requests", {}), resource: gpus},
+        "requests": {**requests, **extra.get("requests", {}), resource: gpus},
     }
 
 
@@ -398,6 +405,9 @@ def _server_pod(name: str, namespace: str, spec: DatasetGenerationSpec, plan: Se
         # Service links would inject <SERVICE>_PORT variables; one named like an SGLANG_* setting would change it.
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,  # SGLang never talks to the Kubernetes API
+        # The container runtime's default seccomp profile: SGLang, NCCL over TCP/NVLink and CUDA need none of the
+        # syscalls it blocks. Not runAsNonRoot: SGLang images run as root (see the container's securityContext).
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         "terminationGracePeriodSeconds": 60,
         "tolerations": _tolerations(spec.server.tolerations, _gpu_resource(plan)),
         "containers": [_server_container(name, namespace, spec, plan, model, tokenizer)],
@@ -436,10 +446,21 @@ def server_statefulset(name: str, namespace: str, owner: dict[str, Any], spec: D
     }
 
 
-def network_policy(name: str, namespace: str, owner: dict[str, Any], spec: DatasetGenerationSpec) -> Manifest:
+def _scraper(namespace: str | None) -> list[Manifest]:
+    """The metrics scraper as a NetworkPolicy peer: pods labelled prometheus in the operator setting's namespace
+    (TOKENMILL_SCRAPER_NAMESPACE), never by label alone (anyone who can create a pod can set a label); none unset."""
+    if not namespace:
+        return []
+    return [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+             "podSelector": {"matchLabels": {names.LABEL_NAME: "prometheus"}}}]
+
+
+def network_policy(name: str, namespace: str, owner: dict[str, Any], spec: DatasetGenerationSpec,
+                   scraper_namespace: str | None = None) -> Manifest:
     """Only this instance's runner may call the servers' API. Kubelet probes are node traffic, which common
     network plugins always allow."""
     http = [{"protocol": "TCP", "port": spec.server.port}]
+    scraper = _scraper(scraper_namespace)
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -453,12 +474,29 @@ def network_policy(name: str, namespace: str, owner: dict[str, Any], spec: Datas
                  "ports": http},
                 # Ranks of a multi-node replica: torch.distributed store plus NCCL's dynamically chosen ports.
                 {"from": [{"podSelector": {"matchLabels": names.selector_labels(name, names.SERVER_COMPONENT)}}]},
-                # Extra: Prometheus (any namespace, by its usual pod label) scrapes /metrics on the HTTP port;
-                # SGLang exempts /metrics and /health from the API key.
-                {"from": [{"namespaceSelector": {},
-                           "podSelector": {"matchLabels": {names.LABEL_NAME: "prometheus"}}}],
-                 "ports": http},
+                # The scraper reads /metrics on the HTTP port: SGLang serves it there (no separate metrics port in
+                # HTTP mode) and exempts /metrics and /health* from the API key (0.5.23 utils/auth.py:101-106), so
+                # the scraper can also call /health_generate: it is admitted from one namespace only.
+                *([{"from": scraper, "ports": http}] if scraper else []),
             ],
+        },
+    }
+
+
+def runner_network_policy(name: str, namespace: str, owner: dict[str, Any],
+                          scraper_namespace: str | None = None) -> Manifest:
+    """Runner pods serve only unauthenticated metrics: admitted from the scraper's namespace, on that port."""
+    scraper = _scraper(scraper_namespace)
+    ports = [{"protocol": "TCP", "port": RUNNER_METRICS_PORT}]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(names.runner_network_policy_name(name), namespace, owner,
+                              names.labels(name, names.RUNNER_COMPONENT)),
+        "spec": {
+            "podSelector": {"matchLabels": names.selector_labels(name, names.RUNNER_COMPONENT)},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": scraper, "ports": ports}] if scraper else [],
         },
     }
 
@@ -490,7 +528,8 @@ def runner_configmap(name: str, namespace: str, owner: dict[str, Any], spec: Dat
 
 def runner_args(spec: DatasetGenerationSpec, server_urls: list[str], retry_failed: bool = False) -> list[str]:
     args = ["run", f"{CONFIG_MOUNT}/{SPEC_KEY}", "--out", spec.output.uri,
-            "--workers", str(spec.runner.parallelism), "--metrics-port", str(RUNNER_METRICS_PORT)]
+            "--workers", str(spec.runner.parallelism), "--metrics-port", str(RUNNER_METRICS_PORT),
+            "--metrics-address", "0.0.0.0"]  # the pod's network; runner_network_policy admits only the scraper
     for url in server_urls:
         args += ["--server", url]
     if spec.output.endpoint:

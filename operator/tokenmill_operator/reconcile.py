@@ -59,6 +59,8 @@ class OperatorSettings:
     # Extra labels on runner pods (JSON object); the e2e tests use it to hold Job pods running under kwok.
     runner_pod_labels: dict[str, str] = field(
         default_factory=lambda: orjson.loads(os.environ.get("TOKENMILL_RUNNER_POD_LABELS", "{}")))
+    # Where Prometheus runs: the only namespace whose scraper the NetworkPolicies admit (none when unset).
+    scraper_namespace: str | None = os.environ.get("TOKENMILL_SCRAPER_NAMESPACE") or None
     tenant_policy: policy.TenantPolicy = field(default_factory=lambda: policy.TenantPolicy.from_env(os.environ))
 
 
@@ -255,7 +257,8 @@ def _ensure_children(kube: Kube, context: Context, plan: ServerPlan, settings: O
     name, namespace, spec = context.name, context.namespace, context.spec
     kube.create_if_absent(manifests.api_key_secret(name, namespace, owner, secrets.token_urlsafe(32)))
     kube.apply(manifests.server_service(name, namespace, owner, spec))
-    kube.apply(manifests.network_policy(name, namespace, owner, spec))
+    kube.apply(manifests.network_policy(name, namespace, owner, spec, settings.scraper_namespace))
+    kube.apply(manifests.runner_network_policy(name, namespace, owner, settings.scraper_namespace))
     kube.apply(manifests.server_statefulset(name, namespace, owner, spec, plan, server_replicas))
     crash_point("server-applied")
     if not create_job:

@@ -51,6 +51,9 @@ def _add_run_parser(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--workers", type=int, default=None, help="number of workers (default: spec.runner.parallelism)")
     run.add_argument("--metrics-port", type=int, default=_env_int("TOKENMILL_METRICS_PORT"),
                      help="serve Prometheus metrics on this port (default: $TOKENMILL_METRICS_PORT, else off)")
+    run.add_argument("--metrics-address", default=os.environ.get("TOKENMILL_METRICS_ADDRESS", "127.0.0.1"),
+                     metavar="ADDRESS", help="address the unauthenticated metrics server binds (default: "
+                     "$TOKENMILL_METRICS_ADDRESS, else 127.0.0.1: this machine only; the runner Job binds 0.0.0.0)")
     run.add_argument("--retry-failed", action="store_true",
                      help="run again the samples given up for a server-side reason (retries exhausted, bad or "
                           "corrupt responses), e.g. after a server outage; input errors stay final")
@@ -165,7 +168,7 @@ def runner_config(resource: DatasetGeneration, args: argparse.Namespace, servers
         spec = spec.model_copy(update={"output": spec.output.model_copy(update={"endpoint": args.s3_endpoint})})
     return RunnerConfig(
         spec=spec, name=args.name or resource.metadata.name, namespace=resource.metadata.namespace or "",
-        servers=servers, metrics_port=args.metrics_port,
+        servers=servers, metrics_port=args.metrics_port, metrics_address=args.metrics_address,
         retry_failed=args.retry_failed or spec.runner.retry_failed,
         output_uri=args.out or spec.output.uri, worker_index=args.worker_index,
         worker_count=args.workers or spec.runner.parallelism, server_wait_s=args.server_wait,

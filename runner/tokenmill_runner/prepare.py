@@ -169,7 +169,7 @@ async def prepare(config: RunnerConfig, api_key: str | None) -> Runner:
     metrics = RunnerMetrics.create(config.name, config.namespace, config.worker_index)
     metrics.set_in_flight(0)
     if config.metrics_port:
-        metrics.serve(config.metrics_port)
+        metrics.serve(config.metrics_port, config.metrics_address)
     storage = open_storage(config.output_uri, spec.output.endpoint, spec.output.region)
     await asyncio.to_thread(check_output_owner, storage, spec)
     tokenizer_location = spec.model.tokenizer or spec.model.path

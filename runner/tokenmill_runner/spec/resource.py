@@ -350,7 +350,10 @@ class ServerSpec(SpecModel):
         3600, gt=0, le=MAX_TIMEOUT_SECONDS,
         description="How long a server may load weights before its startup probe fails it (at most a week)."
     )
-    shm_size: str = Field("64Gi", description="Size of the in-memory /dev/shm volume (NCCL needs a large one).")
+    shm_size: str = Field(
+        "64Gi", pattern=r"^[1-9][0-9]{0,3}Gi$", description="Size of the in-memory /dev/shm volume (NCCL needs a large "
+        "one), in whole Gi up to 9999Gi. It is charged to the pod's memory, so the server pod requests at least "
+        "this much memory.")
     deterministic_inference: bool = Field(
         False, description="Start SGLang with --enable-deterministic-inference so each sample's seed makes its "
         "sampling reproducible; it switches to batch-invariant kernels and the pytorch sampler (slower).")
