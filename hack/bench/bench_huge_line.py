@@ -11,17 +11,15 @@ in a child process against one simulator process and reads the child's peak RSS 
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import orjson
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_memory import peak_rss_mib  # noqa: E402
 from bench_runner import MODEL, start_simulator  # noqa: E402
 
 WORDS = b"the quick brown fox jumps over the lazy dog " * (1024 * 1024 // 44)  # about a megabyte
@@ -48,16 +46,6 @@ def write_inputs(folder: Path, megabytes: int) -> Path:
     path = folder / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
-
-
-def peak_rss_mib(spec: Path, url: str) -> tuple[float, float]:
-    started = time.perf_counter()
-    process = subprocess.Popen([sys.executable, "-m", "tokenmill_runner.cli", "-q", "run", str(spec),
-                                "--server", url], stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(process.pid, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"tokenmill run failed for {spec}")
-    return usage.ru_maxrss / 1024, time.perf_counter() - started
 
 
 def main() -> None:

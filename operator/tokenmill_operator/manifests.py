@@ -446,59 +446,53 @@ def server_statefulset(name: str, namespace: str, owner: dict[str, Any], spec: D
     }
 
 
-def _scraper(namespace: str | None) -> list[Manifest]:
-    """The metrics scraper as a NetworkPolicy peer: pods labelled prometheus in the operator setting's namespace
+def _scraper(namespace: str | None, ports: list[Manifest]) -> list[Manifest]:
+    """The metrics scraper's ingress rule: pods labelled prometheus in the operator setting's namespace
     (TOKENMILL_SCRAPER_NAMESPACE), never by label alone (anyone who can create a pod can set a label); none unset."""
     if not namespace:
         return []
-    return [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-             "podSelector": {"matchLabels": {names.LABEL_NAME: "prometheus"}}}]
+    return [{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                       "podSelector": {"matchLabels": {names.LABEL_NAME: "prometheus"}}}], "ports": ports}]
+
+
+def _ingress_policy(policy_name: str, name: str, namespace: str, owner: dict[str, Any], component: str,
+                    ingress: list[Manifest]) -> Manifest:
+    """A NetworkPolicy admitting only `ingress` to the pods of one component. Kubelet probes are node traffic,
+    which common network plugins always allow."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(policy_name, namespace, owner, names.labels(name, component)),
+        "spec": {
+            "podSelector": {"matchLabels": names.selector_labels(name, component)},
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
+        },
+    }
 
 
 def network_policy(name: str, namespace: str, owner: dict[str, Any], spec: DatasetGenerationSpec,
                    scraper_namespace: str | None = None) -> Manifest:
-    """Only this instance's runner may call the servers' API. Kubelet probes are node traffic, which common
-    network plugins always allow."""
+    """Only this instance's runner may call the servers' API."""
     http = [{"protocol": "TCP", "port": spec.server.port}]
-    scraper = _scraper(scraper_namespace)
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": _metadata(names.network_policy_name(name), namespace, owner,
-                              names.labels(name, names.SERVER_COMPONENT)),
-        "spec": {
-            "podSelector": {"matchLabels": names.selector_labels(name, names.SERVER_COMPONENT)},
-            "policyTypes": ["Ingress"],
-            "ingress": [
-                {"from": [{"podSelector": {"matchLabels": names.selector_labels(name, names.RUNNER_COMPONENT)}}],
-                 "ports": http},
-                # Ranks of a multi-node replica: torch.distributed store plus NCCL's dynamically chosen ports.
-                {"from": [{"podSelector": {"matchLabels": names.selector_labels(name, names.SERVER_COMPONENT)}}]},
-                # The scraper reads /metrics on the HTTP port: SGLang serves it there (no separate metrics port in
-                # HTTP mode) and exempts /metrics and /health* from the API key (0.5.23 utils/auth.py:101-106), so
-                # the scraper can also call /health_generate: it is admitted from one namespace only.
-                *([{"from": scraper, "ports": http}] if scraper else []),
-            ],
-        },
-    }
+    return _ingress_policy(names.network_policy_name(name), name, namespace, owner, names.SERVER_COMPONENT, [
+        {"from": [{"podSelector": {"matchLabels": names.selector_labels(name, names.RUNNER_COMPONENT)}}],
+         "ports": http},
+        # Ranks of a multi-node replica: torch.distributed store plus NCCL's dynamically chosen ports.
+        {"from": [{"podSelector": {"matchLabels": names.selector_labels(name, names.SERVER_COMPONENT)}}]},
+        # The scraper reads /metrics on the HTTP port: SGLang serves it there (no separate metrics port in HTTP
+        # mode) and exempts /metrics and /health* from the API key (0.5.23 utils/auth.py:101-106), so the scraper
+        # can also call /health_generate: it is admitted from one namespace only.
+        *_scraper(scraper_namespace, http),
+    ])
 
 
 def runner_network_policy(name: str, namespace: str, owner: dict[str, Any],
                           scraper_namespace: str | None = None) -> Manifest:
     """Runner pods serve only unauthenticated metrics: admitted from the scraper's namespace, on that port."""
-    scraper = _scraper(scraper_namespace)
     ports = [{"protocol": "TCP", "port": RUNNER_METRICS_PORT}]
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": _metadata(names.runner_network_policy_name(name), namespace, owner,
-                              names.labels(name, names.RUNNER_COMPONENT)),
-        "spec": {
-            "podSelector": {"matchLabels": names.selector_labels(name, names.RUNNER_COMPONENT)},
-            "policyTypes": ["Ingress"],
-            "ingress": [{"from": scraper, "ports": ports}] if scraper else [],
-        },
-    }
+    return _ingress_policy(names.runner_network_policy_name(name), name, namespace, owner, names.RUNNER_COMPONENT,
+                           _scraper(scraper_namespace, ports))
 
 
 # -------------------------------------------------------------------------------------------------------- runner
