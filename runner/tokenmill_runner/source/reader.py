@@ -113,9 +113,10 @@ def _skip_rest(handle: IO[bytes]) -> int:
 
 
 def _lines(handle: IO[bytes], max_bytes: int | None) -> Iterator[bytes | OversizeLine]:
-    """Each line, or an OversizeLine for a line over `max_bytes`: never more than max_bytes + 1 bytes held."""
+    """Each line, or an OversizeLine for a line over `max_bytes`: never more than max_bytes + 2 bytes held (room
+    for a line of exactly max_bytes and its "\r\n", so line numbers never depend on the bound)."""
     first = True
-    while raw := handle.readline(-1 if max_bytes is None else max_bytes + 1):
+    while raw := handle.readline(-1 if max_bytes is None else max_bytes + 2):
         if first and raw.startswith(UTF8_BOM):  # editors on Windows start files with one; it is not JSON
             raw = raw[len(UTF8_BOM):]
         first = False
