@@ -14,7 +14,8 @@ from tokenmill_runner.spec.resource import DatasetGenerationSpec, parse_document
 
 def spec(**output):
     document = {"apiVersion": "tokenmill.io/v1alpha1", "kind": "DatasetGeneration", "metadata": {"name": "t"},
-                "spec": {"model": {"path": "s3://models/kimi/"}, "datasets": [{"name": "a", "source": "s3://p/a.jsonl"}],
+                "spec": {"model": {"path": "s3://models/kimi/"},
+                         "datasets": [{"name": "a", "source": "s3://p/a.jsonl"}],
                          "output": {"uri": "s3://finance-prod-bucket/anything/", **output}}}
     return parse_document(document).spec
 

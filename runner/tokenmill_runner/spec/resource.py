@@ -86,7 +86,8 @@ MAX_CONCURRENCY = 4096  # requests in flight per worker: each holds a queue slot
 MAX_SHARD_SAMPLES = 16384  # rows wait in the worker's memory until their shard commits
 MAX_SHARD_SECONDS = 3600  # ... and a crashed worker redoes what it had not committed
 MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
-MAX_TOKEN_ID = 2**31 - 1  # SGLang keeps token ids and top-k in int32 tensors
+# Token ids are int32, and SGLang keeps top-k in an int32 tensor (0.5.23 sampling/sampling_batch_info.py:147-149).
+MAX_TOKEN_ID = 2**31 - 1
 
 # Flags the operator sets (or must never let a resource set) on the SGLang command line. SGLang parses with a
 # default argparse.ArgumentParser (0.5.23 server_args.py:679), which takes any unambiguous abbreviation (--api-ke,
@@ -421,7 +422,8 @@ class RunnerSpec(SpecModel):
         60, gt=0, le=MAX_SHARD_SECONDS, description="Commit a shard at least this often (seconds). At most "
         f"{MAX_SHARD_SECONDS}: rows wait in memory until then, and a crashed worker redoes them.")
     max_attempts: int = Field(
-        6, gt=0, le=100, description="Failed attempts per sample before it is recorded as failed. Only failures plausibly "
+        6, gt=0, le=100,
+        description="Failed attempts per sample before it is recorded as failed. Only failures plausibly "
         "the sample's own count (a corrupt answer, an abort, a server error while the replica answers others); "
         "while no server is live the runner waits without spending attempts. At most 100.",
     )
