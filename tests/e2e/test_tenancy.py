@@ -139,6 +139,13 @@ def test_an_administrator_may_allow_the_operators_identity_for_named_buckets(clu
         cluster.apply(resource)
         cluster.wait_for(lambda: cluster.apps.read_namespaced_stateful_set(f"{NAME}-server", namespace),
                          "the server, planned from config.json read with the allowed identity", timeout=60)
+        # No scraper namespace set for this operator: the runner pods admit nobody, the server only its runner.
+        networking = cluster.api(k8s.NetworkingV1Api)
+        runner = networking.read_namespaced_network_policy(f"{NAME}-runner", namespace)
+        assert runner.spec.pod_selector.match_labels["app.kubernetes.io/component"] == "runner"
+        assert not runner.spec.ingress
+        server = networking.read_namespaced_network_policy(f"{NAME}-server", namespace)
+        assert len(server.spec.ingress) == 2, "the runner and the replica's ranks, no label-only scraper"
     finally:
         operator.stop()
 
