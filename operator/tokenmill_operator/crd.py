@@ -180,7 +180,11 @@ RULES: dict[Path_, list[dict[str, str]]] = {
                                          "(local files work only with `tokenmill run`)")],
     ("output", "uri"): [_rule("self.matches('^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$')",
                               "output.uri must be s3://bucket/prefix/ (a local folder works only with "
-                              "`tokenmill run`)")],
+                              "`tokenmill run`)"),
+                        # spec/resource.py S3_PREFIX_ESCAPE, in RE2.
+                        _rule("!self.matches('/[.][.]?(/|$)') && !self.matches('%2[fF]') && !self.contains('\\\\')",
+                              "output.uri must not hold '.' or '..' segments or an encoded slash (%2F): a store or "
+                              "proxy that normalises keys would write outside the prefix")],
     ("server",): [
         _rule("!has(self.tensorParallel) || type(self.tensorParallel) != int || "
               "self.tensorParallel in [1, 2, 4, 8, 16, 32, 64]",

@@ -37,6 +37,9 @@ OUT_OF_BOUNDS = [
     ("server.extraArgs", ["--hos=127.0.0.1"], "nor abbreviate one"),
     ("server.extraArgs", ["--trust-remote-code"], "nor abbreviate one"),
     ("server.extraArgs", ["--config", "/tmp/args.yaml"], "nor abbreviate one"),
+    # Stored literally by S3, but a store or proxy that normalises keys would write outside the prefix.
+    ("output.uri", "s3://tokenmill-data/runs/a/../../escaped/", "must not hold '.' or '..' segments"),
+    ("output.uri", "s3://tokenmill-data/runs/b%2F..%2Fc/", "must not hold '.' or '..' segments"),
 ]
 
 

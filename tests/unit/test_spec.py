@@ -162,3 +162,16 @@ def test_extra_args_may_not_set_or_abbreviate_a_managed_flag(arg):
     with pytest.raises(ValidationError, match="which the operator manages"):
         ServerSpec.model_validate({"extraArgs": ["--chunked-prefill-size", "4096", arg]})
     assert ServerSpec.model_validate({"extraArgs": ["--chunked-prefill-size", "4096", "--enable-metrics"]})
+
+
+@pytest.mark.parametrize("uri", ["s3://b/runs/a/../../escaped/", "s3://b/runs/b%2F..%2Fc/", "s3://b/./x/",
+                                 "s3://b/runs\\x/"])
+def test_an_s3_output_prefix_cannot_name_a_way_out_of_itself(uri):
+    from pydantic import ValidationError
+
+    from tokenmill_runner.spec.resource import OutputSpec
+
+    with pytest.raises(ValidationError, match="could leave the prefix"):
+        OutputSpec.model_validate({"uri": uri})
+    assert OutputSpec.model_validate({"uri": "s3://b/runs/v1..v2/x.y/"})
+    assert OutputSpec.model_validate({"uri": "../out/demo"}), "a local folder relative to the spec stays allowed"
