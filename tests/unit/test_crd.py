@@ -84,3 +84,29 @@ def test_crd_and_pydantic_bound_every_integer_field_alike():
     # No integer the spec accepts is past what Kubernetes (int64) and SGLang (int32 ids, int64 counts) hold.
     unbounded = [path for path, (_, high) in ours.items() if high is None or high >= 2**63]
     assert unbounded == []
+
+
+def _options(node: dict[str, Any]) -> list[dict[str, Any]]:
+    return [o for o in node.get("anyOf", [node]) if o.get("type") != "null"]
+
+
+def test_crd_and_pydantic_agree_on_every_field():
+    """The same fields, and every pattern, length and enum pydantic checks is the CRD's too; `"auto"`, which a
+    structural schema cannot put in an int-or-string enum, is a CEL rule there."""
+    from tokenmill_runner.spec.resource import DatasetGenerationSpec
+
+    schema = DatasetGenerationSpec.model_json_schema(by_alias=True)
+    ours = dict(_pydantic_fields(schema, schema.get("$defs", {})))
+    theirs = dict(walk(crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]))
+    assert set(ours) == set(theirs)
+    for path, node in ours.items():
+        for key in ("pattern", "minLength", "maxLength", "minItems", "maxItems"):
+            value = next((o[key] for o in _options(node) if key in o), None)
+            if value is not None:
+                assert theirs[path].get(key) == value, (path, key)
+        enum = sorted(str(v) for o in _options(node) for v in (o.get("enum") or ([o["const"]] if "const" in o else [])))
+        if enum == ["auto"] and len(_options(node)) > 1:
+            rules = " ".join(rule["rule"] for rule in theirs[path].get("x-kubernetes-validations", []))
+            assert "'auto'" in rules, path
+        elif enum:
+            assert sorted(map(str, theirs[path]["enum"])) == enum, path
