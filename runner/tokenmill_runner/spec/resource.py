@@ -162,7 +162,7 @@ class SamplingSpec(SpecModel):
     temperature: DecimalString | None = Field(
         None, description="Sampling temperature >= 0 as a string, e.g. \"0.6\" (0 = greedy).")
     top_p: DecimalString | None = Field(None, description="Nucleus sampling mass in (0, 1], as a string.")
-    top_k: int | None = Field(None, ge=-1, le=MAX_TOKEN_ID, description="Top-k: -1 for the whole vocabulary, else "
+    top_k: int | None = Field(None, le=MAX_TOKEN_ID, description="Top-k: -1 for the whole vocabulary, else "
                               "at least 1 (at most 2^31-1: SGLang holds it in an int32 tensor).")
     min_p: DecimalString | None = Field(None, description="Min-p in [0, 1], as a string.")
     repetition_penalty: DecimalString | None = Field(None, description="Repetition penalty in (0, 2], as a string.")
