@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from tokenmill_runner.facts.releases import MOVING_TAG_PATTERN, RELEASES
-from tokenmill_runner.spec.resource import API_VERSION, KV_CACHE_DTYPES, DatasetGenerationSpec
+from tokenmill_runner.spec.resource import API_VERSION, KV_CACHE_DTYPES, MANAGED_FLAGS, DatasetGenerationSpec
 
 from .status import DatasetGenerationStatus
 
@@ -46,8 +46,11 @@ def _merge_any_of(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     if len(options) == 1:
         return {**options[0], **base}
     if types == {"integer", "string"}:
-        # `N | "auto"`: Kubernetes' int-or-string, checked by a CEL rule below.
-        return {**base, "x-kubernetes-int-or-string": True, "x-kubernetes-validations": [
+        # `N | "auto"`: Kubernetes' int-or-string, checked by a CEL rule; the number's bounds apply to numbers only
+        # (without them `replicas: -1` passed kubectl apply and failed in the operator).
+        number = next(o for o in options if o.get("type") == "integer")
+        bounds = {key: number[key] for key in ("minimum", "maximum") if key in number}
+        return {**base, **bounds, "x-kubernetes-int-or-string": True, "x-kubernetes-validations": [
             {"rule": "type(self) == int || self == 'auto'", "message": "must be an integer or \"auto\""}]}
     if types == {"string"}:
         return {**base, "type": "string"}
@@ -69,6 +72,8 @@ def structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         out["enum"] = [node["const"]]
     if "exclusiveMinimum" in node:
         out["minimum"] = node["exclusiveMinimum"] + (1 if node.get("type") == "integer" else 0)
+    if "exclusiveMaximum" in node:
+        out["maximum"] = node["exclusiveMaximum"] - (1 if node.get("type") == "integer" else 0)
     if "properties" in node:
         out["properties"] = {name: structural(child, defs) for name, child in node["properties"].items()}
         required = node.get("required") or []
@@ -112,8 +117,6 @@ def _rule(rule: str, message: str, reason: str | None = None, field_path: str | 
 
 FRACTION_RULE = "self.matches('^[0-9]*[.]?[0-9]+$') && double(self) > 0.0 && double(self) < 1.0"
 DECIMAL_RULE = "self.matches('^-?[0-9]*[.]?[0-9]+$')"
-OPERATOR_FLAGS = ["--model-path", "--model", "--tokenizer-path", "--host", "--port", "--tp-size", "--tp",
-                  "--tensor-parallel-size", "--api-key", "--nnodes", "--node-rank", "--dist-init-addr"]
 
 # Bounds keep CEL's cost estimate finite; the numbers are far above any real run.
 BOUNDS: dict[Path_, dict[str, Any]] = {
@@ -129,7 +132,6 @@ BOUNDS: dict[Path_, dict[str, Any]] = {
     ("server", "extraArgs", "[]"): {"maxLength": 4096},
     ("sampling", "stopTokenIds"): {"maxItems": 64},
     ("datasets", "[]", "sampling", "stopTokenIds"): {"maxItems": 64},
-    ("runner", "parallelism"): {"maximum": 256},
     ("output", "credentialsSecret"): {"maxLength": 253, "pattern": "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"},
     ("output", "endpoint"): {"maxLength": 2048, "pattern": "^https?://"},
 }
@@ -185,7 +187,11 @@ RULES: dict[Path_, list[dict[str, str]]] = {
                                          "(local files work only with `tokenmill run`)")],
     ("output", "uri"): [_rule("self.matches('^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$')",
                               "output.uri must be s3://bucket/prefix/ (a local folder works only with "
-                              "`tokenmill run`)")],
+                              "`tokenmill run`)"),
+                        # spec/resource.py S3_PREFIX_ESCAPE, in RE2.
+                        _rule("!self.matches('/[.][.]?(/|$)') && !self.matches('%2[fF]') && !self.contains('\\\\')",
+                              "output.uri must not hold '.' or '..' segments or an encoded slash (%2F): a store or "
+                              "proxy that normalises keys would write outside the prefix")],
     ("server",): [
         _rule("!has(self.tensorParallel) || type(self.tensorParallel) != int || "
               "self.tensorParallel in [1, 2, 4, 8, 16, 32, 64]",
@@ -195,11 +201,12 @@ RULES: dict[Path_, list[dict[str, str]]] = {
               "self.tensorParallel <= self.gpusPerNode || self.tensorParallel % self.gpusPerNode == 0",
               "server.tensorParallel above gpusPerNode must span whole nodes (a multiple of gpusPerNode)",
               "FieldValueInvalid", ".tensorParallel"),
-        _rule("!has(self.extraArgs) || self.extraArgs.all(a, !(a.split('=')[0] in "
-              + str(OPERATOR_FLAGS).replace('"', "'") + "))",
-              "server.extraArgs must not set flags the operator manages (model path, host, port, "
-              "tensor parallel, API key, multi-node): use the spec fields instead", "FieldValueForbidden",
-              ".extraArgs"),
+        # An abbreviation is a prefix: refused like the flag (spec/resource.py MANAGED_FLAGS says why).
+        _rule("!has(self.extraArgs) || self.extraArgs.all(a, !a.startsWith('--') || !("
+              + str(list(MANAGED_FLAGS)).replace('"', "'") + ".exists(f, f.startsWith(a.split('=')[0]))))",
+              "server.extraArgs must not set flags the operator manages, nor abbreviate one (model path, host, "
+              "port, tensor parallel, API keys, multi-node, --trust-remote-code, --config): use the spec fields "
+              "instead", "FieldValueForbidden", ".extraArgs"),
     ],
     ("server", "memFractionStatic"): [_rule("self == 'auto' || (" + FRACTION_RULE + ")",
                                             "must be \"auto\" or a fraction between 0 and 1 as a string, e.g. \"0.85\"")],

@@ -67,7 +67,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.server_timeout = 60
     settings.background.cancellation_polling = CANCELLATION_POLLING_SECONDS
     default_kube()
-    metrics.serve(int(os.environ.get("TOKENMILL_METRICS_PORT", "8081")))
+    metrics.serve(int(os.environ.get("TOKENMILL_METRICS_PORT", "8081")),
+                  os.environ.get("TOKENMILL_METRICS_ADDRESS", "0.0.0.0"))
 
 
 @kopf.on.cleanup()

@@ -107,11 +107,25 @@ class Kube:
                                                        content_type="application/merge-patch+json",
                                                        _request_timeout=REQUEST_TIMEOUT)
 
-    def secret_data(self, name: str, namespace: str) -> dict[str, str]:
+    def secret_data(self, name: str, namespace: str, keys: tuple[str, ...]) -> dict[str, str]:
+        """The Secret's `keys` as text; only those are decoded, so another key may hold binary data."""
         secret = self.get("v1", "Secret", name, namespace)
         if secret is None:
             raise LookupError(f"Secret {namespace}/{name} does not exist")
-        return {key: base64.b64decode(value).decode() for key, value in (secret.get("data") or {}).items()}
+        return decode_secret_keys(secret.get("data") or {}, keys, f"Secret {namespace}/{name}")
+
+
+def decode_secret_keys(data: dict[str, str], keys: tuple[str, ...], where: str) -> dict[str, str]:
+    """`keys` of a Secret's base64 data as UTF-8 text (the keys it lacks left out); a key that is not text is a
+    LookupError naming it, never a traceback on every pass."""
+    decoded = {}
+    for key in keys:
+        if key in data:
+            try:
+                decoded[key] = base64.b64decode(data[key]).decode()
+            except ValueError:  # binascii.Error and UnicodeDecodeError both are
+                raise LookupError(f"{where} key {key} is not UTF-8 text") from None
+    return decoded
 
 
 @cache

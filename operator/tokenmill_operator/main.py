@@ -10,7 +10,8 @@ import sys
 def main() -> int:
     namespaces = [n for n in os.environ.get("TOKENMILL_NAMESPACES", "").split(",") if n]
     args = ["run", "--standalone", "-m", "tokenmill_operator.handlers",
-            f"--liveness=http://0.0.0.0:{os.environ.get('TOKENMILL_HEALTH_PORT', '8080')}/healthz"]
+            f"--liveness=http://{os.environ.get('TOKENMILL_HEALTH_ADDRESS', '0.0.0.0')}:"
+            f"{os.environ.get('TOKENMILL_HEALTH_PORT', '8080')}/healthz"]
     args += [f"--namespace={n}" for n in namespaces] or ["--all-namespaces"]
     sys.argv = ["kopf", *args, *sys.argv[1:]]
     from kopf.cli import main as kopf_main

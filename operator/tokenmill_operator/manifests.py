@@ -29,6 +29,7 @@ from .planner.attention import given_backend
 # aws-cli image used by the init container that copies s3:// weights into the pod. The spec has no field for it
 # yet; pinned (not `latest`) so a restarted pod runs the same copier. Its entrypoint is `aws`.
 DEFAULT_MODEL_SYNC_IMAGE = "amazon/aws-cli:2.27.0"
+SYNC_UID = 65532  # the conventional "nonroot" user: the model copy runs as no user the image knows
 
 API_KEY_SECRET_KEY = "api-key"
 SERVER_API_KEY_ENV = "SGLANG_API_KEY"
@@ -57,6 +58,9 @@ RUNNER_EXIT_USAGE = 2
 RUNNER_EXIT_GAVE_UP = 3
 # 4: no server was live for longer than the outage budget; nothing was written off, so a new pod continues.
 RUNNER_EXIT_SERVERS_DOWN = 4
+# 5: a dataset has no sample: its source is empty (every worker sees the same) or all its rows failed for their
+# input (a single worker): no retry changes the input.
+RUNNER_EXIT_NO_SAMPLES = 5
 # Only the tokenizer of an s3:// tokenizer location is needed; skip weights if it points at a full model prefix.
 _WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf", "*.msgpack", "*.h5", "*.ckpt")
 
@@ -133,7 +137,7 @@ def _sync_container(location: str, volume: str, root: str, target: str, spec: Da
         command += ["--endpoint-url", spec.output.endpoint]
     for pattern in excludes:
         command += ["--exclude", pattern]
-    env = [{"name": "HOME", "value": "/tmp"}]
+    env = [{"name": "HOME", "value": "/tmp"}]  # the aws CLI's cache; the image's own HOME belongs to root
     if spec.output.region:
         env += [{"name": "AWS_DEFAULT_REGION", "value": spec.output.region}]
     container: Manifest = {
@@ -143,7 +147,9 @@ def _sync_container(location: str, volume: str, root: str, target: str, spec: Da
         "env": env,
         "volumeMounts": [{"name": volume, "mountPath": root}],
         "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        # The aws-cli image defaults to root, which copying files into an emptyDir (mode 0777) does not need.
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                            "runAsNonRoot": True, "runAsUser": SYNC_UID, "runAsGroup": SYNC_UID},
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if spec.output.credentials_secret:
@@ -319,10 +325,14 @@ def _server_resources(spec: DatasetGenerationSpec, plan: ServerPlan) -> Manifest
     extra = spec.server.resources
     gpus = str(plan.gpus_per_node)
     resource = _gpu_resource(plan)
+    # Without cpu and memory requests the most expensive pod of the run is BestEffort, the first evicted under node
+    # pressure. The /dev/shm tmpfs is charged to the pod's memory, so at least that much is requested; a CPU per GPU
+    # for its scheduler process (plus tokenizer and detokenizer). spec.server.resources.requests wins.
+    requests = {"cpu": gpus, "memory": spec.server.shm_size}
     return {
         **extra,
         "limits": {**extra.get("limits", {}), resource: gpus},
-        "requests": {**extra.get("requests", {}), resource: gpus},
+        "requests": {**requests, **extra.get("requests", {}), resource: gpus},
     }
 
 
@@ -402,6 +412,9 @@ def _server_pod(name: str, namespace: str, spec: DatasetGenerationSpec, plan: Se
         # Service links would inject <SERVICE>_PORT variables; one named like an SGLANG_* setting would change it.
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,  # SGLang never talks to the Kubernetes API
+        # The container runtime's default seccomp profile: SGLang, NCCL over TCP/NVLink and CUDA need none of the
+        # syscalls it blocks. Not runAsNonRoot: SGLang images run as root (see the container's securityContext).
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         "terminationGracePeriodSeconds": 60,
         "tolerations": _tolerations(spec.server.tolerations, _gpu_resource(plan)),
         "containers": [_server_container(name, namespace, spec, plan, model, tokenizer)],
@@ -440,31 +453,53 @@ def server_statefulset(name: str, namespace: str, owner: dict[str, Any], spec: D
     }
 
 
-def network_policy(name: str, namespace: str, owner: dict[str, Any], spec: DatasetGenerationSpec) -> Manifest:
-    """Only this instance's runner may call the servers' API. Kubelet probes are node traffic, which common
-    network plugins always allow."""
-    http = [{"protocol": "TCP", "port": spec.server.port}]
+def _scraper(namespace: str | None, ports: list[Manifest]) -> list[Manifest]:
+    """The metrics scraper's ingress rule: pods labelled prometheus in the operator setting's namespace
+    (TOKENMILL_SCRAPER_NAMESPACE), never by label alone (anyone who can create a pod can set a label); none unset."""
+    if not namespace:
+        return []
+    return [{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                       "podSelector": {"matchLabels": {names.LABEL_NAME: "prometheus"}}}], "ports": ports}]
+
+
+def _ingress_policy(policy_name: str, name: str, namespace: str, owner: dict[str, Any], component: str,
+                    ingress: list[Manifest]) -> Manifest:
+    """A NetworkPolicy admitting only `ingress` to the pods of one component. Kubelet probes are node traffic,
+    which common network plugins always allow."""
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": _metadata(names.network_policy_name(name), namespace, owner,
-                              names.labels(name, names.SERVER_COMPONENT)),
+        "metadata": _metadata(policy_name, namespace, owner, names.labels(name, component)),
         "spec": {
-            "podSelector": {"matchLabels": names.selector_labels(name, names.SERVER_COMPONENT)},
+            "podSelector": {"matchLabels": names.selector_labels(name, component)},
             "policyTypes": ["Ingress"],
-            "ingress": [
-                {"from": [{"podSelector": {"matchLabels": names.selector_labels(name, names.RUNNER_COMPONENT)}}],
-                 "ports": http},
-                # Ranks of a multi-node replica: torch.distributed store plus NCCL's dynamically chosen ports.
-                {"from": [{"podSelector": {"matchLabels": names.selector_labels(name, names.SERVER_COMPONENT)}}]},
-                # Extra: Prometheus (any namespace, by its usual pod label) scrapes /metrics on the HTTP port;
-                # SGLang exempts /metrics and /health from the API key.
-                {"from": [{"namespaceSelector": {},
-                           "podSelector": {"matchLabels": {names.LABEL_NAME: "prometheus"}}}],
-                 "ports": http},
-            ],
+            "ingress": ingress,
         },
     }
+
+
+def network_policy(name: str, namespace: str, owner: dict[str, Any], spec: DatasetGenerationSpec,
+                   scraper_namespace: str | None = None) -> Manifest:
+    """Only this instance's runner may call the servers' API."""
+    http = [{"protocol": "TCP", "port": spec.server.port}]
+    return _ingress_policy(names.network_policy_name(name), name, namespace, owner, names.SERVER_COMPONENT, [
+        {"from": [{"podSelector": {"matchLabels": names.selector_labels(name, names.RUNNER_COMPONENT)}}],
+         "ports": http},
+        # Ranks of a multi-node replica: torch.distributed store plus NCCL's dynamically chosen ports.
+        {"from": [{"podSelector": {"matchLabels": names.selector_labels(name, names.SERVER_COMPONENT)}}]},
+        # The scraper reads /metrics on the HTTP port: SGLang serves it there (no separate metrics port in HTTP
+        # mode) and exempts /metrics and /health* from the API key (0.5.23 utils/auth.py:101-106), so the scraper
+        # can also call /health_generate: it is admitted from one namespace only.
+        *_scraper(scraper_namespace, http),
+    ])
+
+
+def runner_network_policy(name: str, namespace: str, owner: dict[str, Any],
+                          scraper_namespace: str | None = None) -> Manifest:
+    """Runner pods serve only unauthenticated metrics: admitted from the scraper's namespace, on that port."""
+    ports = [{"protocol": "TCP", "port": RUNNER_METRICS_PORT}]
+    return _ingress_policy(names.runner_network_policy_name(name), name, namespace, owner, names.RUNNER_COMPONENT,
+                           _scraper(scraper_namespace, ports))
 
 
 # -------------------------------------------------------------------------------------------------------- runner
@@ -504,7 +539,8 @@ class RunnerIdentity:
 def runner_args(spec: DatasetGenerationSpec, server_urls: list[str], retry_failed: bool = False,
                 identity: RunnerIdentity | None = None) -> list[str]:
     args = ["run", f"{CONFIG_MOUNT}/{SPEC_KEY}", "--out", spec.output.uri,
-            "--workers", str(spec.runner.parallelism), "--metrics-port", str(RUNNER_METRICS_PORT)]
+            "--workers", str(spec.runner.parallelism), "--metrics-port", str(RUNNER_METRICS_PORT),
+            "--metrics-address", "0.0.0.0"]  # the pod's network; runner_network_policy admits only the scraper
     if identity is not None:
         args += ["--owner-uid", identity.owner_uid, "--job-hash", identity.job_hash]
     for url in server_urls:
@@ -551,6 +587,7 @@ def _pod_failure_policy() -> Manifest:
         # Eviction, preemption, node drain: not the worker's fault, and it resumes from what is committed.
         {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
         _exit_codes("FailJob", RUNNER_EXIT_USAGE),
+        _exit_codes("FailJob", RUNNER_EXIT_NO_SAMPLES),
         _exit_codes("FailIndex", RUNNER_EXIT_GAVE_UP),
         # Said explicitly: a servers' outage is retried, within backoffLimitPerIndex (the default action).
         _exit_codes("Count", RUNNER_EXIT_SERVERS_DOWN),

@@ -118,9 +118,11 @@ def forget(name: str, namespace: str) -> None:
         metric.remove(*labels)
 
 
-def serve(port: int) -> None:
-    start_http_server(port, registry=REGISTRY)
-    logger.info("operator metrics on :%d/metrics", port)
+def serve(port: int, address: str = "0.0.0.0") -> None:
+    """Unauthenticated: in a pod, all interfaces (the chart's NetworkPolicy admits only the scraper); the bind
+    address is the operator setting TOKENMILL_METRICS_ADDRESS."""
+    start_http_server(port, addr=address, registry=REGISTRY)
+    logger.info("operator metrics on %s:%d/metrics", address, port)
 
 
 def exposition() -> bytes:

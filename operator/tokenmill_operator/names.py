@@ -87,6 +87,10 @@ def runner_configmap_name(name: str) -> str:
     return runner_name(name)
 
 
+def runner_network_policy_name(name: str) -> str:
+    return runner_name(name)
+
+
 def labels(name: str, component: str) -> dict[str, str]:
     """The explicit label set of every child. Never the CR's own labels: under Argo CD's label tracking a copied
     `app.kubernetes.io/instance` would make the children look like resources of the Application."""

@@ -60,6 +60,7 @@ def objects(resource, plan, runner_image: str) -> list[dict]:
         manifests.api_key_secret(name, namespace, owner, "<generated at create time>"),
         manifests.server_service(name, namespace, owner, spec),
         manifests.network_policy(name, namespace, owner, spec),
+        manifests.runner_network_policy(name, namespace, owner),
         manifests.server_statefulset(name, namespace, owner, spec, plan),
         manifests.runner_configmap(name, namespace, owner, spec),
         manifests.runner_job(name, namespace, owner, spec, spec.runner.image or runner_image, urls),

@@ -26,7 +26,7 @@ from tokenmill_runner.store.lease import read_lease
 from tokenmill_runner.store.manifest import ManifestError, Owner, read_manifest
 from tokenmill_runner.store.storage import Storage, StorageError, StorageRetry, open_storage
 
-from . import manifests, names
+from . import manifests, names, policy
 from .facts import Decision, JobState, Observed, ServerState
 from .faults import crash_point
 from .gather import (
@@ -70,15 +70,22 @@ class OperatorSettings:
     # Extra labels on runner pods (JSON object); the e2e tests use it to hold Job pods running under kwok.
     runner_pod_labels: dict[str, str] = field(
         default_factory=lambda: orjson.loads(os.environ.get("TOKENMILL_RUNNER_POD_LABELS", "{}")))
+    # Where Prometheus runs: the only namespace whose scraper the NetworkPolicies admit (none when unset).
+    scraper_namespace: str | None = os.environ.get("TOKENMILL_SCRAPER_NAMESPACE") or None
+    tenant_policy: policy.TenantPolicy = field(default_factory=lambda: policy.TenantPolicy.from_env(os.environ))
 
 
 def now_utc() -> datetime:
     return datetime.now(UTC)
 
 
+# The keys of the credentials Secret the operator reads (storage.s3_client); others may hold anything, e.g. a DER key.
+CREDENTIAL_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+
+
 def _credentials(kube: Kube, spec: DatasetGenerationSpec, namespace: str) -> dict[str, str] | None:
     secret = spec.output.credentials_secret
-    return kube.secret_data(secret, namespace) if secret else None
+    return kube.secret_data(secret, namespace, CREDENTIAL_KEYS) if secret else None
 
 
 # A pass gives up on a store that keeps failing after this long and says ObservationFailed; the next pass tries
@@ -225,6 +232,9 @@ def reconcile(kube: Kube, context: Context, output: OutputIndex, settings: Opera
     spec, now = context.spec, now_utc()
     base = Observed(generation=context.generation, now=now, suspended=spec.suspend, previous=context.previous,
                     name=context.name)
+    refused = policy.refusal(spec, settings.tenant_policy)
+    if refused:  # before the Secret, the model files or the output are touched
+        return blocked(base, "NotAllowed", refused)
     try:
         credentials = _credentials(kube, spec, context.namespace)
     except LookupError as error:
@@ -273,7 +283,8 @@ def _ensure_children(kube: Kube, context: Context, plan: ServerPlan, settings: O
     name, namespace, spec = context.name, context.namespace, context.spec
     kube.create_if_absent(manifests.api_key_secret(name, namespace, owner, secrets.token_urlsafe(32)))
     kube.apply(manifests.server_service(name, namespace, owner, spec))
-    kube.apply(manifests.network_policy(name, namespace, owner, spec))
+    kube.apply(manifests.network_policy(name, namespace, owner, spec, settings.scraper_namespace))
+    kube.apply(manifests.runner_network_policy(name, namespace, owner, settings.scraper_namespace))
     kube.apply(manifests.server_statefulset(name, namespace, owner, spec, plan, server_replicas))
     crash_point("server-applied")
     if not create_job:

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from contextlib import ExitStack
 
+from . import logs
 from .generate import builtin_sim
 from .spec.config import API_KEY_ENV, RunnerConfig
 from .render.pretokenize import offline_transformers
@@ -20,6 +21,7 @@ from .generate.summary import (  # noqa: F401 - the exit codes are part of the C
     EXIT_FAILED,
     EXIT_GIVEN_UP,
     EXIT_INTERRUPTED,
+    EXIT_NO_SAMPLES,
     EXIT_OK,
     EXIT_SERVERS_UNAVAILABLE,
     EXIT_USAGE,
@@ -30,7 +32,7 @@ logger = logging.getLogger("tokenmill")
 
 def _setup_logging(verbose: int) -> None:
     level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logs.setup(level, "%(asctime)s %(levelname)s %(name)s: %(message)s")
     if verbose < 2:
         for noisy in ("httpx", "httpcore", "botocore", "boto3", "urllib3", "aiohttp.access"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -49,6 +51,9 @@ def _add_run_parser(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--workers", type=int, default=None, help="number of workers (default: spec.runner.parallelism)")
     run.add_argument("--metrics-port", type=int, default=_env_int("TOKENMILL_METRICS_PORT"),
                      help="serve Prometheus metrics on this port (default: $TOKENMILL_METRICS_PORT, else off)")
+    run.add_argument("--metrics-address", default=os.environ.get("TOKENMILL_METRICS_ADDRESS", "127.0.0.1"),
+                     metavar="ADDRESS", help="address the unauthenticated metrics server binds (default: "
+                     "$TOKENMILL_METRICS_ADDRESS, else 127.0.0.1: this machine only; the runner Job binds 0.0.0.0)")
     run.add_argument("--retry-failed", action="store_true",
                      help="run again the samples given up for a server-side reason (retries exhausted, bad or "
                           "corrupt responses), e.g. after a server outage; input errors stay final")
@@ -79,6 +84,10 @@ def _add_report_parser(commands: argparse._SubParsersAction) -> None:
     report.set_defaults(handler=_cmd_report)
 
 
+TRUST_HELP = ("let the tokenizer's own Python code run (Kimi's tiktoken tokenizer needs it); only this flag allows "
+              "it, never the run's run.json, which anyone who can write the output can edit")
+
+
 def _add_inspect_parser(commands: argparse._SubParsersAction) -> None:
     inspect = commands.add_parser("inspect", help="decode committed samples into system/user/reasoning/answer/…")
     inspect.add_argument("uri", help="output folder or s3:// prefix of a run")
@@ -92,6 +101,7 @@ def _add_inspect_parser(commands: argparse._SubParsersAction) -> None:
     inspect.add_argument("--json", action="store_true", help="exact JSON: every part's ids and full text")
     inspect.add_argument("--keep", type=int, default=120, help="tokens shown at each end of a long part")
     inspect.add_argument("--tokenizer", help="tokenizer folder (default: the one recorded in run.json)")
+    inspect.add_argument("--trust-remote-code", action="store_true", help=TRUST_HELP)
     inspect.add_argument("--s3-endpoint", metavar="URL", help="S3 endpoint for S3-compatible stores")
     inspect.set_defaults(handler=_cmd_inspect)
 
@@ -125,6 +135,7 @@ def _add_export_parser(commands: argparse._SubParsersAction) -> None:
                         help="specforge-conversations: SpecForge's data.chat_template you will train with "
                              f"({', '.join(sorted(SPECFORGE_TEMPLATES))})")
     export.add_argument("--tokenizer", help="text formats: tokenizer folder (default: the one recorded in run.json)")
+    export.add_argument("--trust-remote-code", action="store_true", help=TRUST_HELP)
     export.add_argument("--overwrite", action="store_true", help="replace an earlier export in DEST")
     export.add_argument("--part-size-mb", type=int, default=256,
                         help="size of each part file (specforge, speculators, hf)")
@@ -163,7 +174,7 @@ def runner_config(resource: DatasetGeneration, args: argparse.Namespace, servers
         spec = spec.model_copy(update={"output": spec.output.model_copy(update={"endpoint": args.s3_endpoint})})
     return RunnerConfig(
         spec=spec, name=args.name or resource.metadata.name, namespace=resource.metadata.namespace or "",
-        servers=servers, metrics_port=args.metrics_port,
+        servers=servers, metrics_port=args.metrics_port, metrics_address=args.metrics_address,
         retry_failed=args.retry_failed or spec.runner.retry_failed,
         output_uri=args.out or spec.output.uri, worker_index=args.worker_index,
         worker_count=args.workers or spec.runner.parallelism, server_wait_s=args.server_wait,
@@ -239,7 +250,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     storage = open_storage(args.uri, args.s3_endpoint)
     selection = Selection(args.sample, args.shortest, args.longest, args.random, args.seed)
     text = inspect_samples(storage, selection, args.dataset, as_json=args.json, keep=args.keep,
-                           tokenizer_folder=args.tokenizer, endpoint=args.s3_endpoint)
+                           tokenizer_folder=args.tokenizer, endpoint=args.s3_endpoint,
+                           trust_remote_code=args.trust_remote_code)
     print(text)
     return EXIT_OK
 
@@ -254,6 +266,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
                             exclude_findings=args.exclude_findings)
     request = ExportRequest(args.uri, args.dest, args.format, filters, keep_mismatched=args.keep_mismatched,
                             overwrite=args.overwrite, tokenizer=args.tokenizer,
+                            trust_remote_code=args.trust_remote_code,
                             specforge_template=args.specforge_template, part_bytes=args.part_size_mb * 1024 * 1024,
                             s3_endpoint=args.s3_endpoint, dest_s3_endpoint=args.dest_s3_endpoint,
                             per_conversation=args.per_conversation)

@@ -97,6 +97,8 @@ class RunnerMetrics:
     def set_remaining(self, dataset: str, count: int) -> None:
         self.remaining.labels(**self._of(dataset)).set(max(count, 0))
 
-    def serve(self, port: int) -> None:
-        start_http_server(port, registry=self.registry)
-        logger.info("metrics on :%d/metrics", port)
+    def serve(self, port: int, address: str = "127.0.0.1") -> None:
+        """Unauthenticated, like every /metrics: bound to this machine unless told otherwise (the runner Job binds
+        0.0.0.0, and its NetworkPolicy admits only the scraper)."""
+        start_http_server(port, addr=address, registry=self.registry)
+        logger.info("metrics on %s:%d/metrics", address, port)

@@ -35,8 +35,9 @@ from .generate.seeds import seed_rule
 from .facts.server_info import ServerFacts, runnable_requests, seeds_accepted
 from .store.shards import ShardBuffer, clean_leftovers
 from .source.prompts import Prompt, RowError
-from .source.reader import describe_source, source_format
-from .spec.resource import DatasetGenerationSpec, SpecError
+from .source.reader import SourceError, describe_source, source_format
+from .source.row_size import RowBound
+from .spec.resource import MAX_CONCURRENCY, DatasetGenerationSpec, SpecError
 from .store.lease import LeaseHeld, LeaseKeeper, acquire, process_holder
 from .store.manifest import DatasetLayout, Owner, RunManifest, layout_changes, model_conflict, read_manifest, \
     retire, write_manifest
@@ -74,11 +75,11 @@ def resolve_concurrency(config: RunnerConfig, servers: list[ServerFacts]) -> int
     longest_cap = max(spec.sampling_for(d).max_new_tokens or 0 for d in spec.datasets)
     typical_tokens = TYPICAL_PROMPT_TOKENS + TYPICAL_OUTPUT_SHARE * longest_cap
     total = int(runnable_requests(servers, len(config.servers), typical_tokens) * 1.5) + 64
-    return max(16, min(4096, -(-total // config.worker_count)))
+    return max(16, min(MAX_CONCURRENCY, -(-total // config.worker_count)))
 
 
-def prepare_states(config: RunnerConfig, storage: Storage,
-                   model_defaults: dict[str, Any] | None = None) -> tuple[list[DatasetState], dict[str, DatasetLayout]]:
+def prepare_states(config: RunnerConfig, storage: Storage, model_defaults: dict[str, Any] | None = None,
+                   bound: RowBound | None = None) -> tuple[list[DatasetState], dict[str, DatasetLayout]]:
     """Scan the sources (rows, duplicate ids) and read the ledger before any request is sent (a missing file fails
     here, cheaply). `model_defaults` (from generation_config.json) fill the sampling fields the spec leaves unset.
     Returns the states and the layout each dataset has now (its rows, samples, source identity, input mapping)."""
@@ -86,8 +87,11 @@ def prepare_states(config: RunnerConfig, storage: Storage,
     states, layouts = [], {}
     for index, dataset in enumerate(spec.datasets):
         fmt = source_format(dataset.source, dataset.format, spec.output.endpoint)
-        scan = cached_scan(storage, dataset.name, dataset.source, fmt, spec.output.endpoint, dataset.limit,
-                           config.worker_index, config.worker_count, dataset.row_layout())
+        try:
+            scan = cached_scan(storage, dataset.name, dataset.source, fmt, spec.output.endpoint, dataset.limit,
+                               config.worker_index, config.worker_count, dataset.row_layout(), bound)
+        except SourceError as error:  # no retry reads it better: a spec error (exit 2), naming the dataset
+            raise SpecError(f"spec.datasets[{index}] ({dataset.name}): {error}") from None
         sampling, sources = apply_model_defaults(spec.sampling_for(dataset), model_defaults or {})
         layouts[dataset.name] = DatasetLayout(
             rows=scan.rows, samples=dataset.samples, limit=dataset.limit,
@@ -112,6 +116,7 @@ def prepare_states(config: RunnerConfig, storage: Storage,
             spec=dataset, index=index, sampling=sampling, ledger=commits.ledger, commits=commits,
             duplicates=scan.duplicates, template_kwargs=spec.chat_template_kwargs_for(dataset),
             sampling_sources=sources, slots=scan.worker_rows * dataset.samples, owned=scan.owned,
+            source_rows=scan.rows,
             buffer=ShardBuffer(spec.runner.shard_max_samples, spec.runner.shard_max_seconds),
         ))
     # Longest expected outputs first, so the run does not end on one long request with an idle GPU.
@@ -199,7 +204,7 @@ async def prepare(config: RunnerConfig, api_key: str | None) -> Runner:
     metrics = RunnerMetrics.create(config.name, config.namespace, config.worker_index)
     metrics.set_in_flight(0)
     if config.metrics_port:
-        metrics.serve(config.metrics_port)
+        metrics.serve(config.metrics_port, config.metrics_address)
     storage = open_storage(config.output_uri, spec.output.endpoint, spec.output.region)
     recorded = await asyncio.to_thread(read_manifest, storage)
     check_output(recorded, spec)
@@ -225,7 +230,10 @@ async def _prepare(config: RunnerConfig, api_key: str | None, storage: Storage, 
     info = describe_tokenizer(tokenizer, tokenizer_location, reasoning.candidates(), spec.model.tool_call_token,
                               folder, explicit_end_tokens=reasoning.end_tokens is not None)
     model_defaults = model_sampling_defaults(model_generation_config(folder))
-    states, layouts = await asyncio.to_thread(prepare_states, config, storage, model_defaults)
+    # The row bound is known before the servers answer: the spec's context length, else the model's (an upper
+    # bound of the server's is enough), so the scan and the stream refuse the same rows.
+    bound = RowBound.of(spec.server.context_length, info.model_context_length)
+    states, layouts = await asyncio.to_thread(prepare_states, config, storage, model_defaults, bound)
     check_layout(recorded, layouts, states)
     encoder = PromptEncoder(tokenizer)
     refuse_unread_call_formats(encoder, states, model_family(folder, tokenizer_location))
@@ -260,4 +268,4 @@ async def _prepare(config: RunnerConfig, api_key: str | None, storage: Storage, 
                 ", ".join(s.name for s in states), storage.root_uri, len(config.servers), concurrency,
                 context_length)
     return Runner(config, storage, encoder, info, client, states, context_length, concurrency,
-                  metrics=metrics, limits=limits, send_seed=send_seed, lease=keeper)
+                  metrics=metrics, limits=limits, send_seed=send_seed, lease=keeper, row_bound=bound)

@@ -286,7 +286,8 @@ def test_kimi_conversations_lose_the_reasoning_and_the_export_says_so(kimi_run: 
     rows = {row["sample_id"]: row for row in read_committed_rows(storage, "prompts")}
     reasoned = {sid for sid, row in rows.items() if row["reasoning_end"] is not None and row["finish_reason"] == "stop"}
     assert reasoned
-    manifest = do_export(kimi_run, tmp_path / "conv", "specforge-conversations", specforge_template="kimi-k2-thinking")
+    manifest = do_export(kimi_run, tmp_path / "conv", "specforge-conversations", specforge_template="kimi-k2-thinking",
+                         trust_remote_code=True)
     mismatches = {m["sample_id"]: m for m in map(orjson.loads, (tmp_path / "conv" / "mismatches.jsonl").read_bytes()
                                                  .splitlines())}
     dropped = {sid for sid, m in mismatches.items() if m["reason"] == "reasoning_dropped"}
@@ -297,7 +298,7 @@ def test_kimi_conversations_lose_the_reasoning_and_the_export_says_so(kimi_run: 
     assert "trainer_system_prompt" not in manifest["counts"]["mismatched"]
     # Written anyway, SpecForge's rendering of those rows indeed has no reasoning where the output starts.
     do_export(kimi_run, tmp_path / "kept", "specforge-conversations", specforge_template="kimi-k2-thinking",
-              keep_mismatched=True)
+              keep_mismatched=True, trust_remote_code=True)
     got = {r["id"]: r for r in readers.specforge_conversations(tmp_path / "kept" / "conversations.jsonl",
                                                                 storage_tokenizer(kimi_run),
                                                                 readers.SF_TEMPLATES["kimi-k2-thinking"])}
@@ -312,7 +313,8 @@ def test_kimi_conversations_lose_the_reasoning_and_the_export_says_so(kimi_run: 
         assert reasoning.strip() and reasoning not in trainer["text"]
     # The pre-formatted text form is not re-rendered: Kimi's reasoning survives it wherever the ids round-trip, but
     # SpecForge's kimi-k2-thinking mask starts before the <think> of the generation prompt, in every record.
-    text = do_export(kimi_run, tmp_path / "text", "specforge-text", specforge_template="kimi-k2-thinking")
+    text = do_export(kimi_run, tmp_path / "text", "specforge-text", specforge_template="kimi-k2-thinking",
+                     trust_remote_code=True)
     assert set(text["counts"]["mismatched"]) <= {"retokenization", "trainer_loss_mask"}
     assert text["counts"]["mismatched"]["trainer_loss_mask"] == text["counts"]["trainer_mask_tokens"] > 0
 

@@ -198,7 +198,7 @@ def test_gpu_limit_toleration_and_node_selector():
     sts = statefulset(s, plan(gpus_per_node=8))
     resources = container(sts)["resources"]
     assert resources["limits"] == {"memory": "1Ti", "nvidia.com/gpu": "8"}  # the plan's count wins
-    assert resources["requests"] == {"cpu": "32", "nvidia.com/gpu": "8"}
+    assert resources["requests"] == {"cpu": "32", "memory": "64Gi", "nvidia.com/gpu": "8"}  # the spec's cpu wins
     tolerations = pod_spec(sts)["tolerations"]
     assert tolerations[0] == {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
     assert tolerations[1]["key"] == "dedicated"
@@ -235,8 +235,15 @@ def test_server_security_context():
     assert security["allowPrivilegeEscalation"] is False
     assert security["capabilities"] == {"drop": ["ALL"]}
     assert "privileged" not in security and "readOnlyRootFilesystem" not in security
+    assert pod_spec(sts)["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
     assert pod_spec(sts)["terminationGracePeriodSeconds"] == 60
     assert pod_spec(sts)["automountServiceAccountToken"] is False
+
+
+def test_server_pod_requests_cpu_and_the_memory_of_its_dev_shm():
+    """Not BestEffort (the first evicted): a CPU per GPU, and the /dev/shm tmpfs that is charged to its memory."""
+    requests = container(statefulset(spec(server__shmSize="96Gi"), plan(gpus_per_node=8)))["resources"]["requests"]
+    assert requests == {"cpu": "8", "memory": "96Gi", "nvidia.com/gpu": "8"}
 
 
 def test_statefulset_shape_and_scaling():
@@ -347,6 +354,7 @@ def test_s3_model_is_synced_by_an_init_container():
     assert flag(init["command"], "--endpoint-url") == "http://minio.storage:9000"
     assert init["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
     assert {"name": "models", "mountPath": "/models"} in init["volumeMounts"]
+    assert init["securityContext"]["runAsNonRoot"] is True and init["securityContext"]["runAsUser"] != 0
     assert flag(container(sts)["args"], "--model-path") == "/models/model"
     assert {"name": "models", "mountPath": "/models", "readOnly": True} in container(sts)["volumeMounts"]
 
@@ -374,14 +382,27 @@ def test_network_policy_lets_only_the_runner_reach_the_api():
     assert policy["metadata"]["name"] == "b5-openthoughts-server"
     assert body["policyTypes"] == ["Ingress"]
     assert body["podSelector"]["matchLabels"] == names.selector_labels(NAME, "server")
-    runner, peers, prometheus = body["ingress"]
+    runner, peers = body["ingress"]  # no scraper namespace set: no scraper
     assert runner["from"] == [{"podSelector": {"matchLabels": names.selector_labels(NAME, "runner")}}]
     assert runner["ports"] == [{"protocol": "TCP", "port": 30000}]
     assert peers == {"from": [{"podSelector": {"matchLabels": names.selector_labels(NAME, "server")}}]}
-    assert prometheus["from"][0]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}
+    # The scraper by label alone, from any namespace, could call /health_generate without the key: pinned now.
+    *_, prometheus = manifests.network_policy(NAME, NAMESPACE, OWNER, spec(), "monitoring")["spec"]["ingress"]
+    assert prometheus["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+                                   "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]
     assert prometheus["ports"] == [{"protocol": "TCP", "port": 30000}]
     # The runner's pod labels match the runner peer.
     assert names.selector_labels(NAME, "runner").items() <= job()["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_runner_pods_admit_only_the_scraper_on_the_metrics_port():
+    closed = manifests.runner_network_policy(NAME, NAMESPACE, OWNER)["spec"]
+    assert closed["podSelector"]["matchLabels"] == names.selector_labels(NAME, "runner") and closed["ingress"] == []
+    (scraper,) = manifests.runner_network_policy(NAME, NAMESPACE, OWNER, "monitoring")["spec"]["ingress"]
+    assert scraper["from"][0]["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+    assert scraper["ports"] == [{"protocol": "TCP", "port": 9400}]
+    args = manifests.runner_args(spec(), ["http://s:30000"])
+    assert args[args.index("--metrics-port"):][:4] == ["--metrics-port", "9400", "--metrics-address", "0.0.0.0"]
 
 
 def test_server_urls_point_at_rank_zero_pods():
@@ -414,10 +435,11 @@ def test_runner_job_is_indexed_with_per_index_retries():
 
 def test_given_up_is_not_retried_and_an_outage_is():
     # Exit codes of `tokenmill run` (docs/reliability.md): 3 = finished with samples given up, a new pod would end
-    # the same way; 4 = no server live past the outage budget, nothing written off, a new pod continues.
+    # the same way; 4 = no server live past the outage budget, nothing written off, a new pod continues; 5 = a
+    # dataset has no sample (an empty source, or every row failed for its input): no retry changes the input.
     rules = job()["spec"]["podFailurePolicy"]["rules"]
     by_code = {rule["onExitCodes"]["values"][0]: rule["action"] for rule in rules if "onExitCodes" in rule}
-    assert by_code == {2: "FailJob", 3: "FailIndex", 4: "Count"}
+    assert by_code == {2: "FailJob", 3: "FailIndex", 4: "Count", 5: "FailJob"}
     assert all(rule["onExitCodes"]["containerName"] == "runner" for rule in rules if "onExitCodes" in rule)
 
 

@@ -91,3 +91,23 @@ def test_workers_split_samples_without_overlap():
     duplicate = Prompt(999, "id-5", [], None)
     assert [belongs_to_worker(duplicate, w, 3) for w in range(3)] == [belongs_to_worker(prompts[4], w, 3)
                                                                       for w in range(3)]
+
+
+def test_rows_over_the_bound_are_refused_unread_and_line_numbers_do_not_depend_on_it(tmp_path):
+    from tokenmill_runner.source.row_size import RowBound
+
+    bound = RowBound(context_length=8)  # 128 bytes
+    exact = b'{"sample_id": "e", "messages": [{"role": "user", "content": "' + b"a" * 63 + b'"}]}'
+    assert len(exact) == 128
+    rows = [b'{"sample_id": "a", "messages": [{"role": "user", "content": "hi"}]}', exact + b"\r",
+            b'{"sample_id": "big", "messages": [{"role": "user", "content": "' + b"w" * 10_000 + b'"}]}',
+            b'{"sample_id": "z", "messages": [{"role": "user", "content": "bye"}]}']
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(b"\n".join(rows) + b"\n")
+    items = list(read_prompts(str(path), "jsonl", bound=bound))
+    assert [(i.line, i.sample_id) for i in items] == [(1, "a"), (2, "e"), (3, None), (4, "z")]
+    assert items[2].reason == "prompt_too_long" and "the row is 10068 bytes, over the 128 bytes" in items[2].message
+    # Parquet rows are measured by their text once read.
+    pq.write_table(pa.table({"sample_id": ["s", "l"], "prompt": ["short", "p" * 200]}), tmp_path / "p.parquet")
+    short, long = read_prompts(str(tmp_path / "p.parquet"), "parquet", bound=bound)
+    assert isinstance(short, Prompt) and long.reason == "prompt_too_long" and "characters" in long.message

@@ -149,3 +149,29 @@ def test_datasets_run_longest_expected_first():
     assert expected_output_tokens(state(0)) == 0.15 * 32768  # nothing seen yet: a share of the cap
     assert expected_output_tokens(state(1)) == 0.15 * 1000
     assert expected_output_tokens(state(1, rows=40, tokens=40 * 9000)) == 9000  # what was committed wins
+
+
+@pytest.mark.parametrize("arg", ["--api-ke=known-key", "--hos=127.0.0.1", "--trust-remote-code", "--config",
+                                 "--tp=2", "--model", "--admin-api-key=x"])
+def test_extra_args_may_not_set_or_abbreviate_a_managed_flag(arg):
+    """SGLang's argparse takes any unambiguous abbreviation (0.5.23 server_args.py:679): --api-ke sets --api-key."""
+    from pydantic import ValidationError
+
+    from tokenmill_runner.spec.resource import ServerSpec
+
+    with pytest.raises(ValidationError, match="which the operator manages"):
+        ServerSpec.model_validate({"extraArgs": ["--chunked-prefill-size", "4096", arg]})
+    assert ServerSpec.model_validate({"extraArgs": ["--chunked-prefill-size", "4096", "--enable-metrics"]})
+
+
+@pytest.mark.parametrize("uri", ["s3://b/runs/a/../../escaped/", "s3://b/runs/b%2F..%2Fc/", "s3://b/./x/",
+                                 "s3://b/runs\\x/"])
+def test_an_s3_output_prefix_cannot_name_a_way_out_of_itself(uri):
+    from pydantic import ValidationError
+
+    from tokenmill_runner.spec.resource import OutputSpec
+
+    with pytest.raises(ValidationError, match="could leave the prefix"):
+        OutputSpec.model_validate({"uri": uri})
+    assert OutputSpec.model_validate({"uri": "s3://b/runs/v1..v2/x.y/"})
+    assert OutputSpec.model_validate({"uri": "../out/demo"}), "a local folder relative to the spec stays allowed"

@@ -57,3 +57,23 @@ def test_interrupted_wins_and_a_stream_that_left_lines_without_outcome_is_an_err
     incomplete = run(dataset(rows=10, generated=9))
     assert exit_code(incomplete) == EXIT_FAILED
     assert list(iter_summary_lines(incomplete))[-1].startswith("error: 1 lines have no outcome")
+
+
+def test_a_dataset_without_a_single_sample_exits_5_but_another_workers_share_may_hold_them():
+    from dataclasses import replace
+
+    from tokenmill_runner.generate.summary import EXIT_NO_SAMPLES
+
+    all_failed = dataset(rows=2, generated=0, failed={"invalid_json": 1, "empty_messages": 1})
+    summary = run(dataset(name="ok"), all_failed)
+    assert exit_code(summary) == EXIT_NO_SAMPLES
+    assert list(iter_summary_lines(summary))[-1] == ("error: no samples: d: every row failed for its input "
+                                                     "(empty_messages 1, invalid_json 1); see d/errors/ for each "
+                                                     "line and reason")
+    # A rerun that finds the failures committed says so too; one committed sample anywhere is enough.
+    assert exit_code(run(dataset(rows=2, generated=0, skipped=2))) == EXIT_NO_SAMPLES
+    assert exit_code(run(replace(all_failed, completed=1))) == EXIT_OK
+    # With several workers this one's rows may all be bad while another's are good: only an empty source counts.
+    assert exit_code(replace(summary, workers=2)) == EXIT_OK
+    empty = replace(dataset(rows=0, generated=0), source_rows=0)
+    assert exit_code(replace(run(empty), workers=2)) == EXIT_NO_SAMPLES

@@ -44,10 +44,23 @@ CRD rule (kopf scans CustomResourceDefinitions, which are cluster-scoped).
   resources: [networkpolicies]
   verbs: [get, create, patch]
 # The generated server API key Secret (create if absent) and the S3 credentials Secret named in the spec
-# (read by name). No list/watch: the operator cannot enumerate Secrets.
+# (read by name). No list/watch: the operator cannot enumerate Secrets. With scope cluster, `get` reaches any
+# Secret of any namespace whose name it knows (docs/security.md); operator.policy.allowedSecrets narrows it to
+# those names (the operator reads no other Secret: it only creates the API-key ones).
+{{- with .Values.operator.policy.allowedSecrets }}
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get]
+  resourceNames:
+    {{- toYaml . | nindent 4 }}
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [create]
+{{- else }}
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get, create]
+{{- end }}
 {{- end }}
 {{- define "tokenmill.crdRules" -}}
 # kopf: scan CustomResourceDefinitions at startup and while running.

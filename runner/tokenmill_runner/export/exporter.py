@@ -72,6 +72,7 @@ class ExportRequest:
     keep_mismatched: bool = False
     overwrite: bool = False
     tokenizer: str | None = None  # folder; default: the one recorded in run.json
+    trust_remote_code: bool = False  # the command's --trust-remote-code; run.json's setting is never used
     specforge_template: str | None = None  # SpecForge's data.chat_template (specforge-conversations)
     part_bytes: int = DEFAULT_PART_BYTES
     s3_endpoint: str | None = None
@@ -235,14 +236,14 @@ def template_columns(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def text_side(request: ExportRequest, fmt: ExportFormat, run: dict[str, Any], spool: Path,
               stack: ExitStack) -> TextSide:
-    from ..render.pretokenize import load_tokenizer, local_model_folder, single_token_id
+    from ..render.pretokenize import flag_allows_remote_code, load_tokenizer, local_model_folder, single_token_id
 
     info = run.get("tokenizer") or {}
-    model = (run.get("spec") or {}).get("model") or {}
     location = request.tokenizer or info.get("location")
     if not location:
         raise ExportError("run.json records no tokenizer; pass --tokenizer FOLDER")
-    tokenizer = load_tokenizer(local_model_folder(location, request.s3_endpoint), model.get("trustRemoteCode", False))
+    tokenizer = load_tokenizer(local_model_folder(location, request.s3_endpoint), request.trust_remote_code,
+                               flag_allows_remote_code(location))
     if not request.specforge_template:
         raise ExportError(f"--format {fmt.name} needs --specforge-template NAME: the data.chat_template you will train "
                           "with (it decides the loss mask SpecForge builds, the system prompt it adds and whether "

@@ -45,6 +45,7 @@ from .rows import build_conversation_row, build_row, build_turn, failure_record,
 from .seeds import sample_seed
 from ..store.shards import ShardBuffer, commit_shard, new_run_token, new_shard_id
 from ..source.reader import read_prompts, source_format
+from ..source.row_size import LARGE_PROMPT_CHARS, RowBound, prompt_size
 from ..spec.resource import DatasetSpec, SamplingSpec
 from ..store.storage import Storage, StorageError
 from .summary import DatasetSummary, RunSummary
@@ -53,6 +54,7 @@ from ..render.tokenizer_info import TokenizerInfo
 logger = logging.getLogger(__name__)
 
 READ_BATCH = 256
+READ_BATCH_CHARS = 16 * 1024 * 1024
 TOKENIZE_BATCH = 64
 COMMIT_ATTEMPTS = 5
 MAX_PARALLEL_COMMITS = 4
@@ -61,8 +63,32 @@ MAX_PARALLEL_COMMITS = 4
 Request = tuple["DatasetState", Prompt, list[int], int]  # a slot to generate: the prompt, its ids, its sample index
 
 
-def _take(items: Iterator[Any], count: int) -> list[Any]:
-    return list(islice(items, count))
+def _take(items: Iterator[Prompt | RowError], count: int, chars: int) -> list[Prompt | RowError]:
+    """Up to `count` rows, fewer once they hold `chars` characters of prompt text (each row is under the row
+    bound), so a chunk of large rows costs what a chunk of small ones does."""
+    taken: list[Prompt | RowError] = []
+    for item in islice(items, count):
+        taken.append(item)
+        chars -= prompt_size(item) if isinstance(item, Prompt) else 0
+        if chars <= 0:
+            break
+    return taken
+
+
+def tokenize_batches(admitted: list[tuple[Prompt, list[int]]]) -> Iterator[list[tuple[Prompt, list[int]]]]:
+    """Batches of up to TOKENIZE_BATCH small prompts, and each large one alone: a batch's tokenizer memory is at
+    most one large prompt's (row_size.py), not TOKENIZE_BATCH of them."""
+    small: list[tuple[Prompt, list[int]]] = []
+    for item in admitted:
+        if prompt_size(item[0]) > LARGE_PROMPT_CHARS:
+            yield [item]
+            continue
+        small.append(item)
+        if len(small) == TOKENIZE_BATCH:
+            yield small
+            small = []
+    if small:
+        yield small
 
 
 class CommitFailed(RuntimeError):
@@ -89,6 +115,7 @@ class DatasetState:
     lengths: IntHistogram = field(default_factory=IntHistogram)  # this run's completion lengths
     commits: DatasetIndex | None = None  # the ledger with the shards folded into it (checkpoints are written from it)
     owned: LineSet | None = None  # this worker's lines (None: every line), from the scan
+    source_rows: int | None = None  # rows of the source, every worker's (None: not scanned)
 
     def __post_init__(self) -> None:
         if self.commits is None:
@@ -131,7 +158,7 @@ def summarize(state: DatasetState) -> DatasetSummary:
         name=state.name, slots=state.slots, skipped=state.skipped, generated=state.generated,
         failed=dict(state.failed), completion_tokens=state.completion_tokens, truncated=state.truncated,
         median_completion=lengths.median(), mean_completion=lengths.mean(), max_completion=lengths.max,
-        given_up=dict(given_up),
+        given_up=dict(given_up), completed=state.ledger.completed, source_rows=state.source_rows,
     )
 
 
@@ -142,7 +169,8 @@ class Runner:
                  client: GenerateClient, states: list[DatasetState], context_length: int, concurrency: int,
                  metrics: RunnerMetrics | None = None, display: ProgressDisplay | None = None,
                  clock: Callable[[], float] = time.monotonic, limits: ServerLimits | None = None,
-                 send_seed: bool = True, lease: LeaseKeeper | None = None) -> None:
+                 send_seed: bool = True, lease: LeaseKeeper | None = None,
+                 row_bound: RowBound | None = None) -> None:
         self.config = config
         self.send_seed = send_seed  # the servers' release accepts sampling_seed (every supported one does)
         self.lease = lease  # renewed while the run lasts; lost when another owner takes the output over
@@ -153,6 +181,7 @@ class Runner:
         self.states = states
         self.context_length = context_length
         self.limits = limits or ServerLimits(context_length)
+        self.row_bound = row_bound or RowBound(context_length)
         self.concurrency = concurrency
         self.metrics = metrics or RunnerMetrics.create(config.name, config.namespace, config.worker_index)
         self.display = display or ProgressDisplay(log_every_s=config.progress_log_s)
@@ -218,6 +247,7 @@ class Runner:
             elapsed_s=self.clock() - self._started, retries=self.client.retries,
             interrupted=self._interrupted, concurrency=self.concurrency, context_length=self.context_length,
             servers_unavailable=None if unavailable is None else str(unavailable) or type(unavailable).__name__,
+            workers=self.config.worker_count,
         )
 
     async def _guard(self, coroutine: Any) -> None:
@@ -238,12 +268,12 @@ class Runner:
             spec = state.spec
             fmt = source_format(spec.source, spec.format, self.config.spec.output.endpoint)
             rows = read_prompts(spec.source, fmt, self.config.spec.output.endpoint, spec.limit,
-                                wanted=lambda line, state=state: self._wanted(state, line), layout=spec.row_layout())
-            while chunk := await asyncio.to_thread(_take, rows, READ_BATCH):
+                                wanted=lambda line, state=state: self._wanted(state, line), layout=spec.row_layout(),
+                                bound=self.row_bound)
+            while chunk := await asyncio.to_thread(_take, rows, READ_BATCH, READ_BATCH_CHARS):
                 self._count_settled_lines(state)
                 admitted = self._admit(state, chunk)
-                for begin in range(0, len(admitted), TOKENIZE_BATCH):
-                    batch = admitted[begin:begin + TOKENIZE_BATCH]
+                for batch in tokenize_batches(admitted):
                     if state.spec.mode == "all-turns":
                         batch = self._conversations(state, batch)
                     encoded = await asyncio.to_thread(self.encoder.encode_batch,

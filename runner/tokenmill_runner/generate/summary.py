@@ -13,6 +13,7 @@ EXIT_FAILED = 1  # an error stopped the run (the message says which); a rerun re
 EXIT_USAGE = 2  # a bad command line or spec: no retry can succeed
 EXIT_GIVEN_UP = 3  # finished, but samples were given up for a server-side reason: rerun with --retry-failed
 EXIT_SERVERS_UNAVAILABLE = 4  # no server was live for longer than the outage budget; nothing was written off
+EXIT_NO_SAMPLES = 5  # finished, but a dataset has no sample: an empty source, or every row failed for its input
 EXIT_INTERRUPTED = 130  # SIGINT/SIGTERM: finished samples committed, the rest is redone on resume
 
 RETRY_HINT = ("run again with `tokenmill run --retry-failed` (on a cluster: annotate the DatasetGeneration "
@@ -32,6 +33,8 @@ class DatasetSummary:
     mean_completion: float | None
     max_completion: int | None
     given_up: dict[str, int]  # this worker's slots given up (earlier runs' included), by reason
+    completed: int = 0  # samples of the dataset committed with a row, earlier runs' and other workers' included
+    source_rows: int | None = None  # rows of the source, every worker's (None: unknown)
 
     @property
     def done(self) -> int:
@@ -52,6 +55,7 @@ class RunSummary:
     concurrency: int
     context_length: int
     servers_unavailable: str | None = None  # why the run stopped waiting for a live server, if it did
+    workers: int = 1
 
     @property
     def given_up(self) -> Counter[str]:
@@ -74,7 +78,24 @@ def exit_code(summary: RunSummary) -> int:
         return EXIT_FAILED
     if summary.given_up:
         return EXIT_GIVEN_UP
+    if without_samples(summary):
+        return EXIT_NO_SAMPLES
     return EXIT_OK
+
+
+def without_samples(summary: RunSummary) -> list[str]:
+    """Why datasets ended with no sample at all, one line each: the report says FAIL, and so must the exit code (CI
+    that reads only the exit code would call an empty or unreadable source a success). With several workers only an
+    empty source counts: another worker may hold every good row of the dataset."""
+    lines = []
+    for d in summary.datasets:
+        if d.source_rows == 0:
+            lines.append(f"{d.name}: its source holds no rows (an empty file, or only blank lines)")
+        elif summary.workers == 1 and d.rows and not (d.completed or d.generated):
+            reasons = ", ".join(f"{reason} {count}" for reason, count in sorted(d.failed.items()))
+            lines.append(f"{d.name}: every row failed for its input ({reasons or 'in an earlier run'}); see "
+                         f"{d.name}/errors/ for each line and reason")
+    return lines
 
 
 def given_up_line(given_up: Counter[str] | dict[str, int]) -> str:
@@ -109,5 +130,8 @@ def _ending_lines(summary: RunSummary) -> Iterator[str]:
         yield f"interrupted: {missing} samples are not done yet; run again to continue"
     elif missing:
         yield f"error: {missing} lines have no outcome although the stream ended; run again to continue"
+    elif not summary.given_up:
+        for line in without_samples(summary):
+            yield f"error: no samples: {line}"
     if summary.given_up:
         yield given_up_line(summary.given_up)

@@ -17,7 +17,7 @@ from .content_format import flatten, template_content_format
 from ..source.prompts import Prompt, RowError
 from ..store.storage import open_storage, write_atomic
 from .tokenizer_info import TokenizerInfo
-from .tokenizers_compat import TokenizerError, is_fast, load_folder_tokenizer
+from .tokenizers_compat import SPEC_ALLOWS_REMOTE_CODE, TokenizerError, is_fast, load_folder_tokenizer
 
 __all__ = ["TokenizerError", "TokenizerInfo", "PromptEncoder", "describe_tokenizer", "load_tokenizer",
            "local_model_folder", "model_generation_config"]
@@ -82,14 +82,22 @@ def offline_transformers() -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
-def load_tokenizer(folder: str, trust_remote_code: bool = False):
+def load_tokenizer(folder: str, trust_remote_code: bool = False, allow_with: str = SPEC_ALLOWS_REMOTE_CODE):
     """The tokenizer of a local model folder (see `local_model_folder`), strictly offline, whatever its packaging
     (tokenizer.json, remote code over tiktoken.model, tekken.json: see tokenizers_compat)."""
     offline_transformers()
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
-    return load_folder_tokenizer(folder, trust_remote_code)
+    return load_folder_tokenizer(folder, trust_remote_code, allow_with)
+
+
+def flag_allows_remote_code(location: str) -> str:
+    """How `tokenmill inspect` and `export` let a tokenizer's own code run: only the person running the command
+    decides, never the output's run.json (anyone who can write the output prefix can edit it, B3 in
+    docs/security.md)."""
+    return (f"the tokenizer at {location} runs its own Python code; pass --trust-remote-code if you trust that "
+            "repository (run.json's trustRemoteCode is not enough: whoever can write the output can edit it)")
 
 
 def single_token_id(tokenizer: Any, token: str) -> int | None:

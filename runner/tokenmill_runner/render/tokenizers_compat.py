@@ -93,13 +93,17 @@ def tokenizer_kind(folder: Path) -> str:
     )
 
 
-def load_hf_tokenizer(folder: Path, trust_remote_code: bool) -> Any:
-    """AutoTokenizer from a local folder, offline, with the shims installed; remote code only when allowed."""
+SPEC_ALLOWS_REMOTE_CODE = "set spec.model.trustRemoteCode: true"
+
+
+def load_hf_tokenizer(folder: Path, trust_remote_code: bool, allow_with: str = SPEC_ALLOWS_REMOTE_CODE) -> Any:
+    """AutoTokenizer from a local folder, offline, with the shims installed; remote code only when allowed (the
+    refusal says how: `allow_with`)."""
     module = remote_code_module(folder)
     if module and not trust_remote_code:
         raise TokenizerError(
             f"the tokenizer in {folder} is remote code ({module} from tokenizer_config.json auto_map, e.g. "
-            "Kimi's tokenization_kimi.py): set spec.model.trustRemoteCode: true to run it"
+            f"Kimi's tokenization_kimi.py): {allow_with} to run it"
         )
     install_transformers_shims()
     from transformers import AutoTokenizer
@@ -161,7 +165,8 @@ class TekkenTokenizer:
         return self.mistral.encode_chat_completion(request).tokens
 
 
-def load_folder_tokenizer(folder: str | Path, trust_remote_code: bool = False) -> Any:
+def load_folder_tokenizer(folder: str | Path, trust_remote_code: bool = False,
+                          allow_with: str = SPEC_ALLOWS_REMOTE_CODE) -> Any:
     """The tokenizer of a local model folder, whatever its packaging (see the module docstring)."""
     folder = Path(folder)
     if not folder.is_dir():
@@ -172,7 +177,7 @@ def load_folder_tokenizer(folder: str | Path, trust_remote_code: bool = False) -
             return TekkenTokenizer(folder / "tekken.json")
         except Exception as error:  # mistral_common raises ValueError, AssertionError, pydantic errors...
             raise TokenizerError(f"cannot load {folder / 'tekken.json'} with mistral_common: {error}") from error
-    return load_hf_tokenizer(folder, trust_remote_code)
+    return load_hf_tokenizer(folder, trust_remote_code, allow_with)
 
 
 def is_fast(tokenizer: Any) -> bool:

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from ..render.pretokenize import load_tokenizer, local_model_folder
+from ..render.pretokenize import flag_allows_remote_code, load_tokenizer, local_model_folder
 from ..store.shards import decode_rows, read_markers
 from ..store.storage import Storage
 
@@ -199,8 +199,9 @@ class NothingToInspect(LookupError):
 
 def inspect_samples(storage: Storage, selection: Selection, datasets: list[str] | None = None, *,
                     as_json: bool = False, keep: int = 120, tokenizer_folder: str | None = None,
-                    endpoint: str | None = None) -> str:
-    """Decode the selected samples of a run with the tokenizer recorded in its run.json."""
+                    endpoint: str | None = None, trust_remote_code: bool = False) -> str:
+    """Decode the selected samples of a run with the tokenizer recorded in its run.json; its own code runs only
+    with `trust_remote_code` (the command's flag, never run.json's)."""
     run = orjson.loads(storage.get("run.json"))
     names = datasets or [d["name"] for d in run["spec"]["datasets"]]
     rows = select_rows(storage, names, selection)
@@ -208,7 +209,7 @@ def inspect_samples(storage: Storage, selection: Selection, datasets: list[str] 
         raise NothingToInspect(f"no committed sample matches in {', '.join(names)} under {storage.root_uri}")
     info = run["tokenizer"]
     folder = tokenizer_folder or local_model_folder(info["location"], endpoint)
-    tokenizer = load_tokenizer(folder, run["spec"]["model"].get("trustRemoteCode", False))
+    tokenizer = load_tokenizer(folder, trust_remote_code, flag_allows_remote_code(tokenizer_folder or info["location"]))
     end_of_turn = set(info["eos_token_ids"])
     decoded: list[Any] = []
     for row in rows:

@@ -8,17 +8,20 @@ continue across them, so (line, sample index) stays a stable identity of each sa
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import hashlib
 import io
 import re
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from .adapters import DEFAULT_LAYOUT, RowLayout
 from .prompts import Prompt, RowError, parse_line
 from ..store.manifest import SourceIdentity
+from .row_size import RowBound, prompt_size
 from ..store.storage import Storage, open_storage, split_uri
 
 PARQUET_BATCH_ROWS = 1024
@@ -71,6 +74,18 @@ def source_identity(source: str, endpoint: str | None) -> str:
     return ";".join(f"{shard}:{storage.identity(shard)}" for shard in shards)
 
 
+GZIP_MAGIC = b"\x1f\x8b"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+UTF8_BOM = b"\xef\xbb\xbf"
+SKIP_CHUNK = 1024 * 1024  # how much of an oversize line is held at a time while it is skipped
+
+
+@dataclass(frozen=True)
+class OversizeLine:
+    """A line longer than the row bound, skipped without being held: only its size is known."""
+    size: int
+
+
 IDENTITY_BLOCK = 65536  # bytes of a source's head hashed into its identity
 
 
@@ -93,17 +108,57 @@ def describe_source(source: str, endpoint: str | None) -> SourceIdentity:
                           head_hash=digest.hexdigest())
 
 
-def _open_source(source: str, endpoint: str | None) -> io.BufferedIOBase:
+def _open_source(source: str, endpoint: str | None) -> IO[bytes]:
     parent, name = split_uri(source)
     return open_storage(parent, endpoint).open_read(name)
 
 
-def read_jsonl(source: str, endpoint: str | None = None, limit: int | None = None) -> Iterator[tuple[int, bytes]]:
-    """(line number, raw line) for each non-blank line, streamed; at most `limit` rows."""
+def _decompressed(handle: IO[bytes]) -> IO[bytes]:
+    """The text of a gzip or zstd file, found by its first bytes whatever its name (`.jsonl.gz`, or a `.jsonl`
+    that is compressed): read raw, compressed bytes become one or two rows of garbage."""
+    head = handle.peek(4)[:4] if hasattr(handle, "peek") else b""
+    if head.startswith(GZIP_MAGIC):
+        return gzip.GzipFile(fileobj=handle, mode="rb")
+    if head.startswith(ZSTD_MAGIC):
+        import pyarrow as pa  # pyarrow's zstd codec: no other zstd package is installed
+
+        stream = pa.CompressedInputStream(pa.PythonFile(handle, mode="r"), "zstd")
+        return io.BufferedReader(stream)  # type: ignore[arg-type]
+    return handle
+
+
+def _skip_rest(handle: IO[bytes]) -> int:
+    """Read past the end of the current line a chunk at a time; the bytes skipped."""
+    skipped = 0
+    while chunk := handle.readline(SKIP_CHUNK):
+        skipped += len(chunk)
+        if chunk.endswith(b"\n"):
+            break
+    return skipped
+
+
+def _lines(handle: IO[bytes], max_bytes: int | None) -> Iterator[bytes | OversizeLine]:
+    """Each line, or an OversizeLine for a line over `max_bytes`: never more than max_bytes + 2 bytes held (room
+    for a line of exactly max_bytes and its "\r\n", so line numbers never depend on the bound)."""
+    first = True
+    while raw := handle.readline(-1 if max_bytes is None else max_bytes + 2):
+        if first and raw.startswith(UTF8_BOM):  # editors on Windows start files with one; it is not JSON
+            raw = raw[len(UTF8_BOM):]
+        first = False
+        if max_bytes is not None and len(raw.rstrip(b"\r\n")) > max_bytes:
+            yield OversizeLine(len(raw) + (0 if raw.endswith(b"\n") else _skip_rest(handle)))
+        else:
+            yield raw
+
+
+def read_jsonl(source: str, endpoint: str | None = None, limit: int | None = None,
+               max_bytes: int | None = None) -> Iterator[tuple[int, bytes | OversizeLine]]:
+    """(line number, raw line) for each non-blank line, streamed, gzip or zstd decompressed; at most `limit` rows.
+    A line over `max_bytes` comes as an OversizeLine, so memory never depends on one line's size."""
     rows = 0
-    with _open_source(source, endpoint) as handle:
-        for number, raw in enumerate(handle, start=1):
-            if not raw.strip():
+    with _open_source(source, endpoint) as handle, _decompressed(handle) as text:
+        for number, raw in enumerate(_lines(text, max_bytes), start=1):
+            if isinstance(raw, bytes) and not raw.strip():
                 continue
             if limit is not None and rows >= limit:
                 return
@@ -136,19 +191,32 @@ def read_parquet_rows(source: str, endpoint: str | None = None,
         number += read
 
 
-def _read_one_parquet(source: str, endpoint: str | None, limit: int | None) -> Iterator[tuple[int, Any]]:
-    """S3 objects are spooled to a temporary file first because Parquet needs random access to its footer."""
+class SourceError(ValueError):
+    """A source file that cannot be read as its format at all (a truncated Parquet file, JSONL named .parquet)."""
+
+
+def _parquet_file(source: str, handle: Any) -> Any:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
+    try:
+        return pq.ParquetFile(handle)
+    except (pa.ArrowException, OSError) as error:  # ArrowInvalid: "Parquet magic bytes not found in footer"
+        raise SourceError(f"{source} is not a readable Parquet file ({error}); is it truncated, or another "
+                          "format (set the dataset's format)?") from None
+
+
+def _read_one_parquet(source: str, endpoint: str | None, limit: int | None) -> Iterator[tuple[int, Any]]:
+    """S3 objects are spooled to a temporary file first because Parquet needs random access to its footer."""
     with tempfile.TemporaryFile() as spool:
         if source.startswith("s3://"):
             with _open_source(source, endpoint) as body:
                 while chunk := body.read(8 * 1024 * 1024):
                     spool.write(chunk)
             spool.seek(0)
-            parquet = pq.ParquetFile(spool)
+            parquet = _parquet_file(source, spool)
         else:
-            parquet = pq.ParquetFile(source.removeprefix("file://"))
+            parquet = _parquet_file(source, source.removeprefix("file://"))
         number = 0
         for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS):
             for row in batch.to_pylist():
@@ -160,19 +228,33 @@ def _read_one_parquet(source: str, endpoint: str | None, limit: int | None) -> I
 
 def read_prompts(source: str, fmt: str, endpoint: str | None = None, limit: int | None = None,
                  wanted: Callable[[int], bool] | None = None,
-                 layout: RowLayout = DEFAULT_LAYOUT) -> Iterator[Prompt | RowError]:
+                 layout: RowLayout = DEFAULT_LAYOUT, bound: RowBound | None = None) -> Iterator[Prompt | RowError]:
     """The source's rows, parsed. `wanted(line)` is asked before a row is parsed: a resume skips the rows that are
     done (or another worker's) for the price of reading them, not of parsing them. A bad row of a dataset folder
-    names its shard too."""
+    names its shard too. A row over the `bound` is refused as prompt_too_long before it is parsed (JSONL, by its
+    bytes) or rendered (Parquet, by its text)."""
     if fmt != "parquet":
-        rows: Iterable[tuple[int, Any]] = read_jsonl(source, endpoint, limit)
-        for line, raw in rows:
+        for line, raw in read_jsonl(source, endpoint, limit, None if bound is None else bound.max_bytes):
             if wanted is None or wanted(line):
-                yield parse_line(line, raw, layout)
+                yield _jsonl_row(line, raw, layout, bound)
         return
     for line, row, shard, within in read_parquet_rows(source, endpoint, limit):
         if wanted is None or wanted(line):
-            item = parse_line(line, row, layout)
+            item = _bounded(parse_line(line, row, layout), bound)
             if shard is not None and isinstance(item, RowError):
                 item = dataclasses.replace(item, message=f"{item.message} [shard {shard}, row {within}]")
             yield item
+
+
+def _jsonl_row(line: int, raw: bytes | OversizeLine, layout: RowLayout, bound: RowBound | None) -> Prompt | RowError:
+    if isinstance(raw, OversizeLine):
+        assert bound is not None  # lines are only cut short against a bound
+        return bound.refusal(line, raw.size)
+    return _bounded(parse_line(line, raw, layout), bound)
+
+
+def _bounded(item: Prompt | RowError, bound: RowBound | None) -> Prompt | RowError:
+    if bound is None or not isinstance(item, Prompt):
+        return item
+    size = prompt_size(item)
+    return item if size <= bound.max_bytes else bound.refusal(item.line, size, item.sample_id, "characters")

@@ -21,6 +21,7 @@ from .adapters import DEFAULT_LAYOUT, RowLayout
 from .duplicates import PAIR, DuplicateIds, repeated_ids
 from .prompts import Prompt, belongs_to_worker, id_hash
 from .reader import read_prompts
+from .row_size import RowBound
 
 logger = logging.getLogger(__name__)
 
@@ -110,13 +111,15 @@ class PairSpool:
 
 
 def scan_source(source: str, fmt: str, endpoint: str | None = None, limit: int | None = None,
-                worker_index: int = 0, worker_count: int = 1, layout: RowLayout = DEFAULT_LAYOUT) -> SourceScan:
-    """Count the source's rows and this worker's, and find the ids that occur on more than one valid line."""
+                worker_index: int = 0, worker_count: int = 1, layout: RowLayout = DEFAULT_LAYOUT,
+                bound: RowBound | None = None) -> SourceScan:
+    """Count the source's rows and this worker's, and find the ids that occur on more than one valid line. Rows
+    over the `bound` are read as the stream reads them: refused, without being held."""
     rows = worker_rows = 0
     owned = LineSet() if worker_count > 1 else None
     with tempfile.TemporaryDirectory(prefix="tokenmill-ids-") as folder:
         spool = PairSpool(Path(folder))
-        for item in read_prompts(source, fmt, endpoint, limit, layout=layout):
+        for item in read_prompts(source, fmt, endpoint, limit, layout=layout, bound=bound):
             rows += 1
             if not belongs_to_worker(item, worker_index, worker_count):
                 continue

@@ -22,18 +22,19 @@ from .duplicates import DuplicateIds
 from ..store.packed import PackError, pack, unpack
 from .scan import LineSet, SourceScan, scan_source
 from .reader import source_identity
+from .row_size import RowBound
 from ..store.storage import Storage, StorageError
 
 logger = logging.getLogger(__name__)
 
 KIND = "scan"
-VERSION = 2  # bump when what the scan computes changes (2: rows read through the dataset's input layout)
+VERSION = 3  # bump when what the scan computes changes (2: rows read through the dataset's input layout; 3: bound)
 SCANS = "scans"
 
 
 def cache_key(dataset: str, source: str, identity: str, fmt: str, limit: int | None, worker_index: int,
-              worker_count: int, layout: RowLayout = DEFAULT_LAYOUT) -> str:
-    described = (f"{VERSION}|{source}|{identity}|{fmt}|{limit}|{worker_index}|{worker_count}|"
+              worker_count: int, layout: RowLayout = DEFAULT_LAYOUT, bound: RowBound | None = None) -> str:
+    described = (f"{VERSION}|{source}|{identity}|{fmt}|{limit}|{worker_index}|{worker_count}|{bound}|"
                  f"{'|'.join(str(part) for part in astuple(layout))}")
     digest = hashlib.blake2b(described.encode(), digest_size=16).hexdigest()
     return f"{dataset}/{SCANS}/w{worker_index:03d}-{digest}.scan"
@@ -61,11 +62,11 @@ def decode_scan(data: bytes) -> SourceScan:
 
 def cached_scan(storage: Storage, dataset: str, source: str, fmt: str, endpoint: str | None = None,
                 limit: int | None = None, worker_index: int = 0, worker_count: int = 1,
-                layout: RowLayout = DEFAULT_LAYOUT) -> SourceScan:
+                layout: RowLayout = DEFAULT_LAYOUT, bound: RowBound | None = None) -> SourceScan:
     """The scan of `source` for this worker: from the output's cache when the source is unchanged, else scanned now
     (and cached for the next start)."""
     identity = source_identity(source, endpoint)
-    key = cache_key(dataset, source, identity, fmt, limit, worker_index, worker_count, layout)
+    key = cache_key(dataset, source, identity, fmt, limit, worker_index, worker_count, layout, bound)
     try:
         if storage.exists(key):
             scan = decode_scan(storage.get(key))
@@ -73,7 +74,7 @@ def cached_scan(storage: Storage, dataset: str, source: str, fmt: str, endpoint:
             return scan
     except (PackError, KeyError, StorageError) as error:
         logger.warning("%s: cached scan %s not used (%s); scanning the source again", dataset, storage.uri(key), error)
-    scan = scan_source(source, fmt, endpoint, limit, worker_index, worker_count, layout)
+    scan = scan_source(source, fmt, endpoint, limit, worker_index, worker_count, layout, bound)
     described = {"source": source, "identity": identity, "format": fmt, "limit": limit, "worker_index": worker_index,
                  "worker_count": worker_count}
     try:

@@ -18,6 +18,7 @@ class RunnerConfig(BaseModel):
     name: str = Field("local", description="DatasetGeneration name, for logs and metrics labels.")
     namespace: str = Field("", description="DatasetGeneration namespace, for metrics labels.")
     metrics_port: int | None = Field(None, gt=0, lt=65536, description="Serve Prometheus metrics on this port.")
+    metrics_address: str = Field("127.0.0.1", description="Address the metrics server binds.")
     servers: list[str] = Field(min_length=1, description="SGLang base URLs.")
     output_uri: str
     worker_index: int = Field(0, ge=0)

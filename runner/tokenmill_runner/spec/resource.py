@@ -76,7 +76,37 @@ def _checked(value: str | None, name: str, ok: Callable[[float], bool], expected
 DecimalString = Annotated[str, BeforeValidator(_number_to_string), AfterValidator(_parse_decimal)]
 FractionString = Annotated[str, BeforeValidator(_number_to_string), AfterValidator(_fraction)]
 
-DATASET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+# S3 stores keys literally, but a store or proxy that normalises dot segments or decodes %2F would write elsewhere.
+S3_PREFIX_ESCAPE = re.compile(r"/\.{1,2}(?:/|$)|%2[fF]|\\")
+DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")  # whole name (fullmatch): "$" lets "ok\n" through
+
+# Upper bounds of the integer fields (docs/security.md): a spec asking for more is a typo or an attack, and each
+# bound says what it protects. The CRD carries the same numbers (tokenmill_operator.crd; tests/unit/test_crd.py
+# compares the two field by field).
+MAX_TOKENS = 2**24  # 16M tokens: above any model's context; past int64 SGLang fails with a TypeError, late
+MAX_SERVERS = 256  # the runner Job names one --server per replica; thousands would pass etcd's 1.5 MiB object limit
+MAX_CONCURRENCY = 4096  # requests in flight per worker: each holds a queue slot, a task and its prompt's ids
+MAX_SHARD_SAMPLES = 16384  # rows wait in the worker's memory until their shard commits
+MAX_SHARD_SECONDS = 3600  # ... and a crashed worker redoes what it had not committed
+MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
+# Token ids are int32, and SGLang keeps top-k in an int32 tensor (0.5.23 sampling/sampling_batch_info.py:147-149).
+MAX_TOKEN_ID = 2**31 - 1
+
+# Flags the operator sets (or must never let a resource set) on the SGLang command line. SGLang parses with a
+# default argparse.ArgumentParser (0.5.23 server_args.py:679), which takes any unambiguous abbreviation (--api-ke,
+# --hos), so every prefix of these is refused too; --config FILE (:683) could set any of them, and
+# --trust-remote-code only follows spec.model.trustRemoteCode.
+MANAGED_FLAGS = ("--model-path", "--model", "--tokenizer-path", "--host", "--port", "--tp-size", "--tp",
+                 "--tensor-parallel-size", "--api-key", "--admin-api-key", "--nnodes", "--node-rank",
+                 "--dist-init-addr", "--trust-remote-code", "--config")
+
+
+def managed_flag(arg: str) -> str | None:
+    """The managed flag `arg` sets or abbreviates (argparse reads "--a=b" and "--a b" alike), else None."""
+    name = arg.split("=", 1)[0]
+    if not name.startswith("--"):
+        return None
+    return next((flag for flag in MANAGED_FLAGS if flag.startswith(name)), None)
 
 
 class SpecModel(BaseModel):
@@ -113,7 +143,7 @@ class ModelSpec(SpecModel):
     trust_remote_code: bool = Field(False, description="Allow the tokenizer's and model's own Python code to run.")
     reasoning: ReasoningSpec = Field(default_factory=ReasoningSpec, description="How reasoning is delimited.")
     weight_bytes: int | None = Field(
-        None, gt=0,
+        None, gt=0, le=2**50,
         description="Total weight size in bytes; default: model.safetensors.index.json total_size at the model path.",
     )
     tool_call_token: str | None = Field(
@@ -127,15 +157,18 @@ class SamplingSpec(SpecModel):
     """Sampling parameters sent to SGLang's /generate. Unset fields fall back to the spec-level defaults."""
 
     max_new_tokens: int | None = Field(
-        None, gt=0, description="Output token cap. SGLang's own default (128) silently truncates reasoning."
+        None, gt=0, le=MAX_TOKENS, description="Output token cap. SGLang's own default (128) silently truncates "
+        f"reasoning. At most {MAX_TOKENS} (above any context length; it must fit the context with the prompt)."
     )
     temperature: DecimalString | None = Field(
         None, description="Sampling temperature >= 0 as a string, e.g. \"0.6\" (0 = greedy).")
     top_p: DecimalString | None = Field(None, description="Nucleus sampling mass in (0, 1], as a string.")
-    top_k: int | None = Field(None, description="Top-k: -1 for the whole vocabulary, else at least 1.")
+    top_k: int | None = Field(None, le=MAX_TOKEN_ID, description="Top-k: -1 for the whole vocabulary, else "
+                              "at least 1 (at most 2^31-1: SGLang holds it in an int32 tensor).")
     min_p: DecimalString | None = Field(None, description="Min-p in [0, 1], as a string.")
     repetition_penalty: DecimalString | None = Field(None, description="Repetition penalty in (0, 2], as a string.")
-    stop_token_ids: list[int] | None = Field(None, description="Extra stop token ids besides the model's EOS.")
+    stop_token_ids: list[Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]] | None = Field(
+        None, max_length=64, description="Extra stop token ids besides the model's EOS (token ids are int32).")
 
     # SGLang's SamplingParams.verify answers HTTP 400 to values outside these ranges, so every sample of the
     # dataset would fail as server_rejected after the GPUs are up: refuse them here. Ranges are the intersection
@@ -191,7 +224,8 @@ class SamplingSpec(SpecModel):
 class DefaultSamplingSpec(SamplingSpec):
     # Never None: a request without max_new_tokens gets SGLang's 128 and silently truncates reasoning.
     max_new_tokens: int = Field(  # type: ignore[assignment]
-        10240, gt=0, description="Output token cap for every dataset that does not set its own."
+        10240, gt=0, le=MAX_TOKENS, description="Output token cap for every dataset that does not set its own "
+        f"(at most {MAX_TOKENS})."
     )
 
 
@@ -235,7 +269,7 @@ class DatasetSpec(SpecModel):
                              "column names.")
     samples: int = Field(1, ge=1, le=MAX_SAMPLES, description="Samples generated per prompt, each with its own seed; "
                          "(line, sample index) is each sample's identity.")
-    limit: int | None = Field(None, gt=0, description="Use only the first N rows of the source.")
+    limit: int | None = Field(None, gt=0, le=2**40, description="Use only the first N rows of the source.")
     sampling: SamplingSpec = Field(default_factory=SamplingSpec, description="Overrides of the default sampling.")
     chat_template_kwargs: dict[str, Any] = Field(
         default_factory=dict,
@@ -259,7 +293,7 @@ class DatasetSpec(SpecModel):
     @field_validator("name")
     @classmethod
     def _name_is_a_folder_name(cls, value: str) -> str:
-        if not DATASET_NAME.match(value):
+        if not DATASET_NAME.fullmatch(value):
             raise ValueError(
                 f"dataset name {value!r} must be 1-63 letters, digits, '_', '.' or '-' (it names a folder)"
             )
@@ -281,50 +315,73 @@ class ServerSpec(SpecModel):
         None, description="SGLang release of a custom image whose tag names none (e.g. 0.5.23): the checks and the "
         "plan follow that release's facts. Default: the image tag's release, else the default release.",
     )
-    gpus_per_node: int = Field(8, gt=0, description="GPUs per node.")
+    gpus_per_node: int = Field(8, gt=0, le=64, description="GPUs per node (at most 64).")
     gpu_product: str | None = Field(
         None, description="GPU product: the node label value (nvidia.com/gpu.product, e.g. NVIDIA-H200 or "
         "NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition; amd.com/gpu.product-name for AMD) or a short name (H200, "
         "RTX-PRO-6000, MI300X).",
     )
     gpu_memory_mib: int | None = Field(
-        None, gt=0, description="Memory of one GPU in MiB; default: known from gpuProduct (e.g. NVIDIA-H200: 143771)."
+        None, gt=0, le=2**22, description="Memory of one GPU in MiB; default: known from gpuProduct (e.g. "
+        "NVIDIA-H200: 143771). At most 4 TiB."
     )
     cuda_driver_major: int | None = Field(
-        None, gt=0, description="NVIDIA driver branch of the GPU nodes (e.g. 570, 580), as GPU feature discovery labels "
+        None, gt=0, le=10_000, description="NVIDIA driver branch of the GPU nodes (e.g. 570, 580), as GPU feature discovery labels "
         "them (nvidia.com/cuda.driver.major); default: read from the nodes by the operator. An image whose CUDA the "
         "driver cannot run (CUDA 13 needs 580+, CUDA 12 525+) is swapped for its -cu129 tag or refused at plan time.",
     )
-    nodes: int | Auto = Field(
+    nodes: Annotated[int, Field(ge=1, le=MAX_SERVERS)] | Auto = Field(
         "auto", description="Nodes the run may use (each with gpusPerNode GPUs); auto: the fewest one replica needs. "
-        "The planner lays out replicas on them for the fastest finish.",
+        f"The planner lays out replicas on them for the fastest finish. At most {MAX_SERVERS}: every server pod "
+        "is named in the runner Job, whose size etcd limits.",
     )
-    replicas: int | Auto = Field("auto", description="Independent server replicas, or auto (as many as the nodes hold).")
-    tensor_parallel: int | Auto = Field("auto", description="Tensor-parallel size per replica, or auto.")
-    attention_data_parallel: int | Auto = Field(
+    replicas: Annotated[int, Field(ge=1, le=MAX_SERVERS)] | Auto = Field(
+        "auto", description="Independent server replicas, or auto (as many as the nodes hold). At most "
+        f"{MAX_SERVERS}: the runner Job names one --server per replica, and etcd limits an object to 1.5 MiB.")
+    tensor_parallel: Annotated[int, Field(ge=1, le=64)] | Auto = Field(
+        "auto", description="Tensor-parallel size per replica (1-64), or auto.")
+    attention_data_parallel: Annotated[int, Field(ge=1, le=64)] | Auto = Field(
         "auto", description="DP attention groups per replica (1 = off; SGLang --enable-dp-attention / "
         "--attn-dp-size), or auto: tried for MLA models, whose KV TP would otherwise copy to every rank.",
     )
     mem_fraction_static: FractionString | Auto = Field("auto", description="--mem-fraction-static, or auto.")
-    context_length: int | Auto = Field(
-        "auto", description="Context length, or auto (what SGLang derives from config.json; it refuses more).")
-    max_running_requests: int | Auto = Field("auto", description="--max-running-requests, or auto.")
+    context_length: Annotated[int, Field(ge=1, le=MAX_TOKENS)] | Auto = Field(
+        "auto", description="Context length, or auto (what SGLang derives from config.json; it refuses more). At "
+        f"most {MAX_TOKENS}.")
+    max_running_requests: Annotated[int, Field(ge=1, le=2**20)] | Auto = Field(
+        "auto", description="--max-running-requests, or auto (at most 2^20).")
     kv_cache_dtype: KvCacheDtype = Field(  # type: ignore[valid-type]
         "auto", description="--kv-cache-dtype; auto keeps the model's 16-bit dtype. The values the SGLang release "
         "in use accepts (mxfp8, nvfp4, fp4_mx_block16 from 0.5.16; fp4_e2m1 until 0.5.20).",
     )
     port: int = Field(30000, gt=0, lt=65536, description="SGLang HTTP port (/generate, /health, /metrics).")
     startup_timeout_seconds: int = Field(
-        3600, gt=0, description="How long a server may load weights before its startup probe fails it."
+        3600, gt=0, le=MAX_TIMEOUT_SECONDS,
+        description="How long a server may load weights before its startup probe fails it (at most a week)."
     )
-    shm_size: str = Field("64Gi", description="Size of the in-memory /dev/shm volume (NCCL needs a large one).")
+    shm_size: str = Field(
+        "64Gi", pattern=r"^[1-9][0-9]{0,3}Gi$", description="Size of the in-memory /dev/shm volume (NCCL needs a large "
+        "one), in whole Gi up to 9999Gi. It is charged to the pod's memory, so the server pod requests at least "
+        "this much memory.")
     deterministic_inference: bool = Field(
         False, description="Start SGLang with --enable-deterministic-inference so each sample's seed makes its "
         "sampling reproducible; it switches to batch-invariant kernels and the pytorch sampler (slower).")
-    extra_args: list[str] = Field(default_factory=list, description="Extra SGLang flags, appended verbatim.")
+    extra_args: list[str] = Field(
+        default_factory=list, description="Extra SGLang flags, appended verbatim. Not the flags the operator "
+        f"manages, nor any abbreviation of one (SGLang's argparse accepts --api-ke for --api-key): "
+        f"{', '.join(MANAGED_FLAGS)}; use the spec fields instead.")
     node_selector: dict[str, str] = Field(default_factory=dict, description="Extra node selector for server pods.")
     tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Extra tolerations.")
     resources: dict[str, Any] = Field(default_factory=dict, description="Extra container resources.")
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_managed_flag(cls, value: list[str]) -> list[str]:
+        for index, arg in enumerate(value):
+            if flag := managed_flag(arg):
+                raise ValueError(f"[{index}] {arg.split('=')[0]!r} sets (or abbreviates) {flag}, which the operator "
+                                 "manages: use the spec field instead (model, server, trustRemoteCode)")
+        return value
 
     @field_validator("sglang_version")
     @classmethod
@@ -334,14 +391,6 @@ class ServerSpec(SpecModel):
                 release(value)
             except UnknownReleaseError as error:
                 raise ValueError(str(error)) from None
-        return value
-
-    @field_validator("nodes", "replicas", "tensor_parallel", "attention_data_parallel", "max_running_requests",
-                     "context_length")
-    @classmethod
-    def _positive(cls, value: int | str) -> int | str:
-        if isinstance(value, int) and value <= 0:
-            raise ValueError(f"must be a positive number or auto, got {value}")
         return value
 
     def release_version(self) -> str | None:
@@ -376,28 +425,36 @@ class ServerSpec(SpecModel):
 
 class RunnerSpec(SpecModel):
     image: str | None = Field(None, description="Runner image; defaults to the operator's own version.")
-    parallelism: int = Field(1, gt=0, description="Runner workers (Indexed Job completions); samples split by id.")
-    concurrency: int | Auto = Field(
+    parallelism: int = Field(1, gt=0, le=256, description="Runner workers (Indexed Job completions); samples split by "
+                             "id. At most 256.")
+    concurrency: Annotated[int, Field(ge=1, le=MAX_CONCURRENCY)] | Auto = Field(
         "auto", description="Requests in flight per worker; auto = what the servers run at once plus half again "
-        "as a queue, split over the workers.",
+        f"as a queue, split over the workers. At most {MAX_CONCURRENCY} (what auto is capped at): each request in "
+        "flight holds a queue slot, a task and its prompt's token ids in the worker's memory.",
     )
-    shard_max_samples: int = Field(256, gt=0, description="Commit a shard when it holds this many samples.")
-    shard_max_seconds: int = Field(60, gt=0, description="Commit a shard at least this often (seconds).")
+    shard_max_samples: int = Field(
+        256, gt=0, le=MAX_SHARD_SAMPLES, description="Commit a shard when it holds this many samples. At most "
+        f"{MAX_SHARD_SAMPLES}: rows wait in the worker's memory until their shard commits.")
+    shard_max_seconds: int = Field(
+        60, gt=0, le=MAX_SHARD_SECONDS, description="Commit a shard at least this often (seconds). At most "
+        f"{MAX_SHARD_SECONDS}: rows wait in memory until then, and a crashed worker redoes them.")
     max_attempts: int = Field(
-        6, gt=0, description="Failed attempts per sample before it is recorded as failed. Only failures plausibly "
+        6, gt=0, le=100,
+        description="Failed attempts per sample before it is recorded as failed. Only failures plausibly "
         "the sample's own count (a corrupt answer, an abort, a server error while the replica answers others); "
-        "while no server is live the runner waits without spending attempts.",
+        "while no server is live the runner waits without spending attempts. At most 100.",
     )
     outage_budget_seconds: int = Field(
-        7200, gt=0,
+        7200, gt=0, le=MAX_TIMEOUT_SECONDS,
         description="How long the runner waits for a live server when every replica is down before it stops "
         "(exit code 4; nothing is written off, a rerun or the restarted Job continues). The default is twice "
         "server.startupTimeoutSeconds' default: one full restart of a large model (weights copied again, loaded, "
         "warmed up) with room to spare.",
     )
-    request_timeout_seconds: int = Field(3600, gt=0, description="Timeout of one /generate request.")
+    request_timeout_seconds: int = Field(3600, gt=0, le=MAX_TIMEOUT_SECONDS,
+                                         description="Timeout of one /generate request (at most a week).")
     stall_seconds: int | None = Field(
-        None, gt=0,
+        None, gt=0, le=MAX_TIMEOUT_SECONDS,
         description="Report Stalled (condition, Event, alert) when nothing is committed for this long; default: "
         "the operator's setting (15 minutes). Longer than the slowest expected request.",
     )
@@ -428,6 +485,9 @@ class OutputSpec(SpecModel):
     def _known_scheme(cls, value: str) -> str:
         if "://" in value and not value.startswith(("s3://", "file://")):
             raise ValueError(f"output uri {value!r}: use s3://bucket/prefix/ or a local folder")
+        if value.startswith("s3://") and S3_PREFIX_ESCAPE.search(value):
+            raise ValueError(f"output uri {value!r}: a '.' or '..' segment or an encoded slash (%2F) could leave the "
+                             "prefix on a store or proxy that normalises keys; name the prefix plainly")
         return value
 
 

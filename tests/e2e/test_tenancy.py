@@ -1,0 +1,171 @@
+"""A tenant's resource on the real API server: the bounds the CRD shares with pydantic, the flags extraArgs may not
+set, and the operator's own identity kept out of a tenant's storage (docs/security.md)."""
+
+from __future__ import annotations
+
+import base64
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from kubernetes import client as k8s
+
+from .operator_kit import (  # noqa: F401  (fixtures)
+    NAME,
+    Operator,
+    b5_resource,
+    condition,
+    crd,
+    dsgen,
+    s3_world,
+)
+
+pytestmark = pytest.mark.e2e
+
+OUT_OF_BOUNDS = [
+    ("server.replicas", -1, "spec.server.replicas"),  # int-or-"auto": passed kubectl apply before
+    ("server.replicas", 100_000, "spec.server.replicas"),
+    ("server.nodes", 100_000, "spec.server.nodes"),
+    ("runner.concurrency", 10_000_000, "spec.runner.concurrency"),
+    ("runner.shardMaxSamples", 10**9, "spec.runner.shardMaxSamples"),
+    ("runner.shardMaxSeconds", 10**9, "spec.runner.shardMaxSeconds"),
+    ("sampling.maxNewTokens", 2**40, "spec.sampling.maxNewTokens"),
+    # SGLang's argparse takes abbreviations (0.5.23 server_args.py:679): every prefix of a managed flag is refused.
+    ("server.extraArgs", ["--api-ke=known-key"], "nor abbreviate one"),
+    ("server.extraArgs", ["--hos=127.0.0.1"], "nor abbreviate one"),
+    ("server.extraArgs", ["--trust-remote-code"], "nor abbreviate one"),
+    ("server.extraArgs", ["--config", "/tmp/args.yaml"], "nor abbreviate one"),
+    # Stored literally by S3, but a store or proxy that normalises keys would write outside the prefix.
+    ("output.uri", "s3://tokenmill-data/runs/a/../../escaped/", "must not hold '.' or '..' segments"),
+    ("output.uri", "s3://tokenmill-data/runs/b%2F..%2Fc/", "must not hold '.' or '..' segments"),
+]
+
+
+@pytest.mark.parametrize(("path", "value", "message"), OUT_OF_BOUNDS, ids=[f"{p}={v}" for p, v, _ in OUT_OF_BOUNDS])
+def test_the_api_server_refuses_what_pydantic_refuses(cluster, namespace, crd, path, value, message):
+    result = cluster.apply(b5_resource(namespace, "http://127.0.0.1:9", **{path: value}), check=False)
+    assert result.returncode != 0, f"{path}={value!r} was accepted"
+    assert message in result.stderr, result.stderr
+
+
+def test_bounds_and_flags_within_reach_are_accepted(cluster, namespace, crd):
+    within = {"server.replicas": 256, "runner.concurrency": 4096, "server.extraArgs": ["--chunked-prefill-size",
+                                                                                       "4096", "--enable-metrics"]}
+    result = cluster.apply(b5_resource(namespace, "http://127.0.0.1:9", suspend=True, **within), check=False)
+    assert result.returncode == 0, result.stderr
+
+
+class Capture(ThreadingHTTPServer):
+    """An S3 endpoint a tenant controls: it records every request (and the credentials it carries)."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str, dict[str, str]]] = []
+        capture = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _record(self) -> None:
+                capture.requests.append((self.command, self.path, dict(self.headers)))
+                self.send_response(403)
+                self.end_headers()
+
+            do_GET = do_HEAD = do_PUT = do_POST = _record
+
+            def log_message(self, *args) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+@pytest.fixture
+def capture() -> Iterator[Capture]:
+    server = Capture()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+
+
+OPERATOR_IDENTITY = {"AWS_ACCESS_KEY_ID": "AKIAOPERATORROLE0001", "AWS_SECRET_ACCESS_KEY": "operator-secret",
+                     "AWS_SESSION_TOKEN": "OPERATOR-SESSION-TOKEN-abc"}
+
+
+def operator_with(cluster, namespace: str, log: Path, identity: dict[str, str] = OPERATOR_IDENTITY,
+                  **env: str) -> Operator:
+    """The operator with an identity of its own in its environment, as IRSA or an instance profile would give it."""
+    running = Operator(cluster, namespace, log)
+    for name in OPERATOR_IDENTITY:
+        running.env.pop(name, None)
+    running.env.update({**identity, **env})
+    running.start()
+    return running
+
+
+def test_without_a_secret_the_operator_never_lends_its_identity(cluster, namespace, crd, capture, tmp_path):
+    operator = operator_with(cluster, namespace, tmp_path / "operator.log")
+    try:
+        resource = b5_resource(namespace, capture.url)
+        del resource["spec"]["output"]["credentialsSecret"]
+        resource["spec"]["output"]["uri"] = "s3://finance-prod-bucket/anything/"
+        cluster.apply(resource)
+
+        def refused():
+            obj = dsgen(cluster, namespace)
+            ready = condition(obj, "Ready")
+            return obj if ready and ready["reason"] == "NotAllowed" else None
+
+        obj = cluster.wait_for(refused, "Ready=False NotAllowed", timeout=60)
+        message = condition(obj, "Ready")["message"]
+        assert "spec.output.credentialsSecret is not set" in message and "finance-prod-bucket" in message
+        assert capture.requests == [], "the operator called the tenant's endpoint with its own credentials"
+        assert not cluster.apps.list_namespaced_stateful_set(namespace).items
+        assert "OPERATOR-SESSION-TOKEN" not in operator.tail()
+    finally:
+        operator.stop()
+
+
+def test_an_administrator_may_allow_the_operators_identity_for_named_buckets(cluster, namespace, crd, s3_world,
+                                                                              tmp_path):
+    operator = operator_with(cluster, namespace, tmp_path / "operator.log",
+                             TOKENMILL_AMBIENT_S3_BUCKETS="models,tokenmill-data",
+                             identity={"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"},
+                             TOKENMILL_AMBIENT_S3_ENDPOINTS=s3_world)
+    try:
+        resource = b5_resource(namespace, s3_world)
+        del resource["spec"]["output"]["credentialsSecret"]
+        cluster.apply(resource)
+        cluster.wait_for(lambda: cluster.apps.read_namespaced_stateful_set(f"{NAME}-server", namespace),
+                         "the server, planned from config.json read with the allowed identity", timeout=60)
+        # No scraper namespace set for this operator: the runner pods admit nobody, the server only its runner.
+        networking = cluster.api(k8s.NetworkingV1Api)
+        runner = networking.read_namespaced_network_policy(f"{NAME}-runner", namespace)
+        assert runner.spec.pod_selector.match_labels["app.kubernetes.io/component"] == "runner"
+        assert not runner.spec.ingress
+        server = networking.read_namespaced_network_policy(f"{NAME}-server", namespace)
+        assert len(server.spec.ingress) == 2, "the runner and the replica's ranks, no label-only scraper"
+    finally:
+        operator.stop()
+
+
+def test_a_binary_value_in_the_credentials_secret_does_not_stop_the_operator(cluster, namespace, crd, s3_world,
+                                                                              tmp_path):
+    der = bytes([0x30, 0x82, 0x01, 0x0A, 0xFF, 0xFE, 0x80])  # a DER key: not UTF-8
+    cluster.core.create_namespaced_secret(namespace, k8s.V1Secret(
+        metadata=k8s.V1ObjectMeta(name="s3-creds"),
+        data={"AWS_ACCESS_KEY_ID": base64.b64encode(b"testing").decode(),
+              "AWS_SECRET_ACCESS_KEY": base64.b64encode(b"testing").decode(),
+              "client.der": base64.b64encode(der).decode()}))
+    operator = operator_with(cluster, namespace, tmp_path / "operator.log")
+    try:
+        cluster.apply(b5_resource(namespace, s3_world))
+        cluster.wait_for(lambda: cluster.apps.read_namespaced_stateful_set(f"{NAME}-server", namespace),
+                         "the server, the Secret's AWS keys decoded and the DER key left alone", timeout=60)
+        assert "UnicodeDecodeError" not in operator.tail()
+    finally:
+        operator.stop()

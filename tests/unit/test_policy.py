@@ -1,0 +1,66 @@
+"""The operator's tenant policy: its own identity never reaches a tenant's storage unless an administrator named the
+buckets and endpoints; images and Secrets limited when a list is set (docs/security.md)."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from tokenmill_operator.kube import decode_secret_keys
+from tokenmill_operator.policy import TenantPolicy, refusal
+from tokenmill_runner.spec.resource import DatasetGenerationSpec, parse_document
+
+
+def spec(**output):
+    document = {"apiVersion": "tokenmill.io/v1alpha1", "kind": "DatasetGeneration", "metadata": {"name": "t"},
+                "spec": {"model": {"path": "s3://models/kimi/"},
+                         "datasets": [{"name": "a", "source": "s3://p/a.jsonl"}],
+                         "output": {"uri": "s3://finance-prod-bucket/anything/", **output}}}
+    return parse_document(document).spec
+
+
+def test_without_a_secret_the_operators_identity_is_refused_naming_the_buckets():
+    why = refusal(spec(endpoint="http://attacker.example:5057"), TenantPolicy())
+    assert why and "spec.output.credentialsSecret is not set" in why
+    assert "finance-prod-bucket, models" in why and "TOKENMILL_AMBIENT_S3_BUCKETS" in why
+
+
+def test_named_buckets_and_endpoint_allow_the_operators_identity():
+    allowed = TenantPolicy(ambient_buckets=("finance-prod-bucket", "models"), ambient_endpoints=("https://s3.local",))
+    assert refusal(spec(), allowed) is None  # the default endpoint
+    assert refusal(spec(endpoint="https://s3.local"), allowed) is None
+    other = refusal(spec(endpoint="http://attacker.example:5057"), allowed)
+    assert other and "endpoint http://attacker.example:5057" in other
+    assert "bucket(s) finance-prod-bucket" in refusal(spec(), TenantPolicy(ambient_buckets=("models",)))
+
+
+def test_a_named_secret_is_used_instead_unless_the_list_of_secrets_leaves_it_out():
+    assert refusal(spec(credentialsSecret="team-a-s3"), TenantPolicy()) is None
+    listed = TenantPolicy(allowed_secrets=("team-a-s3",))
+    assert refusal(spec(credentialsSecret="team-a-s3"), listed) is None
+    why = refusal(spec(credentialsSecret="some-other-apps-secret"), listed)
+    assert why and "'some-other-apps-secret' is not among the Secrets" in why
+
+
+def test_images_outside_the_allowed_prefixes_are_refused():
+    policy = TenantPolicy(allowed_images=("lmsysorg/sglang:", "ghcr.io/tokenmill/"))
+    document = spec(credentialsSecret="s").model_dump(by_alias=True)
+    document["runner"]["image"] = "attacker/exfil:latest"
+    why = refusal(DatasetGenerationSpec.model_validate(document), policy)
+    assert why and "spec.runner.image 'attacker/exfil:latest'" in why
+    assert refusal(spec(credentialsSecret="s"), policy) is None  # the default SGLang image
+
+
+def test_the_settings_come_from_comma_separated_lists():
+    policy = TenantPolicy.from_env({"TOKENMILL_AMBIENT_S3_BUCKETS": "a, b,", "TOKENMILL_ALLOWED_IMAGES": "x/"})
+    assert policy == TenantPolicy(ambient_buckets=("a", "b"), allowed_images=("x/",))
+
+
+def test_only_the_keys_used_are_decoded_from_a_secret():
+    data = {"AWS_ACCESS_KEY_ID": base64.b64encode(b"AKIA1").decode(),
+            "client.der": base64.b64encode(bytes([0x30, 0x82, 0xFF, 0xFE])).decode()}
+    assert decode_secret_keys(data, ("AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN"), "Secret ns/s") == {
+        "AWS_ACCESS_KEY_ID": "AKIA1"}
+    with pytest.raises(LookupError, match="Secret ns/s key client.der is not UTF-8 text"):
+        decode_secret_keys(data, ("client.der",), "Secret ns/s")
