@@ -91,7 +91,7 @@ def without_samples(summary: RunSummary) -> list[str]:
     for d in summary.datasets:
         if d.source_rows == 0:
             lines.append(f"{d.name}: its source holds no rows (an empty file, or only blank lines)")
-        elif summary.workers == 1 and d.rows and not (d.completed or d.generated):
+        elif summary.workers == 1 and d.slots and not (d.completed or d.generated):
             reasons = ", ".join(f"{reason} {count}" for reason, count in sorted(d.failed.items()))
             lines.append(f"{d.name}: every row failed for its input ({reasons or 'in an earlier run'}); see "
                          f"{d.name}/errors/ for each line and reason")
