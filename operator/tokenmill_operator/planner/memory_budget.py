@@ -60,6 +60,11 @@ class MemorySplit:
     def reserved_mib(self) -> float:
         return sum(term.mib for term in self.terms)
 
+    @property
+    def chunk_flag(self) -> int | None:
+        """The --chunked-prefill-size the plan passes: its decided chunk, None under SGLang's default rule."""
+        return self.chunk if self.decided else None
+
 
 def activation_bytes_per_token(model: ModelFacts, layout: Layout) -> float:
     """Peak activation bytes per prefill token on one rank: the hidden states a layer keeps (input, residual,

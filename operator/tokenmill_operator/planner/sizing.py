@@ -266,7 +266,8 @@ def _decided_splits(ctx: Context, layout: Layout, element: float, replicas: int)
     tier_bs = chunk_and_graph_bs(mib, layout.tp, release)[1]
 
     def at(chunk: int, graph_bs: int) -> tuple[MemorySplit, Capacity] | None:
-        split = decided_split(mib, layout, ctx.model, release, chunk, graph_bs, ctx.spec.server.deterministic_inference)
+        deterministic = ctx.spec.server.deterministic_inference
+        split = decided_split(mib, layout, ctx.model, release, chunk, graph_bs, deterministic)
         if split is None:
             return None
         cap = replica_capacity(ctx.model, mib, layout, split.mem_fraction, element)
@@ -305,7 +306,7 @@ def memory_choices(ctx: Context, layout: Layout, kv_dtype: str, nodes: int, repl
         if split is not default[0] and cap.tokens_per_group < longest:
             continue
         batch = _batch(ctx, cap, _max_running(ctx, cap), replicas) if cap.fits else 0
-        step = ctx.step_model(layout, kv_dtype, nodes, split.chunk if split.decided else None)
+        step = ctx.step_model(layout, kv_dtype, nodes, split.chunk_flag)
         served = (float(cap.tokens) if step is None or not batch
                   else serving_tokens_per_second(step, batch, ctx.work.prompt_tokens(), mean_output))
         choices.append(MemoryChoice(split, cap, batch, served))
@@ -333,7 +334,7 @@ def evaluate(ctx: Context, layout: Layout, kv_dtype: str, replicas: int, eligibl
     max_running = _max_running(ctx, cap)
     batch = _batch(ctx, cap, max_running, replicas)
     option = replace(option, max_running=max_running, batch=batch)
-    step = ctx.step_model(layout, kv_dtype, nodes, split.chunk if split.decided else None)
+    step = ctx.step_model(layout, kv_dtype, nodes, split.chunk_flag)
     if step is None:
         return option
     job = job_time(ctx.work, replicas, batch, lambda b: step.step_seconds(b, ctx.held),
@@ -472,7 +473,7 @@ class Sizing:
         return int(self.capacity.tokens // self.ctx.held)
 
     def step_model(self, option: Option) -> StepModel | None:
-        chunk = option.memory.chunk if option.memory and option.memory.decided else None
+        chunk = option.memory.chunk_flag if option.memory else None
         return self.ctx.step_model(option.layout, option.kv_cache_dtype, option.nodes_per_replica, chunk)
 
     def candidate(self, option: Option, note: str) -> Candidate:
@@ -498,7 +499,7 @@ class Sizing:
             context_length=self.ctx.context_length,
             max_running_requests=chosen.max_running,
             cuda_graph_max_bs=chosen.graph_bs,
-            chunked_prefill_size=chosen.memory.chunk if chosen.memory and chosen.memory.decided else None,
+            chunked_prefill_size=chosen.memory.chunk_flag if chosen.memory else None,
             memory_split=[MemoryTerm(name=t.name, mib=round(t.mib), source=t.source)
                           for t in (chosen.memory.terms if chosen.memory else ())],
             kv_cache_dtype=chosen.kv_cache_dtype,
