@@ -8,7 +8,13 @@ them within +-30 %); the others are shown with the reason they are not fitted. W
 constants of `Calibration` that minimise the squared log error over the fit set and prints them, ready to paste.
 Not a test.
 
-    .venv/bin/python hack/bench/bench_planner.py [--fit] [--json]
+--loso validates the model out of sample: for each source (a publication: repository and document, or a whole
+publisher with --by publisher) it refits the constants on the other sources' records and reports the error on the
+left-out one; the geometric-mean error factor exp(mean |ln(predicted / published)|) in and out of sample side by
+side. --seeds plans the seeds' own job (Kimi-K2.5 on 8 x RTX PRO 6000, B1- and B5-like prompts, maxNewTokens
+10,240) and prints its throughput and the 88,000-prompt ETA next to the seeds' hand-tuned 930-1,350 tok/s and 57 h.
+
+    .venv/bin/python hack/bench/bench_planner.py [--fit] [--json] [--loso [--by publisher]] [--seeds]
 """
 
 from __future__ import annotations
@@ -129,7 +135,7 @@ def fit(records: list[Record], start: Calibration) -> Calibration:
     def objective(logs: list[float]) -> float:
         return loss(evaluate(records, _with(start, logs)))
 
-    logs = [math.log(getattr(start, name)) for name in FITTED]
+    logs = [math.log(max(getattr(start, name), BOUNDS[name][0])) for name in FITTED]  # request_s may be 0
     for _ in range(4):  # restarts shake the simplex out of flat spots
         logs = nelder_mead(objective, logs)
     return _with(start, logs)
@@ -163,13 +169,108 @@ def markdown(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# Out of sample: leave one source out.
+
+
+def source_of(record: Record, by: str = "document") -> str:
+    """The publication a record comes from: its repository (without the commit) and document, or the publisher."""
+    words = record.source.replace(",", " ").split()
+    repo = words[0].split("@")[0]
+    if by == "publisher" or len(words) < 2:
+        return repo
+    return f"{repo} {words[1]}"
+
+
+def geometric_error(rows: list[Row]) -> float:
+    """exp(mean |ln(predicted / published)|): 1.13 means off by a factor 1.13 on a geometric average."""
+    return math.exp(sum(abs(math.log(row.ratio)) for row in rows) / len(rows))
+
+
+def leave_one_source_out(records: list[Record], by: str) -> list[tuple[str, list[Row]]]:
+    """Per source of the fit set: its records predicted with constants fitted on every other source."""
+    fitted = [r for r in records if r.fit]
+    sources = sorted({source_of(r, by) for r in fitted})
+    held_out = []
+    for source in sources:
+        rest = [r for r in fitted if source_of(r, by) != source]
+        cal = fit(rest, CALIBRATION)
+        held_out.append((source, evaluate([r for r in fitted if source_of(r, by) == source], cal)))
+    return held_out
+
+
+def loso_table(records: list[Record], by: str) -> str:
+    in_sample = evaluate([r for r in records if r.fit], CALIBRATION)
+    held_out = leave_one_source_out(records, by)
+    lines = [f"{'left out (' + by + ')':<78} {'n':>3} {'in-sample':>9} {'held-out':>9} {'worst held-out':>15}"]
+    for source, rows in held_out:
+        mine = [row for row in in_sample if source_of(row.record, by) == source]
+        worst = max(rows, key=lambda row: abs(math.log(row.ratio)))
+        lines.append(f"{source:<78} {len(rows):>3} {geometric_error(mine):>8.2f}x {geometric_error(rows):>8.2f}x "
+                     f"{worst.ratio:>8.2f} ({worst.record.id})")
+    every = [row for _, rows in held_out for row in rows]
+    lines.append(f"all {len(every)} fit records: in-sample geometric-mean error {geometric_error(in_sample):.2f}x, "
+                 f"leave-one-{by}-out {geometric_error(every):.2f}x; within +-30 % held out: "
+                 f"{sum(abs(row.error) <= 0.30 for row in every)}/{len(every)}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The seeds' job.
+
+SEEDS_PROMPTS = 88_000  # eight datasets B1_glaive ... B8_sweagent (/work/shared/DESIGN.md)
+SEEDS_ETA_HOURS = 57  # "At 26 requests per minute ... 57 hours" (/work/shared/seeds/001_c9073f2c6fe2794a.txt:19)
+# Prompt lengths the seeds measured: B1_glaive ~210 tokens, B5_openthoughts ~479 (seeds/002_25a184d2b39c57b5.txt:93)
+SEEDS_WORKLOADS = {"B1-like (210-token prompts)": 210, "B5-like (479-token prompts)": 479}
+
+
+def seeds_case() -> str:
+    from tokenmill_operator.planner import model_facts, plan_server, workload
+    from tokenmill_runner.spec.resource import parse_document
+
+    data = json.loads((MODELS / "kimi-k2.5.json").read_text())
+    model = model_facts(data["config"], data["weight_bytes"])
+    spec = parse_document({
+        "apiVersion": "tokenmill.io/v1alpha1", "kind": "DatasetGeneration", "metadata": {"name": "seeds"},
+        "spec": {"model": {"path": "s3://models/kimi-k2.5/"},
+                 "server": {"image": "lmsysorg/sglang:v0.5.23", "gpuProduct": "RTX-PRO-6000"},
+                 "sampling": {"maxNewTokens": 10240},
+                 "datasets": [{"name": "seeds", "source": "s3://p/all.jsonl", "limit": SEEDS_PROMPTS}],
+                 "output": {"uri": "s3://out/seeds/"}}}).spec
+    lines = ["the seeds' job: Kimi-K2.5 on 8 x RTX PRO 6000 Server, maxNewTokens 10,240, outputs like the seeds' "
+             "(median 470, p90 3,700), 88,000 prompts; the seeds reached 930-1,350 decode tok/s by hand, 57 h ETA"]
+    for name, prompt in SEEDS_WORKLOADS.items():
+        for label, server in (("SGLang default memory", {"extraArgs": ["--chunked-prefill-size", "8192"]}),
+                              ("plan decides memory", {})):
+            variant = spec.model_copy(update={"server": spec.server.model_copy(update={
+                "extra_args": server.get("extraArgs", [])})})
+            plan = plan_server(variant, model, work=workload(variant, prompt_tokens=prompt))
+            p = plan.prediction
+            assert p is not None
+            layout = f"TP {plan.tensor_parallel}" + (f" DP-attn {plan.attention_data_parallel}"
+                                                     if plan.attention_data_parallel > 1 else "")
+            lines.append(f"  {name:<28} {label:<22} {layout:<14} fraction {plan.mem_fraction_static} chunk "
+                         f"{plan.chunked_prefill_size or 'default':<7} batch {p.batch_per_replica:>4}  decode "
+                         f"{p.decode_tokens_per_second:>5,} tok/s  job {p.output_tokens_per_second:>5,} tok/s  "
+                         f"ETA {p.eta_seconds / 3600:.1f} h for 88,000 (seeds: {SEEDS_ETA_HOURS} h, "
+                         f"{SEEDS_ETA_HOURS * 3600 / p.eta_seconds:.1f}x)")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fit", action="store_true", help="refit the constants on the fit records and print them")
     parser.add_argument("--json", action="store_true", help="the rows as JSON")
     parser.add_argument("--markdown", action="store_true", help="the table as Markdown (docs/throughput.md)")
+    parser.add_argument("--loso", action="store_true", help="leave one source out: refit without it, predict it")
+    parser.add_argument("--by", choices=("document", "publisher"), default="document", help="what a source is")
+    parser.add_argument("--seeds", action="store_true", help="plan the seeds' job and compare with their run")
     args = parser.parse_args(argv)
     records = load_records(yaml.safe_load(RECORDS.read_text()), fixture_models())
+    if args.loso or args.seeds:
+        print("\n\n".join(([loso_table(records, args.by)] if args.loso else [])
+                          + ([seeds_case()] if args.seeds else [])))
+        return 0
     cal = CALIBRATION
     if args.fit:
         cal = fit(records, CALIBRATION)

@@ -251,6 +251,8 @@ def sglang_args(name: str, spec: DatasetGenerationSpec, plan: ServerPlan, model_
     ]
     if plan.kv_cache_dtype != "auto":
         args += ["--kv-cache-dtype", plan.kv_cache_dtype]
+    if plan.chunked_prefill_size:  # the chunk the plan's memory split assumes (docs/planning.md §4)
+        args += ["--chunked-prefill-size", str(plan.chunked_prefill_size)]
     args += _parallel_args(plan)
     if spec.model.trust_remote_code:
         args += ["--trust-remote-code"]

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 from prometheus_client.exposition import generate_latest
 
 from .observe import parse_time
+from .planner import ServerPlan
 from .status import CONDITION_TYPES, DatasetGenerationStatus, Progress
 
 logger = logging.getLogger(__name__)
@@ -37,6 +38,12 @@ TOKENS_PER_S = _gauge("tokenmill_dsgen_tokens_per_second", "Committed tokens/s, 
 ETA = _gauge("tokenmill_dsgen_eta_seconds", "Seconds until everything is committed", PER_DATASET)
 PREDICTED = _gauge("tokenmill_dsgen_predicted_tokens_per_second",
                    "Output tokens/s the server plan predicts for the job (status.serverPlan.prediction)", KEY)
+PREDICTED_RUNNING = _gauge("tokenmill_dsgen_predicted_running_requests",
+                           "Requests the server plan predicts running at once over all replicas (the batch its KV "
+                           "cache holds), to set beside SGLang's sglang:num_running_reqs", KEY)
+PLAN_MEMORY = _gauge("tokenmill_dsgen_plan_memory_mib",
+                     "MiB per GPU as the server plan splits it: weights, kv cache, and each use outside "
+                     "--mem-fraction-static (status.serverPlan.memorySplit)", (*KEY, "use"))
 TRUNCATED = _gauge("tokenmill_dsgen_truncated_fraction", "Share of samples that hit maxNewTokens", PER_DATASET)
 TRUNCATED_LIMIT = _gauge("tokenmill_dsgen_truncated_fraction_threshold", "spec.validation.maxTruncatedFraction", KEY)
 ERRORS = _gauge("tokenmill_dsgen_error_fraction", "Failed / processed samples", PER_DATASET)
@@ -49,7 +56,7 @@ INFO = _gauge("tokenmill_dsgen_info", "Model and report verdict", (*KEY, "model"
 RECONCILE_ERRORS = Counter("tokenmill_operator_reconcile_errors", "Reconcile passes that raised", registry=REGISTRY)
 
 _PER_RESOURCE = (COMPLETED, FAILED, GIVEN_UP, TOTAL, REMAINING, TOKENS, TOKENS_PER_S, ETA, TRUNCATED, TRUNCATED_LIMIT,
-                 ERRORS, ERRORS_LIMIT, PHASE, CONDITION, LAST_COMMIT, INFO, PREDICTED)
+                 ERRORS, ERRORS_LIMIT, PHASE, CONDITION, LAST_COMMIT, INFO, PREDICTED, PREDICTED_RUNNING, PLAN_MEMORY)
 
 
 Series = set[tuple[Gauge, tuple[str, ...]]]
@@ -95,11 +102,25 @@ def publish(name: str, namespace: str, status: DatasetGenerationStatus, validati
     if status.last_commit_time:
         _set(touched, LAST_COMMIT, parse_time(status.last_commit_time).timestamp(), **key)
     _set(touched, INFO, 1, **key, model=model, verdict=status.report.verdict if status.report else "")
-    prediction = status.server_plan.prediction if status.server_plan else None
-    if prediction is not None:  # the alert compares it with tokenmill_dsgen_tokens_per_second
-        _set(touched, PREDICTED, prediction.output_tokens_per_second, **key)
+    plan = status.server_plan
+    if plan is not None:
+        _plan(touched, key, plan)
     for metric, labels in _series_of(name, namespace) - touched:
         metric.remove(*labels)
+
+
+def _plan(touched: Series, key: dict[str, str], plan: ServerPlan) -> None:
+    """The plan's prediction and memory split, so a wrong prediction shows in the first minutes: the predicted
+    rate against the committed one (the alert), the predicted batch against SGLang's running requests."""
+    if plan.prediction is not None:
+        _set(touched, PREDICTED, plan.prediction.output_tokens_per_second, **key)
+        _set(touched, PREDICTED_RUNNING, plan.prediction.batch_per_replica * plan.replicas, **key)
+    kv_per_gpu = plan.kv_capacity_tokens // plan.attention_data_parallel * (plan.kv_bytes_per_token
+                                                                             // plan.tensor_parallel)
+    uses = {"weights": plan.weight_bytes_per_gpu / 2**20, "kv cache": kv_per_gpu / 2**20,
+            **{term.name: term.mib for term in plan.memory_split}}
+    for use, mib in uses.items():
+        _set(touched, PLAN_MEMORY, mib, **key, use=use)
 
 
 def _series_of(name: str, namespace: str) -> Series:

@@ -89,7 +89,8 @@ def test_kimi_k25_on_eight_h200_uses_dp_attention_on_one_node():
 
 
 def test_kimi_k25_on_the_seeds_rtx_pro_6000_plans_with_only_the_product_name():
-    spec = make_spec({"gpuProduct": "RTX-PRO-6000"})
+    # A chunk size in extraArgs keeps SGLang's own memory rule, whose arithmetic this test checks by hand.
+    spec = make_spec({"gpuProduct": "RTX-PRO-6000", "extraArgs": ["--chunked-prefill-size", "8192"]})
     plan = plan_server(spec, facts("kimi-k2.5"))
     assert plan.gpu_product == RTX_PRO and plan.gpu_memory_mib == 97887
     assert (plan.replicas, plan.tensor_parallel) == (1, 8)
@@ -118,12 +119,18 @@ def test_the_workstation_edition_is_a_different_product_with_more_bandwidth():
     assert workstation.prediction.decode_tokens_per_second > server.prediction.decode_tokens_per_second
 
 
-def test_kimi_k25_on_h100_needs_two_nodes_of_eight():
-    plan = plan_server(make_spec({"gpuProduct": H100, "gpusPerNode": 8}), facts("kimi-k2.5"))
+def test_kimi_k25_on_h100_needs_two_nodes_of_eight_at_sglangs_default_fraction():
+    plan = plan_server(make_spec({"gpuProduct": H100, "gpusPerNode": 8, "memFractionStatic": "0.85"}),
+                       facts("kimi-k2.5"))
     assert (plan.tensor_parallel, plan.nodes_per_replica, plan.gpus_per_node) == (16, 2, 8)
-    # TP 8 was considered and cannot hold the weights of an 80 GB GPU.
+    # TP 8 was considered and cannot hold the weights of an 80 GB GPU at that fraction.
     tp8 = [c for c in plan.candidates if c.tensor_parallel == 8]
     assert tp8 and all(c.prediction is None and "do not fit" in c.note for c in tp8)
+    # With the memory split left to the plan, one node holds the 69.9 GiB per GPU with room for a few requests,
+    # and says the batch is small.
+    decided = plan_server(make_spec({"gpuProduct": H100, "gpusPerNode": 8}), facts("kimi-k2.5"))
+    assert (decided.tensor_parallel, decided.nodes_per_replica) == (8, 1)
+    assert any(line.startswith("warning:") and "small" in line for line in decided.reasoning)
     assert any("2 nodes of 8 GPUs" in line for line in plan.reasoning)
 
 
@@ -191,9 +198,9 @@ def test_every_given_setting_is_used_and_listed():
 
 def test_a_given_tp_that_does_not_fit_names_the_field_and_the_numbers():
     with pytest.raises(PlanError) as error:
-        plan_server(make_spec({"gpuProduct": H100, "tensorParallel": 8}), facts("kimi-k2.5"))
+        plan_server(make_spec({"gpuProduct": H100, "tensorParallel": 4}), facts("kimi-k2.5"))
     message = str(error.value)
-    assert "spec.server.tensorParallel 8" in message and "do not fit" in message and "usable" in message
+    assert "spec.server.tensorParallel 4" in message and "do not fit" in message and "usable" in message
 
 
 def test_a_given_tp_that_cannot_be_laid_out_is_refused_by_the_spec_or_the_plan():
@@ -371,7 +378,7 @@ def test_max_running_requests_follows_sglangs_rule_per_group():
 def test_a_fixed_workload_changes_the_prediction():
     spec = make_spec({"gpuProduct": H200})
     model = facts("kimi-k2.5")
-    estimate = plan_server(spec, model)
+    estimate = plan_server(spec, model, work=workload(spec, concurrency=64))
     short = plan_server(spec, model, work=workload(spec, prompt_tokens=300, output_tokens=200, concurrency=64))
     assert short.prediction and estimate.prediction
     assert short.prediction.batch_per_replica == 64  # the runner's concurrency caps the batch

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tokenmill_operator import metrics
-from tokenmill_operator.planner import Prediction, ServerPlan
+from tokenmill_operator.planner import MemoryTerm, Prediction, ServerPlan
 from tokenmill_operator.status import DatasetGenerationStatus, Progress
 
 VALIDATION = {"max_truncated_fraction": "0.05", "max_error_fraction": "0.01"}
@@ -31,3 +31,21 @@ def test_the_predicted_rate_is_published_next_to_the_observed_one():
     assert value("tokenmill_dsgen_predicted_tokens_per_second", {"dsgen": "p", "namespace": "ns"}) is None
     metrics.forget("p", "ns")
     assert b'dsgen="p"' not in metrics.exposition()
+
+
+def test_the_predicted_batch_and_the_memory_split_are_published_beside_sglangs_running_requests():
+    split = [MemoryTerm(name="prefill activations", mib=1015, source="chunk x per-token bytes"),
+             MemoryTerm(name="safety margin", mib=4006, source="stated")]
+    with_split = plan(PREDICTION).model_copy(update={"memory_split": split, "replicas": 2})
+    status = DatasetGenerationStatus(phase="Generating", server_plan=with_split, progress=Progress(total=10000))
+    metrics.publish("m", "ns", status, VALIDATION, "s3://models/kimi/")
+    value = metrics.REGISTRY.get_sample_value
+    key = {"dsgen": "m", "namespace": "ns"}
+    assert value("tokenmill_dsgen_predicted_running_requests", key) == 2 * 1224  # batch per replica x replicas
+    assert value("tokenmill_dsgen_plan_memory_mib", {**key, "use": "prefill activations"}) == 1015
+    assert value("tokenmill_dsgen_plan_memory_mib", {**key, "use": "safety margin"}) == 4006
+    assert value("tokenmill_dsgen_plan_memory_mib", {**key, "use": "weights"}) == 88 * 10**9 / 2**20
+    # 3,668,776 tokens over 8 groups, each token 562,176 / 8 bytes on a rank of its group.
+    assert value("tokenmill_dsgen_plan_memory_mib", {**key, "use": "kv cache"}) == 3_668_776 // 8 * 70272 / 2**20
+    metrics.forget("m", "ns")
+    assert value("tokenmill_dsgen_plan_memory_mib", {**key, "use": "weights"}) is None

@@ -16,10 +16,10 @@ from tokenmill_runner.facts.workload import Workload
 from .explain import notes, reasoning, render_plan
 from .memory import kv_bytes_per_token_per_rank, sglang_default_mem_fraction
 from .model import ModelFacts, model_facts
-from .plan import Candidate, PlanError, Prediction, ServerPlan
+from .plan import Candidate, MemoryTerm, PlanError, Prediction, ServerPlan
 from .sizing import MIN_BATCH_REQUESTS, size_server, workload
 
-__all__ = ["MIN_BATCH_REQUESTS", "Candidate", "ModelFacts", "PlanError", "Prediction", "ServerPlan",
+__all__ = ["MIN_BATCH_REQUESTS", "Candidate", "MemoryTerm", "ModelFacts", "PlanError", "Prediction", "ServerPlan",
            "kv_bytes_per_token_per_rank", "model_facts", "plan_server", "render_plan", "sglang_default_mem_fraction",
            "workload"]
 

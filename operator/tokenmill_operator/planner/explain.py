@@ -11,7 +11,7 @@ from tokenmill_runner.facts.throughput import simulator_step
 
 from .memory import MIB, Capacity, sglang_reserve, vlm_factor
 from .plan import Candidate, ServerPlan
-from .sizing import FP8_OPTION, MIN_BATCH_REQUESTS, TIE, Option, Sizing
+from .sizing import FP8_OPTION, MIN_BATCH_REQUESTS, TIE, Option, Sizing, memory_choices
 from .units import count, duration, elements, gib, per_token
 
 
@@ -25,7 +25,7 @@ def reasoning(sizing: Sizing) -> list[str]:
         _job_line(sizing),
         _context_line(sizing),
         *_choice_lines(sizing),
-        _mem_fraction_line(sizing),
+        *_memory_lines(sizing),
         *_capacity_lines(sizing),
         _max_running_line(sizing),
         *_kv_dtype_lines(sizing),
@@ -224,6 +224,34 @@ def _choice_lines(sizing: Sizing) -> list[str]:
 
 # --------------------------------------------------------------------------------------------------------------
 # Memory and the KV cache.
+
+
+def _memory_lines(sizing: Sizing) -> list[str]:
+    chosen = sizing.chosen
+    if chosen.memory is None or not chosen.memory.decided:
+        return [_mem_fraction_line(sizing)]
+    split, mib = chosen.memory, sizing.ctx.gpu_memory_mib
+    outside = "; ".join(f"{t.name} {t.mib:,.0f} ({t.source})" for t in split.terms)
+    choices = memory_choices(sizing.ctx, chosen.layout, chosen.kv_cache_dtype, chosen.nodes_per_replica,
+                             chosen.replicas)
+    default = next(c for c in choices if not c.split.decided)
+    rate = "tokens/s" if sizing.predicted else "KV tokens"
+    weighed = "; ".join(
+        f"{'SGLang default' if not c.split.decided else f'chunk {c.split.chunk:,}'}: fraction "
+        f"{c.split.mem_fraction:.3f}, batch {c.batch:,}, {c.served:,.0f} {rate}" for c in choices)
+    default_kv = (f"{gib(default.capacity.kv_room_bytes)} of KV per GPU" if default.capacity.fits
+                  else "no room for the weights")
+    return [
+        f"mem-fraction-static {split.mem_fraction:.3f}, decided by the plan: floor(({mib:,} - "
+        f"{split.reserved_mib:,.0f}) / {mib:,}, 3) with, per GPU in MiB, {outside}. Every allocation SGLang makes after sizing the KV pool is one "
+        f"of these terms at its largest (a full chunk, the whole captured graph batch), and the margin covers what "
+        f"they do not count",
+        f"instead of SGLang's default {default.split.mem_fraction:.3f} ({default_kv}): its reserve (512 + 1.5 MiB "
+        f"per chunk token, at least 10 GiB over 60 GB, and a vision-tower cut for a tower tokenmill never feeds) is "
+        f"one rule for every model; weighed: {weighed}; the most {rate} wins, so --chunked-prefill-size "
+        f"{split.chunk:,} and a decode CUDA-graph batch of {split.graph_bs} per group (a quarter above the batch a "
+        f"group runs)",
+    ]
 
 
 def _mem_fraction_line(sizing: Sizing) -> str:

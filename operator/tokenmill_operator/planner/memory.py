@@ -63,7 +63,7 @@ def chunk_and_graph_bs(gpu_memory_mib: int, tp: int, release: Release) -> tuple[
     return 16384, 512
 
 
-def _prefill_graph_sizes(max_tokens: int) -> int:
+def prefill_graph_sizes(max_tokens: int) -> int:
     """How many token counts SGLang captures prefill CUDA graphs for (0.5.23 arg_groups/cuda_graph_hook.py:480):
     steps of 4 to 32, 16 to 256, 32 to 512, 64 to 1024, 256 to 4096, then 512."""
     ranges = ((4, 32, 4), (48, 256, 16), (288, 512, 32), (576, 1024, 64), (1280, 4096, 256), (4608, max_tokens, 512))
@@ -99,7 +99,7 @@ def sglang_reserve(gpu_memory_mib: int, layout: Layout, model: ModelFacts, relea
         dp = bs * layout.attention_dp * 3.0 + (bs * layout.attention_dp * 1.5 if bs > 300 else 0.0)
     prefill = 0.0
     if _since(release, "0.5.10.post1"):  # piecewise / prefill CUDA graphs are on by default from here
-        prefill = 1536.0 if model.is_mla else _prefill_graph_sizes(min(8192, chunk) if model.is_mla else chunk) * 8.0
+        prefill = 1536.0 if model.is_mla else prefill_graph_sizes(min(8192, chunk) if model.is_mla else chunk) * 8.0
     total = activations + decode_graphs + parallel + dp + prefill
     floored = gpu_memory_mib > 60 * 1024 and total < 10 * 1024
     return Reserve(chunk, bs, activations, decode_graphs, parallel, dp, prefill, floored,

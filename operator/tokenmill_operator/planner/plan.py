@@ -41,6 +41,14 @@ class Candidate(_Model):
     note: str = Field("", description="Why it cannot run, why it is not chosen, or what it needs.")
 
 
+class MemoryTerm(_Model):
+    """One use of a GPU's memory outside --mem-fraction-static, as the plan counts it."""
+
+    name: str = Field(description="What the memory is for.")
+    mib: int = Field(description="MiB per GPU.")
+    source: str = Field(description="How it is computed, with the SGLang source it mirrors.")
+
+
 class ServerPlan(_Model):
     """The server configuration actually used, with the numbers behind it (camelCase in status and JSON)."""
 
@@ -54,6 +62,11 @@ class ServerPlan(_Model):
     max_running_requests: int = Field(description="--max-running-requests.")
     cuda_graph_max_bs: int | None = Field(
         None, description="Decode CUDA-graph batch per DP attention group, when the plan sets it.")
+    chunked_prefill_size: int | None = Field(
+        None, description="--chunked-prefill-size when the plan sets it; None: SGLang's default for the GPU.")
+    memory_split: list[MemoryTerm] = Field(
+        default_factory=list, description="Per GPU, what sits outside --mem-fraction-static, term by term; empty "
+        "when SGLang's own default rule sets the fraction.")
     kv_cache_dtype: str = Field(description="--kv-cache-dtype.")
     attention_backend: str | None = Field(
         None, description="--attention-backend the server runs with: tokenmill passes one with deterministicInference, "

@@ -19,19 +19,21 @@ from dataclasses import dataclass, field, replace
 from tokenmill_runner.facts.hardware import Gpu
 from tokenmill_runner.facts.model_facts import ModelFacts
 from tokenmill_runner.spec.resource import DatasetGenerationSpec
-from tokenmill_runner.facts.throughput import Layout, StepModel
+from tokenmill_runner.facts.throughput import Layout, StepModel, serving_tokens_per_second
 from tokenmill_runner.facts.workload import SAMPLES_ASSUMED, DatasetLoad, JobTime, Workload, job_time
 
 from .attention import AttentionBackend, attention_backend
 from .memory import (
     Capacity,
+    chunk_and_graph_bs,
     kv_dtype_bytes,
     replica_capacity,
     sglang_default_max_running_requests,
     sglang_default_mem_fraction,
     sglang_reserve,
 )
-from .plan import Candidate, PlanError, Prediction, ServerPlan
+from .memory_budget import MemorySplit, chunk_options, decided_split, graph_bs_for, known
+from .plan import Candidate, MemoryTerm, PlanError, Prediction, ServerPlan
 from .serving import (
     ServerImage,
     ServingRelease,
@@ -64,6 +66,10 @@ TIE = 0.02
 # The KV dtype shown as an option when the spec leaves kvCacheDtype auto: half the bytes of the 16-bit cache, at
 # some risk to output fidelity, so never chosen without the spec saying so.
 FP8_OPTION = "fp8_e4m3"
+
+# SGLang flags in spec.server.extraArgs that take the memory split out of the planner's hands: with any of them
+# the plan keeps SGLang's default rule (extraArgs come last, so the user's value is what SGLang runs with).
+MEMORY_FLAGS = ("--mem-fraction-static", "--chunked-prefill-size", "--cuda-graph-max-bs", "--max-total-tokens")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -131,6 +137,7 @@ class Option:
     not_allowed: str | None = None  # the spec field that rules this layout out (it fixes another value)
     mem_fraction: float = 0.0
     graph_bs: int | None = None
+    memory: MemorySplit | None = None
     capacity: Capacity | None = None
     max_running: int = 0
     batch: int = 0
@@ -189,10 +196,17 @@ class Context:
     def held(self) -> float:
         return self.work.held
 
-    def step_model(self, layout: Layout, kv_dtype: str, nodes: int) -> StepModel | None:
+    @property
+    def decides_memory(self) -> bool:
+        """Whether the plan splits the memory itself: nothing in the spec fixes it and the model is known."""
+        server = self.spec.server
+        flagged = any(arg.split("=")[0].startswith(MEMORY_FLAGS) for arg in server.extra_args)
+        return server.mem_fraction_static == "auto" and not flagged and known(self.model)
+
+    def step_model(self, layout: Layout, kv_dtype: str, nodes: int, chunk: int | None = None) -> StepModel | None:
         if self.gpu is None:
             return None
-        return StepModel(self.model, self.gpu, layout, kv_dtype_bytes(kv_dtype), nodes=nodes)
+        return StepModel(self.model, self.gpu, layout, kv_dtype_bytes(kv_dtype), nodes=nodes, chunk=chunk)
 
 
 def _mem_fraction(ctx: Context, layout: Layout, graph_bs: int | None) -> float:
@@ -230,6 +244,78 @@ def _graph_bs(ctx: Context, layout: Layout, cap: Capacity) -> int | None:
     return int(min(tier, max(16, math.ceil(per_group * 1.25 / 16) * 16)))
 
 
+def _default_split(ctx: Context, layout: Layout, element: float) -> tuple[MemorySplit, Capacity]:
+    """SGLang's own rule (or the spec's fraction), with the DP-attention graph batch sized to a group's batch."""
+    fraction = _mem_fraction(ctx, layout, None)
+    cap = replica_capacity(ctx.model, ctx.gpu_memory_mib, layout, fraction, element)
+    graph_bs = _graph_bs(ctx, layout, cap) if ctx.spec.server.mem_fraction_static == "auto" else None
+    if graph_bs is not None:
+        fraction = _mem_fraction(ctx, layout, graph_bs)
+        cap = replica_capacity(ctx.model, ctx.gpu_memory_mib, layout, fraction, element)
+    chunk, _ = chunk_and_graph_bs(ctx.gpu_memory_mib, layout.tp, ctx.serving.release)
+    return MemorySplit(fraction, chunk, graph_bs or 0, (), decided=False), cap
+
+
+def _group_batch(ctx: Context, cap: Capacity, replicas: int) -> float:
+    return _batch(ctx, cap, _max_running(ctx, cap), replicas) / cap.layout.attention_dp
+
+
+def _decided_splits(ctx: Context, layout: Layout, element: float, replicas: int) -> list[tuple[MemorySplit,
+                                                                                                 Capacity]]:
+    """Per prefill chunk, the split whose terms this model and layout need. The graph batch comes from the batch
+    the smallest graph (16) would leave room for: any larger graph leaves less KV, so that batch is an upper bound
+    and the graph sized from it covers the batch the split really holds."""
+    release, mib = ctx.serving.release, ctx.gpu_memory_mib
+    tier_bs = chunk_and_graph_bs(mib, layout.tp, release)[1]
+
+    def at(chunk: int, graph_bs: int) -> tuple[MemorySplit, Capacity] | None:
+        deterministic = ctx.spec.server.deterministic_inference
+        split = decided_split(mib, layout, ctx.model, release, chunk, graph_bs, deterministic)
+        if split is None:
+            return None
+        cap = replica_capacity(ctx.model, mib, layout, split.mem_fraction, element)
+        return (split, cap) if cap.fits else None
+
+    found = []
+    for chunk in chunk_options(mib, layout, release):
+        widest = at(chunk, min(16, tier_bs))
+        choice = widest and at(chunk, graph_bs_for(_group_batch(ctx, widest[1], replicas), tier_bs))
+        if choice is not None:
+            found.append(choice)
+    return found
+
+
+@dataclass(frozen=True)
+class MemoryChoice:
+    """One memory split weighed for a layout: its KV capacity, the batch that holds, and the tokens/s served at it
+    with its prefill chunk (without a GPU product: the KV tokens, the only measure left)."""
+
+    split: MemorySplit
+    capacity: Capacity
+    batch: int
+    served: float
+
+
+def memory_choices(ctx: Context, layout: Layout, kv_dtype: str, nodes: int, replicas: int) -> list[MemoryChoice]:
+    """The memory splits weighed for a layout: SGLang's default (or the spec's fraction) alone, or, when the plan
+    decides, the default and a decided split per prefill chunk, each that holds a request at its cap."""
+    element = kv_dtype_bytes(kv_dtype)
+    default = _default_split(ctx, layout, element)
+    splits = [default, *_decided_splits(ctx, layout, element, replicas)] if ctx.decides_memory else [default]
+    longest = ctx.work.longest_tokens()
+    mean_output = ctx.work.output_tokens() / max(ctx.work.samples, 1)
+    choices = []
+    for split, cap in splits:
+        if split is not default[0] and cap.tokens_per_group < longest:
+            continue
+        batch = _batch(ctx, cap, _max_running(ctx, cap), replicas) if cap.fits else 0
+        step = ctx.step_model(layout, kv_dtype, nodes, split.chunk_flag)
+        served = (float(cap.tokens) if step is None or not batch
+                  else serving_tokens_per_second(step, batch, ctx.work.prompt_tokens(), mean_output))
+        choices.append(MemoryChoice(split, cap, batch, served))
+    return choices
+
+
 def evaluate(ctx: Context, layout: Layout, kv_dtype: str, replicas: int, eligible: bool) -> Option:
     gpn = ctx.spec.server.gpus_per_node
     nodes = math.ceil(layout.tp / gpn)
@@ -237,14 +323,10 @@ def evaluate(ctx: Context, layout: Layout, kv_dtype: str, replicas: int, eligibl
     why_not = tp_fits_nodes(layout.tp, gpn) or tp_fits_model(ctx.model, layout)
     if why_not:
         return replace(option, unusable=why_not)
-    element = kv_dtype_bytes(kv_dtype)
-    fraction = _mem_fraction(ctx, layout, None)
-    cap = replica_capacity(ctx.model, ctx.gpu_memory_mib, layout, fraction, element)
-    graph_bs = _graph_bs(ctx, layout, cap) if ctx.spec.server.mem_fraction_static == "auto" else None
-    if graph_bs is not None:
-        fraction = _mem_fraction(ctx, layout, graph_bs)
-        cap = replica_capacity(ctx.model, ctx.gpu_memory_mib, layout, fraction, element)
-    option = replace(option, mem_fraction=fraction, graph_bs=graph_bs, capacity=cap)
+    best = max(memory_choices(ctx, layout, kv_dtype, nodes, replicas), key=lambda c: (c.batch > 0, c.served))
+    split, cap = best.split, best.capacity
+    option = replace(option, mem_fraction=split.mem_fraction, graph_bs=split.graph_bs or None, memory=split,
+                     capacity=cap)
     if not cap.fits:
         return replace(option, unusable=f"weights {gib(cap.weight_bytes_per_gpu)} per GPU do not fit in "
                                       f"{gib(cap.usable_bytes)} usable")
@@ -255,11 +337,11 @@ def evaluate(ctx: Context, layout: Layout, kv_dtype: str, replicas: int, eligibl
     max_running = _max_running(ctx, cap)
     batch = _batch(ctx, cap, max_running, replicas)
     option = replace(option, max_running=max_running, batch=batch)
-    step = ctx.step_model(layout, kv_dtype, nodes)
+    step = ctx.step_model(layout, kv_dtype, nodes, split.chunk_flag)
     if step is None:
         return option
     job = job_time(ctx.work, replicas, batch, lambda b: step.step_seconds(b, ctx.held),
-                   lambda tokens, prompt: step.prefill_seconds(tokens, prompt))
+                   step.chunked_prefill_seconds)
     return replace(option, job=job, bound=step.bound(batch, ctx.held))
 
 
@@ -396,7 +478,8 @@ class Sizing:
         return int(self.capacity.tokens // self.ctx.held)
 
     def step_model(self, option: Option) -> StepModel | None:
-        return self.ctx.step_model(option.layout, option.kv_cache_dtype, option.nodes_per_replica)
+        chunk = option.memory.chunk_flag if option.memory else None
+        return self.ctx.step_model(option.layout, option.kv_cache_dtype, option.nodes_per_replica, chunk)
 
     def candidate(self, option: Option, note: str) -> Candidate:
         prediction = option.prediction(self.step_model(option), self.ctx.held, self.ctx.work)
@@ -421,6 +504,9 @@ class Sizing:
             context_length=self.ctx.context_length,
             max_running_requests=chosen.max_running,
             cuda_graph_max_bs=chosen.graph_bs,
+            chunked_prefill_size=chosen.memory.chunk_flag if chosen.memory else None,
+            memory_split=[MemoryTerm(name=t.name, mib=round(t.mib), source=t.source)
+                          for t in (chosen.memory.terms if chosen.memory else ())],
             kv_cache_dtype=chosen.kv_cache_dtype,
             attention_backend=self.attention.backend if self.attention else None,
             image=self.image.image if self.image else server.image,

@@ -21,6 +21,7 @@ docs/throughput-calibration.yaml by hack/bench/bench_planner.py --fit; that benc
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .hardware import Gpu, Link
@@ -151,6 +152,7 @@ class StepModel:
     kv_element_bytes: float = KV_AUTO_BYTES
     calibration: Calibration = CALIBRATION
     nodes: int = 1  # nodes the replica spans: beyond the scale-up domain its collectives cross the network
+    chunk: int | None = None  # --chunked-prefill-size when the plan sets it; None: SGLang's tier default
 
     @property
     def link(self) -> Link:
@@ -159,6 +161,8 @@ class StepModel:
 
     @property
     def chunk_tokens(self) -> int:
+        if self.chunk:
+            return self.chunk
         return DEFAULT_CHUNK_TOKENS if self.gpu.memory_mib < 160 * 1024 else 2 * DEFAULT_CHUNK_TOKENS
 
     def _read_seconds(self, tokens: float, kv_bytes: float) -> float:
@@ -215,6 +219,12 @@ class StepModel:
         compute = (self._gemm_flops(tokens) + attention) / (cal.prefill_efficiency
                                                            * self.gpu.flops(self.model.compute_dtype))
         return max(self._read_seconds(tokens, 0.0), compute) + self._fixed_seconds(tokens)
+
+    def chunked_prefill_seconds(self, tokens: float, prompt_tokens: float) -> float:
+        """Prefill of `tokens` admitted prompt tokens: SGLang runs at most a chunk per forward, so a large admission
+        takes several forwards, each paying the fixed costs and the expert reads again."""
+        forwards = max(1, math.ceil(tokens / self.chunk_tokens))
+        return forwards * self.prefill_seconds(tokens / forwards, prompt_tokens)
 
     def bound(self, batch: float, context_tokens: float) -> str:
         """What limits the step: memory, compute or the fixed costs (floor, collectives, per-request)."""

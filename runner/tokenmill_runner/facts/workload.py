@@ -10,8 +10,10 @@ are a few long requests on an otherwise idle server.
 
 The job's time comes from a small event simulation of continuous batching on representative requests: a server
 keeps `slots` requests running, admits the next in input order (datasets longest-expected first, as the runner
-sends them) when one finishes, and spends a prefill forward on the admitted prompts. Steps between two events
-have the same length, so the cost is per request, never per token.
+sends them; within a dataset the runner also sends rows with longer earlier answers first, which the plan cannot
+see before the run, so it assumes an order unrelated to length: the conservative side) when one finishes, and
+spends a prefill forward on the admitted prompts. Steps between two events have the same length, so the cost is per
+request, never per token.
 """
 
 from __future__ import annotations

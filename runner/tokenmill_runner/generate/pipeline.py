@@ -1,8 +1,9 @@
 """The main job: stream prompts → pre-tokenize → /generate → shards, as one continuous stream.
 
 One producer reads and tokenizes prompts of every dataset in turn (the datasets expected to run longest first)
-into a bounded queue; `concurrency` workers keep that many requests in flight across all servers, so the server's
-batch stays full across dataset and shard boundaries until the very end. Results go to per-dataset shard buffers
+and hands them, longest expected output first within a bounded window (`ordering.py`), to a bounded queue;
+`concurrency` workers keep that many requests in flight across all servers, so the server's batch stays full
+across dataset and shard boundaries until the very end. Results go to per-dataset shard buffers
 that commit by count or age; each commit is folded into the dataset's ledger. Whatever is interrupted, only
 committed outcomes count, and a restart skips their slots. A line whose sample id appeared on an earlier line
 (found by the counting pass, `scan.py`) gets a `duplicate_sample_id` error of its own, whatever was committed
@@ -16,11 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from array import array
 import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
@@ -29,6 +31,7 @@ from .client import GenerateClient
 from ..store.commit_index import DatasetIndex
 from ..spec.config import RunnerConfig
 from .conversation import Conversation, history_exact, read_answer, start
+from .ordering import LongestFirst, expected_output_tokens, window_size
 from ..source.duplicates import DuplicateIds
 from ..stats.histograms import IntHistogram
 from ..store.index_store import CHECKPOINT_EVERY, put_checkpoint, take_checkpoint
@@ -264,6 +267,24 @@ class Runner:
 
     # -- producing -----------------------------------------------------------------------------------------
     async def _produce(self, queue: asyncio.Queue[Request]) -> None:
+        """Tokenized requests to the workers, longest expected output first within a bounded window
+        (`ordering.py`); the window holds the ids as 4-byte arrays, a third of a list's memory."""
+        window: LongestFirst[tuple[DatasetState, Prompt, array[int], int]] = LongestFirst(
+            window_size(self.concurrency))
+
+        async def send(held: tuple[DatasetState, Prompt, array[int], int]) -> None:
+            state, prompt, ids, index = held
+            await queue.put((state, prompt, ids.tolist(), index))
+
+        async for held, expected in self._requests():
+            if (released := window.push(held, expected)) is not None:
+                await send(released)
+        for held in window.drain():
+            await send(held)
+
+    async def _requests(self) -> AsyncIterator[tuple[tuple[DatasetState, Prompt, array[int], int], float]]:
+        """Every open slot of every dataset in source order (datasets longest-expected first), with its prompt ids
+        and the output length expected from the row's earlier answer (else its prompt's length class)."""
         for state in self.states:
             spec = state.spec
             fmt = source_format(spec.source, spec.format, self.config.spec.output.endpoint)
@@ -281,8 +302,10 @@ class Runner:
                                                       state.template_kwargs)
                     for (prompt, indices), ids in zip(batch, encoded, strict=True):
                         if ids := self._checked(state, prompt, ids, indices):
-                            for index in indices:  # one request per open slot: the prompt is tokenized once
-                                await queue.put((state, prompt, ids, index))
+                            expected = expected_output_tokens(prompt.messages, len(ids))
+                            packed = array("i", ids)  # shared by the prompt's slots: it is tokenized once
+                            for index in indices:
+                                yield (state, prompt, packed, index), expected
             self._count_settled_lines(state)
 
     def _conversations(self, state: DatasetState,
