@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tokenmill_runner.generate.seeds import sample_seed
 from tokenmill_runner.spec.config import RunnerConfig
 from tokenmill_runner.generate.conversation import STOP_REASONS
 from tokenmill_runner.prepare import prepare
@@ -146,10 +147,10 @@ class FailsLaterTurns:
     def __init__(self, client, assistant_id: int) -> None:
         self.client, self.assistant_id = client, assistant_id
 
-    async def generate(self, input_ids, sampling_params):
+    async def generate(self, input_ids, sampling_params, seed_for=None):
         if input_ids.count(self.assistant_id) > 1:  # an earlier answer in the history, plus the generation prompt
             return GenerationFailure("retries_exhausted", "server error 503 (8 attempts)", 8)
-        return await self.client.generate(input_ids, sampling_params)
+        return await self.client.generate(input_ids, sampling_params, seed_for)
 
     def __getattr__(self, name):
         return getattr(self.client, name)
@@ -179,8 +180,14 @@ def test_a_request_failing_mid_conversation_fails_it_whole_and_retry_failed_redo
                           for e in errors)
     asyncio.run(run(False, retry_failed=True))
     final = {row["sample_id"]: row for row in assert_exactly_once(storage, "conv", set(source))}
-    # the simulator answers a prompt the same way every time: each failed conversation now runs past turn 0
-    assert all(final[e["sample_id"]]["turn_count"] > 1 for e in errors)
+    # Redone whole in retry round 1: each turn drawn with a seed of its own (not the failed round's), recorded with it.
+    retried = [final[e["sample_id"]] for e in errors]
+    for row in retried:
+        turns = row["turns"]
+        assert row["seed"] == turns[0]["seed"]
+        assert all(turn["seed"] == sample_seed(None, "conv", row["line"], 0, attempt=turn["attempts"] - 1,
+                                               retry_round=1, turn=number) for number, turn in enumerate(turns))
+    assert any(row["turn_count"] > 1 for row in retried), "the simulator's answers now run past turn 0"
 
 
 def test_a_turn_that_no_longer_fits_the_context_stops_the_conversation(tmp_path, sim, demo_model):

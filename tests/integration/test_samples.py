@@ -171,7 +171,11 @@ def test_retry_failed_runs_again_only_the_given_up_samples_of_a_prompt(tmp_path,
     assert set(rows) == {(line, i) for line in range(1, 21) for i in range(3)}
     assert len(list(read_committed_rows(storage, "p"))) == 60, "no slot has two rows"
     assert all(rows[slot]["output_ids"] == ids for slot, ids in first.items()), "settled samples were not rerun"
-    assert all(row["seed"] == sample_seed(None, "p", *slot) for slot, row in rows.items())
+    # Settled slots keep their seed; a given-up slot is run again in retry round 1, with a seed of its own (under
+    # deterministic inference the first round's seed would replay the draw that failed).
+    assert all(rows[slot]["seed"] == sample_seed(None, "p", *slot) for slot in first)
+    assert all(rows[slot]["seed"] == sample_seed(None, "p", *slot, attempt=rows[slot]["attempts"] - 1, retry_round=1)
+               for slot in failed)
 
 
 def test_a_dataset_folder_on_s3_is_found_read_in_order_and_identified_by_its_shards(s3_endpoint, s3_bucket):
