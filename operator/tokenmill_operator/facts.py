@@ -39,6 +39,23 @@ class JobState:
 
 
 @dataclass(frozen=True)
+class QueueState:
+    """The run's Kueue Workload as this pass read it (kueue.queue_state)."""
+
+    queue: str  # the LocalQueue
+    workload: str
+    exists: bool = False
+    admitted: bool = False
+    evicted: bool = False  # Kueue evicted it and it still holds quota until the run's pods are stopped
+    finished: bool = False
+    reshaped: bool = False  # its pod sets are not what the spec now needs
+    position: int | None = None  # place among the LocalQueue's waiting workloads
+    cluster_queue: str | None = None
+    message: str = ""
+    pods_left: int = 0  # the run's pods that have not ended: they hold what Kueue counted
+
+
+@dataclass(frozen=True)
 class ProgressFacts:
     overall: Progress
     datasets: list[DatasetProgress]
@@ -72,6 +89,7 @@ class Observed:
     reopened: bool = False  # the ended run starts again (a retry, or a spec edit after samples were given up)
     planned_generation: int | None = None  # the generation `plan` was computed for (None: kept from before)
     foreign_output: str | None = None  # the output holds another model's run: why
+    queue: QueueState | None = None  # set when the run waits behind a Kueue LocalQueue
 
 
 @dataclass(frozen=True)

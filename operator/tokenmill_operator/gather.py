@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -16,8 +16,8 @@ from tokenmill_runner.store.commit_index import DatasetIndex
 from tokenmill_runner.store.index_store import CHECKPOINT_EVERY, catch_up, load_index, write_checkpoint
 from tokenmill_runner.store.storage import Storage, StorageError
 
-from . import names
-from .facts import JobState, ProgressFacts, ServerState
+from . import kueue, names
+from .facts import JobState, ProgressFacts, QueueState, ServerState
 from .kube import Kube
 from .observe import parse_time, progress_facts
 from .status import RunStatus
@@ -149,6 +149,29 @@ def observe_job(kube: Kube, name: str, namespace: str) -> tuple[JobState | None,
         return None, None
     started = (job.get("status") or {}).get("startTime")
     return job_state(job), parse_time(started) if started else None
+
+
+def _pods_left(kube: Kube, name: str, namespace: str) -> int:
+    """The run's server and runner pods that have not ended (they may still hold what Kueue counted)."""
+    pods = [pod for component in (names.SERVER_COMPONENT, names.RUNNER_COMPONENT)
+            for pod in kube.list("v1", "Pod", namespace, names.selector_labels(name, component))]
+    return sum(1 for pod in pods if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"))
+
+
+def observe_queue(kube: Kube, name: str, namespace: str, queue: str,
+                  desired: dict[str, Any]) -> tuple[QueueState, dict[str, Any] | None]:
+    """The run's Workload as Kueue left it (and the Workload itself, for the patch that hands its quota back)."""
+    current = kube.get(kueue.WORKLOAD_API, kueue.WORKLOAD_KIND, desired["metadata"]["name"], namespace)
+    state = kueue.queue_state(queue, desired, current, [])
+    if not state.exists:
+        return state, current
+    if not state.admitted:  # the queue's other workloads matter only for one that waits
+        state = kueue.queue_state(queue, desired, current, kueue_workloads(kube, namespace))
+    return replace(state, pods_left=_pods_left(kube, name, namespace)), current
+
+
+def kueue_workloads(kube: Kube, namespace: str) -> list[dict[str, Any]]:
+    return kube.list(kueue.WORKLOAD_API, kueue.WORKLOAD_KIND, namespace, {})
 
 
 def observe_progress(storage: Storage, output: OutputIndex, now: datetime, started: datetime | None,

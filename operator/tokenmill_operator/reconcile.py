@@ -24,10 +24,10 @@ from tokenmill_runner.report.files import REPORT_DIR, write_report
 from tokenmill_runner.spec.resource import API_VERSION, KIND, DatasetGenerationSpec
 from tokenmill_runner.store.storage import Storage, StorageError, StorageRetry, open_storage
 
-from . import manifests, names
-from .facts import Decision, JobState, Observed, ServerState
+from . import kueue, manifests, names
+from .facts import Decision, JobState, Observed, QueueState, ServerState
 from .faults import crash_point
-from .gather import OutputIndex, PassCancelled, never, observe_job, observe_progress, observe_server
+from .gather import OutputIndex, PassCancelled, never, observe_job, observe_progress, observe_queue, observe_server
 from .kube import Kube, KubeUnavailable
 from .lifecycle import (
     blocked,
@@ -146,15 +146,37 @@ def plan_for(context: Context, credentials: dict[str, str] | None) -> Planning:
 
 
 @dataclass(frozen=True)
+class Queueing:
+    """The run's Kueue Workload: as it should be, as it is, and what it says."""
+
+    desired: dict[str, Any]
+    current: dict[str, Any] | None
+    state: QueueState
+
+
+@dataclass(frozen=True)
 class Facts:
     job: JobState | None
     job_started: datetime | None
     server: ServerState | None
+    queueing: Queueing | None = None
 
 
-def _observe_cluster(kube: Kube, context: Context) -> Facts:
+def _queueing(kube: Kube, context: Context, plan: ServerPlan | None, settings: OperatorSettings) -> Queueing | None:
+    queue = kueue.queue_name(context.body["metadata"].get("labels"))
+    if queue is None or plan is None:
+        return None
+    spec = context.spec
+    desired = kueue.run_workload(context.name, context.namespace, manifests.owner_reference(context.body), queue,
+                                 spec, plan, spec.runner.image or settings.runner_image)
+    state, current = observe_queue(kube, context.name, context.namespace, queue, desired)
+    return Queueing(desired, current, state)
+
+
+def _observe_cluster(kube: Kube, context: Context, plan: ServerPlan | None, settings: OperatorSettings) -> Facts:
     job, started = observe_job(kube, context.name, context.namespace)
-    return Facts(job, started, observe_server(kube, context.name, context.namespace))
+    return Facts(job, started, observe_server(kube, context.name, context.namespace),
+                 _queueing(kube, context, plan, settings))
 
 
 def _server_urls(context: Context, plan: ServerPlan | None) -> list[str] | None:
@@ -191,6 +213,7 @@ def _observed(context: Context, output: OutputIndex, storage: Storage, planning:
         desired_job_hash=desired_hash,
         wanted_run=RunStatus.model_validate({**manifests.run_identity(spec), "jobHash": desired_hash or ""}),
         retry=retry, reopened=reopened, foreign_output=foreign_run(run, spec),
+        queue=facts.queueing.state if facts.queueing else None,
     )
 
 
@@ -212,7 +235,7 @@ def reconcile(kube: Kube, context: Context, output: OutputIndex, settings: Opera
         return cannot_observe(base, planning.transient)
     try:
         storage = storage_for(spec.output.uri, spec, credentials)
-        facts = _observe_cluster(kube, context)
+        facts = _observe_cluster(kube, context, planning.plan or context.previous.server_plan, settings)
         started_run = (facts.job.run if facts.job else None) or context.previous.run
         wanted = RunStatus.model_validate(manifests.run_identity(spec))
         change = identity_change(started_run, wanted)
@@ -235,6 +258,7 @@ def reconcile(kube: Kube, context: Context, output: OutputIndex, settings: Opera
         raise PassCancelled
     _apply(kube, context, decision, planning.plan or context.previous.server_plan, settings, facts.job,
            observed.retry.token if observed.retry else "")
+    _apply_queueing(kube, context, decision, facts.queueing, now)
     return with_retry_event(decision, observed.retry)
 
 
@@ -288,6 +312,30 @@ def _apply(kube: Kube, context: Context, decision: Decision, plan: ServerPlan | 
         kube.patch("batch/v1", "Job", names.runner_name(name), namespace, {"spec": {"suspend": decision.suspend_job}})
         if decision.suspend_job:
             crash_point("suspended")
+
+
+def _apply_queueing(kube: Kube, context: Context, decision: Decision, queueing: Queueing | None,
+                    now: datetime) -> None:
+    """Keep the run's Workload in step with the decision. Kueue's quota is handed back only once the run's pods
+    are gone (as Kueue's own job integrations do): a run that ended or was suspended deletes its Workload (and
+    leaves the queue), an outdated one is replaced, an evicted one has its admission cleared and queues again."""
+    workload = kueue.workload_name(context.name)
+    if queueing is None:
+        if context.previous.queue is not None:  # the queue label was removed: leave the queue
+            kube.delete(kueue.WORKLOAD_API, kueue.WORKLOAD_KIND, workload, context.namespace)
+        return
+    state = queueing.state
+    leaving = decision.status.phase in ("Succeeded", "Failed", "Suspended") or state.finished or state.reshaped
+    if not state.exists:
+        if not leaving:
+            kube.create_if_absent(queueing.desired)
+    elif state.pods_left:
+        return
+    elif leaving:
+        kube.delete(kueue.WORKLOAD_API, kueue.WORKLOAD_KIND, workload, context.namespace)
+    elif state.evicted and queueing.current is not None:
+        kube.patch_status(kueue.WORKLOAD_API, kueue.WORKLOAD_KIND, workload, context.namespace,
+                          kueue.release_patch(queueing.current, now.isoformat().replace("+00:00", "Z")))
 
 
 # ---------------------------------------------------------------------------------------------- one whole pass

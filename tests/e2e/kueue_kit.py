@@ -1,0 +1,113 @@
+"""The real Kueue controller manager (built by hack/build-tools.sh from sigs.k8s.io/kueue) on the local control
+plane, run as a process next to the API server, like the operator.
+
+What it needs there, and why:
+
+* Kueue's CRDs, from the module (`config/components/crd/bases`). Kueue's own installation adds a conversion webhook
+  to five of them (config/components/crd/patches); its internal certificate manager injects its CA into exactly
+  those (pkg/util/cert/cert.go:145-166) and waits for the injection before anything else starts
+  (BootstrapCerts, cert.go:46), so the same stanza is added here. Nothing converts: only v1beta2 is served.
+* Internal certificate management on, its Secret in `kueue-system`, the webhook server on a free loopback port with
+  its certificates in a temporary folder. No webhook configuration is registered: the operator writes complete
+  Workloads, and no Kueue webhook is needed to admit them (the validating/mutating configurations are looked up
+  by the cert rotator and skipped when absent, cert-controller rotator.go `ensureCerts`).
+* The on-demand visibility server off: it writes certificates to a fixed `/visibility` folder
+  (pkg/visibility/server.go:65) and serves an aggregated API the loopback API server cannot reach.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .conftest import Cluster
+
+KUEUE_NAMESPACE = "kueue-system"
+WEBHOOK_SERVICE = "kueue-webhook-service"
+CONVERTED = ("localqueues", "clusterqueues", "workloads", "cohorts", "multikueueclusters")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _crds(crd_dir: Path) -> list[dict]:
+    documents = []
+    for path in sorted(crd_dir.glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        if crd["metadata"]["name"].split(".")[0] in CONVERTED:
+            crd["spec"]["conversion"] = {"strategy": "Webhook", "webhook": {
+                "conversionReviewVersions": ["v1"],
+                "clientConfig": {"service": {"name": WEBHOOK_SERVICE, "namespace": KUEUE_NAMESPACE,
+                                             "path": "/convert"}}}}
+        documents.append(crd)
+    return documents
+
+
+def _configuration(certs: Path) -> dict:
+    return {
+        "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+        "kind": "Configuration",
+        "namespace": KUEUE_NAMESPACE,
+        "health": {"healthProbeBindAddress": f"127.0.0.1:{_free_port()}"},
+        "metrics": {"bindAddress": "0"},
+        "webhook": {"host": "127.0.0.1", "port": _free_port(), "certDir": str(certs)},
+        "leaderElection": {"leaderElect": False},
+        "internalCertManagement": {"enable": True, "webhookServiceName": WEBHOOK_SERVICE,
+                                   "webhookSecretName": "kueue-webhook-server-cert"},
+        # docs/cluster.md: a DatasetGeneration is a job type managed by an external controller (the operator).
+        "integrations": {"frameworks": ["batch/job"],
+                         "externalFrameworks": ["DatasetGeneration.v1alpha1.tokenmill.io"]},
+    }
+
+
+@pytest.fixture(scope="session")
+def kueue_controller(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[subprocess.Popen]:
+    work = tmp_path_factory.mktemp("kueue")
+    cluster.apply(_crds(Path(cluster.tools["KUEUE_CRD_DIR"])))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/workloads.kueue.x-k8s.io", "--timeout=60s")
+    cluster.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": KUEUE_NAMESPACE}})
+    config = work / "config.yaml"
+    config.write_text(yaml.safe_dump(_configuration(work / "certs")))
+    log = work / "kueue.log"
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+    process = subprocess.Popen([cluster.tools["KUEUE_BIN"], f"--config={config}",
+                                "--feature-gates=VisibilityOnDemand=false"],
+                               env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    try:
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        print(log.read_text(errors="replace")[-6000:], file=sys.stderr)
+
+
+def gpu_queue(namespace: str, gpus: int) -> list[dict]:
+    """A ResourceFlavor, a ClusterQueue with `gpus` fake GPUs (one node's worth) that only this namespace uses, and
+    the LocalQueue `gpu-queue` pointing at it."""
+    flavor, cluster_queue = f"{namespace}-nodes", f"{namespace}-gpus"
+    return [
+        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": flavor}},
+        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": cluster_queue},
+         "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                  "resourceGroups": [{"coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+                                      "flavors": [{"name": flavor, "resources": [
+                                          {"name": "cpu", "nominalQuota": "64"},
+                                          {"name": "memory", "nominalQuota": "512Gi"},
+                                          {"name": "nvidia.com/gpu", "nominalQuota": str(gpus)}]}]}]}},
+        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+         "metadata": {"name": "gpu-queue", "namespace": namespace}, "spec": {"clusterQueue": cluster_queue}},
+    ]
