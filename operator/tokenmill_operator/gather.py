@@ -16,7 +16,7 @@ from tokenmill_runner.store.commit_index import DatasetIndex
 from tokenmill_runner.store.index_store import CHECKPOINT_EVERY, catch_up, load_index, write_checkpoint
 from tokenmill_runner.store.storage import Storage, StorageError
 
-from . import kueue, names
+from . import cache, kueue, names
 from .facts import JobState, ProgressFacts, QueueState, ServerState
 from .kube import Kube
 from .observe import parse_time, progress_facts
@@ -149,6 +149,22 @@ def observe_job(kube: Kube, name: str, namespace: str) -> tuple[JobState | None,
         return None, None
     started = (job.get("status") or {}).get("startTime")
     return job_state(job), parse_time(started) if started else None
+
+
+def observe_fill(kube: Kube, namespace: str, digest: str) -> tuple[str, str] | None:
+    """Why the shared model cache cannot be mounted yet (reason, message), or None once its fill Job succeeded."""
+    job = kube.get("batch/v1", "Job", cache.fill_job_name(digest), namespace)
+    claim = cache.claim_name(digest)
+    if job is None:
+        return "FillingModelCache", f"creating PVC {claim} and its fill Job {cache.fill_job_name(digest)}"
+    state = job_state(job)
+    if state.complete:
+        return None
+    if state.failed_message:
+        return ("ModelCacheFillFailed", f"{state.failed_message}; see the logs of Job {cache.fill_job_name(digest)}"
+                f", fix the cause, then delete the Job to copy again (what was copied is kept)")
+    return "FillingModelCache", (f"copying the weights once into PVC {claim} (Job {cache.fill_job_name(digest)}, "
+                                 f"{state.failed} failed attempts); the server starts when it completes")
 
 
 def _pods_left(kube: Kube, name: str, namespace: str) -> int:

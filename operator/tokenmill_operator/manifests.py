@@ -22,12 +22,11 @@ from tokenmill_runner.facts.hardware import PRODUCT_LABEL_KEY
 from tokenmill_runner.facts.releases import release, version_key
 from tokenmill_runner.spec.resource import API_VERSION, KIND, DatasetGenerationSpec
 
-from . import names
+from . import cache, names
 from .planner import ServerPlan
 
-# aws-cli image used by the init container that copies s3:// weights into the pod. The spec has no field for it
-# yet; pinned (not `latest`) so a restarted pod runs the same copier. Its entrypoint is `aws`.
-DEFAULT_MODEL_SYNC_IMAGE = "amazon/aws-cli:2.27.0"
+# aws-cli image used by the init container that copies s3:// weights into the pod. The spec has no field for it.
+DEFAULT_MODEL_SYNC_IMAGE = cache.AWS_CLI_IMAGE
 
 API_KEY_SECRET_KEY = "api-key"
 SERVER_API_KEY_ENV = "SGLANG_API_KEY"
@@ -123,28 +122,8 @@ def _s3_files(location: str, volume: str, root: str, spec: DatasetGenerationSpec
 
 def _sync_container(location: str, volume: str, root: str, target: str, spec: DatasetGenerationSpec,
                     excludes: tuple[str, ...]) -> Manifest:
-    source = location if location.endswith("/") else location + "/"  # a prefix, never a sibling like prefix-v2
-    command = ["aws", "s3", "sync", source, target, "--no-progress"]
-    if spec.output.endpoint:
-        command += ["--endpoint-url", spec.output.endpoint]
-    for pattern in excludes:
-        command += ["--exclude", pattern]
-    env = [{"name": "HOME", "value": "/tmp"}]
-    if spec.output.region:
-        env += [{"name": "AWS_DEFAULT_REGION", "value": spec.output.region}]
-    container: Manifest = {
-        "name": f"sync-{volume}",
-        "image": DEFAULT_MODEL_SYNC_IMAGE,
-        "command": command,
-        "env": env,
-        "volumeMounts": [{"name": volume, "mountPath": root}],
-        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-    }
-    if spec.output.credentials_secret:
-        container["envFrom"] = [{"secretRef": {"name": spec.output.credentials_secret}}]
-    return container
+    return cache.aws_container(f"sync-{volume}", cache.s3_sync_command(location, target, spec, excludes),
+                               [{"name": volume, "mountPath": root}], spec)
 
 
 def _place(location: str, volume: str, root: str, spec: DatasetGenerationSpec,
@@ -158,9 +137,19 @@ def _place(location: str, volume: str, root: str, spec: DatasetGenerationSpec,
     return PodFiles(path=location)
 
 
-def server_model_files(spec: DatasetGenerationSpec) -> tuple[PodFiles, PodFiles | None]:
-    """(model, tokenizer or None) as the server pod sees them."""
-    model = _place(spec.model.path, "models", MODELS_MOUNT, spec)
+def _cached_model(spec: DatasetGenerationSpec, plan: ServerPlan) -> PodFiles:
+    path, volumes, mounts, init_containers = cache.server_files(spec, plan.weight_bytes, MODELS_MOUNT, "models")
+    return PodFiles(path=path, volumes=tuple(volumes), mounts=tuple(mounts), init_containers=tuple(init_containers))
+
+
+def server_model_files(spec: DatasetGenerationSpec,
+                       plan: ServerPlan | None = None) -> tuple[PodFiles, PodFiles | None]:
+    """(model, tokenizer or None) as the server pod sees them; with spec.model.cache (and a plan, which knows the
+    weights' size), the model comes from the cache (cache.py)."""
+    if spec.model.cache is not None and plan is not None:
+        model = _cached_model(spec, plan)
+    else:
+        model = _place(spec.model.path, "models", MODELS_MOUNT, spec)
     tokenizer = spec.model.tokenizer
     if tokenizer is None or tokenizer == spec.model.path:
         return model, None
@@ -389,7 +378,7 @@ def _node_selector(spec: DatasetGenerationSpec, plan: ServerPlan) -> dict[str, s
 
 
 def _server_pod(name: str, namespace: str, spec: DatasetGenerationSpec, plan: ServerPlan) -> Manifest:
-    model, tokenizer = server_model_files(spec)
+    model, tokenizer = server_model_files(spec, plan)
     files = [model] + ([tokenizer] if tokenizer else [])
     pod_spec: Manifest = {
         # Service links would inject <SERVICE>_PORT variables; one named like an SGLANG_* setting would change it.

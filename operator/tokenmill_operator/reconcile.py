@@ -24,10 +24,19 @@ from tokenmill_runner.report.files import REPORT_DIR, write_report
 from tokenmill_runner.spec.resource import API_VERSION, KIND, DatasetGenerationSpec
 from tokenmill_runner.store.storage import Storage, StorageError, StorageRetry, open_storage
 
-from . import kueue, manifests, names
+from . import cache, kueue, manifests, names
 from .facts import Decision, JobState, Observed, QueueState, ServerState
 from .faults import crash_point
-from .gather import OutputIndex, PassCancelled, never, observe_job, observe_progress, observe_queue, observe_server
+from .gather import (
+    OutputIndex,
+    PassCancelled,
+    never,
+    observe_fill,
+    observe_job,
+    observe_progress,
+    observe_queue,
+    observe_server,
+)
 from .kube import Kube, KubeUnavailable
 from .lifecycle import (
     blocked,
@@ -160,6 +169,7 @@ class Facts:
     job_started: datetime | None
     server: ServerState | None
     queueing: Queueing | None = None
+    cache_ready: bool = True  # the shared model cache is filled (or none is used)
 
 
 def _queueing(kube: Kube, context: Context, plan: ServerPlan | None, settings: OperatorSettings) -> Queueing | None:
@@ -173,10 +183,20 @@ def _queueing(kube: Kube, context: Context, plan: ServerPlan | None, settings: O
     return Queueing(desired, current, state)
 
 
+def _shared_cache_digest(spec: DatasetGenerationSpec, plan: ServerPlan | None) -> str | None:
+    if plan is None or spec.model.cache is None or spec.model.cache.mode != "sharedVolume":
+        return None
+    return cache.model_digest(spec, plan.weight_bytes)
+
+
 def _observe_cluster(kube: Kube, context: Context, plan: ServerPlan | None, settings: OperatorSettings) -> Facts:
     job, started = observe_job(kube, context.name, context.namespace)
-    return Facts(job, started, observe_server(kube, context.name, context.namespace),
-                 _queueing(kube, context, plan, settings))
+    server = observe_server(kube, context.name, context.namespace)
+    digest = _shared_cache_digest(context.spec, plan)
+    filling = observe_fill(kube, context.namespace, digest) if digest else None
+    if filling is not None:  # no server pod mounts the volume before it is filled
+        server = ServerState(server.desired if server else 0, 0, *filling)
+    return Facts(job, started, server, _queueing(kube, context, plan, settings), cache_ready=filling is None)
 
 
 def _server_urls(context: Context, plan: ServerPlan | None) -> list[str] | None:
@@ -256,7 +276,7 @@ def reconcile(kube: Kube, context: Context, output: OutputIndex, settings: Opera
         decision = decide(replace(observed, remembered_report=report))
     if stopped():
         raise PassCancelled
-    _apply(kube, context, decision, planning.plan or context.previous.server_plan, settings, facts.job,
+    _apply(kube, context, decision, planning.plan or context.previous.server_plan, settings, facts,
            observed.retry.token if observed.retry else "")
     _apply_queueing(kube, context, decision, facts.queueing, now)
     return with_retry_event(decision, observed.retry)
@@ -265,10 +285,23 @@ def reconcile(kube: Kube, context: Context, output: OutputIndex, settings: Opera
 # -------------------------------------------------------------------------------------------------- applying
 
 
+def _ensure_shared_cache(kube: Kube, context: Context, plan: ServerPlan) -> None:
+    """The claim and the fill Job of the model's digest, made by the first resource that needs them (create-only:
+    another resource serving the model finds them and reuses the copy)."""
+    spec, namespace = context.spec, context.namespace
+    assert spec.model.cache is not None
+    digest = cache.model_digest(spec, plan.weight_bytes)
+    kube.create_if_absent(cache.shared_claim(namespace, spec.model.cache, digest, plan.weight_bytes))
+    kube.create_if_absent(cache.fill_job(namespace, spec, digest))
+
+
 def _ensure_children(kube: Kube, context: Context, plan: ServerPlan, settings: OperatorSettings,
-                     server_replicas: int, create_job: bool, retry_token: str) -> None:
+                     server_replicas: int, create_job: bool, retry_token: str, cache_ready: bool = True) -> None:
     owner = manifests.owner_reference(context.body)
     name, namespace, spec = context.name, context.namespace, context.spec
+    if not cache_ready and server_replicas > 0:
+        _ensure_shared_cache(kube, context, plan)
+        server_replicas = 0
     kube.create_if_absent(manifests.api_key_secret(name, namespace, owner, secrets.token_urlsafe(32)))
     kube.apply(manifests.server_service(name, namespace, owner, spec))
     kube.apply(manifests.network_policy(name, namespace, owner, spec))
@@ -297,15 +330,15 @@ def _replace_job(kube: Kube, context: Context, job: JobState) -> None:
 
 
 def _apply(kube: Kube, context: Context, decision: Decision, plan: ServerPlan | None,
-           settings: OperatorSettings, job: JobState | None, retry_token: str) -> None:
-    name, namespace = context.name, context.namespace
+           settings: OperatorSettings, facts: Facts, retry_token: str) -> None:
+    name, namespace, job = context.name, context.namespace, facts.job
     if decision.replace_job and job is not None:
         _replace_job(kube, context, job)
     if decision.delete_server:
         kube.delete("apps/v1", "StatefulSet", names.server_name(name), namespace)
     elif plan is not None and decision.server_replicas is not None:
         _ensure_children(kube, context, plan, settings, decision.server_replicas, decision.create_job,
-                         retry_token)
+                         retry_token, facts.cache_ready)
     if job is None or decision.replace_job or job.finished or job.deleting:
         return
     if job.suspended != decision.suspend_job:
