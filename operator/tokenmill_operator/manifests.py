@@ -44,6 +44,7 @@ GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 GPU_TOLERATION = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 PROBE_PERIOD_S = 10
+DEFAULT_STARTUP_BUDGET_S = 3600  # a plan kept in status from before start-up was predicted
 # `tokenmill run` exit codes (docs: README "Exit codes"). 2: a usage or spec error; the operator builds the same
 # command line and spec for every index, so no retry and no other index can succeed either.
 RUNNER_EXIT_USAGE = 2
@@ -331,6 +332,13 @@ def _server_probes(port_name: str, startup_timeout_s: int) -> dict[str, Manifest
     }
 
 
+def _startup_budget(spec: DatasetGenerationSpec, plan: ServerPlan) -> int:
+    """spec.server.startupTimeoutSeconds when set, else the plan's budget from the predicted load."""
+    if spec.server.startup_timeout_seconds is not None:
+        return spec.server.startup_timeout_seconds
+    return plan.startup.probe_seconds if plan.startup else DEFAULT_STARTUP_BUDGET_S
+
+
 def _server_container(name: str, namespace: str, spec: DatasetGenerationSpec, plan: ServerPlan,
                       model: PodFiles, tokenizer: PodFiles | None) -> Manifest:
     server = spec.server
@@ -354,7 +362,7 @@ def _server_container(name: str, namespace: str, spec: DatasetGenerationSpec, pl
         ],
         "resources": _server_resources(spec, plan),
         "volumeMounts": mounts,
-        **_server_probes("http", server.startup_timeout_seconds),
+        **_server_probes("http", _startup_budget(spec, plan)),
         # SGLang images run as root (and their caches belong to root), so no runAsNonRoot and no read-only root
         # filesystem here. Over TCP and NVLink, NCCL needs no capability (CUDA IPC handles travel over Unix
         # sockets): drop them all. InfiniBand/RoCE would need IPC_LOCK, device mounts and host networking, which

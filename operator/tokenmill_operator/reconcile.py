@@ -65,7 +65,8 @@ UNOBSERVABLE = (StorageError, KubeUnavailable, OSError, ValueError)
 class OperatorSettings:
     runner_image: str = os.environ.get("TOKENMILL_RUNNER_IMAGE", "ghcr.io/tokenmill/tokenmill-runner:0.1.0")
     stall_after_s: float = float(os.environ.get("TOKENMILL_STALL_SECONDS", "900"))
-    # Extra labels on runner pods (JSON object); the e2e tests use it to hold Job pods running under kwok.
+    # Extra labels on the pods of the Jobs it creates, the runner's and the model cache's fill (JSON object); the
+    # e2e tests use it to hold Job pods running under kwok.
     runner_pod_labels: dict[str, str] = field(
         default_factory=lambda: orjson.loads(os.environ.get("TOKENMILL_RUNNER_POD_LABELS", "{}")))
 
@@ -285,14 +286,16 @@ def reconcile(kube: Kube, context: Context, output: OutputIndex, settings: Opera
 # -------------------------------------------------------------------------------------------------- applying
 
 
-def _ensure_shared_cache(kube: Kube, context: Context, plan: ServerPlan) -> None:
+def _ensure_shared_cache(kube: Kube, context: Context, plan: ServerPlan, settings: OperatorSettings) -> None:
     """The claim and the fill Job of the model's digest, made by the first resource that needs them (create-only:
     another resource serving the model finds them and reuses the copy)."""
     spec, namespace = context.spec, context.namespace
     assert spec.model.cache is not None
     digest = cache.model_digest(spec, plan.weight_bytes)
     kube.create_if_absent(cache.shared_claim(namespace, spec.model.cache, digest, plan.weight_bytes))
-    kube.create_if_absent(cache.fill_job(namespace, spec, digest))
+    job = cache.fill_job(namespace, spec, digest)
+    job["spec"]["template"]["metadata"]["labels"].update(settings.runner_pod_labels)
+    kube.create_if_absent(job)
 
 
 def _ensure_children(kube: Kube, context: Context, plan: ServerPlan, settings: OperatorSettings,
@@ -300,7 +303,7 @@ def _ensure_children(kube: Kube, context: Context, plan: ServerPlan, settings: O
     owner = manifests.owner_reference(context.body)
     name, namespace, spec = context.name, context.namespace, context.spec
     if not cache_ready and server_replicas > 0:
-        _ensure_shared_cache(kube, context, plan)
+        _ensure_shared_cache(kube, context, plan, settings)
         server_replicas = 0
     kube.create_if_absent(manifests.api_key_secret(name, namespace, owner, secrets.token_urlsafe(32)))
     kube.apply(manifests.server_service(name, namespace, owner, spec))

@@ -343,8 +343,9 @@ class ServerSpec(SpecModel):
         "in use accepts (mxfp8, nvfp4, fp4_mx_block16 from 0.5.16; fp4_e2m1 until 0.5.20).",
     )
     port: int = Field(30000, gt=0, lt=65536, description="SGLang HTTP port (/generate, /health, /metrics).")
-    startup_timeout_seconds: int = Field(
-        3600, gt=0, description="How long a server may load weights before its startup probe fails it."
+    startup_timeout_seconds: int | None = Field(
+        None, gt=0, description="How long a server may load weights before its startup probe fails it; default: "
+        "three times the plan's predicted load (weights, CUDA graphs, warmup), at least 1800 s.",
     )
     shm_size: str = Field("64Gi", description="Size of the in-memory /dev/shm volume (NCCL needs a large one).")
     deterministic_inference: bool = Field(
