@@ -34,6 +34,7 @@ MODEL_FOLDER = "model"
 CACHE_MOUNT = "/cache"
 DIGEST_LABEL = "tokenmill.io/model-digest"
 COMPONENT = "model-cache"
+NODE_FILL_CONTAINER = "fill-node-cache"
 # A lock whose holder stopped refreshing it for this long is taken as abandoned (its pod was killed).
 LOCK_STALE_S = 120
 LOCK_HEARTBEAT_S = 20
@@ -218,7 +219,7 @@ def node_local_server_files(spec: DatasetGenerationSpec, cache: ModelCacheSpec, 
                             volume: str) -> ServerFiles:
     """(model path, volumes, mounts, init containers) of a server pod that fills its node's folder if needed."""
     sync = s3_sync_command(spec.model.path, cached_model_path(mount, digest), spec)
-    fill = aws_container("fill-node-cache", ["sh", "-c", fill_script(mount, digest, sync)],
+    fill = aws_container(NODE_FILL_CONTAINER, ["sh", "-c", fill_script(mount, digest, sync)],
                          [{"name": volume, "mountPath": mount}], spec)
     volumes = [{"name": volume, "hostPath": {"path": cache.host_path, "type": "DirectoryOrCreate"}}]
     mounts = [{"name": volume, "mountPath": mount, "readOnly": True}]

@@ -15,6 +15,8 @@ class ServerState:
     ready: int
     problem_reason: str | None = None  # Unschedulable, ImagePullBackOff, CrashLoopBackOff, ...
     problem_message: str | None = None
+    copy_seconds: int | None = None  # observed: the weights' copy into a server pod (or the shared cache)
+    load_seconds: int | None = None  # observed: SGLang's start until the pod was Ready
 
     @property
     def is_ready(self) -> bool:

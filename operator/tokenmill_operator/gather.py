@@ -17,11 +17,14 @@ from tokenmill_runner.store.index_store import CHECKPOINT_EVERY, catch_up, load_
 from tokenmill_runner.store.storage import Storage, StorageError
 
 from . import cache, kueue, names
+from .manifests import SERVER_CONTAINER
 from .facts import JobState, ProgressFacts, QueueState, ServerState
 from .kube import Kube
 from .observe import parse_time, progress_facts
 from .status import RunStatus
 
+# The init containers that copy the weights into a server pod (manifests.py, cache.py).
+COPYING_CONTAINERS = ("sync-models", cache.NODE_FILL_CONTAINER)
 SERVER_PROBLEMS = ("ImagePullBackOff", "ErrImagePull", "CrashLoopBackOff", "CreateContainerConfigError",
                    "InvalidImageName", "RunContainerError")
 RUN_METADATA = "run.json"
@@ -96,11 +99,37 @@ def observe_server(kube: Kube, name: str, namespace: str) -> ServerState | None:
         return None
     desired = statefulset["spec"].get("replicas") or 0
     ready = (statefulset.get("status") or {}).get("readyReplicas") or 0
-    for pod in kube.list("v1", "Pod", namespace, names.selector_labels(name, names.SERVER_COMPONENT)):
+    pods = kube.list("v1", "Pod", namespace, names.selector_labels(name, names.SERVER_COMPONENT))
+    copy, load = startup_times(pods)
+    for pod in pods:
         problem = pod_problem(pod)
         if problem:
-            return ServerState(desired, ready, *problem)
-    return ServerState(desired, ready)
+            return ServerState(desired, ready, *problem, copy_seconds=copy, load_seconds=load)
+    return ServerState(desired, ready, copy_seconds=copy, load_seconds=load)
+
+
+def _seconds(start: str | None, end: str | None) -> int | None:
+    if not start or not end:
+        return None
+    return max(0, round((parse_time(end) - parse_time(start)).total_seconds()))
+
+
+def startup_times(pods: list[dict[str, Any]]) -> tuple[int | None, int | None]:
+    """The newest start of a server pod: its weights' copy (the copying init container, when it succeeded) and its
+    load (SGLang's container start until the pod became Ready)."""
+    copy = load = None
+    for pod in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or ""):
+        status = pod.get("status") or {}
+        for init in status.get("initContainerStatuses") or []:
+            done = (init.get("state") or {}).get("terminated") or {}
+            if init.get("name") in COPYING_CONTAINERS and done.get("exitCode") == 0:
+                copy = _seconds(done.get("startedAt"), done.get("finishedAt")) or copy
+        running = next(((c.get("state") or {}).get("running") or {} for c in status.get("containerStatuses") or []
+                        if c.get("name") == SERVER_CONTAINER), {})
+        became_ready = next((c.get("lastTransitionTime") for c in status.get("conditions") or []
+                             if c.get("type") == "Ready" and c.get("status") == "True"), None)
+        load = _seconds(running.get("startedAt"), became_ready) if became_ready else load
+    return copy, load
 
 
 def pod_problem(pod: dict[str, Any]) -> tuple[str, str] | None:
@@ -151,20 +180,28 @@ def observe_job(kube: Kube, name: str, namespace: str) -> tuple[JobState | None,
     return job_state(job), parse_time(started) if started else None
 
 
-def observe_fill(kube: Kube, namespace: str, digest: str) -> tuple[str, str] | None:
-    """Why the shared model cache cannot be mounted yet (reason, message), or None once its fill Job succeeded."""
-    job = kube.get("batch/v1", "Job", cache.fill_job_name(digest), namespace)
-    claim = cache.claim_name(digest)
+@dataclass(frozen=True)
+class FillState:
+    """The shared model cache's fill Job: why the volume cannot be mounted yet (None once it succeeded), and how
+    long the copy took."""
+
+    problem: tuple[str, str] | None
+    copy_seconds: int | None = None
+
+
+def observe_fill(kube: Kube, namespace: str, digest: str) -> FillState:
+    name, claim = cache.fill_job_name(digest), cache.claim_name(digest)
+    job = kube.get("batch/v1", "Job", name, namespace)
     if job is None:
-        return "FillingModelCache", f"creating PVC {claim} and its fill Job {cache.fill_job_name(digest)}"
-    state = job_state(job)
+        return FillState(("FillingModelCache", f"creating PVC {claim} and its fill Job {name}"))
+    state, status = job_state(job), job.get("status") or {}
     if state.complete:
-        return None
+        return FillState(None, _seconds(status.get("startTime"), status.get("completionTime")))
     if state.failed_message:
-        return ("ModelCacheFillFailed", f"{state.failed_message}; see the logs of Job {cache.fill_job_name(digest)}"
-                f", fix the cause, then delete the Job to copy again (what was copied is kept)")
-    return "FillingModelCache", (f"copying the weights once into PVC {claim} (Job {cache.fill_job_name(digest)}, "
-                                 f"{state.failed} failed attempts); the server starts when it completes")
+        return FillState(("ModelCacheFillFailed", f"{state.failed_message}; see the logs of Job {name}, fix the "
+                          "cause, then delete the Job to copy again (what was copied is kept)"))
+    return FillState(("FillingModelCache", f"copying the weights once into PVC {claim} (Job {name}, "
+                                           f"{state.failed} failed attempts); the server starts when it completes"))
 
 
 def _pods_left(kube: Kube, name: str, namespace: str) -> int:

@@ -25,6 +25,7 @@ from .status import (
     ReportStatus,
     RetryStatus,
     RunStatus,
+    StartupStatus,
 )
 
 __all__ = ["Decision", "Event", "JobState", "Observed", "ProgressFacts", "RetryDecision", "ServerState", "blocked",
@@ -155,6 +156,20 @@ def _queue_status(queue: QueueState | None) -> QueueStatus | None:
                        cluster_queue=queue.cluster_queue, message=queue.message)
 
 
+def _startup_status(observed: Observed) -> StartupStatus | None:
+    plan = observed.plan or observed.previous.server_plan
+    before = observed.previous.startup or StartupStatus()
+    server = observed.server
+    copy = server.copy_seconds if server and server.copy_seconds is not None else before.observed_copy_seconds
+    load = server.load_seconds if server and server.load_seconds is not None else before.observed_load_seconds
+    predicted = plan.startup if plan else None
+    if predicted is None and copy is None and load is None:
+        return None
+    return StartupStatus(predicted_copy_seconds=predicted.copy_seconds if predicted else None,
+                         predicted_load_seconds=predicted.load_seconds if predicted else None,
+                         observed_copy_seconds=copy, observed_load_seconds=load)
+
+
 def _base_status(observed: Observed, status: _Status, phase: str, message: str) -> DatasetGenerationStatus:
     overall, datasets = _progress(observed)
     previous = observed.previous
@@ -171,6 +186,7 @@ def _base_status(observed: Observed, status: _Status, phase: str, message: str) 
         retry=observed.retry.status if observed.retry else previous.retry,
         # A run that ended or was suspended has given its Workload up.
         queue=None if terminal or phase == "Suspended" else _queue_status(observed.queue),
+        startup=_startup_status(observed),
         planned_generation=observed.planned_generation or previous.planned_generation,
     )
 

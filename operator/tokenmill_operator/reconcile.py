@@ -194,10 +194,13 @@ def _observe_cluster(kube: Kube, context: Context, plan: ServerPlan | None, sett
     job, started = observe_job(kube, context.name, context.namespace)
     server = observe_server(kube, context.name, context.namespace)
     digest = _shared_cache_digest(context.spec, plan)
-    filling = observe_fill(kube, context.namespace, digest) if digest else None
-    if filling is not None:  # no server pod mounts the volume before it is filled
-        server = ServerState(server.desired if server else 0, 0, *filling)
-    return Facts(job, started, server, _queueing(kube, context, plan, settings), cache_ready=filling is None)
+    fill = observe_fill(kube, context.namespace, digest) if digest else None
+    if fill is not None and fill.problem is not None:  # no server pod mounts the volume before it is filled
+        server = ServerState(server.desired if server else 0, 0, *fill.problem)
+    elif fill is not None and server is not None:
+        server = replace(server, copy_seconds=fill.copy_seconds)
+    return Facts(job, started, server, _queueing(kube, context, plan, settings),
+                 cache_ready=fill is None or fill.problem is None)
 
 
 def _server_urls(context: Context, plan: ServerPlan | None) -> list[str] | None:

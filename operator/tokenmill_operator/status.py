@@ -75,6 +75,16 @@ class RetryStatus(StatusModel):
                                                        "(part of the runner Job's hash).")
 
 
+class StartupStatus(StatusModel):
+    """The weights' copy and load: predicted by the plan, and as observed on a server pod."""
+
+    predicted_copy_seconds: int | None = Field(None, description="The plan's copy of the weights.")
+    predicted_load_seconds: int | None = Field(None, description="The plan's load (CUDA graphs, warmup included).")
+    observed_copy_seconds: int | None = Field(None, description="The copy as it ran (the copying init container, "
+                                                                "or the shared cache's fill Job).")
+    observed_load_seconds: int | None = Field(None, description="From SGLang's start until the pod was Ready.")
+
+
 class QueueStatus(StatusModel):
     """Where the run stands in Kueue (set when the resource has the kueue.x-k8s.io/queue-name label)."""
 
@@ -102,6 +112,7 @@ class DatasetGenerationStatus(StatusModel):
     run: RunStatus | None = Field(None, description="What the run was started with (set with the first runner Job).")
     retry: RetryStatus | None = Field(None, description="The last retry request handled.")
     queue: QueueStatus | None = Field(None, description="Kueue admission, when the run is queued through Kueue.")
+    startup: StartupStatus | None = Field(None, description="The weights' copy and load, predicted and observed.")
     planned_generation: int = Field(0, description="The .metadata.generation serverPlan was computed for.")
     observation_failed_since: str | None = Field(
         None, description="Since when storage or the API server cannot be read (unset once they can).")

@@ -77,3 +77,35 @@ def test_the_startup_probe_is_sized_from_the_predicted_load():
     assert probe_seconds(spec, slow) == 7200
     pinned, pinned_plan = kimi(startupTimeoutSeconds=2705)
     assert probe_seconds(pinned, pinned_plan) == 2710  # the spec wins, rounded up to the 10 s period
+
+
+def server_pod(created: str, copy: tuple[str, str] | None, started: str, ready: str | None) -> dict:
+    status: dict = {"containerStatuses": [{"name": "sglang", "state": {"running": {"startedAt": started}}}],
+                    "conditions": [{"type": "Ready", "status": "True" if ready else "False",
+                                    "lastTransitionTime": ready or started}]}
+    if copy:
+        status["initContainerStatuses"] = [{"name": "sync-models", "state": {"terminated": {
+            "exitCode": 0, "startedAt": copy[0], "finishedAt": copy[1]}}}]
+    return {"metadata": {"creationTimestamp": created}, "status": status}
+
+
+def test_status_records_the_observed_copy_and_load_next_to_the_prediction():
+    from tokenmill_operator.gather import startup_times
+    from tokenmill_operator.lifecycle import Observed, ServerState, decide
+    from tokenmill_operator.status import DatasetGenerationStatus
+
+    from .test_lifecycle import T0
+
+    pods = [server_pod("2026-11-29T10:00:00Z", ("2026-11-29T10:00:05Z", "2026-11-29T10:31:05Z"),
+                       "2026-11-29T10:31:10Z", "2026-11-29T10:40:10Z"),
+            server_pod("2026-11-29T11:00:00Z", None, "2026-11-29T11:00:10Z", None)]  # still loading
+    assert startup_times(pods) == (1860, 540)
+    _, plan = kimi()
+    decision = decide(Observed(generation=1, now=T0, suspended=False, previous=DatasetGenerationStatus(), plan=plan,
+                               server=ServerState(1, 1, copy_seconds=1860, load_seconds=540)))
+    startup = decision.status.startup
+    assert (startup.predicted_copy_seconds, startup.observed_copy_seconds) == (plan.startup.copy_seconds, 1860)
+    assert (startup.predicted_load_seconds, startup.observed_load_seconds) == (plan.startup.load_seconds, 540)
+    later = decide(Observed(generation=1, now=T0, suspended=False, previous=decision.status, plan=plan,
+                            server=ServerState(1, 1)))
+    assert later.status.startup.observed_copy_seconds == 1860  # kept once the pod is gone
