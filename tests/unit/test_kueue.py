@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import yaml
@@ -10,9 +11,11 @@ from tokenmill_operator import kueue
 from tokenmill_operator.facts import QueueState
 from tokenmill_operator.lifecycle import JobState, Observed, ServerState, decide
 from tokenmill_operator.status import DatasetGenerationStatus
+from tokenmill_runner import cli
 from tokenmill_runner.spec.resource import DatasetGenerationSpec
 
 from .test_lifecycle import PLAN, T0, observed
+from .test_plan_cli import kimi_files  # noqa: F401  (fixture)
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "b5-openthoughts.yaml"
 OWNER = {"apiVersion": "tokenmill.io/v1alpha1", "kind": "DatasetGeneration", "name": "b5", "uid": "u-1",
@@ -139,3 +142,14 @@ def test_status_without_the_queue_label_is_unchanged():
     decision = decide(Observed(generation=1, now=T0, suspended=False, previous=DatasetGenerationStatus(),
                                plan=PLAN, server=ServerState(1, 1)))
     assert decision.status.queue is None and decision.status.phase == "Generating"
+
+
+def test_tokenmill_plan_lists_the_workload_and_the_cache_objects(tmp_path, capsys, kimi_files):
+    document = yaml.safe_load(EXAMPLE.read_text())
+    document["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "gpu-queue"}
+    document["spec"]["model"]["cache"] = {"mode": "sharedVolume", "storageClass": "nfs"}
+    path = tmp_path / "queued.yaml"
+    path.write_text(yaml.safe_dump(document))
+    assert cli.main(["plan", str(path), "--model-files", str(kimi_files), "--json"]) == 0
+    kinds = [o["kind"] for o in json.loads(capsys.readouterr().out)["objects"]]
+    assert kinds[:3] == ["Workload", "PersistentVolumeClaim", "Job"] and kinds.count("Job") == 2

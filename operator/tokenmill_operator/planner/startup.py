@@ -65,9 +65,9 @@ def _copy(spec: DatasetGenerationSpec) -> tuple[str, float, bool, float]:
     if cache is None:
         return "copied from S3 into every pod, on every start", S3_COPY_BYTES_PER_S, True, LOCAL_READ_BYTES_PER_S
     if cache.mode == "sharedVolume":
-        return ("copied from S3 once into the shared volume (no GPU held; none when already filled)",
+        return ("copied from S3 once into the shared volume, holding no GPU; none when already filled",
                 S3_COPY_BYTES_PER_S, False, NETWORK_READ_BYTES_PER_S)
-    return ("copied from S3 once per node onto its disk (none when the node has it)", S3_COPY_BYTES_PER_S, True,
+    return ("copied from S3 once per node onto its disk; none when the node has it", S3_COPY_BYTES_PER_S, True,
             LOCAL_READ_BYTES_PER_S)
 
 
