@@ -184,8 +184,9 @@ def _base_status(observed: Observed, status: _Status, phase: str, message: str) 
         last_commit_time=_iso(last_commit) if last_commit else previous.last_commit_time,
         run=_run_status(observed),
         retry=observed.retry.status if observed.retry else previous.retry,
-        # A run that ended or was suspended has given its Workload up.
-        queue=None if terminal or phase == "Suspended" else _queue_status(observed.queue),
+        # A run that ended or was suspended gives its Workload up once its pods are gone; until then it is shown.
+        queue=_queue_status(observed.queue) if observed.queue and (
+            observed.queue.exists or not (terminal or phase == "Suspended")) else None,
         startup=_startup_status(observed),
         planned_generation=observed.planned_generation or previous.planned_generation,
     )

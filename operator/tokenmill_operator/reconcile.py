@@ -417,6 +417,7 @@ def settled(body: dict[str, Any], previous: DatasetGenerationStatus) -> bool:
     request = (meta.get("annotations") or {}).get(names.RETRY_ANNOTATION)
     handled = previous.retry.handled if previous.retry else None
     return (previous.phase == "Succeeded" and previous.observed_generation == meta.get("generation", 0)
+            and previous.queue is None  # a Kueue Workload still to delete once the pods are gone
             and (not request or retry_value(request) == handled))
 
 

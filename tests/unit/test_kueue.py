@@ -133,9 +133,22 @@ def test_admission_starts_the_server_and_an_eviction_stops_the_run_without_endin
     assert again.status.phase == "Generating" and not again.suspend_job
 
 
-def test_a_suspended_or_ended_run_gives_its_workload_up():
-    suspended = decide(observed(queue=queued(), suspended=True))
-    assert suspended.status.phase == "Suspended" and suspended.status.queue is None
+def test_a_suspended_run_shows_its_workload_until_it_is_given_up():
+    stopping = decide(observed(queue=queued(admitted=True, pods_left=1), suspended=True))
+    assert stopping.status.phase == "Suspended" and stopping.status.queue.workload == "b5-run"
+    gone = decide(observed(queue=QueueState(queue="gpu-queue", workload="b5-run"), suspended=True))
+    assert gone.status.queue is None
+
+
+def test_a_succeeded_run_is_settled_only_once_its_workload_is_gone():
+    from tokenmill_operator.reconcile import settled
+    from tokenmill_operator.status import QueueStatus
+
+    body = {"metadata": {"generation": 3}}
+    done = DatasetGenerationStatus(phase="Succeeded", observed_generation=3)
+    assert settled(body, done)
+    holding = done.model_copy(update={"queue": QueueStatus(name="gpu-queue", workload="b5-run")})
+    assert not settled(body, holding)
 
 
 def test_status_without_the_queue_label_is_unchanged():
