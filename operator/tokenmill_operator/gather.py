@@ -19,7 +19,7 @@ from tokenmill_runner.store.storage import Storage, StorageError
 from . import cache, kueue, names
 from .manifests import SERVER_CONTAINER
 from .facts import JobState, ProgressFacts, QueueState, ServerState
-from .kube import Kube
+from .kube import ApiNotServed, Kube
 from .observe import parse_time, progress_facts
 from .status import RunStatus
 
@@ -180,6 +180,10 @@ def observe_job(kube: Kube, name: str, namespace: str) -> tuple[JobState | None,
     return job_state(job), parse_time(started) if started else None
 
 
+class KueueMissing(LookupError):
+    """A resource asks for a Kueue LocalQueue on a cluster without Kueue."""
+
+
 @dataclass(frozen=True)
 class FillState:
     """The shared model cache's fill Job: why the volume cannot be mounted yet (None once it succeeded), and how
@@ -214,7 +218,11 @@ def _pods_left(kube: Kube, name: str, namespace: str) -> int:
 def observe_queue(kube: Kube, name: str, namespace: str, queue: str,
                   desired: dict[str, Any]) -> tuple[QueueState, dict[str, Any] | None]:
     """The run's Workload as Kueue left it (and the Workload itself, for the patch that hands its quota back)."""
-    current = kube.get(kueue.WORKLOAD_API, kueue.WORKLOAD_KIND, desired["metadata"]["name"], namespace)
+    try:
+        current = kube.get(kueue.WORKLOAD_API, kueue.WORKLOAD_KIND, desired["metadata"]["name"], namespace)
+    except ApiNotServed as error:
+        raise KueueMissing(f"the {kueue.QUEUE_LABEL} label asks for Kueue, but the API server does not serve "
+                           f"{error}: install Kueue (docs/cluster.md) or remove the label") from error
     state = kueue.queue_state(queue, desired, current, [])
     if not state.exists:
         return state, current

@@ -29,6 +29,7 @@ from .facts import Decision, JobState, Observed, QueueState, ServerState
 from .faults import crash_point
 from .gather import (
     OutputIndex,
+    KueueMissing,
     PassCancelled,
     never,
     observe_fill,
@@ -266,6 +267,8 @@ def reconcile(kube: Kube, context: Context, output: OutputIndex, settings: Opera
         if change:
             return blocked(base, "ImmutableFieldChanged", change)
         observed = _observed(context, output, storage, planning, facts, now, settings, stopped)
+    except KueueMissing as error:
+        return blocked(base, "KueueNotInstalled", str(error))
     except UNOBSERVABLE as error:
         return cannot_observe(base, str(error))
     decision = decide(observed)

@@ -7,8 +7,10 @@ What it needs there, and why:
   to five of them (config/components/crd/patches); its internal certificate manager injects its CA into exactly
   those (pkg/util/cert/cert.go:145-166) and waits for the injection before anything else starts
   (BootstrapCerts, cert.go:46), so the same stanza is added here. Nothing converts: only v1beta2 is served.
-* Internal certificate management on, its Secret in `kueue-system`, the webhook server on a free loopback port with
-  its certificates in a temporary folder. No webhook configuration is registered: the operator writes complete
+* Internal certificate management on, its (empty) Secret in `kueue-system` as Kueue's manifests create it, the
+  webhook server on a free loopback port. In a pod that Secret is mounted at the certificate folder; here the
+  fixture copies the certificates the rotator wrote into it to a temporary folder (the rotator waits for them,
+  cert-controller rotator.go `ensureCertsMounted`). No webhook configuration is registered: the operator writes complete
   Workloads, and no Kueue webhook is needed to admit them (the validating/mutating configurations are looked up
   by the cert rotator and skipped when absent, cert-controller rotator.go `ensureCerts`).
 * The on-demand visibility server off: it writes certificates to a fixed `/visibility` folder
@@ -17,10 +19,12 @@ What it needs there, and why:
 
 from __future__ import annotations
 
+import base64
 import os
 import socket
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,6 +35,7 @@ from .conftest import Cluster
 
 KUEUE_NAMESPACE = "kueue-system"
 WEBHOOK_SERVICE = "kueue-webhook-service"
+WEBHOOK_SECRET = "kueue-webhook-server-cert"
 CONVERTED = ("localqueues", "clusterqueues", "workloads", "cohorts", "multikueueclusters")
 
 
@@ -53,21 +58,40 @@ def _crds(crd_dir: Path) -> list[dict]:
     return documents
 
 
-def _configuration(certs: Path) -> dict:
+def _configuration(certs: Path, health_port: int) -> dict:
     return {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
         "kind": "Configuration",
         "namespace": KUEUE_NAMESPACE,
-        "health": {"healthProbeBindAddress": f"127.0.0.1:{_free_port()}"},
+        "health": {"healthProbeBindAddress": f"127.0.0.1:{health_port}"},
         "metrics": {"bindAddress": "0"},
         "webhook": {"host": "127.0.0.1", "port": _free_port(), "certDir": str(certs)},
         "leaderElection": {"leaderElect": False},
         "internalCertManagement": {"enable": True, "webhookServiceName": WEBHOOK_SERVICE,
-                                   "webhookSecretName": "kueue-webhook-server-cert"},
+                                   "webhookSecretName": WEBHOOK_SECRET},
         # docs/cluster.md: a DatasetGeneration is a job type managed by an external controller (the operator).
         "integrations": {"frameworks": ["batch/job"],
                          "externalFrameworks": ["DatasetGeneration.v1alpha1.tokenmill.io"]},
     }
+
+
+def _mount_certificates(cluster: Cluster, certs: Path) -> None:
+    def written() -> dict | None:
+        data = cluster.core.read_namespaced_secret(WEBHOOK_SECRET, KUEUE_NAMESPACE).data or {}
+        return data if "tls.crt" in data and "tls.key" in data else None
+
+    data = cluster.wait_for(written, "Kueue's certificates in its Secret", timeout=90)
+    certs.mkdir(parents=True, exist_ok=True)
+    for key in ("tls.crt", "tls.key"):
+        (certs / key).write_bytes(base64.b64decode(data[key]))
+
+
+def _ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as answer:
+            return answer.status == 200
+    except OSError:
+        return False
 
 
 @pytest.fixture(scope="session")
@@ -75,15 +99,20 @@ def kueue_controller(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory)
     work = tmp_path_factory.mktemp("kueue")
     cluster.apply(_crds(Path(cluster.tools["KUEUE_CRD_DIR"])))
     cluster.kubectl("wait", "--for=condition=Established", "crd/workloads.kueue.x-k8s.io", "--timeout=60s")
-    cluster.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": KUEUE_NAMESPACE}})
+    cluster.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": KUEUE_NAMESPACE}},
+                   {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": WEBHOOK_SECRET,
+                                                                       "namespace": KUEUE_NAMESPACE}}])
+    health_port, certs = _free_port(), work / "certs"
     config = work / "config.yaml"
-    config.write_text(yaml.safe_dump(_configuration(work / "certs")))
+    config.write_text(yaml.safe_dump(_configuration(certs, health_port)))
     log = work / "kueue.log"
     env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
     process = subprocess.Popen([cluster.tools["KUEUE_BIN"], f"--config={config}",
                                 "--feature-gates=VisibilityOnDemand=false"],
                                env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     try:
+        _mount_certificates(cluster, certs)
+        cluster.wait_for(lambda: process.poll() is None and _ready(health_port), "Kueue ready", timeout=120)
         yield process
     finally:
         process.terminate()
