@@ -97,8 +97,11 @@ def _ready(port: int) -> bool:
 @pytest.fixture(scope="session")
 def kueue_controller(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[subprocess.Popen]:
     work = tmp_path_factory.mktemp("kueue")
-    cluster.apply(_crds(Path(cluster.tools["KUEUE_CRD_DIR"])))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/workloads.kueue.x-k8s.io", "--timeout=60s")
+    # Server-side: the Workload CRD is larger than client-side apply's last-applied annotation may be.
+    cluster.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(_crds(Path(
+        cluster.tools["KUEUE_CRD_DIR"]))))
+    cluster.wait_for(lambda: any(c["type"] == "Established" and c["status"] == "True" for c in (cluster.get_json(
+        "crd", "workloads.kueue.x-k8s.io").get("status") or {}).get("conditions") or []), "Kueue's CRDs", timeout=60)
     cluster.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": KUEUE_NAMESPACE}},
                    {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": WEBHOOK_SECRET,
                                                                        "namespace": KUEUE_NAMESPACE}}])
