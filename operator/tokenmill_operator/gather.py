@@ -17,9 +17,9 @@ from tokenmill_runner.store.index_store import CHECKPOINT_EVERY, catch_up, load_
 from tokenmill_runner.store.storage import Storage, StorageError
 
 from . import cache, kueue, names
-from .manifests import SERVER_CONTAINER
 from .facts import JobState, ProgressFacts, QueueState, ServerState
 from .kube import ApiNotServed, Kube
+from .manifests import SERVER_CONTAINER
 from .observe import parse_time, progress_facts
 from .status import RunStatus
 

@@ -28,8 +28,8 @@ from . import cache, kueue, manifests, names
 from .facts import Decision, JobState, Observed, QueueState, ServerState
 from .faults import crash_point
 from .gather import (
-    OutputIndex,
     KueueMissing,
+    OutputIndex,
     PassCancelled,
     never,
     observe_fill,
@@ -305,12 +305,9 @@ def _ensure_shared_cache(kube: Kube, context: Context, plan: ServerPlan, setting
 
 
 def _ensure_children(kube: Kube, context: Context, plan: ServerPlan, settings: OperatorSettings,
-                     server_replicas: int, create_job: bool, retry_token: str, cache_ready: bool = True) -> None:
+                     server_replicas: int, create_job: bool, retry_token: str) -> None:
     owner = manifests.owner_reference(context.body)
     name, namespace, spec = context.name, context.namespace, context.spec
-    if not cache_ready and server_replicas > 0:
-        _ensure_shared_cache(kube, context, plan, settings)
-        server_replicas = 0
     kube.create_if_absent(manifests.api_key_secret(name, namespace, owner, secrets.token_urlsafe(32)))
     kube.apply(manifests.server_service(name, namespace, owner, spec))
     kube.apply(manifests.network_policy(name, namespace, owner, spec))
@@ -346,8 +343,12 @@ def _apply(kube: Kube, context: Context, decision: Decision, plan: ServerPlan | 
     if decision.delete_server:
         kube.delete("apps/v1", "StatefulSet", names.server_name(name), namespace)
     elif plan is not None and decision.server_replicas is not None:
-        _ensure_children(kube, context, plan, settings, decision.server_replicas, decision.create_job,
-                         retry_token, facts.cache_ready)
+        # The shared cache is filled while the run starts or waits in its Kueue queue (the fill holds no GPU and
+        # no quota), never while it is suspended; no server pod exists before it is filled.
+        if not facts.cache_ready and decision.status.phase in ("Queued", "StartingServer", "Generating"):
+            _ensure_shared_cache(kube, context, plan, settings)
+        _ensure_children(kube, context, plan, settings, decision.server_replicas if facts.cache_ready else 0,
+                         decision.create_job, retry_token)
     if job is None or decision.replace_job or job.finished or job.deleting:
         return
     if job.suspended != decision.suspend_job:
