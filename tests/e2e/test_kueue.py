@@ -2,7 +2,9 @@
 
 Two DatasetGenerations each need one node's 8 GPUs; the ClusterQueue has 8 fake GPUs. The second waits, Queued
 with its position and no pod at all, while the first runs to Succeeded; then it is admitted and starts. A sampler
-checks throughout that at most one run has server pods (GPUs) at any moment, terminating ones included.
+checks throughout that at most one run has server pods (GPUs) at any moment, terminating ones included. An
+eviction mid-run stops the pods, hands the quota back, and once readmitted the run finishes with every sample
+committed exactly once.
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ from .kueue_kit import gpu_queue, kueue_controller  # noqa: F401  (fixtures)
 from .operator_kit import (  # noqa: F401  (fixtures)
     NAME,
     b5_resource,
+    committed_ids,
+    condition,
     credentials,
     crd,
     dsgen,
+    expected_ids,
     operator,
     play_runner_pods,
     s3_world,
@@ -118,24 +123,38 @@ def test_two_runs_competing_for_one_nodes_gpus_run_one_after_the_other(
     assert {NAME} in holders and {SECOND} in holders
 
 
-def test_an_evicted_run_stops_queues_again_and_resumes(
-        cluster, namespace, kueue_controller, operator, credentials, s3_world):
+def test_an_eviction_is_an_outage_the_run_survives(cluster, namespace, kueue_controller, operator, credentials,
+                                                   s3_world, tmp_path):
     cluster.apply(gpu_queue(namespace, gpus=8))
-    cluster.apply(queued_resource(namespace, s3_world, NAME))
-    cluster.wait_for(lambda: server_ready(cluster, namespace, NAME), "the server", timeout=120)
+    resource = b5_resource(namespace, s3_world)
+    resource["metadata"]["labels"] = {QUEUE_LABEL: "gpu-queue"}
+    cluster.apply(resource)
+    cluster.wait_for(lambda: cluster.batch.read_namespaced_job(f"{NAME}-runner", namespace), "the runner Job", 120)
     workload = f"{NAME}-run"
-    # Deactivating is how a Kueue administrator evicts a workload; preemption takes the same path (Evicted).
-    cluster.kubectl("patch", "workloads.kueue.x-k8s.io", workload, "-n", namespace, "--type=merge",
-                    "-p", '{"spec": {"active": false}}')
-    queued = cluster.wait_for(lambda: (lambda o: o if o and o["status"]["phase"] == "Queued" else None)(
-        phase_of(cluster, namespace, NAME)), "the evicted run Queued", timeout=60)
-    assert "report" not in queued["status"] and queued["status"]["queue"]["workload"] == workload
-    cluster.wait_for(lambda: not pods_of(cluster, namespace, NAME), "the run's pods gone", timeout=60)
-    released = cluster.wait_for(lambda: (lambda w: w if not (w.get("status") or {}).get("admission") else None)(
-        cluster.get_json("workloads.kueue.x-k8s.io", workload, "-n", namespace)), "the quota handed back", timeout=60)
-    assert any(c["type"] == "Evicted" and c["status"] == "True" for c in released["status"]["conditions"])
-    cluster.kubectl("patch", "workloads.kueue.x-k8s.io", workload, "-n", namespace, "--type=merge",
-                    "-p", '{"spec": {"active": true}}')
-    cluster.wait_for(lambda: server_ready(cluster, namespace, NAME), "the server again", timeout=120)
-    resumed = dsgen(cluster, namespace, NAME)["status"]
-    assert resumed["queue"]["admitted"] and resumed["phase"] in ("StartingServer", "Generating")
+    with simulator_for(cluster, namespace) as simulator:
+        play_runner_pods(cluster, namespace, simulator.url, tmp_path / "first", count=1, indexes={"0"})
+        assert sum(committed_ids(s3_world, namespace).values()) > 0
+
+        # Deactivating is how an administrator evicts a workload; preemption takes the same path (Evicted).
+        cluster.kubectl("patch", "workloads.kueue.x-k8s.io", workload, "-n", namespace, "--type=merge",
+                        "-p", '{"spec": {"active": false}}')
+        queued = wait_phase(cluster, namespace, "Queued", timeout=60)
+        assert condition(queued, "Progressing")["reason"] == "Evicted" and "report" not in queued["status"]
+        cluster.wait_for(lambda: not pods_of(cluster, namespace, NAME), "the run's pods gone", timeout=60)
+        assert cluster.batch.read_namespaced_job(f"{NAME}-runner", namespace).spec.suspend
+        released = cluster.wait_for(lambda: (lambda w: w if not (w.get("status") or {}).get("admission") else None)(
+            cluster.get_json("workloads.kueue.x-k8s.io", workload, "-n", namespace)), "the quota handed back",
+            timeout=60)
+        assert any(c["type"] == "Evicted" and c["status"] == "True" for c in released["status"]["conditions"])
+
+        cluster.kubectl("patch", "workloads.kueue.x-k8s.io", workload, "-n", namespace, "--type=merge",
+                        "-p", '{"spec": {"active": true}}')
+        play_runner_pods(cluster, namespace, simulator.url, tmp_path / "second", count=3, indexes={"1", "2", "3"})
+    done = wait_phase(cluster, namespace, "Succeeded", timeout=120)
+    ids = committed_ids(s3_world, namespace)
+    assert set(ids) == expected_ids() and max(ids.values()) == 1, "resumed from what was committed, nothing twice"
+    assert len(cluster.batch.list_namespaced_job(namespace).items) == 1, "one runner Job across the eviction"
+    cluster.wait_for(lambda: not cluster.kubectl("get", "workloads.kueue.x-k8s.io", "-n", namespace,
+                                                 "--no-headers", "--ignore-not-found").stdout.strip(),
+                     "the Workload deleted once the run ended", timeout=60)
+    assert done["status"]["startup"]["predictedCopySeconds"] > 0
