@@ -50,7 +50,9 @@ def workload_name(name: str) -> str:
 
 
 def _accounted(containers: list[Manifest]) -> list[Manifest]:
-    return [{"name": c["name"], "image": c["image"], "resources": c.get("resources", {})} for c in containers]
+    # Names and resources only: an image change (a new default runner image with an operator upgrade) must not make
+    # a running run's Workload look outdated, and Kueue counts no image.
+    return [{"name": c["name"], "resources": c.get("resources", {})} for c in containers]
 
 
 def pod_set(name: str, count: int, template: Manifest) -> Manifest:

@@ -31,6 +31,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tokenmill_operator.kueue import EXTERNAL_FRAMEWORK
+
 from .conftest import Cluster
 
 KUEUE_NAMESPACE = "kueue-system"
@@ -70,8 +72,7 @@ def _configuration(certs: Path, health_port: int) -> dict:
         "internalCertManagement": {"enable": True, "webhookServiceName": WEBHOOK_SERVICE,
                                    "webhookSecretName": WEBHOOK_SECRET},
         # docs/cluster.md: a DatasetGeneration is a job type managed by an external controller (the operator).
-        "integrations": {"frameworks": ["batch/job"],
-                         "externalFrameworks": ["DatasetGeneration.v1alpha1.tokenmill.io"]},
+        "integrations": {"frameworks": ["batch/job"], "externalFrameworks": [EXTERNAL_FRAMEWORK]},
     }
 
 

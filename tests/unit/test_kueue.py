@@ -64,6 +64,8 @@ def test_a_spec_change_in_what_the_run_needs_makes_the_workload_outdated():
     current["status"] = {"conditions": [cond("QuotaReserved"), cond("Admitted")]}
     same = kueue.queue_state("gpu-queue", run_workload(parallelism=4), current, [])
     assert same.admitted and not same.reshaped
+    upgraded = kueue.run_workload("b5", "team-a", OWNER, "gpu-queue", spec(parallelism=4), PLAN, "runner:2")
+    assert not kueue.queue_state("gpu-queue", upgraded, current, []).reshaped  # a new image needs no new quota
     wider = kueue.queue_state("gpu-queue", run_workload(parallelism=8), current, [])
     assert wider.reshaped and not wider.admitted and "queues again" in wider.message
 
