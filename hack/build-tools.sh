@@ -7,6 +7,7 @@
 #   kwok, kwokctl                                                      (sigs.k8s.io/kwok)
 #   helm                                                               (helm.sh/helm/v3)
 #   promtool                                                           (github.com/prometheus/prometheus)
+#   kueue (the controller manager) and its CRDs                        (sigs.k8s.io/kueue)
 #
 # Everything is built from Go modules through the Go module proxy; nothing is
 # downloaded from release pages. Versions live in hack/cluster/versions.env.
@@ -25,7 +26,8 @@
 #   hack/build-tools.sh              build what is missing
 #   hack/build-tools.sh --check      exit 1 (and say what is missing) unless all tools are present
 #   hack/build-tools.sh --print-env  print KEY=VALUE lines with the tool paths (builds nothing)
-#   hack/build-tools.sh --force C    rebuild component C (kubernetes|etcd|kwok|helm|promtool)
+#   hack/build-tools.sh --force C    rebuild component C (kubernetes|etcd|kwok|helm|promtool|kueue)
+#   hack/build-tools.sh --only C     build component C if it is missing, nothing else
 #   hack/build-tools.sh --prune-go-cache  delete the Go module/build caches (keeps the binaries)
 # shellcheck disable=SC2317  # functions are called indirectly: trap, "check_${c}", "build_${c}"
 set -Eeuo pipefail
@@ -45,8 +47,9 @@ ETCD_DIR="${BIN_ROOT}/etcd-v${ETCD_VERSION}"
 KWOK_DIR="${BIN_ROOT}/kwok-v${KWOK_VERSION}"
 HELM_DIR="${BIN_ROOT}/helm-v${HELM_VERSION}"
 PROMTOOL_DIR="${BIN_ROOT}/promtool-v${PROMETHEUS_VERSION}"
+KUEUE_DIR="${BIN_ROOT}/kueue-v${KUEUE_VERSION}"
 
-COMPONENTS=(kubernetes etcd kwok helm promtool)
+COMPONENTS=(kubernetes etcd kwok helm promtool kueue)
 
 # Go's default install location, for shells (make, CI) whose PATH lacks it.
 if ! command -v go >/dev/null 2>&1 && [[ -x /usr/local/go/bin/go ]]; then
@@ -71,6 +74,9 @@ HELM_VERSION=${HELM_VERSION}
 HELM_BIN=${HELM_DIR}/helm
 PROMETHEUS_VERSION=${PROMETHEUS_VERSION}
 PROMTOOL_BIN=${PROMTOOL_DIR}/promtool
+KUEUE_VERSION=${KUEUE_VERSION}
+KUEUE_BIN=${KUEUE_DIR}/kueue
+KUEUE_CRD_DIR=${KUEUE_DIR}/crds
 EOF
 }
 
@@ -119,6 +125,13 @@ check_kwok() {
 }
 check_helm() { version_ok "${1:-${HELM_DIR}}/helm" "v${HELM_VERSION}" version --short; }
 check_promtool() { version_ok "${1:-${PROMTOOL_DIR}}/promtool" "version ${PROMETHEUS_VERSION}" --version; }
+check_kueue() {
+  # The manager has no --version flag (it logs its version once connected); the build info names the module.
+  local d="${1:-${KUEUE_DIR}}"
+  [[ -x "${d}/kueue" && -f "${d}/crds/kueue.x-k8s.io_workloads.yaml" ]] || return 1
+  command -v go >/dev/null 2>&1 || return 1
+  [[ "$(go version -m "${d}/kueue" 2>/dev/null)" == *$'\tsigs.k8s.io/kueue\tv'"${KUEUE_VERSION}"* ]]
+}
 
 dir_of() {
   case "$1" in
@@ -127,6 +140,7 @@ dir_of() {
     kwok) echo "${KWOK_DIR}" ;;
     helm) echo "${HELM_DIR}" ;;
     promtool) echo "${PROMTOOL_DIR}" ;;
+    kueue) echo "${KUEUE_DIR}" ;;
     *) echo "unknown component: $1" >&2; return 2 ;;
   esac
 }
@@ -228,6 +242,21 @@ build_promtool() {
   GOBIN="${out}" go install -tags netgo -ldflags "${ld}" "github.com/prometheus/prometheus/cmd/promtool@v${v}"
 }
 
+build_kueue() {
+  local out="$1" v="${KUEUE_VERSION}"
+  step "kueue: go install sigs.k8s.io/kueue/cmd/kueue@v${v}"
+  local p=sigs.k8s.io/kueue/pkg/version
+  local ld="-s -w -X ${p}.GitVersion=v${v} -X ${p}.GitCommit=v${v} -X ${p}.BuildDate=1970-01-01T00:00:00Z"
+  GOBIN="${out}" go install -ldflags "${ld}" "sigs.k8s.io/kueue/cmd/kueue@v${v}"
+  # The CRDs ship in the module, not in the binary: keep them next to it (--prune-go-cache drops the module).
+  step "kueue: copy the CRDs of sigs.k8s.io/kueue@v${v}"
+  local dir
+  dir="$(go mod download -json "sigs.k8s.io/kueue@v${v}" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p')"
+  mkdir -p "${out}/crds"
+  cp "${dir}"/config/components/crd/bases/*.yaml "${out}/crds/"
+  chmod -R u+w "${out}/crds"
+}
+
 # ---------------------------------------------------------------------------
 # measurement helpers
 
@@ -314,7 +343,7 @@ build_component() {
 # ---------------------------------------------------------------------------
 
 main() {
-  local mode="build" force=""
+  local mode="build" force="" only=""
   while (($#)); do
     case "$1" in
       --print-env) print_env; return 0 ;;
@@ -329,7 +358,8 @@ main() {
         log "removed ${CACHE}/go and ${SRC_ROOT}"
         return 0 ;;
       --force) force="$2"; shift ;;
-      -h | --help) sed -n '2,30p' "${BASH_SOURCE[0]}"; return 0 ;;
+      --only) only="$2"; shift ;;
+      -h | --help) sed -n '2,31p' "${BASH_SOURCE[0]}"; return 0 ;;
       *) echo "unknown argument: $1" >&2; return 2 ;;
     esac
     shift
@@ -337,6 +367,7 @@ main() {
 
   local c missing=()
   for c in "${COMPONENTS[@]}"; do
+    if [[ -n "${only}" && "${c}" != "${only}" ]]; then continue; fi
     if [[ "${c}" == "${force}" ]] || ! "check_${c}"; then missing+=("${c}"); fi
   done
   if [[ "${mode}" == "check" ]]; then

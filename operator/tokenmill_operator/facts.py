@@ -15,6 +15,8 @@ class ServerState:
     ready: int
     problem_reason: str | None = None  # Unschedulable, ImagePullBackOff, CrashLoopBackOff, ...
     problem_message: str | None = None
+    copy_seconds: int | None = None  # observed: the weights' copy into a server pod (or the shared cache)
+    load_seconds: int | None = None  # observed: SGLang's start until the pod was Ready
 
     @property
     def is_ready(self) -> bool:
@@ -37,6 +39,23 @@ class JobState:
     @property
     def finished(self) -> bool:
         return self.complete or self.failed_message is not None
+
+
+@dataclass(frozen=True)
+class QueueState:
+    """The run's Kueue Workload as this pass read it (kueue.queue_state)."""
+
+    queue: str  # the LocalQueue
+    workload: str
+    exists: bool = False
+    admitted: bool = False
+    evicted: bool = False  # Kueue evicted it and it still holds quota until the run's pods are stopped
+    finished: bool = False
+    reshaped: bool = False  # its pod sets are not what the spec now needs
+    position: int | None = None  # place among the LocalQueue's waiting workloads
+    cluster_queue: str | None = None
+    message: str = ""
+    pods_left: int = 0  # the run's pods that have not ended: they hold what Kueue counted
 
 
 @dataclass(frozen=True)
@@ -78,6 +97,7 @@ class Observed:
     reopened: bool = False  # the ended run starts again (a retry, or a spec edit after samples were given up)
     planned_generation: int | None = None  # the generation `plan` was computed for (None: kept from before)
     foreign_output: str | None = None  # the output holds another model's run: why
+    queue: QueueState | None = None  # set when the run waits behind a Kueue LocalQueue
 
 
 @dataclass(frozen=True)

@@ -20,13 +20,16 @@ from tokenmill_runner.store.index_store import CHECKPOINT_EVERY, catch_up, load_
 from tokenmill_runner.store.manifest import RunManifest, read_manifest
 from tokenmill_runner.store.storage import Storage, StorageError
 
-from . import names
-from .facts import JobState, ProgressFacts, ServerState
-from .kube import Kube, KubeUnavailable
+from . import cache, kueue, names
+from .facts import JobState, ProgressFacts, QueueState, ServerState
+from .kube import ApiNotServed, Kube, KubeUnavailable
+from .manifests import SERVER_CONTAINER
 from .observe import parse_time, progress_facts
 from .planner.serving import DRIVER_LABEL
 from .status import RunStatus
 
+# The init containers that copy the weights into a server pod (manifests.py, cache.py).
+COPYING_CONTAINERS = ("sync-models", cache.NODE_FILL_CONTAINER)
 SERVER_PROBLEMS = ("ImagePullBackOff", "ErrImagePull", "CrashLoopBackOff", "CreateContainerConfigError",
                    "InvalidImageName", "RunContainerError")
 # Incremental listings miss a marker whose PUT finished more than the overlap (marker_names.OVERLAP) after its name
@@ -118,11 +121,37 @@ def observe_server(kube: Kube, name: str, namespace: str) -> ServerState | None:
         return None
     desired = statefulset["spec"].get("replicas") or 0
     ready = (statefulset.get("status") or {}).get("readyReplicas") or 0
-    for pod in kube.list("v1", "Pod", namespace, names.selector_labels(name, names.SERVER_COMPONENT)):
+    pods = kube.list("v1", "Pod", namespace, names.selector_labels(name, names.SERVER_COMPONENT))
+    copy, load = startup_times(pods)
+    for pod in pods:
         problem = pod_problem(pod)
         if problem:
-            return ServerState(desired, ready, *problem)
-    return ServerState(desired, ready)
+            return ServerState(desired, ready, *problem, copy_seconds=copy, load_seconds=load)
+    return ServerState(desired, ready, copy_seconds=copy, load_seconds=load)
+
+
+def _seconds(start: str | None, end: str | None) -> int | None:
+    if not start or not end:
+        return None
+    return max(0, round((parse_time(end) - parse_time(start)).total_seconds()))
+
+
+def startup_times(pods: list[dict[str, Any]]) -> tuple[int | None, int | None]:
+    """The newest start of a server pod: its weights' copy (the copying init container, when it succeeded) and its
+    load (SGLang's container start until the pod became Ready)."""
+    copy = load = None
+    for pod in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or ""):
+        status = pod.get("status") or {}
+        for init in status.get("initContainerStatuses") or []:
+            done = (init.get("state") or {}).get("terminated") or {}
+            if init.get("name") in COPYING_CONTAINERS and done.get("exitCode") == 0:
+                copy = _seconds(done.get("startedAt"), done.get("finishedAt")) or copy
+        running = next(((c.get("state") or {}).get("running") or {} for c in status.get("containerStatuses") or []
+                        if c.get("name") == SERVER_CONTAINER), {})
+        became_ready = next((c.get("lastTransitionTime") for c in status.get("conditions") or []
+                             if c.get("type") == "Ready" and c.get("status") == "True"), None)
+        load = _seconds(running.get("startedAt"), became_ready) if became_ready else load
+    return copy, load
 
 
 def pod_problem(pod: dict[str, Any]) -> tuple[str, str] | None:
@@ -177,6 +206,61 @@ def observe_job(kube: Kube, name: str, namespace: str) -> tuple[JobState | None,
                 state = replace(state, pod_problem=problem)
                 break
     return state, parse_time(started) if started else None
+
+
+class KueueMissing(LookupError):
+    """A resource asks for a Kueue LocalQueue on a cluster without Kueue."""
+
+
+@dataclass(frozen=True)
+class FillState:
+    """The shared model cache's fill Job: why the volume cannot be mounted yet (None once it succeeded), and how
+    long the copy took."""
+
+    problem: tuple[str, str] | None
+    copy_seconds: int | None = None
+
+
+def observe_fill(kube: Kube, namespace: str, digest: str) -> FillState:
+    name, claim = cache.fill_job_name(digest), cache.claim_name(digest)
+    job = kube.get("batch/v1", "Job", name, namespace)
+    if job is None:
+        return FillState(("FillingModelCache", f"creating PVC {claim} and its fill Job {name}"))
+    state, status = job_state(job), job.get("status") or {}
+    if state.complete:
+        return FillState(None, _seconds(status.get("startTime"), status.get("completionTime")))
+    if state.failed_message:
+        return FillState(("ModelCacheFillFailed", f"{state.failed_message}; see the logs of Job {name}, fix the "
+                          "cause, then delete the Job to copy again (what was copied is kept)"))
+    return FillState(("FillingModelCache", f"copying the weights once into PVC {claim} (Job {name}, "
+                                           f"{state.failed} failed attempts); the server starts when it completes"))
+
+
+def _pods_left(kube: Kube, name: str, namespace: str) -> int:
+    """The run's server and runner pods that have not ended (they may still hold what Kueue counted)."""
+    pods = [pod for component in (names.SERVER_COMPONENT, names.RUNNER_COMPONENT)
+            for pod in kube.list("v1", "Pod", namespace, names.selector_labels(name, component))]
+    return sum(1 for pod in pods if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"))
+
+
+def observe_queue(kube: Kube, name: str, namespace: str, queue: str,
+                  desired: dict[str, Any]) -> tuple[QueueState, dict[str, Any] | None]:
+    """The run's Workload as Kueue left it (and the Workload itself, for the patch that hands its quota back)."""
+    try:
+        current = kube.get(kueue.WORKLOAD_API, kueue.WORKLOAD_KIND, desired["metadata"]["name"], namespace)
+    except ApiNotServed as error:
+        raise KueueMissing(f"the {kueue.QUEUE_LABEL} label asks for Kueue, but the API server does not serve "
+                           f"{error}: install Kueue (docs/cluster.md) or remove the label") from error
+    state = kueue.queue_state(queue, desired, current, [])
+    if not state.exists:
+        return state, current
+    if not state.admitted:  # the queue's other workloads matter only for one that waits
+        state = kueue.queue_state(queue, desired, current, kueue_workloads(kube, namespace))
+    return replace(state, pods_left=_pods_left(kube, name, namespace)), current
+
+
+def kueue_workloads(kube: Kube, namespace: str) -> list[dict[str, Any]]:
+    return kube.list(kueue.WORKLOAD_API, kueue.WORKLOAD_KIND, namespace, {})
 
 
 def observe_progress(storage: Storage, output: OutputIndex, now: datetime, started: datetime | None,

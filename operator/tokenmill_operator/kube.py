@@ -14,7 +14,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
-from kubernetes.dynamic.exceptions import NotFoundError
+from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
 from urllib3.exceptions import HTTPError
 
 logger = logging.getLogger(__name__)
@@ -37,6 +37,10 @@ def load_config() -> None:
         config.load_kube_config()
 
 
+class ApiNotServed(LookupError):
+    """The API server does not serve this kind (its CRD is not installed)."""
+
+
 class Kube:
     def __init__(self, api_client: client.ApiClient | None = None) -> None:
         self.api_client = api_client or client.ApiClient()
@@ -46,7 +50,10 @@ class Kube:
     def _resource(self, api_version: str, kind: str) -> Any:
         key = (api_version, kind)
         if key not in self._resources:
-            self._resources[key] = self.dynamic.resources.get(api_version=api_version, kind=kind)
+            try:
+                self._resources[key] = self.dynamic.resources.get(api_version=api_version, kind=kind)
+            except ResourceNotFoundError as error:
+                raise ApiNotServed(f"{kind} ({api_version})") from error
         return self._resources[key]
 
     def apply(self, body: dict[str, Any]) -> dict[str, Any]:

@@ -15,8 +15,18 @@ from datetime import datetime
 from tokenmill_runner.progress import format_duration
 
 from . import names
-from .facts import Decision, Event, JobState, Observed, ProgressFacts, RetryDecision, ServerState
-from .status import Condition, DatasetGenerationStatus, DatasetProgress, Progress, ReportStatus, RetryStatus, RunStatus
+from .facts import Decision, Event, JobState, Observed, ProgressFacts, QueueState, RetryDecision, ServerState
+from .status import (
+    Condition,
+    DatasetGenerationStatus,
+    DatasetProgress,
+    Progress,
+    QueueStatus,
+    ReportStatus,
+    RetryStatus,
+    RunStatus,
+    StartupStatus,
+)
 
 __all__ = ["Decision", "Event", "JobState", "Observed", "ProgressFacts", "RetryDecision", "ServerState", "blocked",
            "cannot_observe", "decide", "identity_change", "plan_retry", "reopen", "set_condition"]
@@ -142,6 +152,27 @@ def _run_status(observed: Observed) -> RunStatus | None:
     return observed.previous.run
 
 
+def _queue_status(queue: QueueState | None) -> QueueStatus | None:
+    if queue is None:
+        return None
+    return QueueStatus(name=queue.queue, workload=queue.workload, admitted=queue.admitted, position=queue.position,
+                       cluster_queue=queue.cluster_queue, message=queue.message)
+
+
+def _startup_status(observed: Observed) -> StartupStatus | None:
+    plan = observed.plan or observed.previous.server_plan
+    before = observed.previous.startup or StartupStatus()
+    server = observed.server
+    copy = server.copy_seconds if server and server.copy_seconds is not None else before.observed_copy_seconds
+    load = server.load_seconds if server and server.load_seconds is not None else before.observed_load_seconds
+    predicted = plan.startup if plan else None
+    if predicted is None and copy is None and load is None:
+        return None
+    return StartupStatus(predicted_copy_seconds=predicted.copy_seconds if predicted else None,
+                         predicted_load_seconds=predicted.load_seconds if predicted else None,
+                         observed_copy_seconds=copy, observed_load_seconds=load)
+
+
 def _base_status(observed: Observed, status: _Status, phase: str, message: str) -> DatasetGenerationStatus:
     overall, datasets = _progress(observed)
     previous = observed.previous
@@ -156,6 +187,10 @@ def _base_status(observed: Observed, status: _Status, phase: str, message: str) 
         last_commit_time=_iso(last_commit) if last_commit else previous.last_commit_time,
         run=_run_status(observed),
         retry=observed.retry.status if observed.retry else previous.retry,
+        # A run that ended or was suspended gives its Workload up once its pods are gone; until then it is shown.
+        queue=_queue_status(observed.queue) if observed.queue and (
+            observed.queue.exists or not (terminal or phase == "Suspended")) else None,
+        startup=_startup_status(observed),
         planned_generation=observed.planned_generation or previous.planned_generation,
     )
 
@@ -213,6 +248,22 @@ def _suspended(observed: Observed, status: _Status, replace_job: bool) -> Decisi
     status.set("Ready", "False", "Suspended", message)
     return Decision(_base_status(observed, status, "Suspended", message), server_replicas=0, suspend_job=True,
                     replace_job=replace_job)
+
+
+def _queued(observed: Observed, status: _Status, replace_job: bool) -> Decision:
+    """Not admitted by Kueue (yet, or no longer): like a suspended run, nothing holds a GPU, and once admitted it
+    continues from what is committed."""
+    queue = observed.queue
+    assert queue is not None
+    message = queue.message
+    status.set("Progressing", "False", "Evicted" if queue.evicted else "Queued", message)
+    status.set("ServerReady", "False", "Queued", "no server pods until Kueue admits the run")
+    status.set("Stalled", "False", "Queued")
+    status.set("Ready", "False", "Queued", message)
+    events = [] if observed.previous.phase == "Queued" else [
+        Event("Warning" if queue.evicted else "Normal", "Evicted" if queue.evicted else "Queued", message)]
+    return Decision(_base_status(observed, status, "Queued", message), server_replicas=0, suspend_job=True,
+                    replace_job=replace_job, events=events)
 
 
 def _server_condition(observed: Observed, status: _Status) -> bool:
@@ -325,7 +376,8 @@ def blocked(observed: Observed, reason: str, message: str) -> Decision:
     already = any(c.type == "Ready" and c.reason == reason for c in previous.conditions)
     events = [] if already else [Event("Warning", reason, message)]
     new = _base_status(observed, status, previous.phase, message).model_copy(
-        update={"completion_time": previous.completion_time, "report": previous.report, "run": previous.run})
+        update={"completion_time": previous.completion_time, "report": previous.report, "run": previous.run,
+                "queue": previous.queue})
     return Decision(new, server_replicas=None, events=events)
 
 
@@ -357,6 +409,8 @@ def decide(observed: Observed) -> Decision:
     job, replace_job = observed.job, _outdated(observed)
     if observed.suspended:
         return _suspended(observed, status, replace_job)
+    if observed.queue is not None and not observed.queue.admitted:
+        return _queued(observed, status, replace_job)
     if job is not None and job.finished and not replace_job and not job.deleting:
         return _job_finished(observed, status, job)
     cannot_start = _runner_cannot_start(observed, replace_job)

@@ -22,14 +22,12 @@ from tokenmill_runner.facts.hardware import PRODUCT_LABEL_KEY
 from tokenmill_runner.facts.releases import HEALTH_CHECK_TIMEOUT_S, release, version_key
 from tokenmill_runner.spec.resource import API_VERSION, KIND, DatasetGenerationSpec
 
-from . import names
+from . import cache, names
 from .planner import ServerPlan
 from .planner.attention import given_backend
 
-# aws-cli image used by the init container that copies s3:// weights into the pod. The spec has no field for it
-# yet; pinned (not `latest`) so a restarted pod runs the same copier. Its entrypoint is `aws`.
-DEFAULT_MODEL_SYNC_IMAGE = "amazon/aws-cli:2.27.0"
-SYNC_UID = 65532  # the conventional "nonroot" user: the model copy runs as no user the image knows
+# aws-cli image used by the init container that copies s3:// weights into the pod. The spec has no field for it.
+DEFAULT_MODEL_SYNC_IMAGE = cache.AWS_CLI_IMAGE
 
 API_KEY_SECRET_KEY = "api-key"
 SERVER_API_KEY_ENV = "SGLANG_API_KEY"
@@ -50,6 +48,7 @@ PROBE_PERIOD_S = 10
 # A health probe waits for SGLang's own verdict: its handler answers 503 after HEALTH_CHECK_TIMEOUT_S without a
 # scheduler answer, so the kubelet gives it that long plus a margin for the reply to arrive.
 HEALTH_PROBE_TIMEOUT_S = HEALTH_CHECK_TIMEOUT_S + 5
+DEFAULT_STARTUP_BUDGET_S = 3600  # a plan kept in status from before start-up was predicted
 # `tokenmill run` exit codes (docs: README "Exit codes"). 2: a usage or spec error; the operator builds the same
 # command line and spec for every index, so no retry and no other index can succeed either.
 RUNNER_EXIT_USAGE = 2
@@ -131,30 +130,8 @@ def _s3_files(location: str, volume: str, root: str, spec: DatasetGenerationSpec
 
 def _sync_container(location: str, volume: str, root: str, target: str, spec: DatasetGenerationSpec,
                     excludes: tuple[str, ...]) -> Manifest:
-    source = location if location.endswith("/") else location + "/"  # a prefix, never a sibling like prefix-v2
-    command = ["aws", "s3", "sync", source, target, "--no-progress"]
-    if spec.output.endpoint:
-        command += ["--endpoint-url", spec.output.endpoint]
-    for pattern in excludes:
-        command += ["--exclude", pattern]
-    env = [{"name": "HOME", "value": "/tmp"}]  # the aws CLI's cache; the image's own HOME belongs to root
-    if spec.output.region:
-        env += [{"name": "AWS_DEFAULT_REGION", "value": spec.output.region}]
-    container: Manifest = {
-        "name": f"sync-{volume}",
-        "image": DEFAULT_MODEL_SYNC_IMAGE,
-        "command": command,
-        "env": env,
-        "volumeMounts": [{"name": volume, "mountPath": root}],
-        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
-        # The aws-cli image defaults to root, which copying files into an emptyDir (mode 0777) does not need.
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-                            "runAsNonRoot": True, "runAsUser": SYNC_UID, "runAsGroup": SYNC_UID},
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-    }
-    if spec.output.credentials_secret:
-        container["envFrom"] = [{"secretRef": {"name": spec.output.credentials_secret}}]
-    return container
+    return cache.aws_container(f"sync-{volume}", cache.s3_sync_command(location, target, spec, excludes),
+                               [{"name": volume, "mountPath": root}], spec)
 
 
 def _place(location: str, volume: str, root: str, spec: DatasetGenerationSpec,
@@ -168,9 +145,19 @@ def _place(location: str, volume: str, root: str, spec: DatasetGenerationSpec,
     return PodFiles(path=location)
 
 
-def server_model_files(spec: DatasetGenerationSpec) -> tuple[PodFiles, PodFiles | None]:
-    """(model, tokenizer or None) as the server pod sees them."""
-    model = _place(spec.model.path, "models", MODELS_MOUNT, spec)
+def _cached_model(spec: DatasetGenerationSpec, plan: ServerPlan) -> PodFiles:
+    path, volumes, mounts, init_containers = cache.server_files(spec, plan.weight_bytes, MODELS_MOUNT, "models")
+    return PodFiles(path=path, volumes=tuple(volumes), mounts=tuple(mounts), init_containers=tuple(init_containers))
+
+
+def server_model_files(spec: DatasetGenerationSpec,
+                       plan: ServerPlan | None = None) -> tuple[PodFiles, PodFiles | None]:
+    """(model, tokenizer or None) as the server pod sees them; with spec.model.cache (and a plan, which knows the
+    weights' size), the model comes from the cache (cache.py)."""
+    if spec.model.cache is not None and plan is not None:
+        model = _cached_model(spec, plan)
+    else:
+        model = _place(spec.model.path, "models", MODELS_MOUNT, spec)
     tokenizer = spec.model.tokenizer
     if tokenizer is None or tokenizer == spec.model.path:
         return model, None
@@ -361,6 +348,13 @@ def _server_probes(port_name: str, startup_timeout_s: int) -> dict[str, Manifest
     }
 
 
+def _startup_budget(spec: DatasetGenerationSpec, plan: ServerPlan) -> int:
+    """spec.server.startupTimeoutSeconds when set, else the plan's budget from the predicted load."""
+    if spec.server.startup_timeout_seconds is not None:
+        return spec.server.startup_timeout_seconds
+    return plan.startup.probe_seconds if plan.startup else DEFAULT_STARTUP_BUDGET_S
+
+
 def _server_container(name: str, namespace: str, spec: DatasetGenerationSpec, plan: ServerPlan,
                       model: PodFiles, tokenizer: PodFiles | None) -> Manifest:
     server = spec.server
@@ -384,7 +378,7 @@ def _server_container(name: str, namespace: str, spec: DatasetGenerationSpec, pl
         ],
         "resources": _server_resources(spec, plan),
         "volumeMounts": mounts,
-        **_server_probes("http", server.startup_timeout_seconds),
+        **_server_probes("http", _startup_budget(spec, plan)),
         # SGLang images run as root (and their caches belong to root), so no runAsNonRoot and no read-only root
         # filesystem here. Over TCP and NVLink, NCCL needs no capability (CUDA IPC handles travel over Unix
         # sockets): drop them all. InfiniBand/RoCE would need IPC_LOCK, device mounts and host networking, which
@@ -408,7 +402,7 @@ def _node_selector(spec: DatasetGenerationSpec, plan: ServerPlan) -> dict[str, s
 
 
 def _server_pod(name: str, namespace: str, spec: DatasetGenerationSpec, plan: ServerPlan) -> Manifest:
-    model, tokenizer = server_model_files(spec)
+    model, tokenizer = server_model_files(spec, plan)
     files = [model] + ([tokenizer] if tokenizer else [])
     pod_spec: Manifest = {
         # Service links would inject <SERVICE>_PORT variables; one named like an SGLANG_* setting would change it.

@@ -17,7 +17,7 @@ from .status import CONDITION_TYPES, DatasetGenerationStatus, Progress
 
 logger = logging.getLogger(__name__)
 
-PHASES = ("Pending", "StartingServer", "Generating", "Reporting", "Succeeded", "Failed", "Suspended")
+PHASES = ("Pending", "Queued", "StartingServer", "Generating", "Reporting", "Succeeded", "Failed", "Suspended")
 REGISTRY = CollectorRegistry()
 KEY = ("dsgen", "namespace")
 PER_DATASET = (*KEY, "dataset")

@@ -14,7 +14,7 @@ import yaml
 
 from tokenmill_runner.spec.resource import load_spec_file
 
-from . import manifests, names
+from . import cache, kueue, manifests, names
 from .model_files import make_plan
 from .planner import render_plan, workload
 
@@ -56,14 +56,21 @@ def objects(resource, plan, runner_image: str) -> list[dict]:
     owner = manifests.owner_reference({"apiVersion": resource.api_version, "kind": resource.kind,
                                        "metadata": {"name": name, "uid": PLACEHOLDER_UID}})
     urls = names.server_urls(name, namespace, spec.server.port, plan.replicas, plan.nodes_per_replica)
+    image = spec.runner.image or runner_image
+    queue = kueue.queue_name((resource.metadata.model_extra or {}).get("labels"))
+    shared = spec.model.cache is not None and spec.model.cache.mode == "sharedVolume"
+    digest = cache.model_digest(spec, plan.weight_bytes)
     return [
+        *([kueue.run_workload(name, namespace, owner, queue, spec, plan, image)] if queue else []),
+        *([cache.shared_claim(namespace, spec.model.cache, digest, plan.weight_bytes),  # type: ignore[arg-type]
+           cache.fill_job(namespace, spec, digest)] if shared else []),
         manifests.api_key_secret(name, namespace, owner, "<generated at create time>"),
         manifests.server_service(name, namespace, owner, spec),
         manifests.network_policy(name, namespace, owner, spec),
         manifests.runner_network_policy(name, namespace, owner),
         manifests.server_statefulset(name, namespace, owner, spec, plan),
         manifests.runner_configmap(name, namespace, owner, spec),
-        manifests.runner_job(name, namespace, owner, spec, spec.runner.image or runner_image, urls),
+        manifests.runner_job(name, namespace, owner, spec, image, urls),
     ]
 
 

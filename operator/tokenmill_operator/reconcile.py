@@ -26,16 +26,19 @@ from tokenmill_runner.store.lease import read_lease
 from tokenmill_runner.store.manifest import ManifestError, Owner, read_manifest
 from tokenmill_runner.store.storage import Storage, StorageError, StorageRetry, open_storage
 
-from . import manifests, names, policy
-from .facts import Decision, JobState, Observed, ServerState
+from . import cache, kueue, manifests, names, policy
+from .facts import Decision, JobState, Observed, QueueState, ServerState
 from .faults import crash_point
 from .gather import (
+    KueueMissing,
     OutputIndex,
     PassCancelled,
     never,
     node_driver_major,
+    observe_fill,
     observe_job,
     observe_progress,
+    observe_queue,
     observe_server,
 )
 from .kube import Kube, KubeUnavailable
@@ -67,7 +70,8 @@ UNOBSERVABLE = (StorageError, KubeUnavailable, OSError, ManifestError)
 class OperatorSettings:
     runner_image: str = os.environ.get("TOKENMILL_RUNNER_IMAGE", "ghcr.io/tokenmill/tokenmill-runner:0.1.0")
     stall_after_s: float = float(os.environ.get("TOKENMILL_STALL_SECONDS", "900"))
-    # Extra labels on runner pods (JSON object); the e2e tests use it to hold Job pods running under kwok.
+    # Extra labels on the pods of the Jobs it creates, the runner's and the model cache's fill (JSON object); the
+    # e2e tests use it to hold Job pods running under kwok.
     runner_pod_labels: dict[str, str] = field(
         default_factory=lambda: orjson.loads(os.environ.get("TOKENMILL_RUNNER_POD_LABELS", "{}")))
     # Where Prometheus runs: the only namespace whose scraper the NetworkPolicies admit (none when unset).
@@ -173,15 +177,51 @@ def plan_for(context: Context, credentials: dict[str, str] | None,
 
 
 @dataclass(frozen=True)
+class Queueing:
+    """The run's Kueue Workload: as it should be, as it is, and what it says."""
+
+    desired: dict[str, Any]
+    current: dict[str, Any] | None
+    state: QueueState
+
+
+@dataclass(frozen=True)
 class Facts:
     job: JobState | None
     job_started: datetime | None
     server: ServerState | None
+    queueing: Queueing | None = None
+    cache_ready: bool = True  # the shared model cache is filled (or none is used)
 
 
-def _observe_cluster(kube: Kube, context: Context) -> Facts:
+def _queueing(kube: Kube, context: Context, plan: ServerPlan | None, settings: OperatorSettings) -> Queueing | None:
+    queue = kueue.queue_name(context.body["metadata"].get("labels"))
+    if queue is None or plan is None:
+        return None
+    spec = context.spec
+    desired = kueue.run_workload(context.name, context.namespace, manifests.owner_reference(context.body), queue,
+                                 spec, plan, spec.runner.image or settings.runner_image)
+    state, current = observe_queue(kube, context.name, context.namespace, queue, desired)
+    return Queueing(desired, current, state)
+
+
+def _shared_cache_digest(spec: DatasetGenerationSpec, plan: ServerPlan | None) -> str | None:
+    if plan is None or spec.model.cache is None or spec.model.cache.mode != "sharedVolume":
+        return None
+    return cache.model_digest(spec, plan.weight_bytes)
+
+
+def _observe_cluster(kube: Kube, context: Context, plan: ServerPlan | None, settings: OperatorSettings) -> Facts:
     job, started = observe_job(kube, context.name, context.namespace)
-    return Facts(job, started, observe_server(kube, context.name, context.namespace))
+    server = observe_server(kube, context.name, context.namespace)
+    digest = _shared_cache_digest(context.spec, plan)
+    fill = observe_fill(kube, context.namespace, digest) if digest else None
+    if fill is not None and fill.problem is not None:  # no server pod mounts the volume before it is filled
+        server = ServerState(server.desired if server else 0, 0, *fill.problem)
+    elif fill is not None and server is not None:
+        server = replace(server, copy_seconds=fill.copy_seconds)
+    return Facts(job, started, server, _queueing(kube, context, plan, settings),
+                 cache_ready=fill is None or fill.problem is None)
 
 
 def _server_urls(context: Context, plan: ServerPlan | None) -> list[str] | None:
@@ -224,6 +264,7 @@ def _observed(context: Context, output: OutputIndex, storage: Storage, planning:
         wanted_run=RunStatus.model_validate({**manifests.run_identity(spec), "jobHash": desired_hash or ""}),
         retry=retry, reopened=reopened,
         foreign_output=foreign_run(run, read_lease(storage), spec, context.owner, now),
+        queue=facts.queueing.state if facts.queueing else None,
     )
 
 
@@ -248,13 +289,15 @@ def reconcile(kube: Kube, context: Context, output: OutputIndex, settings: Opera
         return cannot_observe(base, planning.transient)
     try:
         storage = storage_for(spec.output.uri, spec, credentials)
-        facts = _observe_cluster(kube, context)
+        facts = _observe_cluster(kube, context, planning.plan or context.previous.server_plan, settings)
         started_run = (facts.job.run if facts.job else None) or context.previous.run
         wanted = RunStatus.model_validate(manifests.run_identity(spec))
         change = identity_change(started_run, wanted)
         if change:
             return blocked(base, "ImmutableFieldChanged", change)
         observed = _observed(context, output, storage, planning, facts, now, settings, stopped)
+    except KueueMissing as error:
+        return blocked(base, "KueueNotInstalled", str(error))
     except UNOBSERVABLE as error:
         return cannot_observe(base, str(error))
     decision = decide(observed)
@@ -269,12 +312,25 @@ def reconcile(kube: Kube, context: Context, output: OutputIndex, settings: Opera
         decision = decide(replace(observed, remembered_report=report))
     if stopped():
         raise PassCancelled
-    _apply(kube, context, decision, planning.plan or context.previous.server_plan, settings, facts.job,
+    _apply(kube, context, decision, planning.plan or context.previous.server_plan, settings, facts,
            observed.retry.token if observed.retry else "")
+    _apply_queueing(kube, context, decision, facts.queueing, now)
     return with_retry_event(decision, observed.retry)
 
 
 # -------------------------------------------------------------------------------------------------- applying
+
+
+def _ensure_shared_cache(kube: Kube, context: Context, plan: ServerPlan, settings: OperatorSettings) -> None:
+    """The claim and the fill Job of the model's digest, made by the first resource that needs them (create-only:
+    another resource serving the model finds them and reuses the copy)."""
+    spec, namespace = context.spec, context.namespace
+    assert spec.model.cache is not None
+    digest = cache.model_digest(spec, plan.weight_bytes)
+    kube.create_if_absent(cache.shared_claim(namespace, spec.model.cache, digest, plan.weight_bytes))
+    job = cache.fill_job(namespace, spec, digest)
+    job["spec"]["template"]["metadata"]["labels"].update(settings.runner_pod_labels)
+    kube.create_if_absent(job)
 
 
 def _ensure_children(kube: Kube, context: Context, plan: ServerPlan, settings: OperatorSettings,
@@ -310,21 +366,49 @@ def _replace_job(kube: Kube, context: Context, job: JobState) -> None:
 
 
 def _apply(kube: Kube, context: Context, decision: Decision, plan: ServerPlan | None,
-           settings: OperatorSettings, job: JobState | None, retry_token: str) -> None:
-    name, namespace = context.name, context.namespace
+           settings: OperatorSettings, facts: Facts, retry_token: str) -> None:
+    name, namespace, job = context.name, context.namespace, facts.job
     if decision.replace_job and job is not None:
         _replace_job(kube, context, job)
     if decision.delete_server:
         kube.delete("apps/v1", "StatefulSet", names.server_name(name), namespace)
     elif plan is not None and decision.server_replicas is not None:
-        _ensure_children(kube, context, plan, settings, decision.server_replicas, decision.create_job,
-                         retry_token)
+        # The shared cache is filled while the run starts or waits in its Kueue queue (the fill holds no GPU and
+        # no quota), never while it is suspended; no server pod exists before it is filled.
+        if not facts.cache_ready and decision.status.phase in ("Queued", "StartingServer", "Generating"):
+            _ensure_shared_cache(kube, context, plan, settings)
+        _ensure_children(kube, context, plan, settings, decision.server_replicas if facts.cache_ready else 0,
+                         decision.create_job, retry_token)
     if job is None or decision.replace_job or job.finished or job.deleting:
         return
     if job.suspended != decision.suspend_job:
         kube.patch("batch/v1", "Job", names.runner_name(name), namespace, {"spec": {"suspend": decision.suspend_job}})
         if decision.suspend_job:
             crash_point("suspended")
+
+
+def _apply_queueing(kube: Kube, context: Context, decision: Decision, queueing: Queueing | None,
+                    now: datetime) -> None:
+    """Keep the run's Workload in step with the decision. Kueue's quota is handed back only once the run's pods
+    are gone (as Kueue's own job integrations do): a run that ended or was suspended deletes its Workload (and
+    leaves the queue), an outdated one is replaced, an evicted one has its admission cleared and queues again."""
+    workload = kueue.workload_name(context.name)
+    if queueing is None:
+        if context.previous.queue is not None:  # the queue label was removed: leave the queue
+            kube.delete(kueue.WORKLOAD_API, kueue.WORKLOAD_KIND, workload, context.namespace)
+        return
+    state = queueing.state
+    leaving = decision.status.phase in ("Succeeded", "Failed", "Suspended") or state.finished or state.reshaped
+    if not state.exists:
+        if not leaving:
+            kube.create_if_absent(queueing.desired)
+    elif state.pods_left:
+        return
+    elif leaving:
+        kube.delete(kueue.WORKLOAD_API, kueue.WORKLOAD_KIND, workload, context.namespace)
+    elif state.evicted and queueing.current is not None:
+        kube.patch_status(kueue.WORKLOAD_API, kueue.WORKLOAD_KIND, workload, context.namespace,
+                          kueue.release_patch(queueing.current, now.isoformat().replace("+00:00", "Z")))
 
 
 # ---------------------------------------------------------------------------------------------- one whole pass
@@ -367,6 +451,7 @@ def settled(body: dict[str, Any], previous: DatasetGenerationStatus) -> bool:
     request = (meta.get("annotations") or {}).get(names.RETRY_ANNOTATION)
     handled = previous.retry.handled if previous.retry else None
     return (previous.phase == "Succeeded" and previous.observed_generation == meta.get("generation", 0)
+            and previous.queue is None  # a Kueue Workload still to delete once the pods are gone
             and (not request or retry_value(request) == handled))
 
 

@@ -10,7 +10,7 @@ from pydantic.alias_generators import to_camel
 from .planner import ServerPlan
 
 CONDITION_TYPES = ("ServerReady", "Progressing", "Stalled", "Succeeded", "Failed", "Ready")
-Phase = Literal["Pending", "StartingServer", "Generating", "Reporting", "Succeeded", "Failed",
+Phase = Literal["Pending", "Queued", "StartingServer", "Generating", "Reporting", "Succeeded", "Failed",
                 "Suspended"]
 
 
@@ -75,6 +75,28 @@ class RetryStatus(StatusModel):
                                                        "(part of the runner Job's hash).")
 
 
+class StartupStatus(StatusModel):
+    """The weights' copy and load: predicted by the plan, and as observed on a server pod."""
+
+    predicted_copy_seconds: int | None = Field(None, description="The plan's copy of the weights.")
+    predicted_load_seconds: int | None = Field(None, description="The plan's load (CUDA graphs, warmup included).")
+    observed_copy_seconds: int | None = Field(None, description="The copy as it ran (the copying init container, "
+                                                                "or the shared cache's fill Job).")
+    observed_load_seconds: int | None = Field(None, description="From SGLang's start until the pod was Ready.")
+
+
+class QueueStatus(StatusModel):
+    """Where the run stands in Kueue (set when the resource has the kueue.x-k8s.io/queue-name label)."""
+
+    name: str = Field(description="The LocalQueue (the kueue.x-k8s.io/queue-name label).")
+    workload: str = Field(description="The Kueue Workload that stands for the whole run (server and runner pods).")
+    admitted: bool = Field(False, description="Kueue admitted the Workload: the run may hold its GPUs.")
+    position: int | None = Field(None, description="Place among the LocalQueue's workloads waiting for quota "
+                                                   "(1 is next), while not admitted.")
+    cluster_queue: str | None = Field(None, description="The ClusterQueue that admitted it.")
+    message: str = Field("", description="What Kueue says about it.")
+
+
 class DatasetGenerationStatus(StatusModel):
     observed_generation: int = Field(0, description="The .metadata.generation the status reflects.")
     phase: Phase = Field("Pending", description="Display-only summary of the conditions.")
@@ -89,6 +111,8 @@ class DatasetGenerationStatus(StatusModel):
     last_commit_time: str | None = Field(None, description="Time of the newest commit marker.")
     run: RunStatus | None = Field(None, description="What the run was started with (set with the first runner Job).")
     retry: RetryStatus | None = Field(None, description="The last retry request handled.")
+    queue: QueueStatus | None = Field(None, description="Kueue admission, when the run is queued through Kueue.")
+    startup: StartupStatus | None = Field(None, description="The weights' copy and load, predicted and observed.")
     planned_generation: int = Field(0, description="The .metadata.generation serverPlan was computed for.")
     observation_failed_since: str | None = Field(
         None, description="Since when storage or the API server cannot be read (unset once they can).")

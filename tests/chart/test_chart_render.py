@@ -140,6 +140,10 @@ NAMESPACED_NEEDS = {
     ("", "configmaps"): {"get", "create", "patch"},
     ("networking.k8s.io", "networkpolicies"): {"get", "create", "patch"},
     ("", "secrets"): {"get", "create"},
+    # spec.model.cache (sharedVolume): the claim per model digest; Kueue: the run's Workload (docs/cluster.md).
+    ("", "persistentvolumeclaims"): {"get", "create"},
+    ("kueue.x-k8s.io", "workloads"): {"get", "list", "create", "delete"},
+    ("kueue.x-k8s.io", "workloads/status"): {"patch"},
 }
 CRD_NEEDS = {("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"}}
 NODE_NEEDS = {("", "nodes"): {"list"}}  # the GPU nodes' driver label, read when a plan is made

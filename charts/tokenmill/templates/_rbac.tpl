@@ -60,6 +60,19 @@ CRD rule (kopf scans CustomResourceDefinitions, which are cluster-scoped).
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get, create]
+# The shared model cache (spec.model.cache, docs/cluster.md): one claim per model digest, created if absent, and
+# its fill Job (batch jobs above).
+- apiGroups: [""]
+  resources: [persistentvolumeclaims]
+  verbs: [get, create]
+# Kueue (docs/cluster.md): the Workload of a run labelled kueue.x-k8s.io/queue-name; listed for the run's place in
+# its LocalQueue, deleted when the run ends, its quota handed back (status) after an eviction.
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads]
+  verbs: [get, list, create, delete]
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads/status]
+  verbs: [patch]
 {{- end }}
 {{- end }}
 {{- define "tokenmill.crdRules" -}}

@@ -9,6 +9,7 @@ by `tokenmill plan` and stored in the resource's status.
 from __future__ import annotations
 
 import logging
+import math
 
 from tokenmill_runner.spec.resource import DatasetGenerationSpec
 from tokenmill_runner.facts.workload import Workload
@@ -18,8 +19,10 @@ from .memory import kv_bytes_per_token_per_rank, sglang_default_mem_fraction
 from .model import ModelFacts, model_facts
 from .plan import Candidate, MemoryTerm, PlanError, Prediction, ServerPlan
 from .sizing import MIN_BATCH_REQUESTS, size_server, workload
+from .startup import StartupPlan, predict_startup, startup_gpu_seconds
 
 __all__ = ["MIN_BATCH_REQUESTS", "Candidate", "MemoryTerm", "ModelFacts", "PlanError", "Prediction", "ServerPlan",
+           "StartupPlan",
            "kv_bytes_per_token_per_rank", "model_facts", "plan_server", "render_plan", "sglang_default_mem_fraction",
            "workload"]
 
@@ -35,8 +38,30 @@ def plan_server(spec: DatasetGenerationSpec, model: ModelFacts, gpu_memory_mib: 
     node_driver_major is the GPU nodes' NVIDIA driver branch (label nvidia.com/cuda.driver.major), when read.
     """
     sizing = size_server(spec, model, gpu_memory_mib, work, node_driver_major)
-    plan = sizing.to_plan(reasoning(sizing), notes(sizing))
+    plan = with_startup(sizing.to_plan(reasoning(sizing), notes(sizing)), spec)
     logger.debug("server plan: %d x TP %d (DP attention %d) on %d node(s), %d KV tokens, batch %d",
                  plan.replicas, plan.tensor_parallel, plan.attention_data_parallel, plan.nodes_per_replica,
                  plan.kv_capacity_tokens, sizing.chosen.batch)
     return plan
+
+
+def _started(prediction: Prediction | None, startup: StartupPlan, gpus: int) -> Prediction | None:
+    """The prediction with the start-up added: to the ETA, and to the GPU-hours while the pods hold their GPUs."""
+    if prediction is None or prediction.generation_seconds is not None:
+        return prediction
+    generation = prediction.eta_seconds
+    held = generation + startup_gpu_seconds(startup)
+    return prediction.model_copy(update={"generation_seconds": generation, "eta_seconds": generation + startup.seconds,
+                                         "gpu_hours": round(held * gpus / 3600, 1)})
+
+
+def with_startup(plan: ServerPlan, spec: DatasetGenerationSpec) -> ServerPlan:
+    """The plan with the weights' copy and load predicted and counted in every layout's ETA and GPU-hours (the
+    layout choice stays on generation: every layout copies the same bytes)."""
+    startup = predict_startup(spec, plan.weight_bytes, plan.nodes_per_replica)
+    candidates = [c.model_copy(update={"prediction": _started(c.prediction, predict_startup(
+        spec, plan.weight_bytes, math.ceil(c.tensor_parallel / plan.gpus_per_node)), c.gpus)})
+        for c in plan.candidates]
+    gpus = plan.replicas * plan.tensor_parallel
+    return plan.model_copy(update={"startup": startup, "prediction": _started(plan.prediction, startup, gpus),
+                                   "candidates": candidates})

@@ -12,6 +12,7 @@ from tokenmill_runner.facts.throughput import simulator_step
 from .memory import MIB, Capacity, sglang_reserve, vlm_factor
 from .plan import Candidate, ServerPlan
 from .sizing import FP8_OPTION, MIN_BATCH_REQUESTS, TIE, Option, Sizing, memory_choices
+from .startup import describe
 from .units import count, duration, elements, gib, per_token
 
 
@@ -87,6 +88,8 @@ def render_plan(plan: ServerPlan) -> str:
         rows.insert(1, ("predicted", f"{p.output_tokens_per_second:,} output tokens/s ({p.decode_tokens_per_second:,} "
                                      f"decode at the full batch), ETA {duration(p.eta_seconds)} for {p.samples:,} "
                                      f"samples, {p.gpu_hours:,.1f} GPU-hours"))
+        if plan.startup and p.generation_seconds is not None:
+            rows.insert(2, ("ETA", describe(plan.startup, p.generation_seconds)))
     width = max(len(name) for name, _ in rows)
     lines = [f"{name.ljust(width)}  {value}" for name, value in rows]
     table = ["", "layouts considered (* = chosen):", *(f"  {line}" for line in candidate_table(plan))]

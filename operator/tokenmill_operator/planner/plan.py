@@ -7,6 +7,8 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from .startup import StartupPlan
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
@@ -19,8 +21,11 @@ class Prediction(_Model):
         description="Steady decode output tokens/s of all replicas at the full batch, no prefill.")
     output_tokens_per_second: int = Field(
         description="The job's average output tokens/s: prefill and the draining tail included.")
-    eta_seconds: int = Field(description="Predicted seconds from the first request to the last committed sample.")
-    gpu_hours: float = Field(description="GPUs x ETA, hours.")
+    eta_seconds: int = Field(description="Predicted seconds from the start (weights copied and loaded, see "
+                                         "startup) to the last committed sample.")
+    gpu_hours: float = Field(description="GPUs x the time they are held (start-up and generation), hours.")
+    generation_seconds: int | None = Field(
+        None, description="Of the ETA: from the first request to the last committed sample.")
     batch_per_replica: int = Field(description="Requests one replica runs at once (KV cache, slots or concurrency).")
     bound: str = Field(description="What limits a full decode step: memory, compute or overhead (floor, links).")
     samples: int = Field(description="Samples the ETA is for.")
@@ -89,6 +94,7 @@ class ServerPlan(_Model):
         description="Requests that fit one replica's KV cache at the expected length."
     )
     prediction: Prediction | None = Field(None, description="Predicted throughput, ETA and GPU-hours of this layout.")
+    startup: StartupPlan | None = Field(None, description="Predicted copy and load of the weights (in the ETA).")
     candidates: list[Candidate] = Field(default_factory=list, description="Every layout considered, chosen one marked.")
     overrides: list[str] = Field(default_factory=list, description="Fields taken from the spec as given.")
     reasoning: list[str] = Field(default_factory=list, description="The arithmetic, one line per step.")

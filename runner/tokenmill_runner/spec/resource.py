@@ -135,6 +135,31 @@ class ReasoningSpec(SpecModel):
         return [] if self.end_token is None else [self.end_token]
 
 
+class ModelCacheSpec(SpecModel):
+    """Copy s3:// weights once instead of into every server pod on every start (docs/cluster.md)."""
+
+    mode: Literal["sharedVolume", "nodeLocal"] = Field(
+        description="sharedVolume: one PersistentVolumeClaim per model, filled once by a Job and mounted read-only "
+        "by every server pod of every resource serving that model. nodeLocal: a host folder (local NVMe) filled "
+        "once per node under a lock, checked against the model's digest before SGLang starts.")
+    storage_class: str | None = Field(
+        None, description="sharedVolume: the claim's storage class (default: the cluster's default class).")
+    access_mode: Literal["ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod"] = Field(
+        "ReadWriteMany", description="sharedVolume: the claim's access mode. ReadWriteMany lets server pods on "
+        "several nodes share it; ReadWriteOnce only serves pods on one node.")
+    size: str | None = Field(None, description="sharedVolume: the claim's size (a quantity, e.g. 700Gi); default: "
+                                               "the weights plus 10%, in whole GiB.")
+    host_path: str = Field("/mnt/nvme/tokenmill-models", description="nodeLocal: the folder on each node that "
+                                                                    "holds one sub-folder per model digest.")
+
+    @field_validator("host_path")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/") or value.rstrip("/") == "":
+            raise ValueError(f"{value!r}: an absolute folder on the node other than /, e.g. /mnt/nvme/models")
+        return value.rstrip("/")
+
+
 class ModelSpec(SpecModel):
     path: str = Field(
         description="Model location: s3://bucket/prefix/, pvc://claim/path, a Hugging Face id, or (local runs) a folder."
@@ -151,6 +176,16 @@ class ModelSpec(SpecModel):
         description="Token that opens a tool call in outputs; defaults to the first known one the tokenizer has "
         "(<|tool_calls_section_begin|>, <tool_call>, <｜tool▁calls▁begin｜>).",
     )
+    cache: ModelCacheSpec | None = Field(
+        None, description="Copy s3:// weights once (a shared volume or each node's disk) instead of into every "
+        "server pod on every start. Only for an s3:// path.")
+
+    @model_validator(mode="after")
+    def _cache_needs_s3(self) -> ModelSpec:
+        if self.cache is not None and not self.path.startswith("s3://"):
+            raise ValueError(f"cache: only s3:// weights are copied, and model.path is {self.path!r}; a pvc:// "
+                             "volume is already filled and a Hugging Face id is downloaded by SGLang: remove cache")
+        return self
 
 
 class SamplingSpec(SpecModel):
@@ -355,9 +390,10 @@ class ServerSpec(SpecModel):
         "in use accepts (mxfp8, nvfp4, fp4_mx_block16 from 0.5.16; fp4_e2m1 until 0.5.20).",
     )
     port: int = Field(30000, gt=0, lt=65536, description="SGLang HTTP port (/generate, /health, /metrics).")
-    startup_timeout_seconds: int = Field(
-        3600, gt=0, le=MAX_TIMEOUT_SECONDS,
-        description="How long a server may load weights before its startup probe fails it (at most a week)."
+    startup_timeout_seconds: int | None = Field(
+        None, gt=0, le=MAX_TIMEOUT_SECONDS, description="How long a server may load weights before its startup probe "
+        "fails it (at most a week); default: three times the plan's predicted load (weights, CUDA graphs, warmup), "
+        "at least 1800 s.",
     )
     shm_size: str = Field(
         "64Gi", pattern=r"^[1-9][0-9]{0,3}Gi$", description="Size of the in-memory /dev/shm volume (NCCL needs a large "

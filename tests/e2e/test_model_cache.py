@@ -1,0 +1,98 @@
+"""spec.model.cache on the real control plane: the claim and the one fill Job per model digest, no server pod
+before the fill succeeded, a second resource serving the same model reusing the copy; node-local objects."""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import HOLD_LABEL, Cluster
+from .operator_kit import (  # noqa: F401  (fixtures)
+    NAME,
+    b5_resource,
+    condition,
+    credentials,
+    crd,
+    dsgen,
+    operator,
+    s3_world,
+)
+
+pytestmark = pytest.mark.e2e
+
+SECOND = "b5-second"
+FILL = "app.kubernetes.io/component=model-cache"
+
+
+def cached(namespace: str, endpoint: str, name: str, cache: dict) -> dict:
+    return b5_resource(namespace, endpoint, name, **{"model.cache": cache,
+                                                     "output.uri": f"s3://tokenmill-data/runs/{namespace}/{name}/"})
+
+
+def server_pods(cluster: Cluster, namespace: str, name: str) -> list:
+    selector = f"app.kubernetes.io/instance={name},app.kubernetes.io/component=server"
+    return cluster.core.list_namespaced_pod(namespace, label_selector=selector).items
+
+
+def ready(pods: list) -> list:
+    return [p for p in pods if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])]
+
+
+@pytest.fixture
+def shared_class(cluster: Cluster, namespace: str):
+    """A storage class name with one pre-made ReadWriteMany volume (the local cluster has no provisioner)."""
+    name = f"{namespace}-shared"
+    cluster.apply({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name},
+                   "spec": {"storageClassName": name, "capacity": {"storage": "2Ti"},
+                            "accessModes": ["ReadWriteMany"], "hostPath": {"path": f"/tmp/{name}"}}})
+    yield name
+    cluster.kubectl("delete", "pv", name, "--ignore-not-found", "--wait=false")
+
+
+def test_shared_volume_is_filled_once_before_any_server_and_reused(cluster, namespace, operator, credentials,
+                                                                    s3_world, shared_class):
+    cluster.apply(cached(namespace, s3_world, NAME, {"mode": "sharedVolume", "storageClass": shared_class}))
+    fill_pod = cluster.wait_for(lambda: [p for p in cluster.core.list_namespaced_pod(
+        namespace, label_selector=FILL).items if p.status.phase == "Running"], "the fill pod running", timeout=90)[0]
+    digest = fill_pod.metadata.labels["tokenmill.io/model-digest"]
+    claim = cluster.core.read_namespaced_persistent_volume_claim(f"tokenmill-model-{digest}", namespace)
+    assert claim.spec.storage_class_name == shared_class and claim.spec.access_modes == ["ReadWriteMany"]
+    assert not claim.metadata.owner_references  # shared: it outlives each resource
+    filling = cluster.wait_for(lambda: (lambda o: o if (condition(o, "ServerReady") or {}).get("reason")
+                                        == "FillingModelCache" else None)(dsgen(cluster, namespace)),
+                               "ServerReady FillingModelCache", timeout=60)
+    assert f"tokenmill-model-{digest}" in condition(filling, "ServerReady")["message"]
+
+    cluster.apply(cached(namespace, s3_world, SECOND, {"mode": "sharedVolume", "storageClass": shared_class}))
+    cluster.wait_for(lambda: (lambda o: o if (condition(o, "ServerReady") or {}).get("reason")
+                              == "FillingModelCache" else None)(dsgen(cluster, namespace, SECOND)),
+                     "the second resource waiting for the same fill", timeout=60)
+    assert server_pods(cluster, namespace, NAME) == [] and server_pods(cluster, namespace, SECOND) == []
+    assert len(cluster.batch.list_namespaced_job(namespace, label_selector=FILL).items) == 1
+
+    cluster.core.patch_namespaced_pod(fill_pod.metadata.name, namespace, {"metadata": {"labels": {HOLD_LABEL: None}}})
+    job = cluster.wait_for(lambda: (lambda j: j if j.status.completion_time else None)(
+        cluster.batch.read_namespaced_job(f"tokenmill-fill-{digest}", namespace)), "the fill Job complete", timeout=60)
+    for name in (NAME, SECOND):
+        [pod] = cluster.wait_for(lambda: ready(server_pods(cluster, namespace, name)), f"{name}'s server", timeout=90)
+        assert pod.metadata.creation_timestamp >= job.status.completion_time  # never before the copy is whole
+        [volume] = [v for v in pod.spec.volumes if v.name == "models"]
+        assert volume.persistent_volume_claim.claim_name == f"tokenmill-model-{digest}"
+        assert volume.persistent_volume_claim.read_only
+        assert [c.name for c in pod.spec.init_containers] == ["verify-model-cache"]
+        args = pod.spec.containers[0].args
+        assert args[args.index("--model-path") + 1] == f"/models/{digest}/model"
+    assert len(cluster.batch.list_namespaced_job(namespace, label_selector=FILL).items) == 1
+
+
+def test_node_local_cache_fills_in_the_server_pod_under_the_lock(cluster, namespace, operator, credentials,
+                                                                 s3_world):
+    cluster.apply(cached(namespace, s3_world, NAME, {"mode": "nodeLocal", "hostPath": "/mnt/nvme/models"}))
+    [pod] = cluster.wait_for(lambda: ready(server_pods(cluster, namespace, NAME)), "the server", timeout=90)
+    [volume] = [v for v in pod.spec.volumes if v.name == "models"]
+    assert volume.host_path.path == "/mnt/nvme/models" and volume.host_path.type == "DirectoryOrCreate"
+    [fill] = pod.spec.init_containers
+    script = fill.command[2]
+    assert fill.name == "fill-node-cache" and 'mkdir "$lock"' in script and "aws s3 sync" in script
+    assert all(m.read_only for m in pod.spec.containers[0].volume_mounts if m.name == "models")
+    assert cluster.core.list_namespaced_persistent_volume_claim(namespace).items == []
+    assert cluster.batch.list_namespaced_job(namespace, label_selector=FILL).items == []

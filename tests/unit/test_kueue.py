@@ -1,0 +1,170 @@
+"""A run behind a Kueue LocalQueue: the one Workload of the run, what its status means, and the decisions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from tokenmill_operator import kueue
+from tokenmill_operator.facts import QueueState
+from tokenmill_operator.lifecycle import JobState, Observed, ServerState, decide
+from tokenmill_operator.status import DatasetGenerationStatus
+from tokenmill_runner import cli
+from tokenmill_runner.spec.resource import DatasetGenerationSpec
+
+from .test_lifecycle import PLAN, T0, observed
+from .test_plan_cli import kimi_files  # noqa: F401  (fixture)
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "b5-openthoughts.yaml"
+OWNER = {"apiVersion": "tokenmill.io/v1alpha1", "kind": "DatasetGeneration", "name": "b5", "uid": "u-1",
+         "controller": True, "blockOwnerDeletion": True}
+
+
+def spec(**runner) -> DatasetGenerationSpec:
+    document = yaml.safe_load(EXAMPLE.read_text())["spec"]
+    document["runner"] = {**document.get("runner", {}), **runner}
+    return DatasetGenerationSpec.model_validate(document)
+
+
+def run_workload(**runner) -> dict:
+    return kueue.run_workload("b5", "team-a", OWNER, "gpu-queue", spec(**runner), PLAN, "runner:1")
+
+
+def waiting(name: str, created: str, priority: int = 0, queue: str = "gpu-queue", **status) -> dict:
+    return {"metadata": {"name": name, "creationTimestamp": created},
+            "spec": {"queueName": queue, "priority": priority}, "status": status}
+
+
+def cond(type_: str, status: str = "True", reason: str = "R", message: str = "") -> dict:
+    return {"type": type_, "status": status, "reason": reason, "message": message}
+
+
+def test_the_queue_is_kueues_own_label():
+    assert kueue.queue_name({"kueue.x-k8s.io/queue-name": "gpu-queue"}) == "gpu-queue"
+    assert kueue.queue_name({"app": "x"}) is None and kueue.queue_name(None) is None
+
+
+def test_one_workload_holds_the_server_and_the_runner_pods_together():
+    workload = run_workload(parallelism=4)
+    assert workload["apiVersion"] == "kueue.x-k8s.io/v1beta2" and workload["spec"]["queueName"] == "gpu-queue"
+    assert workload["metadata"]["ownerReferences"] == [OWNER]
+    server, runner = workload["spec"]["podSets"]
+    assert (server["name"], server["count"], runner["name"], runner["count"]) == ("server", 1, "runner", 4)
+    gpu = server["template"]["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"]
+    assert gpu == "8"
+    assert runner["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "1"
+    # Kueue picks a flavor from the pods' node selector and tolerations: they come along.
+    assert server["template"]["spec"]["tolerations"][0]["key"] == "nvidia.com/gpu"
+
+
+def test_a_spec_change_in_what_the_run_needs_makes_the_workload_outdated():
+    current = run_workload(parallelism=4)
+    current["status"] = {"conditions": [cond("QuotaReserved"), cond("Admitted")]}
+    same = kueue.queue_state("gpu-queue", run_workload(parallelism=4), current, [])
+    assert same.admitted and not same.reshaped
+    upgraded = kueue.run_workload("b5", "team-a", OWNER, "gpu-queue", spec(parallelism=4), PLAN, "runner:2")
+    assert not kueue.queue_state("gpu-queue", upgraded, current, []).reshaped  # a new image needs no new quota
+    wider = kueue.queue_state("gpu-queue", run_workload(parallelism=8), current, [])
+    assert wider.reshaped and not wider.admitted and "queues again" in wider.message
+
+
+def test_position_follows_kueues_order_priority_then_creation_time():
+    mine = waiting("mine", "2026-11-29T12:05:00Z")
+    queue = [waiting("older", "2026-11-29T12:00:00Z"), waiting("urgent", "2026-11-29T12:10:00Z", priority=100),
+             mine, waiting("newer", "2026-11-29T12:20:00Z"),
+             waiting("running", "2026-11-29T11:00:00Z", conditions=[cond("QuotaReserved")]),
+             waiting("elsewhere", "2026-11-29T11:00:00Z", queue="cpu-queue")]
+    assert kueue.position(mine, queue, "gpu-queue") == 3
+    admitted = waiting("mine", "2026-11-29T12:05:00Z", conditions=[cond("QuotaReserved")])
+    assert kueue.position(admitted, queue, "gpu-queue") is None
+
+
+def test_waiting_says_where_and_why():
+    desired = run_workload()
+    current = {**desired, "metadata": {**desired["metadata"], "creationTimestamp": "2026-11-29T12:05:00Z"},
+               "status": {"conditions": [cond("QuotaReserved", "False", "Pending",
+                                              "couldn't assign flavors to pod set server: insufficient quota")]}}
+    other = waiting("first", "2026-11-29T12:00:00Z")
+    state = kueue.queue_state("gpu-queue", desired, current, [other, current])
+    assert not state.admitted and state.position == 2
+    assert "LocalQueue gpu-queue at position 2: couldn't assign flavors" in state.message
+
+
+def test_eviction_keeps_the_quota_until_the_pods_are_gone_then_hands_it_back():
+    desired = run_workload()
+    current = {**desired, "status": {
+        "admission": {"clusterQueue": "gpus"},
+        "conditions": [cond("QuotaReserved"), cond("Admitted"), cond("Evicted", reason="Preempted",
+                                                                     message="Preempted to accommodate a workload")]}}
+    state = kueue.queue_state("gpu-queue", desired, current, [])
+    assert state.evicted and not state.admitted and "Preempted" in state.message
+    patch = kueue.release_patch(current, "2026-11-29T12:00:00Z")
+    assert patch["admission"] is None
+    by_type = {c["type"]: c for c in patch["conditions"]}
+    assert by_type["QuotaReserved"]["status"] == "False" and by_type["QuotaReserved"]["reason"] == "Pending"
+    assert by_type["Admitted"]["status"] == "False" and by_type["Evicted"]["status"] == "True"
+
+
+def queued(**changes) -> QueueState:
+    base = dict(queue="gpu-queue", workload="b5-run", exists=True, position=2, message="queued at position 2")
+    return QueueState(**{**base, **changes})
+
+
+def test_a_queued_run_holds_no_gpu_and_says_where_it_waits():
+    decision = decide(observed(queue=queued(), server=None))
+    assert decision.status.phase == "Queued" and decision.server_replicas == 0 and not decision.create_job
+    assert decision.status.queue.position == 2 and not decision.status.queue.admitted
+    progressing = next(c for c in decision.status.conditions if c.type == "Progressing")
+    assert (progressing.status, progressing.reason) == ("False", "Queued")
+    assert [e.reason for e in decision.events] == ["Queued"]
+
+
+def test_admission_starts_the_server_and_an_eviction_stops_the_run_without_ending_it():
+    admitted = queued(admitted=True, position=None, cluster_queue="gpus", message="admitted")
+    running = decide(observed(queue=admitted, job=JobState(active=4)))
+    assert running.status.phase == "Generating" and running.server_replicas == 1 and not running.suspend_job
+    assert running.status.queue.admitted and running.status.queue.cluster_queue == "gpus"
+    evicted = decide(observed(queue=queued(evicted=True, position=None, message="evicted by Kueue (Preempted)"),
+                              job=JobState(active=4), previous=running.status))
+    assert evicted.status.phase == "Queued" and evicted.server_replicas == 0 and evicted.suspend_job
+    assert not evicted.delete_server and evicted.status.report is None
+    assert [(e.type, e.reason) for e in evicted.events] == [("Warning", "Evicted")]
+    again = decide(observed(queue=admitted, job=JobState(suspended=True), previous=evicted.status))
+    assert again.status.phase == "Generating" and not again.suspend_job
+
+
+def test_a_suspended_run_shows_its_workload_until_it_is_given_up():
+    stopping = decide(observed(queue=queued(admitted=True, pods_left=1), suspended=True))
+    assert stopping.status.phase == "Suspended" and stopping.status.queue.workload == "b5-run"
+    gone = decide(observed(queue=QueueState(queue="gpu-queue", workload="b5-run"), suspended=True))
+    assert gone.status.queue is None
+
+
+def test_a_succeeded_run_is_settled_only_once_its_workload_is_gone():
+    from tokenmill_operator.reconcile import settled
+    from tokenmill_operator.status import QueueStatus
+
+    body = {"metadata": {"generation": 3}}
+    done = DatasetGenerationStatus(phase="Succeeded", observed_generation=3)
+    assert settled(body, done)
+    holding = done.model_copy(update={"queue": QueueStatus(name="gpu-queue", workload="b5-run")})
+    assert not settled(body, holding)
+
+
+def test_status_without_the_queue_label_is_unchanged():
+    decision = decide(Observed(generation=1, now=T0, suspended=False, previous=DatasetGenerationStatus(),
+                               plan=PLAN, server=ServerState(1, 1)))
+    assert decision.status.queue is None and decision.status.phase == "Generating"
+
+
+def test_tokenmill_plan_lists_the_workload_and_the_cache_objects(tmp_path, capsys, kimi_files):
+    document = yaml.safe_load(EXAMPLE.read_text())
+    document["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "gpu-queue"}
+    document["spec"]["model"]["cache"] = {"mode": "sharedVolume", "storageClass": "nfs"}
+    path = tmp_path / "queued.yaml"
+    path.write_text(yaml.safe_dump(document))
+    assert cli.main(["plan", str(path), "--model-files", str(kimi_files), "--json"]) == 0
+    kinds = [o["kind"] for o in json.loads(capsys.readouterr().out)["objects"]]
+    assert kinds[:3] == ["Workload", "PersistentVolumeClaim", "Job"] and kinds.count("Job") == 2
