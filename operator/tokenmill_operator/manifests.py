@@ -8,7 +8,6 @@ it with the DatasetGeneration) and an explicit label set from `names.labels`, ne
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from tokenmill_runner.spec.config import API_KEY_ENV
 from tokenmill_runner.facts.hardware import GPU_RESOURCE as RESOURCE_BY_VENDOR
 from tokenmill_runner.facts.hardware import PRODUCT_LABEL_KEY
 from tokenmill_runner.facts.releases import HEALTH_CHECK_TIMEOUT_S, release, version_key
-from tokenmill_runner.spec.resource import API_VERSION, KIND, DatasetGenerationSpec
+from tokenmill_runner.spec.resource import API_VERSION, KIND, DatasetGenerationSpec, content_hash
 
 from . import cache, names
 from .planner import ServerPlan
@@ -552,10 +551,7 @@ def runner_job_hash(spec: DatasetGenerationSpec, server_urls: list[str], retry_t
     """The identity of a runner Job: a hash of everything its pods depend on (the spec document they read, their
     command line, their image). `suspend` is left out: suspending keeps the Job. When the hash changes, the operator
     replaces the Job; the new one resumes from what is committed."""
-    document = spec.model_dump(mode="json", by_alias=True, exclude_none=True)
-    document.pop("suspend", None)
-    payload = {"spec": document, "servers": server_urls, "retry": retry_token}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+    return content_hash({"spec": spec.identity_document(), "servers": server_urls, "retry": retry_token})
 
 
 def _runner_env(name: str, spec: DatasetGenerationSpec) -> list[Manifest]:

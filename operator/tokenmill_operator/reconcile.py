@@ -249,7 +249,9 @@ def _observed(context: Context, output: OutputIndex, storage: Storage, planning:
     urls = _server_urls(context, plan)
     desired_hash = manifests.runner_job_hash(spec, urls, retry.token) if urls is not None else None
     ended_hash = job.hash if job is not None else (previous.run.job_hash if previous.run else None)
-    growing = ended and would_generate(spec, read_manifest(storage))
+    # run.json is read only when an ended run's Job would change: what reopening then depends on.
+    changed = ended and desired_hash is not None and ended_hash not in (None, desired_hash)
+    growing = changed and would_generate(spec, read_manifest(storage))
     reopened = reopen(previous, retry, desired_hash, ended_hash, growing)
     if reopened:
         progress, run = observe_progress(storage, output, now, facts.job_started, stopped, full)

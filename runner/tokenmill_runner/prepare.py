@@ -7,8 +7,6 @@ healthy) fails here, before a single request is sent.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
 from datetime import UTC, datetime
 from typing import Any
@@ -37,7 +35,7 @@ from .store.shards import ShardBuffer, clean_leftovers
 from .source.prompts import Prompt, RowError
 from .source.reader import SourceError, describe_source, source_format
 from .source.row_size import RowBound
-from .spec.resource import MAX_CONCURRENCY, DatasetGenerationSpec, SpecError
+from .spec.resource import MAX_CONCURRENCY, DatasetGenerationSpec, SpecError, content_hash
 from .store.lease import LeaseHeld, LeaseKeeper, acquire, process_holder
 from .store.manifest import DatasetLayout, Owner, RunManifest, layout_changes, model_conflict, read_manifest, \
     retire, write_manifest
@@ -134,9 +132,7 @@ def expected_output_tokens(state: DatasetState) -> float:
 
 def spec_hash(spec: DatasetGenerationSpec) -> str:
     """The identity of a spec as `tokenmill run` records it (a runner Job records its Job's hash instead)."""
-    document = spec.model_dump(mode="json", by_alias=True, exclude_none=True)
-    document.pop("suspend", None)
-    return hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()[:16]
+    return content_hash(spec.identity_document())
 
 
 def run_owner(config: RunnerConfig) -> Owner:

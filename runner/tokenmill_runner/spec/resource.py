@@ -6,6 +6,8 @@ them. Field names are the Kubernetes (camelCase) names; Python attributes are sn
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import re
 from collections.abc import Callable
@@ -576,6 +578,18 @@ class DatasetGenerationSpec(SpecModel):
 
     def chat_template_kwargs_for(self, dataset: DatasetSpec) -> dict[str, Any]:
         return {**self.chat_template_kwargs, **dataset.chat_template_kwargs}
+
+
+    def identity_document(self) -> dict[str, Any]:
+        """The spec as what runs from it depends on it: everything but `suspend` (suspending keeps a run as it is)."""
+        document = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        document.pop("suspend", None)
+        return document
+
+
+def content_hash(payload: Any) -> str:
+    """16 hex digits of SHA-256 over the canonical JSON of `payload`: a spec's or a runner Job's identity."""
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
 class ObjectMeta(BaseModel):
