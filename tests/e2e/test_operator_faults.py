@@ -113,20 +113,24 @@ def phases_seen(cluster: Cluster, namespace: str) -> Iterator[list[str]]:
 
 
 # -- the operator killed at each lifecycle point ---------------------------------------------------------------
-def _reach(point: str, cluster: Cluster, namespace: str, s3: str, operator: Operator, work: Path) -> None:
-    """Drive the run to `point`, where the operator kills itself."""
+def _reach(point: str, cluster: Cluster, namespace: str, s3: str, operator: Operator, work: Path) -> k8s.V1Job | None:
+    """Drive the run to `point`, where the operator kills itself. Returns the Job the edit replaces (read before the
+    edit: once the operator has deleted it, the API server may already have forgotten it)."""
     cluster.apply(b5_resource(namespace, s3))
+    replaced = None
     if point == "suspended":
         wait_phase(cluster, namespace, "Generating", timeout=90)
         patch_spec(cluster, namespace, {"suspend": True})
     elif point == "job-replaced":
         wait_phase(cluster, namespace, "Generating", timeout=90)
+        replaced = wait_job(cluster, namespace)
         patch_spec(cluster, namespace, {"sampling": {"maxNewTokens": 4096}})
     elif point == "report-written":
         wait_job(cluster, namespace)
         with simulator_for(cluster, namespace) as simulator:
             play_runner_pods(cluster, namespace, simulator.url, work, count=4)
     operator.wait_killed()
+    return replaced
 
 
 POINTS = ["planned", "server-applied", "job-created", "suspended", "job-replaced", "report-written"]
@@ -137,8 +141,8 @@ def test_operator_killed_at_a_lifecycle_point_finishes_the_run_exactly_once(
         cluster, namespace, operator, credentials, s3_world, tmp_path, point):
     operator.stop()
     operator.start(crash_at=point)
-    _reach(point, cluster, namespace, s3_world, operator, tmp_path / "before")
-    first_job = job_or_none(cluster, namespace)
+    replaced = _reach(point, cluster, namespace, s3_world, operator, tmp_path / "before")
+    first_job = replaced or job_or_none(cluster, namespace)
     operator.start()  # a plain restart, as a Deployment would after a node failure or an OOM kill
     if point == "suspended":
         suspended = wait_phase(cluster, namespace, "Suspended", timeout=60)
