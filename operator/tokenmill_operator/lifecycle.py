@@ -91,17 +91,17 @@ def plan_retry(request: str | None, previous: RetryStatus | None, given_up: int,
 
 def reopen(previous: DatasetGenerationStatus, retry: RetryDecision, desired_job_hash: str | None,
            ended_job_hash: str | None, would_generate: bool = True) -> bool:
-    """Whether an ended run starts again: a retry was accepted, or the run gave samples up, the spec changed what
-    its runner Job would be, and that Job would generate something (runner.retryFailed set, more samples, a higher
-    limit, a new dataset). An edit that changes nothing to generate (a validation threshold) does not bring the
-    server back for a Job that would skip every slot."""
+    """Whether a run that ended with a report (Succeeded, or SamplesGivenUp) starts again: a retry was accepted, or
+    the spec changed what its runner Job would be and that Job would generate something (runner.retryFailed set
+    after giving up, more samples, a higher limit, a new dataset). Succeeded means every slot of the spec is
+    settled, so a spec that asks for more is not Succeeded any more. An edit that changes nothing to generate (a
+    validation threshold, a sampling setting) does not bring the server back for a Job that would skip every slot."""
     if previous.report is None:
         return False
     if retry.accepted:
         return True
-    gave_up = condition_reason(previous.conditions, "Failed") == "SamplesGivenUp"
     changed = desired_job_hash is not None and ended_job_hash not in (None, desired_job_hash)
-    return gave_up and changed and would_generate
+    return changed and would_generate
 
 
 def identity_change(started: RunStatus | None, wanted: RunStatus) -> str | None:

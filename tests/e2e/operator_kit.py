@@ -184,9 +184,11 @@ def _b64(value: str) -> str:
 
 
 def play_pod(cluster: Cluster, namespace: str, pod: k8s.V1Pod, server_url: str, work: Path,
-             s3_endpoint: str | None = None) -> subprocess.Popen:
+             s3_endpoint: str | None = None, extra_args: tuple[str, ...] = (),
+             env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start the real runner with this pod's arguments and environment, talking to the local simulator (and to
-    `s3_endpoint` instead of the spec's, when the test puts a faulty proxy between the operator and S3 only)."""
+    `s3_endpoint` instead of the spec's, when the test puts a faulty proxy between the operator and S3 only);
+    `extra_args` and `env` are the test's own additions (a fault point, a short server wait)."""
     container = pod.spec.containers[0]
     configmap = next(v.config_map.name for v in pod.spec.volumes if v.config_map)
     spec_file = work / f"{pod.metadata.name}.yaml"
@@ -201,10 +203,12 @@ def play_pod(cluster: Cluster, namespace: str, pod: k8s.V1Pod, server_url: str, 
     if s3_endpoint:
         args = [s3_endpoint if i > 0 and args[i - 1] == "--s3-endpoint" else a for i, a in enumerate(args)]
     index = pod.metadata.annotations["batch.kubernetes.io/job-completion-index"]
-    env = {**os.environ, **_env_of(cluster, namespace, container), "JOB_COMPLETION_INDEX": index,
-           "HF_HOME": str(work / "hf"), "TOKENMILL_CACHE": str(work / "cache"), "HOME": str(work)}
+    environment = {**os.environ, **_env_of(cluster, namespace, container), "JOB_COMPLETION_INDEX": index,
+                   "HF_HOME": str(work / "hf"), "TOKENMILL_CACHE": str(work / "cache"), "HOME": str(work),
+                   **(env or {})}
     log = (work / f"{pod.metadata.name}.log").open("wb")
-    return subprocess.Popen([TOKENMILL, "-q", *args], env=env, stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen([TOKENMILL, "-q", *args, *extra_args], env=environment, stdout=log,
+                            stderr=subprocess.STDOUT)
 
 
 def release_pod(cluster: Cluster, namespace: str, pod: k8s.V1Pod) -> None:
@@ -213,7 +217,8 @@ def release_pod(cluster: Cluster, namespace: str, pod: k8s.V1Pod) -> None:
 
 def play_runner_pods(cluster: Cluster, namespace: str, server_url: str, work: Path, count: int,
                      indexes: set[str] | None = None, s3_endpoint: str | None = None,
-                     ok_codes: tuple[int, ...] = (0,)) -> None:
+                     ok_codes: tuple[int, ...] = (0,), extra_args: tuple[str, ...] = (),
+                     env: dict[str, str] | None = None) -> None:
     """Run the runner for each held pod (or only the given completion indexes), then let kwok complete them."""
     def held() -> list[k8s.V1Pod]:
         pods = [p for p in runner_pods(cluster, namespace) if p.status.phase == "Running"
@@ -224,7 +229,8 @@ def play_runner_pods(cluster: Cluster, namespace: str, server_url: str, work: Pa
 
     pods = cluster.wait_for(held, f"{count} held runner pods", timeout=90)
     work.mkdir(parents=True, exist_ok=True)
-    processes = [(pod, play_pod(cluster, namespace, pod, server_url, work, s3_endpoint)) for pod in pods[:count]]
+    processes = [(pod, play_pod(cluster, namespace, pod, server_url, work, s3_endpoint, extra_args, env))
+                 for pod in pods[:count]]
     for pod, process in processes:
         code = process.wait(timeout=300)
         assert code in ok_codes, (work / f"{pod.metadata.name}.log").read_text()[-3000:]

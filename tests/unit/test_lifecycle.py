@@ -358,7 +358,7 @@ def test_retry_annotation_accepted_once_when_something_was_given_up():
     assert plan_retry(None, None, given_up=3, now=T0).token == ""
 
 
-def test_an_ended_run_reopens_for_a_retry_or_a_job_changing_edit_after_giving_up():
+def test_an_ended_run_reopens_for_a_retry_or_a_job_changing_edit_that_would_generate_something():
     gave_up = decide(observed(job=JobState(complete=True, hash=JOB_HASH), progress=given_up_progress(), remembered_report=REPORT))
     accepted = plan_retry("1", None, given_up=8, now=T0)
     assert reopen(gave_up.status, accepted, "bbbb", "aaaa")
@@ -367,7 +367,13 @@ def test_an_ended_run_reopens_for_a_retry_or_a_job_changing_edit_after_giving_up
     assert not reopen(gave_up.status, kept, "aaaa", "aaaa")
     succeeded = decide(observed(job=JobState(complete=True, hash=JOB_HASH), progress=progress(100, 0, 100),
                                 remembered_report=REPORT))
-    assert not reopen(succeeded.status, kept, "bbbb", "aaaa"), "an edit after success does not restart the GPUs"
+    assert not reopen(succeeded.status, kept, "bbbb", "aaaa", would_generate=False), \
+        "an edit after success that adds nothing to generate (a sampling or validation change) keeps the GPUs off"
+    # Succeeded means every slot of the spec is settled: raising samples or limit makes the spec ask for more.
+    assert reopen(succeeded.status, kept, "bbbb", "aaaa", would_generate=True)
+    failed = decide(observed(job=JobState(failed=4, failed_message="runner Job failed (BackoffLimitExceeded)",
+                                          hash=JOB_HASH), progress=progress(50, 0, 100)))
+    assert not reopen(failed.status, kept, "bbbb", "aaaa", would_generate=True), "a failure has no report to reopen"
 
 
 def test_a_reopened_run_forgets_its_report_and_completion_time():
