@@ -165,17 +165,30 @@ def test_retry_failed_runs_again_only_the_given_up_samples_of_a_prompt(tmp_path,
     assert first and failed and not set(first) & failed
     assert any((line, i) in failed and (line, j) in first for line in range(1, 21) for i in range(3) for j in range(3))
 
+    # A first retry round on the same flaky server: some given-up slots fail again, now in round 1.
+    with SimServer(SimConfig(model_path=str(demo_model), time_scale=5000.0, fault_abort_rate=0.4)) as flaky:
+        again = run_cli(path, out, flaky.url, None, "--retry-failed")
+    assert again.returncode == EXIT_GIVEN_UP, again.stderr[-2000:]
+    round_one = {(r["line"], r["sample_index"]) for r in read_committed_rows(storage, "p")} - set(first)
+    failed_twice = failed - round_one
+    assert round_one and failed_twice
+    in_round = {(e["line"], e["sample_index"]): e["retry_round"] for e in committed_errors(storage, "p")
+                if "retry_round" in e}
+    assert in_round == dict.fromkeys(failed_twice, 1), "a failure in a retry round records its round"
+
     retried = run_cli(path, out, sim.url, None, "--retry-failed")
     assert retried.returncode == EXIT_OK, retried.stderr[-2000:]
     rows = {(r["line"], r["sample_index"]): r for r in read_committed_rows(storage, "p")}
     assert set(rows) == {(line, i) for line in range(1, 21) for i in range(3)}
     assert len(list(read_committed_rows(storage, "p"))) == 60, "no slot has two rows"
     assert all(rows[slot]["output_ids"] == ids for slot, ids in first.items()), "settled samples were not rerun"
-    # Settled slots keep their seed; a given-up slot is run again in retry round 1, with a seed of its own (under
-    # deterministic inference the first round's seed would replay the draw that failed).
+    # Settled slots keep their seed; a given-up slot is run again one round past the last it failed in, with seeds
+    # no earlier round drew (under deterministic inference an earlier round's seed would replay the draw that failed).
     assert all(rows[slot]["seed"] == sample_seed(None, "p", *slot) for slot in first)
     assert all(rows[slot]["seed"] == sample_seed(None, "p", *slot, attempt=rows[slot]["attempts"] - 1, retry_round=1)
-               for slot in failed)
+               for slot in round_one)
+    assert all(rows[slot]["seed"] == sample_seed(None, "p", *slot, attempt=rows[slot]["attempts"] - 1, retry_round=2)
+               for slot in failed_twice)
 
 
 def test_a_dataset_folder_on_s3_is_found_read_in_order_and_identified_by_its_shards(s3_endpoint, s3_bucket):

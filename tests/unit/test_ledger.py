@@ -168,3 +168,28 @@ def test_a_ledger_holds_about_a_byte_per_slot_whatever_it_folds():
 def test_effective_failures_keeps_its_meaning_for_existing_callers():
     markers = [marker("a", failures=[(1, "retries_exhausted"), (2, "invalid_json")]), marker("b", rows=[(1, 4)])]
     assert effective_failures(markers) == {Slot(2): "invalid_json"}
+
+
+def test_the_last_retry_round_a_slot_failed_in_survives_order_widening_and_checkpoints():
+    # Seeds are per --retry-failed round (seeds.py): a slot given up in round 1 is run next in round 2, never again
+    # with round 1's seeds. Markers of earlier releases carry no round (round 0).
+    def failed_in(shard: str, line: int, retry_round: int) -> dict[str, Any]:
+        content = ShardContent([], [{"line": line, "sample_index": 1, "sample_id": f"s{line}",
+                                     "reason": "nan_output", "retry_round": retry_round}])
+        return build_marker("d", shard, 0, content, 0)
+
+    first, second, plain = failed_in("a", 2, 0), failed_in("b", 2, 1), marker("c", failures=[(3, "nan_output")])
+    assert "retry_round" not in first["failed"] and "retry_round" not in plain["failed"]
+    assert second["failed"]["retry_round"] == [1]
+    for order in itertools.permutations([first, second, plain]):
+        ledger = DatasetLedger("d", 4, samples_per_prompt=2).fold_all(order)
+        assert (ledger.retry_round(Slot(2, 1)), ledger.retry_round(Slot(3, 0)), ledger.retry_round(Slot(9, 0))) \
+            == (1, 0, 0)
+    ledger.fold(second)
+    assert ledger.retry_round(Slot(2, 1)) == 1, "folding a marker again changes nothing"
+    ledger.widen(4)
+    assert ledger.retry_round(Slot(2, 1)) == 1 and ledger.retry_round(Slot(2, 0)) == 0
+    header, arrays = ledger.state()
+    assert DatasetLedger.from_state(header, arrays).retry_round(Slot(2, 1)) == 1
+    del arrays["round_positions"], arrays["rounds"]  # a checkpoint written before rounds were recorded
+    assert DatasetLedger.from_state(header, arrays).retry_round(Slot(2, 1)) == 0

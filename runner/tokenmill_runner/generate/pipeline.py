@@ -386,11 +386,12 @@ class Runner:
     async def _work(self, queue: asyncio.Queue[Request]) -> None:
         while True:
             state, prompt, ids, index = await queue.get()
-            seeds = self._seeds(state, prompt.line, index)
+            retry_round = self._retry_round(state, prompt.line, index)
+            seeds = self._seeds(state, prompt.line, retry_round, index)
             params = state.sampling.to_sglang()
             if state.spec.mode == "all-turns":
                 try:
-                    await self._converse(state, prompt, ids, params, index, seeds)
+                    await self._converse(state, prompt, ids, params, index, seeds, retry_round)
                 finally:
                     queue.task_done()
                 continue
@@ -399,12 +400,19 @@ class Runner:
             if isinstance(result, Generation):
                 self._record_row(state, prompt, ids, result, now, index, seeds(result.attempts - 1, 0))
             else:
-                self._record_error(state, failure_record(state.name, prompt, result, index), now)
+                self._record_error(state, failure_record(state.name, prompt, result, index, retry_round), now)
             queue.task_done()
 
-    def _seeds(self, state: DatasetState, line: int, index: int) -> Callable[[int, int], int]:
-        """The slot's seed of each (attempt, turn); a given-up slot run again by --retry-failed is in round 1."""
-        retry_round = int(self.config.retry_failed and state.ledger.is_given_up(Slot(line, index)))
+    def _retry_round(self, state: DatasetState, line: int, index: int) -> int:
+        """0 for a slot's first run; a given-up slot run again by --retry-failed is one round past the last it
+        failed in, so every round draws seeds no earlier round used."""
+        slot = Slot(line, index)
+        if not (self.config.retry_failed and state.ledger.is_given_up(slot)):
+            return 0
+        return state.ledger.retry_round(slot) + 1
+
+    def _seeds(self, state: DatasetState, line: int, retry_round: int, index: int) -> Callable[[int, int], int]:
+        """The slot's seed of each (attempt, turn) in its retry round."""
         base = self.config.spec.seed
         return lambda attempt, turn: sample_seed(base, state.name, line, index, attempt, retry_round, turn)
 
@@ -424,7 +432,7 @@ class Runner:
         return result
 
     async def _converse(self, state: DatasetState, prompt: Prompt, ids: list[int], params: dict[str, Any],
-                        sample_index: int, seeds: Callable[[int, int], int]) -> None:
+                        sample_index: int, seeds: Callable[[int, int], int], retry_round: int) -> None:
         """Regenerate one conversation turn by turn (mode all-turns) and record it whole: its row, or one error
         record when a request fails for good (nothing of it is kept then; the slot is one conversation). Each turn
         has its own seed (seeds.py), recorded with the turn; the row's `seed` is its first turn's."""
@@ -438,7 +446,7 @@ class Runner:
             if isinstance(result, Generation):  # tokens count turn by turn, the sample once when recorded
                 self.meter.record(self.clock(), 0, result.completion_tokens)
             else:
-                record = failure_record(state.name, prompt, result, sample_index)
+                record = failure_record(state.name, prompt, result, sample_index, retry_round)
                 record["message"] += f" (turn {len(turns)} of the conversation; it is generated again as a whole)"
                 self._record_error(state, record, self.clock())
                 return

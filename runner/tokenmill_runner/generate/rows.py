@@ -88,10 +88,12 @@ def build_conversation_row(dataset: str, prompt: Prompt, turns: list[dict[str, A
     }
 
 
-def failure_record(dataset: str, prompt: Prompt, failure: GenerationFailure, sample_index: int = 0) -> dict[str, Any]:
+def failure_record(dataset: str, prompt: Prompt, failure: GenerationFailure, sample_index: int = 0,
+                   retry_round: int = 0) -> dict[str, Any]:
     error = RowError(prompt.line, prompt.sample_id, failure.reason,
                      f"line {prompt.line} (sample {prompt.sample_id}): {failure.message}", sample_index)
-    return {**error.as_record(dataset), "attempts": failure.attempts}
+    record = {**error.as_record(dataset), "attempts": failure.attempts}
+    return {**record, "retry_round": retry_round} if retry_round else record
 
 
 def too_long_record(dataset: str, prompt: Prompt, why: str, dataset_index: int, sample_index: int = 0) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 A sample is a slot (dataset, line, sample index); its seed is a hash of the spec's seed base and the slot, so it
 does not depend on the resource's name, the worker split, the order samples run in, or how often a run restarts.
 An attempt after a failed one, a `--retry-failed` round and each turn of a conversation get seeds of their own
-(`|a<attempt>`, `|r<round>`, `|t<turn>` appended when not 0): under --enable-deterministic-inference SGLang's draw
+(`|a<attempt>`, `|r<round>`, `|t<turn>` appended when not 0; a given-up slot runs in the round after the last one it
+failed in, which its failure records carry as `retry_round`): under --enable-deterministic-inference SGLang's draw
 is a function of the seed and the position, so a NaN would repeat on every retry with one seed, and turns whose
 output positions overlap would share their noise. The row records the seed that produced it (a turn its own).
 Python's hash() is salted per process, so blake2b is used. 31 bits: every supported SGLang release accepts it (the

@@ -40,7 +40,10 @@ MARKER_COLUMNS = ("sample_id", "line", "sample_index", "prompt_tokens", "complet
 # Multi-turn rows only (the conversation's turns, why it ended, its last turn's completion tokens, its turns with
 # an end-of-reasoning token; the row's completion_tokens is the conversation's total): in a marker only when one of its rows is a conversation.
 MULTI_TURN_COLUMNS = ("turn_count", "stop_reason", "last_turn_tokens", "reasoning_turns")
-ERROR_COLUMNS = ("line", "sample_index", "sample_id", "reason")
+ERROR_COLUMNS = ("line", "sample_index", "sample_id", "reason", "retry_round")
+# The `--retry-failed` round a failure happened in (seeds.py): in a marker only when one of its failures was in a
+# retry round, so a later round knows which seeds were spent.
+RETRY_COLUMNS = ("retry_round",)
 
 # Server-side reasons: a later attempt can fix them (the server was down, overloaded, or answered something
 # corrupt). A slot whose final outcome is one of these was *given up*: `tokenmill run` exits 3 while any remain, and
@@ -121,8 +124,10 @@ def build_marker(dataset: str, shard_id: str, worker: int, content: ShardContent
         "samples": {name: [row.get(name, 0 if name == "sample_index" else None) for row in content.rows]
                     for name in MARKER_COLUMNS
                     if name not in MULTI_TURN_COLUMNS or any(row.get(name) is not None for row in content.rows)},
-        "failed": {name: [error.get(name, 0 if name == "sample_index" else None) for error in content.errors]
-                   for name in ERROR_COLUMNS},
+        "failed": {name: [error.get(name, 0 if name in ("sample_index", *RETRY_COLUMNS) else None)
+                          for error in content.errors]
+                   for name in ERROR_COLUMNS
+                   if name not in RETRY_COLUMNS or any(error.get(name) for error in content.errors)},
     }
 
 
@@ -149,6 +154,8 @@ class DatasetLedger:
         self._size = max(rows, 0) * samples_per_prompt  # slots the bitmap covers
         self._rows = np.zeros(-(-self._size // 8), dtype=np.uint8)  # bit i: slot i has a row
         self._pages: dict[int, np.ndarray] = {}  # page -> failure code per slot (0: none), see PAGE_BITS
+        # page -> the last --retry-failed round a slot failed in (0: none), only where a retry round failed
+        self._rounds: dict[int, np.ndarray] = {}
         self._failures = np.zeros(256, dtype=np.int64)  # slots whose final outcome is each failure code
         self._reasons: list[str] = ["", ""]  # code -> reason; codes 0 and 1 are "nothing" and "row"
         self._codes: dict[str, int] = {}
@@ -215,10 +222,15 @@ class DatasetLedger:
         if len(reasons) != len(lines):
             raise MarkerError(f"{self._where(marker)}: failed.reason has {len(reasons)} entries for {len(lines)} lines")
         has_row = self._has_row(positions).tolist()
-        for position, reason, row in zip(positions.tolist(), reasons, has_row, strict=True):
+        rounds = failed.get("retry_round") or [0] * len(lines)
+        if len(rounds) != len(lines):
+            raise MarkerError(f"{self._where(marker)}: failed.retry_round has {len(rounds)} entries for {len(lines)} "
+                              "lines")
+        for position, reason, row, retry_round in zip(positions.tolist(), reasons, has_row, rounds, strict=True):
             code = self._code(str(reason))
             if row:
                 continue
+            self._note_round(position, int(retry_round or 0))
             page = self._pages.get(position >> PAGE_BITS)
             if page is None:
                 page = self._pages[position >> PAGE_BITS] = np.zeros(1 << PAGE_BITS, dtype=np.uint8)
@@ -230,6 +242,14 @@ class DatasetLedger:
                 self._failures[current] -= 1
             page[offset] = code
             self._failures[code] += 1
+
+    def _note_round(self, position: int, retry_round: int) -> None:
+        """Keep the highest retry round the slot failed in (idempotent and order-free, as folding must be)."""
+        if retry_round <= 0:
+            return
+        page = self._rounds.setdefault(position >> PAGE_BITS, np.zeros(1 << PAGE_BITS, dtype=np.uint8))
+        offset = position & ((1 << PAGE_BITS) - 1)
+        page[offset] = max(int(page[offset]), min(retry_round, 255))
 
     def _positions(self, marker: dict[str, Any], table: str, lines: Sequence[Any],
                    indices: Sequence[Any] | None) -> np.ndarray:
@@ -267,11 +287,15 @@ class DatasetLedger:
         self.samples_per_prompt = samples_per_prompt
         self._size = prompts * samples_per_prompt
         self._rows = np.packbits(wide.reshape(-1), bitorder="little")
-        self._pages = {}
+        round_positions, rounds = _paged_values(self._rounds)
+        self._pages, self._rounds = {}, {}
         moved = (positions // old) * samples_per_prompt + positions % old
         for position, code in zip(moved.tolist(), codes.tolist(), strict=True):
             page = self._pages.setdefault(position >> PAGE_BITS, np.zeros(1 << PAGE_BITS, dtype=np.uint8))
             page[position & ((1 << PAGE_BITS) - 1)] = code
+        moved = (round_positions // old) * samples_per_prompt + round_positions % old
+        for position, retry_round in zip(moved.tolist(), rounds.tolist(), strict=True):
+            self._note_round(position, retry_round)
 
     def reserve(self, slots: int) -> None:
         """Make room for `slots` slots up front (a source's row count), so folding does not grow the bitmap."""
@@ -331,6 +355,14 @@ class DatasetLedger:
         code = self._slot_code(slot)
         return code > _ROW and bool(self._retryable[code])
 
+    def retry_round(self, slot: Slot) -> int:
+        """The last `--retry-failed` round the slot failed in (0: it failed only in the run that first tried it)."""
+        if slot.index >= self.samples_per_prompt:
+            return 0
+        position = (slot.line - 1) * self.samples_per_prompt + slot.index
+        page = self._rounds.get(position >> PAGE_BITS)
+        return 0 if page is None or position < 0 else int(page[position & ((1 << PAGE_BITS) - 1)])
+
     def final_failures(self) -> dict[str, int]:
         """{reason: slots whose final outcome is that failure}, by reason name."""
         return dict(sorted((self._reasons[code], int(self._failures[code])) for code in range(2, len(self._reasons))
@@ -359,12 +391,7 @@ class DatasetLedger:
 
     def _failure_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """(slot positions, failure codes) of every final failure, in slot order."""
-        positions, codes = [np.empty(0, np.int64)], [np.empty(0, np.uint8)]
-        for page in sorted(self._pages):
-            offsets = np.flatnonzero(self._pages[page] > _ROW)
-            positions.append((page << PAGE_BITS) + offsets)
-            codes.append(self._pages[page][offsets])
-        return np.concatenate(positions).astype(np.int64), np.concatenate(codes)
+        return _paged_values(self._pages, above=_ROW)
 
     def rows_beyond(self, samples: int) -> int:
         """Rows of sample indices `samples` and up: what a run with more samples per prompt committed."""
@@ -402,7 +429,8 @@ class DatasetLedger:
     @property
     def nbytes(self) -> int:
         """Memory held by the per-slot state (the bitmap and the failure pages)."""
-        return self._rows.nbytes + sum(page.nbytes for page in self._pages.values())
+        return (self._rows.nbytes + sum(page.nbytes for page in self._pages.values())
+                + sum(page.nbytes for page in self._rounds.values()))
 
     # -- checkpoints ---------------------------------------------------------------------------------------
     def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
@@ -411,7 +439,9 @@ class DatasetLedger:
         header = {"name": self.name, "samples_per_prompt": self.samples_per_prompt, "slots": self._size,
                   "reasons": self._reasons[2:], "completed": self.completed,
                   "completion_tokens": self.completion_tokens, "truncated": self.truncated}
-        return header, {"rows": self._rows[:-(-self._size // 8)], "failed_positions": positions, "failed_codes": codes}
+        round_positions, rounds = _paged_values(self._rounds)
+        return header, {"rows": self._rows[:-(-self._size // 8)], "failed_positions": positions, "failed_codes": codes,
+                        "round_positions": round_positions, "rounds": rounds}
 
     @classmethod
     def from_state(cls, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> DatasetLedger:
@@ -433,12 +463,27 @@ class DatasetLedger:
             page = ledger._pages.setdefault(position >> PAGE_BITS, np.zeros(1 << PAGE_BITS, dtype=np.uint8))
             page[position & ((1 << PAGE_BITS) - 1)] = code
         np.add.at(ledger._failures, codes.astype(np.int64), 1)
+        # Checkpoints written before retry rounds were recorded have none: every slot then failed in round 0.
+        empty = np.empty(0, np.int64)
+        for position, retry_round in zip(arrays.get("round_positions", empty).tolist(),
+                                         arrays.get("rounds", empty).tolist(), strict=True):
+            ledger._note_round(int(position), int(retry_round))
         ledger.completed = int(header["completed"])
         ledger.completion_tokens = int(header["completion_tokens"])
         ledger.truncated = int(header["truncated"])
         if ledger.completed != int(_POPCOUNT[ledger._rows].sum(dtype=np.int64)):
             raise ValueError(f"{ledger.completed} rows counted but the bitmap has another number")
         return ledger
+
+
+def _paged_values(pages: dict[int, np.ndarray], above: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(slot positions, values) of every value over `above` in a map of pages, in slot order."""
+    positions, values = [np.empty(0, np.int64)], [np.empty(0, np.uint8)]
+    for page in sorted(pages):
+        offsets = np.flatnonzero(pages[page] > above)
+        positions.append((page << PAGE_BITS) + offsets)
+        values.append(pages[page][offsets])
+    return np.concatenate(positions).astype(np.int64), np.concatenate(values)
 
 
 def effective_failures(markers: Iterable[dict[str, Any]]) -> dict[Slot, str]:
