@@ -10,7 +10,8 @@ writes and reads them) lists each committed sample's slot, id, lengths and flags
 the shard: enough for resume, progress and the report without reading a shard.
 
 `DatasetLedger.fold(marker)` folds markers into a bit per slot (has a row) plus a byte per slot only in the pages
-of 4096 slots where failures are (the code of the reason it failed), so memory grows by a bit per source line
+of 4096 slots where failures are (the code of the reason it failed; and, where a `--retry-failed` round failed,
+the last round a slot failed in, so the next round draws new seeds), so memory grows by a bit per source line
 (1.25 MB at 10 million), never by a Python object per sample. Folding is idempotent and does not depend on the
 order of the markers:
 - a row wins over any failure of its slot (a retried slot that then succeeded), and a slot counts once however
