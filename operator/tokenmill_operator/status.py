@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+from pydantic import Field
+
+from tokenmill_runner.spec.resource import SpecModel
 
 from .planner import ServerPlan
 
@@ -14,11 +15,7 @@ Phase = Literal["Pending", "Queued", "StartingServer", "Generating", "Reporting"
                 "Suspended"]
 
 
-class StatusModel(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
-
-
-class Condition(StatusModel):
+class Condition(SpecModel):
     """metav1.Condition."""
 
     type: str = Field(description="Condition type: ServerReady, Progressing, Stalled, Succeeded, Failed or Ready.")
@@ -29,7 +26,7 @@ class Condition(StatusModel):
     observed_generation: int = Field(0, description="The .metadata.generation this condition was computed for.")
 
 
-class Progress(StatusModel):
+class Progress(SpecModel):
     completed: int = Field(0, description="Samples committed with a generated output.")
     failed: int = Field(0, description="Samples recorded as failed (see the errors/ folder of each dataset).")
     total: int = Field(0, description="Samples to process (rows of the sources, after limits).")
@@ -50,13 +47,13 @@ class DatasetProgress(Progress):
     name: str = Field(description="Dataset name.")
 
 
-class ReportStatus(StatusModel):
+class ReportStatus(SpecModel):
     uri: str = Field(description="Where report.json, report.md and the plots are.")
     verdict: Literal["pass", "warn", "fail"] = Field(description="The report's verdict.")
     findings: list[str] = Field(default_factory=list, description="The report's warnings and failures.")
 
 
-class RunStatus(StatusModel):
+class RunStatus(SpecModel):
     """What the run was started with. model.path, model.tokenizer and output.uri cannot change once this is set."""
 
     model_path: str = Field(max_length=2048, description="spec.model.path the run started with.")
@@ -67,7 +64,7 @@ class RunStatus(StatusModel):
                                                          "changes the operator replaces the Job.")
 
 
-class RetryStatus(StatusModel):
+class RetryStatus(SpecModel):
     handled: str = Field(max_length=253, description="The last tokenmill.io/retry-failed annotation value handled.")
     at: str = Field(description="When it was handled (RFC 3339).")
     outcome: str = Field("", description="What the operator did with it.")
@@ -75,7 +72,7 @@ class RetryStatus(StatusModel):
                                                        "(part of the runner Job's hash).")
 
 
-class StartupStatus(StatusModel):
+class StartupStatus(SpecModel):
     """The weights' copy and load: predicted by the plan, and as observed on a server pod."""
 
     predicted_copy_seconds: int | None = Field(None, description="The plan's copy of the weights.")
@@ -85,7 +82,7 @@ class StartupStatus(StatusModel):
     observed_load_seconds: int | None = Field(None, description="From SGLang's start until the pod was Ready.")
 
 
-class QueueStatus(StatusModel):
+class QueueStatus(SpecModel):
     """Where the run stands in Kueue (set when the resource has the kueue.x-k8s.io/queue-name label)."""
 
     name: str = Field(description="The LocalQueue (the kueue.x-k8s.io/queue-name label).")
@@ -97,7 +94,7 @@ class QueueStatus(StatusModel):
     message: str = Field("", description="What Kueue says about it.")
 
 
-class DatasetGenerationStatus(StatusModel):
+class DatasetGenerationStatus(SpecModel):
     observed_generation: int = Field(0, description="The .metadata.generation the status reflects.")
     phase: Phase = Field("Pending", description="Display-only summary of the conditions.")
     message: str = Field("", description="What is happening now, or what went wrong and what to do.")

@@ -4,17 +4,14 @@ error raised when no plan fits."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+from pydantic import Field
+
+from tokenmill_runner.spec.resource import SpecModel
 
 from .startup import StartupPlan
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
-
-
-class Prediction(_Model):
+class Prediction(SpecModel):
     """What the throughput model predicts for one layout on this job (docs/throughput.md)."""
 
     decode_tokens_per_second: int = Field(
@@ -32,7 +29,7 @@ class Prediction(_Model):
     samples_assumed: bool = Field(False, description="True when a dataset without limit was counted as 10,000.")
 
 
-class Candidate(_Model):
+class Candidate(SpecModel):
     """One server layout the planner considered, with its prediction or why it cannot run."""
 
     replicas: int = Field(description="Server replicas.")
@@ -46,7 +43,7 @@ class Candidate(_Model):
     note: str = Field("", description="Why it cannot run, why it is not chosen, or what it needs.")
 
 
-class MemoryTerm(_Model):
+class MemoryTerm(SpecModel):
     """One use of a GPU's memory outside --mem-fraction-static, as the plan counts it."""
 
     name: str = Field(description="What the memory is for.")
@@ -54,7 +51,7 @@ class MemoryTerm(_Model):
     source: str = Field(description="How it is computed, with the SGLang source it mirrors.")
 
 
-class ServerPlan(_Model):
+class ServerPlan(SpecModel):
     """The server configuration actually used, with the numbers behind it (camelCase in status and JSON)."""
 
     tensor_parallel: int = Field(description="--tp-size: GPUs per replica (spans nodes when > GPUs per node).")

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import math
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+from pydantic import Field
 
-from tokenmill_runner.spec.resource import DatasetGenerationSpec
+from tokenmill_runner.spec.resource import DatasetGenerationSpec, SpecModel
 
 from .units import duration
 
@@ -36,10 +35,8 @@ PROBE_MARGIN = 3
 PROBE_FLOOR_S = 1800
 
 
-class StartupPlan(BaseModel):
+class StartupPlan(SpecModel):
     """Predicted start-up of one server pod (camelCase in status and JSON)."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
     source: str = Field(description="How the weights reach the pod.")
     copy_seconds: int = Field(description="Predicted copy of the weights (0 when nothing is copied).")
