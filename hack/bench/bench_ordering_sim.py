@@ -34,9 +34,9 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-MODEL = REPO / "examples" / "demo-model"
-sys.path.insert(0, str(REPO / "runner"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_runner import MODEL, REPO  # noqa: E402
+
 sys.path.insert(0, str(REPO / "runner" / "sim"))
 
 from tokenmill_runner.store.shards import read_markers  # noqa: E402
