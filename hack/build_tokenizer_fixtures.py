@@ -131,7 +131,6 @@ def byte_ranks(tokenizer: Tokenizer) -> list[bytes]:
     # Rank i < 256 is the byte i (tekken asserts it; tiktoken's own files are laid out so), merges follow in
     # training order, which keeps every token's parts ranked below it.
     return [bytes([i]) for i in range(256)] + [r for r in merged if len(r) > 1]
-    return ranks
 
 
 def _unicode_to_byte() -> dict[str, int]:

@@ -21,10 +21,10 @@ from typing import Any
 
 import orjson
 
-from tokenmill_runner.store.ledger import DatasetLedger, ShardContent, build_marker
 from tokenmill_runner.source.prompts import id_hash
-from tokenmill_runner.source.scan import scan_source
 from tokenmill_runner.source.reader import read_jsonl, read_prompts
+from tokenmill_runner.source.scan import scan_source
+from tokenmill_runner.store.ledger import DatasetLedger, ShardContent, build_marker
 
 
 def write_source(path: Path, rows: int) -> None:

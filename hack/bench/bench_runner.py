@@ -32,10 +32,10 @@ REPO = Path(__file__).resolve().parents[2]
 MODEL = REPO / "examples" / "demo-model"
 sys.path.insert(0, str(REPO / "runner"))
 
-from tokenmill_runner.spec.config import RunnerConfig  # noqa: E402
 from tokenmill_runner.prepare import prepare  # noqa: E402
 from tokenmill_runner.render.pretokenize import PromptEncoder, load_tokenizer  # noqa: E402
 from tokenmill_runner.source.reader import read_prompts  # noqa: E402
+from tokenmill_runner.spec.config import RunnerConfig  # noqa: E402
 from tokenmill_runner.spec.resource import load_spec_file  # noqa: E402
 
 

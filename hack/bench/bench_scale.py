@@ -303,13 +303,13 @@ class SimReplica:
 
 async def _split_worker(worker: int, workers: int, replicas: list[SimReplica], storage: Any, source: str,
                         concurrency: int, stats: Counter[str]) -> None:
+    from tokenmill_runner.source.prompts import Prompt, duplicate_error, id_hash
+    from tokenmill_runner.source.reader import read_prompts
+    from tokenmill_runner.source.scan_cache import cached_scan
     from tokenmill_runner.store.index_store import open_index
     from tokenmill_runner.store.ledger import Slot
-    from tokenmill_sim.capacity import Job
-    from tokenmill_runner.source.prompts import Prompt, duplicate_error, id_hash
-    from tokenmill_runner.source.scan_cache import cached_scan
     from tokenmill_runner.store.shards import ShardBuffer, clean_leftovers, commit_shard, new_run_token, new_shard_id
-    from tokenmill_runner.source.reader import read_prompts
+    from tokenmill_sim.capacity import Job
 
     scan = cached_scan(storage, DATASET, source, "jsonl", None, None, worker, workers)
     index, caught = open_index(storage, DATASET, scan.rows)
@@ -377,10 +377,10 @@ async def _split_worker(worker: int, workers: int, replicas: list[SimReplica], s
 async def split_simulation(folder: Path, prompts: int, workers: int, replicas: int, kills: int,
                            time_scale: float) -> dict[str, Any]:
     sys.path.insert(0, str(REPO / "runner" / "sim"))
-    from tokenmill_runner.store.ledger import DatasetLedger
     from tokenmill_runner.source.prompts import belongs_to_worker
-    from tokenmill_runner.store.shards import marker_keys, read_markers
     from tokenmill_runner.source.reader import read_prompts
+    from tokenmill_runner.store.ledger import DatasetLedger
+    from tokenmill_runner.store.shards import marker_keys, read_markers
     from tokenmill_runner.store.storage import LocalStorage
     from tokenmill_sim.capacity import CapacityModel, SchedulerParams
     from tokenmill_sim.engine import Engine, SimClock

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
 from tokenmill_runner.facts.releases import MOVING_TAG_PATTERN, RELEASES
 from tokenmill_runner.spec.resource import API_VERSION, KV_CACHE_DTYPES, MANAGED_FLAGS, DatasetGenerationSpec
@@ -49,7 +50,7 @@ def _merge_any_of(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         # `N | "auto"`: Kubernetes' int-or-string, checked by a CEL rule; the number's bounds apply to numbers only
         # (without them `replicas: -1` passed kubectl apply and failed in the operator).
         number = next(o for o in options if o.get("type") == "integer")
-        bounds = {key: number[key] for key in ("minimum", "maximum") if key in number}
+        bounds: dict[str, Any] = {key: number[key] for key in ("minimum", "maximum") if key in number}
         return {**base, **bounds, "x-kubernetes-int-or-string": True, "x-kubernetes-validations": [
             {"rule": "type(self) == int || self == 'auto'", "message": "must be an integer or \"auto\""}]}
     if types == {"string"}:
@@ -94,7 +95,7 @@ def structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _schema_of(model: type) -> dict[str, Any]:
+def _schema_of(model: type[BaseModel]) -> dict[str, Any]:
     schema = model.model_json_schema(by_alias=True)
     return structural(schema, schema.get("$defs", {}))
 

@@ -17,7 +17,7 @@ from . import metrics, names
 from .crd import GROUP, PLURAL, VERSION
 from .kube import default_kube
 from .passes import Key, PassScheduler, Stopped
-from .reconcile import OutputIndex, OperatorSettings, PassCancelled, PassResult, run_pass
+from .reconcile import OperatorSettings, OutputIndex, PassCancelled, PassResult, run_pass
 
 logger = logging.getLogger(__name__)
 
@@ -52,10 +52,22 @@ def _done(key: Key, result: PassResult | None) -> None:
         metrics.publish(name, namespace, result.decision.status, result.spec.validation.model_dump(),
                         result.spec.model.path)
     for event in result.decision.events:
-        kopf.event(result.body, type=event.type, reason=event.reason, message=event.message)
+        # kopf.event reads any body mapping (kind, name, uid); its types name only kopf's own RawBody TypedDict
+        kopf.event(result.body, type=event.type, reason=event.reason, message=event.message)  # type: ignore[arg-type]
 
 
 SCHEDULER = PassScheduler(_pass, _done)
+
+
+def _namespaced(namespace: str | None, name: str) -> str:
+    # kopf types every handler's namespace as optional (cluster-scoped kinds); a DatasetGeneration always has one.
+    if namespace is None:
+        raise kopf.PermanentError(f"DatasetGeneration {name} has no namespace; the CRD is namespaced")
+    return namespace
+
+
+def _key(namespace: str | None, name: str, uid: str) -> Key:
+    return _namespaced(namespace, name), name, uid
 
 
 @kopf.on.startup()
@@ -81,15 +93,15 @@ def stop(**_: Any) -> None:
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL)
-async def on_change(name: str, namespace: str, uid: str, **_: Any) -> None:
-    SCHEDULER.request((namespace, name, uid))
+async def on_change(name: str, namespace: str | None, uid: str, **_: Any) -> None:
+    SCHEDULER.request(_key(namespace, name, uid))
 
 
 # Runs for every phase, Failed included: deleting the Job of a failed run (what SamplesMissing and RunnerFailed
 # advise) must start it again.
 @kopf.timer(GROUP, VERSION, PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
-async def on_timer(name: str, namespace: str, uid: str, **_: Any) -> None:
-    SCHEDULER.request((namespace, name, uid))
+async def on_timer(name: str, namespace: str | None, uid: str, **_: Any) -> None:
+    SCHEDULER.request(_key(namespace, name, uid))
 
 
 def _release(name: str, namespace: str) -> None:
@@ -99,9 +111,10 @@ def _release(name: str, namespace: str) -> None:
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
-async def on_delete(name: str, namespace: str, uid: str, **_: Any) -> None:
+async def on_delete(name: str, namespace: str | None, uid: str, **_: Any) -> None:
     """Stop passes and give the GPUs back now; garbage collection would remove the children only once kopf has
     dropped the finalizer. The data in storage is kept on purpose."""
+    namespace = _namespaced(namespace, name)
     SCHEDULER.forget(uid)
     OUTPUTS.pop(uid, None)
     metrics.forget(name, namespace)

@@ -84,7 +84,9 @@ class Kube:
         except TRANSIENT as error:
             raise KubeUnavailable(f"cannot read {kind} {namespace}/{name} from the API server: {error}") from error
 
-    def list(self, api_version: str, kind: str, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
+    def list(self, api_version: str, kind: str, namespace: str | None,
+             selector: dict[str, str]) -> list[dict[str, Any]]:
+        """Objects of a kind matching `selector`, in `namespace` (None: a cluster-scoped kind, e.g. Node)."""
         label_selector = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
         try:
             items = self._resource(api_version, kind).get(namespace=namespace, label_selector=label_selector,

@@ -43,7 +43,7 @@ def set_condition(conditions: list[Condition], type_: str, status: str, reason: 
     changed = previous is None or previous.status != status
     condition = Condition(
         type=type_, status=status, reason=reason, message=message, observed_generation=generation,
-        last_transition_time=_iso(now) if changed else previous.last_transition_time,
+        last_transition_time=_iso(now) if previous is None or changed else previous.last_transition_time,
     )
     return [c for c in conditions if c.type != type_] + [condition]
 

@@ -6,7 +6,6 @@ import os
 import sys
 
 
-
 def main() -> int:
     namespaces = [n for n in os.environ.get("TOKENMILL_NAMESPACES", "").split(",") if n]
     args = ["run", "--standalone", "-m", "tokenmill_operator.handlers",

@@ -15,10 +15,10 @@ from typing import Any
 
 import yaml
 
-from tokenmill_runner.spec.config import API_KEY_ENV
 from tokenmill_runner.facts.hardware import GPU_RESOURCE as RESOURCE_BY_VENDOR
 from tokenmill_runner.facts.hardware import PRODUCT_LABEL_KEY
 from tokenmill_runner.facts.releases import HEALTH_CHECK_TIMEOUT_S, release, version_key
+from tokenmill_runner.spec.config import API_KEY_ENV
 from tokenmill_runner.spec.resource import API_VERSION, KIND, DatasetGenerationSpec, content_hash
 
 from . import cache, names
@@ -326,7 +326,7 @@ def _server_resources(spec: DatasetGenerationSpec, plan: ServerPlan) -> Manifest
 
 def _gpu_resource(plan: ServerPlan) -> str:
     """nvidia.com/gpu, or amd.com/gpu on AMD products (ROCm k8s-device-plugin)."""
-    return RESOURCE_BY_VENDOR.get(plan.gpu_vendor, GPU_RESOURCE)  # type: ignore[call-overload]
+    return RESOURCE_BY_VENDOR.get(plan.gpu_vendor, GPU_RESOURCE)
 
 
 def _server_probes(port_name: str, startup_timeout_s: int) -> dict[str, Manifest]:

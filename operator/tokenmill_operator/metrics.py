@@ -124,12 +124,12 @@ def _plan(touched: Series, key: dict[str, str], plan: ServerPlan) -> None:
 
 
 def _series_of(name: str, namespace: str) -> Series:
-    found = set()
+    found: Series = set()
     for metric in _PER_RESOURCE:
         for labels in list(metric._metrics):  # noqa: SLF001 - prometheus_client has no public listing
             values = dict(zip(metric._labelnames, labels, strict=True))  # noqa: SLF001
             if values["dsgen"] == name and values["namespace"] == namespace:
-                found.add((metric, labels))
+                found.add((metric, tuple(labels)))
     return found
 
 

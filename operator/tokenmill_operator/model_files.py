@@ -8,10 +8,9 @@ import os
 
 import orjson
 
+from tokenmill_runner.facts.workload import Workload
 from tokenmill_runner.spec.resource import DatasetGenerationSpec
 from tokenmill_runner.store.storage import StorageRetry, open_storage
-
-from tokenmill_runner.facts.workload import Workload
 
 from .planner import PlanError, ServerPlan, model_facts, plan_server
 

@@ -35,8 +35,8 @@ def _completeness(index: DatasetIndex | None, layout: DatasetLayout) -> Complete
     return index.ledger.completeness(layout.rows, layout.samples)
 
 
-def progress_of(indexes: list[DatasetIndex], parts: list[Completeness], now: datetime, started: datetime | None,
-                name: str | None = None) -> Progress:
+def progress_of(indexes: list[DatasetIndex], parts: list[Completeness], now: datetime,
+                started: datetime | None) -> Progress:
     """Counts of the current layout's slots (outcomes outside it are not counted), rates from recent commits."""
     completed = sum(part.generated for part in parts)
     reasons: Counter[str] = Counter()
@@ -56,7 +56,7 @@ def progress_of(indexes: list[DatasetIndex], parts: list[Completeness], now: dat
         display=f"{completed + failed}/{total} ({share:.1%})",
         given_up=given_up(reasons), failed_by_reason=dict(sorted(reasons.items())),
     )
-    return DatasetProgress(name=name, **fields) if name is not None else Progress(**fields)
+    return Progress(**fields)
 
 
 def progress_facts(indexes: dict[str, DatasetIndex], manifest: RunManifest, now: datetime,
@@ -66,7 +66,8 @@ def progress_facts(indexes: dict[str, DatasetIndex], manifest: RunManifest, now:
     layouts = manifest.datasets
     parts = {name: _completeness(indexes.get(name), layout) for name, layout in layouts.items()}
     chosen = {name: [indexes[name]] if name in indexes else [] for name in layouts}
-    datasets = [progress_of(chosen[name], [parts[name]], now, started, name) for name in layouts]
+    datasets = [DatasetProgress(name=name, **progress_of(chosen[name], [parts[name]], now, started).model_dump())
+                for name in layouts]
     every = [index for name in layouts for index in chosen[name]]
     overall = progress_of(every, list(parts.values()), now, started)
     last = max((index.last_commit for index in every if index.last_commit is not None), default=None)

@@ -62,7 +62,7 @@ def objects(resource, plan, runner_image: str) -> list[dict]:
     digest = cache.model_digest(spec, plan.weight_bytes)
     return [
         *([kueue.run_workload(name, namespace, owner, queue, spec, plan, image)] if queue else []),
-        *([cache.shared_claim(namespace, spec.model.cache, digest, plan.weight_bytes),  # type: ignore[arg-type]
+        *([cache.shared_claim(namespace, spec.model.cache, digest, plan.weight_bytes),
            cache.fill_job(namespace, spec, digest)] if shared else []),
         manifests.api_key_secret(name, namespace, owner, "<generated at create time>"),
         manifests.server_service(name, namespace, owner, spec),

@@ -465,15 +465,17 @@ def run_pass(kube: Kube, name: str, namespace: str, uid: str, output: OutputInde
     if body is None or body["metadata"].get("uid") != uid or body["metadata"].get("deletionTimestamp"):
         return None
     previous = _previous(body.get("status") or {})
+    spec: DatasetGenerationSpec | None = None
     try:
-        spec = DatasetGenerationSpec.model_validate(body["spec"])
+        valid = DatasetGenerationSpec.model_validate(body["spec"])
     except ValidationError as error:
-        decision, spec = _invalid_spec(body, previous, error), None
+        decision = _invalid_spec(body, previous, error)
     else:
+        spec = valid
         if settled(body, previous):
             return PassResult(body, Decision(previous, server_replicas=None), spec)
         context = Context(body=body, name=name, namespace=namespace,
-                          generation=body["metadata"].get("generation", 0), spec=spec, previous=previous)
+                          generation=body["metadata"].get("generation", 0), spec=valid, previous=previous)
         decision = reconcile(kube, context, output, settings, stopped)
     if stopped():
         raise PassCancelled

@@ -14,9 +14,6 @@ from contextlib import ExitStack
 
 from . import logs
 from .generate import builtin_sim
-from .spec.config import API_KEY_ENV, RunnerConfig
-from .render.pretokenize import offline_transformers
-from .spec.resource import DatasetGeneration, SpecError, load_spec_file
 from .generate.summary import (  # noqa: F401 - the exit codes are part of the CLI's contract (the operator uses them)
     EXIT_FAILED,
     EXIT_GIVEN_UP,
@@ -26,6 +23,9 @@ from .generate.summary import (  # noqa: F401 - the exit codes are part of the C
     EXIT_SERVERS_UNAVAILABLE,
     EXIT_USAGE,
 )
+from .render.pretokenize import offline_transformers
+from .spec.config import API_KEY_ENV, RunnerConfig
+from .spec.resource import DatasetGeneration, SpecError, load_spec_file
 
 logger = logging.getLogger("tokenmill")
 
@@ -197,8 +197,8 @@ def _start_simulator(resource: DatasetGeneration, args: argparse.Namespace, stac
 
 async def _run_async(config: RunnerConfig) -> int:
     """Run, print the summary, and exit with a code that says how the run ended (summary.exit_code)."""
-    from .prepare import prepare
     from .generate.summary import exit_code, iter_summary_lines
+    from .prepare import prepare
 
     runner = await prepare(config, os.environ.get(API_KEY_ENV))
     loop = asyncio.get_running_loop()

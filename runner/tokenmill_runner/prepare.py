@@ -11,11 +11,14 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
+from .facts.server_info import ServerFacts, runnable_requests, seeds_accepted
 from .generate.client import GenerateClient, RetryPolicy, get_json, healthy_servers
 from .generate.conversation import unread_call_format
-from .spec.config import RunnerConfig
-from .metrics import RunnerMetrics
 from .generate.pipeline import DatasetState, Runner
+from .generate.replica_health import HealthPolicy
+from .generate.sampling_defaults import apply_model_defaults, model_sampling_defaults
+from .generate.seeds import seed_rule
+from .metrics import RunnerMetrics
 from .render.pretokenize import (
     PromptEncoder,
     describe_tokenizer,
@@ -24,23 +27,28 @@ from .render.pretokenize import (
     model_family,
     model_generation_config,
 )
-from .generate.replica_health import HealthPolicy
 from .render.request_fit import ServerLimits
-from .generate.sampling_defaults import apply_model_defaults, model_sampling_defaults
-from .source.scan_cache import cached_scan
-from .store.index_store import CHECKPOINT_EVERY, open_index, write_checkpoint
-from .generate.seeds import seed_rule
-from .facts.server_info import ServerFacts, runnable_requests, seeds_accepted
-from .store.shards import ShardBuffer, clean_leftovers
+from .render.tokenizer_info import TokenizerInfo
 from .source.prompts import Prompt, RowError
 from .source.reader import SourceError, describe_source, source_format
 from .source.row_size import RowBound
+from .source.scan_cache import cached_scan
+from .spec.config import RunnerConfig
 from .spec.resource import MAX_CONCURRENCY, DatasetGenerationSpec, SpecError, content_hash
+from .store.index_store import CHECKPOINT_EVERY, open_index, write_checkpoint
 from .store.lease import LeaseHeld, LeaseKeeper, acquire, process_holder
-from .store.manifest import DatasetLayout, Owner, RunManifest, layout_changes, model_conflict, read_manifest, \
-    retire, write_manifest
+from .store.manifest import (
+    DatasetLayout,
+    Owner,
+    RunManifest,
+    layout_changes,
+    model_conflict,
+    read_manifest,
+    retire,
+    write_manifest,
+)
+from .store.shards import ShardBuffer, clean_leftovers
 from .store.storage import Storage, open_storage
-from .render.tokenizer_info import TokenizerInfo
 
 logger = logging.getLogger(__name__)
 # A typical request, for sizing concurrency before any output is seen (the seeds: mean output ~0.13-0.14 of a
@@ -228,7 +236,8 @@ async def _prepare(config: RunnerConfig, api_key: str | None, storage: Storage, 
     model_defaults = model_sampling_defaults(model_generation_config(folder))
     # The row bound is known before the servers answer: the spec's context length, else the model's (an upper
     # bound of the server's is enough), so the scan and the stream refuse the same rows.
-    bound = RowBound.of(spec.server.context_length, info.model_context_length)
+    context = spec.server.context_length
+    bound = RowBound.of(None if context == "auto" else context, info.model_context_length)
     states, layouts = await asyncio.to_thread(prepare_states, config, storage, model_defaults, bound)
     check_layout(recorded, layouts, states)
     encoder = PromptEncoder(tokenizer)

@@ -7,6 +7,7 @@ import tomllib
 
 import pytest
 import yaml
+
 from tokenmill_operator import manifests
 
 from .tools import CHART, REPO

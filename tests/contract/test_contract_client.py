@@ -21,8 +21,8 @@ import orjson
 import pytest
 from aiohttp import web
 
-from tokenmill_runner.generate.client import GenerateClient, RetryPolicy, ServerFatalError, ServersUnavailable
 from tokenmill_runner.facts.releases import release
+from tokenmill_runner.generate.client import GenerateClient, RetryPolicy, ServerFatalError, ServersUnavailable
 from tokenmill_runner.generate.replica_health import HealthPolicy
 from tokenmill_runner.generate.results import Generation, GenerationFailure
 

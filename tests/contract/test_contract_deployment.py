@@ -11,7 +11,12 @@ import zipfile
 import pytest
 
 from tokenmill_operator.manifests import HEALTH_PROBE_TIMEOUT_S
-from tokenmill_runner.facts.releases import HEALTH_CHECK_TIMEOUT_S, MIN_DRIVER_BY_CUDA_MAJOR, SUPPORTED_RELEASES, release
+from tokenmill_runner.facts.releases import (
+    HEALTH_CHECK_TIMEOUT_S,
+    MIN_DRIVER_BY_CUDA_MAJOR,
+    SUPPORTED_RELEASES,
+    release,
+)
 
 from .sglang_wheels import tree, wheel
 

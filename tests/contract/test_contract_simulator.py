@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from tokenmill_runner.generate.client import GenerateClient, RetryPolicy, ServerFatalError, ServersUnavailable
 from tokenmill_runner.facts.releases import SUPPORTED_RELEASES, release
+from tokenmill_runner.generate.client import GenerateClient, RetryPolicy, ServerFatalError, ServersUnavailable
 from tokenmill_runner.generate.replica_health import HealthPolicy
 from tokenmill_runner.generate.results import Generation, GenerationFailure
 from tokenmill_sim.config import SimConfig

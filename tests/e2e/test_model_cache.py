@@ -10,8 +10,8 @@ from .operator_kit import (  # noqa: F401  (fixtures)
     NAME,
     b5_resource,
     condition,
-    credentials,
     crd,
+    credentials,
     dsgen,
     operator,
     s3_world,
@@ -73,7 +73,7 @@ def test_shared_volume_is_filled_once_before_any_server_and_reused(cluster, name
     job = cluster.wait_for(lambda: (lambda j: j if j.status.completion_time else None)(
         cluster.batch.read_namespaced_job(f"tokenmill-fill-{digest}", namespace)), "the fill Job complete", timeout=60)
     for name in (NAME, SECOND):
-        [pod] = cluster.wait_for(lambda: ready(server_pods(cluster, namespace, name)), f"{name}'s server", timeout=90)
+        [pod] = cluster.wait_for(lambda name=name: ready(server_pods(cluster, namespace, name)), f"{name}'s server", timeout=90)
         assert pod.metadata.creation_timestamp >= job.status.completion_time  # never before the copy is whole
         [volume] = [v for v in pod.spec.volumes if v.name == "models"]
         assert volume.persistent_volume_claim.claim_name == f"tokenmill-model-{digest}"

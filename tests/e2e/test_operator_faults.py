@@ -31,8 +31,8 @@ from .operator_kit import (  # noqa: F401  (fixtures)
     b5_resource,
     committed_ids,
     condition,
-    credentials,
     crd,
+    credentials,
     dsgen,
     expected_ids,
     operator,
@@ -210,14 +210,14 @@ def test_deleting_during_a_slow_pass_frees_the_gpus_within_seconds(cluster, name
         for attempt in range(3):
             name = f"del-{attempt}"
             cluster.apply(b5_resource(namespace, proxy.url, name=name))
-            cluster.wait_for(lambda: [j for j in cluster.batch.list_namespaced_job(namespace).items
-                                      if j.metadata.name == f"{name}-runner"], f"{name}'s runner Job", timeout=90)
+            cluster.wait_for(lambda name=name: [j for j in cluster.batch.list_namespaced_job(namespace).items
+                                                if j.metadata.name == f"{name}-runner"], f"{name}'s runner Job", timeout=90)
             proxy.only(Rule("delay", delay_s=8.0, times=FOREVER))  # every storage call of a pass now takes 8 s
             proxy.wait_fired("delay")  # a pass is reading the commit markers right now
             started = time.monotonic()
             cluster.kubectl("delete", "dsgen", name, "-n", namespace, "--wait=false")
 
-            def freed() -> bool:
+            def freed(name: str = name) -> bool:  # bound now: the loop moves on
                 sts = [s for s in cluster.apps.list_namespaced_stateful_set(namespace).items
                        if s.metadata.name == f"{name}-server"]
                 jobs = [j for j in cluster.batch.list_namespaced_job(namespace).items

@@ -17,8 +17,8 @@ from .conftest import REPO
 from .operator_kit import (  # noqa: F401  (fixtures)
     b5_resource,
     condition,
-    credentials,
     crd,
+    credentials,
     operator,
     play_runner_pods,
     s3_world,

@@ -12,11 +12,11 @@ from typing import Any
 import orjson
 
 from tokenmill_runner.cli import main
-from tokenmill_runner.store.ledger import ShardContent
-from tokenmill_runner.render.pretokenize import PromptEncoder, describe_tokenizer, load_tokenizer
-from tokenmill_runner.source.prompts import Prompt
 from tokenmill_runner.generate.results import Generation
 from tokenmill_runner.generate.rows import build_row
+from tokenmill_runner.render.pretokenize import PromptEncoder, describe_tokenizer, load_tokenizer
+from tokenmill_runner.source.prompts import Prompt
+from tokenmill_runner.store.ledger import ShardContent
 from tokenmill_runner.store.shards import commit_shard
 from tokenmill_runner.store.storage import LocalStorage
 

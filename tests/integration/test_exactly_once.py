@@ -17,16 +17,16 @@ from typing import Any
 import orjson
 import pytest
 
+from tokenmill_runner.generate.results import ServersUnavailable
+from tokenmill_runner.generate.summary import EXIT_GIVEN_UP, EXIT_OK, EXIT_SERVERS_UNAVAILABLE, exit_code
+from tokenmill_runner.prepare import prepare
 from tokenmill_runner.spec.config import RunnerConfig
+from tokenmill_runner.spec.resource import load_spec_file
 from tokenmill_runner.store.faults import FAULT_ENV
 from tokenmill_runner.store.ledger import RETRYABLE_REASONS, Slot
-from tokenmill_runner.prepare import prepare
-from tokenmill_runner.generate.results import ServersUnavailable
 from tokenmill_runner.store.marker_names import shard_id_of
 from tokenmill_runner.store.shards import leftovers, marker_keys, read_ledger, read_markers
-from tokenmill_runner.spec.resource import load_spec_file
 from tokenmill_runner.store.storage import LocalStorage, open_storage
-from tokenmill_runner.generate.summary import EXIT_GIVEN_UP, EXIT_OK, EXIT_SERVERS_UNAVAILABLE, exit_code
 
 from .test_run import assert_exactly_once, committed_errors, malformed_rows
 from .workloads import chat, spec_document, write_jsonl, write_spec

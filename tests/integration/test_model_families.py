@@ -12,8 +12,8 @@ import pytest
 
 from tests.reference.families import FIXTURES, PROMPTS, VARIANTS, Variant
 from tokenmill_runner.cli import main
-from tokenmill_runner.report.validation import build_report
 from tokenmill_runner.report.files import load_ledger
+from tokenmill_runner.report.validation import build_report
 from tokenmill_runner.store.shards import read_committed_rows, read_markers
 from tokenmill_runner.store.storage import open_storage
 

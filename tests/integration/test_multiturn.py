@@ -14,16 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from tokenmill_runner.generate.seeds import sample_seed
-from tokenmill_runner.spec.config import RunnerConfig
-from tokenmill_runner.generate.conversation import STOP_REASONS
-from tokenmill_runner.prepare import prepare
-from tokenmill_runner.generate.results import GenerationFailure
-from tokenmill_runner.spec.resource import load_spec_file
 from tokenmill_runner.export.units import units_from_row
+from tokenmill_runner.generate.conversation import STOP_REASONS
+from tokenmill_runner.generate.results import GenerationFailure
+from tokenmill_runner.generate.seeds import sample_seed
+from tokenmill_runner.generate.summary import EXIT_OK
+from tokenmill_runner.prepare import prepare
+from tokenmill_runner.spec.config import RunnerConfig
+from tokenmill_runner.spec.resource import load_spec_file
 from tokenmill_runner.store.shards import read_committed_rows, read_markers
 from tokenmill_runner.store.storage import LocalStorage, open_storage
-from tokenmill_runner.generate.summary import EXIT_OK
 
 from .test_exactly_once import killed_at, outcomes_per_line, run_cli
 from .test_run import assert_exactly_once, committed_errors, run_spec

@@ -11,12 +11,12 @@ from typing import Any
 
 import orjson
 
-from tokenmill_runner.spec.config import RunnerConfig
-from tokenmill_runner.prepare import prepare
-from tokenmill_runner.store.shards import leftovers, read_committed_rows, read_markers
-from tokenmill_runner.spec.resource import load_spec_file
-from tokenmill_runner.store.storage import Storage, open_storage, s3_client
 from tokenmill_runner.generate.summary import RunSummary
+from tokenmill_runner.prepare import prepare
+from tokenmill_runner.spec.config import RunnerConfig
+from tokenmill_runner.spec.resource import load_spec_file
+from tokenmill_runner.store.shards import leftovers, read_committed_rows, read_markers
+from tokenmill_runner.store.storage import Storage, open_storage, s3_client
 
 from .workloads import chat, spec_document, tool_chat, write_jsonl, write_spec
 
@@ -185,8 +185,8 @@ def test_faults_are_retried_until_every_sample_is_present(tmp_path, demo_model):
 def test_retry_failed_generates_what_was_given_up(tmp_path, demo_model):
     """Samples given up for a server-side reason (here: answers corrupted by NaN logits, "NaN happened", every
     time) stay failed on a plain rerun and are generated again with --retry-failed; bad input stays failed."""
-    from tokenmill_runner.report.validation import build_report
     from tokenmill_runner.report.files import load_ledger
+    from tokenmill_runner.report.validation import build_report
     from tokenmill_sim.config import SimConfig
     from tokenmill_sim.server import SimServer
 

@@ -13,9 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from tokenmill_runner.generate.seeds import SEED_RULE, sample_seed
+from tokenmill_runner.generate.summary import EXIT_GIVEN_UP, EXIT_OK
 from tokenmill_runner.store.shards import read_committed_rows, read_markers
 from tokenmill_runner.store.storage import LocalStorage
-from tokenmill_runner.generate.summary import EXIT_GIVEN_UP, EXIT_OK
 
 from .test_exactly_once import killed_at, run_cli
 from .test_run import committed_errors

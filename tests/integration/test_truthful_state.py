@@ -59,7 +59,7 @@ def test_a_run_killed_at_samples_4_and_rerun_at_samples_2_does_not_pass_while_li
               "kill-after:marker:8")
     # Commits run in parallel: a shard or two more may land between the 8th marker and the kill.
     committed = {(line, index) for m in read_markers(LocalStorage(out), "p")
-                 for part in ("samples", "failed") for line, index in zip(m[part]["line"], m[part]["sample_index"])}
+                 for part in ("samples", "failed") for line, index in zip(m[part]["line"], m[part]["sample_index"], strict=True)}
     assert 80 <= len(committed) < 4 * LINES
     lacking = {(line, index) for line in range(1, LINES + 1) for index in (0, 1)} - committed
     lowered = spec(tmp_path, demo_model, "it", samples=2, outageBudgetSeconds=1)

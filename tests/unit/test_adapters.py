@@ -9,9 +9,9 @@ import orjson
 import pytest
 
 from tests.reference.families import FIXTURES
-from tokenmill_runner.source.adapters import RowLayout
 from tokenmill_runner.render.content_format import template_content_format
 from tokenmill_runner.render.pretokenize import PromptEncoder, load_tokenizer
+from tokenmill_runner.source.adapters import RowLayout
 from tokenmill_runner.source.prompts import Prompt, RowError, parse_line
 
 SHAREGPT = {"id": "sg-1", "system": "Be terse.", "conversations": [

@@ -12,7 +12,14 @@ from tokenmill_runner.store.checkpoints import CheckpointError, decode, encode
 from tokenmill_runner.store.commit_index import DatasetIndex, rates
 from tokenmill_runner.store.index_store import catch_up, load_index, open_index, take_checkpoint, write_checkpoint
 from tokenmill_runner.store.ledger import DatasetLedger, Slot
-from tokenmill_runner.store.marker_names import MAX_CLOCK_SKEW, OVERLAP, marker_name, shard_id_of, split_marker_name, time_key
+from tokenmill_runner.store.marker_names import (
+    MAX_CLOCK_SKEW,
+    OVERLAP,
+    marker_name,
+    shard_id_of,
+    split_marker_name,
+    time_key,
+)
 from tokenmill_runner.store.shards import leftovers, marker_keys
 from tokenmill_runner.store.storage import LocalStorage
 

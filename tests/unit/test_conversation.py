@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from tokenmill_runner.generate.conversation import Answer, Conversation, history_exact, read_answer, start
+from tokenmill_runner.generate.tool_calls import ToolCall
 from tokenmill_runner.render.pretokenize import load_tokenizer
 from tokenmill_runner.source.prompts import Prompt, RowError
-from tokenmill_runner.generate.tool_calls import ToolCall
 
 DEMO_MODEL = Path(__file__).resolve().parents[2] / "examples" / "demo-model"
 WEATHER = {"name": "get_weather", "arguments": '{"city": "Porto"}'}

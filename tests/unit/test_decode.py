@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from tokenmill_runner.report.decode import output_parts, prompt_parts, render_sample
 from tokenmill_runner.render.pretokenize import PromptEncoder
+from tokenmill_runner.report.decode import output_parts, prompt_parts, render_sample
 from tokenmill_runner.source.prompts import Prompt
 
 TOOLS = [{"type": "function", "function": {"name": "convert_currency", "description": "Convert an amount",

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from tokenmill_runner.export.filters import ExportFilters, FilterError, excluded_by_findings, select_datasets
 from tests.reference.families import FIXTURES
 from tokenmill_runner.export.exporter import answered_history
+from tokenmill_runner.export.filters import ExportFilters, FilterError, excluded_by_findings, select_datasets
 from tokenmill_runner.export.formats import HF_COLUMNS, hf_features, hf_record, metadata, speculators_record
 from tokenmill_runner.export.manifest import ExportProgress, progress_line
 from tokenmill_runner.export.roundtrip import (
@@ -133,13 +133,13 @@ def test_specforge_loss_mask_runs_from_the_assistant_header_through_the_end_of_t
     text = "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\nA<|im_end|>\n<|im_start|>user\nr<|im_end|>\n" \
            "<|im_start|>assistant\nB<|im_end|>\n"
     mask = loss_mask(chars, text, qwen)
-    supervised = "".join(c for c, m in zip(text, mask) if m)
+    supervised = "".join(c for c, m in zip(text, mask, strict=True) if m)
     assert supervised == "B<|im_end|>\n"  # the last turn only (data.train_only_last_turn: true), suffix included
-    every = "".join(c for c, m in zip(text, loss_mask(chars, text, qwen, train_only_last_turn=False)) if m)
+    every = "".join(c for c, m in zip(text, loss_mask(chars, text, qwen, train_only_last_turn=False), strict=True) if m)
     assert every == "A<|im_end|>\nB<|im_end|>\n"  # SpecForge's default also trains on the history's answers
     # qwen3-instruct unsupervises its empty thinking block again (its ignore_token)
     empty = "<|im_start|>assistant\n<think>\n\n</think>\n\nB<|im_end|>\n"
-    kept = "".join(c for c, m in zip(empty, loss_mask(chars, empty, specforge_template("qwen3-instruct"))) if m)
+    kept = "".join(c for c, m in zip(empty, loss_mask(chars, empty, specforge_template("qwen3-instruct")), strict=True) if m)
     assert kept == "B<|im_end|>\n"
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tokenmill_runner.stats.histograms import RELATIVE_ERROR, FloatSketch, IntHistogram, mann_whitney_histograms
 from tokenmill_runner.stats.distributions import distribution, length_shares, mann_whitney
+from tokenmill_runner.stats.histograms import RELATIVE_ERROR, FloatSketch, IntHistogram, mann_whitney_histograms
 
 
 @pytest.fixture

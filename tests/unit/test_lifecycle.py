@@ -17,11 +17,11 @@ from tokenmill_operator.lifecycle import (
     set_condition,
 )
 from tokenmill_operator.observe import progress_facts
+from tokenmill_operator.planner import ServerPlan
+from tokenmill_operator.status import DatasetGenerationStatus, Progress, ReportStatus, RunStatus, merge_patch
 from tokenmill_runner.store.commit_index import DatasetIndex
 from tokenmill_runner.store.ledger import DatasetLedger
 from tokenmill_runner.store.manifest import DatasetLayout, Owner, RunManifest
-from tokenmill_operator.planner import ServerPlan
-from tokenmill_operator.status import DatasetGenerationStatus, Progress, ReportStatus, RunStatus, merge_patch
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 PLAN = ServerPlan(tensor_parallel=8, nodes_per_replica=1, gpus_per_node=8, replicas=1, mem_fraction_static="0.88",

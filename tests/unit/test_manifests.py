@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import json
-
 import base64
+import json
 import os
 import re
 import stat

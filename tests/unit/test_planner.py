@@ -22,8 +22,8 @@ from tokenmill_operator.planner import (
 )
 from tokenmill_operator.planner.memory import sglang_default_mem_fraction, sglang_reserve, vlm_factor
 from tokenmill_runner.facts.releases import release
-from tokenmill_runner.spec.resource import DatasetGenerationSpec, parse_document
 from tokenmill_runner.facts.throughput import Layout
+from tokenmill_runner.spec.resource import DatasetGenerationSpec, parse_document
 
 MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 MIB = 1024**2

@@ -4,8 +4,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from tokenmill_runner.source.prompts import Prompt, RowError, belongs_to_worker, parse_line
-from tokenmill_runner.source.scan import scan_source
 from tokenmill_runner.source.reader import read_prompts
+from tokenmill_runner.source.scan import scan_source
 
 
 def line(obj) -> bytes:

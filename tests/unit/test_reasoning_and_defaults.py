@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 from tests.reference.families import FIXTURES
-from tokenmill_runner.report.validation import DatasetSamples, dataset_report
 from tokenmill_runner.generate.rows import first_reasoning_end
 from tokenmill_runner.generate.sampling_defaults import apply_model_defaults, model_sampling_defaults
+from tokenmill_runner.report.validation import DatasetSamples, dataset_report
 from tokenmill_runner.spec.resource import DatasetGenerationSpec, SamplingSpec
 
 

@@ -9,11 +9,11 @@ import struct
 import orjson
 import pytest
 
-from tokenmill_runner.store.ledger import ShardContent
-from tokenmill_runner.report.validation import build_report
 from tokenmill_runner.report.files import load_ledger, write_report
-from tokenmill_runner.store.shards import commit_shard, read_committed_rows
+from tokenmill_runner.report.validation import build_report
 from tokenmill_runner.stats.distributions import mann_whitney
+from tokenmill_runner.store.ledger import ShardContent
+from tokenmill_runner.store.shards import commit_shard, read_committed_rows
 from tokenmill_runner.store.storage import LocalStorage
 
 END, TOOL, EOS = 50, 60, 9

@@ -6,8 +6,8 @@ entrypoints/http_server.py:593-610)."""
 
 import pytest
 
-from tokenmill_runner.render.request_fit import ServerLimits
 from tokenmill_runner.facts.server_info import ServerFacts, UnsupportedServer, runnable_requests
+from tokenmill_runner.render.request_fit import ServerLimits
 
 
 def server_info(version, context=None, pool=200_000, max_input=None, dp=1, slots=512, passed_slots=None,

@@ -10,8 +10,8 @@ import pytest
 from tokenmill_runner.source import scan_cache
 from tokenmill_runner.source.adapters import RowLayout
 from tokenmill_runner.source.prompts import Prompt, RowError, belongs_to_worker, id_hash
-from tokenmill_runner.source.scan_cache import cached_scan
 from tokenmill_runner.source.reader import read_prompts
+from tokenmill_runner.source.scan_cache import cached_scan
 from tokenmill_runner.store.storage import LocalStorage
 
 

@@ -8,8 +8,8 @@ import json
 import random
 import re
 import statistics
-from collections import Counter
 import time
+from collections import Counter
 from dataclasses import fields
 from pathlib import Path
 from typing import Any

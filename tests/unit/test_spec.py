@@ -102,9 +102,9 @@ def test_examples_parse():
 
 
 def test_auto_concurrency_fills_the_servers_and_keeps_a_queue():
-    from tokenmill_runner.spec.config import RunnerConfig
-    from tokenmill_runner.prepare import resolve_concurrency
     from tokenmill_runner.facts.server_info import ServerFacts
+    from tokenmill_runner.prepare import resolve_concurrency
+    from tokenmill_runner.spec.config import RunnerConfig
 
     def server(slots, kv_tokens):
         # /server_info of 0.5.9+: effective_max_running_requests_per_dp and the KV pool per DP scheduler.
@@ -131,9 +131,9 @@ def test_auto_concurrency_fills_the_servers_and_keeps_a_queue():
 
 
 def test_datasets_run_longest_expected_first():
-    from tokenmill_runner.store.ledger import DatasetLedger
     from tokenmill_runner.generate.pipeline import DatasetState
     from tokenmill_runner.prepare import expected_output_tokens
+    from tokenmill_runner.store.ledger import DatasetLedger
     from tokenmill_runner.store.shards import ShardBuffer
 
     spec = parse_document(doc()).spec

@@ -10,10 +10,10 @@ import pytest
 
 from tests.reference.families import BY_NAME, VARIANTS, Variant
 from tokenmill_runner.generate.conversation import Answer, Conversation, start
+from tokenmill_runner.generate.tool_calls import ToolCall, parse_tool_calls
 from tokenmill_runner.prepare import call_format_problem
 from tokenmill_runner.render.pretokenize import PromptEncoder, load_tokenizer
 from tokenmill_runner.source.prompts import Prompt
-from tokenmill_runner.generate.tool_calls import ToolCall, parse_tool_calls
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather",
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},

@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 import math
 
-from tokenmill_runner.spec.resource import DatasetGenerationSpec
 from tokenmill_runner.facts.workload import Workload
+from tokenmill_runner.spec.resource import DatasetGenerationSpec
 
 from .explain import notes, reasoning, render_plan
 from .memory import kv_bytes_per_token_per_rank, sglang_default_mem_fraction

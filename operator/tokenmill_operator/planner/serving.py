@@ -44,9 +44,9 @@ class ServingRelease:
 
 def serving_release(server: ServerSpec) -> ServingRelease:
     """The release the spec's image runs, and where that was read."""
-    if server.sglang_version:
-        version, source = server.sglang_version, "spec.server.sglangVersion"
-    else:
+    version: str | None = server.sglang_version
+    source = "spec.server.sglangVersion"
+    if not version:
         version, source = release_of_image(server.image), f"the image tag ({server.image})"
     if version is None:
         return ServingRelease(
@@ -59,7 +59,7 @@ def serving_release(server: ServerSpec) -> ServingRelease:
         raise PlanError(f"{source} names SGLang {version}, which tokenmill has no facts for: use an image of a "
                         f"supported release ({OLDEST_SUPPORTED} to {SUPPORTED_RELEASES[-1]}) or set "
                         f"spec.server.sglangVersion") from None
-    warnings = ()
+    warnings: tuple[str, ...] = ()
     if not facts.supported:
         warnings = (f"warning: SGLang {facts.version} is older than tokenmill supports ({OLDEST_SUPPORTED} to "
                     f"{SUPPORTED_RELEASES[-1]}); the plan uses its known facts",)

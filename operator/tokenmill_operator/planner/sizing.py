@@ -18,9 +18,9 @@ from dataclasses import dataclass, field, replace
 
 from tokenmill_runner.facts.hardware import Gpu
 from tokenmill_runner.facts.model_facts import ModelFacts
-from tokenmill_runner.spec.resource import DatasetGenerationSpec
 from tokenmill_runner.facts.throughput import Layout, StepModel, serving_tokens_per_second
 from tokenmill_runner.facts.workload import SAMPLES_ASSUMED, DatasetLoad, JobTime, Workload, job_time
+from tokenmill_runner.spec.resource import DatasetGenerationSpec
 
 from .attention import AttentionBackend, attention_backend
 from .memory import (

@@ -55,7 +55,9 @@ MAX_PREFILL_TOKENS = 16384
 class StepTime(Protocol):
     """How long the server's steps take: the seam for a step-time model built from GPU and model facts."""
 
-    depends_on_kv: bool  # True: the step time changes as the KV in use grows (stretches are then kept short)
+    @property
+    def depends_on_kv(self) -> bool:  # True: the step time changes as the KV in use grows (stretches kept short)
+        ...
 
     def decode_seconds(self, running: int, kv_tokens: int) -> float: ...
 
@@ -250,7 +252,7 @@ class CapacityModel:
             return
         step = self.step
         order = sorted(self._running, key=lambda j: (j.generated_at(step), -j.prompt_tokens), reverse=True)
-        retracted = []
+        retracted: list[Job] = []
         while len(order) > 1 and (not retracted or self._needed() > self.params.max_total_tokens):
             job = order.pop()
             generated = job.generated_at(step)

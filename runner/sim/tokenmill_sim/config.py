@@ -121,10 +121,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run the tokenizer's own Python code (SGLang --trust-remote-code), e.g. Kimi's")
     for name, kind in typed.items():
         flag = "--" + name.replace("_", "-")
-        extra = {"choices": [AUTO, *sorted(PROFILES)]} if name == "profile" else {}
+        choices = [AUTO, *sorted(PROFILES)] if name == "profile" else None
         default = defaults[name]
         shown = "" if default is None or name == "api_key" else f" (default {default})"
-        parser.add_argument(flag, dest=name, type=kind, default=default, help=_HELP[name] + shown, **extra)
+        parser.add_argument(flag, dest=name, type=kind, default=default, help=_HELP[name] + shown,
+                            choices=choices)
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:

@@ -21,13 +21,13 @@ EVICT_TO = 0.9  # when over capacity, evict down to this share of it (eviction w
 
 @dataclass(eq=False)
 class _Node:
-    key: array  # the tokens on the edge into this node
+    key: array[int]  # the tokens on the edge into this node
     parent: _Node | None
     children: dict[int, _Node] = field(default_factory=dict)
     last_used: int = 0
 
 
-def _common(a: array, b: array) -> int:
+def _common(a: array[int], b: array[int]) -> int:
     """Length of the common prefix of two arrays."""
     size = min(len(a), len(b))
     if a[:size] == b[:size]:

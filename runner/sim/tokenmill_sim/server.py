@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from tokenmill_runner.facts.releases import release
@@ -157,7 +158,9 @@ class Simulator:
 
     def _poisoned(self, parsed: GenerateRequest) -> bool:
         text = self.config.fault_crash_text
-        return bool(text) and any(text in self.model.decode(item.input_ids, False) for item in parsed.items)
+        if not text:
+            return False
+        return any(text in self.model.decode(item.input_ids, False) for item in parsed.items)
 
     async def _serve(self, request: web.Request, parsed: GenerateRequest) -> web.StreamResponse:
         if self._poisoned(parsed):
@@ -342,7 +345,7 @@ def _drop_connection(request: web.Request) -> web.StreamResponse:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _auth_middleware(api_key: str) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+def _auth_middleware(api_key: str) -> Middleware:
     @web.middleware
     async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
         # SGLang's API key middleware (0.5.9 utils/auth.py:149): /health* and /metrics stay open for probes and

@@ -186,7 +186,7 @@ def find_sequence(haystack: Sequence[int], needle: Sequence[int], start: int = 0
     size = len(needle)
     while True:
         try:
-            index = haystack.index(first, start)  # type: ignore[call-arg]
+            index = haystack.index(first, start)
         except ValueError:
             return -1
         if list(haystack[index:index + size]) == list(needle):
@@ -227,10 +227,10 @@ def typescript_tools(text: str) -> tuple[ToolSpec, ...]:
     tools = []
     for name, body in TS_FUNCTION.findall(text):
         properties, required = {}, []
-        for field, optional, kind in TS_FIELD.findall(body):
-            properties[field] = {"type": TS_TYPES.get(kind, "string")}
+        for parameter, optional, kind in TS_FIELD.findall(body):
+            properties[parameter] = {"type": TS_TYPES.get(kind, "string")}
             if not optional:
-                required.append(field)
+                required.append(parameter)
         tools.append(ToolSpec(name, {"type": "object", "properties": properties, "required": required}))
     return tuple(tools)
 
@@ -330,7 +330,8 @@ def requested_plan(rng: random.Random, requested: Requested, tools: Sequence[Too
 def required_arguments(parameters: Mapping[str, Any], rng: random.Random) -> dict[str, Any]:
     """Arguments for exactly the required properties (what a model does when a user asked for one thing)."""
     required = parameters.get("required") or []
-    properties = parameters.get("properties") if isinstance(parameters.get("properties"), dict) else {}
+    declared = parameters.get("properties")
+    properties: Mapping[str, Any] = declared if isinstance(declared, dict) else {}
     return {name: _fake_value(properties.get(name) or {}, rng, name) for name in required}
 
 

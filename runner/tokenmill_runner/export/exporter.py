@@ -25,14 +25,14 @@ from typing import Any, TextIO
 import orjson
 
 from ..generate.conversation import start
-from ..source.adapters import DEFAULT_LAYOUT, RowLayout
 from ..progress import ThroughputMeter
+from ..source.adapters import DEFAULT_LAYOUT, RowLayout
 from ..source.prompts import Prompt, RowError
-from ..store.shards import datasets_with_commits, decode_rows, markers_in_commit_order
 from ..spec.resource import DatasetSpec
+from ..store.shards import datasets_with_commits, decode_rows, markers_in_commit_order
 from ..store.storage import TMP_MARK, LocalStorage, Storage, StorageError, open_storage
 from .filters import ExportFilters, excluded_by_findings, select_datasets
-from .formats import FORMATS, ExportFormat, hf_record, speculators_record, specforge_record
+from .formats import FORMATS, ExportFormat, hf_record, specforge_record, speculators_record
 from .manifest import (
     MANIFEST,
     MISMATCHES,
@@ -382,8 +382,8 @@ def export(request: ExportRequest, stream: TextIO | None = None,
 def _excluded(source: Storage, datasets: list[str], filters: ExportFilters) -> dict[str, list[str]]:
     if filters.exclude_findings is None:
         return {}
-    from ..report.validation import build_report
     from ..report.files import load_ledger
+    from ..report.validation import build_report
 
     findings = build_report(load_ledger(source))["findings"]
     return {name: messages for name, messages in excluded_by_findings(findings, filters.exclude_findings).items()

@@ -131,7 +131,7 @@ def text_record(unit: GenerationUnit, text: str) -> dict[str, Any]:
     return {"id": unit.id, "text": text}
 
 
-def conversation_record(unit: GenerationUnit, conversation: list[dict[str, Any]], tools: list[dict] | None,
+def conversation_record(unit: GenerationUnit, conversation: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                         template_kwargs: dict[str, Any]) -> dict[str, Any]:
     # tools as a JSON string: SpecForge accepts a string or a list (SF data/preprocessing.py:261-284), and a string
     # keeps `datasets` from merging every row's tool schemas into one struct with nulls for the keys a tool lacks.

@@ -81,7 +81,7 @@ def encode(tokenizer: Tokenizer, text: str) -> list[int]:
 
 def first_difference(expected: list[int], got: list[int]) -> int | None:
     """Index of the first differing id; len(expected) when `got` only adds ids after it; None when equal."""
-    for index, (want, have) in enumerate(zip(expected, got)):
+    for index, (want, have) in enumerate(zip(expected, got, strict=False)):
         if want != have:
             return index
     if len(got) == len(expected):
@@ -183,13 +183,14 @@ def written_message(message: dict[str, Any]) -> dict[str, Any]:
 SENTINEL = "tokenmill-system-sentinel-5c1f"
 
 
-def _render(tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[dict] | None,
+def _render(tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
             kwargs: dict[str, Any]) -> str:
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False, tools=tools or None,
-                                         **kwargs)
+    text: str = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False,
+                                              tools=tools or None, **kwargs)
+    return text
 
 
-def default_system_prompt(tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[dict] | None,
+def default_system_prompt(tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                           kwargs: dict[str, Any]) -> str | None:
     """The system prompt the model's template renders by itself for a conversation without one (Kimi's "You are
     Kimi, ..."), found by rendering once with a sentinel system message; None when it renders none."""

@@ -45,7 +45,7 @@ class SourceLines:
             written = number
         self._handle.flush()
 
-    def _index(self) -> array:
+    def _index(self) -> array[int]:
         offsets = array("q")
         self._handle.seek(0)
         position = 0

@@ -202,7 +202,7 @@ class MaskDifference:
 def mask_difference(target: list[int], trainer: list[int], prompt_tokens: int) -> MaskDifference:
     """Compare the target's mask with the trainer's over the trainer's ids (which may add a suffix)."""
     wanted = target + [0] * max(len(trainer) - len(target), 0)
-    differing = [i for i, (want, got) in enumerate(zip(wanted, trainer)) if want != got]
+    differing = [i for i, (want, got) in enumerate(zip(wanted, trainer, strict=False)) if want != got]
     return MaskDifference(
         prompt_supervised=sum(1 for i in differing if i < prompt_tokens),
         output_unsupervised=sum(1 for i in differing if prompt_tokens <= i < len(target)),

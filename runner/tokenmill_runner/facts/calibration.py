@@ -65,7 +65,8 @@ def _requantized(config: dict[str, Any], quantization: dict[str, Any] | None) ->
     quant = {"quant_method": quantization["quant_method"]}
     if quantization["quant_method"] == "modelopt":
         quant["quant_algo"] = "NVFP4"
-    target = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    text_config = config.get("text_config")
+    target: dict[str, Any] = text_config if isinstance(text_config, dict) else config
     updated = {**target, "quantization_config": quant}
     if target is config:
         return updated, int(quantization["weight_bytes"])

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Literal
+from typing import Any, Literal
 
 Vendor = Literal["nvidia", "amd"]
 LinkKind = Literal["nvlink", "xgmi", "pcie", "network"]
@@ -26,7 +26,8 @@ NETWORK_GBPS_PER_GPU = 50.0
 # Node labels and device-plugin resources by vendor (NVIDIA GPU feature discovery; ROCm k8s-device-plugin and its
 # labeller).
 PRODUCT_LABEL_KEY: dict[Vendor, str] = {"nvidia": "nvidia.com/gpu.product", "amd": "amd.com/gpu.product-name"}
-GPU_RESOURCE: dict[Vendor, str] = {"nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu"}
+# Keyed by the vendor name as status and specs carry it (a plain string there).
+GPU_RESOURCE: dict[str, str] = {"nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu"}
 
 # Time-slicing and MPS sharing append this to the NVIDIA product label; the card is the same.
 _SHARED_SUFFIX = "-SHARED"
@@ -84,7 +85,7 @@ class Gpu:
         return Link("network", NETWORK_GBPS_PER_GPU * GB)
 
 
-def _gpu(label: str, entry: dict) -> Gpu:
+def _gpu(label: str, entry: dict[str, Any]) -> Gpu:
     scale_up = entry["scale_up"]
     return Gpu(
         label=label,
@@ -102,8 +103,9 @@ def _gpu(label: str, entry: dict) -> Gpu:
 
 
 @cache
-def _data() -> dict:
-    return json.loads(resources.files(__package__).joinpath("data/gpus.json").read_text())
+def _data() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(resources.files(__package__).joinpath("data/gpus.json").read_text())
+    return data
 
 
 @cache

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, TypedDict
 
 # Keys for the same quantity across config.json families (Llama/DeepSeek, GPT-2/Falcon, ChatGLM, ...).
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
@@ -255,7 +255,22 @@ def _rope_factor(llm: dict[str, Any]) -> float:
     return float(factor) if isinstance(factor, (int, float)) else 1.0
 
 
-def _moe(llm: dict[str, Any], layers: int) -> dict[str, int]:
+class _MoeFacts(TypedDict, total=False):
+    routed_experts: int
+    experts_per_token: int
+    moe_intermediate_size: int
+    shared_expert_intermediate: int
+    moe_layers: int
+
+
+class _VisionFacts(TypedDict, total=False):
+    vision_layers: int
+    vision_hidden: int
+    vision_intermediate: int
+    vision_projector_params: int
+
+
+def _moe(llm: dict[str, Any], layers: int) -> _MoeFacts:
     experts = _int(llm, "n_routed_experts", "num_experts", "num_local_experts")
     per_token = _int(llm, "num_experts_per_tok", "num_experts_per_token", "moe_topk", "experts_per_token")
     if not experts or not per_token:
@@ -299,7 +314,7 @@ def _quantization(llm: dict[str, Any]) -> dict[str, Any]:
             "compute_dtype": "bf16"}
 
 
-def _vision(config: dict[str, Any], text_hidden: int) -> dict[str, int]:
+def _vision(config: dict[str, Any], text_hidden: int) -> _VisionFacts:
     vision = config.get("vision_config")
     if not isinstance(vision, dict):
         return {}

@@ -175,7 +175,8 @@ class Release:
 def _architectures() -> dict[str, str]:
     """Architecture -> the first read release that registers it ("0.5.6" means 0.5.6 or earlier)."""
     text = resources.files(__package__).joinpath("data/sglang_architectures.json").read_text()
-    return json.loads(text)
+    registered: dict[str, str] = json.loads(text)
+    return registered
 
 
 def _build(version: str, released: str) -> Release:
@@ -292,7 +293,7 @@ def _sampling_keys(version: str) -> tuple[str, ...]:
         return (*_CONTRACT_SAMPLING_KEYS, "choice")
     if _at_least(version, "0.5.22"):
         return _CONTRACT_SAMPLING_KEYS
-    keys = _SAMPLING_KEYS
+    keys: tuple[str, ...] = _SAMPLING_KEYS
     if _at_least(version, "0.5.15.post1"):
         keys += _SAMPLING_INTERNAL
     if _at_least(version, "0.5.19"):

@@ -100,7 +100,8 @@ def experts_touched(model: ModelFacts, tokens: float) -> float:
     """Expected share of an MoE layer's routed experts that `tokens` tokens route to (uniform routing)."""
     if not model.is_moe or tokens <= 0:
         return 1.0 if not model.is_moe else 0.0
-    return 1.0 - (1.0 - model.experts_per_token / model.routed_experts) ** tokens
+    untouched: float = (1.0 - model.experts_per_token / model.routed_experts) ** tokens
+    return 1.0 - untouched
 
 
 def weight_bytes_read(weights: WeightSplit, model: ModelFacts, layout: Layout, batch: float) -> float:

@@ -17,42 +17,43 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from array import array
 import json
 import logging
 import time
+from array import array
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import islice
 from typing import Any
 
-from .client import GenerateClient
-from ..store.commit_index import DatasetIndex
-from ..spec.config import RunnerConfig
-from .conversation import Conversation, history_exact, read_answer, start
-from .ordering import LongestFirst, expected_output_tokens, window_size
+from ..metrics import RunnerMetrics
+from ..progress import ProgressDisplay, Snapshot, ThroughputMeter
+from ..render.pretokenize import PromptEncoder
+from ..render.request_fit import ServerLimits
+from ..render.tokenizer_info import TokenizerInfo
 from ..source.duplicates import DuplicateIds
+from ..source.prompts import Prompt, RowError, belongs_to_worker, duplicate_error, id_hash
+from ..source.reader import read_prompts, source_format
+from ..source.row_size import LARGE_PROMPT_CHARS, RowBound, prompt_size
+from ..source.scan import LineSet
+from ..spec.config import RunnerConfig
+from ..spec.resource import DatasetSpec, SamplingSpec
 from ..stats.histograms import IntHistogram
+from ..store.commit_index import DatasetIndex
 from ..store.index_store import CHECKPOINT_EVERY, put_checkpoint, take_checkpoint
 from ..store.lease import LeaseKeeper
 from ..store.ledger import RETRYABLE_REASONS, DatasetLedger, ShardContent, Slot
-from ..metrics import RunnerMetrics
-from ..render.pretokenize import PromptEncoder
-from ..progress import ProgressDisplay, Snapshot, ThroughputMeter
-from ..source.prompts import Prompt, RowError, belongs_to_worker, duplicate_error, id_hash
-from ..render.request_fit import ServerLimits
+from ..store.shards import ShardBuffer, commit_shard, new_run_token, new_shard_id
+from ..store.storage import Storage, StorageError
+from .client import GenerateClient
+from .conversation import Conversation, history_exact, read_answer, start
+from .ordering import LongestFirst, expected_output_tokens, window_size
 from .results import Generation, ServersUnavailable
-from ..source.scan import LineSet
 from .rows import build_conversation_row, build_row, build_turn, failure_record, too_long_record
 from .seeds import sample_seed
-from ..store.shards import ShardBuffer, commit_shard, new_run_token, new_shard_id
-from ..source.reader import read_prompts, source_format
-from ..source.row_size import LARGE_PROMPT_CHARS, RowBound, prompt_size
-from ..spec.resource import DatasetSpec, SamplingSpec
-from ..store.storage import Storage, StorageError
 from .summary import DatasetSummary, RunSummary
-from ..render.tokenizer_info import TokenizerInfo
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +93,11 @@ def tokenize_batches(admitted: list[tuple[Prompt, list[int]]]) -> Iterator[list[
             small = []
     if small:
         yield small
+
+
+def _for_turn(seeds: Callable[[int, int], int], turn: int) -> Callable[[int], int]:
+    """The seed of each attempt at one turn, with the turn bound now (a lambda in the loop would see a later one)."""
+    return lambda attempt: seeds(attempt, turn)
 
 
 class CommitFailed(RuntimeError):
@@ -289,7 +295,7 @@ class Runner:
             spec = state.spec
             fmt = source_format(spec.source, spec.format, self.config.spec.output.endpoint)
             rows = read_prompts(spec.source, fmt, self.config.spec.output.endpoint, spec.limit,
-                                wanted=lambda line, state=state: self._wanted(state, line), layout=spec.row_layout(),
+                                wanted=partial(self._wanted, state), layout=spec.row_layout(),
                                 bound=self.row_bound)
             while chunk := await asyncio.to_thread(_take, rows, READ_BATCH, READ_BATCH_CHARS):
                 self._count_settled_lines(state)
@@ -301,9 +307,9 @@ class Runner:
                                                       [self._first_turn(state, p) for p, _ in batch],
                                                       state.template_kwargs)
                     for (prompt, indices), ids in zip(batch, encoded, strict=True):
-                        if ids := self._checked(state, prompt, ids, indices):
-                            expected = expected_output_tokens(prompt.messages, len(ids))
-                            packed = array("i", ids)  # shared by the prompt's slots: it is tokenized once
+                        if checked := self._checked(state, prompt, ids, indices):
+                            expected = expected_output_tokens(prompt.messages, len(checked))
+                            packed = array("i", checked)  # shared by the prompt's slots: it is tokenized once
                             for index in indices:
                                 yield (state, prompt, packed, index), expected
             self._count_settled_lines(state)
@@ -395,7 +401,7 @@ class Runner:
                 finally:
                     queue.task_done()
                 continue
-            result = await self._generate(state, ids, params, lambda attempt: seeds(attempt, 0))
+            result = await self._generate(state, ids, params, _for_turn(seeds, 0))
             now = self.clock()
             if isinstance(result, Generation):
                 self._record_row(state, prompt, ids, result, now, index, seeds(result.attempts - 1, 0))
@@ -442,7 +448,7 @@ class Runner:
         max_new = state.sampling.max_new_tokens or 0
         while True:
             turn_number = len(turns)
-            result = await self._generate(state, ids, params, lambda attempt: seeds(attempt, turn_number))
+            result = await self._generate(state, ids, params, _for_turn(seeds, turn_number))
             if isinstance(result, Generation):  # tokens count turn by turn, the sample once when recorded
                 self.meter.record(self.clock(), 0, result.completion_tokens)
             else:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from ..render.tokenizer_info import TokenizerInfo
 from ..source.prompts import Prompt, RowError
 from .results import Generation, GenerationFailure
-from ..render.tokenizer_info import TokenizerInfo
 
 
 def reasoning_end(output_ids: list[int], end_ids: int | None | Iterable[int]) -> int | None:

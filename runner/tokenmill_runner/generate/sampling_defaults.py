@@ -35,7 +35,7 @@ def model_sampling_defaults(generation_config: dict[str, Any]) -> dict[str, Any]
     return found
 
 
-def apply_model_defaults(sampling: SamplingSpec, model_defaults: dict[str, Any]) -> tuple[SamplingSpec, dict]:
+def apply_model_defaults(sampling: SamplingSpec, model_defaults: dict[str, Any]) -> tuple[SamplingSpec, dict[str, dict[str, Any]]]:
     """(sampling with the model's defaults filled in where the spec left a field unset, where each value came from)."""
     filled = {field: value for field, value in model_defaults.items() if getattr(sampling, field) is None}
     effective = sampling.model_copy(update=filled)

@@ -13,9 +13,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .content_format import flatten, template_content_format
 from ..source.prompts import Prompt, RowError
 from ..store.storage import open_storage, write_atomic
+from .content_format import flatten, template_content_format
 from .tokenizer_info import TokenizerInfo
 from .tokenizers_compat import SPEC_ALLOWS_REMOTE_CODE, TokenizerError, is_fast, load_folder_tokenizer
 

@@ -46,7 +46,8 @@ def install_transformers_shims() -> None:
     import transformers.models.gpt2.tokenization_gpt2 as gpt2
 
     if not hasattr(gpt2, "bytes_to_unicode"):
-        gpt2.bytes_to_unicode = convert.bytes_to_unicode
+        # transformers 5 moved it; remote tokenizer code written for 4.x still imports it from gpt2
+        gpt2.bytes_to_unicode = convert.bytes_to_unicode  # type: ignore[attr-defined]
     import transformers.utils.chat_template_utils as templates
 
     if hasattr(templates, "_alias_reasoning_fields"):

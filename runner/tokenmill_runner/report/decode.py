@@ -211,25 +211,25 @@ def inspect_samples(storage: Storage, selection: Selection, datasets: list[str] 
     folder = tokenizer_folder or local_model_folder(info["location"], endpoint)
     tokenizer = load_tokenizer(folder, trust_remote_code, flag_allows_remote_code(tokenizer_folder or info["location"]))
     end_of_turn = set(info["eos_token_ids"])
-    decoded: list[Any] = []
+    as_objects: list[dict[str, Any]] = []
+    as_text: list[str] = []
     for row in rows:
-        views = []
-        for turn in turn_rows(row):
-            prompt = prompt_parts(tokenizer, turn["prompt_ids"], end_of_turn)
-            output = output_parts(turn, info["tool_call_id"])
-            views.append(sample_json(tokenizer, turn, prompt, output) if as_json
-                         else render_sample(tokenizer, turn, prompt, output, keep))
+        parts = [(turn, prompt_parts(tokenizer, turn["prompt_ids"], end_of_turn),
+                  output_parts(turn, info["tool_call_id"])) for turn in turn_rows(row)]
+        if as_json:
+            objects = [sample_json(tokenizer, turn, prompt, output) for turn, prompt, output in parts]
+            as_objects += objects if not row.get("turns") else [{
+                "dataset": row["dataset"], "sample_id": row["sample_id"], "line": row["line"],
+                "stop_reason": row["stop_reason"], "stop_detail": row.get("stop_detail"), "turns": objects}]
+            continue
+        texts = [render_sample(tokenizer, turn, prompt, output, keep) for turn, prompt, output in parts]
         if not row.get("turns"):
-            decoded += views
-        elif as_json:
-            decoded.append({"dataset": row["dataset"], "sample_id": row["sample_id"], "line": row["line"],
-                            "stop_reason": row["stop_reason"], "stop_detail": row.get("stop_detail"),
-                            "turns": views})
+            as_text += texts
         else:
             detail = f" ({row['stop_detail']})" if row.get("stop_detail") else ""
-            decoded.append(f"══ {row['dataset']} · conversation {row['sample_id']} (line {row['line']}) · "
+            as_text.append(f"══ {row['dataset']} · conversation {row['sample_id']} (line {row['line']}) · "
                            f"{row['turn_count']} turns · ended: {row['stop_reason']}{detail} ══\n\n"
-                           + "\n\n".join(views))
+                           + "\n\n".join(texts))
     if as_json:
-        return orjson.dumps(decoded, option=orjson.OPT_INDENT_2).decode()
-    return "\n\n".join(decoded)
+        return orjson.dumps(as_objects, option=orjson.OPT_INDENT_2).decode()
+    return "\n\n".join(as_text)

@@ -7,10 +7,10 @@ from typing import Any
 
 import orjson
 
-from .validation import DatasetSamples, Ledger, build_report
 from ..store.manifest import RunManifest, read_manifest
 from ..store.shards import datasets_with_commits, markers_in_commit_order
 from ..store.storage import Storage
+from .validation import DatasetSamples, Ledger, build_report
 
 REPORT_DIR = "report"
 
@@ -31,8 +31,8 @@ def load_ledger(storage: Storage) -> Ledger:
 
 def write_report(storage: Storage) -> tuple[dict[str, Any], list[str]]:
     """Compute the report from the commit markers and write report.json, report.md and one PNG per dataset."""
-    from .plots import dataset_png
     from .markdown import render
+    from .plots import dataset_png
 
     ledger = load_ledger(storage)
     report = build_report(ledger)

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from ..generate.summary import RETRY_HINT
+from ..stats.distributions import OVER, UNDER, DriftResult
 from ..stats.histograms import IntHistogram, mann_whitney_histograms
 from ..store.ledger import RETRYABLE_REASONS, Completeness
 from .stream import DRIFT_FIRST_N, SAMPLE_COLUMNS, DatasetSamples
-from ..stats.distributions import OVER, UNDER, DriftResult
-from ..generate.summary import RETRY_HINT
 
 logger = logging.getLogger(__name__)
 
@@ -232,7 +232,7 @@ def outcome_findings(name: str, report: dict[str, Any]) -> list[dict[str, Any]]:
     return findings
 
 
-def dataset_findings(name: str, report: dict[str, Any], limits: Thresholds, end_token: str | None) -> list[dict]:
+def dataset_findings(name: str, report: dict[str, Any], limits: Thresholds, end_token: str | None) -> list[dict[str, Any]]:
     findings: list[dict[str, Any]] = outcome_findings(name, report)
     n = report["samples"]
     if n == 0:

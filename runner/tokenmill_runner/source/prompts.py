@@ -101,8 +101,8 @@ def validate_row(line: int, row: dict[str, Any], layout: RowLayout = DEFAULT_LAY
         return RowError(line, sample_id, error.reason, str(error))
     parts_ok = layout.format != "messages"
     for index, message in enumerate(messages):
-        if error := _message_error(line, sample_id, index, message, parts_ok):
-            return error
+        if refused := _message_error(line, sample_id, index, message, parts_ok):
+            return refused
     tools = row.get(layout.tools)
     if isinstance(tools, str):  # Parquet exports (and ShareGPT datasets) often keep tools as a JSON string
         try:

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from ..store.manifest import SourceIdentity
+from ..store.storage import Storage, open_storage, split_uri
 from .adapters import DEFAULT_LAYOUT, RowLayout
 from .prompts import Prompt, RowError, parse_line
-from ..store.manifest import SourceIdentity
 from .row_size import RowBound, prompt_size
-from ..store.storage import Storage, open_storage, split_uri
 
 PARQUET_BATCH_ROWS = 1024
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".jsonl.gz")
@@ -113,7 +113,11 @@ def _open_source(source: str, endpoint: str | None) -> IO[bytes]:
     return open_storage(parent, endpoint).open_read(name)
 
 
-def _decompressed(handle: IO[bytes]) -> IO[bytes]:
+# A source's bytes as read: the raw stream, or one of the decompressors over it.
+ByteStream = IO[bytes] | io.BufferedIOBase
+
+
+def _decompressed(handle: IO[bytes]) -> ByteStream:
     """The text of a gzip or zstd file, found by its first bytes whatever its name (`.jsonl.gz`, or a `.jsonl`
     that is compressed): read raw, compressed bytes become one or two rows of garbage."""
     head = handle.peek(4)[:4] if hasattr(handle, "peek") else b""
@@ -123,11 +127,11 @@ def _decompressed(handle: IO[bytes]) -> IO[bytes]:
         import pyarrow as pa  # pyarrow's zstd codec: no other zstd package is installed
 
         stream = pa.CompressedInputStream(pa.PythonFile(handle, mode="r"), "zstd")
-        return io.BufferedReader(stream)  # type: ignore[arg-type]
+        return io.BufferedReader(stream)
     return handle
 
 
-def _skip_rest(handle: IO[bytes]) -> int:
+def _skip_rest(handle: ByteStream) -> int:
     """Read past the end of the current line a chunk at a time; the bytes skipped."""
     skipped = 0
     while chunk := handle.readline(SKIP_CHUNK):
@@ -137,7 +141,7 @@ def _skip_rest(handle: IO[bytes]) -> int:
     return skipped
 
 
-def _lines(handle: IO[bytes], max_bytes: int | None) -> Iterator[bytes | OversizeLine]:
+def _lines(handle: ByteStream, max_bytes: int | None) -> Iterator[bytes | OversizeLine]:
     """Each line, or an OversizeLine for a line over `max_bytes`: never more than max_bytes + 2 bytes held (room
     for a line of exactly max_bytes and its "\r\n", so line numbers never depend on the bound)."""
     first = True

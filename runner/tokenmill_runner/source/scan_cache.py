@@ -13,17 +13,18 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Mapping
 from dataclasses import astuple
 
 import numpy as np
 
+from ..store.packed import PackError, pack, unpack
+from ..store.storage import Storage, StorageError
 from .adapters import DEFAULT_LAYOUT, RowLayout
 from .duplicates import DuplicateIds
-from ..store.packed import PackError, pack, unpack
-from .scan import LineSet, SourceScan, scan_source
 from .reader import source_identity
 from .row_size import RowBound
-from ..store.storage import Storage, StorageError
+from .scan import LineSet, SourceScan, scan_source
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ def cache_key(dataset: str, source: str, identity: str, fmt: str, limit: int | N
     return f"{dataset}/{SCANS}/w{worker_index:03d}-{digest}.scan"
 
 
-def encode_scan(scan: SourceScan, described: dict[str, object]) -> bytes:
+def encode_scan(scan: SourceScan, described: Mapping[str, object]) -> bytes:
     arrays = {"duplicate_hashes": scan.duplicates.hashes.astype(np.uint64),
               "duplicate_lines": scan.duplicates.first_lines.astype(np.int64)}
     if scan.owned is not None:

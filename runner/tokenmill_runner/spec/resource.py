@@ -12,7 +12,7 @@ import math
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 import yaml
 from pydantic import (
@@ -27,7 +27,6 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from ..source.adapters import RowLayout
 from ..facts.releases import (
     DEFAULT_IMAGE,
     DEFAULT_RELEASE,
@@ -38,9 +37,10 @@ from ..facts.releases import (
     release,
     release_of_image,
 )
+from ..source.adapters import RowLayout
 
-API_VERSION = "tokenmill.io/v1alpha1"
-KIND = "DatasetGeneration"
+API_VERSION: Final = "tokenmill.io/v1alpha1"
+KIND: Final = "DatasetGeneration"
 
 Auto = Literal["auto"]
 
@@ -260,7 +260,7 @@ class SamplingSpec(SpecModel):
 
 class DefaultSamplingSpec(SamplingSpec):
     # Never None: a request without max_new_tokens gets SGLang's 128 and silently truncates reasoning.
-    max_new_tokens: int = Field(  # type: ignore[assignment]
+    max_new_tokens: int = Field(
         10240, gt=0, le=MAX_TOKENS, description="Output token cap for every dataset that does not set its own "
         f"(at most {MAX_TOKENS})."
     )
@@ -286,7 +286,7 @@ class InputFieldsSpec(SpecModel):
 class InputSpec(SpecModel):
     """How a row becomes the OpenAI messages the chat template renders."""
 
-    format: InputFormat = Field(  # type: ignore[valid-type]
+    format: InputFormat = Field(
         "auto", description="messages (OpenAI messages, string content), openai (messages whose content may be a "
         "list of text parts), sharegpt (turns with from/value), prompt (one string: a single user turn), or auto "
         "(per row: messages/openai, else ShareGPT conversations, else prompt).")
@@ -387,7 +387,7 @@ class ServerSpec(SpecModel):
         f"most {MAX_TOKENS}.")
     max_running_requests: Annotated[int, Field(ge=1, le=2**20)] | Auto = Field(
         "auto", description="--max-running-requests, or auto (at most 2^20).")
-    kv_cache_dtype: KvCacheDtype = Field(  # type: ignore[valid-type]
+    kv_cache_dtype: KvCacheDtype = Field(
         "auto", description="--kv-cache-dtype; auto keeps the model's 16-bit dtype. The values the SGLang release "
         "in use accepts (mxfp8, nvfp4, fp4_mx_block16 from 0.5.16; fp4_e2m1 until 0.5.20).",
     )

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 PERCENTILES = (10, 25, 75, 90, 95, 99)
 UNDER = (100, 300, 500)
@@ -36,7 +37,7 @@ class Distribution:
         return asdict(self)
 
 
-def distribution(values: Sequence[float]) -> Distribution:
+def distribution(values: Sequence[float] | npt.NDArray[Any]) -> Distribution:
     """Percentiles by linear interpolation between closest ranks (numpy's default, `statistics.quantiles`'
     'inclusive' method); stdev is the sample standard deviation."""
     if len(values) == 0:
@@ -56,7 +57,7 @@ def length_shares(values: Sequence[int]) -> dict[str, float | None]:
     if len(values) == 0:
         return {**{f"under_{n}": None for n in UNDER}, **{f"over_{n}": None for n in OVER}}
     data = np.asarray(values)
-    shares = {f"under_{n}": float((data < n).mean()) for n in UNDER}
+    shares: dict[str, float | None] = {f"under_{n}": float((data < n).mean()) for n in UNDER}
     shares.update({f"over_{n}": float((data > n).mean()) for n in OVER})
     return shares
 

@@ -63,7 +63,8 @@ RETRYABLE_REASONS = frozenset({
 
 class Slot(NamedTuple):
     line: int  # 1-based source line (JSONL) or row (Parquet)
-    index: int = 0  # sample index within the prompt (0..samples-1)
+    # sample index within the prompt (0..samples-1); it shadows tuple.index, which no slot is ever searched with
+    index: int = 0  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)

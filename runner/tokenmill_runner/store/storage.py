@@ -23,6 +23,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import IO, Any, Protocol, TypeVar
 
@@ -336,7 +337,8 @@ class S3Storage:
         # Page by page, each page retried on its own: a failure in the middle never repeats or skips keys.
         while True:
             try:
-                page = self.call("list", prefix, lambda args=dict(arguments): self._client.list_objects_v2(**args))
+                # partial copies the arguments now: the loop sets the next page's token in them afterwards
+                page = self.call("list", prefix, partial(self._client.list_objects_v2, **arguments))
             except StorageError:
                 raise
             except Exception as error:
@@ -473,7 +475,7 @@ class ResumableBody(io.RawIOBase):
         super().close()
 
 
-def _error_code(error: Exception) -> str | None:
+def _error_code(error: BaseException) -> str | None:
     response = getattr(error, "response", None)  # botocore's ClientError carries the parsed answer
     if not isinstance(response, dict):
         return None
@@ -481,7 +483,7 @@ def _error_code(error: Exception) -> str | None:
     return None if code is None else str(code)
 
 
-def _status(error: Exception) -> int | None:
+def _status(error: BaseException) -> int | None:
     response = getattr(error, "response", None)
     if not isinstance(response, dict):
         return None
@@ -507,8 +509,8 @@ def is_transient(error: BaseException) -> bool:
         return True
     if isinstance(error, ConnectionError | TimeoutError):  # the builtins (resets, broken pipes)
         return True
-    status = _status(error)
-    return _error_code(error) in TRANSIENT_CODES or (status is not None and (status >= 500 or status == 429))
+    code, status = _error_code(error), _status(error)
+    return (code is not None and code in TRANSIENT_CODES) or (status is not None and (status >= 500 or status == 429))
 
 
 def s3_client(endpoint: str | None = None, region: str | None = None,
