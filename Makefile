@@ -6,7 +6,7 @@ HOST_PYTHON ?= python3
 INSTALLED := $(VENV)/.installed
 DEMO_OUT ?= out/demo
 
-.PHONY: install demo test unit integration chart e2e bench clean
+.PHONY: install demo test unit integration chart e2e bench clean lint typecheck
 
 install: $(INSTALLED)
 
@@ -24,6 +24,13 @@ demo: install
 ## test: every test, the real-cluster ones included (builds the cluster tools once, cached in ~/.cache/tokenmill)
 test: install tools
 	$(VENV)/bin/pytest -q
+
+## lint, typecheck: the static checks alone (make test runs both through tests/unit/test_static_checks.py)
+lint: install
+	$(VENV)/bin/ruff check .
+
+typecheck: install
+	$(VENV)/bin/mypy
 
 unit: install
 	$(VENV)/bin/pytest -q tests/unit

@@ -39,7 +39,7 @@ from bench_runner import MODEL, REPO  # noqa: E402
 
 sys.path.insert(0, str(REPO / "runner" / "sim"))
 
-from tokenmill_runner.store.shards import read_markers  # noqa: E402
+from tokenmill_runner.store.markers import read_markers  # noqa: E402
 from tokenmill_runner.store.storage import LocalStorage  # noqa: E402
 from tokenmill_sim import capacity  # noqa: E402
 from tokenmill_sim.config import SimConfig  # noqa: E402

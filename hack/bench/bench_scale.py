@@ -380,7 +380,7 @@ async def split_simulation(folder: Path, prompts: int, workers: int, replicas: i
     from tokenmill_runner.source.prompts import belongs_to_worker
     from tokenmill_runner.source.reader import read_prompts
     from tokenmill_runner.store.ledger import DatasetLedger
-    from tokenmill_runner.store.shards import marker_keys, read_markers
+    from tokenmill_runner.store.markers import marker_keys, read_markers
     from tokenmill_runner.store.storage import LocalStorage
     from tokenmill_sim.capacity import CapacityModel, SchedulerParams
     from tokenmill_sim.engine import Engine, SimClock

@@ -34,7 +34,7 @@ from tokenmill_runner.report.validation import build_report
 from tokenmill_runner.store.faults import FAULT_ENV
 from tokenmill_runner.store.lease import LEASE, Lease
 from tokenmill_runner.store.manifest import Owner, read_manifest
-from tokenmill_runner.store.shards import read_markers
+from tokenmill_runner.store.markers import read_markers
 from tokenmill_runner.store.storage import LocalStorage
 
 REPO = Path(__file__).resolve().parents[2]

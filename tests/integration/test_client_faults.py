@@ -25,7 +25,8 @@ from tokenmill_runner.generate.seeds import sample_seed
 from tokenmill_runner.prepare import prepare
 from tokenmill_runner.spec.config import RunnerConfig
 from tokenmill_runner.spec.resource import load_spec_file
-from tokenmill_runner.store.shards import read_committed_rows, read_markers
+from tokenmill_runner.store.markers import read_markers
+from tokenmill_runner.store.shards import read_committed_rows
 from tokenmill_runner.store.storage import open_storage
 from tokenmill_sim.config import SimConfig
 from tokenmill_sim.server import SimServer

@@ -25,7 +25,8 @@ from tokenmill_runner.spec.resource import load_spec_file
 from tokenmill_runner.store.faults import FAULT_ENV
 from tokenmill_runner.store.ledger import RETRYABLE_REASONS, Slot
 from tokenmill_runner.store.marker_names import shard_id_of
-from tokenmill_runner.store.shards import leftovers, marker_keys, read_ledger, read_markers
+from tokenmill_runner.store.markers import marker_keys, read_markers
+from tokenmill_runner.store.shards import leftovers, read_ledger
 from tokenmill_runner.store.storage import LocalStorage, open_storage
 
 from .test_run import assert_exactly_once, committed_errors, malformed_rows

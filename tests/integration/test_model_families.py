@@ -14,7 +14,8 @@ from tests.reference.families import FIXTURES, PROMPTS, VARIANTS, Variant
 from tokenmill_runner.cli import main
 from tokenmill_runner.report.files import load_ledger
 from tokenmill_runner.report.validation import build_report
-from tokenmill_runner.store.shards import read_committed_rows, read_markers
+from tokenmill_runner.store.markers import read_markers
+from tokenmill_runner.store.shards import read_committed_rows
 from tokenmill_runner.store.storage import open_storage
 
 from .workloads import write_spec

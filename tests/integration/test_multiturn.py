@@ -22,7 +22,8 @@ from tokenmill_runner.generate.summary import EXIT_OK
 from tokenmill_runner.prepare import prepare
 from tokenmill_runner.spec.config import RunnerConfig
 from tokenmill_runner.spec.resource import load_spec_file
-from tokenmill_runner.store.shards import read_committed_rows, read_markers
+from tokenmill_runner.store.markers import read_markers
+from tokenmill_runner.store.shards import read_committed_rows
 from tokenmill_runner.store.storage import LocalStorage, open_storage
 
 from .test_exactly_once import killed_at, outcomes_per_line, run_cli

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tokenmill_runner.store.shards import read_markers
+from tokenmill_runner.store.markers import read_markers
 from tokenmill_runner.store.storage import open_storage
 
 from .test_run import assert_exactly_once, run_spec

@@ -15,7 +15,8 @@ from tokenmill_runner.generate.summary import RunSummary
 from tokenmill_runner.prepare import prepare
 from tokenmill_runner.spec.config import RunnerConfig
 from tokenmill_runner.spec.resource import load_spec_file
-from tokenmill_runner.store.shards import leftovers, read_committed_rows, read_markers
+from tokenmill_runner.store.markers import read_markers
+from tokenmill_runner.store.shards import leftovers, read_committed_rows
 from tokenmill_runner.store.storage import Storage, open_storage, s3_client
 
 from .workloads import chat, spec_document, tool_chat, write_jsonl, write_spec

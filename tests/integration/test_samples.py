@@ -14,7 +14,8 @@ import pytest
 
 from tokenmill_runner.generate.seeds import SEED_RULE, sample_seed
 from tokenmill_runner.generate.summary import EXIT_GIVEN_UP, EXIT_OK
-from tokenmill_runner.store.shards import read_committed_rows, read_markers
+from tokenmill_runner.store.markers import read_markers
+from tokenmill_runner.store.shards import read_committed_rows
 from tokenmill_runner.store.storage import LocalStorage
 
 from .test_exactly_once import killed_at, run_cli

@@ -17,7 +17,8 @@ import pytest
 
 from tests.faults.s3_proxy import Rule, S3FaultProxy
 from tokenmill_runner.source.reader import read_prompts
-from tokenmill_runner.store.shards import leftovers, read_committed_rows, read_markers
+from tokenmill_runner.store.markers import read_markers
+from tokenmill_runner.store.shards import leftovers, read_committed_rows
 from tokenmill_runner.store.storage import S3Storage, StorageError, StorageRetry, open_storage, s3_client
 
 from .test_run import assert_exactly_once, committed_errors, run_spec

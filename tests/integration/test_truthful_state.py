@@ -16,7 +16,7 @@ import pytest
 
 from tokenmill_runner.generate.summary import EXIT_OK, EXIT_USAGE
 from tokenmill_runner.store.lease import LEASE
-from tokenmill_runner.store.shards import read_markers
+from tokenmill_runner.store.markers import read_markers
 from tokenmill_runner.store.storage import LocalStorage
 
 from .test_exactly_once import killed_at, run_cli

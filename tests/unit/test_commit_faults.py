@@ -11,7 +11,7 @@ import pytest
 
 from tokenmill_runner.store.faults import FAULT_ENV, FaultRule, parse_rules
 from tokenmill_runner.store.marker_names import shard_id_of
-from tokenmill_runner.store.shards import marker_keys
+from tokenmill_runner.store.markers import marker_keys
 from tokenmill_runner.store.storage import LocalStorage
 
 # Three commits of one shard each: rows and errors in every one.

@@ -20,7 +20,8 @@ from tokenmill_runner.store.marker_names import (
     split_marker_name,
     time_key,
 )
-from tokenmill_runner.store.shards import leftovers, marker_keys
+from tokenmill_runner.store.markers import marker_keys
+from tokenmill_runner.store.shards import leftovers
 from tokenmill_runner.store.storage import LocalStorage
 
 from .counting_storage import CountingStorage, commit_lines

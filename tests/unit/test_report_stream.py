@@ -18,7 +18,8 @@ from tokenmill_runner.report.validation import build_report, dataset_report
 from tokenmill_runner.stats import histograms
 from tokenmill_runner.stats.distributions import distribution, mann_whitney
 from tokenmill_runner.store.ledger import ShardContent, build_marker
-from tokenmill_runner.store.shards import commit_shard, markers_in_commit_order
+from tokenmill_runner.store.markers import markers_in_commit_order
+from tokenmill_runner.store.shards import commit_shard
 from tokenmill_runner.store.storage import LocalStorage
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)

@@ -1,4 +1,5 @@
 from tokenmill_runner.store.ledger import MARKER_VERSION, ShardContent, Slot
+from tokenmill_runner.store.markers import read_markers
 from tokenmill_runner.store.shards import (
     ShardBuffer,
     commit_shard,
@@ -7,7 +8,6 @@ from tokenmill_runner.store.shards import (
     new_run_token,
     read_committed_rows,
     read_ledger,
-    read_markers,
 )
 from tokenmill_runner.store.storage import LocalStorage
 

@@ -29,7 +29,8 @@ from ..progress import ThroughputMeter
 from ..source.adapters import DEFAULT_LAYOUT, RowLayout
 from ..source.prompts import Prompt, RowError
 from ..spec.resource import DatasetSpec
-from ..store.shards import datasets_with_commits, decode_rows, markers_in_commit_order
+from ..store.markers import datasets_with_commits, markers_in_commit_order
+from ..store.shards import decode_rows
 from ..store.storage import TMP_MARK, LocalStorage, Storage, StorageError, open_storage
 from .filters import ExportFilters, excluded_by_findings, select_datasets
 from .formats import FORMATS, ExportFormat, hf_record, specforge_record, speculators_record

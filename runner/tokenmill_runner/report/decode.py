@@ -14,7 +14,8 @@ from typing import Any
 import orjson
 
 from ..render.pretokenize import flag_allows_remote_code, load_tokenizer, local_model_folder
-from ..store.shards import decode_rows, read_markers
+from ..store.markers import read_markers
+from ..store.shards import decode_rows
 from ..store.storage import Storage
 
 ROLE_LABELS = {"tool_declare": "tools", "system": "system", "user": "user", "assistant": "assistant",

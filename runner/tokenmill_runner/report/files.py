@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 
 from ..store.manifest import RunManifest, read_manifest
-from ..store.shards import datasets_with_commits, markers_in_commit_order
+from ..store.markers import datasets_with_commits, markers_in_commit_order
 from ..store.storage import Storage
 from .validation import DatasetSamples, Ledger, build_report
 

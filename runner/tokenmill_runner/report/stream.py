@@ -1,6 +1,6 @@
 """What the report needs of a dataset's committed samples, accumulated marker by marker. Pure.
 
-The markers are folded in commit order (`shards.markers_in_commit_order`), each through the dataset's ledger, so a
+The markers are folded in commit order (`markers.markers_in_commit_order`), each through the dataset's ledger, so a
 slot named by two markers counts once (its first row), as everywhere else. Memory follows the range of the values,
 not their number (`histograms.py`): token lengths in exact integer histograms (every figure of the report is
 exact, whatever the size), latencies exact up to `histograms.EXACT_LIMIT` samples and within

@@ -8,9 +8,7 @@ reader's cost follows what was committed since it last looked, not the dataset's
 from __future__ import annotations
 
 import logging
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -18,8 +16,9 @@ import orjson
 
 from .checkpoints import INDEX, SUFFIX, CheckpointError, Snapshot, decode, snapshot
 from .commit_index import DatasetIndex
-from .ledger import COMMITS, DatasetLedger
-from .marker_names import MAX_CLOCK_SKEW, horizon, is_marker_name, split_marker_name, time_key
+from .ledger import DatasetLedger
+from .marker_names import MAX_CLOCK_SKEW, horizon, time_key
+from .markers import READ_THREADS, commits_prefix, iter_keyed, list_commits
 from .storage import Storage, StorageError
 
 logger = logging.getLogger(__name__)
@@ -27,52 +26,6 @@ logger = logging.getLogger(__name__)
 CHECKPOINT_EVERY = 1000  # markers folded since the last checkpoint before a reader writes a new one
 KEEP_CHECKPOINTS = 3  # a writer removes its dataset's checkpoints older than the newest few
 TRIES = 3  # checkpoints a reader tries, newest first, before it folds every marker
-READ_THREADS = 16
-
-
-def commits_prefix(dataset: str) -> str:
-    return f"{dataset}/{COMMITS}/"
-
-
-@dataclass(frozen=True)
-class Listed:
-    """One entry of a dataset's commits folder: a marker (its time key, None for an old-style name, and its shard
-    id), or a stray (a temporary file of an interrupted write, or anything else that is not a marker)."""
-
-    key: str
-    time: str | None = None
-    shard_id: str | None = None
-
-    @property
-    def is_marker(self) -> bool:
-        return self.shard_id is not None
-
-
-def list_commits(storage: Storage, dataset: str, start: str | None = None) -> Iterator[Listed]:
-    """The one listing of a dataset's commits folder (after `start`, a key, when given), each entry classified.
-    Every reader of markers (catch-up, commit order, leftovers) goes through it, so they agree on what a marker is."""
-    prefix = commits_prefix(dataset)
-    for key in storage.list(prefix, start):
-        name = key[len(prefix):]
-        if "/" in name or not is_marker_name(name):
-            yield Listed(key)
-        else:
-            time, shard_id = split_marker_name(name)
-            yield Listed(key, time, shard_id)
-
-
-def iter_keyed(storage: Storage, keys: Iterable[str], threads: int = READ_THREADS) -> Iterator[tuple[str, bytes]]:
-    """(key, object) for each key, read `threads` at a time and yielded in key order, holding a bounded window."""
-    with ThreadPoolExecutor(max_workers=threads) as pool:
-        window: deque[tuple[str, Future[bytes]]] = deque()
-        for key in keys:
-            window.append((key, pool.submit(storage.get, key)))
-            if len(window) >= 2 * threads:
-                first, future = window.popleft()
-                yield first, future.result()
-        while window:
-            key, future = window.popleft()
-            yield key, future.result()
 
 
 def load_index(storage: Storage, dataset: str, rows: int = 0, samples_per_prompt: int = 1) -> DatasetIndex:

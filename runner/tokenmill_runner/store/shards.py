@@ -29,9 +29,9 @@ import pyarrow.parquet as pq
 
 from .faults import FaultPoints
 from .faults import points as fault_points
-from .index_store import iter_keyed, list_commits
 from .ledger import COMMITS, ERRORS, SHARDS, DatasetLedger, ShardContent, build_marker
 from .marker_names import marker_name, shard_id_of
+from .markers import READ_THREADS, iter_markers, list_commits, marker_keys, markers_in_commit_order
 from .storage import TMP_MARK, Storage
 
 logger = logging.getLogger(__name__)
@@ -173,46 +173,7 @@ def _write_step(storage: Storage, faults: FaultPoints, step: str, key: str, data
     faults.after(step, key)
 
 
-def marker_keys(storage: Storage, dataset: str) -> list[str]:
-    return [entry.key for entry in list_commits(storage, dataset) if entry.is_marker]
-
-
-def iter_markers(storage: Storage, keys: Iterable[str], threads: int = 16) -> Iterator[dict[str, Any]]:
-    """The markers at `keys`, read `threads` at a time and yielded in key order, holding at most a window of them
-    in memory (folding a dataset's ledger never needs them all at once)."""
-    for _, data in iter_keyed(storage, keys, threads):
-        yield orjson.loads(data)
-
-
-def datasets_with_commits(storage: Storage) -> list[str]:
-    """Top-level folders of the output that hold commit markers (one listing of the folders, not of every shard)."""
-    return [name for name in storage.folders("") if any(entry.is_marker for entry in list_commits(storage, name))]
-
-
-def markers_in_commit_order(storage: Storage, dataset: str, threads: int = 16) -> Iterator[dict[str, Any]]:
-    """A dataset's markers oldest first, streamed (a window of them in memory). Time-named markers are in commit
-    order by name; old-style names (written before the time prefix, always before any time-named one) are read
-    once first to order them by their committed_at, then again as they are yielded."""
-    def named(timed: bool) -> Iterator[str]:
-        for entry in list_commits(storage, dataset):
-            if entry.is_marker and (entry.time is not None) == timed:
-                yield entry.key
-
-    old = list(named(False))
-    legacy = sorted((marker["committed_at"], marker["shard_id"], key)
-                    for key, marker in zip(old, iter_markers(storage, old, threads), strict=True))
-    yield from iter_markers(storage, [key for _, _, key in legacy], threads)
-    yield from iter_markers(storage, named(True), threads)
-
-
-def read_markers(storage: Storage, dataset: str, threads: int = 16) -> list[dict[str, Any]]:
-    """Every commit marker of a dataset, oldest first (all in memory: for the report and tests)."""
-    markers = list(iter_markers(storage, marker_keys(storage, dataset), threads))
-    markers.sort(key=lambda marker: (marker["committed_at"], marker["shard_id"]))
-    return markers
-
-
-def read_ledger(storage: Storage, dataset: str, rows: int = 0, threads: int = 16) -> DatasetLedger:
+def read_ledger(storage: Storage, dataset: str, rows: int = 0, threads: int = READ_THREADS) -> DatasetLedger:
     """A dataset's ledger folded from its commit markers as they are read (none is kept in memory)."""
     return DatasetLedger(dataset, rows).fold_all(iter_markers(storage, marker_keys(storage, dataset), threads))
 
