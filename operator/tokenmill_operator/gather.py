@@ -272,7 +272,7 @@ def observe_progress(storage: Storage, output: OutputIndex, now: datetime, start
     manifest = read_manifest(storage)
     if manifest is None:
         return None, None
-    lines = {name: layout.rows for name, layout in manifest.datasets.items()}
+    lines = {name: layout.last_line for name, layout in manifest.datasets.items()}
     samples = {name: layout.samples for name, layout in manifest.datasets.items()}
     indexes = output.follow(storage, lines, now, full, stopped, samples)
     return progress_facts(indexes, manifest, now, started), manifest

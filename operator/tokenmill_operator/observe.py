@@ -30,9 +30,8 @@ def given_up(reasons: Counter[str] | dict[str, int]) -> int:
 
 
 def _completeness(index: DatasetIndex | None, layout: DatasetLayout) -> Completeness:
-    if index is None:
-        return Completeness(layout.rows, layout.samples, 0, {}, (layout.rows,) * layout.samples, 0)
-    return index.ledger.completeness(layout.rows, layout.samples)
+    """The layout's slots (the lines the source yields: blank lines are none) and their outcomes."""
+    return layout.completeness(None if index is None else index.ledger)
 
 
 def progress_of(indexes: list[DatasetIndex], parts: list[Completeness], now: datetime,

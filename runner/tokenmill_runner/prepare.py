@@ -41,6 +41,7 @@ from .store.manifest import (
     DatasetLayout,
     Owner,
     RunManifest,
+    encode_lines,
     layout_changes,
     model_conflict,
     read_manifest,
@@ -99,12 +100,17 @@ def prepare_states(config: RunnerConfig, storage: Storage, model_defaults: dict[
         except SourceError as error:  # no retry reads it better: a spec error (exit 2), naming the dataset
             raise SpecError(f"spec.datasets[{index}] ({dataset.name}): {error}") from None
         sampling, sources = apply_model_defaults(spec.sampling_for(dataset), model_defaults or {})
+        source = describe_source(dataset.source, spec.output.endpoint).model_copy(
+            update={"content_hash": scan.content_hash})
+        skipped = scan.skipped.mask(scan.lines) if scan.skipped is not None else None
         layouts[dataset.name] = DatasetLayout(
-            rows=scan.rows, samples=dataset.samples, limit=dataset.limit,
-            source=describe_source(dataset.source, spec.output.endpoint),
+            rows=scan.rows, samples=dataset.samples, limit=dataset.limit, source=source,
+            lines=scan.lines if skipped is not None else None,
+            skipped=encode_lines(skipped) if skipped is not None else None,
+            skipped_lines=int(skipped.sum()) if skipped is not None else 0,
             input=dataset.input.model_dump(mode="json", by_alias=True),
             chat_template_kwargs=spec.chat_template_kwargs_for(dataset), sampling=sources)
-        commits, caught = open_index(storage, dataset.name, scan.rows, dataset.samples)
+        commits, caught = open_index(storage, dataset.name, scan.lines, dataset.samples)
         extra = commits.ledger.rows_beyond(dataset.samples)
         if extra:
             logger.warning("%s: %d rows of sample indices %d and up were committed by a run with more samples per "
@@ -122,7 +128,7 @@ def prepare_states(config: RunnerConfig, storage: Storage, model_defaults: dict[
             spec=dataset, index=index, sampling=sampling, ledger=commits.ledger, commits=commits,
             duplicates=scan.duplicates, template_kwargs=spec.chat_template_kwargs_for(dataset),
             sampling_sources=sources, slots=scan.worker_rows * dataset.samples, owned=scan.owned,
-            source_rows=scan.rows,
+            source_rows=scan.rows, last_line=scan.lines, worker_lines=scan.worker_lines(),
             buffer=ShardBuffer(spec.runner.shard_max_samples, spec.runner.shard_max_seconds),
         ))
     # Longest expected outputs first, so the run does not end on one long request with an idle GPU.

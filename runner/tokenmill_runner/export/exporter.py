@@ -30,7 +30,7 @@ from ..source.adapters import DEFAULT_LAYOUT, RowLayout
 from ..source.prompts import Prompt, RowError
 from ..spec.resource import DatasetSpec
 from ..store.markers import datasets_with_commits, markers_in_commit_order
-from ..store.shards import decode_rows
+from ..store.shards import decode_rows, stored_files
 from ..store.storage import TMP_MARK, LocalStorage, Storage, StorageError, open_storage
 from .filters import ExportFilters, excluded_by_findings, select_datasets
 from .formats import FORMATS, ExportFormat, hf_record, specforge_record, speculators_record
@@ -150,15 +150,25 @@ class Shards:
 
     keys: list[str]
     rows: int
+    dangling: list[str] = field(default_factory=list)  # data files markers name that do not exist
 
 
 def committed_shards(source: Storage, dataset: str) -> Shards:
-    keys, rows = [], 0
+    """The shards the markers name that exist; a marker whose data file is gone (a dangling marker: another writer
+    deleted it, or a person did) is skipped and named, so the rest of the dataset still exports."""
+    keys, rows, dangling = [], 0, []
+    stored = stored_files(source, dataset)
     for marker in markers_in_commit_order(source, dataset):  # streamed: only the shard keys are kept
-        if marker.get("data"):
-            keys.append(f"{dataset}/{marker['data']}")
+        data = marker.get("data")
+        if data and data not in stored:
+            dangling.append(f"{dataset}/{data}")
+            logger.warning("%s: the commit marker of shard %s names %s, which does not exist: skipped", dataset,
+                           marker.get("shard_id"), source.uri(f"{dataset}/{data}"))
+            continue
+        if data:
+            keys.append(f"{dataset}/{data}")
         rows += len(marker["samples"]["sample_id"])
-    return Shards(keys, rows)
+    return Shards(keys, rows, dangling)
 
 
 def committed_rows(source: Storage, keys: list[str], pool: ThreadPoolExecutor) -> Iterator[dict[str, Any]]:
@@ -369,6 +379,7 @@ def export(request: ExportRequest, stream: TextIO | None = None,
         shards = {name: committed_shards(source, name) for name in datasets}
         progress = ProgressLine(sum(s.rows for s in shards.values()), stream, clock)
         for name in datasets:
+            exporter.counts.of(name).dangling.extend(shards[name].dangling)
             _export_dataset(exporter, source, name, shards[name].keys, pool, progress)
         files = writer.close()
         mismatch_files = exporter.mismatches.close()

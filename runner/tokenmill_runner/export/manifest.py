@@ -39,6 +39,7 @@ class DatasetCounts:
     kept_mismatched: int = 0  # mismatched units written anyway (--keep-mismatched)
     invalid: Counter[str] = field(default_factory=Counter)
     duplicate_slots: int = 0  # a slot met again in another marker: the first is exported
+    dangling: list[str] = field(default_factory=list)  # files commit markers name that do not exist: skipped
     suffix_tokens: int = 0  # records whose template renders tokens after the generated ones
     trainer_mask_tokens: int = 0  # tokens where SpecForge's loss mask differs from the target's (text formats)
     supervised_tokens: int = 0  # loss-mask ones in what was written
@@ -51,6 +52,7 @@ class DatasetCounts:
         self.filtered.update(other.filtered)
         self.mismatched.update(other.mismatched)
         self.invalid.update(other.invalid)
+        self.dangling.extend(other.dangling)
         self.longest = max(self.longest, other.longest)
 
     def as_dict(self) -> dict[str, Any]:
@@ -58,6 +60,7 @@ class DatasetCounts:
             "units": self.units, "written": self.written, "filtered": dict(sorted(self.filtered.items())),
             "mismatched": dict(sorted(self.mismatched.items())), "kept_mismatched": self.kept_mismatched,
             "invalid": dict(sorted(self.invalid.items())), "duplicate_slots": self.duplicate_slots,
+            "dangling_files": list(self.dangling),
             "suffix_tokens": self.suffix_tokens, "supervised_tokens": self.supervised_tokens,
             "trainer_mask_tokens": self.trainer_mask_tokens,
             "longest_record_tokens": self.longest,
@@ -142,6 +145,9 @@ def summary_lines(manifest: dict[str, Any]) -> Iterator[str]:
                "end-of-turn suffix); SpecForge supervises them when its end_of_turn_token includes them")
     if counts["duplicate_slots"]:
         yield f"note: {counts['duplicate_slots']} slots were committed twice; the first commit was exported"
+    if counts.get("dangling_files"):
+        yield (f"warning: {len(counts['dangling_files'])} files named by commit markers do not exist and were "
+               f"skipped ({', '.join(counts['dangling_files'][:10])}); `tokenmill report` names their markers")
     if counts["trainer_mask_tokens"]:
         yield (f"note: SpecForge's loss mask differs from the target's on {counts['trainer_mask_tokens']:,} tokens "
                "(mismatches.jsonl, reason trainer_loss_mask, says where)")

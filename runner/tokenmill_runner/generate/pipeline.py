@@ -28,6 +28,8 @@ from functools import partial
 from itertools import islice
 from typing import Any
 
+import numpy as np
+
 from ..metrics import RunnerMetrics
 from ..progress import ProgressDisplay, Snapshot, ThroughputMeter
 from ..render.pretokenize import PromptEncoder
@@ -125,6 +127,8 @@ class DatasetState:
     commits: DatasetIndex | None = None  # the ledger with the shards folded into it (checkpoints are written from it)
     owned: LineSet | None = None  # this worker's lines (None: every line), from the scan
     source_rows: int | None = None  # rows of the source, every worker's (None: not scanned)
+    last_line: int | None = None  # the highest line the source yields (None: not scanned)
+    worker_lines: np.ndarray | None = None  # a bool per line of 1..last_line: this worker's slots' (None: every)
 
     def __post_init__(self) -> None:
         if self.commits is None:
@@ -168,7 +172,16 @@ def summarize(state: DatasetState) -> DatasetSummary:
         failed=dict(state.failed), completion_tokens=state.completion_tokens, truncated=state.truncated,
         median_completion=lengths.median(), mean_completion=lengths.mean(), max_completion=lengths.max,
         given_up=dict(given_up), completed=state.ledger.completed, source_rows=state.source_rows,
+        missing=missing_slots(state),
     )
+
+
+def missing_slots(state: DatasetState) -> int | None:
+    """This worker's slots without a final outcome, by the same `completeness` the report and the operator judge
+    the layout with (None: the source was not scanned, the count of slots met stands)."""
+    if state.last_line is None:
+        return None
+    return state.ledger.completeness(state.last_line, state.samples, state.worker_lines).missing
 
 
 class Runner:

@@ -35,6 +35,7 @@ class DatasetSummary:
     given_up: dict[str, int]  # this worker's slots given up (earlier runs' included), by reason
     completed: int = 0  # samples of the dataset committed with a row, earlier runs' and other workers' included
     source_rows: int | None = None  # rows of the source, every worker's (None: unknown)
+    missing: int | None = None  # this worker's slots without an outcome in the ledger (`ledger.completeness`)
 
     @property
     def done(self) -> int:
@@ -42,6 +43,10 @@ class DatasetSummary:
 
     @property
     def without_outcome(self) -> int:
+        """Slots of this worker with no final outcome: the ledger's count, the one the report and the operator
+        make, when the pipeline has it; else the slots this run met."""
+        if self.missing is not None:
+            return self.missing
         return max(self.slots - self.done, 0)
 
 

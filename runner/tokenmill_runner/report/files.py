@@ -9,21 +9,35 @@ import orjson
 
 from ..store.manifest import RunManifest, read_manifest
 from ..store.markers import datasets_with_commits, markers_in_commit_order
+from ..store.shards import missing_files, stored_files
 from ..store.storage import Storage
 from .validation import DatasetSamples, Ledger, build_report
 
 REPORT_DIR = "report"
 
 
+# Why a dataset with commits and no run.json cannot pass: only worker 0 records the layout (one writer of run.json,
+# under the lease), so its absence means worker 0 never got that far, and the other workers' commits are a part of
+# a whole whose size nobody recorded. The report says so rather than have another worker write a layout: a report of
+# an output written by an older release, or by workers that all died before worker 0 started, is judged the same.
+NO_LAYOUT = "run.json missing: worker 0 never recorded the layout"
+
+
 def load_ledger(storage: Storage) -> Ledger:
-    manifest = read_manifest(storage) or RunManifest()
+    recorded = read_manifest(storage)
+    manifest = recorded or RunManifest()
     names = manifest.dataset_names
     extra = sorted(set(datasets_with_commits(storage)) - set(names))
     datasets = []
     for name in names + extra:
-        layout = manifest.datasets.get(name)  # the current layout: lines x samples per prompt
-        ledger = DatasetSamples(name, lines=layout.rows if layout else None, per_prompt=layout.samples if layout else 1)
+        layout = manifest.datasets.get(name)  # the current layout: its lines x samples per prompt
+        ledger = DatasetSamples(name, lines=layout.last_line if layout else None,
+                                per_prompt=layout.samples if layout else 1,
+                                within=layout.within() if layout else None,
+                                no_layout=NO_LAYOUT if recorded is None else None)
+        stored = stored_files(storage, name)
         for marker in markers_in_commit_order(storage, name):  # streamed: one pass, a window of markers in memory
+            ledger.check_files(marker, missing_files(marker, stored))
             ledger.add_marker(marker)
         datasets.append(ledger)
     return Ledger(storage.root_uri, manifest.model_dump(mode="json", exclude_none=True), datasets)

@@ -22,6 +22,7 @@ from ..stats.histograms import FloatSketch, IntHistogram
 from ..store.ledger import Completeness, DatasetLedger
 
 DRIFT_FIRST_N = 100
+DANGLING_NAMED = 10  # dangling files named in the report (all are counted)
 SCATTER_POINTS = 20_000
 SAMPLE_COLUMNS = ("sample_id", "line", "prompt_tokens", "completion_tokens", "finish_reason", "matched_stop",
                   "reasoning_end", "reasoning_end_token_id", "has_tool_call", "max_new_tokens", "latency_s")
@@ -120,7 +121,12 @@ class DatasetSamples:
     name: str
     lines: int | None = None  # source lines of the current layout (run.json), when known: completeness is checked
     per_prompt: int = 1  # samples per prompt of the current layout (spec.datasets[].samples)
+    within: np.ndarray | None = None  # a bool per line of 1..lines: a slot's line (None: every one; blank lines not)
+    no_layout: str | None = None  # why completeness cannot be judged although samples are committed (no run.json)
     ledger: DatasetLedger | None = None
+    duplicate_rows: int = 0  # rows of slots that already had one: committed twice (two writers)
+    dangling: list[str] = field(default_factory=list)  # the first DANGLING_NAMED files markers name that are gone
+    dangling_markers: int = 0  # markers that name a file that does not exist
     completions: IntHistogram = field(default_factory=IntHistogram)
     first_completions: list[int] = field(default_factory=list)  # the first DRIFT_FIRST_N, in commit order
     prompts: IntHistogram = field(default_factory=IntHistogram)
@@ -154,20 +160,29 @@ class DatasetSamples:
         """The current layout's slots and their outcomes (None when run.json gives no layout)."""
         if self.lines is None or self.ledger is None:
             return None
-        return self.ledger.completeness(self.lines, self.per_prompt)
+        return self.ledger.completeness(self.lines, self.per_prompt, self.within)
 
     def add_markers(self, markers: list[dict[str, Any]]) -> None:
         for marker in markers:
             self.add_marker(marker)
 
+    def check_files(self, marker: dict[str, Any], missing: list[str]) -> None:
+        """Note a marker whose files (`shards.missing_files`) are gone: its samples are counted, not exportable."""
+        if not missing:
+            return
+        self.dangling_markers += 1
+        room = DANGLING_NAMED - len(self.dangling)
+        self.dangling.extend(f"{self.name}/{name}" for name in missing[:max(room, 0)])
+
     def add_marker(self, marker: dict[str, Any]) -> None:
         assert self.ledger is not None
         taken = self.ledger.fold(marker)
         self.errors = Counter(self.ledger.final_failures())
-        if not taken.size:
-            return
         samples = marker["samples"]
         count = len(samples.get("line") or [])
+        self.duplicate_rows += count - int(taken.size)
+        if not taken.size:
+            return
         if taken.size == count:  # every row is new (the usual case): no copy
             columns = {name: _column(samples, name, count) for name in (*SAMPLE_COLUMNS, *EXTRA_COLUMNS)}
         else:
@@ -250,6 +265,8 @@ class DatasetSamples:
         self.at_cap += other.at_cap
         self.caps |= other.caps
         self.tool_calls += other.tool_calls
+        self.duplicate_rows += other.duplicate_rows
+        self.dangling_markers += other.dangling_markers
         self.turns.merge(other.turns)
         self.earlier_turns += other.earlier_turns
         self.earlier_reasoning += other.earlier_reasoning

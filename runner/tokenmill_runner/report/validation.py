@@ -151,6 +151,11 @@ def _outcomes(ledger: DatasetSamples, n: int, layout: list[Completeness] | None)
         "missing_by_sample_index": (list(layout[0].missing_by_index) if layout is not None and len(layout) == 1
                                     else None),
         "outside_layout": None if layout is None else sum(part.outside for part in layout),
+        "skipped_lines": None if layout is None else sum(part.skipped for part in layout),
+        "layout_missing": ledger.no_layout,
+        "duplicate_rows": ledger.duplicate_rows,
+        "dangling_markers": ledger.dangling_markers,
+        "dangling_files": list(ledger.dangling),
     }
 
 
@@ -215,6 +220,25 @@ def outcome_findings(name: str, report: dict[str, Any]) -> list[dict[str, Any]]:
     a half-done run or one that wrote samples off never passes."""
     findings = []
     missing, slots = report["without_outcome"], report["slots"]
+    if report.get("layout_missing") and report["samples"] + report["errors"]:
+        findings.append(_finding(
+            "complete", "fail", name,
+            f"{name}: {report['layout_missing']}, so whether every slot has an outcome cannot be told "
+            f"({report['samples'] + report['errors']} outcomes are committed): start worker 0 (it records the layout "
+            "and resumes), or rerun with one worker", None, None))
+    if report.get("dangling_markers"):
+        named = ", ".join(report["dangling_files"])
+        findings.append(_finding(
+            "dangling", "fail", name,
+            f"{name}: {report['dangling_markers']} commit markers name files that do not exist ({named}): their "
+            "samples are counted but cannot be exported (two writers on one output, or files removed by hand). "
+            f"Remove those markers from {name}/commits/ and run again: their slots are generated again",
+            report["dangling_markers"], 0))
+    if report.get("duplicate_rows"):
+        findings.append(_finding(
+            "duplicates", "warn", name,
+            f"{name}: {report['duplicate_rows']} rows were committed for slots that already had one (two writers "
+            "on one output): each slot counts once, and export keeps its first row", report["duplicate_rows"], 0))
     if missing:
         by_index = report.get("missing_by_sample_index") or []
         lacking = ", ".join(f"{count} lines lack sample {index}" for index, count in enumerate(by_index) if count)

@@ -156,18 +156,24 @@ def _lines(handle: ByteStream, max_bytes: int | None) -> Iterator[bytes | Oversi
 
 
 def read_jsonl(source: str, endpoint: str | None = None, limit: int | None = None,
-               max_bytes: int | None = None) -> Iterator[tuple[int, bytes | OversizeLine]]:
+               max_bytes: int | None = None, digest: Any = None) -> Iterator[tuple[int, bytes | OversizeLine]]:
     """(line number, raw line) for each non-blank line, streamed, gzip or zstd decompressed; at most `limit` rows.
-    A line over `max_bytes` comes as an OversizeLine, so memory never depends on one line's size."""
+    A line over `max_bytes` comes as an OversizeLine, so memory never depends on one line's size. A `digest`
+    (hashlib) is fed every byte of the file as stored, to its end whatever the limit."""
     rows = 0
-    with _open_source(source, endpoint) as handle, _decompressed(handle) as text:
-        for number, raw in enumerate(_lines(text, max_bytes), start=1):
-            if isinstance(raw, bytes) and not raw.strip():
-                continue
-            if limit is not None and rows >= limit:
-                return
-            rows += 1
-            yield number, raw
+    with _open_source(source, endpoint) as opened:
+        handle: IO[bytes] = opened if digest is None else io.BufferedReader(HashingReader(opened, digest))
+        with _decompressed(handle) as text:
+            for number, raw in enumerate(_lines(text, max_bytes), start=1):
+                if isinstance(raw, bytes) and not raw.strip():
+                    continue
+                if limit is not None and rows >= limit:
+                    break
+                rows += 1
+                yield number, raw
+            if digest is not None:  # past the limit too: the identity is of the whole file
+                while handle.read(SKIP_CHUNK):
+                    pass
 
 
 def read_parquet(source: str, endpoint: str | None = None, limit: int | None = None) -> Iterator[tuple[int, Any]]:
@@ -175,24 +181,54 @@ def read_parquet(source: str, endpoint: str | None = None, limit: int | None = N
     return (item[:2] for item in read_parquet_rows(source, endpoint, limit))
 
 
-def read_parquet_rows(source: str, endpoint: str | None = None,
-                      limit: int | None = None) -> Iterator[tuple[int, Any, str | None, int]]:
-    """(row number, row dict, shard key or None, row within the shard) of a Parquet file or dataset folder."""
+def read_parquet_rows(source: str, endpoint: str | None = None, limit: int | None = None,
+                      digest: Any = None) -> Iterator[tuple[int, Any, str | None, int]]:
+    """(row number, row dict, shard key or None, row within the shard) of a Parquet file or dataset folder. A
+    `digest` is fed every shard's name and bytes, in order, past the limit too."""
     shards = parquet_shards(source, endpoint)
     if shards is None:
-        for number, row in _read_one_parquet(source, endpoint, limit):
+        for number, row in _read_one_parquet(source, endpoint, limit, digest):
             yield number, row, None, number
         return
     base = source.rstrip("/") + "/"
     number = 0  # rows of the shards before this one
     for shard in shards:
+        if digest is not None:
+            digest.update(f"{shard}\n".encode())
         left = None if limit is None else limit - number
         if left is not None and left <= 0:
-            return
+            if digest is not None:
+                _hash_file(base + shard, endpoint, digest)
+            continue
         read = 0
-        for read, row in _read_one_parquet(base + shard, endpoint, left):
+        for read, row in _read_one_parquet(base + shard, endpoint, left, digest):
             yield number + read, row, shard, read
         number += read
+
+
+def _hash_file(source: str, endpoint: str | None, digest: Any) -> None:
+    with _open_source(source, endpoint) as handle:
+        while chunk := handle.read(SKIP_CHUNK):
+            digest.update(chunk)
+
+
+class HashingReader(io.RawIOBase):
+    """A reader that feeds every byte read through it to a digest: the scan's one pass over a source also gives
+    the hash of its whole content (`manifest.SourceIdentity.content_hash`)."""
+
+    def __init__(self, inner: IO[bytes], digest: Any) -> None:
+        self._inner, self._digest = inner, digest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self._inner.read(len(buffer))
+        if not data:
+            return 0
+        self._digest.update(data)
+        buffer[:len(data)] = data
+        return len(data)
 
 
 class SourceError(ValueError):
@@ -210,16 +246,22 @@ def _parquet_file(source: str, handle: Any) -> Any:
                           "format (set the dataset's format)?") from None
 
 
-def _read_one_parquet(source: str, endpoint: str | None, limit: int | None) -> Iterator[tuple[int, Any]]:
-    """S3 objects are spooled to a temporary file first because Parquet needs random access to its footer."""
+def _read_one_parquet(source: str, endpoint: str | None, limit: int | None,
+                      digest: Any = None) -> Iterator[tuple[int, Any]]:
+    """S3 objects are spooled to a temporary file first because Parquet needs random access to its footer (the
+    spooling feeds the `digest`; a local file is read through once for it, as pyarrow reads it out of order)."""
     with tempfile.TemporaryFile() as spool:
         if source.startswith("s3://"):
             with _open_source(source, endpoint) as body:
                 while chunk := body.read(8 * 1024 * 1024):
+                    if digest is not None:
+                        digest.update(chunk)
                     spool.write(chunk)
             spool.seek(0)
             parquet = _parquet_file(source, spool)
         else:
+            if digest is not None:
+                _hash_file(source, endpoint, digest)
             parquet = _parquet_file(source, source.removeprefix("file://"))
         number = 0
         for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS):
@@ -232,17 +274,18 @@ def _read_one_parquet(source: str, endpoint: str | None, limit: int | None) -> I
 
 def read_prompts(source: str, fmt: str, endpoint: str | None = None, limit: int | None = None,
                  wanted: Callable[[int], bool] | None = None,
-                 layout: RowLayout = DEFAULT_LAYOUT, bound: RowBound | None = None) -> Iterator[Prompt | RowError]:
+                 layout: RowLayout = DEFAULT_LAYOUT, bound: RowBound | None = None,
+                 digest: Any = None) -> Iterator[Prompt | RowError]:
     """The source's rows, parsed. `wanted(line)` is asked before a row is parsed: a resume skips the rows that are
     done (or another worker's) for the price of reading them, not of parsing them. A bad row of a dataset folder
     names its shard too. A row over the `bound` is refused as prompt_too_long before it is parsed (JSONL, by its
-    bytes) or rendered (Parquet, by its text)."""
+    bytes) or rendered (Parquet, by its text). A `digest` is fed the source's whole content (`read_jsonl`)."""
     if fmt != "parquet":
-        for line, raw in read_jsonl(source, endpoint, limit, None if bound is None else bound.max_bytes):
+        for line, raw in read_jsonl(source, endpoint, limit, None if bound is None else bound.max_bytes, digest):
             if wanted is None or wanted(line):
                 yield _jsonl_row(line, raw, layout, bound)
         return
-    for line, row, shard, within in read_parquet_rows(source, endpoint, limit):
+    for line, row, shard, within in read_parquet_rows(source, endpoint, limit, digest):
         if wanted is None or wanted(line):
             item = _bounded(parse_line(line, row, layout), bound)
             if shard is not None and isinstance(item, RowError):

@@ -8,6 +8,7 @@ the temporary files take 16 bytes per row (160 MB at 10 million rows, under $TMP
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import tempfile
 from array import array
@@ -36,9 +37,25 @@ class SourceScan:
     worker_rows: int  # of them, the rows this worker generates or records
     duplicates: DuplicateIds  # ids on several lines among this worker's rows
     owned: LineSet | None = None  # the lines this worker owns (None: a single worker owns every line)
+    last_line: int | None = None  # the highest line the source yields (None: `rows`, no line skipped)
+    skipped: LineSet | None = None  # lines of 1..last_line that yield no row (a JSONL source's blank lines)
+    content_hash: str | None = None  # BLAKE2b of every byte of the source (each shard's name and bytes)
 
     def owns(self, line: int) -> bool:
         return self.owned is None or self.owned.has(line)
+
+    @property
+    def lines(self) -> int:
+        return self.rows if self.last_line is None else self.last_line
+
+    def worker_lines(self) -> np.ndarray | None:
+        """A bool per line of 1..lines: the lines this worker settles (None: every one), for
+        `DatasetLedger.completeness`."""
+        if self.owned is not None:
+            return self.owned.mask(self.lines)
+        if self.skipped is not None:
+            return ~self.skipped.mask(self.lines)
+        return None
 
 
 class LineSet:
@@ -59,6 +76,14 @@ class LineSet:
 
     def to_array(self) -> np.ndarray:
         return np.frombuffer(bytes(self._bits), dtype=np.uint8)
+
+    def mask(self, lines: int) -> np.ndarray:
+        """A bool per line of 1..lines: in the set or not."""
+        bits = np.unpackbits(self.to_array(), bitorder="little").astype(bool)[:lines]
+        return np.concatenate([bits, np.zeros(lines - bits.size, dtype=bool)]) if bits.size < lines else bits
+
+    def __len__(self) -> int:
+        return int(np.unpackbits(self.to_array()).sum(dtype=np.int64))
 
 
 class PairSpool:
@@ -115,12 +140,17 @@ def scan_source(source: str, fmt: str, endpoint: str | None = None, limit: int |
                 bound: RowBound | None = None) -> SourceScan:
     """Count the source's rows and this worker's, and find the ids that occur on more than one valid line. Rows
     over the `bound` are read as the stream reads them: refused, without being held."""
-    rows = worker_rows = 0
+    rows = worker_rows = last = 0
     owned = LineSet() if worker_count > 1 else None
+    skipped = LineSet()
+    digest = hashlib.blake2b(digest_size=32)
     with tempfile.TemporaryDirectory(prefix="tokenmill-ids-") as folder:
         spool = PairSpool(Path(folder))
-        for item in read_prompts(source, fmt, endpoint, limit, layout=layout, bound=bound):
+        for item in read_prompts(source, fmt, endpoint, limit, layout=layout, bound=bound, digest=digest):
             rows += 1
+            for gap in range(last + 1, item.line):  # blank lines: numbered, yield no row, so they are no slot
+                skipped.add(gap)
+            last = item.line
             if not belongs_to_worker(item, worker_index, worker_count):
                 continue
             worker_rows += 1
@@ -134,4 +164,8 @@ def scan_source(source: str, fmt: str, endpoint: str | None = None, limit: int |
     if len(duplicates):
         logger.info("%s: %d sample ids occur on more than one line; later lines are recorded as duplicates",
                     source, len(duplicates))
-    return SourceScan(rows, worker_rows, duplicates, owned)
+    if last > rows:
+        logger.info("%s: %d blank lines among its first %d lines; they yield no row and are no slot", source,
+                    last - rows, last)
+    return SourceScan(rows, worker_rows, duplicates, owned, last, skipped if last > rows else None,
+                      digest.hexdigest())

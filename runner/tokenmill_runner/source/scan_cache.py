@@ -29,7 +29,9 @@ from .scan import LineSet, SourceScan, scan_source
 logger = logging.getLogger(__name__)
 
 KIND = "scan"
-VERSION = 3  # bump when what the scan computes changes (2: rows read through the dataset's input layout; 3: bound)
+# bump when what the scan computes changes (2: rows read through the dataset's input layout; 3: bound; 4: the last
+# line, the skipped lines and the content hash)
+VERSION = 4
 SCANS = "scans"
 
 
@@ -46,8 +48,10 @@ def encode_scan(scan: SourceScan, described: Mapping[str, object]) -> bytes:
               "duplicate_lines": scan.duplicates.first_lines.astype(np.int64)}
     if scan.owned is not None:
         arrays["owned"] = scan.owned.to_array()
+    if scan.skipped is not None:
+        arrays["skipped"] = scan.skipped.to_array()
     return pack(KIND, {"version": VERSION, "rows": scan.rows, "worker_rows": scan.worker_rows,
-                       "source": described}, arrays)
+                       "last_line": scan.last_line, "content_hash": scan.content_hash, "source": described}, arrays)
 
 
 def decode_scan(data: bytes) -> SourceScan:
@@ -58,7 +62,11 @@ def decode_scan(data: bytes) -> SourceScan:
     if hashes.shape != lines.shape or (hashes.size > 1 and bool((hashes[1:] < hashes[:-1]).any())):
         raise PackError("scan duplicate ids are not sorted pairs")
     owned = LineSet(arrays["owned"].tobytes()) if "owned" in arrays else None
-    return SourceScan(int(header["rows"]), int(header["worker_rows"]), DuplicateIds(hashes, lines), owned)
+    skipped = LineSet(arrays["skipped"].tobytes()) if "skipped" in arrays else None
+    last = header.get("last_line")
+    content = header.get("content_hash")
+    return SourceScan(int(header["rows"]), int(header["worker_rows"]), DuplicateIds(hashes, lines), owned,
+                      None if last is None else int(last), skipped, None if content is None else str(content))
 
 
 def cached_scan(storage: Storage, dataset: str, source: str, fmt: str, endpoint: str | None = None,

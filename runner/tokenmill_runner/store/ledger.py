@@ -69,20 +69,21 @@ class Slot(NamedTuple):
 
 @dataclass(frozen=True)
 class Completeness:
-    """The slots of one layout (lines 1..lines, sample indices 0..samples-1) and their outcomes. Settled means
-    every slot of the layout has a final outcome; outcomes outside it (an earlier, larger layout) are kept and
-    counted apart, never as the layout's."""
+    """The slots of one layout (the lines of 1..lines the source yields, sample indices 0..samples-1) and their
+    outcomes. Settled means every slot of the layout has a final outcome; outcomes outside it (an earlier, larger
+    layout, or lines this worker does not own) are kept and counted apart, never as the layout's."""
 
-    lines: int
+    lines: int  # the highest line of the layout
     samples: int
     generated: int  # slots of the layout with a row
     failures: dict[str, int]  # slots of the layout whose final outcome is that failure
     missing_by_index: tuple[int, ...]  # per sample index: lines without an outcome
     outside: int  # outcomes of slots outside the layout
+    skipped: int = 0  # lines of 1..lines that are not in the layout (blank lines of a JSONL source)
 
     @property
     def slots(self) -> int:
-        return self.lines * self.samples
+        return (self.lines - self.skipped) * self.samples
 
     @property
     def failed(self) -> int:
@@ -101,7 +102,8 @@ class Completeness:
         parts = [f"{count} lack sample {index}" for index, count in enumerate(self.missing_by_index) if count]
         if not parts:
             return "every slot has an outcome"
-        return f"{self.missing} of {self.slots} slots have no outcome ({self.lines} lines: " + ", ".join(parts) + ")"
+        return (f"{self.missing} of {self.slots} slots have no outcome ({self.lines - self.skipped} lines: "
+                + ", ".join(parts) + ")")
 
 
 @dataclass
@@ -401,24 +403,34 @@ class DatasetLedger:
             return 0
         return int(self._row_matrix()[:, samples:].sum(dtype=np.int64))
 
-    def completeness(self, lines: int, samples: int) -> Completeness:
-        """Which slots of the layout `lines` x `samples` have a final outcome: what "settled" means for a run, for
-        the report, the operator and `tokenmill run` alike."""
+    def completeness(self, lines: int, samples: int, within: np.ndarray | None = None) -> Completeness:
+        """Which slots of the layout have a final outcome: what "settled" means for a run, for the report, the
+        operator and `tokenmill run` alike. The layout is the lines of 1..`lines` that `within` (a bool per line,
+        line 1 first; None: every line) keeps, x sample indices 0..`samples`-1: a JSONL source's blank lines yield
+        no row, so they are no slot (`manifest.DatasetLayout.within`); a worker's layout is the lines it owns."""
+        lines = max(lines, 0)
         width = max(samples, self.samples_per_prompt)
-        settled = np.zeros((max(lines, 0), width), dtype=bool)
+        keep = np.ones(lines, dtype=bool)
+        if within is not None:
+            keep[:min(lines, within.size)] = within[:lines]
+        settled = np.zeros((lines, width), dtype=bool)
         have = self._row_matrix()[:lines].astype(bool)
         settled[:have.shape[0], :have.shape[1]] = have
+        settled[~keep] = False
         generated = int(settled[:, :samples].sum(dtype=np.int64))
         positions, codes = self._failure_arrays()
         line, index = positions // self.samples_per_prompt, positions % self.samples_per_prompt
         inside = (line < lines) & (index < samples)
+        inside[inside] = keep[line[inside]]
         settled[line[inside], index[inside]] = True
         failures: dict[str, int] = {}
         for code, count in zip(*np.unique(codes[inside], return_counts=True), strict=True):
             failures[self._reasons[int(code)]] = int(count)
-        missing = tuple(int(lines - settled[:, i].sum(dtype=np.int64)) for i in range(samples))
+        kept = int(keep.sum(dtype=np.int64))
+        missing = tuple(int(kept - settled[keep, i].sum(dtype=np.int64)) for i in range(samples))
         outside = self.completed - generated + int((~inside).sum())
-        return Completeness(lines, samples, generated, dict(sorted(failures.items())), missing, outside)
+        return Completeness(lines, samples, generated, dict(sorted(failures.items())), missing, outside,
+                            lines - kept)
 
     def _row_matrix(self) -> np.ndarray:
         """The row bits as a (prompts, samples_per_prompt) matrix of 0/1, the last prompt padded with zeros."""

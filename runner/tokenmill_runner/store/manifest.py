@@ -12,10 +12,15 @@ Version 1 files (before owners and hashes) still read: their owner and hash are 
 
 from __future__ import annotations
 
+import base64
+import zlib
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
+
+from .ledger import Completeness, DatasetLedger
 
 if TYPE_CHECKING:
     from .storage import Storage
@@ -46,31 +51,59 @@ class Owner(BaseModel):
 
 class SourceIdentity(BaseModel):
     """Enough to tell a replaced source from the one a run committed against: its size, the store's version (ETag or
-    mtime) and a hash of its first block (of the shard names and sizes, and the first shard's first block, for a
-    folder of shards)."""
+    mtime), a hash of its first block (of the shard names and sizes, and the first shard's first block, for a
+    folder of shards) and a hash of its whole content, computed by the scan, which reads every byte anyway. The
+    scan is cached by the store's version (`scan_cache.py`), so a changed version means a new scan and so a new
+    content hash: an edit anywhere (a row removed, another of the same length appended) is seen before committed
+    outcomes are trusted."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
     uri: str
     size: int | None = None
     version: str | None = None  # ETag on S3, mtime locally
     head_hash: str | None = None  # BLAKE2b of the first block
+    content_hash: str | None = None  # BLAKE2b of every byte (each shard's name and bytes, in order)
 
     def differs(self, other: SourceIdentity) -> str | None:
         """What changed between two identities of one source, or None. A version alone (a re-upload of the same
-        bytes changes the ETag) does not count when the content hash agrees."""
+        bytes changes the ETag) does not count when the content hash agrees. A manifest written before content
+        hashes were recorded has only the first block's to compare."""
         if self.size is not None and other.size is not None and self.size != other.size:
             return f"its size changed from {self.size} to {other.size} bytes"
         if self.head_hash and other.head_hash and self.head_hash != other.head_hash:
             return "its content changed (the hash of its first block differs)"
+        if self.content_hash and other.content_hash and self.content_hash != other.content_hash:
+            return "its content changed (the hash of all its bytes differs, at the same size)"
         return None
 
 
+def encode_lines(lines: np.ndarray) -> str:
+    """A bool per line as text for run.json: the bitmap, zlib-compressed, base64 (a double-spaced file of ten
+    million lines takes a few kilobytes, not a number per line)."""
+    return base64.b64encode(zlib.compress(np.packbits(lines, bitorder="little").tobytes(), 9)).decode()
+
+
+def decode_lines(text: str, lines: int) -> np.ndarray:
+    """`encode_lines` read back, for lines 1..lines; bounded: never more than lines/8 bytes are inflated."""
+    try:
+        packed = zlib.decompressobj().decompress(base64.b64decode(text, validate=True), -(-lines // 8))
+    except (ValueError, zlib.error) as error:
+        raise ManifestError(f"a dataset's skipped lines are not an encoded bitmap: {error}") from None
+    bits = np.unpackbits(np.frombuffer(packed, dtype=np.uint8), bitorder="little").astype(bool)[:lines]
+    return np.concatenate([bits, np.zeros(lines - bits.size, dtype=bool)]) if bits.size < lines else bits
+
+
 class DatasetLayout(BaseModel):
-    """One dataset of the run: the slots are (line 1..rows, sample index 0..samples-1)."""
+    """One dataset of the run: the slots are (line, sample index 0..samples-1) for each line of 1..`lines` that
+    yields a row: lines are numbered as they are in the file, and a JSONL source's blank lines yield none (they are
+    `skipped`). Without blank lines (and in manifests written before they were recorded) that is lines 1..rows."""
 
     model_config = ConfigDict(extra="allow")
-    rows: int  # source lines within `limit`
+    rows: int  # rows the source yields within `limit`
     samples: int = 1
+    lines: int | None = None  # the highest line that yields a row (None: rows)
+    skipped: str | None = None  # `encode_lines` of the lines of 1..lines that yield no row (None: none)
+    skipped_lines: int = 0  # how many those are (for people reading run.json)
     limit: int | None = None
     source: SourceIdentity | None = None
     input: dict[str, Any] = Field(default_factory=dict)
@@ -80,6 +113,22 @@ class DatasetLayout(BaseModel):
     @property
     def slots(self) -> int:
         return self.rows * self.samples
+
+    @property
+    def last_line(self) -> int:
+        return self.rows if self.lines is None else self.lines
+
+    def within(self) -> np.ndarray | None:
+        """A bool per line of 1..last_line: whether it is a slot's line (None: every one), as
+        `DatasetLedger.completeness` takes it."""
+        if not self.skipped:
+            return None
+        return ~decode_lines(self.skipped, self.last_line)
+
+    def completeness(self, ledger: DatasetLedger | None) -> Completeness:
+        """The layout's slots and their outcomes in `ledger` (None: nothing committed): what the report, the
+        operator and `tokenmill run` call settled."""
+        return (ledger or DatasetLedger()).completeness(self.last_line, self.samples, self.within())
 
 
 class RunManifest(BaseModel):

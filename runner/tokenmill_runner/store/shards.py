@@ -178,6 +178,19 @@ def read_ledger(storage: Storage, dataset: str, rows: int = 0, threads: int = RE
     return DatasetLedger(dataset, rows).fold_all(iter_markers(storage, marker_keys(storage, dataset), threads))
 
 
+def stored_files(storage: Storage, dataset: str) -> set[str]:
+    """The data and error files a dataset has (`shards/<id>.parquet`, `errors/<id>.jsonl`, relative to the
+    dataset, as markers name them): one listing, to find markers that name a file that is gone."""
+    return {key[len(dataset) + 1:] for folder in (SHARDS, ERRORS) for key in storage.list(f"{dataset}/{folder}/")
+            if TMP_MARK not in key}
+
+
+def missing_files(marker: dict[str, Any], stored: set[str]) -> list[str]:
+    """The files a commit marker names that are not in `stored`: a dangling marker (another writer deleted its
+    data as a leftover, or someone removed it by hand)."""
+    return [name for name in (marker.get("data"), marker.get("errors")) if name and name not in stored]
+
+
 def leftovers(storage: Storage, dataset: str, worker: int | None = None,
               committed: Callable[[str], bool] | None = None, strays: Iterable[str] | None = None) -> Iterator[str]:
     """Data and error files without a commit marker, and temporary files of interrupted writes (of one worker, or
