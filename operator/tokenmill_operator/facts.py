@@ -91,6 +91,7 @@ class Observed:
     remembered_report: ReportStatus | None = None
     stall_after_s: float = 900.0
     start_deadline_s: float = 1800.0  # runner pods that cannot start for this long end the run
+    server_start_deadline_s: float | None = None  # spec.server.startDeadlineSeconds (None: from the plan)
     desired_job_hash: str | None = None  # the hash a runner Job built from this spec would have
     wanted_run: RunStatus | None = None  # what a runner Job created now would start the run with
     retry: RetryDecision | None = None

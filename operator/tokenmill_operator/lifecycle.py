@@ -295,17 +295,103 @@ def _stalled(observed: Observed) -> tuple[bool, str]:
                   f"{format_duration(observed.stall_after_s)}): check the runner pods' logs and the server")
 
 
+# The server's start deadline when spec.server.startDeadlineSeconds is unset: this many times the plan's predicted
+# start-up (copy + load, CUDA graphs and warmup included; planner/startup.py), and never under the floor. The
+# prediction is a planning rate, often off by a factor of two either way (a slower bucket, a busier node); three
+# times it still ends a server that will never be ready (a crash loop, an image that cannot be pulled) hours
+# before anyone would notice the idle GPUs. The floor covers what the plan does not model: pulling a 10+ GB SGLang
+# image onto a new node, a cluster autoscaler adding one. The startup probe's budget is included so the deadline
+# never ends a pod that the probe is still waiting for.
+SERVER_START_FACTOR = 3
+MIN_SERVER_START_S = 1800.0
+
+
+def server_start_deadline(observed: Observed) -> float:
+    """How long a server may take to become ready for a run that has no runner yet."""
+    if observed.server_start_deadline_s is not None:
+        return observed.server_start_deadline_s
+    plan = observed.plan or observed.previous.server_plan
+    startup = plan.startup if plan else None
+    if startup is None:
+        return MIN_SERVER_START_S
+    return max(SERVER_START_FACTOR * startup.seconds, startup.copy_seconds + startup.probe_seconds,
+               MIN_SERVER_START_S)
+
+
+def _starting_since(observed: Observed) -> datetime:
+    since = observed.previous.server_starting_since
+    return _parse_iso(since) if since else observed.now
+
+
+def _parse_iso(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def _server_not_ready(observed: Observed) -> str:
+    server = observed.server
+    if server is not None and server.problem_reason:
+        return f"{server.problem_reason}: {server.problem_message or server.problem_reason}"
+    ready, desired = (server.ready, server.desired) if server else (0, 0)
+    return f"{ready}/{desired} server pods ready"
+
+
+def _starting_server(observed: Observed, status: _Status, replicas: int) -> Decision:
+    """No runner yet and the server not ready: wait, saying Stalled once the stall window has passed (the
+    deadline that ends the run is `_server_cannot_start`)."""
+    since = _starting_since(observed)
+    waited = (observed.now - since).total_seconds()
+    events: list[Event] = []
+    status.set("Progressing", "True", "StartingServer", "waiting for the server before starting the runner")
+    if waited >= observed.stall_after_s:
+        message = (f"the server is not ready after {format_duration(waited)} (stall window "
+                   f"{format_duration(observed.stall_after_s)}; the run fails at "
+                   f"{format_duration(server_start_deadline(observed))}): {_server_not_ready(observed)}")
+        status.set("Stalled", "True", "ServerNotReady", message)
+        if condition_status(observed.previous.conditions, "Stalled") != "True":
+            events.append(Event("Warning", "Stalled", message))
+    else:
+        status.set("Stalled", "False", "StartingServer")
+    status.set("Ready", "Unknown", "StartingServer", "")
+    decision = Decision(_base_status(observed, status, "StartingServer", "starting the SGLang server"),
+                        server_replicas=replicas, events=events)
+    decision.status.server_starting_since = _iso(since)
+    return decision
+
+
+def _server_cannot_start(observed: Observed) -> str | None:
+    """Why the run ends because its server never became ready (past the start deadline), or None. Only before the
+    first runner Job: a Job exists once the server was ready. Once it ended so, it stays ended until the spec is
+    edited (a new generation starts the server again, its clock from zero)."""
+    if observed.job is not None:
+        return None
+    failed = next((c for c in observed.previous.conditions
+                   if c.type == "Failed" and c.status == "True" and c.reason == "ServerCannotStart"), None)
+    if failed is not None and failed.observed_generation == observed.generation:
+        return failed.message
+    server = observed.server
+    since = observed.previous.server_starting_since
+    if (server is not None and server.is_ready) or not since:
+        return None
+    waited = (observed.now - _parse_iso(since)).total_seconds()
+    deadline = server_start_deadline(observed)
+    if waited < deadline:
+        return None
+    rule = ("spec.server.startDeadlineSeconds" if observed.server_start_deadline_s is not None else
+            f"{SERVER_START_FACTOR}x the plan's predicted start-up, at least {format_duration(MIN_SERVER_START_S)}; "
+            "spec.server.startDeadlineSeconds sets it")
+    return (f"the server is not ready after {format_duration(waited)} (deadline {format_duration(deadline)}: "
+            f"{rule}): {_server_not_ready(observed)}. The server was scaled to zero to give the GPUs back; fix the "
+            "cause (spec.server.image, the model, its arguments, the pull secret, the node's GPUs), then edit the "
+            "spec: a new generation starts the server again")
+
+
 def _running(observed: Observed, status: _Status, replace_job: bool) -> Decision:
     plan = observed.plan or observed.previous.server_plan
     replicas = plan.replicas * plan.nodes_per_replica if plan else 0
     server_ready = _server_condition(observed, status)
     job = observed.job
     if job is None and not server_ready:
-        status.set("Progressing", "True", "StartingServer", "waiting for the server before starting the runner")
-        status.set("Stalled", "False", "StartingServer")
-        status.set("Ready", "Unknown", "StartingServer", "")
-        return Decision(_base_status(observed, status, "StartingServer", "starting the SGLang server"),
-                        server_replicas=replicas)
+        return _starting_server(observed, status, replicas)
     replacing = replace_job or (job is not None and job.deleting)
     stalled, stall_message = _stalled(observed) if job is not None and not replacing else (False, "")
     events: list[Event] = []
@@ -377,7 +463,7 @@ def blocked(observed: Observed, reason: str, message: str) -> Decision:
     events = [] if already else [Event("Warning", reason, message)]
     new = _base_status(observed, status, previous.phase, message).model_copy(
         update={"completion_time": previous.completion_time, "report": previous.report, "run": previous.run,
-                "queue": previous.queue})
+                "queue": previous.queue, "server_starting_since": previous.server_starting_since})
     return Decision(new, server_replicas=None, events=events)
 
 
@@ -416,6 +502,9 @@ def decide(observed: Observed) -> Decision:
     cannot_start = _runner_cannot_start(observed, replace_job)
     if cannot_start:
         return _failed(observed, status, "RunnerCannotStart", cannot_start)
+    server_cannot_start = _server_cannot_start(observed)
+    if server_cannot_start:
+        return _failed(observed, status, "ServerCannotStart", server_cannot_start)
     return _running(observed, status, replace_job)
 
 

@@ -262,6 +262,7 @@ def _observed(context: Context, output: OutputIndex, storage: Storage, planning:
         remembered_report=None if reopened else previous.report,
         stall_after_s=spec.runner.stall_seconds or settings.stall_after_s,
         start_deadline_s=spec.runner.start_deadline_seconds,
+        server_start_deadline_s=spec.server.start_deadline_seconds,
         desired_job_hash=desired_hash,
         wanted_run=RunStatus.model_validate({**manifests.run_identity(spec), "jobHash": desired_hash or ""}),
         retry=retry, reopened=reopened,

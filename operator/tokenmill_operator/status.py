@@ -113,6 +113,9 @@ class DatasetGenerationStatus(SpecModel):
     planned_generation: int = Field(0, description="The .metadata.generation serverPlan was computed for.")
     observation_failed_since: str | None = Field(
         None, description="Since when storage or the API server cannot be read (unset once they can).")
+    server_starting_since: str | None = Field(
+        None, description="Since when the server is being started for a run with no runner yet (unset once it is "
+        "ready): the start deadline and the stall window count from here.")
 
 
 def merge_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:

@@ -65,6 +65,7 @@ class Operator:
     def __init__(self, cluster: Cluster, namespace: str, log: Path) -> None:
         self.env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "TOKENMILL_NAMESPACES": namespace,
                     "TOKENMILL_RESYNC_SECONDS": "1", "TOKENMILL_HEALTH_PORT": str(_free_port()),
+                    "TOKENMILL_METRICS_PORT": str(_free_port()),
                     "TOKENMILL_RUNNER_POD_LABELS": json.dumps({HOLD_LABEL: "true"}),
                     "TOKENMILL_RUNNER_IMAGE": "registry.invalid/tokenmill:test"}
         self.log = log

@@ -555,3 +555,63 @@ def test_runner_pods_that_cannot_start_end_the_run_and_release_the_gpus_after_th
     replaced = decide(observed(job=JobState(suspended=True, hash=JOB_HASH), previous=late.status,
                                desired_job_hash="fixed-image"))
     assert replaced.status.phase == "Generating" and replaced.replace_job
+
+
+def _starting(passes: list[timedelta], **changes) -> list:
+    """decide() pass after pass for a run whose server is not ready, each pass fed the status the one before wrote,
+    `passes` after the first."""
+    crash = ServerState(1, 0, "CrashLoopBackOff", "pod r-server-0: back-off 5m0s restarting failed container sglang")
+    decisions = [decide(observed(server=crash, **changes))]
+    for after in passes:
+        decisions.append(decide(observed(server=crash, now=T0 + after, previous=decisions[-1].status, **changes)))
+    return decisions
+
+
+def test_a_server_in_crash_loop_is_stalled_past_the_window_and_fails_past_its_start_deadline():
+    # Issue 29 scenario 5: CrashLoopBackOff before the runner Job exists stayed StartingServer for ever, Stalled
+    # False, the GPUs held. Deadline: spec.server.startDeadlineSeconds (here one hour); stall window 15 minutes.
+    first, waiting, stalled, again, ended = _starting(
+        [timedelta(minutes=10), timedelta(minutes=16), timedelta(minutes=30), timedelta(minutes=61)],
+        stall_after_s=900, server_start_deadline_s=3600)
+    assert first.status.phase == "StartingServer" and first.server_replicas == 1
+    assert first.status.server_starting_since == "2026-11-29T12:00:00Z"
+    assert conditions(waiting)["Stalled"] == ("False", "StartingServer") and waiting.status.phase == "StartingServer"
+    assert conditions(stalled)["Stalled"] == ("True", "ServerNotReady") and stalled.server_replicas == 1
+    assert [e.reason for e in stalled.events] == ["Stalled"] and not again.events, "the Event is said once"
+    assert "CrashLoopBackOff" in next(c.message for c in stalled.status.conditions if c.type == "Stalled")
+    assert conditions(ended)["Failed"] == ("True", "ServerCannotStart") and ended.status.phase == "Failed"
+    assert ended.server_replicas == 0 and ended.delete_server
+    assert "CrashLoopBackOff" in ended.status.message and "spec.server.startDeadlineSeconds" in ended.status.message
+    assert [e.reason for e in ended.events] == ["ServerCannotStart"]
+
+
+def test_the_server_start_deadline_follows_the_plans_predicted_start_up_and_ends_until_the_spec_is_edited():
+    from tokenmill_operator.lifecycle import MIN_SERVER_START_S, SERVER_START_FACTOR, server_start_deadline
+    from tokenmill_operator.planner.startup import StartupPlan
+
+    startup = StartupPlan(source="copied from S3 into every pod", copy_seconds=1200, copy_holds_gpus=True,
+                          load_seconds=600, load_bytes_per_second=10**9, probe_seconds=1800)
+    plan = PLAN.model_copy(update={"startup": startup})
+    assert server_start_deadline(observed(plan=plan)) == SERVER_START_FACTOR * 1800 == 5400
+    small = startup.model_copy(update={"copy_seconds": 0, "load_seconds": 60, "probe_seconds": 1800})
+    assert server_start_deadline(observed(plan=PLAN.model_copy(update={"startup": small}))) == MIN_SERVER_START_S
+    assert server_start_deadline(observed(plan=plan, server_start_deadline_s=120)) == 120
+
+    *_, before, ended = _starting([timedelta(seconds=5399), timedelta(seconds=5400)], plan=plan)
+    assert before.status.phase == "StartingServer" and ended.status.phase == "Failed"
+    assert "3x the plan's predicted start-up" in ended.status.message
+    # The server is gone on the next pass: the run stays ended, and the GPUs released, while the spec is unchanged.
+    gone = ServerState(desired=0, ready=0)
+    after = decide(observed(server=gone, plan=plan, now=T0 + timedelta(hours=3), previous=ended.status))
+    assert after.status.phase == "Failed" and after.server_replicas == 0
+    # An edit (a new generation) starts the server again, its clock from zero.
+    edited = decide(observed(server=gone, plan=plan, now=T0 + timedelta(hours=3), previous=after.status,
+                             generation=4))
+    assert edited.status.phase == "StartingServer" and edited.server_replicas == 1
+    assert edited.status.server_starting_since == "2026-11-29T15:00:00Z"
+
+
+def test_a_ready_server_clears_the_start_clock():
+    [starting] = _starting([])
+    ready = decide(observed(now=T0 + timedelta(hours=5), previous=starting.status))
+    assert ready.status.phase == "Generating" and ready.create_job and ready.status.server_starting_since is None

@@ -392,6 +392,13 @@ class ServerSpec(SpecModel):
         "in use accepts (mxfp8, nvfp4, fp4_mx_block16 from 0.5.16; fp4_e2m1 until 0.5.20).",
     )
     port: int = Field(30000, gt=0, lt=65536, description="SGLang HTTP port (/generate, /health, /metrics).")
+    start_deadline_seconds: int | None = Field(
+        None, gt=0, le=7 * 86400, description="A server that is not ready this long after the operator started it "
+        "(an image that cannot be pulled, a container in CrashLoopBackOff, pods that cannot be scheduled) ends the "
+        "run Failed with ServerCannotStart and the server scaled to zero, so its GPUs are not held for ever; "
+        "default: three times the plan's predicted start-up (weights' copy, load, CUDA graphs, warmup), at least "
+        "1800 s and at least the startup probe's budget. Editing the spec starts the server again.",
+    )
     startup_timeout_seconds: int | None = Field(
         None, gt=0, le=MAX_TIMEOUT_SECONDS, description="How long a server may load weights before its startup probe "
         "fails it (at most a week); default: three times the plan's predicted load (weights, CUDA graphs, warmup), "
