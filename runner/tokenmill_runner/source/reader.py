@@ -162,7 +162,8 @@ def read_jsonl(source: str, endpoint: str | None = None, limit: int | None = Non
     (hashlib) is fed every byte of the file as stored, to its end whatever the limit."""
     rows = 0
     with _open_source(source, endpoint) as opened:
-        handle: IO[bytes] = opened if digest is None else io.BufferedReader(HashingReader(opened, digest))
+        handle: IO[bytes] = (opened if digest is None else
+                             io.BufferedReader(HashingReader(opened, digest), buffer_size=SKIP_CHUNK))
         with _decompressed(handle) as text:
             for number, raw in enumerate(_lines(text, max_bytes), start=1):
                 if isinstance(raw, bytes) and not raw.strip():
