@@ -16,8 +16,8 @@ from .conftest import Cluster
 from .operator_kit import (  # noqa: F401  (fixtures)
     b5_resource,
     condition,
-    credentials,
     crd,
+    credentials,
     dsgen,
     operator,
     s3_world,
