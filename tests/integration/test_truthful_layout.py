@@ -26,7 +26,7 @@ import pytest
 from tokenmill_runner.generate.summary import EXIT_OK, EXIT_USAGE
 from tokenmill_runner.store.manifest import read_manifest
 from tokenmill_runner.store.marker_names import marker_name
-from tokenmill_runner.store.shards import read_markers
+from tokenmill_runner.store.markers import read_markers
 from tokenmill_runner.store.storage import LocalStorage
 
 from .test_exactly_once import killed_at, run_cli
