@@ -65,7 +65,10 @@ class ServerPlan(SpecModel):
     cuda_graph_max_bs: int | None = Field(
         None, description="Decode CUDA-graph batch per DP attention group, when the plan sets it.")
     chunked_prefill_size: int | None = Field(
-        None, description="--chunked-prefill-size when the plan sets it; None: SGLang's default for the GPU.")
+        None, description="--chunked-prefill-size when the plan sets it; None: SGLang's default for the GPU. Under DP "
+        "attention SGLang divides it by the groups: each group prefills this / attentionDataParallel per forward.")
+    load_balance_method: str | None = Field(
+        None, description="--load-balance-method under DP attention (total_tokens); None: SGLang's round robin.")
     memory_split: list[MemoryTerm] = Field(
         default_factory=list, description="Per GPU, what sits outside --mem-fraction-static, term by term; empty "
         "when SGLang's own default rule sets the fraction.")

@@ -23,10 +23,12 @@ from tokenmill_runner.facts.workload import SAMPLES_ASSUMED, DatasetLoad, JobTim
 from tokenmill_runner.spec.resource import DatasetGenerationSpec
 
 from .attention import AttentionBackend, attention_backend
+from .dp_attention import graph_capped_max_running, load_balance_method
 from .memory import (
     Capacity,
     chunk_and_graph_bs,
     kv_dtype_bytes,
+    mm_reserved_from_kv,
     replica_capacity,
     sglang_default_max_running_requests,
     sglang_default_mem_fraction,
@@ -191,6 +193,7 @@ class Context:
     serving: ServingRelease
     work: Workload
     context_length: int
+    attention_backend: str | None = None  # the backend the plan passes; None: SGLang picks by GPU and model
 
     @property
     def held(self) -> float:
@@ -203,7 +206,15 @@ class Context:
         flagged = any(arg.split("=")[0].startswith(MEMORY_FLAGS) for arg in server.extra_args)
         return server.mem_fraction_static == "auto" and not flagged and known(self.model)
 
+    @property
+    def kv_reserved_mib(self) -> float:
+        return mm_reserved_from_kv(self.model, self.serving.release)
+
+    def capacity(self, layout: Layout, fraction: float, element: float) -> Capacity:
+        return replica_capacity(self.model, self.gpu_memory_mib, layout, fraction, element, self.kv_reserved_mib)
+
     def step_model(self, layout: Layout, kv_dtype: str, nodes: int, chunk: int | None = None) -> StepModel | None:
+        """The step model; `chunk` is the per-group prefill chunk (None: SGLang's tier chunk // groups)."""
         if self.gpu is None:
             return None
         return StepModel(self.model, self.gpu, layout, kv_dtype_bytes(kv_dtype), nodes=nodes, chunk=chunk)
@@ -217,12 +228,16 @@ def _mem_fraction(ctx: Context, layout: Layout, graph_bs: int | None) -> float:
     return round(sglang_default_mem_fraction(ctx.gpu_memory_mib, layout, ctx.model, ctx.serving.release, graph_bs), 3)
 
 
-def _max_running(ctx: Context, cap: Capacity) -> int:
+def _max_running(ctx: Context, cap: Capacity, graph_bs: int | None = None) -> int:
+    """--max-running-requests: the spec's, else SGLang's derived value per group x groups, under DP attention
+    capped at the decode graph batch x groups so that no group's batch sends the lockstep replica eager
+    (dp_attention.py)."""
     given = ctx.spec.server.max_running_requests
     if given != "auto":
         return given
-    per_group = sglang_default_max_running_requests(cap.tokens_per_group, ctx.context_length)
-    return per_group * cap.layout.attention_dp
+    groups = cap.layout.attention_dp
+    derived = sglang_default_max_running_requests(cap.tokens_per_group, ctx.context_length) * groups
+    return graph_capped_max_running(derived, graph_bs, groups) if graph_bs and groups > 1 else derived
 
 
 def _batch(ctx: Context, cap: Capacity, max_running: int, replicas: int) -> int:
@@ -247,17 +262,29 @@ def _graph_bs(ctx: Context, layout: Layout, cap: Capacity) -> int | None:
 def _default_split(ctx: Context, layout: Layout, element: float) -> tuple[MemorySplit, Capacity]:
     """SGLang's own rule (or the spec's fraction), with the DP-attention graph batch sized to a group's batch."""
     fraction = _mem_fraction(ctx, layout, None)
-    cap = replica_capacity(ctx.model, ctx.gpu_memory_mib, layout, fraction, element)
+    cap = ctx.capacity(layout, fraction, element)
     graph_bs = _graph_bs(ctx, layout, cap) if ctx.spec.server.mem_fraction_static == "auto" else None
     if graph_bs is not None:
         fraction = _mem_fraction(ctx, layout, graph_bs)
-        cap = replica_capacity(ctx.model, ctx.gpu_memory_mib, layout, fraction, element)
+        cap = ctx.capacity(layout, fraction, element)
     chunk, _ = chunk_and_graph_bs(ctx.gpu_memory_mib, layout.tp, ctx.serving.release)
-    return MemorySplit(fraction, chunk, graph_bs or 0, (), decided=False), cap
+    return MemorySplit(fraction, chunk, graph_bs or 0, (), decided=False, groups=layout.attention_dp), cap
 
 
 def _group_batch(ctx: Context, cap: Capacity, replicas: int) -> float:
     return _batch(ctx, cap, _max_running(ctx, cap), replicas) / cap.layout.attention_dp
+
+
+def _request_rows(ctx: Context, layout: Layout, cap: Capacity | None, graph_bs: int) -> int:
+    """req_to_token rows of one scheduler: its share of --max-running-requests (kv_cache_configurator.py:3128)."""
+    given = ctx.spec.server.max_running_requests
+    groups = layout.attention_dp
+    if given != "auto":
+        return max(1, given // groups)
+    if cap is None:  # no pool yet: SGLang's smallest derived value
+        return graph_bs if groups > 1 else 2048
+    derived = sglang_default_max_running_requests(cap.tokens_per_group, ctx.context_length)
+    return min(derived, graph_bs) if groups > 1 else derived
 
 
 def _decided_splits(ctx: Context, layout: Layout, element: float, replicas: int) -> list[tuple[MemorySplit,
@@ -268,18 +295,26 @@ def _decided_splits(ctx: Context, layout: Layout, element: float, replicas: int)
     release, mib = ctx.serving.release, ctx.gpu_memory_mib
     tier_bs = chunk_and_graph_bs(mib, layout.tp, release)[1]
 
-    def at(chunk: int, graph_bs: int) -> tuple[MemorySplit, Capacity] | None:
+    arch = ctx.gpu.arch if ctx.gpu else None
+
+    def at(chunk: int, graph_bs: int, rows: int) -> tuple[MemorySplit, Capacity] | None:
         deterministic = ctx.spec.server.deterministic_inference
-        split = decided_split(mib, layout, ctx.model, release, chunk, graph_bs, deterministic)
+        split = decided_split(mib, layout, ctx.model, release, chunk, graph_bs, deterministic, ctx.context_length,
+                              rows, arch, ctx.attention_backend)
         if split is None:
             return None
-        cap = replica_capacity(ctx.model, mib, layout, split.mem_fraction, element)
+        cap = ctx.capacity(layout, split.mem_fraction, element)
         return (split, cap) if cap.fits else None
 
     found = []
     for chunk in chunk_options(mib, layout, release):
-        widest = at(chunk, min(16, tier_bs))
-        choice = widest and at(chunk, graph_bs_for(_group_batch(ctx, widest[1], replicas), tier_bs))
+        # The widest split's pool bounds the requests SGLang derives, hence the req_to_token rows counted.
+        smallest = min(16, tier_bs)
+        widest = at(chunk, smallest, _request_rows(ctx, layout, None, smallest))
+        if widest is None:
+            continue
+        graph_bs = graph_bs_for(_group_batch(ctx, widest[1], replicas), tier_bs)
+        choice = at(chunk, graph_bs, _request_rows(ctx, layout, widest[1], graph_bs))
         if choice is not None:
             found.append(choice)
     return found
@@ -308,8 +343,8 @@ def memory_choices(ctx: Context, layout: Layout, kv_dtype: str, nodes: int, repl
     for split, cap in splits:
         if split is not default[0] and cap.tokens_per_group < longest:
             continue
-        batch = _batch(ctx, cap, _max_running(ctx, cap), replicas) if cap.fits else 0
-        step = ctx.step_model(layout, kv_dtype, nodes, split.chunk_flag)
+        batch = _batch(ctx, cap, _max_running(ctx, cap, split.graph_bs or None), replicas) if cap.fits else 0
+        step = ctx.step_model(layout, kv_dtype, nodes, split.group_chunk)
         served = (float(cap.tokens) if step is None or not batch
                   else serving_tokens_per_second(step, batch, ctx.work.prompt_tokens(), mean_output))
         choices.append(MemoryChoice(split, cap, batch, served))
@@ -334,10 +369,10 @@ def evaluate(ctx: Context, layout: Layout, kv_dtype: str, replicas: int, eligibl
     if cap.tokens_per_group < longest:
         return replace(option, unusable=f"{cap.tokens_per_group:,} KV tokens per group hold no request at its cap "
                                       f"({longest:,} tokens)")
-    max_running = _max_running(ctx, cap)
+    max_running = _max_running(ctx, cap, split.graph_bs or None)
     batch = _batch(ctx, cap, max_running, replicas)
     option = replace(option, max_running=max_running, batch=batch)
-    step = ctx.step_model(layout, kv_dtype, nodes, split.chunk_flag)
+    step = ctx.step_model(layout, kv_dtype, nodes, split.group_chunk)
     if step is None:
         return option
     job = job_time(ctx.work, replicas, batch, lambda b: step.step_seconds(b, ctx.held),
@@ -478,7 +513,7 @@ class Sizing:
         return int(self.capacity.tokens // self.ctx.held)
 
     def step_model(self, option: Option) -> StepModel | None:
-        chunk = option.memory.chunk_flag if option.memory else None
+        chunk = option.memory.group_chunk if option.memory else None
         return self.ctx.step_model(option.layout, option.kv_cache_dtype, option.nodes_per_replica, chunk)
 
     def candidate(self, option: Option, note: str) -> Candidate:
@@ -505,6 +540,7 @@ class Sizing:
             max_running_requests=chosen.max_running,
             cuda_graph_max_bs=chosen.graph_bs,
             chunked_prefill_size=chosen.memory.chunk_flag if chosen.memory else None,
+            load_balance_method=load_balance_method(chosen.layout.attention_dp),
             memory_split=[MemoryTerm(name=t.name, mib=round(t.mib), source=t.source)
                           for t in (chosen.memory.terms if chosen.memory else ())],
             kv_cache_dtype=chosen.kv_cache_dtype,
@@ -586,13 +622,13 @@ def size_server(spec: DatasetGenerationSpec, model: ModelFacts, gpu_memory: int 
     check_kv_cache_dtype(server, serving)
     attention = attention_backend(server, gpu, model, serving)
     memory = gpu_memory if gpu_memory is not None and server.gpu_memory_mib is None else gpu_memory_mib(server, gpu)
-    length, context_source = context_length(server, model)
     work = work or workload(spec)
+    length, context_source = context_length(server, model, work.needed_context())
     worst = max(work.datasets, key=lambda d: d.max_new_tokens)
     if worst.max_new_tokens >= length:
         raise PlanError(f"dataset {worst.name} maxNewTokens {worst.max_new_tokens:,} leaves no room for a prompt in "
                         f"context length {length:,}: lower its maxNewTokens or raise spec.server.contextLength")
-    ctx = Context(spec, model, gpu, memory, serving, work, length)
+    ctx = Context(spec, model, gpu, memory, serving, work, length, attention.backend)
     budget, budget_source = _budget(ctx)
     options = _options(ctx, budget)
     chosen = choose(options, predicted=gpu is not None)

@@ -153,7 +153,7 @@ class StepModel:
     kv_element_bytes: float = KV_AUTO_BYTES
     calibration: Calibration = CALIBRATION
     nodes: int = 1  # nodes the replica spans: beyond the scale-up domain its collectives cross the network
-    chunk: int | None = None  # --chunked-prefill-size when the plan sets it; None: SGLang's tier default
+    chunk: int | None = None  # the per-group prefill chunk the plan sets; None: SGLang's tier default // groups
 
     @property
     def link(self) -> Link:
@@ -162,9 +162,12 @@ class StepModel:
 
     @property
     def chunk_tokens(self) -> int:
+        """Prompt tokens one attention group prefills per forward: under DP attention SGLang divides
+        --chunked-prefill-size by the groups (0.5.23 arg_groups/parallel_hook.py:331; 0.5.9 server_args.py:2117)."""
         if self.chunk:
             return self.chunk
-        return DEFAULT_CHUNK_TOKENS if self.gpu.memory_mib < 160 * 1024 else 2 * DEFAULT_CHUNK_TOKENS
+        tier = DEFAULT_CHUNK_TOKENS if self.gpu.memory_mib < 160 * 1024 else 2 * DEFAULT_CHUNK_TOKENS
+        return tier // self.layout.attention_dp
 
     def _read_seconds(self, tokens: float, kv_bytes: float) -> float:
         weights, cal = self.model.weights(), self.calibration
@@ -224,7 +227,11 @@ class StepModel:
     def chunked_prefill_seconds(self, tokens: float, prompt_tokens: float) -> float:
         """Prefill of `tokens` admitted prompt tokens: SGLang runs at most a chunk per forward, so a large admission
         takes several forwards, each paying the fixed costs and the expert reads again."""
-        forwards = max(1, math.ceil(tokens / self.chunk_tokens))
+        groups = self.layout.attention_dp
+        # The groups prefill side by side, each at most its chunk (the admitted prompts spread over them), and one
+        # prompt longer than a group's chunk takes several forwards on its own.
+        forwards = max(1, math.ceil(tokens / (self.chunk_tokens * groups)),
+                       math.ceil(prompt_tokens / self.chunk_tokens))
         return forwards * self.prefill_seconds(tokens / forwards, prompt_tokens)
 
     def bound(self, batch: float, context_tokens: float) -> str:
@@ -240,11 +247,12 @@ def prefill_seconds_per_step(step: StepModel, batch: float, prompt_tokens: float
     per step and as many new prompts are prefilled, together in one forward up to the chunk size."""
     admitted = batch / max(output_tokens, 1.0)
     tokens = admitted * prompt_tokens
-    if tokens <= step.chunk_tokens:
-        forwards = min(1.0, admitted)
-        per_forward = tokens / forwards if forwards else 0.0
-    else:
-        forwards, per_forward = tokens / step.chunk_tokens, float(step.chunk_tokens)
+    groups = step.layout.attention_dp
+    forward = step.chunk_tokens * groups  # every group prefills its chunk side by side
+    # A prompt longer than a group's chunk takes several forwards in a row (the other prompts ride along).
+    sequential = min(admitted, 1.0) * math.ceil(prompt_tokens / step.chunk_tokens)
+    forwards = max(tokens / forward, sequential, min(1.0, admitted))
+    per_forward = tokens / forwards if forwards else 0.0
     return forwards * step.prefill_seconds(per_forward, prompt_tokens) if forwards else 0.0
 
 
