@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from tokenmill_runner.facts.hardware import Gpu
 from tokenmill_runner.facts.model_facts import ModelFacts
-from tokenmill_runner.facts.throughput import Layout, StepModel, serving_tokens_per_second
+from tokenmill_runner.facts.throughput import CALIBRATION, Calibration, Layout, StepModel, serving_tokens_per_second
 from tokenmill_runner.facts.workload import SAMPLES_ASSUMED, DatasetLoad, JobTime, Workload, job_time
 from tokenmill_runner.spec.resource import DatasetGenerationSpec
 
@@ -194,6 +194,7 @@ class Context:
     work: Workload
     context_length: int
     attention_backend: str | None = None  # the backend the plan passes; None: SGLang picks by GPU and model
+    calibration: Calibration = CALIBRATION  # the published fit, or the cluster's refitted constants (verify.py)
 
     @property
     def held(self) -> float:
@@ -217,7 +218,8 @@ class Context:
         """The step model; `chunk` is the per-group prefill chunk (None: SGLang's tier chunk // groups)."""
         if self.gpu is None:
             return None
-        return StepModel(self.model, self.gpu, layout, kv_dtype_bytes(kv_dtype), nodes=nodes, chunk=chunk)
+        return StepModel(self.model, self.gpu, layout, kv_dtype_bytes(kv_dtype), self.calibration, nodes=nodes,
+                         chunk=chunk)
 
 
 def _mem_fraction(ctx: Context, layout: Layout, graph_bs: int | None) -> float:
@@ -607,7 +609,8 @@ def _no_fit_error(ctx: Context, options: list[Option], budget: int) -> PlanError
 
 
 def size_server(spec: DatasetGenerationSpec, model: ModelFacts, gpu_memory: int | None = None,
-                work: Workload | None = None, node_driver_major: int | None = None) -> Sizing:
+                work: Workload | None = None, node_driver_major: int | None = None,
+                calibration: Calibration = CALIBRATION) -> Sizing:
     """Every number of the plan for this spec's model. Anything set in the spec wins; errors name the field.
 
     gpu_memory is the memory of one GPU; when None it comes from the spec (its memory field, else gpuProduct).
@@ -628,7 +631,7 @@ def size_server(spec: DatasetGenerationSpec, model: ModelFacts, gpu_memory: int 
     if worst.max_new_tokens >= length:
         raise PlanError(f"dataset {worst.name} maxNewTokens {worst.max_new_tokens:,} leaves no room for a prompt in "
                         f"context length {length:,}: lower its maxNewTokens or raise spec.server.contextLength")
-    ctx = Context(spec, model, gpu, memory, serving, work, length, attention.backend)
+    ctx = Context(spec, model, gpu, memory, serving, work, length, attention.backend, calibration)
     budget, budget_source = _budget(ctx)
     options = _options(ctx, budget)
     chosen = choose(options, predicted=gpu is not None)
