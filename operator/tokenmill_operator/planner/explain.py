@@ -91,8 +91,18 @@ def render_plan(plan: ServerPlan) -> str:
                                      f"samples, {p.gpu_hours:,.1f} GPU-hours"))
         if plan.startup and p.generation_seconds is not None:
             rows.insert(2, ("ETA", describe(plan.startup, p.generation_seconds)))
+        if p.interval:
+            r = p.interval
+            rows.insert(2, ("range", f"{r.output_tokens_per_second_low:,}-{r.output_tokens_per_second_high:,} output "
+                                     f"tokens/s, ETA {duration(r.eta_seconds_low)}-{duration(r.eta_seconds_high)} "
+                                     f"({r.basis})"))
     width = max(len(name) for name, _ in rows)
     lines = [f"{name.ljust(width)}  {value}" for name, value in rows]
+    if plan.prediction and plan.prediction.datasets:
+        lines += ["", "datasets (in the order the runner sends them):"]
+        lines += [f"  {d.name}: {d.samples:,} samples, prompts {d.prompt_tokens:,} tokens ({d.prompt_source}), "
+                  f"outputs {d.mean_output_tokens:,} ({d.output_source}), done {duration(d.done_seconds)} into "
+                  f"generation" for d in plan.prediction.datasets]
     table = ["", "layouts considered (* = chosen):", *(f"  {line}" for line in candidate_table(plan))]
     return "\n".join([*lines, *(table if plan.candidates else []), "", "why:",
                       *(f"  - {line}" for line in plan.reasoning)])

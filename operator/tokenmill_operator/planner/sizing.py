@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from tokenmill_runner.facts.hardware import Gpu
+from tokenmill_runner.facts.intervals import interval
 from tokenmill_runner.facts.model_facts import ModelFacts
 from tokenmill_runner.facts.throughput import CALIBRATION, Calibration, Layout, StepModel, serving_tokens_per_second
 from tokenmill_runner.facts.workload import SAMPLES_ASSUMED, DatasetLoad, JobTime, Workload, job_time
@@ -35,7 +36,7 @@ from .memory import (
     sglang_reserve,
 )
 from .memory_budget import MemorySplit, chunk_options, decided_split, graph_bs_for, known
-from .plan import Candidate, MemoryTerm, PlanError, Prediction, ServerPlan
+from .plan import Candidate, DatasetEta, MemoryTerm, PlanError, Prediction, PredictionRange, ServerPlan
 from .serving import (
     ServerImage,
     ServingRelease,
@@ -174,7 +175,18 @@ class Option:
     def prediction(self, step: StepModel | None, held: float, work: Workload) -> Prediction | None:
         if self.job is None:
             return None
+        by_name = {d.name: d for d in work.datasets}
+        datasets = []
+        for name, seconds in self.job.datasets:
+            d = by_name[name]
+            output = ("fixed" if d.output_tokens is not None else "earlier answers" if d.outputs_from_answers
+                      else "seeds' shape")
+            datasets.append(DatasetEta(
+                name=name, samples=d.samples, prompt_tokens=d.prompt_tokens,
+                prompt_source="sampled" if d.prompt_sampled else "assumed", mean_output_tokens=round(d.mean_output()),
+                output_source=output, done_seconds=round(seconds)))
         return Prediction(
+            datasets=datasets,
             decode_tokens_per_second=self.decode_tokens_per_second(step, held),
             output_tokens_per_second=round(self.replicas * self.job.output_tokens / self.job.seconds),
             eta_seconds=round(self.job.seconds), gpu_hours=round(self.gpu_hours, 1),
@@ -518,8 +530,22 @@ class Sizing:
         chunk = option.memory.group_chunk if option.memory else None
         return self.ctx.step_model(option.layout, option.kv_cache_dtype, option.nodes_per_replica, chunk)
 
-    def candidate(self, option: Option, note: str) -> Candidate:
+    def ranged(self, option: Option) -> Prediction | None:
+        """The option's prediction with its interval (facts/intervals.py)."""
         prediction = option.prediction(self.step_model(option), self.ctx.held, self.ctx.work)
+        if prediction is None or self.ctx.gpu is None:
+            return prediction
+        found = interval(self.ctx.gpu, option.layout)
+        rate = prediction.output_tokens_per_second
+        return prediction.model_copy(update={"interval": PredictionRange(
+            output_tokens_per_second_low=round(rate * found.low), output_tokens_per_second_high=round(rate * found.high),
+            eta_seconds_low=round(prediction.eta_seconds / found.high),
+            eta_seconds_high=round(prediction.eta_seconds / found.low), basis=found.basis)})
+
+    def candidate(self, option: Option, note: str) -> Candidate:
+        prediction = self.ranged(option)
+        if prediction is not None and option is not self.chosen:  # per-dataset finish times: the chosen layout's
+            prediction = prediction.model_copy(update={"datasets": []})
         return Candidate(
             replicas=option.replicas, tensor_parallel=option.layout.tp,
             attention_data_parallel=option.layout.attention_dp, kv_cache_dtype=option.kv_cache_dtype,
@@ -560,7 +586,7 @@ class Sizing:
             kv_capacity_tokens=cap.tokens,
             expected_tokens_per_request=round(self.ctx.held),
             concurrent_requests_at_expected_length=self.concurrent_requests,
-            prediction=chosen.prediction(step, self.ctx.held, self.ctx.work),
+            prediction=self.ranged(chosen),
             candidates=[self.candidate(o, n) for o, n in zip(self.options, notes, strict=True)],
             overrides=_overrides(self.spec),
             reasoning=reasoning,
