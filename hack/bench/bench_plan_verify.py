@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO / "runner"))
 from tokenmill_operator.planner import model_facts, plan_server, size_server, workload  # noqa: E402
 from tokenmill_runner.facts.hardware import find  # noqa: E402
 from tokenmill_runner.facts.refit import StepSample, refit  # noqa: E402
-from tokenmill_runner.facts.throughput import CALIBRATION, Calibration, Layout, StepModel  # noqa: E402
+from tokenmill_runner.facts.throughput import CALIBRATION, Calibration, StepModel  # noqa: E402
 from tokenmill_runner.facts.workload import DatasetLoad, LengthSample, job_time  # noqa: E402
 from tokenmill_runner.spec.resource import parse_document  # noqa: E402
 from tokenmill_sim.capacity import Job, SchedulerParams  # noqa: E402

@@ -37,8 +37,8 @@ from tokenmill_runner.facts.calibration import (  # noqa: E402
     load_records,
     predict,
 )
-from tokenmill_runner.facts.throughput import CALIBRATION, Calibration  # noqa: E402
 from tokenmill_runner.facts.intervals import class_table  # noqa: E402
+from tokenmill_runner.facts.throughput import CALIBRATION, Calibration  # noqa: E402
 
 RECORDS = REPO / "docs" / "throughput-calibration.yaml"
 MODELS = REPO / "tests" / "fixtures" / "models"

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tokenmill_operator.planner import size_server
+from tokenmill_operator.planner import model_facts, size_server
+from tokenmill_operator.planner.sizing import Option
 from tokenmill_operator.planner.verify import (
     MARGIN_FLOOR_S,
     WINDOW_S,
@@ -23,15 +24,13 @@ from tokenmill_operator.planner.verify import (
     verify,
 )
 from tokenmill_runner.facts.hardware import find
+from tokenmill_runner.facts.model_facts import ModelFacts
 from tokenmill_runner.facts.refit import StepSample, refit, refitted
 from tokenmill_runner.facts.throughput import CALIBRATION, Calibration, Layout, StepModel
 from tokenmill_runner.facts.workload import DatasetLoad
+from tokenmill_runner.spec.resource import DatasetGenerationSpec, parse_document
 from tokenmill_sim.capacity import Job, SchedulerParams
 from tokenmill_sim.lockstep import LockstepReplica
-
-from tokenmill_operator.planner import model_facts
-from tokenmill_runner.facts.model_facts import ModelFacts
-from tokenmill_runner.spec.resource import DatasetGenerationSpec, parse_document
 
 MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"
 
@@ -131,13 +130,14 @@ def test_a_switch_happens_when_and_only_when_the_gain_beats_the_restart_and_the_
     margin = max(0.05 * current, MARGIN_FLOOR_S)
     just_better = current - restart - margin - 60
     not_enough = current - restart - margin + 60
-    win = decide(current, {"TP 8": just_better, "TP 8 + DP 2": current}, restart, mode)  # type: ignore[arg-type]
+    win = decide(current, {"TP 8": just_better, "TP 8 + DP 2": current}, restart, mode)  # type: ignore[arg-type]  # mode: a str from parametrize
     assert win.best == "TP 8"
     assert win.action == {"auto": "switch", "suggest": "suggest", "off": "stay"}[mode]
-    lose = decide(current, {"TP 8": not_enough}, restart, mode)  # type: ignore[arg-type]
+    lose = decide(current, {"TP 8": not_enough}, restart, mode)  # type: ignore[arg-type]  # mode: a str from parametrize
     assert lose.action == "stay" and lose.condition() is None
     if mode == "suggest":
-        assert win.condition() is not None and "gain" in win.condition()["message"]  # type: ignore[index]
+        condition = win.condition()
+        assert condition is not None and "gain" in condition["message"]
 
 
 def test_replanning_with_the_refitted_constants_ranks_the_layouts_on_the_measured_hardware():
@@ -149,8 +149,8 @@ def test_replanning_with_the_refitted_constants_ranks_the_layouts_on_the_measure
     truth = size_server(spec, model, calibration=TRUTH)
     chosen = after.chosen
 
-    def same_layout(option: object) -> bool:
-        return (option.layout, option.kv_cache_dtype) == (chosen.layout, chosen.kv_cache_dtype)  # type: ignore[attr-defined]
+    def same_layout(option: Option) -> bool:
+        return (option.layout, option.kv_cache_dtype) == (chosen.layout, chosen.kv_cache_dtype)
 
     in_truth = next(o for o in truth.options if same_layout(o))
     # The refitted plan's ETA for its layout is within 10 % of the same layout under the true constants; the

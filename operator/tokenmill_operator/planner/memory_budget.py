@@ -22,7 +22,14 @@ from tokenmill_runner.facts.releases import Release, version_key
 from tokenmill_runner.facts.throughput import Layout
 
 from .dp_attention import chunk_flag_for
-from .memory import MM_CACHE_MIB, PRE_LOAD_USED_MIB, chunk_and_graph_bs, mm_reserved_from_kv, prefill_graph_sizes, req_to_token_mib
+from .memory import (
+    MM_CACHE_MIB,
+    PRE_LOAD_USED_MIB,
+    chunk_and_graph_bs,
+    mm_reserved_from_kv,
+    prefill_graph_sizes,
+    req_to_token_mib,
+)
 
 ACTIVATION_BYTES = 2  # bf16 activations, also for fp8/int4 checkpoints (they dequantize into 16-bit GEMMs)
 LOGIT_BYTES = 4  # SGLang samples from float32 logits over the whole vocabulary on every rank

@@ -20,7 +20,14 @@ from tokenmill_runner.facts.hardware import Gpu
 from tokenmill_runner.facts.intervals import interval
 from tokenmill_runner.facts.model_facts import ModelFacts
 from tokenmill_runner.facts.throughput import CALIBRATION, Calibration, Layout, StepModel, serving_tokens_per_second
-from tokenmill_runner.facts.workload import SAMPLES_ASSUMED, DatasetLoad, JobTime, Workload, job_time
+from tokenmill_runner.facts.workload import (
+    PROMPT_TOKENS_ESTIMATE,
+    SAMPLES_ASSUMED,
+    DatasetLoad,
+    JobTime,
+    Workload,
+    job_time,
+)
 from tokenmill_runner.spec.resource import DatasetGenerationSpec
 
 from .attention import AttentionBackend, attention_backend
@@ -89,7 +96,7 @@ def workload(spec: DatasetGenerationSpec, prompt_tokens: int | None = None, outp
             # n samples per prompt are n requests each (the prompt's prefix is cached, the outputs are not).
             name=dataset.name, samples=(dataset.limit or SAMPLES_ASSUMED) * dataset.samples,
             samples_known=dataset.limit is not None,
-            max_new_tokens=cap, **({"prompt_tokens": prompt_tokens} if prompt_tokens else {}),
+            max_new_tokens=cap, prompt_tokens=prompt_tokens or PROMPT_TOKENS_ESTIMATE,
             output_tokens=output_tokens))
     runner = spec.runner.concurrency
     fixed = concurrency or (runner * spec.runner.parallelism if isinstance(runner, int) else None)

@@ -139,5 +139,6 @@ def read_constants(data: dict[str, str] | None, key: str) -> Refit | None:
         return None
     if not all(0.05 <= v <= 20 for v in values):
         return None
-    return Refit(*values, samples=int(entry.get("samples", 0)), error_before=0.0, error_after=0.0,
+    expert, collective, dp = values
+    return Refit(expert, collective, dp, samples=int(entry.get("samples", 0)), error_before=0.0, error_after=0.0,
                  fitted=tuple(str(n) for n in entry.get("fitted", ())))

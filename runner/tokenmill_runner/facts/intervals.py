@@ -47,7 +47,8 @@ class Interval:
 
 @cache
 def _table() -> dict[str, Any]:
-    return json.loads(resources.files(__package__).joinpath("data/intervals.json").read_text())
+    table: dict[str, Any] = json.loads(resources.files(__package__).joinpath("data/intervals.json").read_text())
+    return table
 
 
 def interval(gpu: Gpu, layout: Layout, table: dict[str, Any] | None = None) -> Interval:

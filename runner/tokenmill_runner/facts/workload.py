@@ -102,7 +102,12 @@ class DatasetLoad:
 
     @property
     def prompt_sampled(self) -> bool:
-        return self.sample is not None and bool(self.sample.prompt_tokens)
+        return self._sampled is not None
+
+    @property
+    def _sampled(self) -> LengthSample | None:
+        """The sample when it holds prompt lengths."""
+        return self.sample if self.sample is not None and self.sample.prompt_tokens else None
 
     @property
     def outputs_from_answers(self) -> bool:
@@ -110,7 +115,8 @@ class DatasetLoad:
 
     @property
     def longest_prompt(self) -> int:
-        return max(self.prompt_tokens, self.sample.longest_prompt if self.prompt_sampled else 0)  # type: ignore[union-attr]
+        sample = self._sampled
+        return max(self.prompt_tokens, sample.longest_prompt if sample else 0)
 
     def prompt_lengths(self) -> tuple[int, ...]:
         """Prompt lengths at evenly spaced quantiles: the sample's, else the flat estimate."""
@@ -118,8 +124,9 @@ class DatasetLoad:
 
     @cached_property
     def _prompts(self) -> tuple[int, ...]:
-        if self.prompt_sampled:
-            return quantiles(self.sample.prompt_tokens)  # type: ignore[union-attr]
+        sample = self._sampled
+        if sample is not None:
+            return quantiles(sample.prompt_tokens)
         return (self.prompt_tokens,) * _QUANTILE_POINTS
 
     def output_lengths(self) -> tuple[int, ...]:
@@ -130,8 +137,8 @@ class DatasetLoad:
     def _lengths(self) -> tuple[int, ...]:
         if self.output_tokens is not None:
             return (max(1, min(self.output_tokens, self.max_new_tokens)),) * _QUANTILE_POINTS
-        if self.outputs_from_answers:
-            return tuple(max(1, min(self.max_new_tokens, n)) for n in quantiles(self.sample.answer_tokens))  # type: ignore[union-attr]
+        if self.outputs_from_answers and self.sample is not None:
+            return tuple(max(1, min(self.max_new_tokens, n)) for n in quantiles(self.sample.answer_tokens))
         return tuple(max(1, min(self.max_new_tokens, round(length))) for length in _SEEDS_QUANTILES)
 
     def mean_output(self) -> float:
@@ -238,8 +245,8 @@ def simulate(requests: Sequence[tuple[int, int]], slots: int, step_seconds: Call
     Each admission boundary costs one prefill forward over the admitted prompts; a request admitted at step k with
     n output tokens finishes at the end of step k + n - 1."""
     slots = max(1, slots)
-    if finished is not None:
-        finished[:] = [0.0] * len(requests)
+    record: list[float] = finished if finished is not None else []
+    record[:] = [0.0] * len(requests)
     owners: dict[int, list[int]] = {}  # finish step -> positions finishing then
     running: list[int] = []  # finish step of each running request (a heap)
     step = 0
@@ -251,8 +258,7 @@ def simulate(requests: Sequence[tuple[int, int]], slots: int, step_seconds: Call
         while position < len(requests) and len(running) < slots:
             prompt, output = requests[position]
             heapq.heappush(running, step + max(1, output))
-            if finished is not None:
-                owners.setdefault(step + max(1, output), []).append(position)
+            owners.setdefault(step + max(1, output), []).append(position)
             admitted_tokens += prompt
             admitted += 1
             position += 1
@@ -263,8 +269,8 @@ def simulate(requests: Sequence[tuple[int, int]], slots: int, step_seconds: Call
         step = next_finish
         while running and running[0] <= step:
             done = heapq.heappop(running)
-            for index in owners.pop(done, ()) if finished is not None else ():
-                finished[index] = clock  # type: ignore[index]
+            for index in owners.pop(done, ()):
+                record[index] = clock
     return clock
 
 
