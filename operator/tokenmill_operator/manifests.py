@@ -271,6 +271,8 @@ def _parallel_args(plan: ServerPlan) -> list[str]:
             args += ["--attn-dp-size", groups]
         else:
             args += ["--dp-size", groups, "--enable-dp-attention"]
+        if plan.load_balance_method:  # a choice in every supported release (planner/dp_attention.py)
+            args += ["--load-balance-method", plan.load_balance_method]
     if plan.cuda_graph_max_bs:
         new_name = facts is None or version_key(facts.version) >= version_key("0.5.14")
         args += ["--cuda-graph-max-bs-decode" if new_name else "--cuda-graph-max-bs", str(plan.cuda_graph_max_bs)]

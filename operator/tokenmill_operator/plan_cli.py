@@ -17,6 +17,7 @@ from tokenmill_runner.spec.resource import load_spec_file
 from . import cache, kueue, manifests, names
 from .model_files import make_plan
 from .planner import render_plan, workload
+from .workload_sample import sampled_workload
 
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
 
@@ -31,6 +32,11 @@ def register(commands: argparse._SubParsersAction) -> None:
                       "from here instead of spec.model.path (plan before the weights are uploaded)")
     plan.add_argument("--gpu-product", metavar="NAME", help="plan for this GPU product instead of "
                       "spec.server.gpuProduct (e.g. RTX-PRO-6000, H200, MI300X)")
+    plan.add_argument("--sample-rows", type=_positive, metavar="N", help="tokenize up to N rows of each dataset "
+                      "(streamed from its source) for its prompt lengths and earlier answers' lengths, instead of the "
+                      "flat 512-token estimate; also sets --context-length to what the job needs")
+    plan.add_argument("--tokenizer", metavar="DIR|S3", help="the tokenizer for --sample-rows (default: "
+                      "spec.model.tokenizer, else spec.model.path)")
     fixed = plan.add_argument_group("a fixed workload instead of the estimate (the seeds' length shape per dataset)")
     fixed.add_argument("--prompt-tokens", type=_positive, metavar="N", help="every prompt is N tokens")
     fixed.add_argument("--output-tokens", type=_positive, metavar="N", help="every output is N tokens (capped at the "
@@ -84,6 +90,9 @@ def run(args: argparse.Namespace) -> int:
     resource = resource.model_copy(update={"spec": spec})
     fixed = args.prompt_tokens or args.output_tokens or args.concurrency
     work = workload(spec, args.prompt_tokens, args.output_tokens, args.concurrency) if fixed else None
+    if args.sample_rows:
+        location = args.tokenizer or spec.model.tokenizer or spec.model.path
+        work = sampled_workload(spec, work or workload(spec), location, args.sample_rows)
     plan = make_plan(spec, credentials=None, work=work, location=args.model_files)
     children = objects(resource, plan, args.runner_image)
     if args.json:

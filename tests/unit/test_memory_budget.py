@@ -12,7 +12,7 @@ import pytest
 
 from tokenmill_operator.manifests import sglang_args
 from tokenmill_operator.planner import model_facts, plan_server, workload
-from tokenmill_operator.planner.memory import replica_capacity, weight_bytes_per_gpu
+from tokenmill_operator.planner.memory import PRE_LOAD_USED_MIB, replica_capacity, weight_bytes_per_gpu
 from tokenmill_operator.planner.memory_budget import activation_bytes_per_token, decided_split
 from tokenmill_runner.facts.model_facts import ModelFacts
 from tokenmill_runner.facts.releases import release
@@ -50,8 +50,10 @@ def test_the_seeds_job_is_planned_faster_than_the_seeds_tuned_it_by_hand_with_ev
     assert plan.prediction.decode_tokens_per_second >= SEEDS_TOKENS_PER_SECOND
     assert plan.kv_cache_dtype == "auto"  # no fp8 cache unless the spec asks
     names = [term.name for term in plan.memory_split]
-    assert {"prefill activations", "decode CUDA graphs", "NCCL and all-reduce buffers", "multimodal cache",
+    assert {"prefill activations", "decode CUDA graphs", "NCCL and all-reduce buffers", "req_to_token pool",
             "safety margin"} <= set(names)
+    # 0.5.23 takes the multimodal cache out of the KV budget (kv_cache_configurator.py:3038), not the slack.
+    assert "multimodal cache" not in names
     assert all(term.mib > 0 and term.source for term in plan.memory_split)
     assert all(".py:" in term.source for term in plan.memory_split if term.name != "safety margin")
     # The fraction leaves room for every term; the weights and the KV pool fit inside it.
@@ -96,8 +98,9 @@ def test_a_smaller_chunk_frees_kv_and_the_plan_weighs_it_against_prefill():
     fractions = [splits[c].mem_fraction for c in (8192, 4096, 2048)]  # type: ignore[union-attr]
     assert fractions == sorted(fractions) and fractions[0] < fractions[-1]
     # Long prompts make a small chunk expensive (more forwards, each reading the experts again): the plan keeps a
-    # larger chunk for 16k-token prompts than for 512-token ones on the same hardware.
-    spec = make_spec({"gpuProduct": "NVIDIA-H200"})
+    # larger chunk for 16k-token prompts than for 512-token ones on the same hardware. Without DP attention: with it
+    # every group's chunk meets in the MoE (x groups of activations) and the smallest chunk per group wins.
+    spec = make_spec({"gpuProduct": "NVIDIA-H200", "attentionDataParallel": 1})
     short = plan_server(spec, kimi, work=workload(spec, prompt_tokens=512))
     long = plan_server(spec, kimi, work=workload(spec, prompt_tokens=16000))
     assert short.chunked_prefill_size and long.chunked_prefill_size
@@ -136,5 +139,8 @@ def test_the_decided_kv_pool_is_what_the_capacity_says():
     split = decided_split(RTX_PRO_MIB, Layout(8), kimi, release("0.5.23"), 2048, 128)
     assert split is not None
     cap = replica_capacity(kimi, RTX_PRO_MIB, Layout(8), split.mem_fraction, 2.0)
-    assert cap.kv_room_bytes == int(split.mem_fraction * RTX_PRO_MIB * MIB) - weight_bytes_per_gpu(kimi, Layout(8))
-    assert (RTX_PRO_MIB - split.reserved_mib) / RTX_PRO_MIB - split.mem_fraction < 0.001  # rounded down
+    # SGLang's KV budget: fraction x the memory free before loading, less the weights
+    # (mem_cache/kv_cache_configurator.py:2990-3038: free now - free before x (1 - fraction)).
+    before = RTX_PRO_MIB - PRE_LOAD_USED_MIB
+    assert cap.kv_room_bytes == int(split.mem_fraction * before * MIB) - weight_bytes_per_gpu(kimi, Layout(8))
+    assert (before - split.reserved_mib) / before - split.mem_fraction < 0.001  # rounded down

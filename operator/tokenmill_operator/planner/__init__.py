@@ -51,8 +51,12 @@ def _started(prediction: Prediction | None, startup: StartupPlan, gpus: int) -> 
         return prediction
     generation = prediction.eta_seconds
     held = generation + startup_gpu_seconds(startup)
+    interval = prediction.interval
+    if interval is not None:
+        interval = interval.model_copy(update={"eta_seconds_low": interval.eta_seconds_low + startup.seconds,
+                                               "eta_seconds_high": interval.eta_seconds_high + startup.seconds})
     return prediction.model_copy(update={"generation_seconds": generation, "eta_seconds": generation + startup.seconds,
-                                         "gpu_hours": round(held * gpus / 3600, 1)})
+                                         "gpu_hours": round(held * gpus / 3600, 1), "interval": interval})
 
 
 def with_startup(plan: ServerPlan, spec: DatasetGenerationSpec) -> ServerPlan:

@@ -29,6 +29,7 @@ def reasoning(sizing: Sizing) -> list[str]:
         *_memory_lines(sizing),
         *_capacity_lines(sizing),
         _max_running_line(sizing),
+        *_dp_attention_lines(sizing),
         *_kv_dtype_lines(sizing),
         *_prediction_lines(sizing),
     ]
@@ -90,8 +91,18 @@ def render_plan(plan: ServerPlan) -> str:
                                      f"samples, {p.gpu_hours:,.1f} GPU-hours"))
         if plan.startup and p.generation_seconds is not None:
             rows.insert(2, ("ETA", describe(plan.startup, p.generation_seconds)))
+        if p.interval:
+            r = p.interval
+            rows.insert(2, ("range", f"{r.output_tokens_per_second_low:,}-{r.output_tokens_per_second_high:,} output "
+                                     f"tokens/s, ETA {duration(r.eta_seconds_low)}-{duration(r.eta_seconds_high)} "
+                                     f"({r.basis})"))
     width = max(len(name) for name, _ in rows)
     lines = [f"{name.ljust(width)}  {value}" for name, value in rows]
+    if plan.prediction and plan.prediction.datasets:
+        lines += ["", "datasets (in the order the runner sends them):"]
+        lines += [f"  {d.name}: {d.samples:,} samples, prompts {d.prompt_tokens:,} tokens ({d.prompt_source}), "
+                  f"outputs {d.mean_output_tokens:,} ({d.output_source}), done {duration(d.done_seconds)} into "
+                  f"generation" for d in plan.prediction.datasets]
     table = ["", "layouts considered (* = chosen):", *(f"  {line}" for line in candidate_table(plan))]
     return "\n".join([*lines, *(table if plan.candidates else []), "", "why:",
                       *(f"  - {line}" for line in plan.reasoning)])
@@ -157,16 +168,22 @@ def _job_line(sizing: Sizing) -> str:
         shape = (f"fixed {d.output_tokens:,} output tokens" if d.output_tokens is not None else
                  f"outputs like the seeds' (median 470, p90 3,700) cut at maxNewTokens {d.max_new_tokens:,}: mean "
                  f"{d.mean_output():,.0f}, {d.capped_share():.1%} at the cap")
+        if d.outputs_from_answers and d.output_tokens is None:
+            shape = (f"outputs like the sampled rows' earlier answers cut at maxNewTokens {d.max_new_tokens:,}: mean "
+                     f"{d.mean_output():,.0f}, {d.capped_share():.1%} at the cap")
         count_text = f"{d.samples:,}" if d.samples_known else f"{d.samples:,} (no limit: assumed)"
-        parts.append(f"{d.name} {count_text} samples, {d.prompt_tokens:,}-token prompts, {shape}")
+        prompts = (f"prompts from a sample ({d.sample.describe()})" if d.prompt_sampled and d.sample else
+                   f"{d.prompt_tokens:,}-token prompts (assumed: no sample read)")
+        parts.append(f"{d.name} {count_text} samples, {prompts}, {shape}")
     concurrency = f"; runner concurrency {work.concurrency:,}" if work.concurrency else ""
     return (f"job: {'; '.join(parts)}{concurrency}. A running request holds {work.held:,.0f} tokens on average "
             f"(long requests run longer, so they weigh more than their share)")
 
 
 def _context_line(sizing: Sizing) -> str:
-    return (f"context length {sizing.ctx.context_length:,}: {sizing.context_source} (SGLang derives the same from "
-            f"config.json and refuses a longer --context-length)")
+    return (f"context length {sizing.ctx.context_length:,}: {sizing.context_source} (SGLang refuses a "
+            f"--context-length longer than it derives from config.json; every request slot's req_to_token row is "
+            f"this long, mem_cache/memory_pool.py:406)")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -251,9 +268,29 @@ def _memory_lines(sizing: Sizing) -> list[str]:
         f"they do not count",
         f"instead of SGLang's default {default.split.mem_fraction:.3f} ({default_kv}): its reserve (512 + 1.5 MiB "
         f"per chunk token, at least 10 GiB over 60 GB, and a vision-tower cut for a tower tokenmill never feeds) is "
-        f"one rule for every model; weighed: {weighed}; the most {rate} wins, so --chunked-prefill-size "
-        f"{split.chunk:,} and a decode CUDA-graph batch of {split.graph_bs} per group (a quarter above the batch a "
-        f"group runs)",
+        f"one rule for every model; weighed: {weighed} (chunks per group); the most {rate} wins, so "
+        f"--chunked-prefill-size {split.chunk_flag:,}"
+        + (f" ({split.chunk:,} per group after SGLang divides it by the {split.groups} groups, "
+           f"arg_groups/parallel_hook.py:331)" if split.groups > 1 else "")
+        + f" and a decode CUDA-graph batch of {split.graph_bs} per group (a quarter above the batch a group runs)",
+    ]
+
+
+def _dp_attention_lines(sizing: Sizing) -> list[str]:
+    """What SGLang does under DP attention (planner/dp_attention.py), so the reader sees the server that runs."""
+    chosen = sizing.chosen
+    groups = chosen.layout.attention_dp
+    if groups == 1:
+        return []
+    graph = chosen.graph_bs or 0
+    return [
+        f"DP attention over {groups} groups, as SGLang runs it: schedule conservativeness x 0.3 "
+        f"(arg_groups/parallel_hook.py:318: bolder admission, more retractions); the groups step in lockstep and all "
+        f"run eager when any group's batch exceeds its decode graph of {graph} "
+        f"(model_executor/runner/decode_cuda_graph_runner.py:871-895), so --max-running-requests is at most "
+        f"{graph} x {groups}; requests go to the group holding the fewest tokens (--load-balance-method total_tokens, "
+        f"managers/data_parallel_controller.py:139-155) rather than round robin, blind to length "
+        f"(arg_groups/serving_hook.py:222-233)",
     ]
 
 
@@ -326,10 +363,12 @@ def _max_running_line(sizing: Sizing) -> str:
         return f"max running requests {chosen.max_running:,} from spec.server.maxRunningRequests{note}"
     per_group = (f" per group, x {cap.layout.attention_dp} groups (SGLang divides the value by the groups)"
                  if cap.layout.attention_dp > 1 else "")
+    graph_cap = (f", capped at the decode graph batch {chosen.graph_bs} per group (lockstep: one group past it sends "
+                 f"every group eager)" if cap.layout.attention_dp > 1 and chosen.graph_bs else "")
     return (f"max running requests {chosen.max_running:,}: SGLang's own rule, min(max(int({cap.tokens_per_group:,} / "
             f"{sizing.ctx.context_length:,} x 512), 2048), 4096) capped at {cap.tokens_per_group // 2:,} (half the "
-            f"capacity){per_group}; SGLang admits only what free KV allows, ~{sizing.concurrent_requests:,} at the "
-            f"expected length")
+            f"capacity){per_group}{graph_cap}; SGLang admits only what free KV allows, "
+            f"~{sizing.concurrent_requests:,} at the expected length")
 
 
 def _kv_dtype_lines(sizing: Sizing) -> list[str]:

@@ -37,6 +37,18 @@ KV_DTYPE_BYTES: dict[str, float] = {
 # INT4/FP8 weight-quantized ones (their activations and cache stay 16-bit).
 AUTO_KV_BYTES = 2.0
 
+# GPU memory in use before the weights load: the CUDA context and the NCCL communicators. SGLang's fraction is of
+# the memory free then (0.5.23 mem_cache/kv_cache_configurator.py:2990-3038: KV budget = free after loading -
+# free before x (1 - fraction)), so the static pool is fraction x (total - this). Not measured here: 0.5-1.5 GiB is
+# typical for a CUDA 12/13 context with NCCL on 8 GPUs; the refit after a run's first minutes replaces it.
+PRE_LOAD_USED_MIB = 1024
+# SGLANG_VLM_CACHE_SIZE_MB's default: the multimodal embedding cache a model with a vision tower reserves.
+MM_CACHE_MIB = 100.0
+# req_to_token rows hold int32 token indices, one row per request slot plus SGLang's padding row, each
+# context_length + 4 wide (0.5.23 mem_cache/memory_pool.py:400-406, mem_cache/allocation_sizing.py:96-105; 0.5.9
+# mem_cache/memory_pool.py:144 and model_executor/model_runner_kv_cache_mixin.py:439-441, without the padding row).
+REQ_TO_TOKEN_EXTRA = 4
+
 
 def _since(release: Release, first: str) -> bool:
     return version_key(release.version) >= version_key(first)
@@ -134,6 +146,20 @@ def sglang_default_max_running_requests(capacity_tokens: int, context_length: in
 # The KV cache and what fits.
 
 
+def mm_reserved_from_kv(model: ModelFacts, release: Release) -> float:
+    """MiB a multimodal model's cache takes out of the KV budget rather than the slack: from 0.5.20 SGLang subtracts
+    it from the KV pool (0.5.23 mem_cache/kv_cache_configurator.py:202-219, :3034-3038; present in 0.5.20, absent in
+    0.5.16; 0.5.17-0.5.19 not read and treated as before, the slack side, which over-reserves 100 MiB at most)."""
+    return MM_CACHE_MIB if model.is_multimodal and _since(release, "0.5.20") else 0.0
+
+
+def req_to_token_mib(rows: int, context_length: int) -> float:
+    """MiB of one scheduler's req_to_token pool: (rows + 1) x (context_length + 4) int32 (memory_pool.py:406),
+    allocated after the KV budget is fixed (model_executor/pool_configurator.py:637-647 subtracts no such pool), so
+    it lives in the slack outside --mem-fraction-static."""
+    return (rows + 1) * (context_length + REQ_TO_TOKEN_EXTRA) * 4 / MIB
+
+
 def kv_dtype_bytes(kv_cache_dtype: str) -> float:
     """Bytes per cached element for a --kv-cache-dtype value."""
     if kv_cache_dtype == "auto":
@@ -176,7 +202,7 @@ class Capacity:
 
     layout: Layout
     mem_fraction: float
-    usable_bytes: int  # per GPU: mem_fraction x GPU memory holds weights + KV pool
+    usable_bytes: int  # per GPU: mem_fraction x the memory free before loading holds weights + KV pool
     weight_bytes_per_gpu: int
     kv_room_bytes: int  # per GPU; negative when the weights alone do not fit
     kv_bytes_per_rank: int  # per token
@@ -197,10 +223,13 @@ class Capacity:
 
 
 def replica_capacity(model: ModelFacts, gpu_memory_mib: int, layout: Layout, mem_fraction: float,
-                     element_bytes: float) -> Capacity:
-    """Weights per GPU, KV room per GPU and KV capacity in tokens of one replica in `layout`."""
-    usable = int(mem_fraction * gpu_memory_mib * MIB)
+                     element_bytes: float, kv_reserved_mib: float = 0.0,
+                     pre_load_mib: float = PRE_LOAD_USED_MIB) -> Capacity:
+    """Weights per GPU, KV room per GPU and KV capacity in tokens of one replica in `layout`, as SGLang sizes it:
+    the fraction of the memory free before loading, less the weights and what it reserves out of the KV budget
+    (kv_cache_configurator.py:2990-3038)."""
+    usable = int(mem_fraction * max(gpu_memory_mib - pre_load_mib, 0) * MIB)
     per_gpu = weight_bytes_per_gpu(model, layout)
-    room = usable - per_gpu
+    room = usable - per_gpu - int(kv_reserved_mib * MIB)
     per_rank = kv_bytes_per_token_per_rank(model, layout.attention_tp, element_bytes)
     return Capacity(layout, mem_fraction, usable, per_gpu, room, per_rank, max(0, room // per_rank))

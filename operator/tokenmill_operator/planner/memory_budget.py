@@ -21,7 +21,15 @@ from tokenmill_runner.facts.model_facts import ModelFacts
 from tokenmill_runner.facts.releases import Release, version_key
 from tokenmill_runner.facts.throughput import Layout
 
-from .memory import chunk_and_graph_bs, prefill_graph_sizes
+from .dp_attention import chunk_flag_for
+from .memory import (
+    MM_CACHE_MIB,
+    PRE_LOAD_USED_MIB,
+    chunk_and_graph_bs,
+    mm_reserved_from_kv,
+    prefill_graph_sizes,
+    req_to_token_mib,
+)
 
 ACTIVATION_BYTES = 2  # bf16 activations, also for fp8/int4 checkpoints (they dequantize into 16-bit GEMMs)
 LOGIT_BYTES = 4  # SGLang samples from float32 logits over the whole vocabulary on every rank
@@ -34,6 +42,42 @@ MIN_CHUNK = 2048
 # context grows with the first kernels), cuBLAS/cuDNN workspaces, and the caching allocator's fragmentation.
 MARGIN_FIXED_MIB = 2048
 MARGIN_SHARE = 0.02
+# The triton MLA decode kernel's split-KV count: triton_attention_num_kv_splits (8, 0.5.23
+# arg_groups/fields/exec_.py:413) raised to min(next power of two of the SM count, of context / 32) (0.5.23
+# layers/attention/triton_backend.py:83-90, :327-333). Every GPU the facts list with an MLA-capable triton path has
+# 129-256 SMs, so the SM side is 256.
+TRITON_KV_SPLITS = 8
+TRITON_SM_CAP = 256
+TRITON_MIN_BLOCK_KV = 32
+
+
+def _next_power_of_two(value: int) -> int:
+    return 1 << max(0, (value - 1).bit_length())
+
+
+def triton_mla_kv_splits(context_length: int) -> int:
+    """max_kv_splits of the triton MLA decode backend for a context length (triton_backend.py:83-90)."""
+    context_cap = _next_power_of_two(math.ceil(max(context_length, 1) / TRITON_MIN_BLOCK_KV))
+    return max(TRITON_KV_SPLITS, min(TRITON_SM_CAP, context_cap))
+
+
+def mla_decode_backend(arch: str | None) -> str:
+    """SGLang's default attention backend for an MLA model on a CUDA GPU: fa3 on Hopper, flashinfer on sm100,
+    triton elsewhere (0.5.23 arg_groups/model_override_base.py:336-350)."""
+    if arch == "sm90":
+        return "fa3"
+    if arch in ("sm100", "sm103"):
+        return "flashinfer"
+    return "triton"
+
+
+def moe_kernel(model: ModelFacts) -> str:
+    """The MoE kernel this checkpoint runs: int4 compressed-tensors experts (wNa16) run Marlin (0.5.23
+    layers/quantization/compressed_tensors/schemes/compressed_tensors_wNa16_moe.py:449-473, fused_marlin_moe), the
+    others the Triton fused MoE."""
+    if model.quant_method == "compressed-tensors" and model.routed_bits < 8:
+        return "marlin"
+    return "triton"
 
 
 @dataclass(frozen=True)
@@ -55,6 +99,7 @@ class MemorySplit:
     graph_bs: int
     terms: tuple[Term, ...]
     decided: bool
+    groups: int = 1  # DP-attention groups: SGLang divides the chunk flag by them
 
     @property
     def reserved_mib(self) -> float:
@@ -62,7 +107,13 @@ class MemorySplit:
 
     @property
     def chunk_flag(self) -> int | None:
-        """The --chunked-prefill-size the plan passes: its decided chunk, None under SGLang's default rule."""
+        """The --chunked-prefill-size the plan passes: its decided per-group chunk times the groups (SGLang divides
+        it by attn_dp_size, dp_attention.py), None under SGLang's default rule."""
+        return chunk_flag_for(self.chunk, self.groups) if self.decided else None
+
+    @property
+    def group_chunk(self) -> int | None:
+        """The chunk each group prefills per forward when the plan decides it; None: SGLang's tier chunk // groups."""
         return self.chunk if self.decided else None
 
 
@@ -70,10 +121,11 @@ def activation_bytes_per_token(model: ModelFacts, layout: Layout) -> float:
     """Peak activation bytes per prefill token on one rank: the hidden states a layer keeps (input, residual,
     output) plus the larger of its attention and MLP working sets.
 
-    MoE: the fused Triton MoE holds (tokens x top-k, N) for gate/up with N = 2 x moe_intermediate / TP, then the
-    activated half, then (tokens, top-k, hidden) for the down projection, the gate/up buffer freed before the last
-    (0.5.23 layers/moe/moe_runner/triton_utils/fused_moe.py:665, :713, :872-878). With DP attention every group's
-    tokens meet in the MoE, so its working set is the groups' chunks together. Dense MLP: gate/up and the
+    MoE: the fused MoE holds (tokens x top-k, N) for gate/up with N = 2 x moe_intermediate / TP, then the
+    activated half, then (tokens, top-k, hidden) for the down projection: the Triton kernel frees the gate/up buffer
+    before the last (0.5.23 layers/moe/moe_runner/triton_utils/fused_moe.py:665, :713, :872-878), Marlin shares one
+    buffer for the first and last (0.5.23 layers/moe/fused_moe_triton/fused_marlin_moe.py:295-308), the same peak.
+    With DP attention every group's chunk meets in the MoE, so its working set is the groups' chunks together. Dense MLP: gate/up and the
     activated half. Attention: MLA expands the latent into per-head keys and values for prefill; grouped heads
     project q, k and v. Logits are computed only for each prompt's last token in prefill."""
     tp, atp = layout.tp, layout.attention_tp
@@ -106,23 +158,53 @@ def _since(release: Release, first: str) -> bool:
     return version_key(release.version) >= version_key(first)
 
 
+def _moe_source(model: ModelFacts) -> str:
+    if not model.is_moe:
+        return "the MLP"
+    if moe_kernel(model) == "marlin":
+        return "the Marlin MoE buffers (compressed_tensors_wNa16_moe.py:449-473, fused_marlin_moe.py:295-308)"
+    return "the fused MoE buffers (fused_moe.py:665-878)"
+
+
+def _attention_term(model: ModelFacts, layout: Layout, graph_bs: int, context_length: int, deterministic: bool,
+                    arch: str | None, backend: str | None) -> Term:
+    chosen = backend or (mla_decode_backend(arch) if model.is_mla else "flashinfer")
+    if model.is_mla and chosen == "triton":
+        splits = triton_mla_kv_splits(context_length)
+        heads = max(1, model.num_attention_heads // layout.attention_tp)
+        width = model.kv_lora_rank or 512
+        mib = graph_bs * heads * splits * (width + 1) * 4 / 2**20
+        return Term("attention workspace", mib,
+                    f"triton MLA decode logits: {graph_bs} graph batch x {heads} heads x {splits} KV splits x "
+                    f"({width} + 1) x 4 B (triton_backend.py:83-90, :1169-1190; MLA off Hopper/sm100 runs triton, "
+                    f"model_override_base.py:336-350)")
+    return Term("attention workspace", 2048.0 if deterministic else 384.0,
+                f"{chosen} workspace, 2 GiB with deterministic inference (environ.py:1221, "
+                f"flashinfer_backend.py:451)")
+
+
 def terms(gpu_memory_mib: int, layout: Layout, model: ModelFacts, release: Release, chunk: int, graph_bs: int,
-          deterministic: bool = False) -> tuple[Term, ...]:
-    """Every use of one GPU's memory outside the static pool for this model, layout, chunk and graph batch."""
+          deterministic: bool = False, context_length: int = 0, request_rows: int = 0, arch: str | None = None,
+          backend: str | None = None) -> tuple[Term, ...]:
+    """Every use of one GPU's memory outside the static pool for this model, layout, per-group chunk and graph
+    batch: `request_rows` is one scheduler's --max-running-requests share (its req_to_token rows)."""
     groups = layout.attention_dp
+    per_token = activation_bytes_per_token(model, layout)
     found = [
-        Term("prefill activations", chunk * activation_bytes_per_token(model, layout) / 2**20,
-             f"{chunk:,} chunk tokens x {activation_bytes_per_token(model, layout) / 1024:,.1f} KiB: hidden states + "
-             f"the larger of attention and the {'fused MoE buffers' if model.is_moe else 'MLP'} "
-             f"(fused_moe.py:665-878)"),
+        Term("prefill activations", chunk * per_token / 2**20,
+             f"{chunk:,} chunk tokens per group x {per_token / 1024:,.1f} KiB: hidden states + "
+             f"the larger of attention and {_moe_source(model)}"),
         Term("sampling logits", graph_bs * model.vocab_size * LOGIT_BYTES / 2**20,
              f"{graph_bs} running x {model.vocab_size:,} vocabulary x 4 B float32 (layers/logits_processor.py:1368)"),
-        Term("attention workspace", 2048.0 if deterministic else 384.0,
-             "FlashInfer workspace, 2 GiB with deterministic inference (environ.py:1221, "
-             "flashinfer_backend.py:451)"),
+        _attention_term(model, layout, graph_bs, context_length, deterministic, arch, backend),
         Term("decode CUDA graphs", graph_bs * 2.0,
              f"{graph_bs} captured batch x 2 MiB, SGLang's own estimate (arg_groups/memory_hook.py:368)"),
     ]
+    if request_rows and context_length:
+        found.append(Term("req_to_token pool", req_to_token_mib(request_rows, context_length),
+                          f"({request_rows:,} request slots + 1) x ({context_length:,} context + 4) x 4 B "
+                          f"(mem_cache/memory_pool.py:406, kv_cache_configurator.py:3128), allocated after the KV "
+                          f"budget"))
     if groups > 1:
         padding = graph_bs * groups * 3.0 + (graph_bs * groups * 1.5 if graph_bs > 300 else 0.0)
         found.append(Term("DP-attention padding", padding,
@@ -136,10 +218,10 @@ def terms(gpu_memory_mib: int, layout: Layout, model: ModelFacts, release: Relea
     if layout.tp > 1:
         found.append(Term("NCCL and all-reduce buffers", layout.tp / 8 * 1024,
                           f"TP {layout.tp} / 8 x 1 GiB (memory_hook.py:312)"))
-    if model.is_multimodal:
-        found.append(Term("multimodal cache", 100.0,
-                          "SGLANG_VLM_CACHE_SIZE_MB, taken from the KV budget (kv_cache_configurator.py:202-219, "
-                          ":3034); the vision tower never runs: tokenmill sends token ids only"))
+    if model.is_multimodal and not mm_reserved_from_kv(model, release):
+        found.append(Term("multimodal cache", MM_CACHE_MIB,
+                          "SGLANG_VLM_CACHE_SIZE_MB, allocated after the KV pool before 0.5.20 (0.5.16 takes it "
+                          "from the slack); the vision tower never runs: tokenmill sends token ids only"))
     margin = MARGIN_FIXED_MIB + MARGIN_SHARE * gpu_memory_mib
     found.append(Term("safety margin", margin,
                       f"{MARGIN_FIXED_MIB:,} MiB + {MARGIN_SHARE:.0%} of the GPU: CUDA context growth, cuBLAS "
@@ -148,14 +230,20 @@ def terms(gpu_memory_mib: int, layout: Layout, model: ModelFacts, release: Relea
 
 
 def decided_split(gpu_memory_mib: int, layout: Layout, model: ModelFacts, release: Release, chunk: int,
-                  graph_bs: int, deterministic: bool = False) -> MemorySplit | None:
+                  graph_bs: int, deterministic: bool = False, context_length: int = 0, request_rows: int = 0,
+                  arch: str | None = None, backend: str | None = None,
+                  pre_load_mib: float | None = None) -> MemorySplit | None:
     """The fraction that leaves room for every term, rounded down to SGLang's 3 decimals; None when the terms
-    alone take the GPU."""
-    found = terms(gpu_memory_mib, layout, model, release, chunk, graph_bs, deterministic)
-    free = gpu_memory_mib - sum(term.mib for term in found)
-    if free <= 0:
+    alone take the GPU. The fraction is of the memory free before loading (kv_cache_configurator.py:3007), so the
+    slack SGLang leaves is (1 - fraction) x that, and it must hold the terms."""
+    found = terms(gpu_memory_mib, layout, model, release, chunk, graph_bs, deterministic, context_length,
+                  request_rows, arch, backend)
+    before = gpu_memory_mib - (PRE_LOAD_USED_MIB if pre_load_mib is None else pre_load_mib)
+    free = before - sum(term.mib for term in found)
+    if free <= 0 or before <= 0:
         return None
-    return MemorySplit(math.floor(free / gpu_memory_mib * 1000) / 1000, chunk, graph_bs, found, decided=True)
+    return MemorySplit(math.floor(free / before * 1000) / 1000, chunk, graph_bs, found, decided=True,
+                       groups=layout.attention_dp)
 
 
 def chunk_options(gpu_memory_mib: int, layout: Layout, release: Release) -> list[int]:

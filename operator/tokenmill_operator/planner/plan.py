@@ -11,6 +11,29 @@ from tokenmill_runner.spec.resource import SpecModel
 from .startup import StartupPlan
 
 
+class DatasetEta(SpecModel):
+    """One dataset's share of the prediction: its lengths and when its last sample is done."""
+
+    name: str = Field(description="The dataset.")
+    samples: int = Field(description="Samples (limit x samples per prompt, or the assumed count).")
+    prompt_tokens: int = Field(description="Mean prompt tokens.")
+    prompt_source: str = Field(description="sampled (rows tokenized at plan time) or assumed (the flat estimate).")
+    mean_output_tokens: int = Field(description="Mean output tokens the ETA assumes.")
+    output_source: str = Field(description="earlier answers (the sampled rows'), fixed, or seeds' shape.")
+    done_seconds: int = Field(description="Seconds from the first request until its last sample is done.")
+
+
+class PredictionRange(SpecModel):
+    """The interval around a prediction: the spread of the model's errors on published records of the same
+    hardware class, each predicted without its own source (facts/intervals.py)."""
+
+    output_tokens_per_second_low: int = Field(description="Low end of the job's output tokens/s.")
+    output_tokens_per_second_high: int = Field(description="High end of the job's output tokens/s.")
+    eta_seconds_low: int = Field(description="ETA at the high end of the rate.")
+    eta_seconds_high: int = Field(description="ETA at the low end of the rate.")
+    basis: str = Field(description="Which records the interval comes from, and why it is widened.")
+
+
 class Prediction(SpecModel):
     """What the throughput model predicts for one layout on this job (docs/throughput.md)."""
 
@@ -27,6 +50,8 @@ class Prediction(SpecModel):
     bound: str = Field(description="What limits a full decode step: memory, compute or overhead (floor, links).")
     samples: int = Field(description="Samples the ETA is for.")
     samples_assumed: bool = Field(False, description="True when a dataset without limit was counted as 10,000.")
+    interval: PredictionRange | None = Field(None, description="The range the prediction is expected in.")
+    datasets: list[DatasetEta] = Field(default_factory=list, description="Per dataset: lengths and finish time.")
 
 
 class Candidate(SpecModel):
@@ -65,7 +90,10 @@ class ServerPlan(SpecModel):
     cuda_graph_max_bs: int | None = Field(
         None, description="Decode CUDA-graph batch per DP attention group, when the plan sets it.")
     chunked_prefill_size: int | None = Field(
-        None, description="--chunked-prefill-size when the plan sets it; None: SGLang's default for the GPU.")
+        None, description="--chunked-prefill-size when the plan sets it; None: SGLang's default for the GPU. Under DP "
+        "attention SGLang divides it by the groups: each group prefills this / attentionDataParallel per forward.")
+    load_balance_method: str | None = Field(
+        None, description="--load-balance-method under DP attention (total_tokens); None: SGLang's round robin.")
     memory_split: list[MemoryTerm] = Field(
         default_factory=list, description="Per GPU, what sits outside --mem-fraction-static, term by term; empty "
         "when SGLang's own default rule sets the fraction.")

@@ -184,14 +184,20 @@ def check_kv_cache_dtype(server: ServerSpec, serving: ServingRelease) -> None:
                         f"{', '.join(facts.kv_cache_dtypes)}")
 
 
-def context_length(server: ServerSpec, model: ModelFacts) -> tuple[int, str]:
-    """--context-length and why: SGLang's own derivation from config.json for auto; a larger given value is refused
-    because SGLang refuses to start with it (0.5.23 configs/model_config.py:1315) unless
+def context_length(server: ServerSpec, model: ModelFacts, needed: int | None = None) -> tuple[int, str]:
+    """--context-length and why: for auto, what the job needs (`needed`: the longest sampled prompt with headroom
+    plus maxNewTokens, workload.py) when that is known and below SGLang's own derivation from config.json, else that
+    derivation. A shorter context shrinks the req_to_token pool SGLang allocates per request slot
+    (mem_cache/memory_pool.py:406): 2 GiB per GPU at 262,144 and 2,048 slots. A larger given value is refused because
+    SGLang refuses to start with it (0.5.23 configs/model_config.py:1315) unless
     SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1."""
     derived = model.sglang_context_length or 2048
     key = model.context_key or "no context key (SGLang's fallback 2048)"
     rope = f" x rope factor {model.rope_factor:g}" if model.rope_factor != 1 else ""
     if server.context_length == "auto":
+        if needed is not None and needed < derived:
+            return needed, (f"the job's need: 2 x the longest sampled prompt + maxNewTokens, rounded up to 1,024 "
+                            f"(the model allows {derived:,}: {key}{rope})")
         return derived, f"{key}{rope}"
     if server.context_length > derived:
         raise PlanError(f"spec.server.contextLength {server.context_length:,} is above the {derived:,} SGLang derives "

@@ -17,23 +17,33 @@ import math
 from dataclasses import dataclass, field, replace
 
 from tokenmill_runner.facts.hardware import Gpu
+from tokenmill_runner.facts.intervals import interval
 from tokenmill_runner.facts.model_facts import ModelFacts
-from tokenmill_runner.facts.throughput import Layout, StepModel, serving_tokens_per_second
-from tokenmill_runner.facts.workload import SAMPLES_ASSUMED, DatasetLoad, JobTime, Workload, job_time
+from tokenmill_runner.facts.throughput import CALIBRATION, Calibration, Layout, StepModel, serving_tokens_per_second
+from tokenmill_runner.facts.workload import (
+    PROMPT_TOKENS_ESTIMATE,
+    SAMPLES_ASSUMED,
+    DatasetLoad,
+    JobTime,
+    Workload,
+    job_time,
+)
 from tokenmill_runner.spec.resource import DatasetGenerationSpec
 
 from .attention import AttentionBackend, attention_backend
+from .dp_attention import graph_capped_max_running, load_balance_method
 from .memory import (
     Capacity,
     chunk_and_graph_bs,
     kv_dtype_bytes,
+    mm_reserved_from_kv,
     replica_capacity,
     sglang_default_max_running_requests,
     sglang_default_mem_fraction,
     sglang_reserve,
 )
 from .memory_budget import MemorySplit, chunk_options, decided_split, graph_bs_for, known
-from .plan import Candidate, MemoryTerm, PlanError, Prediction, ServerPlan
+from .plan import Candidate, DatasetEta, MemoryTerm, PlanError, Prediction, PredictionRange, ServerPlan
 from .serving import (
     ServerImage,
     ServingRelease,
@@ -86,7 +96,7 @@ def workload(spec: DatasetGenerationSpec, prompt_tokens: int | None = None, outp
             # n samples per prompt are n requests each (the prompt's prefix is cached, the outputs are not).
             name=dataset.name, samples=(dataset.limit or SAMPLES_ASSUMED) * dataset.samples,
             samples_known=dataset.limit is not None,
-            max_new_tokens=cap, **({"prompt_tokens": prompt_tokens} if prompt_tokens else {}),
+            max_new_tokens=cap, prompt_tokens=prompt_tokens or PROMPT_TOKENS_ESTIMATE,
             output_tokens=output_tokens))
     runner = spec.runner.concurrency
     fixed = concurrency or (runner * spec.runner.parallelism if isinstance(runner, int) else None)
@@ -172,7 +182,18 @@ class Option:
     def prediction(self, step: StepModel | None, held: float, work: Workload) -> Prediction | None:
         if self.job is None:
             return None
+        by_name = {d.name: d for d in work.datasets}
+        datasets = []
+        for name, seconds in self.job.datasets:
+            d = by_name[name]
+            output = ("fixed" if d.output_tokens is not None else "earlier answers" if d.outputs_from_answers
+                      else "seeds' shape")
+            datasets.append(DatasetEta(
+                name=name, samples=d.samples, prompt_tokens=d.prompt_tokens,
+                prompt_source="sampled" if d.prompt_sampled else "assumed", mean_output_tokens=round(d.mean_output()),
+                output_source=output, done_seconds=round(seconds)))
         return Prediction(
+            datasets=datasets,
             decode_tokens_per_second=self.decode_tokens_per_second(step, held),
             output_tokens_per_second=round(self.replicas * self.job.output_tokens / self.job.seconds),
             eta_seconds=round(self.job.seconds), gpu_hours=round(self.gpu_hours, 1),
@@ -191,6 +212,8 @@ class Context:
     serving: ServingRelease
     work: Workload
     context_length: int
+    attention_backend: str | None = None  # the backend the plan passes; None: SGLang picks by GPU and model
+    calibration: Calibration = CALIBRATION  # the published fit, or the cluster's refitted constants (verify.py)
 
     @property
     def held(self) -> float:
@@ -203,10 +226,19 @@ class Context:
         flagged = any(arg.split("=")[0].startswith(MEMORY_FLAGS) for arg in server.extra_args)
         return server.mem_fraction_static == "auto" and not flagged and known(self.model)
 
+    @property
+    def kv_reserved_mib(self) -> float:
+        return mm_reserved_from_kv(self.model, self.serving.release)
+
+    def capacity(self, layout: Layout, fraction: float, element: float) -> Capacity:
+        return replica_capacity(self.model, self.gpu_memory_mib, layout, fraction, element, self.kv_reserved_mib)
+
     def step_model(self, layout: Layout, kv_dtype: str, nodes: int, chunk: int | None = None) -> StepModel | None:
+        """The step model; `chunk` is the per-group prefill chunk (None: SGLang's tier chunk // groups)."""
         if self.gpu is None:
             return None
-        return StepModel(self.model, self.gpu, layout, kv_dtype_bytes(kv_dtype), nodes=nodes, chunk=chunk)
+        return StepModel(self.model, self.gpu, layout, kv_dtype_bytes(kv_dtype), self.calibration, nodes=nodes,
+                         chunk=chunk)
 
 
 def _mem_fraction(ctx: Context, layout: Layout, graph_bs: int | None) -> float:
@@ -217,12 +249,16 @@ def _mem_fraction(ctx: Context, layout: Layout, graph_bs: int | None) -> float:
     return round(sglang_default_mem_fraction(ctx.gpu_memory_mib, layout, ctx.model, ctx.serving.release, graph_bs), 3)
 
 
-def _max_running(ctx: Context, cap: Capacity) -> int:
+def _max_running(ctx: Context, cap: Capacity, graph_bs: int | None = None) -> int:
+    """--max-running-requests: the spec's, else SGLang's derived value per group x groups, under DP attention
+    capped at the decode graph batch x groups so that no group's batch sends the lockstep replica eager
+    (dp_attention.py)."""
     given = ctx.spec.server.max_running_requests
     if given != "auto":
         return given
-    per_group = sglang_default_max_running_requests(cap.tokens_per_group, ctx.context_length)
-    return per_group * cap.layout.attention_dp
+    groups = cap.layout.attention_dp
+    derived = sglang_default_max_running_requests(cap.tokens_per_group, ctx.context_length) * groups
+    return graph_capped_max_running(derived, graph_bs, groups) if graph_bs and groups > 1 else derived
 
 
 def _batch(ctx: Context, cap: Capacity, max_running: int, replicas: int) -> int:
@@ -247,17 +283,29 @@ def _graph_bs(ctx: Context, layout: Layout, cap: Capacity) -> int | None:
 def _default_split(ctx: Context, layout: Layout, element: float) -> tuple[MemorySplit, Capacity]:
     """SGLang's own rule (or the spec's fraction), with the DP-attention graph batch sized to a group's batch."""
     fraction = _mem_fraction(ctx, layout, None)
-    cap = replica_capacity(ctx.model, ctx.gpu_memory_mib, layout, fraction, element)
+    cap = ctx.capacity(layout, fraction, element)
     graph_bs = _graph_bs(ctx, layout, cap) if ctx.spec.server.mem_fraction_static == "auto" else None
     if graph_bs is not None:
         fraction = _mem_fraction(ctx, layout, graph_bs)
-        cap = replica_capacity(ctx.model, ctx.gpu_memory_mib, layout, fraction, element)
+        cap = ctx.capacity(layout, fraction, element)
     chunk, _ = chunk_and_graph_bs(ctx.gpu_memory_mib, layout.tp, ctx.serving.release)
-    return MemorySplit(fraction, chunk, graph_bs or 0, (), decided=False), cap
+    return MemorySplit(fraction, chunk, graph_bs or 0, (), decided=False, groups=layout.attention_dp), cap
 
 
 def _group_batch(ctx: Context, cap: Capacity, replicas: int) -> float:
     return _batch(ctx, cap, _max_running(ctx, cap), replicas) / cap.layout.attention_dp
+
+
+def _request_rows(ctx: Context, layout: Layout, cap: Capacity | None, graph_bs: int) -> int:
+    """req_to_token rows of one scheduler: its share of --max-running-requests (kv_cache_configurator.py:3128)."""
+    given = ctx.spec.server.max_running_requests
+    groups = layout.attention_dp
+    if given != "auto":
+        return max(1, given // groups)
+    if cap is None:  # no pool yet: SGLang's smallest derived value
+        return graph_bs if groups > 1 else 2048
+    derived = sglang_default_max_running_requests(cap.tokens_per_group, ctx.context_length)
+    return min(derived, graph_bs) if groups > 1 else derived
 
 
 def _decided_splits(ctx: Context, layout: Layout, element: float, replicas: int) -> list[tuple[MemorySplit,
@@ -268,18 +316,26 @@ def _decided_splits(ctx: Context, layout: Layout, element: float, replicas: int)
     release, mib = ctx.serving.release, ctx.gpu_memory_mib
     tier_bs = chunk_and_graph_bs(mib, layout.tp, release)[1]
 
-    def at(chunk: int, graph_bs: int) -> tuple[MemorySplit, Capacity] | None:
+    arch = ctx.gpu.arch if ctx.gpu else None
+
+    def at(chunk: int, graph_bs: int, rows: int) -> tuple[MemorySplit, Capacity] | None:
         deterministic = ctx.spec.server.deterministic_inference
-        split = decided_split(mib, layout, ctx.model, release, chunk, graph_bs, deterministic)
+        split = decided_split(mib, layout, ctx.model, release, chunk, graph_bs, deterministic, ctx.context_length,
+                              rows, arch, ctx.attention_backend)
         if split is None:
             return None
-        cap = replica_capacity(ctx.model, mib, layout, split.mem_fraction, element)
+        cap = ctx.capacity(layout, split.mem_fraction, element)
         return (split, cap) if cap.fits else None
 
     found = []
     for chunk in chunk_options(mib, layout, release):
-        widest = at(chunk, min(16, tier_bs))
-        choice = widest and at(chunk, graph_bs_for(_group_batch(ctx, widest[1], replicas), tier_bs))
+        # The widest split's pool bounds the requests SGLang derives, hence the req_to_token rows counted.
+        smallest = min(16, tier_bs)
+        widest = at(chunk, smallest, _request_rows(ctx, layout, None, smallest))
+        if widest is None:
+            continue
+        graph_bs = graph_bs_for(_group_batch(ctx, widest[1], replicas), tier_bs)
+        choice = at(chunk, graph_bs, _request_rows(ctx, layout, widest[1], graph_bs))
         if choice is not None:
             found.append(choice)
     return found
@@ -308,8 +364,8 @@ def memory_choices(ctx: Context, layout: Layout, kv_dtype: str, nodes: int, repl
     for split, cap in splits:
         if split is not default[0] and cap.tokens_per_group < longest:
             continue
-        batch = _batch(ctx, cap, _max_running(ctx, cap), replicas) if cap.fits else 0
-        step = ctx.step_model(layout, kv_dtype, nodes, split.chunk_flag)
+        batch = _batch(ctx, cap, _max_running(ctx, cap, split.graph_bs or None), replicas) if cap.fits else 0
+        step = ctx.step_model(layout, kv_dtype, nodes, split.group_chunk)
         served = (float(cap.tokens) if step is None or not batch
                   else serving_tokens_per_second(step, batch, ctx.work.prompt_tokens(), mean_output))
         choices.append(MemoryChoice(split, cap, batch, served))
@@ -334,10 +390,10 @@ def evaluate(ctx: Context, layout: Layout, kv_dtype: str, replicas: int, eligibl
     if cap.tokens_per_group < longest:
         return replace(option, unusable=f"{cap.tokens_per_group:,} KV tokens per group hold no request at its cap "
                                       f"({longest:,} tokens)")
-    max_running = _max_running(ctx, cap)
+    max_running = _max_running(ctx, cap, split.graph_bs or None)
     batch = _batch(ctx, cap, max_running, replicas)
     option = replace(option, max_running=max_running, batch=batch)
-    step = ctx.step_model(layout, kv_dtype, nodes, split.chunk_flag)
+    step = ctx.step_model(layout, kv_dtype, nodes, split.group_chunk)
     if step is None:
         return option
     job = job_time(ctx.work, replicas, batch, lambda b: step.step_seconds(b, ctx.held),
@@ -478,11 +534,25 @@ class Sizing:
         return int(self.capacity.tokens // self.ctx.held)
 
     def step_model(self, option: Option) -> StepModel | None:
-        chunk = option.memory.chunk_flag if option.memory else None
+        chunk = option.memory.group_chunk if option.memory else None
         return self.ctx.step_model(option.layout, option.kv_cache_dtype, option.nodes_per_replica, chunk)
 
-    def candidate(self, option: Option, note: str) -> Candidate:
+    def ranged(self, option: Option) -> Prediction | None:
+        """The option's prediction with its interval (facts/intervals.py)."""
         prediction = option.prediction(self.step_model(option), self.ctx.held, self.ctx.work)
+        if prediction is None or self.ctx.gpu is None:
+            return prediction
+        found = interval(self.ctx.gpu, option.layout)
+        rate = prediction.output_tokens_per_second
+        return prediction.model_copy(update={"interval": PredictionRange(
+            output_tokens_per_second_low=round(rate * found.low), output_tokens_per_second_high=round(rate * found.high),
+            eta_seconds_low=round(prediction.eta_seconds / found.high),
+            eta_seconds_high=round(prediction.eta_seconds / found.low), basis=found.basis)})
+
+    def candidate(self, option: Option, note: str) -> Candidate:
+        prediction = self.ranged(option)
+        if prediction is not None and option is not self.chosen:  # per-dataset finish times: the chosen layout's
+            prediction = prediction.model_copy(update={"datasets": []})
         return Candidate(
             replicas=option.replicas, tensor_parallel=option.layout.tp,
             attention_data_parallel=option.layout.attention_dp, kv_cache_dtype=option.kv_cache_dtype,
@@ -505,6 +575,7 @@ class Sizing:
             max_running_requests=chosen.max_running,
             cuda_graph_max_bs=chosen.graph_bs,
             chunked_prefill_size=chosen.memory.chunk_flag if chosen.memory else None,
+            load_balance_method=load_balance_method(chosen.layout.attention_dp),
             memory_split=[MemoryTerm(name=t.name, mib=round(t.mib), source=t.source)
                           for t in (chosen.memory.terms if chosen.memory else ())],
             kv_cache_dtype=chosen.kv_cache_dtype,
@@ -522,7 +593,7 @@ class Sizing:
             kv_capacity_tokens=cap.tokens,
             expected_tokens_per_request=round(self.ctx.held),
             concurrent_requests_at_expected_length=self.concurrent_requests,
-            prediction=chosen.prediction(step, self.ctx.held, self.ctx.work),
+            prediction=self.ranged(chosen),
             candidates=[self.candidate(o, n) for o, n in zip(self.options, notes, strict=True)],
             overrides=_overrides(self.spec),
             reasoning=reasoning,
@@ -571,7 +642,8 @@ def _no_fit_error(ctx: Context, options: list[Option], budget: int) -> PlanError
 
 
 def size_server(spec: DatasetGenerationSpec, model: ModelFacts, gpu_memory: int | None = None,
-                work: Workload | None = None, node_driver_major: int | None = None) -> Sizing:
+                work: Workload | None = None, node_driver_major: int | None = None,
+                calibration: Calibration = CALIBRATION) -> Sizing:
     """Every number of the plan for this spec's model. Anything set in the spec wins; errors name the field.
 
     gpu_memory is the memory of one GPU; when None it comes from the spec (its memory field, else gpuProduct).
@@ -586,13 +658,13 @@ def size_server(spec: DatasetGenerationSpec, model: ModelFacts, gpu_memory: int 
     check_kv_cache_dtype(server, serving)
     attention = attention_backend(server, gpu, model, serving)
     memory = gpu_memory if gpu_memory is not None and server.gpu_memory_mib is None else gpu_memory_mib(server, gpu)
-    length, context_source = context_length(server, model)
     work = work or workload(spec)
+    length, context_source = context_length(server, model, work.needed_context())
     worst = max(work.datasets, key=lambda d: d.max_new_tokens)
     if worst.max_new_tokens >= length:
         raise PlanError(f"dataset {worst.name} maxNewTokens {worst.max_new_tokens:,} leaves no room for a prompt in "
                         f"context length {length:,}: lower its maxNewTokens or raise spec.server.contextLength")
-    ctx = Context(spec, model, gpu, memory, serving, work, length)
+    ctx = Context(spec, model, gpu, memory, serving, work, length, attention.backend, calibration)
     budget, budget_source = _budget(ctx)
     options = _options(ctx, budget)
     chosen = choose(options, predicted=gpu is not None)

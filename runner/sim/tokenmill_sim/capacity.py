@@ -409,6 +409,41 @@ class CapacityModel:
         self.new_token_ratio = max(self.params.min_ratio, self.new_token_ratio - self.params.ratio_decay * steps)
         self._finish_step(self.step - 1)
 
+    # ---- lockstep: a DP-attention group stepped by its replica (lockstep.py) --------------------------------
+    def begin_step(self, now: float) -> None:
+        """At a shared step boundary: retract if the pool is full, then admit (what advance_to does per stretch)."""
+        self.boundary = now
+        self._retract_if_full()
+        self._admit()
+
+    def steps_to_change(self) -> int | None:
+        """Steps until this group's batch next changes; None when it runs nothing."""
+        return self._stretch_length() if self._running else None
+
+    def run_steps(self, steps: int, first_seconds: float, dt: float) -> None:
+        """Run `steps` steps whose lengths the replica decides: the first `first_seconds` (the shared prefill
+        included), each further one `dt`."""
+        first_end = self.boundary + first_seconds
+        for job in self._just_admitted:
+            job.first_token_at = first_end
+        self._just_admitted.clear()
+        self._prefill_pending = 0
+        self.generated_tokens += self.running * steps
+        self.boundary = first_end + (steps - 1) * dt
+        self.step += steps
+        self._since_admission_check += steps
+        self.new_token_ratio = max(self.params.min_ratio, self.new_token_ratio - self.params.ratio_decay * steps)
+        self._finish_step(self.step - 1)
+
+    def take_finished(self) -> list[Job]:
+        done = list(self._pending)
+        self._pending.clear()
+        return done
+
+    @property
+    def prefill_pending(self) -> int:
+        return self._prefill_pending
+
     def _finish_step(self, step: int) -> None:
         while (top := self._top()) is not None and top.finish_step == step:
             heapq.heappop(self._heap)

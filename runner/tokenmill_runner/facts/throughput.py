@@ -67,6 +67,9 @@ class Calibration:
     collective_nvlink_s: float = 48.7e-6
     collective_pcie_s: float = 60e-6
     collective_network_s: float = 50e-6
+    # A measured correction of every collective's time (latency and bytes alike) on the cluster's link: 1 until a
+    # run's first minutes refit it (facts/refit.py); the published records fix no PCIe figure.
+    collective_scale: float = 1.0
 
     def collective_latency(self, link: Link) -> float:
         if link.kind in ("nvlink", "xgmi"):
@@ -130,13 +133,29 @@ def _collectives(layout: Layout, link: Link, batch: float, model: ModelFacts, ca
         return latency + 2.0 * (gpus - 1) / gpus * size / link.bandwidth
 
     if layout.attention_dp == 1:
-        return 2 * ring(layout.tp, message)
+        return cal.collective_scale * 2 * ring(layout.tp, message)
     inner = ring(layout.attention_tp, message / layout.attention_dp) if layout.attention_tp > 1 else 0.0
-    return 2 * ring(layout.tp, message / 2) + inner
+    return cal.collective_scale * (2 * ring(layout.tp, message / 2) + inner)
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # The step.
+
+@dataclass(frozen=True)
+class StepParts:
+    """One decode step in seconds by part: step = max(dense + experts, compute) + fixed + collectives + dp."""
+
+    dense: float  # attention, dense and LM-head weights and the KV cache read from memory
+    experts: float  # routed experts the batch touches, read from memory
+    compute: float
+    collectives: float
+    dp: float  # DP attention's gather/scatter overhead per layer
+    fixed: float  # step and layer floors
+
+    @property
+    def seconds(self) -> float:
+        return max(self.dense + self.experts, self.compute) + self.fixed + self.collectives + self.dp
+
 
 # SGLang's chunked prefill size for GPUs of 60-160 GB (H100, H200, RTX PRO 6000); 16384 from 160 GB (B200, MI300X)
 # (0.5.23 arg_groups/memory_hook.py:90-170). A prompt longer than the chunk is prefilled in several forwards.
@@ -153,7 +172,7 @@ class StepModel:
     kv_element_bytes: float = KV_AUTO_BYTES
     calibration: Calibration = CALIBRATION
     nodes: int = 1  # nodes the replica spans: beyond the scale-up domain its collectives cross the network
-    chunk: int | None = None  # --chunked-prefill-size when the plan sets it; None: SGLang's tier default
+    chunk: int | None = None  # the per-group prefill chunk the plan sets; None: SGLang's tier default // groups
 
     @property
     def link(self) -> Link:
@@ -162,9 +181,12 @@ class StepModel:
 
     @property
     def chunk_tokens(self) -> int:
+        """Prompt tokens one attention group prefills per forward: under DP attention SGLang divides
+        --chunked-prefill-size by the groups (0.5.23 arg_groups/parallel_hook.py:331; 0.5.9 server_args.py:2117)."""
         if self.chunk:
             return self.chunk
-        return DEFAULT_CHUNK_TOKENS if self.gpu.memory_mib < 160 * 1024 else 2 * DEFAULT_CHUNK_TOKENS
+        tier = DEFAULT_CHUNK_TOKENS if self.gpu.memory_mib < 160 * 1024 else 2 * DEFAULT_CHUNK_TOKENS
+        return tier // self.layout.attention_dp
 
     def _read_seconds(self, tokens: float, kv_bytes: float) -> float:
         weights, cal = self.model.weights(), self.calibration
@@ -208,6 +230,25 @@ class StepModel:
         bound = max(self.memory_seconds(batch, context_tokens), self.compute_seconds(batch, context_tokens))
         return bound + self.overhead_seconds(batch)
 
+    def parts(self, batch: float, context_tokens: float) -> StepParts:
+        """The decode step split into what the refit scales (facts/refit.py) and what it keeps."""
+        batch = max(batch, 1.0)
+        weights, cal = self.model.weights(), self.calibration
+        per_group = batch / self.layout.attention_dp
+        kv = per_group * context_tokens * kv_bytes_per_token(self.model, self.kv_element_bytes) / kv_shards(
+            self.model, self.layout.attention_tp)
+        dense = weights.attention / self.layout.attention_tp + (weights.dense + weights.lm_head) / self.layout.tp
+        routed = weights.routed / self.layout.tp * experts_touched(self.model, batch)
+        moe = cal.moe_memory_efficiency if self.model.routed_bits >= 16 else cal.quantized_moe_memory_efficiency
+        layers = self.model.num_layers
+        collectives = layers * _collectives(self.layout, self.link, batch, self.model, cal)
+        dp = layers * cal.dp_attention_layer_s if self.layout.attention_dp > 1 else 0.0
+        fixed = self.overhead_seconds(batch) - collectives - dp
+        return StepParts(dense=(dense + kv) / (cal.memory_efficiency * self.gpu.memory_bandwidth),
+                         experts=routed / (moe * self.gpu.memory_bandwidth),
+                         compute=self.compute_seconds(batch, context_tokens), collectives=collectives, dp=dp,
+                         fixed=fixed)
+
     def decode_tokens_per_second(self, batch: float, context_tokens: float) -> float:
         return batch / self.step_seconds(batch, context_tokens)
 
@@ -224,7 +265,11 @@ class StepModel:
     def chunked_prefill_seconds(self, tokens: float, prompt_tokens: float) -> float:
         """Prefill of `tokens` admitted prompt tokens: SGLang runs at most a chunk per forward, so a large admission
         takes several forwards, each paying the fixed costs and the expert reads again."""
-        forwards = max(1, math.ceil(tokens / self.chunk_tokens))
+        groups = self.layout.attention_dp
+        # The groups prefill side by side, each at most its chunk (the admitted prompts spread over them), and one
+        # prompt longer than a group's chunk takes several forwards on its own.
+        forwards = max(1, math.ceil(tokens / (self.chunk_tokens * groups)),
+                       math.ceil(prompt_tokens / self.chunk_tokens))
         return forwards * self.prefill_seconds(tokens / forwards, prompt_tokens)
 
     def bound(self, batch: float, context_tokens: float) -> str:
@@ -240,11 +285,12 @@ def prefill_seconds_per_step(step: StepModel, batch: float, prompt_tokens: float
     per step and as many new prompts are prefilled, together in one forward up to the chunk size."""
     admitted = batch / max(output_tokens, 1.0)
     tokens = admitted * prompt_tokens
-    if tokens <= step.chunk_tokens:
-        forwards = min(1.0, admitted)
-        per_forward = tokens / forwards if forwards else 0.0
-    else:
-        forwards, per_forward = tokens / step.chunk_tokens, float(step.chunk_tokens)
+    groups = step.layout.attention_dp
+    forward = step.chunk_tokens * groups  # every group prefills its chunk side by side
+    # A prompt longer than a group's chunk takes several forwards in a row (the other prompts ride along).
+    sequential = min(admitted, 1.0) * math.ceil(prompt_tokens / step.chunk_tokens)
+    forwards = max(tokens / forward, sequential, min(1.0, admitted))
+    per_forward = tokens / forwards if forwards else 0.0
     return forwards * step.prefill_seconds(per_forward, prompt_tokens) if forwards else 0.0
 
 

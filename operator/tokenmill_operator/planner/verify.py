@@ -1,0 +1,144 @@
+"""A plan checked against the running server in its first minutes, its constants refitted, and the decision to
+switch layouts. Pure: the operator scrapes SGLang's /metrics and hands the samples in; what it writes (a
+condition, an Event, the cluster's ConfigMap of measured constants) is built here as data.
+
+- Verify: the server's median batch (num_running_reqs) and step time (running / gen_throughput) over the window,
+  beside the plan's batch and its step at that batch: `PlanVerified` when both are within TOLERANCE, else
+  `PlanOff` with the numbers. Retractions and queued requests are shown with them.
+- Refit: facts/refit.py on the window's graph steps.
+- Re-plan: the remaining work's ETA on the current layout and on each alternative, both with the refitted
+  constants. A switch pays the restart (the plan's own start-up model: copy, load, warm-up), so it is proposed only
+  when the gain beats that cost plus MARGIN (a share of the remaining time, at least MARGIN_FLOOR_S): under
+  `spec.server.replan` auto the operator switches, under suggest (the default) it records a condition and an Event,
+  under off nothing. Nothing is lost or generated twice across a switch: committed samples stay committed and the
+  runner resumes from the ledger (DESIGN.md "Exactly once"); only the in-flight requests are sent again.
+- Persist: the refitted multipliers per cluster, keyed by GPU product, interconnect, SGLang release and model
+  architecture, so later plans on that cluster start from measurements.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from tokenmill_runner.facts.refit import Refit, StepSample
+
+TOLERANCE = 0.15
+MARGIN = 0.05
+MARGIN_FLOOR_S = 600.0
+# The window: the first minutes of generation, after the warm-up.
+WINDOW_S = 600.0
+CONFIGMAP_NAME = "tokenmill-measured-constants"
+
+ReplanMode = Literal["auto", "suggest", "off"]
+
+
+@dataclass(frozen=True)
+class Verification:
+    verified: bool
+    predicted_batch: float
+    observed_batch: float
+    predicted_step_s: float
+    observed_step_s: float
+    retractions: int
+    queued: float
+
+    def condition(self) -> dict[str, Any]:
+        kind = "PlanVerified" if self.verified else "PlanOff"
+        return {"type": kind, "status": "True", "reason": kind,
+                "message": (f"batch predicted {self.predicted_batch:,.0f}, observed {self.observed_batch:,.0f}; "
+                            f"step predicted {self.predicted_step_s * 1e3:,.1f} ms, observed "
+                            f"{self.observed_step_s * 1e3:,.1f} ms; retractions {self.retractions:,}, queued "
+                            f"{self.queued:,.0f} (tolerance {TOLERANCE:.0%})")}
+
+
+def verify(samples: Sequence[StepSample], predicted_batch: float, predicted_step: float, retractions: int = 0,
+           queued: float = 0.0, window_batch_share: float = 0.5) -> Verification:
+    """Compare the window's steady part (the samples at or above `window_batch_share` of the largest batch, past the
+    ramp) with the plan."""
+    if not samples:
+        raise ValueError("no samples in the verification window")
+    top = max(s.batch for s in samples)
+    steady = [s for s in samples if s.batch >= window_batch_share * top]
+    batch = statistics.median(s.batch for s in steady)
+    step = statistics.median(s.step_seconds for s in steady)
+    ok = abs(batch / predicted_batch - 1) <= TOLERANCE and abs(step / predicted_step - 1) <= TOLERANCE
+    return Verification(ok, predicted_batch, batch, predicted_step, step, retractions, queued)
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Literal["stay", "switch", "suggest"]
+    current_eta_s: float
+    best_eta_s: float
+    best: str
+    restart_s: float
+    margin_s: float
+
+    @property
+    def gain_s(self) -> float:
+        return self.current_eta_s - self.best_eta_s
+
+    def condition(self) -> dict[str, Any] | None:
+        if self.action == "stay":
+            return None
+        return {"type": "ReplanSuggested" if self.action == "suggest" else "Replanned", "status": "True",
+                "reason": "FasterLayoutMeasured",
+                "message": (f"{self.best}: remaining ETA {self.best_eta_s / 3600:,.2f} h against "
+                            f"{self.current_eta_s / 3600:,.2f} h now; gain {self.gain_s / 3600:,.2f} h beats the "
+                            f"restart {self.restart_s / 60:,.0f} min + margin {self.margin_s / 60:,.0f} min")}
+
+
+def decide(current_eta_s: float, alternatives: dict[str, float], restart_s: float, mode: ReplanMode) -> Decision:
+    """Switch (or suggest) only when the best alternative's remaining ETA plus the restart and the margin is below
+    the current remaining ETA."""
+    best = min(alternatives, key=alternatives.__getitem__) if alternatives else ""
+    best_eta = alternatives.get(best, current_eta_s)
+    margin = max(MARGIN * current_eta_s, MARGIN_FLOOR_S)
+    wins = bool(best) and current_eta_s - best_eta > restart_s + margin
+    action: Literal["stay", "switch", "suggest"] = "stay"
+    if wins and mode != "off":
+        action = "switch" if mode == "auto" else "suggest"
+    return Decision(action, current_eta_s, best_eta, best, restart_s, margin)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The cluster's measured constants.
+
+
+def constants_key(gpu_product: str, interconnect: str, sglang_version: str, architecture: str) -> str:
+    """A ConfigMap data key (alphanumerics, '-', '_', '.') for one hardware and software combination."""
+    raw = f"{gpu_product}.{interconnect or 'single'}.{sglang_version}.{architecture}"
+    return re.sub(r"[^A-Za-z0-9._-]", "-", raw)[:253]
+
+
+def constants_entry(result: Refit) -> str:
+    return json.dumps({"expertSpeed": round(result.expert_speed, 4),
+                       "collectiveScale": round(result.collective_scale, 4),
+                       "dpScale": round(result.dp_scale, 4), "samples": result.samples,
+                       "fitted": list(result.fitted)}, sort_keys=True)
+
+
+MAX_ENTRY_BYTES = 4096
+
+
+def read_constants(data: dict[str, str] | None, key: str) -> Refit | None:
+    """The stored multipliers for `key`, or None; an entry that is not what constants_entry wrote is ignored
+    (the ConfigMap is the operator's, but a person may edit it)."""
+    raw = (data or {}).get(key)
+    if raw is None or len(raw) > MAX_ENTRY_BYTES:
+        return None
+    try:
+        entry = json.loads(raw)
+        values = [float(entry[name]) for name in ("expertSpeed", "collectiveScale", "dpScale")]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not all(0.05 <= v <= 20 for v in values):
+        return None
+    expert, collective, dp = values
+    return Refit(expert, collective, dp, samples=int(entry.get("samples", 0)), error_before=0.0, error_after=0.0,
+                 fitted=tuple(str(n) for n in entry.get("fitted", ())))
