@@ -194,3 +194,46 @@ def test_hidden_states_are_refused_where_sglang_cannot_serve_them():
     document["spec"]["hiddenStates"] = {"layouts": ["parquet"]}
     with pytest.raises(SpecError, match="hiddenStates.layouts"):
         parse_document(document)
+
+
+def test_tokenmill_run_captures_the_states_and_retry_failed_retries_failed_captures(tmp_path, demo_model, sim):
+    from tokenmill_sim.config import SimConfig
+    from tokenmill_sim.server import SimServer
+
+    from tokenmill_runner.generate.summary import EXIT_GIVEN_UP
+
+    write_jsonl(tmp_path / "p.jsonl", [chat(i) for i in range(1, 5)])
+    out = tmp_path / "out"
+    document = spec_document(demo_model, [{"name": "d", "source": str(tmp_path / "p.jsonl")}], str(out),
+                             hiddenStates={"convention": "eagle3"})
+    document["spec"]["sampling"]["maxNewTokens"] = 40
+    spec = write_spec(tmp_path / "spec.yaml", document)
+    # A server started without --enable-return-aux-hidden-states answers 400: every capture fails, the run says so.
+    with SimServer(SimConfig(model_path=str(demo_model), time_scale=5000.0)) as plain:
+        first = run_cli(spec, out, plain.url)
+    assert first.returncode == EXIT_GIVEN_UP, first.stderr[-2000:]
+    assert "0 captured, 0 already committed, 4 failed" in first.stdout
+    storage = LocalStorage(out)
+    assert captured_keys(storage, "d") == set()
+    # A resume leaves failed captures alone; --retry-failed captures them.
+    again = run_cli(spec, out, sim.url)
+    assert "0 captured, 4 already committed, 0 failed" in again.stdout
+    retried = run_cli(spec, out, sim.url, None, "--retry-failed")
+    assert retried.returncode == 0, retried.stderr[-2000:]
+    assert "4 captured, 0 already committed, 0 failed" in retried.stdout
+    assert_every_sample_once_and_aligned(storage)
+    assert not list((out / "d" / "hidden_errors").glob("*.json"))
+
+
+def test_tokenmill_run_without_a_server_captures_from_the_built_in_simulator(tmp_path, demo_model):
+    write_jsonl(tmp_path / "p.jsonl", [chat(i) for i in range(1, 4)])
+    out = tmp_path / "out"
+    document = spec_document(demo_model, [{"name": "d", "source": str(tmp_path / "p.jsonl")}], str(out),
+                             hiddenStates={})
+    document["spec"]["sampling"]["maxNewTokens"] = 40
+    spec = write_spec(tmp_path / "spec.yaml", document)
+    done = subprocess.run([sys.executable, "-m", "tokenmill_runner.cli", "-q", "run", str(spec), "--out", str(out),
+                           "--sim-time-scale", "5000"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "3 captured" in done.stdout
+    assert len(captured_keys(LocalStorage(out), "d")) == 3

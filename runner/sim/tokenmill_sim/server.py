@@ -356,7 +356,7 @@ class Simulator:
             "max_queued_requests": config.max_queued_requests,
             "max_total_tokens": config.max_total_tokens,
             "page_size": config.page_size,
-            "chunked_prefill_size": 8192,
+            "chunked_prefill_size": config.chunked_prefill_size,
             "max_prefill_tokens": 16384,
             "schedule_policy": "fcfs",
             "kv_cache_dtype": "auto",

@@ -97,6 +97,18 @@ class StateShape:
         return self.state_bytes(tokens) + 8 * tokens + 1024
 
 
+def shape_from_config(config: dict[str, object], layer_ids: list[int] | None, dtype: str) -> StateShape:
+    """The states' shape for a model's config.json (text_config for multimodal models) and the spec's layer ids."""
+    nested = config.get("text_config")
+    text = nested if isinstance(nested, dict) else config
+    layers, hidden = text.get("num_hidden_layers"), text.get("hidden_size")
+    if not isinstance(layers, int) or not isinstance(hidden, int):
+        raise ValueError("config.json names no num_hidden_layers and hidden_size: the states' shape is unknown")
+    ids = layer_ids if layer_ids is not None else default_eagle3_layer_ids(layers)
+    check_layer_ids(ids, layers)
+    return StateShape(len(ids), hidden, dtype)
+
+
 def capture_max_new_tokens(sequence_tokens: int, chunked_prefill_tokens: int) -> int:
     """max_new_tokens for a capture request: at least the prefill chunks it can be split into, since the answer
     keeps finished_len entries and each chunk is one (output_streamer.py:668-675); a chunk budget shared with other

@@ -97,8 +97,9 @@ def _sequence(row: dict[str, Any]) -> list[int]:
 async def capture_dataset(storage: Storage, dataset: str, server: str, shape: StateShape, *,
                           api_key: str | None = None, chunked_prefill_tokens: int = 8192, concurrency: int = 4,
                           retry_failed: bool = False, spool: Path | None = None,
-                          timeout_s: float = 600.0) -> CaptureSummary:
-    """Capture the states of every committed row of `dataset` that has none committed."""
+                          timeout_s: float = 600.0, worker: int | None = None) -> CaptureSummary:
+    """Capture the states of every committed row of `dataset` that has none committed (those this worker
+    committed, when `worker` is given: the workers split the pass as they split the samples)."""
     summary = CaptureSummary()
     done = captured_keys(storage, dataset)
     failed = failed_keys(storage, dataset)
@@ -147,7 +148,7 @@ async def capture_dataset(storage: Storage, dataset: str, server: str, shape: St
         async with httpx.AsyncClient(timeout=timeout_s, headers=headers) as client:
             tasks: set[asyncio.Task[None]] = set()
             for marker in markers_in_commit_order(storage, dataset):
-                if not marker.get("data"):
+                if not marker.get("data") or (worker is not None and marker.get("worker") != worker):
                     continue
                 for row in decode_rows(storage.get(f"{dataset}/{marker['data']}")):
                     key = sample_key(row["sample_id"], row.get("sample_index", 0))
