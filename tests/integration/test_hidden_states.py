@@ -237,3 +237,37 @@ def test_tokenmill_run_without_a_server_captures_from_the_built_in_simulator(tmp
     assert done.returncode == 0, done.stderr[-2000:]
     assert "3 captured" in done.stdout
     assert len(captured_keys(LocalStorage(out), "d")) == 3
+
+
+def test_the_report_shows_coverage_bytes_and_fails_on_a_length_mismatch(tmp_path, demo_model, sim):
+    import orjson
+
+    from tokenmill_runner.report.files import write_report
+    from tokenmill_runner.store.hidden_states import marker_key
+
+    write_jsonl(tmp_path / "p.jsonl", [chat(i) for i in range(1, 5)])
+    out = tmp_path / "out"
+    document = spec_document(demo_model, [{"name": "d", "source": str(tmp_path / "p.jsonl")}], str(out),
+                             hiddenStates={})
+    document["spec"]["sampling"]["maxNewTokens"] = 40
+    done = run_cli(write_spec(tmp_path / "spec.yaml", document), out, sim.url)
+    assert done.returncode == 0, done.stderr[-2000:]
+    storage = LocalStorage(out)
+    report, _ = write_report(storage)
+    section = report["hidden_states"]["d"]
+    on_disk = sum(m["bytes"] for m in state_markers(storage, "d"))
+    assert (section["samples"], section["with_states"], section["coverage"], section["bytes"]) == (4, 4, 1.0, on_disk)
+    assert not [f for f in report["findings"] if f["check"].startswith("hidden_states")]
+    # One marker claiming a state row too few: the report fails that dataset.
+    marker = next(state_markers(storage, "d"))
+    key = marker_key("d", sample_key(marker["sample_id"], marker["sample_index"]))
+    storage.put(key, orjson.dumps({**marker, "tokens": marker["tokens"] - 1}))
+    report, _ = write_report(storage)
+    (finding,) = [f for f in report["findings"] if f["check"] == "hidden_states_length"]
+    assert finding["level"] == "fail" and report["verdict"] == "fail"  # (the short outputs fail other checks too)
+    assert marker["sample_id"] in finding["message"]
+    # A sample without states: coverage below 1 and a failing finding.
+    storage.delete(key)
+    report, _ = write_report(storage)
+    assert report["hidden_states"]["d"]["coverage"] == 0.75
+    assert [f["check"] for f in report["findings"] if f["check"].startswith("hidden")] == ["hidden_states_coverage"]

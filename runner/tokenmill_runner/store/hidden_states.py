@@ -180,3 +180,22 @@ def read_states(storage: Storage, dataset: str, marker: dict[str, Any]) -> tuple
     token_ids = np.frombuffer(data[base + ids_start:base + ids_end], "<i8")
     states = from_dtype_bytes(data[base + hs_start:base + hs_end], marker["dtype"])
     return token_ids, states.reshape(header["hidden_states"]["shape"])
+
+
+def hidden_state_inputs(storage: Storage, dataset: str) -> tuple[dict[tuple[str, int], int | None],
+                                                                  list[tuple[tuple[str, int], int, int]], int]:
+    """What the report's hidden-state section reads: every committed sample with its sequence length (from the
+    shard markers; None for a conversation, whose states cover its last turn), the state markers, and the failed
+    captures still recorded: (sample, tokens, bytes) per state marker."""
+    from .shards import markers_in_commit_order
+
+    expected: dict[tuple[str, int], int | None] = {}
+    for marker in markers_in_commit_order(storage, dataset):
+        samples = marker["samples"]
+        turns = samples.get("turn_count") or [None] * len(samples["sample_id"])
+        for sid, index, prompt, completion, turn_count in zip(
+                samples["sample_id"], samples["sample_index"], samples["prompt_tokens"],
+                samples["completion_tokens"], turns, strict=True):
+            expected[(sid, index)] = None if turn_count is not None else prompt + completion
+    records = [((m["sample_id"], m["sample_index"]), m["tokens"], m["bytes"]) for m in state_markers(storage, dataset)]
+    return expected, records, len(failed_keys(storage, dataset))
