@@ -213,9 +213,14 @@ async def _run_async(config: RunnerConfig) -> int:
     if code in (EXIT_INTERRUPTED, EXIT_SERVERS_UNAVAILABLE):
         return code
     if config.spec.hidden_states is not None:
+        from .facts.hidden_states import NoRoomError
         from .generate.hidden_pass import run_hidden_state_pass
 
-        captured = await run_hidden_state_pass(config, runner.storage, os.environ.get(API_KEY_ENV))
+        try:
+            captured = await run_hidden_state_pass(config, runner.storage, os.environ.get(API_KEY_ENV))
+        except NoRoomError as error:
+            print(f"error: hidden states: {error}", file=sys.stderr)
+            return EXIT_GIVEN_UP
         print(f"hidden states: {captured.captured} captured, {captured.skipped} already committed, "
               f"{captured.failed} failed, {captured.state_bytes} bytes")
         if captured.failed and code == 0:

@@ -130,3 +130,34 @@ def capture_request(sequence_ids: list[int], rid: str, chunked_prefill_tokens: i
         "logprob_start_len": 0,
         "return_prompt_token_ids": True,
     }
+
+
+@dataclass(frozen=True)
+class PlannedStates:
+    """The states a run will store: bytes per dataset (samples x mean sequence tokens x bytes per token)."""
+
+    shape: StateShape
+    per_dataset: dict[str, int]
+    tokens: dict[str, float]
+
+    @property
+    def total(self) -> int:
+        return sum(self.per_dataset.values())
+
+
+def plan_states(shape: StateShape, datasets: list[tuple[str, int, float]]) -> PlannedStates:
+    """datasets: (name, samples, mean prompt + output tokens per sample)."""
+    per = {name: shape.file_bytes(0) * samples + round(samples * tokens) * (shape.bytes_per_token + 8)
+           for name, samples, tokens in datasets}
+    return PlannedStates(shape, per, {name: samples * tokens for name, samples, tokens in datasets})
+
+
+class NoRoomError(ValueError):
+    """The output cannot hold the states the run will store."""
+
+
+def check_room(needed: int, free: int, where: str) -> None:
+    if needed > free:
+        raise NoRoomError(f"{where} has {free / 1e9:.2f} GB free but the hidden states need {needed / 1e9:.2f} GB "
+                          "(tokens x layers x hidden x dtype size, docs/planning.md); free space or use an s3:// output "
+                          "before any GPU hour is spent")

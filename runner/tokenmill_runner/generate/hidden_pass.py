@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import shutil
 from pathlib import Path
 
-from ..facts.hidden_states import shape_from_config
+from ..facts.hidden_states import StateShape, check_room, shape_from_config
 from ..render.pretokenize import local_model_folder
 from ..spec.config import RunnerConfig
-from ..store.storage import Storage
+from ..store.hidden_states import captured_keys, hidden_state_inputs, sample_key
+from ..store.storage import LocalStorage, Storage
 from .client import get_json
 from .hidden_capture import CaptureSummary, capture_dataset
 
@@ -30,6 +32,7 @@ async def run_hidden_state_pass(config: RunnerConfig, storage: Storage, api_key:
     info = await get_json(server, "/server_info", api_key)
     chunk = info.get("chunked_prefill_size") if isinstance(info, dict) else None
     chunk = chunk if isinstance(chunk, int) and chunk > 0 else DEFAULT_CHUNK
+    _check_local_room(storage, [d.name for d in spec.datasets], shape)
     total = CaptureSummary()
     for dataset in spec.datasets:
         part = await capture_dataset(storage, dataset.name, server, shape, api_key=api_key,
@@ -43,3 +46,17 @@ async def run_hidden_state_pass(config: RunnerConfig, storage: Storage, api_key:
     logger.info("hidden states: %d captured, %d already committed, %d failed (%d bytes of states)",
                 total.captured, total.skipped, total.failed, total.state_bytes)
     return total
+
+
+def _check_local_room(storage: Storage, datasets: list[str], shape: StateShape) -> None:
+    """Refuse the pass before any request when a local output cannot hold the files still to be written (their
+    exact sizes, from the committed rows' token counts)."""
+    if not isinstance(storage, LocalStorage):
+        return
+    needed = 0
+    for dataset in datasets:
+        expected, _, _ = hidden_state_inputs(storage, dataset)
+        done = captured_keys(storage, dataset)
+        needed += sum(shape.file_bytes(tokens) for (sid, index), tokens in expected.items()
+                      if tokens is not None and sample_key(sid, index) not in done)
+    check_room(needed, shutil.disk_usage(storage.root).free, f"the output {storage.root_uri}")
