@@ -78,7 +78,8 @@ def parse_states(body: bytes, sequence: list[int], shape: StateShape, where: str
         raise CaptureError(f"{where}: the server reports {len(reported or [])} token ids that differ from the row's "
                            f"{len(sequence)} prompt + output ids; the states would not belong to the row")
     text = body[value_start:value_end].translate(None, b"[]").strip().strip(b",")
-    values = np.array(text.split(b","), dtype=np.float64) if text else np.zeros(0)
+    # numpy's text parser reads the numbers without building a Python object per value (memory: the float64s only).
+    values = np.fromstring(text, dtype=np.float64, sep=",") if text else np.zeros(0)
     wanted = len(sequence) * shape.row_values
     if values.size < wanted or values.size % shape.row_values:
         raise CaptureError(f"{where}: {values.size // max(1, shape.row_values)} state rows of "
