@@ -46,6 +46,18 @@ EAGLE3_ARCHITECTURES: tuple[str, ...] = (
 )
 
 
+# What each trainer's offline layout reads besides the aux layers: the target's final hidden state. No release read
+# serves it with the aux layers (docs/sglang-release-facts.md N: 0.5.23 returns the aux layers in place of it,
+# layers/logits_processor.py:866-872, and refuses a capture id >= num_hidden_layers, spec_aux_hidden_state.py:120-129).
+TRAINER_LAYOUTS: dict[str, str] = {
+    "speculators": "speculators 0.9.0 reads hidden_states[:, -1] as verifier_last_hidden_states, the target's final "
+                   "layer (speculators/train/data.py:310-334)",
+    "specforge": "SpecForge 0.2.0 reads hidden_state as the target's final state beside aux_hidden_state "
+                 "(specforge/data/preprocessing.py:643-666)",
+}
+FINAL_STATE_WITH_AUX_FROM: str | None = None  # the first release that serves both; none yet
+
+
 def default_eagle3_layer_ids(num_layers: int) -> list[int]:
     """The explicit layer ids equal to SGLang's EAGLE3 default capture (inputs of layers 2, L//2, L-3)."""
     if num_layers < 4:

@@ -27,7 +27,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from ..facts.hidden_states import check_layer_ids
+from ..facts.hidden_states import FINAL_STATE_WITH_AUX_FROM, TRAINER_LAYOUTS, check_layer_ids
 from ..facts.releases import (
     DEFAULT_IMAGE,
     DEFAULT_RELEASE,
@@ -37,6 +37,7 @@ from ..facts.releases import (
     is_moving_tag,
     release,
     release_of_image,
+    version_key,
 )
 from ..source.adapters import RowLayout
 
@@ -549,8 +550,11 @@ class HiddenStatesSpec(SpecModel):
         "bfloat16", description="The dtype the target serves (its config.json torch_dtype); states are stored in it "
         "exactly as served.")
     layouts: list[ExportLayout] = Field(
-        default_factory=lambda: ["speculators"], min_length=1, max_length=2,
-        description="Export layouts wanted: speculators (hidden_states/hs_{i}.safetensors), specforge (.ckpt).")
+        default_factory=list, max_length=2,
+        description="Trainer layouts wanted besides tokenmill's own files (a safetensors file per sample: token_ids "
+        "and the aux layers): speculators (hidden_states/hs_{i}.safetensors), specforge (.ckpt). Both also need the "
+        "target's final hidden state, which no supported SGLang release returns with the aux layers, so both are "
+        "refused for now.")
 
     @field_validator("layer_ids")
     @classmethod
@@ -628,6 +632,12 @@ class DatasetGenerationSpec(SpecModel):
                 f"hiddenStates: SGLang {facts.version} ({self.server.image}) cannot capture aux hidden states: "
                 "--enable-return-aux-hidden-states first ships in 0.5.23 (earlier releases return only the last "
                 "layer); use lmsysorg/sglang:v0.5.23 or later")
+        for index, layout in enumerate(self.hidden_states.layouts):
+            if FINAL_STATE_WITH_AUX_FROM is None or version_key(facts.version) < version_key(FINAL_STATE_WITH_AUX_FROM):
+                raise ValueError(
+                    f"hiddenStates.layouts[{index}] {layout!r}: {TRAINER_LAYOUTS[layout]}, and SGLang {facts.version} "
+                    "returns the aux layers in place of the final hidden state (no release serves both); drop the "
+                    "layout: the states are stored as token_ids + aux layers per sample")
         args = self.server.extra_args
         for index, arg in enumerate(args):
             name, _, inline = arg.partition("=")
