@@ -15,14 +15,12 @@ Not a test. Defaults: 100 and 1,000 samples of 2,048 tokens at hidden 1,024 x 3 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 CHILD = r"""

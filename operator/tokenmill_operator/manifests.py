@@ -16,8 +16,8 @@ from typing import Any
 import yaml
 
 from tokenmill_runner.facts.hardware import GPU_RESOURCE as RESOURCE_BY_VENDOR
-from tokenmill_runner.facts.hidden_states import launch_flags as hidden_state_launch_flags
 from tokenmill_runner.facts.hardware import PRODUCT_LABEL_KEY
+from tokenmill_runner.facts.hidden_states import launch_flags as hidden_state_launch_flags
 from tokenmill_runner.facts.releases import HEALTH_CHECK_TIMEOUT_S, release, version_key
 from tokenmill_runner.spec.config import API_KEY_ENV
 from tokenmill_runner.spec.resource import API_VERSION, KIND, DatasetGenerationSpec, content_hash

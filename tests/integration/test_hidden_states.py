@@ -19,7 +19,8 @@ from tokenmill_runner.generate.hidden_capture import CaptureError, capture_datas
 from tokenmill_runner.spec.resource import SpecError, parse_document
 from tokenmill_runner.store.faults import FAULT_ENV
 from tokenmill_runner.store.hidden_states import STATES, captured_keys, read_states, sample_key, state_markers
-from tokenmill_runner.store.shards import decode_rows, read_markers
+from tokenmill_runner.store.markers import read_markers
+from tokenmill_runner.store.shards import decode_rows
 from tokenmill_runner.store.storage import LocalStorage
 
 from .test_exactly_once import run_cli
@@ -203,10 +204,9 @@ def test_hidden_states_are_refused_where_sglang_cannot_serve_them():
 
 
 def test_tokenmill_run_captures_the_states_and_retry_failed_retries_failed_captures(tmp_path, demo_model, sim):
+    from tokenmill_runner.generate.summary import EXIT_GIVEN_UP
     from tokenmill_sim.config import SimConfig
     from tokenmill_sim.server import SimServer
-
-    from tokenmill_runner.generate.summary import EXIT_GIVEN_UP
 
     write_jsonl(tmp_path / "p.jsonl", [chat(i) for i in range(1, 5)])
     out = tmp_path / "out"

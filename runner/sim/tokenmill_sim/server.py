@@ -30,6 +30,7 @@ from tokenmill_runner.facts.releases import release
 from .capacity import CapacityModel, Job, LinearStepTime, SchedulerParams, StepTime
 from .config import SimConfig
 from .engine import Engine, QueueFull, SimClock
+from .hidden_states import AuxCapture, hidden_states_entries
 from .loader import load_model
 from .metrics import SchedulerSnapshot, SimMetrics
 from .model import LoadedModel
@@ -46,7 +47,6 @@ from .protocol import (
     reasoning_token_count,
     response_item,
 )
-from .hidden_states import AuxCapture, hidden_states_entries
 from .radix import PrefixCache
 from .tokens import Finished, OutputGenerator, with_nan
 
@@ -82,7 +82,8 @@ def _aux_capture(config: SimConfig, model_config: dict[str, Any]) -> AuxCapture 
     """--enable-return-aux-hidden-states as the model's config resolves it (facts/hidden_states.py)."""
     if not config.enable_return_aux_hidden_states:
         return None
-    text = model_config.get("text_config") if isinstance(model_config.get("text_config"), dict) else model_config
+    nested = model_config.get("text_config")
+    text: dict[str, Any] = nested if isinstance(nested, dict) else model_config
     layers, hidden = int(text["num_hidden_layers"]), int(text["hidden_size"])
     if config.return_aux_hidden_state_layer_ids:
         layer_ids = [int(part) for part in config.return_aux_hidden_state_layer_ids.split(",")]

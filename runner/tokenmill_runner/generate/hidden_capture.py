@@ -30,7 +30,8 @@ from ..store.hidden_states import (
     record_failure,
     sample_key,
 )
-from ..store.shards import decode_rows, markers_in_commit_order
+from ..store.markers import markers_in_commit_order
+from ..store.shards import decode_rows
 from ..store.storage import Storage
 
 logger = logging.getLogger(__name__)

@@ -187,7 +187,7 @@ def hidden_state_inputs(storage: Storage, dataset: str) -> tuple[dict[tuple[str,
     """What the report's hidden-state section reads: every committed sample with its sequence length (from the
     shard markers; None for a conversation, whose states cover its last turn), the state markers, and the failed
     captures still recorded: (sample, tokens, bytes) per state marker."""
-    from .shards import markers_in_commit_order
+    from .markers import markers_in_commit_order
 
     expected: dict[tuple[str, int], int | None] = {}
     for marker in markers_in_commit_order(storage, dataset):
