@@ -277,3 +277,18 @@ def test_the_report_shows_coverage_bytes_and_fails_on_a_length_mismatch(tmp_path
     report, _ = write_report(storage)
     assert report["hidden_states"]["d"]["coverage"] == 0.75
     assert [f["check"] for f in report["findings"] if f["check"].startswith("hidden")] == ["hidden_states_coverage"]
+
+
+def test_two_writers_capturing_the_same_run_leave_one_aligned_file_per_sample(tmp_path, demo_model, sim):
+    storage, out = generate(tmp_path, demo_model, sim, lines=6)
+
+    async def both() -> list:
+        return await asyncio.gather(*(capture_dataset(storage, "d", sim.url, SHAPE, chunked_prefill_tokens=CHUNK,
+                                                      spool=tmp_path) for _ in range(2)))
+
+    first, second = asyncio.run(both())
+    assert first.failed == second.failed == 0
+    # Both may capture a sample (same key, same bytes); the store still holds one file and one marker for each.
+    assert len(list((out / "d" / STATES).glob("*.safetensors"))) == 6
+    assert len(list((out / "d" / "hidden_commits").glob("*.json"))) == 6
+    assert_every_sample_once_and_aligned(storage)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import secrets
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,11 +110,14 @@ async def capture_dataset(storage: Storage, dataset: str, server: str, shape: St
     limit = asyncio.Semaphore(concurrency)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     pool = ThreadPoolExecutor(max_workers=max(1, concurrency))
+    # SGLang refuses a rid already in flight ("Duplicate request ID detected"), so a second writer of the same run
+    # (or a retry while the first request is still running) needs its own.
+    writer = secrets.token_hex(4)
 
     async def one(client: httpx.AsyncClient, row: dict[str, Any], key: str) -> None:
         sequence = _sequence(row)
         where = f"dataset {dataset!r} sample {row['sample_id']!r} (index {row.get('sample_index', 0)})"
-        body = capture_request(sequence, f"hs-{key}", chunked_prefill_tokens)
+        body = capture_request(sequence, f"hs-{key}-{writer}", chunked_prefill_tokens)
         bound = len(sequence) * shape.row_values * _MAX_CHARS_PER_VALUE + (1 << 20) + 64 * len(sequence)
         try:
             async with client.stream("POST", f"{server}/generate", content=orjson.dumps(body)) as answer:
