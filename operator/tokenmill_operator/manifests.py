@@ -17,6 +17,7 @@ import yaml
 
 from tokenmill_runner.facts.hardware import GPU_RESOURCE as RESOURCE_BY_VENDOR
 from tokenmill_runner.facts.hardware import PRODUCT_LABEL_KEY
+from tokenmill_runner.facts.hidden_states import launch_flags as hidden_state_launch_flags
 from tokenmill_runner.facts.releases import HEALTH_CHECK_TIMEOUT_S, release, version_key
 from tokenmill_runner.spec.config import API_KEY_ENV
 from tokenmill_runner.spec.resource import API_VERSION, KIND, DatasetGenerationSpec, content_hash
@@ -246,6 +247,9 @@ def sglang_args(name: str, spec: DatasetGenerationSpec, plan: ServerPlan, model_
         # Only on request: SGLang then builds a per-request seed tensor (sampling_batch_info.py:157 in 0.5.23), so
         # sampling_seed takes effect, at the price of batch-invariant kernels and the pytorch sampler.
         args += ["--enable-deterministic-inference"]
+    if spec.hidden_states is not None:
+        # The aux capture the runner's hidden-state pass asks for (facts/hidden_states.py has the 0.5.23 source).
+        args += hidden_state_launch_flags(spec.hidden_states.layer_ids)
     if plan.attention_backend and given_backend(server.extra_args) is None:
         # Chosen by the planner for deterministic inference (planner/attention.py says why SGLang's own pick fails).
         args += ["--attention-backend", plan.attention_backend]

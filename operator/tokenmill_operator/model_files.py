@@ -26,6 +26,14 @@ def model_files_location(spec: DatasetGenerationSpec) -> str:
     )
 
 
+def read_model_config(spec: DatasetGenerationSpec, credentials: dict[str, str] | None,
+                      location: str | None = None) -> dict:
+    """config.json of the model, from where make_plan reads it."""
+    output = spec.output
+    storage = open_storage(location or model_files_location(spec), output.endpoint, output.region, credentials)
+    return orjson.loads(storage.get("config.json"))
+
+
 def make_plan(spec: DatasetGenerationSpec, credentials: dict[str, str] | None,
               work: Workload | None = None, location: str | None = None,
               retry: StorageRetry | None = None, node_driver_major: int | None = None) -> ServerPlan:

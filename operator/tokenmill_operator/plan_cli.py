@@ -15,6 +15,7 @@ import yaml
 from tokenmill_runner.spec.resource import load_spec_file
 
 from . import cache, kueue, manifests, names
+from .hidden_states_plan import HiddenStatesPlanError, hidden_states_plan, render_hidden_states
 from .model_files import make_plan
 from .planner import render_plan, workload
 from .workload_sample import sampled_workload
@@ -94,11 +95,22 @@ def run(args: argparse.Namespace) -> int:
         location = args.tokenizer or spec.model.tokenizer or spec.model.path
         work = sampled_workload(spec, work or workload(spec), location, args.sample_rows)
     plan = make_plan(spec, credentials=None, work=work, location=args.model_files)
+    try:
+        states = hidden_states_plan(spec, work or workload(spec), args.model_files)
+    except HiddenStatesPlanError as error:
+        sys.stderr.write(f"error: {error}\n")
+        return 2
     children = objects(resource, plan, args.runner_image)
     if args.json:
         payload = {"plan": plan.model_dump(mode="json", by_alias=True), "objects": children}
+        if states is not None:
+            payload["hiddenStates"] = {"bytes": states.total, "perDataset": states.per_dataset,
+                                       "bytesPerToken": states.shape.bytes_per_token}
         sys.stdout.write(orjson.dumps(payload, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
-        sys.stdout.write(render_plan(plan) + "\n\n# Objects the operator creates (the Secret's key is generated):\n")
+        sys.stdout.write(render_plan(plan) + "\n")
+        if states is not None:
+            sys.stdout.write("\n" + render_hidden_states(states) + "\n")
+        sys.stdout.write("\n# Objects the operator creates (the Secret's key is generated):\n")
         sys.stdout.write(yaml.safe_dump_all(children, sort_keys=False))
     return 0

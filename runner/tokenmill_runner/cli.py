@@ -189,7 +189,9 @@ def _start_simulator(resource: DatasetGeneration, args: argparse.Namespace, stac
     folder = local_model_folder(model.tokenizer or model.path, args.s3_endpoint or resource.spec.output.endpoint)
     url = builtin_sim.start(stack, folder, seed=args.sim_seed, time_scale=args.sim_time_scale,
                             max_running_requests=args.sim_max_running_requests,
-                            trust_remote_code=model.trust_remote_code)
+                            trust_remote_code=model.trust_remote_code,
+                            aux_hidden_states=resource.spec.hidden_states is not None,
+                            aux_layer_ids=resource.spec.hidden_states.layer_ids if resource.spec.hidden_states else None)
     logger.info("no --server given: started the built-in SGLang simulator at %s (time scale %gx)",
                 url, args.sim_time_scale)
     return url
@@ -210,6 +212,19 @@ async def _run_async(config: RunnerConfig) -> int:
     code = exit_code(summary)
     if code in (EXIT_INTERRUPTED, EXIT_SERVERS_UNAVAILABLE):
         return code
+    if config.spec.hidden_states is not None:
+        from .facts.hidden_states import NoRoomError
+        from .generate.hidden_pass import run_hidden_state_pass
+
+        try:
+            captured = await run_hidden_state_pass(config, runner.storage, os.environ.get(API_KEY_ENV))
+        except NoRoomError as error:
+            print(f"error: hidden states: {error}", file=sys.stderr)
+            return EXIT_GIVEN_UP
+        print(f"hidden states: {captured.captured} captured, {captured.skipped} already committed, "
+              f"{captured.failed} failed, {captured.state_bytes} bytes")
+        if captured.failed and code == 0:
+            code = EXIT_GIVEN_UP  # a run whose states are incomplete never ends looking like success
     if config.worker_count == 1:  # with several workers the operator reports once all are done
         _print_report(runner.storage)
     return code

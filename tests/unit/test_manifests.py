@@ -608,3 +608,16 @@ def test_long_name_children_are_consistent():
         "metadata"]["name"]
     assert names.api_key_secret_name(long) in yaml.safe_dump(j)
     assert all(len(v) <= 63 for v in sts["spec"]["template"]["metadata"]["labels"].values())
+
+
+def test_hidden_states_add_the_aux_capture_flags_of_0_5_23():
+    # --enable-return-aux-hidden-states with --speculative-algorithm EAGLE3 as the convention, no draft (0.5.23
+    # arg_groups/fields/exec_.py:130-157, arg_groups/validation_hook.py:697-752); explicit ids only when given.
+    assert "--enable-return-aux-hidden-states" not in container(statefulset())["args"]
+    args = container(statefulset(spec(hiddenStates__convention="eagle3")))["args"]
+    assert flag(args, "--speculative-algorithm") == "EAGLE3"
+    assert "--enable-return-aux-hidden-states" in args and "--return-aux-hidden-state-layer-ids" not in args
+    args = container(statefulset(spec(hiddenStates__layerIds=[2, 30, 57])))["args"]
+    at = args.index("--return-aux-hidden-state-layer-ids")
+    assert args[at + 1:at + 4] == ["2", "30", "57"]
+    assert args[-2:] == ["--chunked-prefill-size", "4096"]  # extraArgs still last

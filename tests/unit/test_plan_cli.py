@@ -69,3 +69,35 @@ def test_bad_flags_are_refused(kimi_files: Path, capsys: pytest.CaptureFixture[s
     with pytest.raises(SystemExit):
         cli.main(["plan", str(B5), "--output-tokens", "0"])
     assert "must be positive" in capsys.readouterr().err
+
+
+def _with_hidden_states(tmp_path: Path, output: str, limit: int) -> Path:
+    import yaml
+
+    document = yaml.safe_load(B5.read_text())
+    document["spec"]["hiddenStates"] = {"convention": "eagle3"}
+    document["spec"]["output"] = {"uri": output}
+    for dataset in document["spec"]["datasets"]:
+        dataset["limit"] = limit
+    path = tmp_path / "hs.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def test_the_plan_shows_the_hidden_states_bytes(kimi_files: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    spec = _with_hidden_states(tmp_path, str(tmp_path / "out"), limit=100)
+    assert cli.main(["plan", str(spec), "--model-files", str(kimi_files), "--json", "--prompt-tokens", "300",
+                     "--output-tokens", "200"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    # Kimi-K2.5: hidden 7168, EAGLE3's 3 layers, bf16 -> 43,008 bytes per token, 8 more for its id, 1 KiB a file.
+    assert payload["hiddenStates"]["bytesPerToken"] == 3 * 7168 * 2
+    assert payload["hiddenStates"]["bytes"] == 100 * 500 * (43_008 + 8) + 100 * 1024
+    assert "--enable-return-aux-hidden-states" in json.dumps(payload["objects"])
+
+
+def test_a_local_output_without_room_for_the_states_is_refused(kimi_files: Path, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]):
+    spec = _with_hidden_states(tmp_path, str(tmp_path / "out"), limit=2**40)  # petabytes of states
+    assert cli.main(["plan", str(spec), "--model-files", str(kimi_files)]) == 2
+    error = capsys.readouterr().err
+    assert "spec.hiddenStates" in error and "GB free but the hidden states need" in error

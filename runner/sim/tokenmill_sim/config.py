@@ -47,6 +47,11 @@ class SimConfig:
     api_key: str | None = None  # like SGLang --api-key: "Authorization: Bearer <key>" or 401 (/health, /metrics open)
     served_model_name: str | None = None  # metrics' model_name label; defaults to model_path
     trust_remote_code: bool = False  # like SGLang --trust-remote-code: run the tokenizer's own code (Kimi)
+    # Like SGLang 0.5.23 --enable-return-aux-hidden-states (EAGLE3 convention) and --return-aux-hidden-state-layer-ids
+    # (comma-separated here; None: the EAGLE3 default of the model's layer count); hidden_states.py serves them.
+    enable_return_aux_hidden_states: bool = False
+    return_aux_hidden_state_layer_ids: str | None = None
+    chunked_prefill_size: int = 8192  # like --chunked-prefill-size: prefill chunks of a hidden-state answer
 
     def __post_init__(self) -> None:
         try:
@@ -56,6 +61,8 @@ class SimConfig:
         if not supported:
             raise ValueError(f"the simulator shows the behaviour of the supported SGLang releases "
                              f"({', '.join(SUPPORTED_RELEASES)}), not {self.sglang_version}")
+        if self.enable_return_aux_hidden_states and not release(self.sglang_version).aux_hidden_states:
+            raise ValueError(f"SGLang {self.sglang_version} has no --enable-return-aux-hidden-states (0.5.23+)")
         if self.page_size < 1:
             raise ValueError("page_size must be at least 1")
         if self.profile != AUTO and self.profile not in PROFILES:
@@ -99,6 +106,8 @@ _HELP = {
     "max_queued_requests": "waiting-queue limit; newcomers beyond it get 503 (SGLang --max-queued-requests)",
     "api_key": "require 'Authorization: Bearer KEY' (SGLang --api-key)",
     "served_model_name": "model name in /metrics labels (default: the model path)",
+    "return_aux_hidden_state_layer_ids": "comma-separated target layer ids to capture (default: EAGLE3's)",
+    "chunked_prefill_size": "prefill chunk in tokens (SGLang --chunked-prefill-size)",
 }
 
 
@@ -116,9 +125,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "profile": str, "startup_seconds": float, "fault_503_rate": float, "fault_reset_rate": float,
         "fault_abort_rate": float, "fault_slow_rate": float, "fault_slow_seconds": float,
         "max_queued_requests": int, "api_key": str, "served_model_name": str, "fault_crash_text": str,
+        "return_aux_hidden_state_layer_ids": str, "chunked_prefill_size": int,
     }
     parser.add_argument("--trust-remote-code", dest="trust_remote_code", action="store_true",
                         help="run the tokenizer's own Python code (SGLang --trust-remote-code), e.g. Kimi's")
+    parser.add_argument("--enable-return-aux-hidden-states", dest="enable_return_aux_hidden_states",
+                        action="store_true", help="serve EAGLE3 aux hidden states (SGLang 0.5.23+)")
     for name, kind in typed.items():
         flag = "--" + name.replace("_", "-")
         choices = [AUTO, *sorted(PROFILES)] if name == "profile" else None

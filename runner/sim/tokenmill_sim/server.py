@@ -24,11 +24,13 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from tokenmill_runner.facts.hidden_states import check_layer_ids, default_eagle3_layer_ids
 from tokenmill_runner.facts.releases import release
 
 from .capacity import CapacityModel, Job, LinearStepTime, SchedulerParams, StepTime
 from .config import SimConfig
 from .engine import Engine, QueueFull, SimClock
+from .hidden_states import AuxCapture, hidden_states_entries
 from .loader import load_model
 from .metrics import SchedulerSnapshot, SimMetrics
 from .model import LoadedModel
@@ -72,6 +74,23 @@ class _Outcome:
     finished: Finished
     job: Job
     aborted: bool
+    hidden_states: bool = False
+    logprob_start_len: int = -1
+
+
+def _aux_capture(config: SimConfig, model_config: dict[str, Any]) -> AuxCapture | None:
+    """--enable-return-aux-hidden-states as the model's config resolves it (facts/hidden_states.py)."""
+    if not config.enable_return_aux_hidden_states:
+        return None
+    nested = model_config.get("text_config")
+    text: dict[str, Any] = nested if isinstance(nested, dict) else model_config
+    layers, hidden = int(text["num_hidden_layers"]), int(text["hidden_size"])
+    if config.return_aux_hidden_state_layer_ids:
+        layer_ids = [int(part) for part in config.return_aux_hidden_state_layer_ids.split(",")]
+        check_layer_ids(layer_ids, layers)
+    else:
+        layer_ids = default_eagle3_layer_ids(layers)
+    return AuxCapture(layer_ids, hidden, config.chunked_prefill_size)
 
 
 class Simulator:
@@ -90,6 +109,7 @@ class Simulator:
         self.step_time = step_time or LinearStepTime(config.step_ms, config.step_ms_per_request,
                                                      config.prefill_ms_per_1k_tokens)
         self.engine: Engine | None = None
+        self.aux_capture = _aux_capture(config, self.model.files.config)
         self.metrics = SimMetrics(config.model_name, self.snapshot, self.release)
         # Faults are drawn per request from one stream, not per prompt: a retry of a failed prompt can succeed.
         self.fault_rng = random.Random(config.seed ^ 0xFA17)
@@ -138,7 +158,8 @@ class Simulator:
         except ApiError as error:
             return _json(error.status, error.body)
         try:
-            return await self._serve(request, parsed)
+            hidden, start = self._hidden_state_request(body)
+            return await self._serve(request, parsed, hidden, start)
         except ApiError as error:
             return _json(error.status, error.body)
         finally:
@@ -162,7 +183,22 @@ class Simulator:
             return False
         return any(text in self.model.decode(item.input_ids, False) for item in parsed.items)
 
-    async def _serve(self, request: web.Request, parsed: GenerateRequest) -> web.StreamResponse:
+    def _hidden_state_request(self, body: dict[str, Any]) -> tuple[bool, int]:
+        """return_hidden_states against what the server allows (0.5.23 managers/tokenizer_manager.py:1394-1406)."""
+        wanted = body.get("return_hidden_states", False)
+        if wanted not in (True, False, "last"):
+            raise bad_request("return_hidden_states must be a boolean or the string literal 'last'.")
+        if wanted and self.aux_capture is None:
+            raise bad_request("The server is not configured to return hidden states. Please set "
+                              "`--return-hidden-states-mode last`, `--return-hidden-states-mode full`, or "
+                              "`--enable-return-hidden-states`.")
+        if wanted == "last":
+            raise bad_request("The tokenmill simulator serves return_hidden_states=True only.")
+        start = body.get("logprob_start_len", -1) if body.get("return_logprob") else -1
+        return bool(wanted), start if type(start) is int else -1
+
+    async def _serve(self, request: web.Request, parsed: GenerateRequest, hidden: bool = False,
+                     logprob_start_len: int = -1) -> web.StreamResponse:
         if self._poisoned(parsed):
             logger.error("a prompt contains the fault_crash_text: the server process dies")
             self.crash()
@@ -171,7 +207,9 @@ class Simulator:
         if dice[0] < self.config.fault_503_rate or self._unavailable_now():
             self.metrics.observe_aborted()
             raise abort_error(HTTPStatus.SERVICE_UNAVAILABLE, QUEUE_FULL)
-        answers = [self._answer(outcome) for outcome in await self._run(parsed.items)]
+        outcomes = [dataclasses.replace(outcome, hidden_states=hidden, logprob_start_len=logprob_start_len)
+                    for outcome in await self._run(parsed.items)]
+        answers = [self._answer(outcome) for outcome in outcomes]
         if dice[1] < self.config.fault_reset_rate:
             return _drop_connection(request)  # generated and counted, but the answer is lost on the way
         if dice[2] < self.config.fault_slow_rate:
@@ -228,7 +266,15 @@ class Simulator:
         text = self.generator.text(finished, item.params)
         reasoning = reasoning_token_count(item, finished.output_ids, self.model.vocab.think_end)
         accounting = Accounting(round(e2e, 6), reasoning, job.retractions, job.cached_tokens)
-        return response_item(item, finished, text, accounting, self.release)
+        answer = response_item(item, finished, text, accounting, self.release)
+        if outcome.hidden_states and self.aux_capture is not None:
+            # A prefix served from the cache is not recomputed; logprob_start_len 0 caps the match at 0
+            # (0.5.23 managers/schedule_batch.py:1766-1785).
+            cached = 0 if outcome.logprob_start_len == 0 else job.cached_tokens
+            finished_len = min(len(finished.output_ids), item.params.max_new_tokens)
+            answer["meta_info"]["hidden_states"] = hidden_states_entries(
+                self.aux_capture, item.input_ids, finished.output_ids, cached, finished_len)
+        return answer
 
     # ---- health and info ----------------------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
@@ -311,7 +357,7 @@ class Simulator:
             "max_queued_requests": config.max_queued_requests,
             "max_total_tokens": config.max_total_tokens,
             "page_size": config.page_size,
-            "chunked_prefill_size": 8192,
+            "chunked_prefill_size": config.chunked_prefill_size,
             "max_prefill_tokens": 16384,
             "schedule_policy": "fcfs",
             "kv_cache_dtype": "auto",

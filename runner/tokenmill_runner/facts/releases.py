@@ -136,6 +136,10 @@ class Release:
     # Architectures the deterministic check holds to the radix-supported backends ("absorbed-MLA models"; 0.5.9
     # server_args.py:2729-2736; 0.5.23 arg_groups/attention_hook.py:623-632). Kimi-K2.5, MLA too, is not listed.
     deterministic_mla_architectures: tuple[str, ...]
+    # --enable-return-aux-hidden-states: the target's EAGLE-3 aux hidden states without a draft, from 0.5.23
+    # (0.5.23 arg_groups/fields/exec_.py:130-157, arg_groups/validation_hook.py:697-752); earlier releases return
+    # only the last layer (--enable-return-hidden-states, 0.5.9 server_args.py:628). facts/hidden_states.py.
+    aux_hidden_states: bool
 
     @property
     def image(self) -> str:
@@ -217,6 +221,7 @@ def _build(version: str, released: str) -> Release:
         deterministic_attention_backends=_changed(version, _DETERMINISTIC_BACKENDS),
         radix_deterministic_attention_backends=_changed(version, _RADIX_DETERMINISTIC_BACKENDS),
         deterministic_mla_architectures=_changed(version, _DETERMINISTIC_MLA_ARCHITECTURES),
+        aux_hidden_states=since("0.5.23"),
     )
 
 

@@ -16,7 +16,8 @@ class SimulatorMissing(RuntimeError):
 
 
 def start(stack: ExitStack, model_folder: str, *, seed: int, time_scale: float, max_running_requests: int,
-          trust_remote_code: bool = False) -> str:
+          trust_remote_code: bool = False, aux_hidden_states: bool = False,
+          aux_layer_ids: list[int] | None = None) -> str:
     """Start the simulator on a free loopback port for the life of `stack`; its base URL."""
     try:
         from tokenmill_sim.config import SimConfig
@@ -27,7 +28,9 @@ def start(stack: ExitStack, model_folder: str, *, seed: int, time_scale: float, 
             f"installed here: pass --server URL, or {INSTALL_HINT}"
         ) from None
     config = SimConfig(model_path=model_folder, seed=seed, time_scale=time_scale,
-                       max_running_requests=max_running_requests, trust_remote_code=trust_remote_code)
+                       max_running_requests=max_running_requests, trust_remote_code=trust_remote_code,
+                       enable_return_aux_hidden_states=aux_hidden_states,
+                       return_aux_hidden_state_layer_ids=",".join(map(str, aux_layer_ids)) if aux_layer_ids else None)
     return stack.enter_context(SimServer(config)).url
 
 

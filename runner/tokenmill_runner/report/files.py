@@ -43,6 +43,25 @@ def load_ledger(storage: Storage) -> Ledger:
     return Ledger(storage.root_uri, manifest.model_dump(mode="json", exclude_none=True), datasets)
 
 
+def _add_hidden_states(storage: Storage, ledger: Any, report: dict[str, Any]) -> None:
+    """The hidden-state section and its findings, when the run asked for states (report/hidden_states.py)."""
+    from ..store.hidden_states import hidden_state_inputs
+    from .hidden_states import StateRecord, hidden_state_section
+    from .validation import LEVELS
+
+    spec = ledger.run.get("spec") if isinstance(ledger.run, dict) else None
+    if not (isinstance(spec, dict) and spec.get("hiddenStates") is not None):
+        return
+    sections = {}
+    for dataset in ledger.datasets:
+        expected, states, failed = hidden_state_inputs(storage, dataset.name)
+        records = [StateRecord(*state) for state in states]
+        sections[dataset.name], findings = hidden_state_section(dataset.name, expected, records, failed)
+        report["findings"].extend(findings)
+    report["hidden_states"] = sections
+    report["verdict"] = max((f["level"] for f in report["findings"]), key=LEVELS.index, default="fail")
+
+
 def write_report(storage: Storage) -> tuple[dict[str, Any], list[str]]:
     """Compute the report from the commit markers and write report.json, report.md and one PNG per dataset."""
     from .markdown import render
@@ -50,6 +69,7 @@ def write_report(storage: Storage) -> tuple[dict[str, Any], list[str]]:
 
     ledger = load_ledger(storage)
     report = build_report(ledger)
+    _add_hidden_states(storage, ledger, report)
     images = []
     for dataset in ledger.datasets:
         caps = report["datasets"][dataset.name]["truncated"]["caps"]

@@ -27,6 +27,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from ..facts.hidden_states import FINAL_STATE_WITH_AUX_FROM, TRAINER_LAYOUTS, check_layer_ids
 from ..facts.releases import (
     DEFAULT_IMAGE,
     DEFAULT_RELEASE,
@@ -36,6 +37,7 @@ from ..facts.releases import (
     is_moving_tag,
     release,
     release_of_image,
+    version_key,
 )
 from ..source.adapters import RowLayout
 
@@ -536,6 +538,46 @@ class OutputSpec(SpecModel):
         return value
 
 
+ExportLayout = Literal["speculators", "specforge"]
+# Flags whose value SGLang reads as the pipeline-parallel size (argparse also takes unambiguous abbreviations).
+_PP_FLAGS = ("--pp-size", "--pipeline-parallel-size")
+
+
+class HiddenStatesSpec(SpecModel):
+    """The target's EAGLE-3 aux hidden states captured for every committed sample (SGLang 0.5.23+)."""
+
+    convention: Literal["eagle3"] = Field(
+        "eagle3", description="Capture convention: eagle3 (SGLang --speculative-algorithm EAGLE3 names it; no draft "
+        "is loaded).")
+    layer_ids: list[Annotated[int, Field(ge=0, le=100_000)]] | None = Field(
+        None, max_length=64, description="Target layer ids whose outputs are captured "
+        "(--return-aux-hidden-state-layer-ids); default: SGLang's EAGLE3 layers for the architecture (the inputs "
+        "of layers 2, L/2 and L-3, i.e. the outputs of layers 1, L/2-1, L-4).")
+    dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        "bfloat16", description="The dtype the target serves (its config.json torch_dtype); states are stored in it "
+        "exactly as served.")
+    layouts: list[ExportLayout] = Field(
+        default_factory=list, max_length=2,
+        description="Trainer layouts wanted besides tokenmill's own files (a safetensors file per sample: token_ids "
+        "and the aux layers): speculators (hidden_states/hs_{i}.safetensors), specforge (.ckpt). Both also need the "
+        "target's final hidden state, which no supported SGLang release returns with the aux layers, so both are "
+        "refused for now.")
+
+    @field_validator("layer_ids")
+    @classmethod
+    def _sglang_rules(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None:
+            check_layer_ids(value, num_layers=100_001)  # the model's own count is checked by the planner
+        return value
+
+    @field_validator("layouts")
+    @classmethod
+    def _unique_layouts(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"layouts {value} name a layout twice")
+        return value
+
+
 class ValidationSpec(SpecModel):
     max_truncated_fraction: FractionString = Field(
         "0.05", description="Most samples that may hit max_new_tokens before the report warns."
@@ -565,6 +607,9 @@ class DatasetGenerationSpec(SpecModel):
     validation: ValidationSpec = Field(
         default_factory=ValidationSpec, description="Thresholds of the validation report's checks."
     )
+    hidden_states: HiddenStatesSpec | None = Field(
+        None, description="Capture the target's EAGLE-3 aux hidden states of every committed sample (prompt + "
+        "output ids), stored beside the shards; off when unset. Needs SGLang 0.5.23+ and pipeline parallelism 1.")
     suspend: bool = Field(False, description="Scale everything to zero; resuming continues from what is committed.")
     seed: int | None = Field(
         None, ge=0, lt=2**63, description="Base of the per-sample seeds (default 0): each sample's seed is a hash of "
@@ -578,6 +623,37 @@ class DatasetGenerationSpec(SpecModel):
             if dataset.name in seen:
                 raise ValueError(f"datasets[{index}].name {dataset.name!r} is used twice; names must be unique")
             seen.add(dataset.name)
+        return self
+
+    @model_validator(mode="after")
+    def _hidden_states_servable(self) -> DatasetGenerationSpec:
+        if self.hidden_states is None:
+            return self
+        version = self.server.release_version() or DEFAULT_RELEASE
+        try:
+            facts = release(version)
+        except UnknownReleaseError:
+            return self  # the planner names the unknown release
+        if not facts.aux_hidden_states:
+            raise ValueError(
+                f"hiddenStates: SGLang {facts.version} ({self.server.image}) cannot capture aux hidden states: "
+                "--enable-return-aux-hidden-states first ships in 0.5.23 (earlier releases return only the last "
+                "layer); use lmsysorg/sglang:v0.5.23 or later")
+        for index, layout in enumerate(self.hidden_states.layouts):
+            if FINAL_STATE_WITH_AUX_FROM is None or version_key(facts.version) < version_key(FINAL_STATE_WITH_AUX_FROM):
+                raise ValueError(
+                    f"hiddenStates.layouts[{index}] {layout!r}: {TRAINER_LAYOUTS[layout]}, and SGLang {facts.version} "
+                    "returns the aux layers in place of the final hidden state (no release serves both); drop the "
+                    "layout: the states are stored as token_ids + aux layers per sample")
+        args = self.server.extra_args
+        for index, arg in enumerate(args):
+            name, _, inline = arg.partition("=")
+            if len(name) > 4 and any(flag.startswith(name) for flag in _PP_FLAGS):
+                value = inline or (args[index + 1] if index + 1 < len(args) else "")
+                if value.strip() != "1":
+                    raise ValueError(
+                        f"hiddenStates: server.extraArgs[{index}] {arg!r} sets pipeline parallelism {value!r}; SGLang "
+                        "captures aux hidden states only with pp_size 1 (the hooks see only the last rank's layers)")
         return self
 
     def sampling_for(self, dataset: DatasetSpec) -> SamplingSpec:

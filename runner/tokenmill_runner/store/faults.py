@@ -24,8 +24,9 @@ import threading
 from dataclasses import dataclass
 
 FAULT_ENV = "TOKENMILL_FAULT"
-STEPS = ("data", "errors", "marker")
-_RULE = re.compile(r"kill-(before|after):(data|errors|marker):([1-9][0-9]*)")
+# states and states-marker: a sample's hidden-state file and its marker (store/hidden_states.py).
+STEPS = ("data", "errors", "marker", "states", "states-marker")
+_RULE = re.compile(r"kill-(before|after):(data|errors|marker|states|states-marker):([1-9][0-9]*)")
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ def parse_rules(text: str) -> list[FaultRule]:
     for part in filter(None, (p.strip() for p in text.split(","))):
         match = _RULE.fullmatch(part)
         if not match:
-            raise ValueError(f"{FAULT_ENV}: {part!r} is not kill-before|after:data|errors|marker:N (N >= 1)")
+            raise ValueError(f"{FAULT_ENV}: {part!r} is not kill-before|after:data|errors|marker|states|states-marker:N (N >= 1)")
         rules.append(FaultRule(match.group(1), match.group(2), int(match.group(3))))
     return rules
 

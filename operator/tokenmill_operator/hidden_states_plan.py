@@ -1,0 +1,48 @@
+"""`tokenmill plan`'s hidden-state section: the bytes the run's states will take (per dataset and in all), and a
+local output refused when its disk cannot hold them, before any GPU hour."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from tokenmill_runner.facts.hidden_states import NoRoomError, PlannedStates, check_room, plan_states, shape_from_config
+from tokenmill_runner.facts.workload import Workload
+from tokenmill_runner.spec.resource import DatasetGenerationSpec
+
+from .model_files import read_model_config
+
+
+class HiddenStatesPlanError(ValueError):
+    """The states cannot be planned or stored as the spec asks."""
+
+
+def hidden_states_plan(spec: DatasetGenerationSpec, work: Workload, location: str | None) -> PlannedStates | None:
+    if spec.hidden_states is None:
+        return None
+    try:
+        shape = shape_from_config(read_model_config(spec, None, location), spec.hidden_states.layer_ids,
+                                  spec.hidden_states.dtype)
+    except ValueError as error:
+        raise HiddenStatesPlanError(f"spec.hiddenStates: {error}") from None
+    planned = plan_states(shape, [(d.name, d.samples, d.prompt_tokens + d.mean_output()) for d in work.datasets])
+    uri = spec.output.uri.removeprefix("file://")
+    if "://" not in uri:
+        folder = Path(uri).resolve()
+        while not folder.exists():
+            folder = folder.parent
+        try:
+            check_room(planned.total, shutil.disk_usage(folder).free, f"the output {spec.output.uri}")
+        except NoRoomError as error:
+            raise HiddenStatesPlanError(f"spec.hiddenStates: {error}") from None
+    return planned
+
+
+def render_hidden_states(planned: PlannedStates) -> str:
+    shape = planned.shape
+    lines = [f"# Hidden states: {shape.layers} layers x {shape.hidden} hidden x {shape.dtype} = "
+             f"{shape.bytes_per_token:,} bytes per token (+ 8 for its id)"]
+    for name, size in planned.per_dataset.items():
+        lines.append(f"  {name}: {planned.tokens[name]:,.0f} tokens -> {size / 1e9:,.2f} GB")
+    lines.append(f"  total: {planned.total / 1e9:,.2f} GB")
+    return "\n".join(lines)

@@ -1,0 +1,175 @@
+"""The hidden-state pass: for every committed sample, the target's aux states of exactly prompt ids + output ids.
+
+After the generation stream, each committed row without a committed state file is sent once as a capture request
+(facts/hidden_states.capture_request: full prefill, no cached prefix), its answer checked (the token ids the server
+echoes equal the row's, one state row per token) and committed by store/hidden_states.py. A resume captures only
+what has no marker; a failed capture is recorded and retried only with retry_failed. At most `concurrency` answers
+are held at once, each parsed without building Python floats (one sample's states, never a shard's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import secrets
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+
+from ..facts.hidden_states import StateShape, capture_request
+from ..store.hidden_states import (
+    captured_keys,
+    clear_failure,
+    commit_states,
+    failed_keys,
+    record_failure,
+    sample_key,
+)
+from ..store.markers import markers_in_commit_order
+from ..store.shards import decode_rows
+from ..store.storage import Storage
+
+logger = logging.getLogger(__name__)
+
+_FIELD = b'"hidden_states":'
+# The characters a JSON list of numbers is made of; the first other one ends the value (a NaN served as null, too).
+_NOT_NUMERIC = re.compile(rb"[^0-9eE+\-.,\[\]\s]")
+# JSON text per state value is at most this long (orjson's shortest float repr plus a comma).
+_MAX_CHARS_PER_VALUE = 26
+
+
+class CaptureError(ValueError):
+    """An answer that cannot be stored as the sample's states; the message names the sample and what differs."""
+
+
+@dataclass
+class CaptureSummary:
+    captured: int = 0
+    skipped: int = 0  # already committed
+    failed: int = 0
+    state_bytes: int = 0
+    failures: list[str] = field(default_factory=list)
+
+
+def parse_states(body: bytes, sequence: list[int], shape: StateShape, where: str) -> np.ndarray:
+    """The states of `sequence` from a /generate answer, as float64 [tokens * layers * hidden].
+
+    The answer's hidden_states entries are the prefill chunks (2-D) and then decoded rows (1-D): the first
+    tokens * row_values numbers are the prefill's, as long as every chunk survived the finished_len cut."""
+    start = body.find(_FIELD)
+    if start < 0:
+        raise CaptureError(f"{where}: the answer has no meta_info.hidden_states (is the server started with "
+                           "--enable-return-aux-hidden-states?)")
+    value_start = start + len(_FIELD)
+    end_match = _NOT_NUMERIC.search(body, value_start)
+    value_end = end_match.start() if end_match else len(body)
+    if body[value_end:value_end + 4] == b"null":
+        raise CaptureError(f"{where}: a state value is null (NaN or inf served)")
+    value_end = value_start + len(body[value_start:value_end].rstrip(b", \t\r\n"))
+    rest = orjson.loads(body[:value_start] + b"null" + body[value_end:])
+    reported = rest.get("prompt_token_ids") if isinstance(rest, dict) else None
+    if reported is None and isinstance(rest, dict):
+        reported = [entry[1] for entry in rest.get("meta_info", {}).get("input_token_logprobs") or []] or None
+    if reported != sequence:
+        raise CaptureError(f"{where}: the server reports {len(reported or [])} token ids that differ from the row's "
+                           f"{len(sequence)} prompt + output ids; the states would not belong to the row")
+    text = body[value_start:value_end].translate(None, b"[]").strip().strip(b",")
+    # numpy's text parser reads the numbers without building a Python object per value (memory: the float64s only).
+    values = np.fromstring(text, dtype=np.float64, sep=",") if text else np.zeros(0)
+    wanted = len(sequence) * shape.row_values
+    if values.size < wanted or values.size % shape.row_values:
+        raise CaptureError(f"{where}: {values.size // max(1, shape.row_values)} state rows of "
+                           f"{shape.row_values} values for {len(sequence)} tokens (a prefix served from the cache, "
+                           "or prefill chunks cut by finished_len)")
+    return values[:wanted]
+
+
+def _sequence(row: dict[str, Any]) -> list[int]:
+    if "turns" in row:  # a multi-turn sample: the last turn holds the whole conversation's ids
+        last = row["turns"][-1]
+        return list(last["prompt_ids"]) + list(last["output_ids"])
+    return list(row["prompt_ids"]) + list(row["output_ids"])
+
+
+async def capture_dataset(storage: Storage, dataset: str, server: str, shape: StateShape, *,
+                          api_key: str | None = None, chunked_prefill_tokens: int = 8192, concurrency: int = 4,
+                          retry_failed: bool = False, spool: Path | None = None,
+                          timeout_s: float = 600.0, worker: int | None = None) -> CaptureSummary:
+    """Capture the states of every committed row of `dataset` that has none committed (those this worker
+    committed, when `worker` is given: the workers split the pass as they split the samples)."""
+    summary = CaptureSummary()
+    done = captured_keys(storage, dataset)
+    failed = failed_keys(storage, dataset)
+    seen: set[str] = set()
+    limit = asyncio.Semaphore(concurrency)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    pool = ThreadPoolExecutor(max_workers=max(1, concurrency))
+    # SGLang refuses a rid already in flight ("Duplicate request ID detected"), so a second writer of the same run
+    # (or a retry while the first request is still running) needs its own.
+    writer = secrets.token_hex(4)
+
+    async def one(client: httpx.AsyncClient, row: dict[str, Any], key: str) -> None:
+        sequence = _sequence(row)
+        where = f"dataset {dataset!r} sample {row['sample_id']!r} (index {row.get('sample_index', 0)})"
+        body = capture_request(sequence, f"hs-{key}-{writer}", chunked_prefill_tokens)
+        bound = len(sequence) * shape.row_values * _MAX_CHARS_PER_VALUE + (1 << 20) + 64 * len(sequence)
+        try:
+            async with client.stream("POST", f"{server}/generate", content=orjson.dumps(body)) as answer:
+                chunks, size = [], 0
+                async for chunk in answer.aiter_bytes():
+                    size += len(chunk)
+                    if size > bound:
+                        raise CaptureError(f"{where}: the answer exceeds {bound} bytes, more than "
+                                           f"{len(sequence)} tokens' states can take")
+                    chunks.append(chunk)
+                data = b"".join(chunks)
+                del chunks
+            if answer.status_code != 200:
+                raise CaptureError(f"{where}: HTTP {answer.status_code}: {data[:300]!r}")
+            values = await asyncio.get_running_loop().run_in_executor(
+                pool, parse_states, data, sequence, shape, where)
+            del data
+            await asyncio.get_running_loop().run_in_executor(
+                pool, lambda: commit_states(storage, dataset, row["sample_id"], row.get("sample_index", 0),
+                                            sequence, values, shape, spool))
+            if key in failed:
+                clear_failure(storage, dataset, key)
+            summary.captured += 1
+            summary.state_bytes += shape.state_bytes(len(sequence))
+        except (CaptureError, httpx.HTTPError) as error:
+            summary.failed += 1
+            summary.failures.append(str(error))
+            logger.warning("hidden-state capture failed: %s", error)
+            record_failure(storage, dataset, row["sample_id"], row.get("sample_index", 0), str(error))
+        finally:
+            limit.release()
+
+    try:
+        async with httpx.AsyncClient(timeout=timeout_s, headers=headers) as client:
+            tasks: set[asyncio.Task[None]] = set()
+            for marker in markers_in_commit_order(storage, dataset):
+                if not marker.get("data") or (worker is not None and marker.get("worker") != worker):
+                    continue
+                for row in decode_rows(storage.get(f"{dataset}/{marker['data']}")):
+                    key = sample_key(row["sample_id"], row.get("sample_index", 0))
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                    if key in done or (key in failed and not retry_failed):
+                        summary.skipped += 1
+                        continue
+                    await limit.acquire()
+                    task = asyncio.create_task(one(client, row, key))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.gather(*tasks)
+    finally:
+        pool.shutdown(wait=True)
+    return summary

@@ -1,0 +1,56 @@
+"""The report's hidden-state section: coverage (samples with states / committed samples), bytes, and a `fail`
+finding when a sample's states do not have one row per token of its sequence, or samples lack states. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+SampleRef = tuple[str, int]  # (sample id, sample index)
+
+
+@dataclass(frozen=True)
+class StateRecord:
+    sample: SampleRef
+    tokens: int
+    bytes: int
+
+
+def hidden_state_section(dataset: str, expected: dict[SampleRef, int | None], states: Iterable[StateRecord],
+                         failed: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """`expected`: every committed sample and its sequence length (prompt + output tokens; None where the marker
+    cannot tell, a multi-turn conversation)."""
+    covered: set[SampleRef] = set()
+    total_bytes = 0
+    misaligned: list[str] = []
+    orphans = 0
+    for record in states:
+        if record.sample not in expected:
+            orphans += 1  # a sample the fold no longer counts (e.g. a duplicate): not coverage
+            continue
+        covered.add(record.sample)
+        total_bytes += record.bytes
+        length = expected[record.sample]
+        if length is not None and length != record.tokens:
+            misaligned.append(f"{record.sample[0]} (index {record.sample[1]}): {record.tokens} states for "
+                              f"{length} tokens")
+    samples = len(expected)
+    coverage = len(covered) / samples if samples else None
+    section = {"samples": samples, "with_states": len(covered), "coverage": coverage, "bytes": total_bytes,
+               "failed_captures": failed, "misaligned": len(misaligned), "uncounted": orphans}
+    findings: list[dict[str, Any]] = []
+    if misaligned:
+        findings.append(_finding("hidden_states_length", dataset, len(misaligned),
+                                 f"{dataset}: {len(misaligned)} samples' hidden states differ in length from their "
+                                 f"sequence, e.g. {misaligned[0]}; a drafter would train on misaligned features"))
+    if samples and len(covered) < samples:
+        findings.append(_finding("hidden_states_coverage", dataset, coverage,
+                                 f"{dataset}: {samples - len(covered)} of {samples} samples have no hidden states "
+                                 f"({failed} captures failed); rerun with --retry-failed"))
+    return section, findings
+
+
+def _finding(check: str, dataset: str, value: Any, message: str) -> dict[str, Any]:
+    return {"check": check, "level": "fail", "dataset": dataset, "value": value, "threshold": None,
+            "message": message}

@@ -1,0 +1,201 @@
+"""Each committed sample's hidden states in a companion file, committed under the shards' marker protocol.
+
+    <dataset>/hidden_states/<key>.safetensors   token_ids [n] int64, hidden_states [n, layers, hidden] (served dtype)
+    <dataset>/hidden_commits/<key>.json         the marker: file, bytes, sha256, tokens, shape; written last
+    <dataset>/hidden_errors/<key>.json          a capture that failed (retried with --retry-failed)
+
+The file is written whole to a local spool and moved in by the storage's atomic put, then the marker: a marker never
+names a missing or partial file, and a kill before the marker leaves a file nothing counts (the next pass rewrites
+it). The key is a digest of (sample id, sample index), so a resume and a second writer address the same objects and a
+sample is captured once. One sample's states are written at a time, row block by row block, so memory stays at one
+sample's size. The safetensors layout (an 8-byte little-endian header length, a JSON header, the raw tensors) is
+written directly because the states are bf16, which numpy cannot name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from ..facts.hidden_states import SAFETENSORS_DTYPE, StateShape
+from .faults import points as fault_points
+from .storage import Storage, StorageError
+
+STATES = "hidden_states"
+STATE_COMMITS = "hidden_commits"
+STATE_ERRORS = "hidden_errors"
+MARKER_VERSION = 1
+# Rows converted and written per block: bounds the working copy to this many rows besides the parsed answer.
+_BLOCK_ROWS = 256
+
+
+def sample_key(sample_id: str, sample_index: int) -> str:
+    return hashlib.sha256(f"{sample_id}\0{sample_index}".encode()).hexdigest()[:40]
+
+
+def state_file_key(dataset: str, key: str) -> str:
+    return f"{dataset}/{STATES}/{key}.safetensors"
+
+
+def marker_key(dataset: str, key: str) -> str:
+    return f"{dataset}/{STATE_COMMITS}/{key}.json"
+
+
+def error_key(dataset: str, key: str) -> str:
+    return f"{dataset}/{STATE_ERRORS}/{key}.json"
+
+
+def to_dtype_bytes(values: np.ndarray, dtype: str) -> bytes:
+    """float64 values (exact copies of the served dtype's) as that dtype's little-endian bytes; bf16 by rounding the
+    float32 to nearest even, which is exact for values that came from bf16."""
+    if dtype == "float32":
+        return values.astype("<f4").tobytes()
+    if dtype == "float16":
+        return values.astype("<f2").tobytes()
+    bits = values.astype("<f4").view("<u4")
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return rounded.astype("<u2").tobytes()
+
+
+def from_dtype_bytes(data: bytes, dtype: str) -> np.ndarray:
+    if dtype == "float32":
+        return np.frombuffer(data, "<f4").astype(np.float64)
+    if dtype == "float16":
+        return np.frombuffer(data, "<f2").astype(np.float64)
+    return (np.frombuffer(data, "<u2").astype("<u4") << 16).view("<f4").astype(np.float64)
+
+
+def _header(tokens: int, shape: StateShape, metadata: dict[str, str]) -> bytes:
+    ids_bytes = 8 * tokens
+    header = {
+        "token_ids": {"dtype": "I64", "shape": [tokens], "data_offsets": [0, ids_bytes]},
+        "hidden_states": {"dtype": SAFETENSORS_DTYPE[shape.dtype], "shape": [tokens, shape.layers, shape.hidden],
+                          "data_offsets": [ids_bytes, ids_bytes + shape.state_bytes(tokens)]},
+        "__metadata__": metadata,
+    }
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the spec's alignment of the data that follows
+    return struct.pack("<Q", len(text)) + text
+
+
+@dataclass(frozen=True)
+class CommittedStates:
+    dataset: str
+    key: str
+    sample_id: str
+    sample_index: int
+    tokens: int
+    bytes: int
+
+
+def commit_states(storage: Storage, dataset: str, sample_id: str, sample_index: int, token_ids: list[int],
+                  values: np.ndarray, shape: StateShape, spool: Path | None = None) -> CommittedStates:
+    """Write one sample's file, then its marker. `values` holds token_ids' states, [tokens * layers * hidden]
+    float64 in row order."""
+    tokens = len(token_ids)
+    if values.size != tokens * shape.row_values:
+        raise ValueError(f"sample {sample_id!r}: {values.size} state values for {tokens} tokens x "
+                         f"{shape.row_values}; refusing to store a misaligned file")
+    key = sample_key(sample_id, sample_index)
+    faults = fault_points()
+    digest = hashlib.sha256()
+    fd, name = tempfile.mkstemp(prefix="states-", suffix=".safetensors", dir=spool)
+    path = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for chunk in (_header(tokens, shape, {"sample_id": sample_id, "sample_index": str(sample_index)}),
+                          np.asarray(token_ids, dtype="<i8").tobytes()):
+                out.write(chunk)
+                digest.update(chunk)
+            step = _BLOCK_ROWS * shape.row_values
+            for start in range(0, values.size, step):
+                chunk = to_dtype_bytes(values[start:start + step], shape.dtype)
+                out.write(chunk)
+                digest.update(chunk)
+            size = out.tell()
+        file_key = state_file_key(dataset, key)
+        faults.before("states", file_key)
+        storage.put_file(file_key, path)
+        faults.after("states", file_key)
+    finally:
+        path.unlink(missing_ok=True)
+    marker = {"version": MARKER_VERSION, "dataset": dataset, "sample_id": sample_id, "sample_index": sample_index,
+              "file": f"{STATES}/{key}.safetensors", "bytes": size, "sha256": digest.hexdigest(), "tokens": tokens,
+              "layers": shape.layers, "hidden": shape.hidden, "dtype": shape.dtype}
+    faults.before("states-marker", marker_key(dataset, key))
+    storage.put(marker_key(dataset, key), orjson.dumps(marker))
+    faults.after("states-marker", marker_key(dataset, key))
+    return CommittedStates(dataset, key, sample_id, sample_index, tokens, size)
+
+
+def record_failure(storage: Storage, dataset: str, sample_id: str, sample_index: int, reason: str) -> None:
+    record = {"dataset": dataset, "sample_id": sample_id, "sample_index": sample_index, "error": reason}
+    storage.put(error_key(dataset, sample_key(sample_id, sample_index)), orjson.dumps(record))
+
+
+def clear_failure(storage: Storage, dataset: str, key: str) -> None:
+    if storage.exists(error_key(dataset, key)):
+        storage.delete(error_key(dataset, key))
+
+
+def _keys_under(storage: Storage, prefix: str) -> set[str]:
+    return {name.rsplit("/", 1)[-1].removesuffix(".json") for name in storage.list(prefix)}
+
+
+def captured_keys(storage: Storage, dataset: str) -> set[str]:
+    """Samples whose marker is committed (a file without a marker is a leftover and not counted)."""
+    return _keys_under(storage, f"{dataset}/{STATE_COMMITS}/")
+
+
+def failed_keys(storage: Storage, dataset: str) -> set[str]:
+    return _keys_under(storage, f"{dataset}/{STATE_ERRORS}/")
+
+
+def state_markers(storage: Storage, dataset: str) -> Iterator[dict[str, Any]]:
+    for name in storage.list(f"{dataset}/{STATE_COMMITS}/"):
+        yield orjson.loads(storage.get(name))
+
+
+def read_states(storage: Storage, dataset: str, marker: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """token_ids [n] and states [n, layers, hidden] (float64) of one committed sample, checked against its marker."""
+    data = storage.get(f"{dataset}/{marker['file']}")
+    if len(data) != marker["bytes"] or hashlib.sha256(data).hexdigest() != marker["sha256"]:
+        raise StorageError(f"{dataset}/{marker['file']}: {len(data)} bytes whose digest differs from its marker's "
+                           f"({marker['bytes']} bytes); the file was changed after it was committed")
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + length])
+    base = 8 + length
+    ids_start, ids_end = header["token_ids"]["data_offsets"]
+    hs_start, hs_end = header["hidden_states"]["data_offsets"]
+    token_ids = np.frombuffer(data[base + ids_start:base + ids_end], "<i8")
+    states = from_dtype_bytes(data[base + hs_start:base + hs_end], marker["dtype"])
+    return token_ids, states.reshape(header["hidden_states"]["shape"])
+
+
+def hidden_state_inputs(storage: Storage, dataset: str) -> tuple[dict[tuple[str, int], int | None],
+                                                                  list[tuple[tuple[str, int], int, int]], int]:
+    """What the report's hidden-state section reads: every committed sample with its sequence length (from the
+    shard markers; None for a conversation, whose states cover its last turn), the state markers, and the failed
+    captures still recorded: (sample, tokens, bytes) per state marker."""
+    from .markers import markers_in_commit_order
+
+    expected: dict[tuple[str, int], int | None] = {}
+    for marker in markers_in_commit_order(storage, dataset):
+        samples = marker["samples"]
+        turns = samples.get("turn_count") or [None] * len(samples["sample_id"])
+        for sid, index, prompt, completion, turn_count in zip(
+                samples["sample_id"], samples["sample_index"], samples["prompt_tokens"],
+                samples["completion_tokens"], turns, strict=True):
+            expected[(sid, index)] = None if turn_count is not None else prompt + completion
+    records = [((m["sample_id"], m["sample_index"]), m["tokens"], m["bytes"]) for m in state_markers(storage, dataset)]
+    return expected, records, len(failed_keys(storage, dataset))

@@ -1,0 +1,294 @@
+"""Hidden states captured exactly once per committed sample, aligned to its tokens: the simulator serves states keyed
+by (token, position, layer) as SGLang 0.5.23 shapes them (tokenmill_sim/hidden_states.py), the runner's capture pass
+(generate/hidden_capture.py) is killed (SIGKILL, TOKENMILL_FAULT) at each step of its commit and resumed."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tokenmill_runner.facts.hidden_states import StateShape, default_eagle3_layer_ids
+from tokenmill_runner.generate.hidden_capture import CaptureError, capture_dataset, parse_states
+from tokenmill_runner.spec.resource import SpecError, parse_document
+from tokenmill_runner.store.faults import FAULT_ENV
+from tokenmill_runner.store.hidden_states import STATES, captured_keys, read_states, sample_key, state_markers
+from tokenmill_runner.store.markers import read_markers
+from tokenmill_runner.store.shards import decode_rows
+from tokenmill_runner.store.storage import LocalStorage
+
+from .test_exactly_once import run_cli
+from .workloads import chat, spec_document, write_jsonl, write_spec
+
+HIDDEN = 1024  # examples/demo-model/config.json
+LAYERS = default_eagle3_layer_ids(8)  # its 8 layers: [1, 3, 4]
+SHAPE = StateShape(len(LAYERS), HIDDEN, "bfloat16")
+CHUNK = 48  # small prefill chunks, so an answer spans several
+
+
+@pytest.fixture
+def sim(demo_model: Path):
+    from tokenmill_sim.config import SimConfig
+    from tokenmill_sim.server import SimServer
+
+    config = SimConfig(model_path=str(demo_model), time_scale=5000.0, max_running_requests=32,
+                       enable_return_aux_hidden_states=True, chunked_prefill_size=CHUNK)
+    with SimServer(config) as server:
+        yield server
+
+
+def expected(sequence: list[int], layer_ids: list[int], shift: int = 0) -> np.ndarray:
+    from tokenmill_sim.hidden_states import keyed_row
+
+    return np.array([keyed_row(sequence[p], p + shift, layer_ids, HIDDEN) for p in range(len(sequence))])
+
+
+def rows_by_key(storage: LocalStorage, dataset: str) -> dict[str, dict]:
+    rows = {}
+    for marker in read_markers(storage, dataset):
+        if marker.get("data"):
+            for row in decode_rows(storage.get(f"{dataset}/{marker['data']}")):
+                rows[sample_key(row["sample_id"], row["sample_index"])] = row
+    return rows
+
+
+def generate(tmp_path: Path, demo_model: Path, sim, lines: int, max_new: int = 40) -> tuple[LocalStorage, Path]:
+    write_jsonl(tmp_path / "p.jsonl", [chat(i) for i in range(1, lines + 1)])
+    out = tmp_path / "out"
+    document = spec_document(demo_model, [{"name": "d", "source": str(tmp_path / "p.jsonl")}], str(out))
+    document["spec"]["sampling"]["maxNewTokens"] = max_new
+    done = run_cli(write_spec(tmp_path / "spec.yaml", document), out, sim.url)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return LocalStorage(out), out
+
+
+CAPTURE = """
+import asyncio, sys
+from tokenmill_runner.facts.hidden_states import StateShape
+from tokenmill_runner.generate.hidden_capture import capture_dataset
+from tokenmill_runner.store.storage import LocalStorage
+summary = asyncio.run(capture_dataset(LocalStorage(sys.argv[1]), "d", sys.argv[2], StateShape(3, 1024, "bfloat16"),
+                                      chunked_prefill_tokens=int(sys.argv[3]), concurrency=2))
+print(summary.captured, summary.skipped, summary.failed)
+"""
+
+
+def capture_cli(out: Path, server: str, fault: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != FAULT_ENV}
+    if fault:
+        env[FAULT_ENV] = fault
+    return subprocess.run([sys.executable, "-c", CAPTURE, str(out), server, str(CHUNK)], capture_output=True,
+                          text=True, env=env, timeout=300)
+
+
+def assert_every_sample_once_and_aligned(storage: LocalStorage) -> int:
+    rows = rows_by_key(storage, "d")
+    markers = list(state_markers(storage, "d"))
+    assert sorted(m["sample_id"] for m in markers) == sorted(row["sample_id"] for row in rows.values())
+    total = 0
+    for marker in markers:
+        row = rows[sample_key(marker["sample_id"], marker["sample_index"])]
+        sequence = row["prompt_ids"] + row["output_ids"]
+        token_ids, states = read_states(storage, "d", marker)
+        assert token_ids.tolist() == sequence
+        assert states.shape == (len(sequence), len(LAYERS), HIDDEN)
+        np.testing.assert_array_equal(states.reshape(len(sequence), -1), expected(sequence, LAYERS))
+        total += marker["bytes"]
+    return total
+
+
+def test_states_of_every_committed_sample_match_their_tokens_and_the_plans_bytes(tmp_path, demo_model, sim):
+    storage, _ = generate(tmp_path, demo_model, sim, lines=6)
+    summary = asyncio.run(capture_dataset(storage, "d", sim.url, SHAPE, chunked_prefill_tokens=CHUNK))
+    assert (summary.captured, summary.failed) == (6, 0), summary.failures
+    on_disk = assert_every_sample_once_and_aligned(storage)
+    tokens = sum(len(r["prompt_ids"]) + len(r["output_ids"]) for r in rows_by_key(storage, "d").values())
+    assert summary.state_bytes == SHAPE.state_bytes(tokens)
+    # The files hold the states plus the token ids and a header no larger than file_bytes allows for.
+    assert SHAPE.state_bytes(tokens) + 8 * tokens < on_disk <= sum(
+        SHAPE.file_bytes(len(r["prompt_ids"]) + len(r["output_ids"])) for r in rows_by_key(storage, "d").values())
+    # A second pass finds everything committed and asks the server nothing.
+    again = asyncio.run(capture_dataset(storage, "d", sim.url, SHAPE, chunked_prefill_tokens=CHUNK))
+    assert (again.captured, again.skipped) == (0, 6)
+
+
+def test_the_keyed_values_tell_a_shifted_state_and_a_wrong_layer(tmp_path, demo_model, sim):
+    storage, _ = generate(tmp_path, demo_model, sim, lines=1)
+    asyncio.run(capture_dataset(storage, "d", sim.url, SHAPE, chunked_prefill_tokens=CHUNK))
+    marker = next(state_markers(storage, "d"))
+    token_ids, states = read_states(storage, "d", marker)
+    flat = states.reshape(len(token_ids), -1)
+    sequence = token_ids.tolist()
+    assert not np.array_equal(flat, expected(sequence, LAYERS, shift=1))
+    assert not np.array_equal(flat, expected(sequence, [LAYERS[0], LAYERS[1], LAYERS[2] + 1]))
+    assert not np.array_equal(flat[1:], expected(sequence, LAYERS)[:-1])
+
+
+@pytest.mark.parametrize("rule", ["kill-before:states:2", "kill-after:states:2", "kill-before:states-marker:3",
+                                  "kill-after:states-marker:3"])
+def test_a_capture_killed_at_each_step_resumes_to_every_sample_once(tmp_path, demo_model, sim, rule):
+    storage, out = generate(tmp_path, demo_model, sim, lines=5)
+    done = capture_cli(out, sim.url, rule)
+    assert done.returncode == -signal.SIGKILL, f"{rule} never fired: {done.stderr[-2000:]}"
+    committed_before = captured_keys(storage, "d")
+    assert len(committed_before) < 5
+    # A file without its marker is a leftover, never counted.
+    files = {p.stem for p in (out / "d" / STATES).glob("*.safetensors")}
+    assert committed_before <= files
+    resumed = capture_cli(out, sim.url)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    captured, skipped, failed = map(int, resumed.stdout.split())
+    assert (captured, skipped, failed) == (5 - len(committed_before), len(committed_before), 0)
+    assert_every_sample_once_and_aligned(storage)
+    assert not list((out / "d" / STATES).glob("states-*"))  # no spool file moved in
+
+
+def test_an_answer_from_the_prefix_cache_or_for_other_tokens_is_refused(tmp_path, demo_model, sim):
+    import httpx
+    import orjson
+
+    sequence = [5, 6, 7, 8, 9, 10, 11, 12]
+    base = {"input_ids": sequence, "sampling_params": {"max_new_tokens": 2, "ignore_eos": True},
+            "return_hidden_states": True, "return_prompt_token_ids": True}
+    first = httpx.post(f"{sim.url}/generate", content=orjson.dumps({**base, "rid": "a"}), timeout=60).content
+    cached = httpx.post(f"{sim.url}/generate", content=orjson.dumps({**base, "rid": "b"}), timeout=60).content
+    assert parse_states(first, sequence, SHAPE, "first").size == len(sequence) * SHAPE.row_values
+    # The second request's prefix comes from the radix cache: SGLang computes no state for it.
+    with pytest.raises(CaptureError, match="state rows"):
+        parse_states(cached, sequence, SHAPE, "cached")
+    with pytest.raises(CaptureError, match="differ from the row"):
+        parse_states(first, [*sequence[:-1], 99], SHAPE, "other tokens")
+
+
+def test_max_new_tokens_zero_gets_no_states_as_in_0_5_23(demo_model, sim):
+    import httpx
+
+    answer = httpx.post(f"{sim.url}/generate", json={
+        "input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 0}, "return_hidden_states": True,
+        "return_logprob": True, "logprob_start_len": 0}, timeout=60).json()
+    assert answer["meta_info"]["hidden_states"] == []
+
+
+def spec_with(**server) -> dict:
+    return {"apiVersion": "tokenmill.io/v1alpha1", "kind": "DatasetGeneration", "metadata": {"name": "t"},
+            "spec": {"model": {"path": "/m"}, "datasets": [{"name": "a", "source": "/p/a.jsonl"}],
+                     "output": {"uri": "/o"}, "server": server, "hiddenStates": {}}}
+
+
+def test_hidden_states_are_refused_where_sglang_cannot_serve_them():
+    assert parse_document(spec_with()).spec.hidden_states is not None
+    with pytest.raises(SpecError, match="0.5.22.*first ships in 0.5.23"):
+        parse_document(spec_with(image="lmsysorg/sglang:v0.5.22"))
+    with pytest.raises(SpecError, match=r"extraArgs\[0\].*pp_size 1"):
+        parse_document(spec_with(extraArgs=["--pp-size", "2"]))
+    assert parse_document(spec_with(extraArgs=["--pp-size=1"])).spec.hidden_states is not None
+    document = spec_with()
+    document["spec"]["hiddenStates"] = {"layerIds": [1, 1]}
+    with pytest.raises(SpecError, match="hiddenStates.layerIds.*repeat"):
+        parse_document(document)
+    document["spec"]["hiddenStates"] = {"layouts": ["parquet"]}
+    with pytest.raises(SpecError, match="hiddenStates.layouts"):
+        parse_document(document)
+    # Both trainers' layouts read the target's final hidden state, which 0.5.23 returns only in place of the aux
+    # layers (layers/logits_processor.py:866-872): refused by name, with the trainer's own reader cited.
+    for layout, reader in (("speculators", "verifier_last_hidden_states"), ("specforge", "hidden_state as")):
+        document["spec"]["hiddenStates"] = {"layouts": [layout]}
+        with pytest.raises(SpecError, match=rf"hiddenStates.layouts\[0\] '{layout}'.*{reader}"):
+            parse_document(document)
+
+
+def test_tokenmill_run_captures_the_states_and_retry_failed_retries_failed_captures(tmp_path, demo_model, sim):
+    from tokenmill_runner.generate.summary import EXIT_GIVEN_UP
+    from tokenmill_sim.config import SimConfig
+    from tokenmill_sim.server import SimServer
+
+    write_jsonl(tmp_path / "p.jsonl", [chat(i) for i in range(1, 5)])
+    out = tmp_path / "out"
+    document = spec_document(demo_model, [{"name": "d", "source": str(tmp_path / "p.jsonl")}], str(out),
+                             hiddenStates={"convention": "eagle3"})
+    document["spec"]["sampling"]["maxNewTokens"] = 40
+    spec = write_spec(tmp_path / "spec.yaml", document)
+    # A server started without --enable-return-aux-hidden-states answers 400: every capture fails, the run says so.
+    with SimServer(SimConfig(model_path=str(demo_model), time_scale=5000.0)) as plain:
+        first = run_cli(spec, out, plain.url)
+    assert first.returncode == EXIT_GIVEN_UP, first.stderr[-2000:]
+    assert "0 captured, 0 already committed, 4 failed" in first.stdout
+    storage = LocalStorage(out)
+    assert captured_keys(storage, "d") == set()
+    # A resume leaves failed captures alone; --retry-failed captures them.
+    again = run_cli(spec, out, sim.url)
+    assert "0 captured, 4 already committed, 0 failed" in again.stdout
+    retried = run_cli(spec, out, sim.url, None, "--retry-failed")
+    assert retried.returncode == 0, retried.stderr[-2000:]
+    assert "4 captured, 0 already committed, 0 failed" in retried.stdout
+    assert_every_sample_once_and_aligned(storage)
+    assert not list((out / "d" / "hidden_errors").glob("*.json"))
+
+
+def test_tokenmill_run_without_a_server_captures_from_the_built_in_simulator(tmp_path, demo_model):
+    write_jsonl(tmp_path / "p.jsonl", [chat(i) for i in range(1, 4)])
+    out = tmp_path / "out"
+    document = spec_document(demo_model, [{"name": "d", "source": str(tmp_path / "p.jsonl")}], str(out),
+                             hiddenStates={})
+    document["spec"]["sampling"]["maxNewTokens"] = 40
+    spec = write_spec(tmp_path / "spec.yaml", document)
+    done = subprocess.run([sys.executable, "-m", "tokenmill_runner.cli", "-q", "run", str(spec), "--out", str(out),
+                           "--sim-time-scale", "5000"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "3 captured" in done.stdout
+    assert len(captured_keys(LocalStorage(out), "d")) == 3
+
+
+def test_the_report_shows_coverage_bytes_and_fails_on_a_length_mismatch(tmp_path, demo_model, sim):
+    import orjson
+
+    from tokenmill_runner.report.files import write_report
+    from tokenmill_runner.store.hidden_states import marker_key
+
+    write_jsonl(tmp_path / "p.jsonl", [chat(i) for i in range(1, 5)])
+    out = tmp_path / "out"
+    document = spec_document(demo_model, [{"name": "d", "source": str(tmp_path / "p.jsonl")}], str(out),
+                             hiddenStates={})
+    document["spec"]["sampling"]["maxNewTokens"] = 40
+    done = run_cli(write_spec(tmp_path / "spec.yaml", document), out, sim.url)
+    assert done.returncode == 0, done.stderr[-2000:]
+    storage = LocalStorage(out)
+    report, _ = write_report(storage)
+    section = report["hidden_states"]["d"]
+    on_disk = sum(m["bytes"] for m in state_markers(storage, "d"))
+    assert (section["samples"], section["with_states"], section["coverage"], section["bytes"]) == (4, 4, 1.0, on_disk)
+    assert not [f for f in report["findings"] if f["check"].startswith("hidden_states")]
+    # One marker claiming a state row too few: the report fails that dataset.
+    marker = next(state_markers(storage, "d"))
+    key = marker_key("d", sample_key(marker["sample_id"], marker["sample_index"]))
+    storage.put(key, orjson.dumps({**marker, "tokens": marker["tokens"] - 1}))
+    report, _ = write_report(storage)
+    (finding,) = [f for f in report["findings"] if f["check"] == "hidden_states_length"]
+    assert finding["level"] == "fail" and report["verdict"] == "fail"  # (the short outputs fail other checks too)
+    assert marker["sample_id"] in finding["message"]
+    # A sample without states: coverage below 1 and a failing finding.
+    storage.delete(key)
+    report, _ = write_report(storage)
+    assert report["hidden_states"]["d"]["coverage"] == 0.75
+    assert [f["check"] for f in report["findings"] if f["check"].startswith("hidden")] == ["hidden_states_coverage"]
+
+
+def test_two_writers_capturing_the_same_run_leave_one_aligned_file_per_sample(tmp_path, demo_model, sim):
+    storage, out = generate(tmp_path, demo_model, sim, lines=6)
+
+    async def both() -> list:
+        return await asyncio.gather(*(capture_dataset(storage, "d", sim.url, SHAPE, chunked_prefill_tokens=CHUNK,
+                                                      spool=tmp_path) for _ in range(2)))
+
+    first, second = asyncio.run(both())
+    assert first.failed == second.failed == 0
+    # Both may capture a sample (same key, same bytes); the store still holds one file and one marker for each.
+    assert len(list((out / "d" / STATES).glob("*.safetensors"))) == 6
+    assert len(list((out / "d" / "hidden_commits").glob("*.json"))) == 6
+    assert_every_sample_once_and_aligned(storage)
