@@ -46,14 +46,14 @@ class Endpoint:
 
 
 async def discover(url: str, api_key: str | None = None, wait_s: float = 60.0, poll_s: float = 2.0,
-                   timeout_s: float = 10.0) -> Endpoint:
+                   timeout_s: float = 10.0, transport: httpx.AsyncBaseTransport | None = None) -> Endpoint:
     """The endpoint's facts. A 503 (a gateway whose workers are not healthy or not registered yet, a server still
     starting) is waited out for up to `wait_s`; anything else unreadable raises FactsUnreadable naming what was
-    tried."""
+    tried. `transport` replaces the network (tests feed each route's answer)."""
     base = url.rstrip("/")
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
-    async with httpx.AsyncClient(timeout=timeout_s, headers=auth_headers(api_key)) as http:
+    async with httpx.AsyncClient(timeout=timeout_s, headers=auth_headers(api_key), transport=transport) as http:
         while True:
             info, tried = await _server_info(http, base)
             if info is not None:
