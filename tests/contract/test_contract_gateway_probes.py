@@ -16,11 +16,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-from tests.contract.sglang_wheels import tree
 from tokenmill_runner.facts.releases import SUPPORTED_RELEASES
 from tokenmill_sim.config import SimConfig
 from tokenmill_sim.server import SimServer
+
+from tests.contract.sglang_wheels import tree
 
 HTTP_SERVER = "sglang/srt/entrypoints/http_server.py"
 PROBED = ("/health", "/v1/models", "/version", "/server_info", "/get_server_info", "/model_info", "/get_model_info",
@@ -38,14 +38,16 @@ def release_get_routes(version: str) -> set[str]:
         for decorator in node.decorator_list:
             if not (isinstance(decorator, ast.Call) and isinstance(decorator.func, ast.Attribute)
                     and isinstance(decorator.func.value, ast.Name) and decorator.func.value.id == "app"
-                    and decorator.args and isinstance(decorator.args[0], ast.Constant)):
+                    and decorator.args and isinstance(decorator.args[0], ast.Constant)
+                    and isinstance(decorator.args[0].value, str)):
                 continue
+            path = decorator.args[0].value
             if decorator.func.attr == "get":
-                paths.add(decorator.args[0].value)
+                paths.add(path)
             elif decorator.func.attr == "api_route":
                 methods = next((k.value for k in decorator.keywords if k.arg == "methods"), None)
                 if methods is not None and "GET" in ast.literal_eval(methods):
-                    paths.add(decorator.args[0].value)
+                    paths.add(path)
     return paths
 
 

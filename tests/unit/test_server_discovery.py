@@ -14,7 +14,6 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-
 from tokenmill_runner.facts.server_info import FactsUnreadable, gateway_workers
 from tokenmill_runner.generate.discovery import discover
 from tokenmill_runner.generate.results import Fault, classify_error

@@ -36,7 +36,6 @@ INPUT_HEADROOM = 5
 LAST_PREPENDING_RELEASE = "0.5.4.post2"
 # Tried in order: the current name first, then the name every release keeps as an alias and smg forwards.
 SERVER_INFO_ROUTES = ("/server_info", "/get_server_info")
-MODEL_INFO_ROUTES = ("/model_info", "/get_model_info")
 GATEWAY_WORKERS_ROUTE = "/workers"
 # smg's /health is its own liveness (always 200, server.rs health -> liveness); /readiness answers 503 while no
 # worker is healthy ("insufficient healthy workers"), so it is what says whether requests can go through.
@@ -78,14 +77,15 @@ class ServerFacts:
             kv_pools=_kv_pools(states, pool, groups),
         )
 
-
     def through_gateway(self, workers: Sequence[GatewayWorker]) -> ServerFacts:
         """A gateway's facts from its first worker's /get_server_info (these facts) and its worker list: capacity
         adds up over the healthy workers, each counted like the one that answered; the release is the workers' one
         release, or unknown (the strictest request rules) when they run different ones."""
         healthy = [worker for worker in workers if worker.healthy] or list(workers)
         count = max(1, len(healthy))
-        versions = {worker.version for worker in healthy if worker.version} | ({self.version} if self.version else set())
+        versions = {worker.version for worker in healthy if worker.version}
+        if self.version:
+            versions.add(self.version)
         version, known = self.version, self.release
         if len(versions) > 1:
             logger.warning("%s: the gateway's workers run different SGLang releases (%s); assuming the strictest "
@@ -115,8 +115,8 @@ def gateway_workers(body: Any) -> list[GatewayWorker] | None:
     for entry in body["workers"]:
         if not isinstance(entry, Mapping) or not isinstance(entry.get("url"), str):
             continue
-        labels = entry.get("labels") if isinstance(entry.get("labels"), Mapping) else {}
-        version = labels.get("version")
+        labels = entry.get("labels")
+        version = labels.get("version") if isinstance(labels, Mapping) else None
         workers.append(GatewayWorker(url=entry["url"], healthy=entry.get("is_healthy") is True,
                                      version=version if isinstance(version, str) and version else None))
     return workers
@@ -130,10 +130,10 @@ class FactsUnreadable(RuntimeError):
 def unreadable_message(url: str, tried: Sequence[tuple[str, str]]) -> str:
     """What was tried on `url` and what each answered, and what to do about it."""
     attempts = "; ".join(f"GET {url.rstrip('/')}{path}: {answer}" for path, answer in tried)
-    answers = " ".join(answer for _, answer in tried)
-    if "401" in answers or "403" in answers:
+    answers = [answer for _, answer in tried]
+    if any(answer.startswith(("HTTP 401", "HTTP 403")) for answer in answers):
         hint = "the server wants an API key: set the runner's API key secret (TOKENMILL_API_KEY) to the server's"
-    elif "503" in answers:
+    elif any(answer.startswith("HTTP 503") for answer in answers):
         hint = ("the server stayed unavailable (an smg gateway with no healthy worker, or SGLang still loading): "
                 "check that its workers are up and registered (GET /workers on the gateway), or wait longer with "
                 "--server-wait")
