@@ -13,8 +13,8 @@ from typing import Any
 
 from .facts.server_info import ServerFacts, runnable_requests, seeds_accepted
 from .generate.client import GenerateClient, RetryPolicy, healthy_servers
-from .generate.discovery import discover
 from .generate.conversation import unread_call_format
+from .generate.discovery import discover
 from .generate.pipeline import DatasetState, Runner
 from .generate.replica_health import HealthPolicy
 from .generate.sampling_defaults import apply_model_defaults, model_sampling_defaults

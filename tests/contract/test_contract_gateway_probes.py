@@ -16,11 +16,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.contract.sglang_wheels import tree
 from tokenmill_runner.facts.releases import SUPPORTED_RELEASES
 from tokenmill_sim.config import SimConfig
 from tokenmill_sim.server import SimServer
-
-from tests.contract.sglang_wheels import tree
 
 HTTP_SERVER = "sglang/srt/entrypoints/http_server.py"
 PROBED = ("/health", "/v1/models", "/version", "/server_info", "/get_server_info", "/model_info", "/get_model_info",

@@ -16,13 +16,13 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from tokenmill_runner.generate.summary import EXIT_OK, EXIT_SERVERS_UNAVAILABLE
-from tokenmill_runner.store.shards import read_committed_rows
-from tokenmill_runner.store.storage import open_storage
 
 from tests.conftest import REPO, free_port
 from tests.integration.sims import SimProcess
 from tests.integration.test_run import committed_errors
+from tokenmill_runner.generate.summary import EXIT_OK, EXIT_SERVERS_UNAVAILABLE
+from tokenmill_runner.store.shards import read_committed_rows
+from tokenmill_runner.store.storage import open_storage
 
 DEMO = REPO / "examples" / "demo.yaml"
 TIME_SCALE = "2000"  # simulated seconds per real second: the demo's outputs in seconds, not hours

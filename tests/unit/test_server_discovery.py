@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+
 from tokenmill_runner.facts.server_info import FactsUnreadable, gateway_workers
 from tokenmill_runner.generate.discovery import discover
 from tokenmill_runner.generate.results import Fault, classify_error
@@ -36,7 +37,7 @@ def smg_workers(*versions: str, healthy: tuple[bool, ...] | None = None) -> dict
         "id": f"w{i}", "url": f"http://10.0.0.{i}:30000", "worker_type": "regular", "connection_mode": "http",
         "runtime_type": "sglang", "is_healthy": up, "status": "ready" if up else "not_ready",
         "labels": {"version": version, "max_running_requests": "256", "max_total_tokens": "400000", "dp_size": "1"},
-        "models": [{"id": "m", "context_length": 400000}]} for i, (version, up) in enumerate(zip(versions, healthy))],
+        "models": [{"id": "m", "context_length": 400000}]} for i, (version, up) in enumerate(zip(versions, healthy, strict=True))],
         "total": len(versions), "stats": {"prefill_count": 0, "decode_count": 0, "regular_count": len(versions)}}
 
 
