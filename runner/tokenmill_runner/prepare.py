@@ -12,8 +12,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .facts.server_info import ServerFacts, runnable_requests, seeds_accepted
-from .generate.client import GenerateClient, RetryPolicy, get_json, healthy_servers
+from .generate.client import GenerateClient, RetryPolicy, healthy_servers
 from .generate.conversation import unread_call_format
+from .generate.discovery import discover
 from .generate.pipeline import DatasetState, Runner
 from .generate.replica_health import HealthPolicy
 from .generate.sampling_defaults import apply_model_defaults, model_sampling_defaults
@@ -253,9 +254,9 @@ async def _prepare(config: RunnerConfig, api_key: str | None, storage: Storage, 
         early = configured if isinstance(configured, int) else info.model_context_length
         await asyncio.to_thread(write_manifest, storage, run_manifest(config, info, early, layouts, recorded))
     healthy = await healthy_servers(config.servers, config.server_wait_s, api_key)
-    server_infos = await asyncio.gather(*(get_json(url, "/server_info", api_key) for url in healthy))
-    facts = [ServerFacts.read(url, server_info) for url, server_info in zip(healthy, server_infos, strict=True)]
-    context_length = resolve_context_length(config, server_infos[0], info)
+    endpoints = await asyncio.gather(*(discover(url, api_key, config.server_wait_s) for url in healthy))
+    facts = [endpoint.facts for endpoint in endpoints]
+    context_length = resolve_context_length(config, endpoints[0].info, info)
     limits = ServerLimits.of(context_length, facts)
     concurrency = resolve_concurrency(config, facts)
     send_seed = seeds_accepted(facts)
@@ -274,6 +275,7 @@ async def _prepare(config: RunnerConfig, api_key: str | None, storage: Storage, 
                             outage_budget_s=spec.runner.outage_budget_seconds),
         timeout_s=spec.runner.request_timeout_seconds, listener=metrics,
         initially_down=[url for url in config.servers if url not in healthy], vocab_size=info.vocab_size,
+        probe_routes={endpoint.url: endpoint.probe_route for endpoint in endpoints},
     )
     logger.info("generating %s into %s: %d servers, concurrency %d, context length %d",
                 ", ".join(s.name for s in states), storage.root_uri, len(config.servers), concurrency,

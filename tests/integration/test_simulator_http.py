@@ -181,6 +181,20 @@ def test_model_and_server_info(sim: SimServer, demo_model: Path) -> None:
     assert server["simulator"]["time_scale"] == FAST and "api_key" not in server["simulator"]
 
 
+def test_v1_models_answers_what_smg_asks_when_it_registers_a_worker(sim: SimServer, demo_model: Path) -> None:
+    # smg 1.13.0 registers a worker by asking GET /health, then /v1/models (then /server_info and /model_info);
+    # every supported release serves /v1/models (0.5.9 entrypoints/http_server.py:1421, 0.5.23 :1993) with one
+    # ModelCard (0.5.9 entrypoints/openai/protocol.py:53, 0.5.23 :87): the served name and the context length.
+    answer = httpx.get(f"{sim.url}/v1/models")
+    assert answer.status_code == 200
+    body = answer.json()
+    assert body["object"] == "list" and len(body["data"]) == 1
+    card = body["data"][0]
+    assert card["id"] == card["root"] == str(demo_model) and card["object"] == "model"
+    assert card["owned_by"] == "sglang" and card["max_model_len"] == 32768 and card["parent"] is None
+    assert type(card["created"]) is int
+
+
 def test_metrics_use_sglang_names_and_count(sim: SimServer, prompt: list[int]) -> None:
     before = metrics(sim.url)
     body = generate(sim.url, {"input_ids": prompt, "sampling_params": {"max_new_tokens": 64}}).json()

@@ -310,6 +310,15 @@ class Simulator:
             "architectures": self.model.files.architectures,
         })
 
+    async def models(self, request: web.Request) -> web.Response:
+        """GET /v1/models: the served model's card (0.5.9 entrypoints/http_server.py:1421; 0.5.23
+        entrypoints/http_server.py:1993; ModelCard: 0.5.9 entrypoints/openai/protocol.py:53, 0.5.23 :87), with
+        max_model_len the context length the model runs with. smg asks it first when it registers a worker."""
+        return _json(HTTPStatus.OK, {"object": "list", "data": [{
+            "id": self.config.model_name, "object": "model", "created": int(time.time()), "owned_by": "sglang",
+            "root": self.config.model_name, "parent": None, "max_model_len": self.context_length,
+        }]})
+
     async def server_info(self, request: web.Request) -> web.Response:
         """/server_info as the release builds it (0.5.9 entrypoints/http_server.py:593-610; 0.5.23
         entrypoints/http_server.py:863): the ServerArgs fields, the scheduler's status, KV pool and longest input
@@ -421,6 +430,7 @@ def build_app(config: SimConfig, step_time: StepTime | None = None) -> web.Appli
         app.router.add_get(path, simulator.model_info)
     for path in ("/server_info", "/get_server_info"):
         app.router.add_get(path, simulator.server_info)
+    app.router.add_get("/v1/models", simulator.models)
     app.router.add_get("/metrics", simulator.metrics_endpoint)
     return app
 

@@ -6,6 +6,12 @@ resolved values), the scheduler's `{status, max_total_num_tokens, max_req_input_
 managers/scheduler.py:3144; 0.5.23 managers/scheduler.py:1946), `internal_states` (one entry per data-parallel
 scheduler, each with `effective_max_running_requests_per_dp` (0.5.9 managers/scheduler.py:2661; 0.5.23
 managers/scheduler_components/internal_state.py:73) and `memory_usage.token_capacity`), and `version`.
+
+Where it is served: every supported release serves `/server_info` and its deprecated alias `/get_server_info` (0.5.9
+entrypoints/http_server.py:583,593; 0.5.16 :733,743; 0.5.23 :853,863), likewise `/model_info` and
+`/get_model_info`. SGLang's model gateway (smg 1.13, model_gateway/src/server.rs public_routes) serves only the
+`get_` names, and answers them from its first worker (routers/http/router.rs proxy_get_request); its `GET /workers`
+lists the workers with their labels (version, max_running_requests, ...), which no SGLang release serves.
 """
 
 from __future__ import annotations
@@ -28,6 +34,12 @@ INPUT_HEADROOM = 5
 # The last release whose text-mode output_ids carry up to 5 prompt tokens (sgl-project/sglang#17240, fixed in
 # 0.5.4.post3 by #12628): a run on it would record every sample as output_mismatch.
 LAST_PREPENDING_RELEASE = "0.5.4.post2"
+# Tried in order: the current name first, then the name every release keeps as an alias and smg forwards.
+SERVER_INFO_ROUTES = ("/server_info", "/get_server_info")
+GATEWAY_WORKERS_ROUTE = "/workers"
+# smg's /health is its own liveness (always 200, server.rs health -> liveness); /readiness answers 503 while no
+# worker is healthy ("insufficient healthy workers"), so it is what says whether requests can go through.
+GATEWAY_READINESS_ROUTE = "/readiness"
 
 
 class UnsupportedServer(ValueError):
@@ -45,6 +57,7 @@ class ServerFacts:
     page_size: int
     slots: int | None  # requests it runs at once, over its data-parallel schedulers
     kv_pools: tuple[int, ...]  # the KV pool of each data-parallel scheduler (each has its own), empty if unknown
+    workers: int = 0  # behind a gateway: the healthy workers its facts add up (0: the URL is a replica)
 
     @classmethod
     def read(cls, url: str, info: Mapping[str, Any]) -> ServerFacts:
@@ -63,6 +76,72 @@ class ServerFacts:
             slots=_slots(info, states, groups),
             kv_pools=_kv_pools(states, pool, groups),
         )
+
+    def through_gateway(self, workers: Sequence[GatewayWorker]) -> ServerFacts:
+        """A gateway's facts from its first worker's /get_server_info (these facts) and its worker list: capacity
+        adds up over the healthy workers, each counted like the one that answered; the release is the workers' one
+        release, or unknown (the strictest request rules) when they run different ones."""
+        healthy = [worker for worker in workers if worker.healthy] or list(workers)
+        count = max(1, len(healthy))
+        versions = {worker.version for worker in healthy if worker.version}
+        if self.version:
+            versions.add(self.version)
+        version, known = self.version, self.release
+        if len(versions) > 1:
+            logger.warning("%s: the gateway's workers run different SGLang releases (%s); assuming the strictest "
+                           "request rules", self.url, ", ".join(sorted(versions)))
+            version, known = None, None
+        return ServerFacts(
+            url=self.url, version=version, release=known, context_length=self.context_length,
+            max_total_num_tokens=self.max_total_num_tokens, max_req_len=self.max_req_len, page_size=self.page_size,
+            slots=self.slots * count if self.slots else None, kv_pools=self.kv_pools * count, workers=count)
+
+
+@dataclass(frozen=True)
+class GatewayWorker:
+    """One worker in smg's GET /workers answer (protocols/src/worker.rs: url, is_healthy, labels as strings)."""
+
+    url: str
+    healthy: bool
+    version: str | None
+
+
+def gateway_workers(body: Any) -> list[GatewayWorker] | None:
+    """The workers of an smg gateway from its /workers answer ({"workers": [...], "total": n}); None when the body
+    is not that (an SGLang replica has no /workers route and answers 404)."""
+    if not isinstance(body, Mapping) or not isinstance(body.get("workers"), list):
+        return None
+    workers = []
+    for entry in body["workers"]:
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("url"), str):
+            continue
+        labels = entry.get("labels")
+        version = labels.get("version") if isinstance(labels, Mapping) else None
+        workers.append(GatewayWorker(url=entry["url"], healthy=entry.get("is_healthy") is True,
+                                     version=version if isinstance(version, str) and version else None))
+    return workers
+
+
+class FactsUnreadable(RuntimeError):
+    """No route of a --server URL answered its facts: the URL is not an SGLang server or a gateway in front of one,
+    or it answers with an error that waiting did not end."""
+
+
+def unreadable_message(url: str, tried: Sequence[tuple[str, str]]) -> str:
+    """What was tried on `url` and what each answered, and what to do about it."""
+    attempts = "; ".join(f"GET {url.rstrip('/')}{path}: {answer}" for path, answer in tried)
+    answers = [answer for _, answer in tried]
+    if any(answer.startswith(("HTTP 401", "HTTP 403")) for answer in answers):
+        hint = "the server wants an API key: set the runner's API key secret (TOKENMILL_API_KEY) to the server's"
+    elif any(answer.startswith("HTTP 503") for answer in answers):
+        hint = ("the server stayed unavailable (an smg gateway with no healthy worker, or SGLang still loading): "
+                "check that its workers are up and registered (GET /workers on the gateway), or wait longer with "
+                "--server-wait")
+    else:
+        hint = ("point --server at an SGLang server (0.5.9 or newer, `python -m sglang.launch_server`) or at an smg "
+                "gateway in front of SGLang replicas (`smg launch --worker-urls ...`): both answer one of "
+                f"{', '.join(SERVER_INFO_ROUTES)} with the server's facts as JSON")
+    return f"cannot read the server's facts from {url}: {attempts}. {hint}"
 
 
 def _positive(value: Any) -> int | None:

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -87,12 +87,15 @@ class GenerateClient:
     def __init__(self, servers: Sequence[str], *, api_key: str | None = None, concurrency: int = 64,
                  retry: RetryPolicy | None = None, health: HealthPolicy | None = None, timeout_s: float = 3600.0,
                  seed: int | None = None, listener: HealthListener | None = None,
-                 initially_down: Sequence[str] = (), vocab_size: int | None = None) -> None:
+                 initially_down: Sequence[str] = (), vocab_size: int | None = None,
+                 probe_routes: Mapping[str, str] | None = None) -> None:
         if not servers:
             raise ValueError("at least one server URL is needed")
         self.servers = [url.rstrip("/") for url in servers]
         self.health = health or HealthPolicy()
         self.replicas = ReplicaSet(self.servers, self.health, frozenset(u.rstrip("/") for u in initially_down))
+        # A replica is probed on /health; a gateway on the route that says whether a worker is behind it.
+        self._probe_routes = {url.rstrip("/"): route for url, route in (probe_routes or {}).items()}
         self.outstanding = dict.fromkeys(self.servers, 0)
         self.retry = retry or RetryPolicy()
         self.retries = 0  # requests beyond the first of each sample, over the whole run
@@ -276,19 +279,23 @@ class GenerateClient:
             healthy, message = await self._health(url)
             now = asyncio.get_running_loop().time()
             if self.replicas.record_probe(url, now, healthy, message, self._rng.random()):
-                logger.warning("%s answers /health again: back in rotation", url)
+                logger.warning("%s answers %s again: back in rotation", url, self._probe_route(url))
                 self._tell_state(url)
                 self._notify()
         finally:
             probing.discard(url)
 
+    def _probe_route(self, url: str) -> str:
+        return self._probe_routes.get(url, "/health")
+
     async def _health(self, url: str) -> tuple[bool, str]:
+        route = self._probe_route(url)
         try:
             async with httpx.AsyncClient(timeout=self.health.probe_timeout_s, headers=self._headers) as http:
-                response = await http.get(f"{url}/health")
+                response = await http.get(f"{url}{route}")
         except httpx.HTTPError as error:
-            return False, f"/health: {type(error).__name__}"
-        return response.status_code == 200, f"/health: HTTP {response.status_code}"
+            return False, f"{route}: {type(error).__name__}"
+        return response.status_code == 200, f"{route}: HTTP {response.status_code}"
 
     def _tell_state(self, url: str) -> None:
         if self.listener is not None:

@@ -8,7 +8,8 @@ fault it is, because the client treats them differently (docs/sglang-releases.md
   once the replica answers other requests without having gone down in between (then the failure was plausibly the
   sample's own, an abort of that request alone); a replica that died never counts.
 - `UNREACHABLE`: nothing answers at that address (connection refused): the replica is down.
-- `OVERLOAD`: 503 or 429 (a full queue, a server starting or stopping). Never counted against the sample.
+- `OVERLOAD`: 503 or 429 (a full queue, a server starting or stopping), or a gateway saying it has no live worker
+  for the request (below). Never counted against the sample.
 - `FINAL`: the server refused this input (HTTP 400) or answered in a way no retry changes: recorded now.
 - `FATAL`: wrong API key or URL: the run stops.
 
@@ -29,6 +30,14 @@ import orjson
 # managers/schedule_batch.py:1989), so the answer looks like a clean stop but its last token was never sampled.
 NAN_MATCHED = "NaN happened"
 MESSAGE_LIMIT = 300
+# smg's own error codes (routers/error.rs create_error: {"error": {"code", ...}} and an X-SMG-Error-Code header) that
+# say no worker could take the request: none registered (404 model_not_found, "No worker available for model", when
+# the registry is empty: routers/http/router.rs route_typed_request), none healthy or every circuit breaker open
+# (503 no_available_workers / no_workers), or the chosen worker refused the connection (500
+# call_upstream_connection_failed: router.rs convert_reqwest_error). Like a dead replica: an outage, not the sample's
+# failure, and not a wrong URL.
+GATEWAY_NO_WORKER_CODES = frozenset({"model_not_found", "no_available_workers", "no_workers", "no_healthy_worker_pair",
+                                     "call_upstream_connection_failed"})
 
 
 @dataclass(frozen=True)
@@ -160,8 +169,25 @@ def _abort(finish: dict[str, Any], server: str) -> AttemptFailed:
 
 
 def classify_error(status: int, content: bytes, server: str) -> AttemptFailed:
-    """An HTTP error answer from /generate, whichever body shape the release uses."""
-    return _by_status(status, f"{server}: HTTP {status}: {error_message(content) or 'no body'}")
+    """An HTTP error answer from /generate, whichever body shape the release (or a gateway in front) uses."""
+    message = f"{server}: HTTP {status}: {error_message(content) or 'no body'}"
+    code = gateway_error_code(content)
+    if code in GATEWAY_NO_WORKER_CODES:
+        return AttemptFailed(Fault.OVERLOAD, "retries_exhausted", f"{message} (the gateway has no live worker for "
+                             f"it: {code})")
+    return _by_status(status, message)
+
+
+def gateway_error_code(content: bytes) -> str | None:
+    """smg's error code in an error body ({"error": {"type", "code", "message"}}), None in any other body (SGLang
+    answers {"error": {"message"}} without a code, or {"object": "error", "code": <int>})."""
+    try:
+        body = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return None
+    error = body.get("error") if isinstance(body, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else None
 
 
 def _by_status(status: int, message: str) -> AttemptFailed:
