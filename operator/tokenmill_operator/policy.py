@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tokenmill_runner.spec.resource import DatasetGenerationSpec
+from tokenmill_runner.store.credentials import ANONYMOUS_KEY, asks_anonymous, missing_keys
 
 AMBIENT_BUCKETS_ENV = "TOKENMILL_AMBIENT_S3_BUCKETS"
 AMBIENT_ENDPOINTS_ENV = "TOKENMILL_AMBIENT_S3_ENDPOINTS"
@@ -61,6 +62,25 @@ def ambient_refusal(spec: DatasetGenerationSpec, policy: TenantPolicy) -> str | 
             f"tenant's storage unless its administrator allows the {what} ({AMBIENT_BUCKETS_ENV} / "
             f"{AMBIENT_ENDPOINTS_ENV}, chart values operator.policy.ambientS3Buckets / ambientS3Endpoints): create a "
             "Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY and name it in spec.output.credentialsSecret")
+
+
+def credentials_refusal(spec: DatasetGenerationSpec, credentials: Mapping[str, str]) -> str | None:
+    """Why the keys read from the named Secret cannot be used, or None. The tenant's S3 client is built only from
+    them (or goes unsigned when the Secret says TOKENMILL_S3_ANONYMOUS=true): a Secret without them (a TLS Secret,
+    the `<run>-server-key` Secret the operator makes for every run) must never leave boto3 to its default chain."""
+    if not s3_buckets(spec):
+        return None  # nothing on S3: the Secret's keys are never used
+    secret = spec.output.credentials_secret
+    missing = missing_keys(credentials)
+    if missing:
+        return (f"Secret {secret!r} (spec.output.credentialsSecret) has no {' or '.join(missing)}, and the operator "
+                "builds a tenant's S3 client only from that Secret, never from its own cloud identity: add "
+                f"{', '.join(missing)} to it, or set {ANONYMOUS_KEY}: \"true\" in it for unsigned requests to a "
+                "public bucket")
+    if asks_anonymous(credentials) and spec.model.cache is not None:
+        return (f"Secret {secret!r} asks for unsigned S3 requests ({ANONYMOUS_KEY}), which spec.model.cache's copy "
+                "(the aws CLI) cannot make: remove spec.model.cache or give the Secret keys")
+    return None
 
 
 def image_refusal(spec: DatasetGenerationSpec, policy: TenantPolicy) -> str | None:

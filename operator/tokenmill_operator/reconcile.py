@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from tokenmill_runner.report.files import REPORT_DIR, write_report
 from tokenmill_runner.spec.resource import API_VERSION, KIND, DatasetGenerationSpec
+from tokenmill_runner.store.credentials import SECRET_KEYS
 from tokenmill_runner.store.lease import read_lease
 from tokenmill_runner.store.manifest import ManifestError, Owner, read_manifest
 from tokenmill_runner.store.storage import Storage, StorageError, StorageRetry, open_storage
@@ -83,13 +84,11 @@ def now_utc() -> datetime:
     return datetime.now(UTC)
 
 
-# The keys of the credentials Secret the operator reads (storage.s3_client); others may hold anything, e.g. a DER key.
-CREDENTIAL_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
-
-
 def _credentials(kube: Kube, spec: DatasetGenerationSpec, namespace: str) -> dict[str, str] | None:
+    """The credentials Secret's S3 keys (credentials.SECRET_KEYS; its other keys may hold anything, e.g. a DER key),
+    or None when none is named (the operator's own identity, where policy.ambient_refusal allowed it)."""
     secret = spec.output.credentials_secret
-    return kube.secret_data(secret, namespace, CREDENTIAL_KEYS) if secret else None
+    return kube.secret_data(secret, namespace, SECRET_KEYS) if secret else None
 
 
 # A pass gives up on a store that keeps failing after this long and says ObservationFailed; the next pass tries
@@ -287,6 +286,8 @@ def reconcile(kube: Kube, context: Context, output: OutputIndex, settings: Opera
                        "credentialsSecret names it)")
     except KubeUnavailable as error:
         return cannot_observe(base, str(error))
+    if credentials is not None and (refused := policy.credentials_refusal(spec, credentials)):
+        return blocked(base, "NotAllowed", refused)
     planning = plan_for(context, credentials, lambda: node_driver_major(kube, spec.server))
     if planning.transient:
         return cannot_observe(base, planning.transient)

@@ -169,3 +169,35 @@ def test_a_binary_value_in_the_credentials_secret_does_not_stop_the_operator(clu
         assert "UnicodeDecodeError" not in operator.tail()
     finally:
         operator.stop()
+
+
+def test_a_secret_without_aws_keys_never_lends_the_operators_identity(cluster, namespace, crd, credentials, s3_world,
+                                                                      capture, tmp_path):
+    """The operator's own `<run>-server-key` Secret (made for every run) named as a second run's credentials, the
+    operator holding an identity of its own: refused naming the missing keys, nothing sent to the tenant's endpoint.
+    On a87e82b the request arrived signed with the operator's key id and session token (security-a87e82b.md B1)."""
+    operator = operator_with(cluster, namespace, tmp_path / "operator.log")
+    try:
+        cluster.apply(b5_resource(namespace, s3_world))  # a first run: the operator makes its server-key Secret
+        server_key = f"{NAME}-server-key"
+        cluster.wait_for(lambda: cluster.core.read_namespaced_secret(server_key, namespace), server_key, timeout=60)
+        borrower = b5_resource(namespace, capture.url, name="borrower", **{
+            "output.uri": "s3://finance-prod-bucket/anything/", "output.credentialsSecret": server_key,
+            "model.path": "s3://finance-prod-bucket/models/llama/"})
+        cluster.apply(borrower)
+
+        def refused():
+            obj = dsgen(cluster, namespace, "borrower")
+            ready = condition(obj, "Ready")
+            return obj if ready and ready["reason"] == "NotAllowed" else None
+
+        message = condition(cluster.wait_for(refused, "Ready=False NotAllowed", timeout=60), "Ready")["message"]
+        assert f"Secret '{server_key}'" in message
+        assert "AWS_ACCESS_KEY_ID or AWS_SECRET_ACCESS_KEY" in message, message
+        assert capture.requests == [], [(m, p, h.get("Authorization")) for m, p, h in capture.requests]
+        selector = "app.kubernetes.io/instance=borrower"
+        assert not cluster.apps.list_namespaced_stateful_set(namespace, label_selector=selector).items
+        log = operator.tail(10**7)
+        assert "OPERATOR-SESSION-TOKEN" not in log and "AKIAOPERATORROLE0001" not in log
+    finally:
+        operator.stop()

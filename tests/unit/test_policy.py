@@ -8,7 +8,8 @@ import base64
 import pytest
 
 from tokenmill_operator.kube import decode_secret_keys
-from tokenmill_operator.policy import TenantPolicy, refusal
+from tokenmill_operator.policy import TenantPolicy, credentials_refusal, refusal
+from tokenmill_runner.store.credentials import SECRET_KEYS
 from tokenmill_runner.spec.resource import DatasetGenerationSpec, parse_document
 
 
@@ -64,3 +65,39 @@ def test_only_the_keys_used_are_decoded_from_a_secret():
         "AWS_ACCESS_KEY_ID": "AKIA1"}
     with pytest.raises(LookupError, match="Secret ns/s key client.der is not UTF-8 text"):
         decode_secret_keys(data, ("client.der",), "Secret ns/s")
+
+
+# The data of the Secret the operator itself makes for every run (manifests.api_key_secret): no AWS key at all.
+SERVER_KEY_SECRET = {"api-key": "tm-5f3c9e1d"}
+
+
+def test_a_secret_without_the_keys_is_refused_naming_them_not_left_to_the_default_chain():
+    # On a87e82b a named Secret stopped every check (policy.py:52) and its empty keys sent boto3 to the operator's
+    # own identity (security-a87e82b.md, B1).
+    named = spec(credentialsSecret="other-run-server-key", endpoint="http://attacker.example:5057")
+    assert refusal(named, TenantPolicy()) is None  # names a Secret: the ambient check passes it on ...
+    keys = {k: v for k, v in SERVER_KEY_SECRET.items() if k in SECRET_KEYS}  # what decode_secret_keys returns
+    why = credentials_refusal(named, keys)  # ... to the check of what the Secret holds
+    assert why and "Secret 'other-run-server-key'" in why
+    assert "AWS_ACCESS_KEY_ID or AWS_SECRET_ACCESS_KEY" in why and "TOKENMILL_S3_ANONYMOUS" in why
+    half = credentials_refusal(named, {"AWS_ACCESS_KEY_ID": "AKIA1", "AWS_SECRET_ACCESS_KEY": " "})
+    assert half and "has no AWS_SECRET_ACCESS_KEY," in half and "AWS_ACCESS_KEY_ID or" not in half
+    assert credentials_refusal(named, {"AWS_ACCESS_KEY_ID": "AKIA1", "AWS_SECRET_ACCESS_KEY": "s"}) is None
+
+
+def test_a_secret_may_ask_for_unsigned_requests_but_not_with_a_model_cache():
+    named = spec(credentialsSecret="public-bucket")
+    assert credentials_refusal(named, {"TOKENMILL_S3_ANONYMOUS": "true"}) is None
+    assert credentials_refusal(named, {"TOKENMILL_S3_ANONYMOUS": "yes please"}), "only the literal true"
+    document = named.model_dump(by_alias=True)
+    document["model"]["cache"] = {"mode": "nodeLocal"}
+    cached = DatasetGenerationSpec.model_validate(document)
+    why = credentials_refusal(cached, {"TOKENMILL_S3_ANONYMOUS": "true"})
+    assert why and "spec.model.cache" in why
+
+
+def test_a_run_without_s3_needs_no_keys_in_its_secret():
+    document = {"apiVersion": "tokenmill.io/v1alpha1", "kind": "DatasetGeneration", "metadata": {"name": "t"},
+                "spec": {"model": {"path": "/models/kimi"}, "datasets": [{"name": "a", "source": "/data/a.jsonl"}],
+                         "output": {"uri": "/out/", "credentialsSecret": "tls"}}}
+    assert credentials_refusal(parse_document(document).spec, {}) is None

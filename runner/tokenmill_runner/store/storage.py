@@ -27,6 +27,8 @@ from functools import partial
 from pathlib import Path
 from typing import IO, Any, Protocol, TypeVar
 
+from .credentials import ANONYMOUS_KEY, asks_anonymous, missing_keys
+
 logger = logging.getLogger(__name__)
 
 MULTIPART_THRESHOLD = 64 * 1024 * 1024
@@ -515,23 +517,34 @@ def is_transient(error: BaseException) -> bool:
 
 def s3_client(endpoint: str | None = None, region: str | None = None,
               credentials: Mapping[str, str] | None = None):  # -> botocore client
-    """An S3 client; credentials (AWS_* keys, e.g. from a Kubernetes Secret) default to the environment."""
+    """An S3 client. Without `credentials`, boto3's default chain (the environment, a profile, IRSA, the instance
+    profile): the runner's own pod, or `tokenmill` on a workstation. With them (a tenant's Secret, read by the
+    operator), only those keys, or unsigned requests when they say TOKENMILL_S3_ANONYMOUS=true: keys missing are a
+    StorageError, never the chain, which in the operator is the operator's own identity."""
     import boto3
+    from botocore import UNSIGNED
     from botocore.config import Config
 
+    anonymous = asks_anonymous(os.environ if credentials is None else credentials)
+    if credentials is not None and (missing := missing_keys(credentials)):
+        raise StorageError(f"the S3 credentials lack {', '.join(missing)} (and do not set {ANONYMOUS_KEY}=true): "
+                           "refusing to fall back to the default credential chain")
+    keys = {} if anonymous or credentials is None else credentials
     # Path-style addressing works with every S3-compatible store; virtual-host style needs DNS per bucket.
     # Readers fetch markers 16 at a time (index_store.READ_THREADS) and commits run in parallel: botocore's default
     # pool of 10 connections would drop and reopen connections on every burst.
     config = Config(s3={"addressing_style": "path"}, retries={"max_attempts": BOTOCORE_ATTEMPTS, "mode": "standard"},
-                    connect_timeout=10, read_timeout=60, max_pool_connections=MAX_POOL_CONNECTIONS)
+                    connect_timeout=10, read_timeout=60, max_pool_connections=MAX_POOL_CONNECTIONS,
+                    # UNSIGNED also keeps botocore from resolving any credentials (botocore session.create_client)
+                    **({"signature_version": UNSIGNED} if anonymous else {}))
     return boto3.client(
         "s3",
         endpoint_url=endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"),
         region_name=region or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
         config=config,
-        aws_access_key_id=(credentials or {}).get("AWS_ACCESS_KEY_ID"),
-        aws_secret_access_key=(credentials or {}).get("AWS_SECRET_ACCESS_KEY"),
-        aws_session_token=(credentials or {}).get("AWS_SESSION_TOKEN"),
+        aws_access_key_id=keys.get("AWS_ACCESS_KEY_ID"),
+        aws_secret_access_key=keys.get("AWS_SECRET_ACCESS_KEY"),
+        aws_session_token=keys.get("AWS_SESSION_TOKEN") or None,
     )
 
 
