@@ -52,6 +52,9 @@ class QueueState:
     evicted: bool = False  # Kueue evicted it and it still holds quota until the run's pods are stopped
     finished: bool = False
     reshaped: bool = False  # its pod sets are not what the spec now needs
+    # The run's queue label was changed or removed: its Workload is in a queue the run no longer names. Like an
+    # eviction, the pods stop before the Workload goes, so Kueue never counts as free what the pods still hold.
+    leaving: bool = False
     position: int | None = None  # place among the LocalQueue's waiting workloads
     cluster_queue: str | None = None
     message: str = ""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import replace
 from typing import Any
 
 from tokenmill_runner.spec.resource import DatasetGenerationSpec
@@ -149,6 +150,12 @@ def queue_state(queue: str, desired: Manifest, current: Manifest | None, queued:
     reserved = _true(current, "QuotaReserved")
     common = {"queue": queue, "workload": name, "exists": True, "reshaped": reshaped, "cluster_queue": cluster_queue,
               "finished": _true(current, "Finished")}
+    queued_in = (current.get("spec") or {}).get("queueName")
+    if queued_in != queue:
+        return QueueState(**common, leaving=True,
+                          message=f"the {QUEUE_LABEL} label moved the run from LocalQueue {queued_in} to {queue}: "
+                                  f"stopping the server and the runner, then Workload {name} is replaced and the run "
+                                  f"queues in {queue}; it resumes from what is committed")
     if reshaped:
         return QueueState(**common, message=f"the spec changed what the run needs: Workload {name} is replaced "
                                             "once the run's pods are stopped, and the run queues again")
@@ -166,6 +173,13 @@ def queue_state(queue: str, desired: Manifest, current: Manifest | None, queued:
     where = f" at position {place}" if place is not None else ""
     return QueueState(**common, position=place,
                       message=f"queued in LocalQueue {queue}{where}: {why}; nothing holds a GPU while it waits")
+
+
+def left(state: QueueState) -> QueueState:
+    """The Workload of a run whose queue label was removed: given back like an evicted one, once the pods stopped."""
+    return replace(state, leaving=True, admitted=False, evicted=False, position=None,
+                   message=f"the {QUEUE_LABEL} label was removed: stopping the server and the runner, then Workload "
+                           f"{state.workload} leaves LocalQueue {state.queue} and hands its quota back")
 
 
 def release_patch(current: Manifest, now: str) -> Manifest:

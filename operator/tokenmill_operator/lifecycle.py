@@ -256,12 +256,13 @@ def _queued(observed: Observed, status: _Status, replace_job: bool) -> Decision:
     queue = observed.queue
     assert queue is not None
     message = queue.message
-    status.set("Progressing", "False", "Evicted" if queue.evicted else "Queued", message)
+    reason = "Evicted" if queue.evicted else "LeavingQueue" if queue.leaving else "Queued"
+    status.set("Progressing", "False", reason, message)
     status.set("ServerReady", "False", "Queued", "no server pods until Kueue admits the run")
     status.set("Stalled", "False", "Queued")
     status.set("Ready", "False", "Queued", message)
     events = [] if observed.previous.phase == "Queued" else [
-        Event("Warning" if queue.evicted else "Normal", "Evicted" if queue.evicted else "Queued", message)]
+        Event("Warning" if queue.evicted or queue.leaving else "Normal", reason, message)]
     return Decision(_base_status(observed, status, "Queued", message), server_replicas=0, suspend_job=True,
                     replace_job=replace_job, events=events)
 

@@ -67,6 +67,9 @@ logger = logging.getLogger(__name__)
 UNOBSERVABLE = (StorageError, KubeUnavailable, OSError, ManifestError)
 
 
+REQUIRE_QUEUE_ENV = "TOKENMILL_REQUIRE_QUEUE"
+
+
 @dataclass(frozen=True)
 class OperatorSettings:
     runner_image: str = os.environ.get("TOKENMILL_RUNNER_IMAGE", "ghcr.io/tokenmill/tokenmill-runner:0.1.0")
@@ -78,6 +81,8 @@ class OperatorSettings:
     # Where Prometheus runs: the only namespace whose scraper the NetworkPolicies admit (none when unset).
     scraper_namespace: str | None = os.environ.get("TOKENMILL_SCRAPER_NAMESPACE") or None
     tenant_policy: policy.TenantPolicy = field(default_factory=lambda: policy.TenantPolicy.from_env(os.environ))
+    # Every resource must name a Kueue LocalQueue (the label); one without it is refused (QueueRequired).
+    require_queue: bool = os.environ.get(REQUIRE_QUEUE_ENV, "").strip().lower() == "true"
 
 
 def now_utc() -> datetime:
@@ -193,14 +198,32 @@ class Facts:
     cache_ready: bool = True  # the shared model cache is filled (or none is used)
 
 
+class QueueRequired(Exception):
+    """The operator requires a Kueue queue label (TOKENMILL_REQUIRE_QUEUE) and the run has none."""
+
+
+def queue_required_message(name: str) -> str:
+    return (f"this operator runs only resources queued through Kueue ({REQUIRE_QUEUE_ENV}, chart value "
+            f"operator.kueue.requireQueue): add the label {kueue.QUEUE_LABEL}=<LocalQueue> to DatasetGeneration "
+            f"{name}")
+
+
 def _queueing(kube: Kube, context: Context, plan: ServerPlan | None, settings: OperatorSettings) -> Queueing | None:
     queue = kueue.queue_name(context.body["metadata"].get("labels"))
-    if queue is None or plan is None:
+    spec, previous = context.spec, context.previous.queue
+    if plan is None or (queue is None and previous is None):
         return None
-    spec = context.spec
-    desired = kueue.run_workload(context.name, context.namespace, manifests.owner_reference(context.body), queue,
-                                 spec, plan, spec.runner.image or settings.runner_image)
-    state, current = observe_queue(kube, context.name, context.namespace, queue, desired)
+    # A removed label: the run's Workload, in the queue it was in, is given back like an evicted one, never while
+    # the pods hold what it counted (security-a87e82b.md B5: deleting it at once left the GPUs held, uncounted).
+    desired = kueue.run_workload(context.name, context.namespace, manifests.owner_reference(context.body),
+                                 queue or previous.name, spec, plan, spec.runner.image or settings.runner_image)
+    state, current = observe_queue(kube, context.name, context.namespace, queue or previous.name, desired)
+    if queue is None:
+        if not state.exists:  # given back: the run is outside Kueue from now on
+            if settings.require_queue:
+                raise QueueRequired(queue_required_message(context.name))
+            return None
+        state = kueue.left(state)
     return Queueing(desired, current, state)
 
 
@@ -278,6 +301,9 @@ def reconcile(kube: Kube, context: Context, output: OutputIndex, settings: Opera
     refused = policy.refusal(spec, settings.tenant_policy)
     if refused:  # before the Secret, the model files or the output are touched
         return blocked(base, "NotAllowed", refused)
+    if (settings.require_queue and context.previous.queue is None
+            and kueue.queue_name(context.body["metadata"].get("labels")) is None):
+        return blocked(base, "QueueRequired", queue_required_message(context.name))
     try:
         credentials = _credentials(kube, spec, context.namespace)
     except LookupError as error:
@@ -302,6 +328,8 @@ def reconcile(kube: Kube, context: Context, output: OutputIndex, settings: Opera
         observed = _observed(context, output, storage, planning, facts, now, settings, stopped)
     except KueueMissing as error:
         return blocked(base, "KueueNotInstalled", str(error))
+    except QueueRequired as error:
+        return blocked(base, "QueueRequired", str(error))
     except UNOBSERVABLE as error:
         return cannot_observe(base, str(error))
     decision = decide(observed)
@@ -395,14 +423,14 @@ def _apply_queueing(kube: Kube, context: Context, decision: Decision, queueing: 
                     now: datetime) -> None:
     """Keep the run's Workload in step with the decision. Kueue's quota is handed back only once the run's pods
     are gone (as Kueue's own job integrations do): a run that ended or was suspended deletes its Workload (and
-    leaves the queue), an outdated one is replaced, an evicted one has its admission cleared and queues again."""
+    leaves the queue), an outdated one or one whose queue label changed or was removed is deleted (and made anew in
+    the new queue, if any), an evicted one has its admission cleared and queues again."""
     workload = kueue.workload_name(context.name)
     if queueing is None:
-        if context.previous.queue is not None:  # the queue label was removed: leave the queue
-            kube.delete(kueue.WORKLOAD_API, kueue.WORKLOAD_KIND, workload, context.namespace)
         return
     state = queueing.state
-    leaving = decision.status.phase in ("Succeeded", "Failed", "Suspended") or state.finished or state.reshaped
+    leaving = (decision.status.phase in ("Succeeded", "Failed", "Suspended") or state.finished or state.reshaped
+               or state.leaving)
     if not state.exists:
         if not leaving:
             kube.create_if_absent(queueing.desired)

@@ -63,3 +63,27 @@ def test_allowed_secrets_narrow_what_the_operator_may_read(helm: str, henv: dict
     assert narrowed == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"],
                          "resourceNames": ["s3-creds", "team-b-s3"]},
                         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}]
+
+
+def test_allowed_secrets_leave_every_other_rule_in_place(helm: str, henv: dict[str, str]):
+    """security-a87e82b.md W4: on a87e82b the PVC and Kueue Workload rules sat inside the allowedSecrets `else`
+    (_rbac.tpl:50-76), so narrowing Secrets made every shared-cache claim and every Workload a 403."""
+    def others(objects):
+        kinds = [o for o in objects if o["kind"] in ("ClusterRole", "Role")]
+        return sorted((tuple(r.get("apiGroups", [])), tuple(r["resources"]), tuple(r["verbs"]))
+                      for role in kinds for r in role["rules"] if "secrets" not in r["resources"])
+
+    for scope in (["--set", "rbac.scope=cluster"], ["--set", "rbac.scope=namespace",
+                                                     "--set", "rbac.namespaces={team-a}"]):
+        wide = others(template(helm, *scope, env=henv))
+        narrowed = others(template(helm, *scope, "--set", "operator.policy.allowedSecrets={team-a-s3}", env=henv))
+        assert narrowed == wide
+        assert (("",), ("persistentvolumeclaims",), ("get", "create")) in narrowed
+        assert (("kueue.x-k8s.io",), ("workloads",), ("get", "list", "create", "delete")) in narrowed
+        assert (("kueue.x-k8s.io",), ("workloads/status",), ("patch",)) in narrowed
+
+
+def test_the_operator_can_be_told_to_require_a_kueue_queue(helm: str, henv: dict[str, str]):
+    assert _env(template(helm, env=henv))["TOKENMILL_REQUIRE_QUEUE"] == "false"
+    assert _env(template(helm, "--set", "operator.kueue.requireQueue=true", env=henv))["TOKENMILL_REQUIRE_QUEUE"] \
+        == "true"

@@ -9,6 +9,7 @@ committed exactly once.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -163,3 +164,67 @@ def test_an_eviction_is_an_outage_the_run_survives(cluster, namespace, kueue_con
                                                  "--no-headers", "--ignore-not-found").stdout.strip(),
                      "the Workload deleted once the run ended", timeout=60)
     assert done["status"]["startup"]["predictedCopySeconds"] > 0
+
+
+def test_removing_the_queue_label_stops_the_pods_before_the_quota_goes_and_a_queue_can_be_required(
+        cluster, namespace, kueue_controller, crd, credentials, s3_world, tmp_path):
+    """security-a87e82b.md B5: on a87e82b removing the label deleted the Workload in the same pass while the server
+    kept its GPUs (reconcile.py:399), so Kueue counted them free; and no setting required a queue."""
+    from .operator_kit import Operator
+
+    running = Operator(cluster, namespace, tmp_path / "operator.log")
+    running.env["TOKENMILL_REQUIRE_QUEUE"] = "true"
+    running.start()
+    try:
+        cluster.apply(gpu_queue(namespace, gpus=8))
+        cluster.apply(queued_resource(namespace, s3_world, NAME))
+        cluster.wait_for(lambda: server_ready(cluster, namespace, NAME), "the run's server, admitted", timeout=120)
+        cluster.wait_for(lambda: cluster.batch.read_namespaced_job(f"{NAME}-runner", namespace), "the runner Job",
+                         timeout=120)
+        workload = f"{NAME}-run"
+        uncounted: list[int] = []  # pods alive in each sample that found the Workload gone
+        counted: list[int] = []  # ... and in each that found it there
+        stop = threading.Event()
+
+        def sample() -> None:
+            # The Workload first, then the pods: pods seen after the Workload was seen gone held GPUs uncounted.
+            while not stop.is_set():
+                try:
+                    gone = not cluster.kubectl("get", "workloads.kueue.x-k8s.io", workload, "-n", namespace,
+                                               "--ignore-not-found", "-o", "name").stdout.strip()
+                    holding = len(pods_of(cluster, namespace, NAME))
+                except Exception:  # noqa: BLE001  (a slow API server skips a sample)
+                    continue
+                (uncounted if gone else counted).append(holding)
+
+        thread = threading.Thread(target=sample, daemon=True)
+        thread.start()
+        try:
+            cluster.kubectl("label", "datasetgenerations.tokenmill.io", NAME, "-n", namespace, f"{QUEUE_LABEL}-")
+            cluster.wait_for(lambda: not pods_of(cluster, namespace, NAME), "the run's pods stopped", timeout=90)
+            cluster.wait_for(lambda: not cluster.kubectl("get", "workloads.kueue.x-k8s.io", workload, "-n",
+                                                         namespace, "--ignore-not-found", "-o", "name"
+                                                         ).stdout.strip(), "the Workload given back", timeout=60)
+            refused = cluster.wait_for(lambda: (lambda o: o if (condition(o, "Ready") or {}).get("reason")
+                                                == "QueueRequired" else None)(dsgen(cluster, namespace, NAME)),
+                                       "Ready=False QueueRequired", timeout=60)
+        finally:
+            stop.set()
+            thread.join(timeout=30)
+        assert not any(uncounted), f"pods held with no Workload in {sum(map(bool, uncounted))} samples"
+        assert any(counted), f"no sample saw the pods stopping ({len(counted)} samples)"
+        assert f"{QUEUE_LABEL}=<LocalQueue>" in condition(refused, "Ready")["message"]
+        assert cluster.batch.read_namespaced_job(f"{NAME}-runner", namespace).spec.suspend
+        assert not pods_of(cluster, namespace, NAME), "refused: no pod comes back outside Kueue"
+
+        # A run that never named a queue is refused before anything is made.
+        cluster.apply(b5_resource(namespace, s3_world, SECOND,
+                                  **{"output.uri": f"s3://tokenmill-data/runs/{namespace}/{SECOND}/"}))
+        cluster.wait_for(lambda: (lambda o: o if (condition(o, "Ready") or {}).get("reason") == "QueueRequired"
+                                  else None)(dsgen(cluster, namespace, SECOND)), "the unqueued run refused",
+                         timeout=60)
+        assert not cluster.apps.list_namespaced_stateful_set(
+            namespace, label_selector=f"app.kubernetes.io/instance={SECOND}").items
+    finally:
+        running.stop()
+        print(running.tail(), file=sys.stderr)

@@ -168,3 +168,95 @@ def test_tokenmill_plan_lists_the_workload_and_the_cache_objects(tmp_path, capsy
     assert cli.main(["plan", str(path), "--model-files", str(kimi_files), "--json"]) == 0
     kinds = [o["kind"] for o in json.loads(capsys.readouterr().out)["objects"]]
     assert kinds[:3] == ["Workload", "PersistentVolumeClaim", "Job"] and kinds.count("Job") == 2
+
+
+def test_a_workload_in_another_queue_than_the_label_is_left_like_an_eviction():
+    # On a87e82b the label moved to another LocalQueue kept the run admitted by the first, and its status named a
+    # queue it was never admitted by.
+    current = run_workload()
+    current["status"] = {"admission": {"clusterQueue": "gpus"}, "conditions": [cond("QuotaReserved"),
+                                                                                cond("Admitted")]}
+    moved = kueue.run_workload("b5", "team-a", OWNER, "cheap-queue", spec(), PLAN, "runner:1")
+    state = kueue.queue_state("cheap-queue", moved, current, [])
+    assert state.leaving and not state.admitted and state.exists
+    assert "from LocalQueue gpu-queue to cheap-queue" in state.message
+    removed = kueue.left(kueue.queue_state("gpu-queue", run_workload(), current, []))
+    assert removed.leaving and not removed.admitted and "label was removed" in removed.message
+
+
+def test_a_run_leaving_its_queue_stops_its_pods_first():
+    running = decide(observed(queue=queued(admitted=True, position=None, message="admitted"), job=JobState(active=4)))
+    leaving = decide(observed(queue=queued(leaving=True, position=None, pods_left=5, message="label was removed"),
+                              job=JobState(active=4), previous=running.status))
+    assert leaving.status.phase == "Queued" and leaving.server_replicas == 0 and leaving.suspend_job
+    assert not leaving.delete_server and leaving.status.report is None
+    assert [(e.type, e.reason) for e in leaving.events] == [("Warning", "LeavingQueue")]
+
+
+class Recorder:
+    """A Kube that answers from a dict and records every write (the reconcile pass's queue steps)."""
+
+    def __init__(self, objects: dict[tuple[str, str], dict]) -> None:
+        self.objects, self.writes = objects, []
+
+    def get(self, api_version, kind, name, namespace):
+        return self.objects.get((kind, name))
+
+    def list(self, api_version, kind, namespace, labels):
+        return [o for (k, _), o in self.objects.items() if k == kind
+                and labels.items() <= ((o.get("metadata") or {}).get("labels") or {}).items()]
+
+    def delete(self, api_version, kind, name, namespace, propagation="Background"):
+        self.writes.append(("delete", kind, name))
+        return self.objects.pop((kind, name), None) is not None
+
+    def create_if_absent(self, manifest):
+        self.writes.append(("create", manifest["kind"], manifest["metadata"]["name"]))
+
+    def patch_status(self, *args):
+        self.writes.append(("patch_status",) + args[:3])
+
+
+def _removed_label_context(queue_status):
+    from tokenmill_operator.reconcile import Context
+    from tokenmill_operator.status import QueueStatus
+
+    body = {"metadata": {"name": "b5", "namespace": "team-a", "uid": "u-1", "labels": {}}, "spec": {}}
+    previous = DatasetGenerationStatus(phase="Generating", queue=QueueStatus(**queue_status))
+    return Context(body=body, name="b5", namespace="team-a", generation=1, spec=spec(), previous=previous)
+
+
+def test_removing_the_label_keeps_the_workload_until_the_pods_are_gone():
+    # security-a87e82b.md B5: on a87e82b the Workload was deleted in the same pass (reconcile.py:399) while the
+    # server kept its GPUs, so Kueue counted them free.
+    from tokenmill_operator.reconcile import OperatorSettings, _apply_queueing, _queueing
+
+    admitted = run_workload()
+    admitted["status"] = {"conditions": [cond("QuotaReserved"), cond("Admitted")]}
+    from tokenmill_operator import names
+
+    pod = {"metadata": {"labels": names.selector_labels("b5", names.SERVER_COMPONENT)}, "status": {"phase": "Running"}}
+    kube = Recorder({("Workload", "b5-run"): admitted, ("Pod", "b5-server-0"): pod})
+    context = _removed_label_context({"name": "gpu-queue", "workload": "b5-run", "admitted": True})
+    queueing = _queueing(kube, context, PLAN, OperatorSettings())
+    assert queueing is not None and queueing.state.leaving and queueing.state.pods_left == 1
+    decision = decide(observed(queue=queueing.state, job=JobState(active=4)))
+    assert decision.server_replicas == 0 and decision.suspend_job
+    _apply_queueing(kube, context, decision, queueing, T0)
+    assert kube.writes == [], "the Workload stays while a pod holds what it counted"
+    del kube.objects[("Pod", "b5-server-0")]
+    _apply_queueing(kube, context, decision, _queueing(kube, context, PLAN, OperatorSettings()), T0)
+    assert kube.writes == [("delete", "Workload", "b5-run")]
+    assert _queueing(kube, context, PLAN, OperatorSettings()) is None, "then the run is outside Kueue"
+
+
+def test_an_operator_that_requires_a_queue_refuses_a_run_without_one():
+    import pytest
+
+    from tokenmill_operator.reconcile import OperatorSettings, QueueRequired, _queueing
+
+    required = OperatorSettings(require_queue=True)
+    context = _removed_label_context({"name": "gpu-queue", "workload": "b5-run"})
+    with pytest.raises(QueueRequired, match="kueue.x-k8s.io/queue-name=<LocalQueue>"):
+        _queueing(Recorder({}), context, PLAN, required)  # its Workload given back: refused from now on
+    assert OperatorSettings.__dataclass_fields__["require_queue"].default is False

@@ -60,6 +60,7 @@ CRD rule (kopf scans CustomResourceDefinitions, which are cluster-scoped).
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get, create]
+{{- end }}
 # The shared model cache (spec.model.cache, docs/cluster.md): one claim per model digest, created if absent, and
 # its fill Job (batch jobs above).
 - apiGroups: [""]
@@ -73,7 +74,6 @@ CRD rule (kopf scans CustomResourceDefinitions, which are cluster-scoped).
 - apiGroups: [kueue.x-k8s.io]
   resources: [workloads/status]
   verbs: [patch]
-{{- end }}
 {{- end }}
 {{- define "tokenmill.crdRules" -}}
 # kopf: scan CustomResourceDefinitions at startup and while running.
