@@ -17,6 +17,7 @@ from .operator_kit import (  # noqa: F401  (fixtures)
     Operator,
     b5_resource,
     condition,
+    credentials,
     crd,
     dsgen,
     s3_world,
