@@ -116,6 +116,8 @@ def _rule(rule: str, message: str, reason: str | None = None, field_path: str | 
     return validation
 
 
+# A Hugging Face repository id: [org/]name, letters, digits, '.', '_', '-' (never '..', never a leading '/').
+HUB_ID = "^[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9_-])?(/[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9_-])?)?$"
 FRACTION_RULE = "self.matches('^[0-9]*[.]?[0-9]+$') && double(self) > 0.0 && double(self) < 1.0"
 DECIMAL_RULE = "self.matches('^-?[0-9]*[.]?[0-9]+$')"
 
@@ -190,9 +192,18 @@ RULES: dict[Path_, list[dict[str, str]]] = {
                               "output.uri must be s3://bucket/prefix/ (a local folder works only with "
                               "`tokenmill run`)"),
                         # spec/resource.py S3_PREFIX_ESCAPE, in RE2.
-                        _rule("!self.matches('/[.][.]?(/|$)') && !self.matches('%2[fF]') && !self.contains('\\\\')",
-                              "output.uri must not hold '.' or '..' segments or an encoded slash (%2F): a store or "
-                              "proxy that normalises keys would write outside the prefix")],
+                        _rule("!self.matches('/[.][.]?(/|$)') && !self.matches('%2[fFeE]') && "
+                              "!self.contains('\\\\') && !self.matches('[^:/]//')",
+                              "output.uri must not hold '.' or '..' segments, an empty segment ('//') or an encoded "
+                              "slash or dot (%2F, %2E): a store or proxy that normalises keys would write outside "
+                              "the prefix")],
+    # In a cluster the model is on S3, a PVC or the Hugging Face hub: a local path would name a folder of the
+    # operator's own filesystem (model_files.model_files_location never looks at one).
+    **{("model", field): [_rule("self.startsWith('s3://') || self.startsWith('pvc://') || "
+                                "self.matches('" + HUB_ID + "')",
+                                f"spec.model.{field} must be s3://bucket/prefix/, pvc://claim/path or a Hugging Face "
+                                "id (org/name); a local folder works only with `tokenmill run`")]
+       for field in ("path", "tokenizer")},
     ("server",): [
         _rule("!has(self.tensorParallel) || type(self.tensorParallel) != int || "
               "self.tensorParallel in [1, 2, 4, 8, 16, 32, 64]",

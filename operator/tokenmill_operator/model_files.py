@@ -15,11 +15,19 @@ from tokenmill_runner.store.storage import StorageRetry, open_storage
 from .planner import PlanError, ServerPlan, model_facts, plan_server
 
 
-def model_files_location(spec: DatasetGenerationSpec) -> str:
-    """Where config.json is readable by the operator: the model path if on S3, else the tokenizer's."""
+def model_files_location(spec: DatasetGenerationSpec, local: bool = True) -> str:
+    """Where config.json is readable: the model path if on S3, else the tokenizer's; with `local` (tokenmill plan)
+    a local folder too. The operator passes local=False: its answer must not depend on what its own filesystem
+    holds, or a tenant's status would tell which of the operator's folders exist (security-a87e82b.md W10)."""
     for location in (spec.model.path, spec.model.tokenizer):
-        if location and (location.startswith("s3://") or os.path.isdir(location)):
+        if location and (location.startswith("s3://") or (local and os.path.isdir(location))):
             return location
+    if not local:
+        raise PlanError(
+            f"the operator reads config.json only from S3, and neither spec.model.path ({spec.model.path!r}) nor "
+            "spec.model.tokenizer is an s3:// prefix: give spec.model.tokenizer as an s3:// prefix holding the "
+            "tokenizer and config.json (the server can still load weights from the PVC or the Hugging Face hub)"
+        )
     raise PlanError(
         f"the operator cannot read config.json from {spec.model.path!r}: give spec.model.tokenizer as an s3:// "
         "prefix holding the tokenizer and config.json (the server can still load weights from the PVC)"
@@ -36,14 +44,16 @@ def read_model_config(spec: DatasetGenerationSpec, credentials: dict[str, str] |
 
 def make_plan(spec: DatasetGenerationSpec, credentials: dict[str, str] | None,
               work: Workload | None = None, location: str | None = None,
-              retry: StorageRetry | None = None, node_driver_major: int | None = None) -> ServerPlan:
+              retry: StorageRetry | None = None, node_driver_major: int | None = None,
+              local: bool = True) -> ServerPlan:
     """Read config.json (and the safetensors index unless spec.model.weightBytes is set), then plan the server.
 
     work overrides the job's lengths and concurrency (tokenmill plan's fixed-workload flags); location reads the
     model files from elsewhere than the spec says (tokenmill plan --model-files); retry bounds how long a failing store
-    is retried (the operator's passes keep it short); node_driver_major is the GPU nodes' NVIDIA driver branch."""
+    is retried (the operator's passes keep it short); node_driver_major is the GPU nodes' NVIDIA driver branch; local
+    lets the model files be a local folder (tokenmill plan; never the operator's, model_files_location)."""
     output = spec.output
-    storage = open_storage(location or model_files_location(spec), output.endpoint, output.region, credentials,
+    storage = open_storage(location or model_files_location(spec, local), output.endpoint, output.region, credentials,
                            retry)
     config = orjson.loads(storage.get("config.json"))
     weight_bytes = spec.model.weight_bytes

@@ -83,11 +83,23 @@ def credentials_refusal(spec: DatasetGenerationSpec, credentials: Mapping[str, s
     return None
 
 
+IMAGE_DELIMITERS = ("/", ":", "@")
+
+
+def image_allowed(image: str, prefix: str) -> bool:
+    """Whether `image` is `prefix` or lies under it at a delimiter: `ghcr.io/tokenmill` allows
+    `ghcr.io/tokenmill/runner:1` and `ghcr.io/tokenmill:1`, never `ghcr.io/tokenmill-evil/r:1` (a bare startswith
+    did, security-a87e82b.md W1). A prefix that ends in a delimiter (`lmsysorg/sglang:`) is already one."""
+    if prefix.endswith(IMAGE_DELIMITERS):
+        return image.startswith(prefix)
+    return image == prefix or image.startswith(tuple(prefix + d for d in IMAGE_DELIMITERS))
+
+
 def image_refusal(spec: DatasetGenerationSpec, policy: TenantPolicy) -> str | None:
     if not policy.allowed_images:
         return None
     for field, image in (("spec.server.image", spec.server.image), ("spec.runner.image", spec.runner.image)):
-        if image is not None and not image.startswith(policy.allowed_images):
+        if image is not None and not any(image_allowed(image, prefix) for prefix in policy.allowed_images):
             return (f"{field} {image!r} is not among the images this operator runs ({', '.join(policy.allowed_images)}"
                     f"; {ALLOWED_IMAGES_ENV}, chart value operator.policy.allowedImages): use one of them")
     return None

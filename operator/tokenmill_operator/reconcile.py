@@ -164,7 +164,7 @@ def plan_for(context: Context, credentials: dict[str, str] | None,
         return Planning(current)
     try:
         driver = None if context.spec.server.cuda_driver_major else node_driver()
-        plan = make_plan(context.spec, credentials, retry=OBSERVE_RETRY, node_driver_major=driver)
+        plan = make_plan(context.spec, credentials, retry=OBSERVE_RETRY, node_driver_major=driver, local=False)
     except (PlanError, LookupError, ValueError) as error:
         return Planning(None, error=str(error))
     except Exception as error:  # storage: unreachable, slow, denied or missing; say where and retry

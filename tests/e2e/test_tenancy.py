@@ -41,6 +41,13 @@ OUT_OF_BOUNDS = [
     # Stored literally by S3, but a store or proxy that normalises keys would write outside the prefix.
     ("output.uri", "s3://tokenmill-data/runs/a/../../escaped/", "must not hold '.' or '..' segments"),
     ("output.uri", "s3://tokenmill-data/runs/b%2F..%2Fc/", "must not hold '.' or '..' segments"),
+    # accepted on a87e82b (security-a87e82b.md W14)
+    ("output.uri", "s3://tokenmill-data/runs/%2e%2e/x/", "must not hold '.' or '..' segments"),
+    ("output.uri", "s3://tokenmill-data/runs//x/", "must not hold '.' or '..' segments"),
+    # A local model path would name the operator's own folders (W10); only S3, a PVC or a hub id in a cluster.
+    ("model.path", "/etc", "spec.model.path must be s3://bucket/prefix/"),
+    ("model.path", "../../proc/self", "spec.model.path must be s3://bucket/prefix/"),
+    ("model.tokenizer", "/var/lib/kubelet", "spec.model.tokenizer must be s3://bucket/prefix/"),
 ]
 
 
@@ -53,7 +60,8 @@ def test_the_api_server_refuses_what_pydantic_refuses(cluster, namespace, crd, p
 
 def test_bounds_and_flags_within_reach_are_accepted(cluster, namespace, crd):
     within = {"server.replicas": 256, "runner.concurrency": 4096, "server.extraArgs": ["--chunked-prefill-size",
-                                                                                       "4096", "--enable-metrics"]}
+                                                                                       "4096", "--enable-metrics"],
+              "model.tokenizer": "moonshotai/Kimi-K2.5"}
     result = cluster.apply(b5_resource(namespace, "http://127.0.0.1:9", suspend=True, **within), check=False)
     assert result.returncode == 0, result.stderr
 

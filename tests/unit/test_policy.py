@@ -101,3 +101,21 @@ def test_a_run_without_s3_needs_no_keys_in_its_secret():
                 "spec": {"model": {"path": "/models/kimi"}, "datasets": [{"name": "a", "source": "/data/a.jsonl"}],
                          "output": {"uri": "/out/", "credentialsSecret": "tls"}}}
     assert credentials_refusal(parse_document(document).spec, {}) is None
+
+
+@pytest.mark.parametrize(("prefix", "image", "allowed"), [
+    ("ghcr.io/tokenmill", "ghcr.io/tokenmill/runner:1", True),
+    ("ghcr.io/tokenmill", "ghcr.io/tokenmill:1", True),
+    ("ghcr.io/tokenmill", "ghcr.io/tokenmill@sha256:abc", True),
+    ("ghcr.io/tokenmill", "ghcr.io/tokenmill-evil/r:1", False),  # allowed on a87e82b (security-a87e82b.md W1)
+    ("ghcr.io/tokenmill", "ghcr.io/tokenmillevil:1", False),
+    ("lmsysorg/sglang:", "lmsysorg/sglang:v0.5.23", True),
+    ("lmsysorg/sglang:", "lmsysorg/sglang-evil:v1", False),
+    ("ghcr.io/tokenmill/", "ghcr.io/tokenmill-evil/r:1", False),
+])
+def test_an_image_prefix_matches_only_at_a_delimiter(prefix, image, allowed):
+    document = spec(credentialsSecret="s").model_dump(by_alias=True)
+    document["runner"]["image"] = image
+    why = refusal(DatasetGenerationSpec.model_validate(document), TenantPolicy(allowed_images=(prefix,
+                                                                                             "lmsysorg/sglang:")))
+    assert (why is None) == allowed, why

@@ -11,19 +11,33 @@ import pytest
 from tokenmill_operator.reconcile import Context, plan_for
 from tokenmill_operator.status import DatasetGenerationStatus
 from tokenmill_runner.spec.resource import parse_document
+from tokenmill_runner.store.storage import open_storage
 
 from .test_lifecycle import PLAN
 
 KIMI = Path(__file__).resolve().parents[1] / "fixtures" / "models" / "kimi-k2.5.json"
 
 
-def context(model_dir: Path, generation: int, previous: DatasetGenerationStatus | None = None) -> Context:
+def context(model: str, generation: int, previous: DatasetGenerationStatus | None = None,
+            endpoint: str | None = None) -> Context:
     document = {"apiVersion": "tokenmill.io/v1alpha1", "kind": "DatasetGeneration", "metadata": {"name": "r"},
-                "spec": {"model": {"path": str(model_dir), "weightBytes": 594 * 10**9},
+                "spec": {"model": {"path": model, "weightBytes": 594 * 10**9},
                          "server": {"gpuProduct": "NVIDIA-H200"},
-                         "datasets": [{"name": "a", "source": "s3://p/a.jsonl"}], "output": {"uri": "s3://o/"}}}
+                         "datasets": [{"name": "a", "source": "s3://p/a.jsonl"}],
+                         "output": {"uri": "s3://o/", **({"endpoint": endpoint} if endpoint else {})}}}
     return Context(body=document, name="r", namespace="ns", generation=generation,
                    spec=parse_document(document).spec, previous=previous or DatasetGenerationStatus())
+
+
+class ModelFiles:
+    """The model's prefix on the S3 server: where the operator reads config.json."""
+
+    def __init__(self, endpoint: str, bucket: str) -> None:
+        self.endpoint, self.uri = endpoint, f"s3://{bucket}/kimi/"
+        self.storage = open_storage(self.uri, endpoint)
+
+    def context(self, generation: int, previous: DatasetGenerationStatus | None = None) -> Context:
+        return context(self.uri, generation, previous, self.endpoint)
 
 
 @pytest.fixture
@@ -32,29 +46,46 @@ def model_dir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_a_plan_is_made_once_per_generation(model_dir: Path):
-    made = plan_for(context(model_dir, 2), None)
+@pytest.fixture
+def model_files(s3_endpoint: str, s3_bucket: str) -> ModelFiles:
+    files = ModelFiles(s3_endpoint, s3_bucket)
+    files.storage.put("config.json", json.dumps(json.loads(KIMI.read_text())["config"]).encode())
+    return files
+
+
+def test_a_plan_is_made_once_per_generation(model_files: ModelFiles):
+    made = plan_for(model_files.context(2), None)
     assert made.plan is not None and made.generation == 2 and made.error is None
-    (model_dir / "config.json").unlink()  # not read again for the same generation
+    model_files.storage.delete("config.json")  # not read again for the same generation
     previous = DatasetGenerationStatus(server_plan=made.plan, planned_generation=2, observed_generation=2)
-    kept = plan_for(context(model_dir, 2, previous), None)
+    kept = plan_for(model_files.context(2, previous), None)
     assert kept.plan == made.plan and kept.generation is None
 
 
-def test_unreadable_model_files_on_a_spec_edit_keep_the_previous_plan_and_say_so(model_dir: Path):
-    (model_dir / "config.json").unlink()
+def test_unreadable_model_files_on_a_spec_edit_keep_the_previous_plan_and_say_so(model_files: ModelFiles):
+    model_files.storage.delete("config.json")
     previous = DatasetGenerationStatus(server_plan=PLAN, planned_generation=2, observed_generation=2)
-    planning = plan_for(context(model_dir, 3, previous), None)
+    planning = plan_for(model_files.context(3, previous), None)
     assert planning.plan is None and planning.error is None, "not a plan error: nothing terminal"
     assert "cannot read the model files to plan the server for generation 3" in planning.transient
     assert "config.json" in planning.transient
     assert "the server keeps the plan of generation 2" in planning.transient
 
 
-def test_a_config_the_planner_cannot_use_is_a_plan_error(model_dir: Path):
-    (model_dir / "config.json").write_text("{not json")
-    planning = plan_for(context(model_dir, 1), None)
+def test_a_config_the_planner_cannot_use_is_a_plan_error(model_files: ModelFiles):
+    model_files.storage.put("config.json", b"{not json")
+    planning = plan_for(model_files.context(1), None)
     assert planning.plan is None and planning.transient is None and planning.error
+
+
+@pytest.mark.parametrize("path", ["/etc", "/nonexistent-dir", "/proc/self", "{model_dir}"])
+def test_a_local_model_path_tells_nothing_about_the_operators_filesystem(model_dir: Path, path: str):
+    # security-a87e82b.md W10: on a87e82b the operator called os.path.isdir on a tenant's path, and the status
+    # differed for a folder that exists, one that does not and one holding a config.json.
+    planning = plan_for(context(path.format(model_dir=model_dir), 1), None)
+    assert planning.plan is None and planning.error is not None
+    assert planning.error.startswith("the operator reads config.json only from S3, and neither spec.model.path (")
+    assert "does not exist" not in planning.error and "index" not in planning.error
 
 
 def test_a_succeeded_run_is_settled_until_its_spec_or_a_new_retry_request_changes():

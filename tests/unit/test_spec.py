@@ -165,7 +165,9 @@ def test_extra_args_may_not_set_or_abbreviate_a_managed_flag(arg):
 
 
 @pytest.mark.parametrize("uri", ["s3://b/runs/a/../../escaped/", "s3://b/runs/b%2F..%2Fc/", "s3://b/./x/",
-                                 "s3://b/runs\\x/"])
+                                 "s3://b/runs\\x/",
+                                 # accepted on a87e82b (security-a87e82b.md W14): '..' once decoded, an empty segment
+                                 "s3://b/runs/%2e%2e/x/", "s3://b/runs/%2E%2E/x/", "s3://b/runs//x/", "s3://b//x/"])
 def test_an_s3_output_prefix_cannot_name_a_way_out_of_itself(uri):
     from pydantic import ValidationError
 
@@ -174,4 +176,5 @@ def test_an_s3_output_prefix_cannot_name_a_way_out_of_itself(uri):
     with pytest.raises(ValidationError, match="could leave the prefix"):
         OutputSpec.model_validate({"uri": uri})
     assert OutputSpec.model_validate({"uri": "s3://b/runs/v1..v2/x.y/"})
+    assert OutputSpec.model_validate({"uri": "s3://b/"}) and OutputSpec.model_validate({"uri": "s3://b"})
     assert OutputSpec.model_validate({"uri": "../out/demo"}), "a local folder relative to the spec stays allowed"

@@ -80,8 +80,9 @@ def _checked(value: str | None, name: str, ok: Callable[[float], bool], expected
 DecimalString = Annotated[str, BeforeValidator(_number_to_string), AfterValidator(_parse_decimal)]
 FractionString = Annotated[str, BeforeValidator(_number_to_string), AfterValidator(_fraction)]
 
-# S3 stores keys literally, but a store or proxy that normalises dot segments or decodes %2F would write elsewhere.
-S3_PREFIX_ESCAPE = re.compile(r"/\.{1,2}(?:/|$)|%2[fF]|\\")
+# S3 stores keys literally, but a store or proxy that normalises dot segments, decodes %2F or %2E (%2e%2e is '..'
+# once decoded) or collapses '//' would write elsewhere.
+S3_PREFIX_ESCAPE = re.compile(r"/\.{1,2}(?:/|$)|%2[fFeE]|\\|[^:/]//")
 DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")  # whole name (fullmatch): "$" lets "ok\n" through
 
 # Upper bounds of the integer fields (docs/security.md): a spec asking for more is a typo or an attack, and each
@@ -533,8 +534,9 @@ class OutputSpec(SpecModel):
         if "://" in value and not value.startswith(("s3://", "file://")):
             raise ValueError(f"output uri {value!r}: use s3://bucket/prefix/ or a local folder")
         if value.startswith("s3://") and S3_PREFIX_ESCAPE.search(value):
-            raise ValueError(f"output uri {value!r}: a '.' or '..' segment or an encoded slash (%2F) could leave the "
-                             "prefix on a store or proxy that normalises keys; name the prefix plainly")
+            raise ValueError(f"output uri {value!r}: a '.' or '..' segment, an empty segment ('//'), or an encoded "
+                             "slash or dot (%2F, %2E) could leave the prefix on a store or proxy that normalises "
+                             "keys; name the prefix plainly")
         return value
 
 
