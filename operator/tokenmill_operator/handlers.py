@@ -13,7 +13,7 @@ from typing import Any
 
 import kopf
 
-from . import metrics, names
+from . import log_safety, metrics, names
 from .crd import GROUP, PLURAL, VERSION
 from .kube import default_kube
 from .passes import Key, PassScheduler, Stopped
@@ -72,6 +72,7 @@ def _key(namespace: str | None, name: str, uid: str) -> Key:
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    log_safety.protect()  # after kopf set its handler and level (verbose/debug: DEBUG)
     settings.persistence.finalizer = "tokenmill.io/operator"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="tokenmill.io")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="tokenmill.io")

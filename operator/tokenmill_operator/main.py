@@ -13,6 +13,9 @@ def main() -> int:
             f"{os.environ.get('TOKENMILL_HEALTH_PORT', '8080')}/healthz"]
     args += [f"--namespace={n}" for n in namespaces] or ["--all-namespaces"]
     sys.argv = ["kopf", *args, *sys.argv[1:]]
+    from .log_safety import protect
+
+    protect()  # the library loggers, before kopf imports anything that logs (handlers.configure adds the filter)
     from kopf.cli import main as kopf_main
 
     return kopf_main()

@@ -69,13 +69,14 @@ class Operator:
                     "TOKENMILL_RUNNER_POD_LABELS": json.dumps({HOLD_LABEL: "true"}),
                     "TOKENMILL_RUNNER_IMAGE": "registry.invalid/tokenmill:test"}
         self.log = log
+        self.args: list[str] = []  # kopf's own flags (--verbose, --debug)
         self.process: subprocess.Popen | None = None
 
     def start(self, crash_at: str | None = None) -> None:
         """Start it; with `crash_at` it SIGKILLs itself when a pass reaches that point (tokenmill_operator.faults)."""
         env = {**self.env, "TOKENMILL_OPERATOR_CRASH_AT": crash_at} if crash_at else self.env
         handle = self.log.open("ab")
-        self.process = subprocess.Popen([str(Path(sys.executable).parent / "tokenmill-operator")], env=env,
+        self.process = subprocess.Popen([str(Path(sys.executable).parent / "tokenmill-operator"), *self.args], env=env,
                                         stdout=handle, stderr=subprocess.STDOUT)
 
     def wait_killed(self, timeout: float = 90) -> None:

@@ -210,3 +210,27 @@ def test_a_secret_without_aws_keys_never_lends_the_operators_identity(cluster, n
         assert "OPERATOR-SESSION-TOKEN" not in log and "AKIAOPERATORROLE0001" not in log
     finally:
         operator.stop()
+
+
+def test_at_the_highest_verbosity_no_tenant_credential_reaches_the_operators_log(cluster, namespace, crd, s3_world,
+                                                                                 tmp_path):
+    """security-a87e82b.md W6: at --verbose botocore logged a tenant's key id and session token (and the Kubernetes
+    client the Secret's data) into the operator's log."""
+    tenant = {"AWS_ACCESS_KEY_ID": "AKIATEAMBKEY00000001", "AWS_SECRET_ACCESS_KEY": "teamb-secret-key-0123456789",
+              "AWS_SESSION_TOKEN": "TEAMB-SESSION-TOKEN-FwoGZXIvYXdzEJr"}
+    cluster.core.create_namespaced_secret(namespace, k8s.V1Secret(metadata=k8s.V1ObjectMeta(name="team-b-s3"),
+                                                                  string_data=tenant))
+    operator = Operator(cluster, namespace, tmp_path / "operator.log")
+    operator.args = ["--verbose", "--debug"]
+    operator.start()
+    try:
+        cluster.apply(b5_resource(namespace, s3_world, **{"output.credentialsSecret": "team-b-s3"}))
+        cluster.wait_for(lambda: cluster.apps.read_namespaced_stateful_set(f"{NAME}-server", namespace),
+                         "the server, planned from config.json read with the tenant's keys", timeout=60)
+    finally:
+        operator.stop()
+    log = operator.log.read_text(errors="replace")
+    assert "DEBUG" in log, "the operator ran at DEBUG"
+    encoded = [base64.b64encode(v.encode()).decode() for v in tenant.values()]
+    leaked = [v for v in [*tenant.values(), *encoded] if v in log]
+    assert not leaked, f"in the operator's log: {leaked}"

@@ -119,3 +119,26 @@ def test_an_image_prefix_matches_only_at_a_delimiter(prefix, image, allowed):
     why = refusal(DatasetGenerationSpec.model_validate(document), TenantPolicy(allowed_images=(prefix,
                                                                                              "lmsysorg/sglang:")))
     assert (why is None) == allowed, why
+
+
+def test_the_operators_log_keeps_credential_libraries_quiet_and_redacts_signatures():
+    import logging
+
+    from tokenmill_operator.log_safety import QUIET, RedactingFilter, protect
+
+    root = logging.getLogger("tm-test-root")
+    handler = logging.StreamHandler()
+    root.addHandler(handler)
+    levels = {name: logging.getLogger(name).level for name in QUIET}
+    try:
+        protect(root)
+        protect(root)  # idempotent
+        assert [type(f) for f in handler.filters] == [RedactingFilter]
+        assert all(logging.getLogger(name).getEffectiveLevel() == logging.WARNING for name in QUIET)
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+    record = logging.LogRecord("x", logging.DEBUG, "", 0, "headers %s", ({"X-Amz-Security-Token": "TOKEN-abc",
+                               "Authorization": "AWS4-HMAC-SHA256 Credential=AKIATEAMB/2026"},), None)
+    handler.filters[0].filter(record)
+    assert "TOKEN-abc" not in record.getMessage() and "AKIATEAMB" not in record.getMessage()
