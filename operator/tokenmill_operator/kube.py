@@ -7,6 +7,7 @@ fields other controllers own (StatefulSet status, Job status) are never touched.
 from __future__ import annotations
 
 import base64
+import json
 import logging
 from functools import cache
 from typing import Any
@@ -41,6 +42,24 @@ class ApiNotServed(LookupError):
     """The API server does not serve this kind (its CRD is not installed)."""
 
 
+class ChildRefused(RuntimeError):
+    """The API server refused a child the operator made (a ResourceQuota, an admission policy, an invalid value):
+    reported in the resource's status, not only in the operator's log."""
+
+
+REFUSED_CODES = (400, 403, 422)
+
+
+def _refused(error: ApiException, body: dict[str, Any]) -> ChildRefused:
+    try:
+        message = json.loads(error.body or "{}").get("message") or error.reason
+    except (ValueError, AttributeError):
+        message = error.reason
+    meta = body.get("metadata", {})
+    return ChildRefused(f"the API server refused {body.get('kind')} {meta.get('namespace')}/{meta.get('name')} "
+                        f"(HTTP {error.status}): {message}")
+
+
 class Kube:
     def __init__(self, api_client: client.ApiClient | None = None) -> None:
         self.api_client = api_client or client.ApiClient()
@@ -59,8 +78,13 @@ class Kube:
     def apply(self, body: dict[str, Any]) -> dict[str, Any]:
         resource = self._resource(body["apiVersion"], body["kind"])
         meta = body["metadata"]
-        result = resource.server_side_apply(body=body, name=meta["name"], namespace=meta.get("namespace"),
-                                            field_manager=FIELD_MANAGER, force_conflicts=True)
+        try:
+            result = resource.server_side_apply(body=body, name=meta["name"], namespace=meta.get("namespace"),
+                                                field_manager=FIELD_MANAGER, force_conflicts=True)
+        except ApiException as error:
+            if error.status in REFUSED_CODES:
+                raise _refused(error, body) from error
+            raise
         return result.to_dict()
 
     def create_if_absent(self, body: dict[str, Any]) -> bool:
@@ -71,6 +95,8 @@ class Kube:
         except ApiException as error:
             if error.status == 409:
                 return False
+            if error.status in REFUSED_CODES:
+                raise _refused(error, body) from error
             raise
         return True
 

@@ -42,7 +42,7 @@ from .gather import (
     observe_queue,
     observe_server,
 )
-from .kube import Kube, KubeUnavailable
+from .kube import ChildRefused, Kube, KubeUnavailable
 from .lifecycle import (
     blocked,
     cannot_observe,
@@ -211,13 +211,14 @@ def queue_required_message(name: str) -> str:
 def _queueing(kube: Kube, context: Context, plan: ServerPlan | None, settings: OperatorSettings) -> Queueing | None:
     queue = kueue.queue_name(context.body["metadata"].get("labels"))
     spec, previous = context.spec, context.previous.queue
-    if plan is None or (queue is None and previous is None):
+    in_queue = queue or (previous.name if previous else None)
+    if plan is None or in_queue is None:
         return None
     # A removed label: the run's Workload, in the queue it was in, is given back like an evicted one, never while
     # the pods hold what it counted (security-a87e82b.md B5: deleting it at once left the GPUs held, uncounted).
     desired = kueue.run_workload(context.name, context.namespace, manifests.owner_reference(context.body),
-                                 queue or previous.name, spec, plan, spec.runner.image or settings.runner_image)
-    state, current = observe_queue(kube, context.name, context.namespace, queue or previous.name, desired)
+                                 in_queue, spec, plan, spec.runner.image or settings.runner_image)
+    state, current = observe_queue(kube, context.name, context.namespace, in_queue, desired)
     if queue is None:
         if not state.exists:  # given back: the run is outside Kueue from now on
             if settings.require_queue:
@@ -344,9 +345,12 @@ def reconcile(kube: Kube, context: Context, output: OutputIndex, settings: Opera
         decision = decide(replace(observed, remembered_report=report))
     if stopped():
         raise PassCancelled
-    _apply(kube, context, decision, planning.plan or context.previous.server_plan, settings, facts,
-           observed.retry.token if observed.retry else "")
-    _apply_queueing(kube, context, decision, facts.queueing, now)
+    try:
+        _apply(kube, context, decision, planning.plan or context.previous.server_plan, settings, facts,
+               observed.retry.token if observed.retry else "")
+        _apply_queueing(kube, context, decision, facts.queueing, now)
+    except ChildRefused as error:  # said in the status (and an Event), retried every pass
+        return blocked(base, "ChildRefused", f"{error}; the operator retries on every pass")
     return with_retry_event(decision, observed.retry)
 
 

@@ -17,8 +17,8 @@ from .operator_kit import (  # noqa: F401  (fixtures)
     Operator,
     b5_resource,
     condition,
-    credentials,
     crd,
+    credentials,
     dsgen,
     s3_world,
 )
@@ -234,3 +234,25 @@ def test_at_the_highest_verbosity_no_tenant_credential_reaches_the_operators_log
     encoded = [base64.b64encode(v.encode()).decode() for v in tenant.values()]
     leaked = [v for v in [*tenant.values(), *encoded] if v in log]
     assert not leaked, f"in the operator's log: {leaked}"
+
+
+def test_a_child_the_api_server_refuses_is_reported_in_the_status(cluster, namespace, crd, credentials, s3_world,
+                                                                  tmp_path):
+    """On a87e82b a refused child raised out of the pass before the status was written: the reason reached only the
+    operator's log (security-a87e82b.md W8)."""
+    cluster.apply({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "no-statefulsets",
+                                                                             "namespace": namespace},
+                   "spec": {"hard": {"count/statefulsets.apps": "0"}}})
+    operator = operator_with(cluster, namespace, tmp_path / "operator.log")
+    try:
+        cluster.apply(b5_resource(namespace, s3_world))
+
+        def refused():
+            obj = dsgen(cluster, namespace)
+            ready = condition(obj, "Ready")
+            return obj if ready and ready["reason"] == "ChildRefused" else None
+
+        message = condition(cluster.wait_for(refused, "Ready=False ChildRefused", timeout=60), "Ready")["message"]
+        assert f"StatefulSet {namespace}/{NAME}-server" in message and "exceeded quota" in message, message
+    finally:
+        operator.stop()
