@@ -158,8 +158,8 @@ def claim_size(cache: ModelCacheSpec, weight_bytes: int) -> str:
 
 
 def shared_claim(namespace: str, cache: ModelCacheSpec, digest: str, weight_bytes: int) -> Manifest:
-    """One claim per model digest in the namespace. No owner: every resource serving the model uses it, and it
-    outlives each of them (delete it by its tokenmill.io/model-digest label when no run needs the model)."""
+    """One claim per model digest in the namespace, shared by every resource serving the model: each is added to
+    its owners (reconcile._share), so it goes with the last of them."""
     spec: Manifest = {"accessModes": [cache.access_mode],
                       "resources": {"requests": {"storage": claim_size(cache, weight_bytes)}}}
     if cache.storage_class:

@@ -357,16 +357,34 @@ def reconcile(kube: Kube, context: Context, output: OutputIndex, settings: Opera
 # -------------------------------------------------------------------------------------------------- applying
 
 
+def _share(kube: Kube, manifest: dict[str, Any], owner: dict[str, Any]) -> None:
+    """Create `manifest` owned by this resource, or add this resource to the owners of the one that exists. The
+    garbage collector deletes an object once all its owners are gone, so a shared claim and its fill Job stay while
+    any resource serving the model exists and go with the last one (security-a87e82b.md W8: they were never
+    deleted). The Job goes with the claim: a completed fill Job is what says the claim is filled."""
+    meta = manifest["metadata"]
+    meta["ownerReferences"] = [owner]
+    if kube.create_if_absent(manifest):
+        return
+    current = kube.get(manifest["apiVersion"], manifest["kind"], meta["name"], meta["namespace"])
+    refs = list(((current or {}).get("metadata") or {}).get("ownerReferences") or [])
+    if current is not None and all(ref.get("uid") != owner["uid"] for ref in refs):
+        kube.patch(manifest["apiVersion"], manifest["kind"], meta["name"], meta["namespace"],
+                   {"metadata": {"ownerReferences": [*refs, owner]}})
+
+
 def _ensure_shared_cache(kube: Kube, context: Context, plan: ServerPlan, settings: OperatorSettings) -> None:
     """The claim and the fill Job of the model's digest, made by the first resource that needs them (create-only:
-    another resource serving the model finds them and reuses the copy)."""
+    another resource serving the model finds them, reuses the copy and becomes one of their owners)."""
     spec, namespace = context.spec, context.namespace
     assert spec.model.cache is not None
     digest = cache.model_digest(spec, plan.weight_bytes)
-    kube.create_if_absent(cache.shared_claim(namespace, spec.model.cache, digest, plan.weight_bytes))
+    # Not the controller: several resources own them alike, and deleting one must not wait on them.
+    owner = {**manifests.owner_reference(context.body), "controller": False, "blockOwnerDeletion": False}
+    _share(kube, cache.shared_claim(namespace, spec.model.cache, digest, plan.weight_bytes), owner)
     job = cache.fill_job(namespace, spec, digest)
     job["spec"]["template"]["metadata"]["labels"].update(settings.runner_pod_labels)
-    kube.create_if_absent(job)
+    _share(kube, job, owner)
 
 
 def _ensure_children(kube: Kube, context: Context, plan: ServerPlan, settings: OperatorSettings,

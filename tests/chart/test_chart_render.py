@@ -141,7 +141,7 @@ NAMESPACED_NEEDS = {
     ("networking.k8s.io", "networkpolicies"): {"get", "create", "patch"},
     ("", "secrets"): {"get", "create"},
     # spec.model.cache (sharedVolume): the claim per model digest; Kueue: the run's Workload (docs/cluster.md).
-    ("", "persistentvolumeclaims"): {"get", "create"},
+    ("", "persistentvolumeclaims"): {"get", "create", "patch"},
     ("kueue.x-k8s.io", "workloads"): {"get", "list", "create", "delete"},
     ("kueue.x-k8s.io", "workloads/status"): {"patch"},
 }

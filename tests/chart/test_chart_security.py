@@ -78,7 +78,7 @@ def test_allowed_secrets_leave_every_other_rule_in_place(helm: str, henv: dict[s
         wide = others(template(helm, *scope, env=henv))
         narrowed = others(template(helm, *scope, "--set", "operator.policy.allowedSecrets={team-a-s3}", env=henv))
         assert narrowed == wide
-        assert (("",), ("persistentvolumeclaims",), ("get", "create")) in narrowed
+        assert (("",), ("persistentvolumeclaims",), ("get", "create", "patch")) in narrowed
         assert (("kueue.x-k8s.io",), ("workloads",), ("get", "list", "create", "delete")) in narrowed
         assert (("kueue.x-k8s.io",), ("workloads/status",), ("patch",)) in narrowed
 

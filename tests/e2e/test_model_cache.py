@@ -4,6 +4,7 @@ before the fill succeeded, a second resource serving the same model reusing the 
 from __future__ import annotations
 
 import pytest
+from kubernetes import client as k8s
 
 from .conftest import HOLD_LABEL, Cluster
 from .operator_kit import (  # noqa: F401  (fixtures)
@@ -56,7 +57,8 @@ def test_shared_volume_is_filled_once_before_any_server_and_reused(cluster, name
     digest = fill_pod.metadata.labels["tokenmill.io/model-digest"]
     claim = cluster.core.read_namespaced_persistent_volume_claim(f"tokenmill-model-{digest}", namespace)
     assert claim.spec.storage_class_name == shared_class and claim.spec.access_modes == ["ReadWriteMany"]
-    assert not claim.metadata.owner_references  # shared: it outlives each resource
+    # Shared: owned by each resource serving the model, none its controller; it goes with the last of them.
+    assert [(o.name, o.controller) for o in claim.metadata.owner_references] == [(NAME, False)]
     filling = cluster.wait_for(lambda: (lambda o: o if (condition(o, "ServerReady") or {}).get("reason")
                                         == "FillingModelCache" else None)(dsgen(cluster, namespace)),
                                "ServerReady FillingModelCache", timeout=60)
@@ -68,6 +70,12 @@ def test_shared_volume_is_filled_once_before_any_server_and_reused(cluster, name
                      "the second resource waiting for the same fill", timeout=60)
     assert server_pods(cluster, namespace, NAME) == [] and server_pods(cluster, namespace, SECOND) == []
     assert len(cluster.batch.list_namespaced_job(namespace, label_selector=FILL).items) == 1
+    owners = lambda: sorted(o.name for o in cluster.core.read_namespaced_persistent_volume_claim(  # noqa: E731
+        f"tokenmill-model-{digest}", namespace).metadata.owner_references)
+    cluster.wait_for(lambda: owners() == sorted([NAME, SECOND]), "the second resource among the claim's owners",
+                     timeout=60)
+    job_owners = cluster.batch.read_namespaced_job(f"tokenmill-fill-{digest}", namespace).metadata.owner_references
+    assert sorted(o.name for o in job_owners) == sorted([NAME, SECOND])
 
     cluster.core.patch_namespaced_pod(fill_pod.metadata.name, namespace, {"metadata": {"labels": {HOLD_LABEL: None}}})
     job = cluster.wait_for(lambda: (lambda j: j if j.status.completion_time else None)(
@@ -82,6 +90,22 @@ def test_shared_volume_is_filled_once_before_any_server_and_reused(cluster, name
         args = pod.spec.containers[0].args
         assert args[args.index("--model-path") + 1] == f"/models/{digest}/model"
     assert len(cluster.batch.list_namespaced_job(namespace, label_selector=FILL).items) == 1
+
+    # The garbage collector: the claim stays while one resource serving the model is left, and goes with the last.
+    claim_name = f"tokenmill-model-{digest}"
+    custom = cluster.api(k8s.CustomObjectsApi)
+    custom.delete_namespaced_custom_object("tokenmill.io", "v1alpha1", namespace, "datasetgenerations", NAME)
+    cluster.wait_for(lambda: owners() == [SECOND], "the first resource gone from the claim's owners", timeout=90)
+    custom.delete_namespaced_custom_object("tokenmill.io", "v1alpha1", namespace, "datasetgenerations", SECOND)
+
+    def claim_gone() -> bool:
+        try:
+            claim = cluster.core.read_namespaced_persistent_volume_claim(claim_name, namespace)
+        except k8s.exceptions.ApiException as error:
+            return error.status == 404
+        return claim.metadata.deletion_timestamp is not None  # pvc-protection holds it while a pod mounts it
+
+    cluster.wait_for(claim_gone, "the claim deleted with its last owner", timeout=120)
 
 
 def test_node_local_cache_fills_in_the_server_pod_under_the_lock(cluster, namespace, operator, credentials,

@@ -103,3 +103,46 @@ def test_a_succeeded_run_is_settled_until_its_spec_or_a_new_retry_request_change
     assert not settled(body(5), done), "a spec edit is looked at"
     assert not settled(body(4, "2"), done), "a new retry request is answered"
     assert not settled(body(4), done.model_copy(update={"phase": "Failed"})), "failed runs stay watched"
+
+
+class SharingKube:
+    """Answers create/get/patch from a dict, as the API server would for the shared cache's objects."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str], dict] = {}
+
+    def create_if_absent(self, manifest: dict) -> bool:
+        key = (manifest["kind"], manifest["metadata"]["name"])
+        if key in self.objects:
+            return False
+        self.objects[key] = json.loads(json.dumps(manifest))
+        return True
+
+    def get(self, api_version: str, kind: str, name: str, namespace: str) -> dict | None:
+        return self.objects.get((kind, name))
+
+    def patch(self, api_version: str, kind: str, name: str, namespace: str, body: dict) -> None:
+        self.objects[(kind, name)]["metadata"].update(body["metadata"])
+
+
+def test_the_shared_cache_is_owned_by_every_run_serving_the_model():
+    # security-a87e82b.md W8: on a87e82b the claim and its fill Job had no owner and were never deleted.
+    from tokenmill_operator.reconcile import OperatorSettings, _ensure_shared_cache
+
+    def run(name: str, uid: str) -> Context:
+        document = {"apiVersion": "tokenmill.io/v1alpha1", "kind": "DatasetGeneration",
+                    "metadata": {"name": name, "uid": uid},
+                    "spec": {"model": {"path": "s3://models/kimi/", "cache": {"mode": "sharedVolume"}},
+                             "datasets": [{"name": "a", "source": "s3://p/a.jsonl"}],
+                             "output": {"uri": f"s3://o/{name}/", "credentialsSecret": "s3"}}}
+        return Context(body=document, name=name, namespace="team-a", generation=1,
+                       spec=parse_document(document).spec, previous=DatasetGenerationStatus())
+
+    kube = SharingKube()
+    for name, uid in (("first", "u-1"), ("second", "u-2"), ("first", "u-1")):
+        _ensure_shared_cache(kube, run(name, uid), PLAN, OperatorSettings())  # type: ignore[arg-type]
+    assert {kind for kind, _ in kube.objects} == {"PersistentVolumeClaim", "Job"}
+    for obj in kube.objects.values():
+        owners = obj["metadata"]["ownerReferences"]
+        assert [(o["name"], o["uid"]) for o in owners] == [("first", "u-1"), ("second", "u-2")], obj["kind"]
+        assert not any(o["controller"] or o["blockOwnerDeletion"] for o in owners)

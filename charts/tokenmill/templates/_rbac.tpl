@@ -62,10 +62,10 @@ CRD rule (kopf scans CustomResourceDefinitions, which are cluster-scoped).
   verbs: [get, create]
 {{- end }}
 # The shared model cache (spec.model.cache, docs/cluster.md): one claim per model digest, created if absent, and
-# its fill Job (batch jobs above).
+# its fill Job (batch jobs above); patched to add each resource that serves the model to its owners.
 - apiGroups: [""]
   resources: [persistentvolumeclaims]
-  verbs: [get, create]
+  verbs: [get, create, patch]
 # Kueue (docs/cluster.md): the Workload of a run labelled kueue.x-k8s.io/queue-name; listed for the run's place in
 # its LocalQueue, deleted when the run ends, its quota handed back (status) after an eviction.
 - apiGroups: [kueue.x-k8s.io]
