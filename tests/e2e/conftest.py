@@ -163,6 +163,17 @@ class Cluster:
                 raise ClusterError(f"timed out after {timeout}s waiting for {what} (last error: {last_exc})")
             time.sleep(interval)
 
+    def wait_established(self, crd: str, timeout: float = 60) -> None:
+        """Wait until a CRD is served. Polled here rather than with `kubectl wait --for=condition=Established`: right
+        after an apply the CRD may have no status.conditions yet, and kubectl then fails at once ("accessor error")
+        instead of waiting."""
+        def established() -> bool:
+            res = self.kubectl("get", f"crd/{crd}", "-o",
+                               "jsonpath={.status.conditions[?(@.type=='Established')].status}", check=False)
+            return res.returncode == 0 and res.stdout.strip() == "True"
+
+        self.wait_for(established, f"CRD {crd} Established", timeout=timeout)
+
 
 # ---------------------------------------------------------------------------------------------
 # lifecycle

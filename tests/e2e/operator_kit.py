@@ -39,7 +39,7 @@ GROUP_VERSION = ("tokenmill.io", "v1alpha1", "datasetgenerations")
 @pytest.fixture(scope="session")
 def crd(cluster: Cluster) -> None:
     cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/datasetgenerations.tokenmill.io", "--timeout=60s")
+    cluster.wait_established("datasetgenerations.tokenmill.io")
 
 
 @pytest.fixture(scope="session")

@@ -54,8 +54,7 @@ def helm(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Helm:
 def monitoring_crds(cluster: Cluster) -> None:
     cluster.kubectl("apply", "--server-side", "-f", str(MONITORING_CRDS))
     for plural in ("servicemonitors", "podmonitors", "prometheusrules"):
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{plural}.monitoring.coreos.com",
-                        "--timeout=60s")
+        cluster.wait_established(f"{plural}.monitoring.coreos.com")
 
 
 @pytest.fixture
@@ -121,7 +120,7 @@ def test_helm_install_brings_up_the_operator(cluster: Cluster, helm: Helm, names
     helm("install", release, str(CHART), "--namespace", namespace, "--wait", "--timeout", "120s")
     try:
         # The CRD is there (installed by helm, or already present: helm never replaces an existing CRD).
-        cluster.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+        cluster.wait_established(CRD_NAME)
 
         deployment = cluster.apps.read_namespaced_deployment(fullname, namespace)
         assert deployment.spec.replicas == 1

@@ -309,7 +309,7 @@ def widget_crd(cluster: Cluster):
         },
     }
     cluster.apply(crd)
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+    cluster.wait_established(name)
     yield group
     cluster.kubectl("delete", "crd", name, "--wait=false", check=False)
 
