@@ -68,3 +68,30 @@ def test_a_plain_encoded_page_bomb_is_refused_unread_naming_its_row_group(tmp_pa
     assert len(refused) == BOMB_ROWS + 2 and committed_ids(out) == set()
     assert "row group 0, column messages.list.element.content" in refused[0]["message"]
     assert "decompression bomb" in refused[0]["message"]
+
+
+# ---------------------------------------------------------------------------------------------- YAML anchors
+
+
+def laughs(tmp_path: Path) -> Path:
+    """A valid spec whose chatTemplateKwargs hold 9 levels of 10 aliases each (10^9 strings once expanded), ~1 KB."""
+    spec, _ = run_spec(tmp_path, rows=[chat(1)])
+    text = spec.read_text()
+    levels = ['a0: &a0 "lol"'] + [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 10)]
+    kwargs = "spec:\n  chatTemplateKwargs:\n" + "".join(f"    {line}\n" for line in levels)
+    bomb_path = tmp_path / "laughs.yaml"
+    assert "\nspec:\n" in "\n" + text and "chatTemplateKwargs" not in text
+    bomb_path.write_text(("\n" + text).replace("\nspec:\n", "\n" + kwargs, 1).lstrip("\n"))
+    return bomb_path
+
+
+def test_a_1_kb_spec_of_nested_anchors_is_refused_by_run_and_plan_in_bounded_memory(tmp_path):
+    spec = laughs(tmp_path)
+    assert spec.stat().st_size < 2048
+    for command in (["run", str(spec)], ["plan", str(spec)]):
+        code, peak_kb, killed = peak_rss_kb(command)
+        print(f"tokenmill {command[0]} on nested anchors: exit {code}, peak RSS {peak_kb} kB")
+        assert not killed and code == 2, (command, code, peak_kb)  # main passed 2 GB here
+    refused = subprocess.run([sys.executable, "-m", "tokenmill_runner.cli", "run", str(spec)], capture_output=True,
+                             text=True, timeout=120)
+    assert "aliases expand to over 100000 nodes" in refused.stderr and str(spec) in refused.stderr
