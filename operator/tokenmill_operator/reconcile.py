@@ -77,6 +77,9 @@ class OperatorSettings:
     # Where Prometheus runs: the only namespace whose scraper the NetworkPolicies admit (none when unset).
     scraper_namespace: str | None = os.environ.get("TOKENMILL_SCRAPER_NAMESPACE") or None
     tenant_policy: policy.TenantPolicy = field(default_factory=lambda: policy.TenantPolicy.from_env(os.environ))
+    # The node-local model cache's folder on every node: the administrator's, never a resource's (cache.py).
+    node_cache_root: str = field(default_factory=lambda: cache.node_root(
+        os.environ.get(cache.NODE_ROOT_ENV) or cache.DEFAULT_NODE_ROOT))
 
 
 def now_utc() -> datetime:
@@ -200,7 +203,7 @@ def _queueing(kube: Kube, context: Context, plan: ServerPlan | None, settings: O
         return None
     spec = context.spec
     desired = kueue.run_workload(context.name, context.namespace, manifests.owner_reference(context.body), queue,
-                                 spec, plan, spec.runner.image or settings.runner_image)
+                                 spec, plan, spec.runner.image or settings.runner_image, settings.node_cache_root)
     state, current = observe_queue(kube, context.name, context.namespace, queue, desired)
     return Queueing(desired, current, state)
 
@@ -276,7 +279,8 @@ def reconcile(kube: Kube, context: Context, output: OutputIndex, settings: Opera
     spec, now = context.spec, now_utc()
     base = Observed(generation=context.generation, now=now, suspended=spec.suspend, previous=context.previous,
                     name=context.name)
-    refused = policy.refusal(spec, settings.tenant_policy)
+    refused = policy.refusal(spec, settings.tenant_policy) or cache.host_path_refusal(spec.model.cache,
+                                                                                       settings.node_cache_root)
     if refused:  # before the Secret, the model files or the output are touched
         return blocked(base, "NotAllowed", refused)
     try:
@@ -344,7 +348,8 @@ def _ensure_children(kube: Kube, context: Context, plan: ServerPlan, settings: O
     kube.apply(manifests.server_service(name, namespace, owner, spec))
     kube.apply(manifests.network_policy(name, namespace, owner, spec, settings.scraper_namespace))
     kube.apply(manifests.runner_network_policy(name, namespace, owner, settings.scraper_namespace))
-    kube.apply(manifests.server_statefulset(name, namespace, owner, spec, plan, server_replicas))
+    kube.apply(manifests.server_statefulset(name, namespace, owner, spec, plan, server_replicas,
+                                            settings.node_cache_root))
     crash_point("server-applied")
     if not create_job:
         return

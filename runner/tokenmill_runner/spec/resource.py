@@ -139,6 +139,12 @@ class ReasoningSpec(SpecModel):
         return [] if self.end_token is None else [self.end_token]
 
 
+# Kubernetes' hostPath refuses '..' (and the tenant no longer chooses it); a folder name here never starts with '.',
+# so no dot segment passes. RE2-compatible: the CRD carries the same pattern.
+HOST_PATH_PATTERN = r"^(/[A-Za-z0-9_-][A-Za-z0-9._-]*)+$"
+CLAIM_SIZE_PATTERN = r"^[1-9][0-9]{0,3}(Gi|Ti)$"
+
+
 class ModelCacheSpec(SpecModel):
     """Copy s3:// weights once instead of into every server pod on every start (docs/cluster.md)."""
 
@@ -151,17 +157,13 @@ class ModelCacheSpec(SpecModel):
     access_mode: Literal["ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod"] = Field(
         "ReadWriteMany", description="sharedVolume: the claim's access mode. ReadWriteMany lets server pods on "
         "several nodes share it; ReadWriteOnce only serves pods on one node.")
-    size: str | None = Field(None, description="sharedVolume: the claim's size (a quantity, e.g. 700Gi); default: "
-                                               "the weights plus 10%, in whole GiB.")
-    host_path: str = Field("/mnt/nvme/tokenmill-models", description="nodeLocal: the folder on each node that "
-                                                                    "holds one sub-folder per model digest.")
-
-    @field_validator("host_path")
-    @classmethod
-    def _absolute(cls, value: str) -> str:
-        if not value.startswith("/") or value.rstrip("/") == "":
-            raise ValueError(f"{value!r}: an absolute folder on the node other than /, e.g. /mnt/nvme/models")
-        return value.rstrip("/")
+    size: str | None = Field(
+        None, pattern=CLAIM_SIZE_PATTERN, description="sharedVolume: the claim's size, a quantity in whole Gi or Ti "
+        "(e.g. 700Gi, at most 9999Ti); default: the weights plus 10%, in whole GiB.")
+    host_path: str | None = Field(
+        None, pattern=HOST_PATH_PATTERN, max_length=255, description="Deprecated, kept so older resources stay "
+        "readable: the node-local folder is the operator's setting (chart value operator.nodeCacheRoot), and a "
+        "resource naming another folder is refused (NotAllowed). An absolute path without . or .. segments.")
 
 
 class ModelSpec(SpecModel):
