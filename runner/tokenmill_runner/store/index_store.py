@@ -20,6 +20,7 @@ from .ledger import DatasetLedger
 from .marker_names import MAX_CLOCK_SKEW, horizon, time_key
 from .markers import READ_THREADS, commits_prefix, iter_keyed, list_commits
 from .storage import Storage, StorageError
+from .bounded_get import CHECKPOINT_BYTES, get_bounded
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ def load_index(storage: Storage, dataset: str, rows: int = 0, samples_per_prompt
     names = sorted((key for key in storage.list(f"{dataset}/{INDEX}/") if key.endswith(SUFFIX)), reverse=True)
     for key in names[:TRIES]:
         try:
-            index = decode(storage.get(key), dataset, samples_per_prompt)
+            index = decode(get_bounded(storage, key, CHECKPOINT_BYTES), dataset, samples_per_prompt)
         except (CheckpointError, StorageError) as error:
             logger.warning("%s: checkpoint %s not used: %s", dataset, storage.uri(key), error)
             continue
