@@ -10,10 +10,10 @@ import orjson
 
 from tokenmill_runner.facts.workload import Workload
 from tokenmill_runner.spec.resource import DatasetGenerationSpec
+from tokenmill_runner.store.bounded_get import CONFIG_BYTES, WEIGHT_INDEX_BYTES, get_bounded
 from tokenmill_runner.store.storage import StorageRetry, open_storage
 
 from .planner import PlanError, ServerPlan, model_facts, plan_server
-from tokenmill_runner.store.bounded_get import CONFIG_BYTES, WEIGHT_INDEX_BYTES, get_bounded
 
 
 def model_files_location(spec: DatasetGenerationSpec) -> str:

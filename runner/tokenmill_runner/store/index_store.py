@@ -14,13 +14,13 @@ from datetime import UTC, datetime
 
 import orjson
 
+from .bounded_get import CHECKPOINT_BYTES, get_bounded
 from .checkpoints import INDEX, SUFFIX, CheckpointError, Snapshot, decode, snapshot
 from .commit_index import DatasetIndex
 from .ledger import DatasetLedger
 from .marker_names import MAX_CLOCK_SKEW, horizon, time_key
 from .markers import READ_THREADS, commits_prefix, iter_keyed, list_commits
 from .storage import Storage, StorageError
-from .bounded_get import CHECKPOINT_BYTES, get_bounded
 
 logger = logging.getLogger(__name__)
 
