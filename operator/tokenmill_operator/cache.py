@@ -7,8 +7,12 @@ per pod, per restart, per replica). With one, a copy is made once per model dige
 * sharedVolume: one PersistentVolumeClaim and one fill Job per digest in the namespace, shared by every resource
   and replica that serves that model. The operator starts no server pod before the Job has succeeded, and each
   server pod checks the digest marker in an init container, so a half-filled volume is never served.
-* nodeLocal: a host folder per digest on each node, filled by the first server pod that lands there while the
-  others wait on a lock, and checked against the marker before SGLang starts.
+* nodeLocal: a host folder per namespace and digest on each node (`<root>/<namespace>/<digest>`, the root being the
+  administrator's operator setting, never the tenant's), filled by the first server pod of that namespace that lands
+  there while the others wait on a lock, and checked against the marker before SGLang starts. The fill container
+  (the operator's aws-cli image and script) mounts the root; SGLang's container, which runs the tenant's image as
+  root, mounts only its own digest's folder (a subPath), so it never sees another namespace's weights. A namespace
+  never reuses another's copy: each fills its own with its own Secret, so S3 checks every tenant's credentials.
 
 The marker (`<digest>/.tokenmill-digest`) is written, by rename, only after `aws s3 sync` exited 0, and removed
 before a copy starts: a folder without it is incomplete whatever it holds. `aws s3 sync` skips the files already
@@ -20,10 +24,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import shlex
+from dataclasses import dataclass
 from typing import Any
 
-from tokenmill_runner.spec.resource import DatasetGenerationSpec, ModelCacheSpec
+from tokenmill_runner.spec.resource import HOST_PATH_PATTERN, DatasetGenerationSpec, ModelCacheSpec
 
 from . import names
 
@@ -39,8 +45,35 @@ NODE_FILL_CONTAINER = "fill-node-cache"
 LOCK_STALE_S = 120
 LOCK_HEARTBEAT_S = 20
 LOCK_POLL_S = 5
+# A pod waits for another's copy at most this long (or LOCK_WAIT_COPIES predicted copies, if longer), then fails.
+LOCK_WAIT_FLOOR_S = 1800
+LOCK_WAIT_COPIES = 3
+# The fill's exit status when it cannot take the lock (EX_CANTCREAT): the operator ends the run with the reason
+# (ModelCacheLockFailed) instead of letting the pod hold its GPUs in an init container that never finishes.
+LOCK_FAILED_EXIT = 73
+# The node-local root: an operator setting (chart value operator.nodeCacheRoot), the same on every node.
+NODE_ROOT_ENV = "TOKENMILL_NODE_CACHE_ROOT"
+DEFAULT_NODE_ROOT = "/mnt/nvme/tokenmill-models"
 
 Manifest = dict[str, Any]
+
+
+def node_root(value: str) -> str:
+    """The administrator's node-local root, checked as the spec's old hostPath field is (HOST_PATH_PATTERN)."""
+    root = value.rstrip("/")
+    if not re.fullmatch(HOST_PATH_PATTERN, root):
+        raise ValueError(f"{NODE_ROOT_ENV}={value!r}: an absolute folder on the node other than /, without . or .. "
+                         "segments (letters, digits, '.', '_', '-'), e.g. /mnt/nvme/tokenmill-models")
+    return root
+
+
+def host_path_refusal(cache: ModelCacheSpec | None, root: str) -> str | None:
+    """Why a resource naming its own node-local folder is refused: the folder is the administrator's setting now.
+    One naming the operator's own root (old specs that spelled out the default) is served."""
+    if cache is None or cache.mode != "nodeLocal" or cache.host_path is None or cache.host_path == root:
+        return None
+    return (f"spec.model.cache.hostPath {cache.host_path!r}: the node-local cache folder is this operator's setting "
+            f"({root}; {NODE_ROOT_ENV}, chart value operator.nodeCacheRoot), not the resource's; remove hostPath")
 
 
 def model_digest(spec: DatasetGenerationSpec, weight_bytes: int) -> str:
@@ -109,23 +142,33 @@ def cached_model_path(root: str, digest: str) -> str:
 
 
 def fill_script(root: str, digest: str, copy: list[str], stale_s: int = LOCK_STALE_S,
-                heartbeat_s: int = LOCK_HEARTBEAT_S, poll_s: int = LOCK_POLL_S) -> str:
-    """sh that fills `root/<digest>` once with `copy` (into cached_model_path): wait for the lock (a directory, created atomically by mkdir, refreshed
-    while held; one left by a killed holder is broken after `stale_s`), copy unless the marker is already there,
-    write the marker last, and exit 0 only when the marker names this digest."""
+                heartbeat_s: int = LOCK_HEARTBEAT_S, poll_s: int = LOCK_POLL_S, wait_s: int = LOCK_WAIT_FLOOR_S) -> str:
+    """sh that fills `root/<digest>` once with `copy` (into cached_model_path): wait for the lock (a directory,
+    created atomically by mkdir, refreshed while held; one left by a killed holder is broken after `stale_s`), copy
+    unless the marker is already there, write the marker last, and exit 0 only when the marker names this digest.
+    A lock that cannot be taken (the folder is not writable by this user, a stale lock that cannot be removed, or
+    another pod's copy still running after `wait_s`) exits LOCK_FAILED_EXIT with the reason on stderr."""
     folder = f"{root}/{digest}"
     return "\n".join([
         "set -eu",
-        f"folder={shlex.quote(folder)}; lock=\"$folder.lock\"; marker=\"$folder/{MARKER}\"",
+        f"folder={shlex.quote(folder)}; root={shlex.quote(root)}; lock=\"$folder.lock\"; marker=\"$folder/{MARKER}\"",
         f"ready() {{ [ \"$(cat \"$marker\" 2>/dev/null)\" = {digest} ]; }}",
-        f"mkdir -p {shlex.quote(root)}",
-        "held=",
+        "cannot() { echo \"tokenmill: cannot take the model cache lock $lock as uid $(id -u): $1\" >&2; "
+        f"exit {LOCK_FAILED_EXIT}; }}",
+        "mkdir -p \"$root\" 2>/dev/null || cannot \"cannot create $root ($(stat -c '%U:%G %a' \"$(dirname "
+        "\"$root\")\" 2>/dev/null)): the node's cache folder must be writable by this user (docs/cluster.md)\"",
+        "[ -w \"$root\" ] || ready || cannot \"$root is not writable ($(stat -c '%U:%G %a' \"$root\")): the "
+        "node's cache folder must be writable by this user (docs/cluster.md)\"",
+        "held=; start=$(date +%s)",
         "until ready || { mkdir \"$lock\" 2>/dev/null && held=1; }; do",
+        "  [ -d \"$lock\" ] || cannot \"mkdir failed and no other pod holds it\"",
         "  age=$(( $(date +%s) - $(stat -c %Y \"$lock\" 2>/dev/null || date +%s) ))",
         f"  if [ \"$age\" -gt {stale_s} ]; then",
         "    echo \"tokenmill: $lock was last refreshed ${age}s ago: its holder is gone, breaking it\" >&2",
-        "    rm -rf \"$lock\"",
+        "    rm -rf \"$lock\" 2>/dev/null || cannot \"the stale lock cannot be removed\"",
         "  fi",
+        f"  waited=$(( $(date +%s) - start )); [ \"$waited\" -le {wait_s} ] || cannot \"another pod has held it "
+        f"for ${{waited}}s, over the {wait_s}s a pod waits for another's copy\"",
         f"  sleep {poll_s}",
         "done",
         "if [ -n \"$held\" ]; then trap 'rm -rf \"$lock\"' EXIT; fi",
@@ -197,13 +240,24 @@ def fill_job(namespace: str, spec: DatasetGenerationSpec, digest: str) -> Manife
 ServerFiles = tuple[str, list[Manifest], list[Manifest], list[Manifest]]
 
 
-def server_files(spec: DatasetGenerationSpec, weight_bytes: int, mount: str, volume: str) -> ServerFiles:
+@dataclass(frozen=True)
+class NodeCache:
+    """Where a node-local copy goes: the administrator's root and the namespace whose folder it is, and how long a
+    pod waits for another pod's copy of it."""
+
+    root: str = DEFAULT_NODE_ROOT
+    namespace: str = "default"
+    wait_s: int = LOCK_WAIT_FLOOR_S
+
+
+def server_files(spec: DatasetGenerationSpec, weight_bytes: int, mount: str, volume: str,
+                 node: NodeCache | None = None) -> ServerFiles:
     """(model path, volumes, mounts, init containers) of a server pod with spec.model.cache set."""
     cache = spec.model.cache
     assert cache is not None
     digest = model_digest(spec, weight_bytes)
     if cache.mode == "nodeLocal":
-        return node_local_server_files(spec, cache, digest, mount, volume)
+        return node_local_server_files(spec, node or NodeCache(), digest, mount, volume)
     return shared_server_files(digest, mount, volume)
 
 
@@ -223,12 +277,20 @@ def shared_server_files(digest: str, mount: str, volume: str) -> ServerFiles:
 # ---------------------------------------------------------------------------------------------- node-local
 
 
-def node_local_server_files(spec: DatasetGenerationSpec, cache: ModelCacheSpec, digest: str, mount: str,
+def node_folder(namespace: str, digest: str) -> str:
+    """The copy's folder under the node-local root: one per namespace, then per digest."""
+    return f"{namespace}/{digest}"
+
+
+def node_local_server_files(spec: DatasetGenerationSpec, node: NodeCache, digest: str, mount: str,
                             volume: str) -> ServerFiles:
-    """(model path, volumes, mounts, init containers) of a server pod that fills its node's folder if needed."""
-    sync = s3_sync_command(spec.model.path, cached_model_path(mount, digest), spec)
-    fill = aws_container(NODE_FILL_CONTAINER, ["sh", "-c", fill_script(mount, digest, sync)],
-                         [{"name": volume, "mountPath": mount}], spec)
-    volumes = [{"name": volume, "hostPath": {"path": cache.host_path, "type": "DirectoryOrCreate"}}]
-    mounts = [{"name": volume, "mountPath": mount, "readOnly": True}]
-    return cached_model_path(mount, digest), volumes, mounts, [fill]
+    """(model path, volumes, mounts, init containers) of a server pod that fills its node's folder if needed. The
+    fill mounts the root (it makes the namespace's folder and the lock beside the copy); SGLang mounts only the
+    copy (subPath), read-only."""
+    fill_root = f"{mount}/{node.namespace}"
+    sync = s3_sync_command(spec.model.path, cached_model_path(fill_root, digest), spec)
+    script = fill_script(fill_root, digest, sync, wait_s=node.wait_s)
+    fill = aws_container(NODE_FILL_CONTAINER, ["sh", "-c", script], [{"name": volume, "mountPath": mount}], spec)
+    volumes = [{"name": volume, "hostPath": {"path": node.root, "type": "DirectoryOrCreate"}}]
+    mounts = [{"name": volume, "mountPath": mount, "subPath": node_folder(node.namespace, digest), "readOnly": True}]
+    return f"{mount}/{MODEL_FOLDER}", volumes, mounts, [fill]

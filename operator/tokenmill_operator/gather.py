@@ -32,6 +32,8 @@ from .status import RunStatus
 COPYING_CONTAINERS = ("sync-models", cache.NODE_FILL_CONTAINER)
 SERVER_PROBLEMS = ("ImagePullBackOff", "ErrImagePull", "CrashLoopBackOff", "CreateContainerConfigError",
                    "InvalidImageName", "RunContainerError")
+# A server pod's node-local fill could not take its lock (cache.LOCK_FAILED_EXIT): the run ends with this reason.
+LOCK_FAILED = "ModelCacheLockFailed"
 # Incremental listings miss a marker whose PUT finished more than the overlap (marker_names.OVERLAP) after its name
 # was chosen; a full listing of the names (no GETs but for such stragglers) catches it this often, and before any
 # decision that ends a run.
@@ -162,6 +164,14 @@ def pod_problem(pod: dict[str, Any]) -> tuple[str, str] | None:
         if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
             return (condition.get("reason") or "Unschedulable",
                     f"pod {pod_name}: {condition.get('message') or 'cannot be scheduled'}")
+    for init in status.get("initContainerStatuses") or []:
+        if init.get("name") != cache.NODE_FILL_CONTAINER:
+            continue
+        for state in (init.get("state") or {}, init.get("lastState") or {}):
+            ended = state.get("terminated") or {}
+            if ended.get("exitCode") == cache.LOCK_FAILED_EXIT:  # the fill's own verdict: waiting more never helps
+                why = (ended.get("message") or "").strip() or "the fill could not take the node-local lock"
+                return LOCK_FAILED, f"pod {pod_name} on node {(pod.get('spec') or {}).get('nodeName')}: {why}"
     for container in status.get("containerStatuses") or []:
         waiting = (container.get("state") or {}).get("waiting") or {}
         if waiting.get("reason") in SERVER_PROBLEMS:

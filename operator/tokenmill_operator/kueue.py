@@ -24,7 +24,7 @@ from typing import Any
 
 from tokenmill_runner.spec.resource import DatasetGenerationSpec
 
-from . import manifests, names
+from . import cache, manifests, names
 from .facts import QueueState
 from .planner import ServerPlan
 
@@ -91,9 +91,9 @@ def workload(name: str, namespace: str, owner: dict[str, Any], queue: str, pod_s
 
 
 def run_workload(name: str, namespace: str, owner: dict[str, Any], queue: str, spec: DatasetGenerationSpec,
-                 plan: ServerPlan, runner_image: str) -> Manifest:
+                 plan: ServerPlan, runner_image: str, node_root: str = cache.DEFAULT_NODE_ROOT) -> Manifest:
     """The Workload of this run: its server pods and its runner pods, as the operator will create them."""
-    server = manifests.server_statefulset(name, namespace, owner, spec, plan)
+    server = manifests.server_statefulset(name, namespace, owner, spec, plan, node_root=node_root)
     urls = names.server_urls(name, namespace, spec.server.port, plan.replicas, plan.nodes_per_replica)
     runner = manifests.runner_job(name, namespace, owner, spec, runner_image, urls)
     return workload(name, namespace, owner, queue, [

@@ -500,6 +500,8 @@ def decide(observed: Observed) -> Decision:
         return _queued(observed, status, replace_job)
     if job is not None and job.finished and not replace_job and not job.deleting:
         return _job_finished(observed, status, job)
+    if lock_failed := _cache_lock_failed(observed):
+        return _failed(observed, status, "ModelCacheLockFailed", lock_failed)
     cannot_start = _runner_cannot_start(observed, replace_job)
     if cannot_start:
         return _failed(observed, status, "RunnerCannotStart", cannot_start)
@@ -507,6 +509,22 @@ def decide(observed: Observed) -> Decision:
     if server_cannot_start:
         return _failed(observed, status, "ServerCannotStart", server_cannot_start)
     return _running(observed, status, replace_job)
+
+
+def _cache_lock_failed(observed: Observed) -> str | None:
+    """Why the run ends because a server pod's node-local fill could not take its lock (gather.LOCK_FAILED), or
+    None. It stays ended while the spec is unchanged: the removed server has no pod left to say so, and a new one
+    would only fail again on the same node."""
+    previous = observed.previous
+    if (condition_reason(previous.conditions, "Failed") == "ModelCacheLockFailed"
+            and previous.observed_generation == observed.generation):
+        return next(c.message for c in previous.conditions if c.type == "Failed")
+    server = observed.server
+    if server is None or server.problem_reason != "ModelCacheLockFailed":
+        return None
+    return (f"{server.problem_message}. The server was scaled to zero to give the GPUs back. The node-local cache "
+            "folder is the operator's setting (docs/cluster.md): its administrator makes it writable by uid 65532 on "
+            "every GPU node; then change this resource's spec, or re-create it, to start again")
 
 
 def _runner_cannot_start(observed: Observed, replace_job: bool) -> str | None:

@@ -145,17 +145,20 @@ def _place(location: str, volume: str, root: str, spec: DatasetGenerationSpec,
     return PodFiles(path=location)
 
 
-def _cached_model(spec: DatasetGenerationSpec, plan: ServerPlan) -> PodFiles:
-    path, volumes, mounts, init_containers = cache.server_files(spec, plan.weight_bytes, MODELS_MOUNT, "models")
+def _cached_model(spec: DatasetGenerationSpec, plan: ServerPlan, namespace: str, node_root: str) -> PodFiles:
+    copy_s = plan.startup.copy_seconds if plan.startup else 0
+    node = cache.NodeCache(node_root, namespace, max(cache.LOCK_WAIT_FLOOR_S, cache.LOCK_WAIT_COPIES * copy_s))
+    path, volumes, mounts, init_containers = cache.server_files(spec, plan.weight_bytes, MODELS_MOUNT, "models",
+                                                                node)
     return PodFiles(path=path, volumes=tuple(volumes), mounts=tuple(mounts), init_containers=tuple(init_containers))
 
 
-def server_model_files(spec: DatasetGenerationSpec,
-                       plan: ServerPlan | None = None) -> tuple[PodFiles, PodFiles | None]:
+def server_model_files(spec: DatasetGenerationSpec, plan: ServerPlan | None = None, namespace: str = "default",
+                       node_root: str = cache.DEFAULT_NODE_ROOT) -> tuple[PodFiles, PodFiles | None]:
     """(model, tokenizer or None) as the server pod sees them; with spec.model.cache (and a plan, which knows the
-    weights' size), the model comes from the cache (cache.py)."""
+    weights' size), the model comes from the cache (cache.py): a node-local copy under the operator's `node_root`."""
     if spec.model.cache is not None and plan is not None:
-        model = _cached_model(spec, plan)
+        model = _cached_model(spec, plan, namespace, node_root)
     else:
         model = _place(spec.model.path, "models", MODELS_MOUNT, spec)
     tokenizer = spec.model.tokenizer
@@ -406,8 +409,9 @@ def _node_selector(spec: DatasetGenerationSpec, plan: ServerPlan) -> dict[str, s
     return {**selector, **spec.server.node_selector}
 
 
-def _server_pod(name: str, namespace: str, spec: DatasetGenerationSpec, plan: ServerPlan) -> Manifest:
-    model, tokenizer = server_model_files(spec, plan)
+def _server_pod(name: str, namespace: str, spec: DatasetGenerationSpec, plan: ServerPlan,
+                node_root: str = cache.DEFAULT_NODE_ROOT) -> Manifest:
+    model, tokenizer = server_model_files(spec, plan, namespace, node_root)
     files = [model] + ([tokenizer] if tokenizer else [])
     pod_spec: Manifest = {
         # Service links would inject <SERVICE>_PORT variables; one named like an SGLANG_* setting would change it.
@@ -435,8 +439,10 @@ def _server_pod(name: str, namespace: str, spec: DatasetGenerationSpec, plan: Se
 
 
 def server_statefulset(name: str, namespace: str, owner: dict[str, Any], spec: DatasetGenerationSpec,
-                       plan: ServerPlan, replicas: int | None = None) -> Manifest:
-    """SGLang pods: plan.replicas × plan.nodes_per_replica of them, or `replicas` (0 to free the GPUs)."""
+                       plan: ServerPlan, replicas: int | None = None,
+                       node_root: str = cache.DEFAULT_NODE_ROOT) -> Manifest:
+    """SGLang pods: plan.replicas × plan.nodes_per_replica of them, or `replicas` (0 to free the GPUs); a node-local
+    model cache lives under the operator's `node_root`."""
     count = plan.replicas * plan.nodes_per_replica if replicas is None else replicas
     return {
         "apiVersion": "apps/v1",
@@ -449,7 +455,7 @@ def server_statefulset(name: str, namespace: str, owner: dict[str, Any], spec: D
             # never is until the other ranks joined.
             "podManagementPolicy": "Parallel",
             "selector": {"matchLabels": names.selector_labels(name, names.SERVER_COMPONENT)},
-            "template": _server_pod(name, namespace, spec, plan),
+            "template": _server_pod(name, namespace, spec, plan, node_root),
         },
     }
 

@@ -10,6 +10,7 @@ import orjson
 
 from tokenmill_runner.facts.workload import Workload
 from tokenmill_runner.spec.resource import DatasetGenerationSpec
+from tokenmill_runner.store.bounded_get import CONFIG_BYTES, WEIGHT_INDEX_BYTES, get_bounded
 from tokenmill_runner.store.storage import StorageRetry, open_storage
 
 from .planner import PlanError, ServerPlan, model_facts, plan_server
@@ -55,10 +56,10 @@ def make_plan(spec: DatasetGenerationSpec, credentials: dict[str, str] | None,
     output = spec.output
     storage = open_storage(location or model_files_location(spec, local), output.endpoint, output.region, credentials,
                            retry)
-    config = orjson.loads(storage.get("config.json"))
+    config = orjson.loads(get_bounded(storage, "config.json", CONFIG_BYTES))
     weight_bytes = spec.model.weight_bytes
     if weight_bytes is None and storage.exists("model.safetensors.index.json"):
-        weight_bytes = orjson.loads(storage.get("model.safetensors.index.json"))["metadata"]["total_size"]
+        weight_bytes = orjson.loads(get_bounded(storage, "model.safetensors.index.json", WEIGHT_INDEX_BYTES))["metadata"]["total_size"]
     if weight_bytes is None:
         raise PlanError(f"no model.safetensors.index.json at {storage.root_uri}: set spec.model.weightBytes")
     return plan_server(spec, model_facts(config, weight_bytes), work=work, node_driver_major=node_driver_major)

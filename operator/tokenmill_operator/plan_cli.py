@@ -7,12 +7,13 @@ imports the operator.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import orjson
 import yaml
 
-from tokenmill_runner.spec.resource import load_spec_file
+from tokenmill_runner.spec.resource import SpecError, load_spec_file
 
 from . import cache, kueue, manifests, names
 from .hidden_states_plan import HiddenStatesPlanError, hidden_states_plan, render_hidden_states
@@ -31,6 +32,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     plan.add_argument("--runner-image", default="ghcr.io/tokenmill/tokenmill-runner:0.1.0", help="runner image to show")
     plan.add_argument("--model-files", metavar="DIR|S3", help="read config.json and model.safetensors.index.json "
                       "from here instead of spec.model.path (plan before the weights are uploaded)")
+    plan.add_argument("--node-cache-root", metavar="DIR",
+                      default=os.environ.get(cache.NODE_ROOT_ENV) or cache.DEFAULT_NODE_ROOT,
+                      help="the operator's node-local model cache folder (its TOKENMILL_NODE_CACHE_ROOT; default "
+                           f"{cache.DEFAULT_NODE_ROOT})")
     plan.add_argument("--gpu-product", metavar="NAME", help="plan for this GPU product instead of "
                       "spec.server.gpuProduct (e.g. RTX-PRO-6000, H200, MI300X)")
     plan.add_argument("--sample-rows", type=_positive, metavar="N", help="tokenize up to N rows of each dataset "
@@ -56,7 +61,7 @@ def _positive(text: str) -> int:
     return value
 
 
-def objects(resource, plan, runner_image: str) -> list[dict]:
+def objects(resource, plan, runner_image: str, node_root: str = cache.DEFAULT_NODE_ROOT) -> list[dict]:
     name = resource.metadata.name
     namespace = resource.metadata.namespace or "default"
     spec = resource.spec
@@ -68,14 +73,14 @@ def objects(resource, plan, runner_image: str) -> list[dict]:
     shared = spec.model.cache is not None and spec.model.cache.mode == "sharedVolume"
     digest = cache.model_digest(spec, plan.weight_bytes)
     return [
-        *([kueue.run_workload(name, namespace, owner, queue, spec, plan, image)] if queue else []),
+        *([kueue.run_workload(name, namespace, owner, queue, spec, plan, image, node_root)] if queue else []),
         *([cache.shared_claim(namespace, spec.model.cache, digest, plan.weight_bytes),
            cache.fill_job(namespace, spec, digest)] if shared else []),
         manifests.api_key_secret(name, namespace, owner, "<generated at create time>"),
         manifests.server_service(name, namespace, owner, spec),
         manifests.network_policy(name, namespace, owner, spec),
         manifests.runner_network_policy(name, namespace, owner),
-        manifests.server_statefulset(name, namespace, owner, spec, plan),
+        manifests.server_statefulset(name, namespace, owner, spec, plan, node_root=node_root),
         manifests.runner_configmap(name, namespace, owner, spec),
         manifests.runner_job(name, namespace, owner, spec, image, urls),
     ]
@@ -100,7 +105,10 @@ def run(args: argparse.Namespace) -> int:
     except HiddenStatesPlanError as error:
         sys.stderr.write(f"error: {error}\n")
         return 2
-    children = objects(resource, plan, args.runner_image)
+    node_root = cache.node_root(args.node_cache_root)
+    if refused := cache.host_path_refusal(spec.model.cache, node_root):
+        raise SpecError(refused)
+    children = objects(resource, plan, args.runner_image, node_root)
     if args.json:
         payload = {"plan": plan.model_dump(mode="json", by_alias=True), "objects": children}
         if states is not None:

@@ -83,6 +83,9 @@ class OperatorSettings:
     tenant_policy: policy.TenantPolicy = field(default_factory=lambda: policy.TenantPolicy.from_env(os.environ))
     # Every resource must name a Kueue LocalQueue (the label); one without it is refused (QueueRequired).
     require_queue: bool = os.environ.get(REQUIRE_QUEUE_ENV, "").strip().lower() == "true"
+    # The node-local model cache's folder on every node: the administrator's, never a resource's (cache.py).
+    node_cache_root: str = field(default_factory=lambda: cache.node_root(
+        os.environ.get(cache.NODE_ROOT_ENV) or cache.DEFAULT_NODE_ROOT))
 
 
 def now_utc() -> datetime:
@@ -217,7 +220,8 @@ def _queueing(kube: Kube, context: Context, plan: ServerPlan | None, settings: O
     # A removed label: the run's Workload, in the queue it was in, is given back like an evicted one, never while
     # the pods hold what it counted (security-a87e82b.md B5: deleting it at once left the GPUs held, uncounted).
     desired = kueue.run_workload(context.name, context.namespace, manifests.owner_reference(context.body),
-                                 in_queue, spec, plan, spec.runner.image or settings.runner_image)
+                                 in_queue, spec, plan, spec.runner.image or settings.runner_image,
+                                 settings.node_cache_root)
     state, current = observe_queue(kube, context.name, context.namespace, in_queue, desired)
     if queue is None:
         if not state.exists:  # given back: the run is outside Kueue from now on
@@ -299,7 +303,8 @@ def reconcile(kube: Kube, context: Context, output: OutputIndex, settings: Opera
     spec, now = context.spec, now_utc()
     base = Observed(generation=context.generation, now=now, suspended=spec.suspend, previous=context.previous,
                     name=context.name)
-    refused = policy.refusal(spec, settings.tenant_policy)
+    refused = policy.refusal(spec, settings.tenant_policy) or cache.host_path_refusal(spec.model.cache,
+                                                                                       settings.node_cache_root)
     if refused:  # before the Secret, the model files or the output are touched
         return blocked(base, "NotAllowed", refused)
     if (settings.require_queue and context.previous.queue is None
@@ -395,7 +400,8 @@ def _ensure_children(kube: Kube, context: Context, plan: ServerPlan, settings: O
     kube.apply(manifests.server_service(name, namespace, owner, spec))
     kube.apply(manifests.network_policy(name, namespace, owner, spec, settings.scraper_namespace))
     kube.apply(manifests.runner_network_policy(name, namespace, owner, settings.scraper_namespace))
-    kube.apply(manifests.server_statefulset(name, namespace, owner, spec, plan, server_replicas))
+    kube.apply(manifests.server_statefulset(name, namespace, owner, spec, plan, server_replicas,
+                                            settings.node_cache_root))
     crash_point("server-applied")
     if not create_job:
         return

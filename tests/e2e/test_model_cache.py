@@ -110,13 +110,27 @@ def test_shared_volume_is_filled_once_before_any_server_and_reused(cluster, name
 
 def test_node_local_cache_fills_in_the_server_pod_under_the_lock(cluster, namespace, operator, credentials,
                                                                  s3_world):
-    cluster.apply(cached(namespace, s3_world, NAME, {"mode": "nodeLocal", "hostPath": "/mnt/nvme/models"}))
+    cluster.apply(cached(namespace, s3_world, NAME, {"mode": "nodeLocal"}))
     [pod] = cluster.wait_for(lambda: ready(server_pods(cluster, namespace, NAME)), "the server", timeout=90)
     [volume] = [v for v in pod.spec.volumes if v.name == "models"]
-    assert volume.host_path.path == "/mnt/nvme/models" and volume.host_path.type == "DirectoryOrCreate"
+    # The operator's root (its TOKENMILL_NODE_CACHE_ROOT default), not a folder the resource chose.
+    assert volume.host_path.path == "/mnt/nvme/tokenmill-models" and volume.host_path.type == "DirectoryOrCreate"
     [fill] = pod.spec.init_containers
     script = fill.command[2]
     assert fill.name == "fill-node-cache" and 'mkdir "$lock"' in script and "aws s3 sync" in script
-    assert all(m.read_only for m in pod.spec.containers[0].volume_mounts if m.name == "models")
+    assert f"/models/{namespace}/" in script
+    # SGLang (the tenant's image, as root) mounts only this namespace's copy of its own digest, read-only.
+    [mount] = [m for m in pod.spec.containers[0].volume_mounts if m.name == "models"]
+    assert mount.read_only and mount.sub_path.startswith(f"{namespace}/")
+    args = pod.spec.containers[0].args
+    assert args[args.index("--model-path") + 1] == "/models/model"
     assert cluster.core.list_namespaced_persistent_volume_claim(namespace).items == []
     assert cluster.batch.list_namespaced_job(namespace, label_selector=FILL).items == []
+
+
+def test_a_resource_naming_its_own_node_folder_is_refused(cluster, namespace, operator, credentials, s3_world):
+    cluster.apply(cached(namespace, s3_world, NAME, {"mode": "nodeLocal", "hostPath": "/var/lib/kubelet"}))
+    refused = cluster.wait_for(lambda: (lambda o: o if (condition(o, "Ready") or {}).get("reason") == "NotAllowed"
+                                        else None)(dsgen(cluster, namespace)), "Ready NotAllowed", timeout=60)
+    assert "'/var/lib/kubelet'" in condition(refused, "Ready")["message"]
+    assert server_pods(cluster, namespace, NAME) == []

@@ -23,6 +23,10 @@ class CountingStorage(LocalStorage):
         self.gets.append(key)
         return super().get(key)
 
+    def open_read(self, key: str):  # bounded reads (store/bounded_get.py) are reads of the object too
+        self.gets.append(key)
+        return super().open_read(key)
+
     def list_sizes(self, prefix: str = "", start_after: str | None = None) -> Iterator[tuple[str, int]]:
         for item in super().list_sizes(prefix, start_after):
             self.listed += 1

@@ -4,7 +4,9 @@ real with sh against a stand-in `aws` that counts its copies."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -47,8 +49,13 @@ def test_the_digest_names_the_weights_not_the_resource():
 def test_only_s3_weights_are_cached():
     with pytest.raises(ValidationError, match="cache: only s3:// weights are copied"):
         spec({"mode": "nodeLocal"}, path="pvc://weights/kimi")
-    with pytest.raises(ValidationError, match="absolute folder"):
-        spec({"mode": "nodeLocal", "hostPath": "models"})
+    for folder in ("models", "/", "/a/../b", "/mnt/./x", "/mnt//x", "/mnt/x\n"):
+        with pytest.raises(ValidationError, match="hostPath"):
+            spec({"mode": "nodeLocal", "hostPath": folder})
+    for size in ("abc", "99999999999Pi", "0Gi", "700G"):
+        with pytest.raises(ValidationError, match="size"):
+            spec({"mode": "sharedVolume", "size": size})
+    assert spec({"mode": "sharedVolume", "size": "700Gi"}).model.cache.size == "700Gi"
 
 
 # ---------------------------------------------------------------------------------------- server pods' files
@@ -73,13 +80,46 @@ def test_shared_volume_pods_mount_the_filled_claim_read_only_and_check_its_marke
 
 
 def test_node_local_pods_fill_their_node_folder_then_read_it_only():
-    pod = server_pod({"mode": "nodeLocal", "hostPath": "/mnt/nvme/models"})
+    pod = server_pod({"mode": "nodeLocal"})
+    digest = cache.model_digest(spec({"mode": "nodeLocal"}), PLAN.weight_bytes)
     [models] = [v for v in pod["volumes"] if v["name"] == "models"]
-    assert models["hostPath"] == {"path": "/mnt/nvme/models", "type": "DirectoryOrCreate"}
+    assert models["hostPath"] == {"path": cache.DEFAULT_NODE_ROOT, "type": "DirectoryOrCreate"}
     [fill] = pod["initContainers"]
     assert fill["name"] == "fill-node-cache" and "aws s3 sync" in fill["command"][2]
+    assert f"/models/team-a/{digest}/model" in fill["command"][2]
     assert fill["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
-    assert all(m.get("readOnly") for m in pod["containers"][0]["volumeMounts"] if m["name"] == "models")
+    # The tenant's image sees its own namespace's copy of its own digest, read-only, and nothing else of the node.
+    sglang = pod["containers"][0]
+    assert [m for m in sglang["volumeMounts"] if m["name"] == "models"] == [
+        {"name": "models", "mountPath": "/models", "subPath": f"team-a/{digest}", "readOnly": True}]
+    assert sglang["args"][sglang["args"].index("--model-path") + 1] == "/models/model"
+
+
+def test_the_node_local_root_is_the_operators_setting_not_the_tenants():
+    s = spec({"mode": "nodeLocal"})
+    pod = manifests.server_statefulset("b5", "team-a", OWNER, s, PLAN, node_root="/local/nvme0")["spec"]["template"]
+    [models] = [v for v in pod["spec"]["volumes"] if v["name"] == "models"]
+    assert models["hostPath"]["path"] == "/local/nvme0"
+    # A resource naming a folder of its own (the audit's /var/lib/kubelet) is refused, naming the operator's.
+    naming = spec({"mode": "nodeLocal", "hostPath": "/var/lib/kubelet"})
+    refusal = cache.host_path_refusal(naming.model.cache, "/local/nvme0")
+    assert refusal is not None and "'/var/lib/kubelet'" in refusal and "/local/nvme0" in refusal
+    assert "operator.nodeCacheRoot" in refusal
+    # An older spec that spelled out the operator's own folder stays readable and is served.
+    assert cache.host_path_refusal(spec({"mode": "nodeLocal", "hostPath": "/local/nvme0"}).model.cache,
+                                   "/local/nvme0") is None
+    for bad in ("relative", "/", "/a/../b", "/proc/./x"):
+        with pytest.raises(ValueError, match=cache.NODE_ROOT_ENV):
+            cache.node_root(bad)
+
+
+def test_namespaces_never_share_a_node_local_copy():
+    s = spec({"mode": "nodeLocal"})
+    mounts = {}
+    for namespace in ("team-a", "team-b"):
+        pod = manifests.server_statefulset("b5", namespace, OWNER, s, PLAN)["spec"]["template"]["spec"]
+        [mounts[namespace]] = [m["subPath"] for m in pod["containers"][0]["volumeMounts"] if m["name"] == "models"]
+    assert mounts["team-a"].startswith("team-a/") and mounts["team-b"].startswith("team-b/")
 
 
 def test_one_claim_and_one_fill_job_per_digest_without_owner():
@@ -175,3 +215,109 @@ def test_the_server_refuses_a_volume_without_the_marker(tmp_path):
     (tmp_path / DIGEST).mkdir()
     (tmp_path / DIGEST / cache.MARKER).write_text(DIGEST)
     assert subprocess.run(["sh", "-c", script]).returncode == 0
+
+
+# --------------------------------------------------------------------------- the fill as the pod's user (uid 65532)
+
+
+@pytest.fixture
+def node_disk():
+    """A scratch folder standing in for the node's disk, reachable by uid 65532 (pytest's own tmp is 0700 root),
+    with an `aws` that records the copy and fails like S3's AccessDenied when FAKE_EXIT is set."""
+    top = Path(tempfile.mkdtemp(prefix="tokenmill-node-", dir="/tmp"))
+    top.chmod(0o755)
+    bin_dir = top / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "aws").write_text('#!/bin/sh\necho "$3" >> "$COPIES"\n[ "${FAKE_EXIT:-0}" = 0 ] || '
+                                 '{ echo "fatal error: An error occurred (AccessDenied)" >&2; exit "$FAKE_EXIT"; }\n'
+                                 'echo weights > "$4/model.safetensors"\n')  # aws s3 sync SOURCE TARGET
+    (bin_dir / "aws").chmod(0o755)
+    copies = top / "copies"
+    copies.touch()
+    copies.chmod(0o666)
+    yield top, {"PATH": f"{bin_dir}:/usr/bin:/bin", "COPIES": str(copies), "HOME": "/tmp"}
+    shutil.rmtree(top)
+
+
+def as_pod_user(script: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
+    """sh running the script as the fill container does: uid and gid SYNC_UID, no capability."""
+    return subprocess.run(["setpriv", f"--reuid={cache.SYNC_UID}", f"--regid={cache.SYNC_UID}", "--clear-groups",
+                           "sh", "-c", script], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def node_fill(root: Path, namespace: str, wait_s: int = cache.LOCK_WAIT_FLOOR_S) -> str:
+    """The script a server pod of `namespace` runs, rendered by the operator, with the node's root at `root`."""
+    node = cache.NodeCache(str(root), namespace, wait_s)
+    _, _, _, [fill] = cache.node_local_server_files(spec({"mode": "nodeLocal"}), node, DIGEST, str(root), "models")
+    return fill["command"][2].replace("sleep 5", "sleep 1")
+
+
+def test_a_fill_never_skips_its_own_namespaces_credential_check(node_disk):
+    top, env = node_disk
+    root = top / "nvme"
+    root.mkdir()
+    os.chown(root, cache.SYNC_UID, cache.SYNC_UID)  # as docs/cluster.md tells the administrator
+    # Tenant B fills the digest with B's Secret; tenant A names the same weights with A's own Secret, which S3 refuses.
+    assert as_pod_user(node_fill(root, "team-b"), env).returncode == 0
+    assert (root / "team-b" / DIGEST / cache.MARKER).read_text() == DIGEST
+    tenant_a = as_pod_user(node_fill(root, "team-a"), {**env, "FAKE_EXIT": "1"})
+    assert tenant_a.returncode == 1 and "AccessDenied" in tenant_a.stderr  # main found B's marker and exited 0
+    assert not (root / "team-a" / DIGEST / cache.MARKER).exists()
+    assert len((top / "copies").read_text().splitlines()) == 2  # each namespace copied (or tried) itself
+
+
+def test_a_fill_that_cannot_take_its_lock_fails_at_once_saying_why(node_disk):
+    top, env = node_disk
+    root = top / "nvme"
+    root.mkdir(mode=0o755)  # what hostPath DirectoryOrCreate makes: root's, 0755
+    refused = as_pod_user(node_fill(root, "team-a"), env, timeout=30)  # main waited here for ever, silently
+    assert refused.returncode == cache.LOCK_FAILED_EXIT
+    assert f"cannot take the model cache lock {root}/team-a/{DIGEST}.lock as uid {cache.SYNC_UID}" in refused.stderr
+    assert "root:root 755" in refused.stderr and "writable by this user" in refused.stderr
+
+
+def test_a_fill_waits_for_another_pods_copy_only_within_its_bound(node_disk):
+    top, env = node_disk
+    root = top / "nvme"
+    (root / "team-a" / f"{DIGEST}.lock").mkdir(parents=True)  # another pod's, refreshed below as its heartbeat does
+    for folder in (root, root / "team-a", root / "team-a" / f"{DIGEST}.lock"):
+        os.chown(folder, cache.SYNC_UID, cache.SYNC_UID)
+    waiter = subprocess.Popen(["setpriv", f"--reuid={cache.SYNC_UID}", f"--regid={cache.SYNC_UID}",
+                               "--clear-groups", "sh", "-c", node_fill(root, "team-a", wait_s=2)], env=env,
+                              stderr=subprocess.PIPE, text=True)
+    while waiter.poll() is None:
+        os.utime(root / "team-a" / f"{DIGEST}.lock")
+        time.sleep(0.2)
+    assert waiter.returncode == cache.LOCK_FAILED_EXIT
+    assert "another pod has held it" in waiter.stderr.read() and (top / "copies").read_text() == ""
+
+
+# ------------------------------------------------------------------- the operator ends a run whose fill failed
+
+
+def test_the_operator_ends_the_run_when_a_fill_cannot_take_its_lock_and_gives_the_gpus_back():
+    from tokenmill_operator.gather import pod_problem
+    from tokenmill_operator.lifecycle import ServerState, decide
+
+    from .test_lifecycle import observed
+
+    why = (f"tokenmill: cannot take the model cache lock /models/team-a/{DIGEST}.lock as uid 65532: "
+           "/models/team-a is not writable (root:root 755)")
+    pod = {"metadata": {"name": "b5-server-0"}, "spec": {"nodeName": "gpu-7"},
+           "status": {"conditions": [{"type": "PodScheduled", "status": "True"}],
+                      "initContainerStatuses": [{"name": cache.NODE_FILL_CONTAINER,
+                                                 "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                                                 "lastState": {"terminated": {"exitCode": cache.LOCK_FAILED_EXIT,
+                                                                              "message": why}}}]}}
+    reason, message = pod_problem(pod)
+    assert reason == "ModelCacheLockFailed" and "gpu-7" in message and why in message
+    decision = decide(observed(server=ServerState(1, 0, reason, message)))
+    assert decision.status.phase == "Failed" and decision.server_replicas == 0 and decision.delete_server
+    failed = next(c for c in decision.status.conditions if c.type == "Failed")
+    assert failed.reason == "ModelCacheLockFailed" and why in failed.message and "uid 65532" in failed.message
+    # The server is gone, so no pod says so any more: the run stays ended until its spec changes.
+    again = decide(observed(server=None, previous=decision.status.model_copy(update={"observed_generation": 3})))
+    assert again.status.phase == "Failed" and again.server_replicas == 0
+    # Another exit (an S3 error the next try may not meet) is not the lock's verdict: the kubelet retries it.
+    pod["status"]["initContainerStatuses"][0]["lastState"]["terminated"]["exitCode"] = 1
+    assert pod_problem(pod) is None

@@ -24,7 +24,6 @@ from .adapters import DEFAULT_LAYOUT, RowLayout
 from .prompts import Prompt, RowError, parse_line
 from .row_size import RowBound, prompt_size
 
-PARQUET_BATCH_ROWS = 1024
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".jsonl.gz")
 SHARD_FOLDERS = ("", "data/")  # where a dataset folder keeps its shards, in the order they are looked for
 
@@ -177,18 +176,22 @@ def read_jsonl(source: str, endpoint: str | None = None, limit: int | None = Non
                     pass
 
 
-def read_parquet(source: str, endpoint: str | None = None, limit: int | None = None) -> Iterator[tuple[int, Any]]:
-    """(row number, row dict) streamed in record batches; a folder's shards one after the other, numbered on."""
-    return (item[:2] for item in read_parquet_rows(source, endpoint, limit))
+def read_parquet(source: str, endpoint: str | None = None, limit: int | None = None,
+                 max_bytes: int | None = None) -> Iterator[tuple[int, Any]]:
+    """(row number, row dict or OversizeRow) streamed in bounded batches (parquet_rows.py); a folder's shards one
+    after the other, numbered on."""
+    return (item[:2] for item in read_parquet_rows(source, endpoint, limit, max_bytes=max_bytes))
 
 
 def read_parquet_rows(source: str, endpoint: str | None = None, limit: int | None = None,
-                      digest: Any = None) -> Iterator[tuple[int, Any, str | None, int]]:
-    """(row number, row dict, shard key or None, row within the shard) of a Parquet file or dataset folder. A
-    `digest` is fed every shard's name and bytes, in order, past the limit too."""
+                      digest: Any = None,
+                      max_bytes: int | None = None) -> Iterator[tuple[int, Any, str | None, int]]:
+    """(row number, row dict or OversizeRow, shard key or None, row within the shard) of a Parquet file or dataset
+    folder. A `digest` is fed every shard's name and bytes, in order, past the limit too. A row over `max_bytes`
+    comes as an OversizeRow, never as Python objects."""
     shards = parquet_shards(source, endpoint)
     if shards is None:
-        for number, row in _read_one_parquet(source, endpoint, limit, digest):
+        for number, row in _read_one_parquet(source, endpoint, limit, digest, max_bytes):
             yield number, row, None, number
         return
     base = source.rstrip("/") + "/"
@@ -202,7 +205,7 @@ def read_parquet_rows(source: str, endpoint: str | None = None, limit: int | Non
                 _hash_file(base + shard, endpoint, digest)
             continue
         read = 0
-        for read, row in _read_one_parquet(base + shard, endpoint, left, digest):
+        for read, row in _read_one_parquet(base + shard, endpoint, left, digest, max_bytes):
             yield number + read, row, shard, read
         number += read
 
@@ -238,17 +241,18 @@ class SourceError(ValueError):
 
 def _parquet_file(source: str, handle: Any) -> Any:
     import pyarrow as pa
-    import pyarrow.parquet as pq
+
+    from .parquet_rows import open_parquet  # pyarrow only for Parquet sources
 
     try:
-        return pq.ParquetFile(handle)
+        return open_parquet(handle)
     except (pa.ArrowException, OSError) as error:  # ArrowInvalid: "Parquet magic bytes not found in footer"
         raise SourceError(f"{source} is not a readable Parquet file ({error}); is it truncated, or another "
                           "format (set the dataset's format)?") from None
 
 
 def _read_one_parquet(source: str, endpoint: str | None, limit: int | None,
-                      digest: Any = None) -> Iterator[tuple[int, Any]]:
+                      digest: Any = None, max_bytes: int | None = None) -> Iterator[tuple[int, Any]]:
     """S3 objects are spooled to a temporary file first because Parquet needs random access to its footer (the
     spooling feeds the `digest`; a local file is read through once for it, as pyarrow reads it out of order)."""
     with tempfile.TemporaryFile() as spool:
@@ -264,13 +268,14 @@ def _read_one_parquet(source: str, endpoint: str | None, limit: int | None,
             if digest is not None:
                 _hash_file(source, endpoint, digest)
             parquet = _parquet_file(source, source.removeprefix("file://"))
+        from .parquet_rows import bounded_rows
+
         number = 0
-        for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS):
-            for row in batch.to_pylist():
-                if limit is not None and number >= limit:
-                    return
-                number += 1
-                yield number, row
+        for row in bounded_rows(parquet, max_bytes):
+            if limit is not None and number >= limit:
+                return
+            number += 1
+            yield number, row
 
 
 def read_prompts(source: str, fmt: str, endpoint: str | None = None, limit: int | None = None,
@@ -286,9 +291,18 @@ def read_prompts(source: str, fmt: str, endpoint: str | None = None, limit: int 
             if wanted is None or wanted(line):
                 yield _jsonl_row(line, raw, layout, bound)
         return
-    for line, row, shard, within in read_parquet_rows(source, endpoint, limit, digest):
+    from .parquet_rows import OversizeRow
+
+    for line, row, shard, within in read_parquet_rows(source, endpoint, limit, digest,
+                                                      None if bound is None else bound.max_bytes):
         if wanted is None or wanted(line):
-            item = _bounded(parse_line(line, row, layout), bound)
+            if isinstance(row, OversizeRow):
+                item: Prompt | RowError = (
+                    RowError(line, None, "prompt_too_long", f"line {line}: {row.reason}") if row.reason
+                    else bound.refusal(line, row.size) if bound is not None
+                    else RowError(line, None, "prompt_too_long", f"line {line}: the row is {row.size} bytes"))
+            else:
+                item = _bounded(parse_line(line, row, layout), bound)
             if shard is not None and isinstance(item, RowError):
                 item = dataclasses.replace(item, message=f"{item.message} [shard {shard}, row {within}]")
             yield item

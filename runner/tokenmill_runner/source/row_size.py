@@ -8,6 +8,11 @@ common vocabulary covers a few bytes of text on average (English ~4, code ~3, CJ
 prompt. A row over `ROW_BYTES_PER_TOKEN` bytes per token of the context cannot fit and is recorded as
 `prompt_too_long` unread (docs/input.md, docs/security.md). Rows under the bound but over `LARGE_PROMPT_CHARS` are
 tokenized alone, so a batch never multiplies a large row's cost.
+
+The bound is also capped in absolute bytes (`MAX_ROW_BYTES`): at 16 bytes per token a 4M-token context would allow
+a 64 MiB row, and tokenizing real text costs about 220 bytes of memory per byte of row (a 7.5 MB row peaked at
+1.6 GB), so a long context would let one row take the runner past its pod's 8Gi limit. 16 MiB of text is about
+4M tokens of English, more than any context a prompt must fill: no prompt that fits is refused by the cap.
 """
 
 from __future__ import annotations
@@ -21,6 +26,9 @@ ROW_BYTES_PER_TOKEN = 16
 # When neither the spec nor the model's config.json names a context length before the servers answer.
 FALLBACK_CONTEXT_TOKENS = 262144
 LARGE_PROMPT_CHARS = 64 * 1024
+# ~3.7 GB tokenizing at the measured 220 bytes of memory per byte of row, well under the runner pod's 8Gi limit
+# (manifests.runner_job) with the rest of the worker beside it.
+MAX_ROW_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -35,10 +43,15 @@ class RowBound:
 
     @property
     def max_bytes(self) -> int:
-        return self.context_length * ROW_BYTES_PER_TOKEN
+        return min(self.context_length * ROW_BYTES_PER_TOKEN, MAX_ROW_BYTES)
 
     def refusal(self, line: int, size: int, sample_id: str | None = None, unit: str = "bytes") -> RowError:
         who = f"line {line}" if sample_id is None else f"line {line} (sample {sample_id})"
+        if self.max_bytes < self.context_length * ROW_BYTES_PER_TOKEN:
+            return RowError(line, sample_id, "prompt_too_long",
+                            f"{who}: the row is {size} {unit}, over the {MAX_ROW_BYTES} {unit} any row may take "
+                            f"whatever the context (the runner's memory bound; {self.context_length}-token context); "
+                            "it was refused before tokenizing. Shorten or split the prompt")
         return RowError(line, sample_id, "prompt_too_long",
                         f"{who}: the row is {size} {unit}, over the {self.max_bytes} {unit} that any prompt of a "
                         f"{self.context_length}-token context can take ({ROW_BYTES_PER_TOKEN} per token); it was "

@@ -140,6 +140,12 @@ class ReasoningSpec(SpecModel):
         return [] if self.end_token is None else [self.end_token]
 
 
+# Kubernetes' hostPath refuses '..' (and the tenant no longer chooses it); a folder name here never starts with '.',
+# so no dot segment passes. RE2-compatible: the CRD carries the same pattern.
+HOST_PATH_PATTERN = r"^(/[A-Za-z0-9_-][A-Za-z0-9._-]*)+$"
+CLAIM_SIZE_PATTERN = r"^[1-9][0-9]{0,3}(Gi|Ti)$"
+
+
 class ModelCacheSpec(SpecModel):
     """Copy s3:// weights once instead of into every server pod on every start (docs/cluster.md)."""
 
@@ -152,17 +158,13 @@ class ModelCacheSpec(SpecModel):
     access_mode: Literal["ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod"] = Field(
         "ReadWriteMany", description="sharedVolume: the claim's access mode. ReadWriteMany lets server pods on "
         "several nodes share it; ReadWriteOnce only serves pods on one node.")
-    size: str | None = Field(None, description="sharedVolume: the claim's size (a quantity, e.g. 700Gi); default: "
-                                               "the weights plus 10%, in whole GiB.")
-    host_path: str = Field("/mnt/nvme/tokenmill-models", description="nodeLocal: the folder on each node that "
-                                                                    "holds one sub-folder per model digest.")
-
-    @field_validator("host_path")
-    @classmethod
-    def _absolute(cls, value: str) -> str:
-        if not value.startswith("/") or value.rstrip("/") == "":
-            raise ValueError(f"{value!r}: an absolute folder on the node other than /, e.g. /mnt/nvme/models")
-        return value.rstrip("/")
+    size: str | None = Field(
+        None, pattern=CLAIM_SIZE_PATTERN, description="sharedVolume: the claim's size, a quantity in whole Gi or Ti "
+        "(e.g. 700Gi, at most 9999Ti); default: the weights plus 10%, in whole GiB.")
+    host_path: str | None = Field(
+        None, pattern=HOST_PATH_PATTERN, max_length=255, description="Deprecated, kept so older resources stay "
+        "readable: the node-local folder is the operator's setting (chart value operator.nodeCacheRoot), and a "
+        "resource naming another folder is refused (NotAllowed). An absolute path without . or .. segments.")
 
 
 class ModelSpec(SpecModel):
@@ -722,11 +724,70 @@ def parse_document(document: Any, source: str = "<spec>") -> DatasetGeneration:
         raise SpecError(format_validation_error(source, error)) from None
 
 
+# A spec is a few KB. YAML aliases share one object between every place that names it, so a 1 KB file of nested
+# anchors (9 levels of 10 aliases) is a billion nodes once dumped for the spec hash, the ConfigMap or run.json:
+# the nodes are counted as if every alias were expanded before anything is built.
+MAX_SPEC_BYTES = 1024 * 1024
+MAX_SPEC_NODES = 100_000
+
+
+def _expanded_nodes(root: yaml.Node, source: str) -> int:
+    """Nodes of the document with every alias expanded, counted once per distinct node (no expansion happens)."""
+    counts: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def count(node: yaml.Node) -> int:
+        key = id(node)
+        if key in counts:
+            return counts[key]
+        if key in open_nodes:
+            raise SpecError(f"{source}: a YAML anchor refers to itself; a spec cannot be recursive")
+        open_nodes.add(key)
+        total = 1
+        if isinstance(node, yaml.MappingNode):
+            total += sum(count(k) + count(v) for k, v in node.value)
+        elif isinstance(node, yaml.SequenceNode):
+            total += sum(count(item) for item in node.value)
+        total = min(total, MAX_SPEC_NODES + 1)  # past the cap the exact figure does not matter
+        open_nodes.discard(key)
+        counts[key] = total
+        return total
+
+    try:
+        return count(root)
+    except RecursionError:
+        raise SpecError(f"{source}: the YAML is nested too deeply to be a spec") from None
+
+
+def load_yaml_bounded(text: str, source: str) -> Any:
+    """yaml.safe_load, refused (SpecError) past MAX_SPEC_BYTES or MAX_SPEC_NODES nodes with aliases expanded."""
+    if len(text) > MAX_SPEC_BYTES:
+        raise SpecError(f"{source}: {len(text)} characters, over the {MAX_SPEC_BYTES} a spec may have")
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        expanded = _expanded_nodes(node, source)
+        if expanded > MAX_SPEC_NODES:
+            raise SpecError(f"{source}: its YAML aliases expand to over {MAX_SPEC_NODES} nodes (anchors nested "
+                            "inside anchors); write the values out, a spec needs far fewer")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 def load_spec_file(path: str | Path) -> DatasetGeneration:
     """Read a DatasetGeneration YAML file; relative local paths in it are resolved against its folder."""
     path = Path(path)
     try:
-        document = yaml.safe_load(path.read_text())
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_SPEC_BYTES + 1)
+        if len(raw) > MAX_SPEC_BYTES:
+            raise SpecError(f"{path}: over the {MAX_SPEC_BYTES} bytes a spec may have")
+        document = load_yaml_bounded(raw.decode("utf-8"), str(path))
+    except UnicodeDecodeError as error:
+        raise SpecError(f"{path}: not UTF-8 text ({error})") from None
     except OSError as error:
         raise SpecError(f"cannot read spec {path}: {error.strerror}") from None
     except yaml.YAMLError as error:

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 
 import orjson
 
+from .bounded_get import CHECKPOINT_BYTES, get_bounded
 from .checkpoints import INDEX, SUFFIX, CheckpointError, Snapshot, decode, snapshot
 from .commit_index import DatasetIndex
 from .ledger import DatasetLedger
@@ -33,7 +34,7 @@ def load_index(storage: Storage, dataset: str, rows: int = 0, samples_per_prompt
     names = sorted((key for key in storage.list(f"{dataset}/{INDEX}/") if key.endswith(SUFFIX)), reverse=True)
     for key in names[:TRIES]:
         try:
-            index = decode(storage.get(key), dataset, samples_per_prompt)
+            index = decode(get_bounded(storage, key, CHECKPOINT_BYTES), dataset, samples_per_prompt)
         except (CheckpointError, StorageError) as error:
             logger.warning("%s: checkpoint %s not used: %s", dataset, storage.uri(key), error)
             continue

@@ -171,6 +171,10 @@ def retire(recorded: RunManifest | None, current: dict[str, DatasetLayout]) -> d
     return {name: layout for name, layout in earlier.items() if name not in current}
 
 
+# A few KB per dataset; the operator reads it on every pass, so a tenant's 300 MiB run.json must not be read whole.
+MANIFEST_BYTES = 16 * 1024 * 1024
+
+
 def decode(data: bytes, where: str = MANIFEST) -> RunManifest:
     try:
         return RunManifest.model_validate(orjson.loads(data))
@@ -182,7 +186,12 @@ def read_manifest(storage: Storage) -> RunManifest | None:
     """The output's manifest, or None where no run has recorded one yet."""
     if not storage.exists(MANIFEST):
         return None
-    return decode(storage.get(MANIFEST), storage.uri(MANIFEST))
+    with storage.open_read(MANIFEST) as body:  # never more than the cap (bounded_get.py: whoever writes the prefix)
+        data = body.read(MANIFEST_BYTES + 1)
+    if len(data) > MANIFEST_BYTES:
+        raise ManifestError(f"{storage.uri(MANIFEST)} is over the {MANIFEST_BYTES} bytes a run manifest may have; it "
+                            "was not read further")
+    return decode(data, storage.uri(MANIFEST))
 
 
 def write_manifest(storage: Storage, manifest: RunManifest) -> None:

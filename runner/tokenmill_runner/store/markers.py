@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from .bounded_get import MARKER_BYTES, get_bounded
 from .ledger import COMMITS
 from .marker_names import is_marker_name, split_marker_name
 from .storage import Storage
@@ -56,7 +57,7 @@ def iter_keyed(storage: Storage, keys: Iterable[str], threads: int = READ_THREAD
     with ThreadPoolExecutor(max_workers=threads) as pool:
         window: deque[tuple[str, Future[bytes]]] = deque()
         for key in keys:
-            window.append((key, pool.submit(storage.get, key)))
+            window.append((key, pool.submit(get_bounded, storage, key, MARKER_BYTES)))
             if len(window) >= 2 * threads:
                 first, future = window.popleft()
                 yield first, future.result()

@@ -1,0 +1,171 @@
+"""Parquet rows under a byte budget: each row's size is read from the Arrow buffers (string lengths, list offsets)
+before any Python object is built, so a row over the bound costs its Arrow bytes, never its Python copy.
+
+A Parquet file can be a decompression bomb twice over: zstd makes a page of repeated text tiny, and dictionary
+encoding lets one 50 MB value stand for every row that repeats it (a 5 KB file of 40 such rows decodes to 2 GB).
+Three rules keep memory bounded by the budget and the row bound, not by what the file decodes to:
+
+* every BYTE_ARRAY leaf is read as a DictionaryArray (pyarrow's `read_dictionary`), so a dictionary-encoded value is
+  held once, however many rows repeat it;
+* a row group is read in batches of at most `budget / (its uncompressed bytes per row)` rows, so plain-encoded text
+  never decodes more than about one budget (or one row) at a time;
+* rows become Python objects in slices whose sizes add up to at most the budget, and a row over the bound never
+  does: it comes out as an OversizeRow with its size.
+
+A page is decompressed whole, so a plain-encoded page of repeated text (2 GB from 170 KB of zstd) cannot be read in
+parts: a row group with a column chunk that decompresses to over MAX_CHUNK_BYTES at over MAX_CHUNK_RATIO times its
+stored size is refused, each of its rows as an OversizeRow naming the column, unread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+BATCH_ROWS = 1024
+# Decoded bytes of a batch, and of the rows turned into Python objects at once: a few times this is the reader's
+# peak (Arrow's copy, the Python objects, the page being decompressed).
+BATCH_BYTES = 32 * 1024 * 1024
+# A value that is neither text nor a container costs what text_size (row_size.py) counts for it.
+SCALAR_BYTES = 8
+# Text compresses 3-10x, and dictionary encoding already keeps repeats out of a chunk's uncompressed size; a chunk
+# that grows 100x into more than this is a decompression bomb, not a dataset.
+MAX_CHUNK_BYTES = 256 * 1024 * 1024
+MAX_CHUNK_RATIO = 100
+
+
+@dataclass(frozen=True)
+class OversizeRow:
+    """A Parquet row over the row bound, never turned into Python objects: only its size is known (and why its row
+    group was not read at all, for a decompression bomb)."""
+
+    size: int
+    reason: str | None = None
+
+
+def open_parquet(source: Any) -> pq.ParquetFile:
+    """A ParquetFile whose text and binary leaves come as dictionaries (one copy of each distinct value)."""
+    plain = pq.ParquetFile(source)
+    leaves = [column.path for column in plain.schema if column.physical_type == "BYTE_ARRAY"]
+    if not leaves:
+        return plain
+    return pq.ParquetFile(source, read_dictionary=leaves)
+
+
+def _lengths(array: pa.Array) -> np.ndarray:
+    return np.asarray(pc.fill_null(pc.binary_length(array), 0).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _valid(array: pa.Array) -> np.ndarray:
+    return np.asarray(array.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _nested(offsets: pa.Array, values: np.ndarray) -> np.ndarray:
+    """Per list: the sum of its items' sizes, by the list offsets (which already account for a slice)."""
+    bounds = np.asarray(offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
+    total = np.concatenate([[0], np.cumsum(values, dtype=np.int64)])
+    return total[bounds[1:]] - total[bounds[:-1]]
+
+
+def value_sizes(array: pa.Array) -> np.ndarray:
+    """Bytes of text (and SCALAR_BYTES per other value) of each element, from the Arrow buffers alone."""
+    kind = array.type
+    if pa.types.is_dictionary(kind):
+        sizes = value_sizes(array.dictionary)
+        indices = np.asarray(pc.fill_null(array.indices, 0).to_numpy(zero_copy_only=False), dtype=np.int64)
+        picked = sizes[indices] if len(sizes) else np.zeros(len(array), dtype=np.int64)
+        return np.where(_valid(array), picked, 0)
+    if (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind)
+            or pa.types.is_large_binary(kind) or pa.types.is_string_view(kind) or pa.types.is_binary_view(kind)):
+        return _lengths(array)
+    if pa.types.is_struct(kind):
+        total = np.zeros(len(array), dtype=np.int64)
+        for child in array.flatten():  # flatten() applies the struct's own slice and nulls to its children
+            total += value_sizes(child)
+        return total
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_map(kind):
+        values = array.values
+        if pa.types.is_map(kind):
+            items = value_sizes(array.keys) + value_sizes(array.items)
+        else:
+            items = value_sizes(values)
+        return _nested(array.offsets, items)
+    if pa.types.is_fixed_size_list(kind):
+        items = value_sizes(array.flatten())
+        return items.reshape(len(array), kind.list_size).sum(axis=1) if len(array) else items
+    return np.where(_valid(array), SCALAR_BYTES, 0).astype(np.int64)
+
+
+def row_sizes(batch: pa.RecordBatch) -> np.ndarray:
+    """Each row's size: column names plus every value's bytes, as text_size counts a parsed row."""
+    total = np.zeros(batch.num_rows, dtype=np.int64)
+    for name, column in zip(batch.schema.names, batch.columns, strict=True):
+        total += len(name) + value_sizes(column)
+    return total
+
+
+def batch_rows(parquet: pq.ParquetFile, group: int, budget: int = BATCH_BYTES) -> int:
+    """Rows per batch in one row group: as many as its uncompressed bytes per row let fit the budget (at least one,
+    at most BATCH_ROWS). Dictionary pages count once here, as they are read once."""
+    meta = parquet.metadata.row_group(group)
+    per_row = meta.total_byte_size / max(1, meta.num_rows)
+    return max(1, min(BATCH_ROWS, int(budget // max(1.0, per_row))))
+
+
+def bomb(parquet: pq.ParquetFile, group: int) -> str | None:
+    """Why a row group is not decompressed at all, or None."""
+    meta = parquet.metadata.row_group(group)
+    for index in range(meta.num_columns):
+        chunk = meta.column(index)
+        stored, size = max(1, chunk.total_compressed_size), chunk.total_uncompressed_size
+        if size > MAX_CHUNK_BYTES and size > MAX_CHUNK_RATIO * stored:
+            return (f"row group {group}, column {chunk.path_in_schema}: {size} bytes stored in {stored} (over "
+                    f"{MAX_CHUNK_RATIO}x and over {MAX_CHUNK_BYTES} bytes), a decompression bomb; its "
+                    f"{meta.num_rows} rows were refused unread. Write the file with smaller pages or dictionary "
+                    "encoding")
+    return None
+
+
+def _slices(sizes: np.ndarray, max_bytes: int | None, budget: int) -> Iterator[tuple[int, int] | int]:
+    """(start, stop) runs of rows under the bound adding up to at most the budget (one row at least), or the index
+    of a row over the bound."""
+    start, held = 0, 0
+    for index, size in enumerate(sizes.tolist()):
+        if max_bytes is not None and size > max_bytes:
+            if index > start:
+                yield start, index
+            yield index
+            start, held = index + 1, 0
+            continue
+        if index > start and held + size > budget:
+            yield start, index
+            start, held = index, 0
+        held += size
+    if start < len(sizes):
+        yield start, len(sizes)
+
+
+def bounded_rows(parquet: pq.ParquetFile, max_bytes: int | None,
+                 budget: int = BATCH_BYTES) -> Iterator[dict[str, Any] | OversizeRow]:
+    """Every row in file order: a dict, or an OversizeRow for one over `max_bytes` (None: no bound, the budget
+    still holds)."""
+    for group in range(parquet.metadata.num_row_groups):
+        if why := bomb(parquet, group):
+            meta = parquet.metadata.row_group(group)
+            share = meta.total_byte_size // max(1, meta.num_rows)
+            for _ in range(meta.num_rows):
+                yield OversizeRow(share, why)
+            continue
+        for batch in parquet.iter_batches(batch_size=batch_rows(parquet, group, budget), row_groups=[group]):
+            sizes = row_sizes(batch)
+            for part in _slices(sizes, max_bytes, budget):
+                if isinstance(part, tuple):
+                    yield from batch.slice(part[0], part[1] - part[0]).to_pylist()
+                else:
+                    yield OversizeRow(int(sizes[part]))
