@@ -188,7 +188,7 @@ class Simulator:
                     item = dataclasses.replace(item, params=dataclasses.replace(item.params, max_new_tokens=max_new))
                 finished, aborted = self._finish(item)
                 job = Job(len(item.input_ids), len(finished.output_ids), 0.0, max_new_tokens=max_new,
-                          prompt_ids=item.input_ids)
+                          prompt_ids=item.input_ids, output_ids=finished.output_ids)
                 try:
                     job = engine.submit(job)
                 except QueueFull:
@@ -228,7 +228,13 @@ class Simulator:
         text = self.generator.text(finished, item.params)
         reasoning = reasoning_token_count(item, finished.output_ids, self.model.vocab.think_end)
         accounting = Accounting(round(e2e, 6), reasoning, job.retractions, job.cached_tokens)
-        return response_item(item, finished, text, accounting, self.release)
+        answer = response_item(item, finished, text, accounting, self.release)
+        echoed = answer.get("prompt_token_ids")
+        rate = self.config.fault_input_mismatch_rate
+        if echoed and rate and self.fault_rng.random() < rate:
+            # What a proxy that decodes and re-encodes the prompt would leave: one id changed.
+            echoed[-1] = (echoed[-1] + 1) % self.model.vocab_size
+        return answer
 
     # ---- health and info ----------------------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:

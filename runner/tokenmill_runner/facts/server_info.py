@@ -45,6 +45,7 @@ class ServerFacts:
     page_size: int
     slots: int | None  # requests it runs at once, over its data-parallel schedulers
     kv_pools: tuple[int, ...]  # the KV pool of each data-parallel scheduler (each has its own), empty if unknown
+    dp_groups: int = 1  # data-parallel schedulers (each with its own radix cache)
 
     @classmethod
     def read(cls, url: str, info: Mapping[str, Any]) -> ServerFacts:
@@ -62,6 +63,7 @@ class ServerFacts:
             page_size=_positive(info.get("page_size")) or 1,
             slots=_slots(info, states, groups),
             kv_pools=_kv_pools(states, pool, groups),
+            dp_groups=groups,
         )
 
 
@@ -127,6 +129,21 @@ def runnable_requests(facts: Sequence[ServerFacts], replicas: int, typical_token
             slots = min(slots, sum(max(16, int(pool // typical_tokens)) for pool in server.kv_pools))
         per_server.append(slots)
     return int(sum(per_server) * replicas / len(facts))
+
+
+def prompt_echo_accepted(facts: Sequence[ServerFacts]) -> bool:
+    """Whether every server echoes the prompt ids it got when asked (`Release.echoes_prompt_ids`)."""
+    return bool(facts) and all(f.release is not None and f.release.echoes_prompt_ids for f in facts)
+
+
+def reasoning_counted(facts: Sequence[ServerFacts]) -> bool:
+    """Whether every server reports meta_info.reasoning_tokens (`Release.has_reasoning_tokens`)."""
+    return bool(facts) and all(f.release is not None and f.release.has_reasoning_tokens for f in facts)
+
+
+def dp_ranks(facts: Sequence[ServerFacts]) -> dict[str, int]:
+    """The data-parallel schedulers of each server whose release takes routed_dp_rank (one request's scheduler)."""
+    return {f.url: f.dp_groups for f in facts if f.dp_groups > 1 and f.release is not None and f.release.routes_dp_rank}
 
 
 def seeds_accepted(facts: Sequence[ServerFacts]) -> bool:
