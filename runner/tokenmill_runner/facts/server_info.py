@@ -146,6 +146,14 @@ def dp_ranks(facts: Sequence[ServerFacts]) -> dict[str, int]:
     return {f.url: f.dp_groups for f in facts if f.dp_groups > 1 and f.release is not None and f.release.routes_dp_rank}
 
 
+def client_options(facts: Sequence[ServerFacts], reasoning_model: bool) -> dict[str, Any]:
+    """What the /generate requests ask of these servers beyond ids and sampling (GenerateClient's keywords): the
+    echo of the prompt ids, the data-parallel scheduler per request, SGLang's reasoning count (for a model that
+    reasons)."""
+    return {"echo_prompt_ids": prompt_echo_accepted(facts), "dp_ranks": dp_ranks(facts),
+            "count_reasoning": reasoning_model and reasoning_counted(facts)}
+
+
 def seeds_accepted(facts: Sequence[ServerFacts]) -> bool:
     """Whether every server takes `sampling_seed` in sampling_params (every supported release does: 0.5.9
     sampling/sampling_params.py:66, 0.5.23 sampling/sampling_params.py:179). A release tokenmill does not know is

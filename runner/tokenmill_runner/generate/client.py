@@ -149,16 +149,8 @@ class GenerateClient:
         a wrong key or URL."""
 
         def body(attempt: int, server: str) -> bytes:
-            params = sampling_params if seed_for is None else {**sampling_params, "sampling_seed": seed_for(attempt)}
-            request: dict[str, Any] = {"input_ids": input_ids, "sampling_params": params}
-            if self.echo_prompt_ids:
-                request["return_prompt_token_ids"] = True
-            if self.count_reasoning:
-                request["require_reasoning"] = True
-            ranks = self.dp_ranks.get(server, 1)
-            if ranks > 1 and affinity is not None:
-                request["routed_dp_rank"] = dp_rank(affinity, ranks)
-            return orjson.dumps(request)
+            seed = None if seed_for is None else seed_for(attempt)
+            return orjson.dumps(self.request_body(server, input_ids, sampling_params, seed, affinity))
 
         sent = own_failures = 0
         suspects: list[Suspect] = []  # server-side failures, judged by what the replica did next
@@ -194,6 +186,20 @@ class GenerateClient:
             logger.debug("attempt %d failed (%s): %s", sent, outcome.fault.value, outcome.message)
             previous = server
             await asyncio.sleep(self.retry.delay(sent, self._rng))
+
+    def request_body(self, server: str, input_ids: list[int], sampling_params: dict[str, Any],
+                     seed: int | None = None, affinity: Hashable | None = None) -> dict[str, Any]:
+        """The /generate body of one attempt on `server` (tests/contract checks it against each release's schema)."""
+        params = sampling_params if seed is None else {**sampling_params, "sampling_seed": seed}
+        request: dict[str, Any] = {"input_ids": input_ids, "sampling_params": params}
+        if self.echo_prompt_ids:
+            request["return_prompt_token_ids"] = True
+        if self.count_reasoning:
+            request["require_reasoning"] = True
+        ranks = self.dp_ranks.get(server, 1)
+        if ranks > 1 and affinity is not None:
+            request["routed_dp_rank"] = dp_rank(affinity, ranks)
+        return request
 
     def _given_up(self, outcome: AttemptFailed, sent: int, own_failures: int, suspects: list[Suspect],
                   quarantined: list[Suspect]) -> GenerationFailure | None:
