@@ -146,3 +146,39 @@ def test_a_release_that_does_not_echo_the_ids_is_not_asked_for_them(tmp_path, de
         code, storage = run(tmp_path, demo_model, urls, {"name": "p", "source": "p.jsonl"})
     assert code == EXIT_OK
     assert len(list(read_committed_rows(storage, "p"))) == 6
+
+
+def test_the_groups_of_a_replica_killed_mid_run_move_and_keep_finding_their_prefix(tmp_path, demo_model):
+    """One of three replicas dies with `samples: 4` in flight: nothing is lost or given up, its groups move to the
+    live ones, where the samples still to come find the prefix again."""
+    import asyncio
+
+    from tokenmill_runner.prepare import prepare
+    from tokenmill_runner.spec.config import RunnerConfig
+    from tokenmill_runner.spec.resource import load_spec_file
+    from tokenmill_sim.config import SimConfig
+    from tokenmill_sim.server import SimServer
+
+    from .sims import run_with_faults
+
+    write_jsonl(tmp_path / "p.jsonl", [chat(i) for i in range(60)])
+    spec = load_spec_file(write_spec(tmp_path / "spec.yaml", spec_document(
+        demo_model, [{"name": "p", "source": "p.jsonl", "samples": 4}], "out", sampling={"maxNewTokens": 1024},
+        runner={"concurrency": 12, "shardMaxSamples": 16, "shardMaxSeconds": 1}))).spec
+    configs = [SimConfig(model_path=str(demo_model), time_scale=100.0, max_running_requests=16, seed=i)
+               for i in range(3)]
+    with SimServer(configs[0]) as doomed, SimServer(configs[1]) as one, SimServer(configs[2]) as two:
+        config = RunnerConfig(spec=spec, servers=[doomed.url, one.url, two.url], output_uri=str(tmp_path / "out"),
+                              probe_first_s=0.05, probe_max_s=0.2)
+
+        async def go():
+            runner = await prepare(config, api_key=None)
+            return await run_with_faults(runner, [(80, lambda: asyncio.to_thread(doomed.kill))])
+
+        summary = asyncio.run(go())
+    assert summary.datasets[0].failed == {} and summary.datasets[0].generated == 240
+    rows = list(read_committed_rows(LocalStorage(tmp_path / "out"), "p"))
+    assert sorted((r["line"], r["sample_index"]) for r in rows) == [(line, i) for line in range(1, 61) for i in range(4)]
+    late = [r for r in rows if r["line"] > 40]  # prompts read after the death: only live replicas served them
+    full = sum(r["cached_tokens"] == r["prompt_tokens"] - 1 for r in late)
+    assert full >= 3 * len(late) // 4 - 4, full
