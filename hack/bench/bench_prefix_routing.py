@@ -142,7 +142,7 @@ def run(spec_path: Path, servers: list[str], affine: bool, gate: SpillGate | Non
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 def sample_share(out: Path, dataset: str) -> float:
@@ -153,7 +153,7 @@ def sample_share(out: Path, dataset: str) -> float:
 def history_share(out: Path, dataset: str) -> tuple[float, int]:
     cached = history = turns = 0
     for row in read_committed_rows(LocalStorage(out), dataset):
-        for previous, turn in zip(row["turns"], row["turns"][1:]):
+        for previous, turn in zip(row["turns"], row["turns"][1:], strict=False):
             held = common_prefix(previous["prompt_ids"] + previous["output_ids"], turn["prompt_ids"])
             history += min(held, len(turn["prompt_ids"]) - 1)
             cached += turn["cached_tokens"]

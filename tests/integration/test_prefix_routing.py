@@ -81,7 +81,7 @@ def history_tokens(previous: dict[str, Any], turn: dict[str, Any]) -> int:
     """The most a turn can find cached: its prompt's common prefix with the previous turn's prompt and output, but
     never its last token (SGLang matches input_len - 1)."""
     held, prompt = previous["prompt_ids"] + previous["output_ids"], turn["prompt_ids"]
-    common = next((i for i, (a, b) in enumerate(zip(held, prompt)) if a != b), min(len(held), len(prompt)))
+    common = next((i for i, (a, b) in enumerate(zip(held, prompt, strict=False)) if a != b), min(len(held), len(prompt)))
     return min(common, len(prompt) - 1)
 
 
@@ -96,7 +96,7 @@ def test_every_turn_of_a_conversation_finds_its_history_cached(tmp_path, demo_mo
     for row in rows:
         turns = row["turns"]
         assert row["cached_tokens"] == sum(t["cached_tokens"] for t in turns)
-        for previous, turn in zip(turns, turns[1:]):
+        for previous, turn in zip(turns, turns[1:], strict=False):
             # SGLang caches a finished request's prompt and output; the next turn finds as much of its prompt as
             # extends them (the template drops the reasoning of earlier turns, so usually the previous prompt), on
             # the replica that served the conversation.

@@ -25,7 +25,6 @@ import httpx
 import orjson
 
 from .replica_health import HealthPolicy, ReplicaSet, Suspect
-from .routing import PrefixAffinity, dp_rank
 from .results import (
     AttemptFailed,
     Fault,
@@ -36,6 +35,7 @@ from .results import (
     parse_generation,
     transport_failure,
 )
+from .routing import PrefixAffinity, dp_rank
 
 logger = logging.getLogger(__name__)
 

@@ -118,7 +118,7 @@ def input_mismatch(echoed: Any, sent: list[int], server: str) -> AttemptFailed |
     if not isinstance(echoed, list):
         where = "prompt_token_ids is not a list"
     else:
-        at = next((i for i, (a, b) in enumerate(zip(echoed, sent)) if a != b), min(len(echoed), len(sent)))
+        at = next((i for i, (a, b) in enumerate(zip(echoed, sent, strict=False)) if a != b), min(len(echoed), len(sent)))
         where = (f"{len(echoed)} ids echoed for {len(sent)} sent, first difference at position {at} "
                  f"(sent {sent[at] if at < len(sent) else 'nothing'}, echoed "
                  f"{echoed[at] if at < len(echoed) else 'nothing'})")
