@@ -11,7 +11,7 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
-from .facts.server_info import ServerFacts, runnable_requests, seeds_accepted
+from .facts.server_info import ServerFacts, client_options, runnable_requests, seeds_accepted
 from .generate.client import GenerateClient, RetryPolicy, healthy_servers
 from .generate.conversation import unread_call_format
 from .generate.discovery import discover
@@ -276,6 +276,7 @@ async def _prepare(config: RunnerConfig, api_key: str | None, storage: Storage, 
         timeout_s=spec.runner.request_timeout_seconds, listener=metrics,
         initially_down=[url for url in config.servers if url not in healthy], vocab_size=info.vocab_size,
         probe_routes={endpoint.url: endpoint.probe_route for endpoint in endpoints},
+        **client_options(facts, info.reasoning_end_id is not None),
     )
     logger.info("generating %s into %s: %d servers, concurrency %d, context length %d",
                 ", ".join(s.name for s in states), storage.root_uri, len(config.servers), concurrency,

@@ -15,6 +15,7 @@ import sys
 import zipfile
 from functools import cache
 from pathlib import Path
+from types import ModuleType
 
 # Where the lists live: server_args.py through 0.5.19, arg_groups/choices.py from 0.5.20.
 LIST_FILES = ("sglang/srt/server_args.py", "sglang/srt/arg_groups/choices.py")
@@ -86,3 +87,34 @@ def list_holding(node: ast.FunctionDef, item: str) -> list[str]:
         if isinstance(sub, ast.List) and any(isinstance(e, ast.Constant) and e.value == item for e in sub.elts):
             return [ast.literal_eval(e) for e in sub.elts]
     raise AssertionError(f"no list with {item!r} in {node.name}")
+
+
+def keyword_fields(version: str, path: str, name: str) -> list[str] | None:
+    """The keywords class `name` of a release's module takes: its __init__'s parameters when it defines one, else its
+    annotated fields (a dataclass or a msgspec.Struct; ClassVar annotations excluded). None when the class is absent."""
+    module = tree(version, path)
+    for node in ast.walk(module) if module else ():
+        if not (isinstance(node, ast.ClassDef) and node.name == name):
+            continue
+        init = next((item for item in node.body if isinstance(item, ast.FunctionDef) and item.name == "__init__"),
+                    None)
+        if init is not None:
+            return [arg.arg for arg in (*init.args.args, *init.args.kwonlyargs) if arg.arg != "self"]
+        return [item.target.id for item in node.body
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+                and "ClassVar" not in ast.unparse(item.annotation)]
+    return None
+
+
+@cache
+def api_types(version: str) -> ModuleType | None:
+    """The release's JSON contract module (`sglang/api/v1/api_types.py`, 0.5.22+), loaded on its own from the wheel:
+    generated code that needs only msgspec, so its decoders judge a body exactly as the server's gate does (0.5.22
+    entrypoints/http_server.py:921, entrypoints/api_contract.py). None before 0.5.22."""
+    text = source(version, "sglang/api/v1/api_types.py")
+    if text is None:
+        return None
+    module = ModuleType(f"sglang_{version.replace('.', '_')}_api_types")
+    sys.modules[module.__name__] = module  # msgspec resolves the Structs' string annotations through it
+    exec(compile(text, f"sglang-{version}/sglang/api/v1/api_types.py", "exec"), module.__dict__)  # noqa: S102
+    return module

@@ -202,11 +202,12 @@ class OutageAfter:
     def __init__(self, client: Any, answers: int) -> None:
         self.client, self.answers, self.answered = client, answers, 0
 
-    async def generate(self, input_ids: list[int], sampling_params: dict[str, Any], seed_for: Any = None) -> Any:
+    async def generate(self, input_ids: list[int], sampling_params: dict[str, Any], seed_for: Any = None,
+                       affinity: Any = None) -> Any:
         if self.answered >= self.answers:
             raise ServersUnavailable("no server was live for 7200 s (spec.runner outage budget)")
         self.answered += 1
-        return await self.client.generate(input_ids, sampling_params, seed_for)
+        return await self.client.generate(input_ids, sampling_params, seed_for, affinity)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.client, name)

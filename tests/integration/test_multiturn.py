@@ -148,10 +148,10 @@ class FailsLaterTurns:
     def __init__(self, client, assistant_id: int) -> None:
         self.client, self.assistant_id = client, assistant_id
 
-    async def generate(self, input_ids, sampling_params, seed_for=None):
+    async def generate(self, input_ids, sampling_params, seed_for=None, affinity=None):
         if input_ids.count(self.assistant_id) > 1:  # an earlier answer in the history, plus the generation prompt
             return GenerationFailure("retries_exhausted", "server error 503 (8 attempts)", 8)
-        return await self.client.generate(input_ids, sampling_params, seed_for)
+        return await self.client.generate(input_ids, sampling_params, seed_for, affinity)
 
     def __getattr__(self, name):
         return getattr(self.client, name)

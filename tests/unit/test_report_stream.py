@@ -179,3 +179,46 @@ def test_conversations_count_their_turns_as_generations_and_their_stop_reasons()
     single_only.add_marker(build_marker("d", "w000-t-000002", 0, ShardContent([single], []), 0))
     assert dataset_report(single_only, 32768, True)["conversations"] is None
     assert "turn_count" not in build_marker("d", "x", 0, ShardContent([single], []), 0)["samples"]
+
+
+def test_the_prefix_cache_share_and_reasoning_disagreements_per_dataset():
+    """cached_tokens of prompt tokens sent (a conversation's over all its turns); markers from before these columns
+    are left out of the share, not counted as misses."""
+    rng = random.Random(3)
+    hit = {**sample(1, rng), "prompt_tokens": 100, "cached_tokens": 99, "sent_prompt_tokens": 100,
+           "reasoning_disagreements": 0}
+    miss = {**sample(2, rng), "prompt_tokens": 100, "cached_tokens": 0, "sent_prompt_tokens": 100,
+            "reasoning_disagreements": 1}
+    talk = {**sample(3, rng), "prompt_tokens": 300, "cached_tokens": 250, "sent_prompt_tokens": 600,
+            "reasoning_disagreements": 2}
+    old = sample(4, rng)  # a marker written before cached_tokens was recorded
+    ledger = DatasetSamples("d", lines=4)
+    ledger.add_marker(build_marker("d", "w000-t-000001", 0, ShardContent([hit, miss, talk], []), 0))
+    ledger.add_marker(build_marker("d", "w000-t-000002", 0, ShardContent([old], []), 0))
+    report = dataset_report(ledger, 32768, True)
+    assert report["prefix_cache"] == {"cached_tokens": 349, "prompt_tokens_sent": 800,
+                                      "share": pytest.approx(349 / 800), "samples": 3}
+    assert report["reasoning_tokens_disagree"] == 3
+    before = DatasetSamples("d", lines=1)
+    before.add_marker(build_marker("d", "w000-t-000003", 0, ShardContent([old], []), 0))
+    assert dataset_report(before, 32768, True)["prefix_cache"]["share"] is None
+
+
+def test_disagreeing_reasoning_counts_warn_and_an_input_mismatch_fails(tmp_path):
+    from tokenmill_runner.report.markdown import render
+    from tokenmill_runner.report.validation import Thresholds, dataset_findings
+
+    rng = random.Random(4)
+    rows = [{**sample(line, rng), "cached_tokens": 10, "sent_prompt_tokens": 40, "reasoning_disagreements": line % 2}
+            for line in range(1, 5)]
+    ledger = DatasetSamples("d", lines=5)
+    ledger.add_marker(build_marker("d", "w000-t-000001", 0, ShardContent(rows, [
+        {"line": 5, "sample_index": 0, "sample_id": "s5", "reason": "input_mismatch"}]), 0))
+    report = dataset_report(ledger, 32768, True)
+    findings = {f["check"]: f for f in dataset_findings("d", report, Thresholds(), "</think>")}
+    assert findings["reasoning_tokens"]["level"] == "warn" and findings["reasoning_tokens"]["value"] == 2
+    assert findings["input_ids"]["level"] == "fail" and findings["input_ids"]["value"] == 1
+    page = render({"name": "x", "output_uri": "o", "verdict": "fail", "context_length": 32768, "generated_at": "t",
+                   "findings": list(findings.values()), "tokenizer": {}, "datasets": {"d": report}, "overall": report},
+                  [])
+    assert "| d | 25.0% | 40 | 160 | 2 |" in page

@@ -105,3 +105,40 @@ def test_backoff_grows_and_is_capped():
     for attempt, cap in [(1, 1.0), (2, 2.0), (3, 4.0), (6, 8.0), (500, 8.0)]:
         delays = [policy.delay(attempt, rng) for _ in range(200)]
         assert max(delays) <= cap and max(delays) > cap * 0.8
+
+
+def test_echoed_prompt_ids_that_differ_from_the_ids_sent_are_an_input_mismatch():
+    """return_prompt_token_ids (0.5.13.post1+): the ids the scheduler got come back as prompt_token_ids; others than
+    were sent mean a proxy or the server re-encoded the prompt. Final, like output_mismatch; retryable in the
+    ledger (the slot is given up, not the input's fault)."""
+    from tokenmill_runner.store.ledger import RETRYABLE_REASONS
+
+    good = {**body([4, 9], 2, {"type": "stop", "matched": 9}), "prompt_token_ids": [1, 2, 3]}
+    assert isinstance(parse_generation(good, "s", 1, None, [1, 2, 3]), Generation)
+    bad = {**good, "prompt_token_ids": [1, 2, 4]}
+    failed = parse_generation(bad, "s", 1, None, [1, 2, 3])
+    assert isinstance(failed, AttemptFailed) and (failed.fault, failed.reason) == (Fault.FINAL, "input_mismatch")
+    assert "3 ids echoed for 3 sent, first difference at position 2 (sent 3, echoed 4)" in failed.message
+    shorter = parse_generation({**good, "prompt_token_ids": [1, 2]}, "s", 1, None, [1, 2, 3])
+    assert "2 ids echoed for 3 sent, first difference at position 2 (sent 3, echoed nothing)" in shorter.message
+    # Not asked (sent_ids None), or a replica of a release without the echo: nothing to compare.
+    assert isinstance(parse_generation(bad, "s", 1), Generation)
+    assert isinstance(parse_generation(body([4, 9], 2, {"type": "stop", "matched": 9}), "s", 1, None, [1, 2, 3]),
+                      Generation)
+    assert "input_mismatch" in RETRYABLE_REASONS
+
+
+def test_sglangs_reasoning_count_is_read_where_the_release_reports_it():
+    counted = parse_generation(body([4, 8, 9], 3, {"type": "stop", "matched": 9}, reasoning_tokens=2), "s", 1)
+    assert counted.reasoning_tokens == 2
+    assert parse_generation(body([4, 9], 2, {"type": "stop", "matched": 9}), "s", 1).reasoning_tokens is None
+
+
+def test_reasoning_agreement_follows_sglangs_count_through_the_end_token():
+    from tokenmill_runner.generate.rows import reasoning_agrees
+
+    assert reasoning_agrees(5, 20, 6) is True  # </think> at index 5: SGLang counts 6 tokens
+    assert reasoning_agrees(5, 20, 9) is False  # its parser ended reasoning elsewhere
+    assert reasoning_agrees(None, 20, 20) is True  # truncated while reasoning: all of the output
+    assert reasoning_agrees(None, 20, 7) is False
+    assert reasoning_agrees(5, 20, 0) is None and reasoning_agrees(5, 20, None) is None  # SGLang counted nothing

@@ -17,7 +17,8 @@ def row(i: int, dataset: str = "d") -> dict:
             "output_ids": [5] * i + [9], "prompt_tokens": 3, "completion_tokens": i + 1,
             "finish_reason": "stop", "matched_stop": 9, "reasoning_end": None if i % 2 else 0,
             "reasoning_end_token_id": None if i % 2 else 5,
-            "has_tool_call": bool(i % 3 == 0), "max_new_tokens": 100, "latency_s": 0.5, "attempts": 1,
+            "has_tool_call": bool(i % 3 == 0), "cached_tokens": i, "server_reasoning_tokens": None if i % 2 else 1,
+            "reasoning_agrees": None if i % 2 else True, "max_new_tokens": 100, "latency_s": 0.5, "attempts": 1,
             "seed": 1000 + i}
 
 
@@ -58,6 +59,7 @@ def test_rows_and_markers_round_trip(tmp_path):
     assert read["samples"]["line"] == [1, 2, 3, 4] and read["samples"]["sample_index"] == [0, 0, 0, 0]
     assert read["samples"]["completion_tokens"] == [1, 2, 3, 4]
     assert read["samples"]["reasoning_end"] == [0, None, 0, None]
+    assert read["samples"]["cached_tokens"] == [0, 1, 2, 3]
     assert read["failed"] == {"line": [10], "sample_index": [0], "sample_id": [None], "reason": ["invalid_json"]}
     ledger = read_ledger(storage, "d", rows=10)
     assert ledger.is_done(Slot(3)) and ledger.is_done(Slot(10)) and not ledger.is_done(Slot(5))
@@ -99,3 +101,23 @@ def test_run_tokens_are_64_bit_and_distinct():
     tokens = {new_run_token() for _ in range(1000)}
     assert len(tokens) == 1000 and {len(t) for t in tokens} == {16}
     assert all(int(t, 16) >= 0 for t in tokens)
+
+
+def test_a_shard_written_before_the_server_accounting_columns_still_reads(tmp_path):
+    """Shards of earlier runs have no cached_tokens / server_reasoning_tokens / reasoning_agrees: they read back
+    without them, and the report and inspect treat them as not recorded."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tokenmill_runner.store.shards import ROW_SCHEMA
+
+    new = ("cached_tokens", "server_reasoning_tokens", "reasoning_agrees")
+    old_schema = pa.schema([field for field in ROW_SCHEMA if field.name not in new])
+    old = [{k: v for k, v in row(i).items() if k not in new} for i in range(2)]
+    sink = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(old, schema=old_schema), sink)
+    rows = decode_rows(sink.getvalue())
+    assert [r["sample_id"] for r in rows] == ["s0", "s1"]
+    assert all(name not in r for r in rows for name in new)

@@ -186,3 +186,30 @@ def test_nan_replaces_the_token_with_eos_unless_the_length_check_runs_first() ->
     assert at_cap_old.output_ids == [10, 11, 12, 5000] and at_cap_old.finish_reason["type"] == "length"
     at_cap_new = with_nan(long, 3, 4, eos=99, bad_id=5000, nan_first=True)
     assert at_cap_new.output_ids == [10, 11, 12, 99] and at_cap_new.finish_reason["matched"] == NAN_MATCHED
+
+
+@pytest.mark.parametrize("version", SUPPORTED_RELEASES)
+def test_prompt_ids_are_echoed_when_asked_from_0_5_13_post1(version: str) -> None:
+    # return_prompt_token_ids: GenerateReqInput field and the tokenizer manager's echo from 0.5.13.post1
+    # (managers/tokenizer_manager.py:616-617, 1960-1961); earlier releases ignore the key.
+    facts = release(version)
+    asked = parse({"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4}, "return_prompt_token_ids": True},
+                  version).items[0]
+    answer = response_item(asked, finished([4, 9], {"type": "stop", "matched": 9}), "x", Accounting(1.0, 0, 0, 2),
+                           facts)
+    echoes = version_key(version) >= version_key("0.5.13.post1")
+    assert facts.echoes_prompt_ids == echoes
+    assert answer.get("prompt_token_ids") == ([1, 2, 3] if echoes else None)
+    plain = parse({"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4}}, version).items[0]
+    unasked = response_item(plain, finished([4, 9], {"type": "stop", "matched": 9}), "x", Accounting(1.0, 0, 0, 2),
+                            facts)
+    assert "prompt_token_ids" not in unasked
+
+
+def test_reasoning_tokens_count_through_the_end_token_only_when_required() -> None:
+    from tokenmill_sim.protocol import reasoning_token_count
+
+    required = parse({"input_ids": [1, 2], "require_reasoning": True}).items[0]
+    assert reasoning_token_count(required, [5, 6, 77, 8], 77) == 3
+    assert reasoning_token_count(required, [5, 6, 8], 77) == 3  # never ended: all of the output
+    assert reasoning_token_count(parse({"input_ids": [1, 2]}).items[0], [5, 6, 77, 8], 77) == 0

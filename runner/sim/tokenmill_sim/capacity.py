@@ -116,6 +116,7 @@ class Job:
     max_new_tokens: int | None = None  # what the request allows (the admission estimate uses it); None: output
     handle: Any = None  # the caller's object, handed back on completion
     prompt_ids: Sequence[int] | None = None  # for the prefix cache; None: no cache lookup
+    output_ids: Sequence[int] | None = None  # cached with the prompt when it finishes (the next turn's history)
     cached_tokens: int = 0  # prompt tokens found in the prefix cache when it was first admitted
     generated: int = 0  # tokens generated before its current run (non-zero after a retraction)
     retractions: int = 0
@@ -344,6 +345,14 @@ class CapacityModel:
         self.prefix_cache.insert(ids)
         return job.cached_tokens
 
+    def _cache_finished(self, job: Job) -> None:
+        """A finished request's prompt and output join the cache: SGLang inserts the whole sequence it computed
+        (0.5.9 mem_cache/radix_cache.py:446-460 `origin_input_ids + output_ids`; 0.5.23 mem_cache/radix_cache.py:510-513
+        `full_untruncated_fill_ids`), so a conversation's next turn, whose prompt extends this one's prompt and
+        output, finds both cached."""
+        if self.prefix_cache is not None and job.prompt_ids is not None and job.output_ids:
+            self.prefix_cache.insert([*job.prompt_ids, *job.output_ids])
+
     def _start(self, job: Job, first: bool) -> None:
         job.state = "started"  # not yet counted in the estimate sums
         job.run_start = self.step
@@ -450,5 +459,6 @@ class CapacityModel:
             self._release(top)
             top.finished_at = self.boundary
             top.state = "done"
+            self._cache_finished(top)
             self.completed += 1
             self._pending.append(top)

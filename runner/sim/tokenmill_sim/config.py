@@ -39,6 +39,8 @@ class SimConfig:
     fault_reset_rate: float = 0.0  # share whose connection is dropped instead of answered
     fault_abort_rate: float = 0.0  # share of items finishing with finish_reason {type: abort}
     fault_slow_rate: float = 0.0  # share answered only after fault_slow_seconds extra (real) seconds
+    # share of answers whose echoed prompt_token_ids differ from the ids sent (as behind a proxy that re-encodes)
+    fault_input_mismatch_rate: float = 0.0
     fault_slow_seconds: float = 5.0
     # A poison prompt: the process dies when a prompt contains this text, as SGLang's does when its scheduler hits
     # an assertion or a CUDA fault on one input (every in-flight request is lost; its pod restarts it).
@@ -71,7 +73,8 @@ class SimConfig:
             raise ValueError("time_scale must be positive")
         if self.max_running_requests < 1 or self.max_total_tokens < 1:
             raise ValueError("max_running_requests and max_total_tokens must be at least 1")
-        for name in ("fault_503_rate", "fault_reset_rate", "fault_abort_rate", "fault_slow_rate", "fault_nan_rate"):
+        for name in ("fault_503_rate", "fault_reset_rate", "fault_abort_rate", "fault_slow_rate", "fault_nan_rate",
+                     "fault_input_mismatch_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be within [0, 1]")
 
@@ -101,6 +104,7 @@ _HELP = {
     "fault_reset_rate": "share of /generate requests whose connection is dropped without an answer",
     "fault_abort_rate": "share of requests finishing with finish_reason type abort",
     "fault_slow_rate": "share of /generate requests delayed by --fault-slow-seconds",
+    "fault_input_mismatch_rate": "share of answers whose echoed prompt_token_ids differ from the ids sent",
     "fault_slow_seconds": "real seconds of delay for slow requests",
     "fault_crash_text": "the process dies (every in-flight request lost) when a prompt contains this text",
     "max_queued_requests": "waiting-queue limit; newcomers beyond it get 503 (SGLang --max-queued-requests)",
@@ -124,6 +128,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "time_scale": float,
         "profile": str, "startup_seconds": float, "fault_503_rate": float, "fault_reset_rate": float,
         "fault_abort_rate": float, "fault_slow_rate": float, "fault_slow_seconds": float,
+        "fault_input_mismatch_rate": float,
         "max_queued_requests": int, "api_key": str, "served_model_name": str, "fault_crash_text": str,
         "return_aux_hidden_state_layer_ids": str, "chunked_prefill_size": int,
     }

@@ -265,13 +265,19 @@ def response_item(item: GenerateItem, finished: Finished, text: str, accounting:
     meta["cached_tokens"] = accounting.cached_tokens
     meta["e2e_latency"] = accounting.e2e_latency
     out: dict[str, Any] = {"text": text, "output_ids": finished.output_ids, "meta_info": meta}
-    if item.return_prompt_token_ids:
-        out["prompt_token_ids"] = item.input_ids
+    if item.return_prompt_token_ids and release.echoes_prompt_ids:
+        # The ids the scheduler got, after the top-level keys of the answer (0.5.13.post1
+        # managers/tokenizer_manager.py:616-617, 1960-1961; 0.5.23 managers/tokenizer_manager.py:948-949, 2673-2674).
+        out["prompt_token_ids"] = list(item.input_ids)
     return out
 
 
 def reasoning_token_count(item: GenerateItem, output_ids: list[int], think_end: int | None) -> int:
-    """meta_info.reasoning_tokens: SGLang counts through </think> only when the request sets require_reasoning."""
+    """meta_info.reasoning_tokens: SGLang counts through </think> (all of the output when it never comes) only when
+    the request sets require_reasoning (0.5.23 managers/schedule_batch.py:2240-2259 update_reasoning_tokens,
+    managers/scheduler_components/batch_result_processor.py:1496-1522); the simulator always has the model's end
+    token, as a server started with --reasoning-parser does. 0.5.23 also counts reasoning an output opens itself
+    with the start tag (schedule_batch.py:2261-2283); the simulator's outputs never do (the template opens it)."""
     if not item.require_reasoning or think_end is None:
         return 0
     try:

@@ -226,7 +226,7 @@ class Simulator:
                     item = dataclasses.replace(item, params=dataclasses.replace(item.params, max_new_tokens=max_new))
                 finished, aborted = self._finish(item)
                 job = Job(len(item.input_ids), len(finished.output_ids), 0.0, max_new_tokens=max_new,
-                          prompt_ids=item.input_ids)
+                          prompt_ids=item.input_ids, output_ids=finished.output_ids)
                 try:
                     job = engine.submit(job)
                 except QueueFull:
@@ -274,6 +274,11 @@ class Simulator:
             finished_len = min(len(finished.output_ids), item.params.max_new_tokens)
             answer["meta_info"]["hidden_states"] = hidden_states_entries(
                 self.aux_capture, item.input_ids, finished.output_ids, cached, finished_len)
+        echoed = answer.get("prompt_token_ids")
+        rate = self.config.fault_input_mismatch_rate
+        if echoed and rate and self.fault_rng.random() < rate:
+            # What a proxy that decodes and re-encodes the prompt would leave: one id changed.
+            echoed[-1] = (echoed[-1] + 1) % self.model.vocab_size
         return answer
 
     # ---- health and info ----------------------------------------------------------------------------------

@@ -99,6 +99,14 @@ class Release:
     retractions_key: Literal["total_retractions", "num_retractions"]
     has_reasoning_tokens: bool  # meta_info.reasoning_tokens
     has_cached_tokens_details: bool  # meta_info.cached_tokens_details
+    # `return_prompt_token_ids: true` makes /generate echo the ids the scheduler got as `prompt_token_ids`
+    # (0.5.13.post1 managers/io_struct.py, managers/tokenizer_manager.py:616-617, 1960-1961; 0.5.23
+    # managers/tokenizer_manager.py:948-949, 2673-2674); earlier releases ignore the key.
+    echoes_prompt_ids: bool
+    # `routed_dp_rank` picks the data-parallel scheduler of a request (0.5.10.post1 managers/io_struct.py; 0.5.23
+    # managers/io_struct.py:298, managers/tokenizer_manager.py:915-924: out of range is a 400); 0.5.9 names it
+    # data_parallel_rank (0.5.9 managers/io_struct.py:240).
+    routes_dp_rank: bool
     # finish_reason when EOS is sampled as the last allowed token: the length check ran first until 0.5.17.
     eos_at_cap: Literal["length", "stop"]
     # An unknown sampling_params key: TypeError -> HTTP 500 until 0.5.21; a JSON contract gate answers 400 after.
@@ -200,6 +208,8 @@ def _build(version: str, released: str) -> Release:
         retractions_key="num_retractions" if since("0.5.12.post1") else "total_retractions",
         has_reasoning_tokens=since("0.5.10.post1"),
         has_cached_tokens_details=since("0.5.9"),
+        echoes_prompt_ids=since("0.5.13.post1"),
+        routes_dp_rank=since("0.5.10.post1"),
         eos_at_cap="stop" if since("0.5.18") else "length",
         unknown_sampling_key_status=400 if since("0.5.22") else 500,
         abort_statuses_as_http="400-599" if since("0.5.23") else "400/500/503",

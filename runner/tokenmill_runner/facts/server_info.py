@@ -58,6 +58,7 @@ class ServerFacts:
     slots: int | None  # requests it runs at once, over its data-parallel schedulers
     kv_pools: tuple[int, ...]  # the KV pool of each data-parallel scheduler (each has its own), empty if unknown
     workers: int = 0  # behind a gateway: the healthy workers its facts add up (0: the URL is a replica)
+    dp_groups: int = 1  # data-parallel schedulers (each with its own radix cache)
 
     @classmethod
     def read(cls, url: str, info: Mapping[str, Any]) -> ServerFacts:
@@ -75,6 +76,7 @@ class ServerFacts:
             page_size=_positive(info.get("page_size")) or 1,
             slots=_slots(info, states, groups),
             kv_pools=_kv_pools(states, pool, groups),
+            dp_groups=groups,
         )
 
     def through_gateway(self, workers: Sequence[GatewayWorker]) -> ServerFacts:
@@ -94,7 +96,8 @@ class ServerFacts:
         return ServerFacts(
             url=self.url, version=version, release=known, context_length=self.context_length,
             max_total_num_tokens=self.max_total_num_tokens, max_req_len=self.max_req_len, page_size=self.page_size,
-            slots=self.slots * count if self.slots else None, kv_pools=self.kv_pools * count, workers=count)
+            slots=self.slots * count if self.slots else None, kv_pools=self.kv_pools * count, workers=count,
+            dp_groups=self.dp_groups)
 
 
 @dataclass(frozen=True)
@@ -206,6 +209,29 @@ def runnable_requests(facts: Sequence[ServerFacts], replicas: int, typical_token
             slots = min(slots, sum(max(16, int(pool // typical_tokens)) for pool in server.kv_pools))
         per_server.append(slots)
     return int(sum(per_server) * replicas / len(facts))
+
+
+def prompt_echo_accepted(facts: Sequence[ServerFacts]) -> bool:
+    """Whether every server echoes the prompt ids it got when asked (`Release.echoes_prompt_ids`)."""
+    return bool(facts) and all(f.release is not None and f.release.echoes_prompt_ids for f in facts)
+
+
+def reasoning_counted(facts: Sequence[ServerFacts]) -> bool:
+    """Whether every server reports meta_info.reasoning_tokens (`Release.has_reasoning_tokens`)."""
+    return bool(facts) and all(f.release is not None and f.release.has_reasoning_tokens for f in facts)
+
+
+def dp_ranks(facts: Sequence[ServerFacts]) -> dict[str, int]:
+    """The data-parallel schedulers of each server whose release takes routed_dp_rank (one request's scheduler)."""
+    return {f.url: f.dp_groups for f in facts if f.dp_groups > 1 and f.release is not None and f.release.routes_dp_rank}
+
+
+def client_options(facts: Sequence[ServerFacts], reasoning_model: bool) -> dict[str, Any]:
+    """What the /generate requests ask of these servers beyond ids and sampling (GenerateClient's keywords): the
+    echo of the prompt ids, the data-parallel scheduler per request, SGLang's reasoning count (for a model that
+    reasons)."""
+    return {"echo_prompt_ids": prompt_echo_accepted(facts), "dp_ranks": dp_ranks(facts),
+            "count_reasoning": reasoning_model and reasoning_counted(facts)}
 
 
 def seeds_accepted(facts: Sequence[ServerFacts]) -> bool:

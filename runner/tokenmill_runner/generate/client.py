@@ -1,6 +1,10 @@
 """SGLang's native /generate over async httpx: ids in, ids out, across replicas that come and go.
 
-Each request goes to the live replica with the fewest requests outstanding from this client (ties rotate). A replica
+Each request goes to a live replica: the one that holds its prefix when it belongs to a group (the samples of one
+prompt, the turns of one conversation) and that replica is not loaded past a bounded imbalance (`routing.py`), else
+the one with the fewest requests outstanding from this client (ties rotate); inside a replica with several
+data-parallel schedulers, a group goes to one of them (`routed_dp_rank`). Where the release echoes the prompt ids
+(`return_prompt_token_ids`), they are asked for and compared with the ids sent (`results.py`). A replica
 that fails is taken out and probed on /health until it answers (`replica_health.py`); a retry goes to another live
 replica when there is one. While no replica is live, requests wait without spending any sample's attempts; when
 that lasts longer than the outage budget, `generate` raises `ServersUnavailable` and nothing is written off. A
@@ -13,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -31,6 +35,7 @@ from .results import (
     parse_generation,
     transport_failure,
 )
+from .routing import PrefixAffinity, dp_rank
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +93,14 @@ class GenerateClient:
                  retry: RetryPolicy | None = None, health: HealthPolicy | None = None, timeout_s: float = 3600.0,
                  seed: int | None = None, listener: HealthListener | None = None,
                  initially_down: Sequence[str] = (), vocab_size: int | None = None,
-                 probe_routes: Mapping[str, str] | None = None) -> None:
+                 probe_routes: Mapping[str, str] | None = None, affinity: PrefixAffinity | None = None,
+                 prefix_affine: bool = True, echo_prompt_ids: bool = False, dp_ranks: Mapping[str, int] | None = None,
+                 count_reasoning: bool = False) -> None:
+        """`prefix_affine=False` routes every request to the least-loaded replica (the benchmark's baseline);
+        `echo_prompt_ids` asks every answer for the ids the server saw (only where every server's release echoes
+        them); `dp_ranks` is each server's data-parallel schedulers where its release takes routed_dp_rank;
+        `count_reasoning` sets require_reasoning, so SGLang counts the reasoning tokens it saw (meta_info
+        reasoning_tokens; with no constrained decoding it changes nothing else)."""
         if not servers:
             raise ValueError("at least one server URL is needed")
         self.servers = [url.rstrip("/") for url in servers]
@@ -102,6 +114,11 @@ class GenerateClient:
         self._quarantine = asyncio.Lock()  # one suspect of crashing replicas in flight at a time
         self.listener = listener
         self.vocab_size = vocab_size
+        self.affinity = (affinity or PrefixAffinity()) if prefix_affine else None
+        self.echo_prompt_ids = echo_prompt_ids
+        self.count_reasoning = count_reasoning
+        self._unechoed: set[str] = set()
+        self.dp_ranks = {url.rstrip("/"): n for url, n in (dp_ranks or {}).items() if n > 1}
         self._rng = random.Random(seed)
         self._headers = {"Content-Type": "application/json", **auth_headers(api_key)}
         lanes = max(1, -(-concurrency // LANE_CONNECTIONS))
@@ -127,14 +144,16 @@ class GenerateClient:
 
     # -- one sample ----------------------------------------------------------------------------------------
     async def generate(self, input_ids: list[int], sampling_params: dict[str, Any],
-                       seed_for: Callable[[int], int] | None = None) -> Generation | GenerationFailure:
+                       seed_for: Callable[[int], int] | None = None,
+                       affinity: Hashable | None = None) -> Generation | GenerationFailure:
         """The sample's generation, or its final failure. `seed_for(n)` is the sampling_seed of the n-th attempt
-        (from 0), so a retry does not replay the draw that failed. Raises ServersUnavailable past the outage budget
-        and ServerFatalError on a wrong key or URL."""
+        (from 0), so a retry does not replay the draw that failed; requests with the same `affinity` key share a
+        prefix and go where it is cached. Raises ServersUnavailable past the outage budget and ServerFatalError on
+        a wrong key or URL."""
 
-        def body(attempt: int) -> bytes:
-            params = sampling_params if seed_for is None else {**sampling_params, "sampling_seed": seed_for(attempt)}
-            return orjson.dumps({"input_ids": input_ids, "sampling_params": params})
+        def body(attempt: int, server: str) -> bytes:
+            seed = None if seed_for is None else seed_for(attempt)
+            return orjson.dumps(self.request_body(server, input_ids, sampling_params, seed, affinity))
 
         sent = own_failures = 0
         suspects: list[Suspect] = []  # server-side failures, judged by what the replica did next
@@ -143,12 +162,12 @@ class GenerateClient:
         while True:
             suspect = self.replicas.deaths(suspects) >= self.retry.quarantine_after
             async with self._quarantine if suspect else _NO_LOCK:
-                server = await self._acquire(previous)
+                server = await self._acquire(previous, affinity)
                 sent += 1
                 self.retries += sent > 1
                 self.outstanding[server] += 1
                 try:
-                    outcome = await self._attempt(server, body(sent - 1), sent)
+                    outcome = await self._attempt(server, body(sent - 1, server), sent, input_ids)
                 finally:
                     self.outstanding[server] -= 1
                 if isinstance(outcome, Generation):
@@ -170,6 +189,20 @@ class GenerateClient:
             logger.debug("attempt %d failed (%s): %s", sent, outcome.fault.value, outcome.message)
             previous = server
             await asyncio.sleep(self.retry.delay(sent, self._rng))
+
+    def request_body(self, server: str, input_ids: list[int], sampling_params: dict[str, Any],
+                     seed: int | None = None, affinity: Hashable | None = None) -> dict[str, Any]:
+        """The /generate body of one attempt on `server` (tests/contract checks it against each release's schema)."""
+        params = sampling_params if seed is None else {**sampling_params, "sampling_seed": seed}
+        request: dict[str, Any] = {"input_ids": input_ids, "sampling_params": params}
+        if self.echo_prompt_ids:
+            request["return_prompt_token_ids"] = True
+        if self.count_reasoning:
+            request["require_reasoning"] = True
+        ranks = self.dp_ranks.get(server, 1)
+        if ranks > 1 and affinity is not None:
+            request["routed_dp_rank"] = dp_rank(affinity, ranks)
+        return request
 
     def _given_up(self, outcome: AttemptFailed, sent: int, own_failures: int, suspects: list[Suspect],
                   quarantined: list[Suspect]) -> GenerationFailure | None:
@@ -199,14 +232,14 @@ class GenerateClient:
             self._tell_state(server)
             self._notify()  # the watcher schedules its first probe
 
-    async def _acquire(self, avoid: str | None) -> str:
+    async def _acquire(self, avoid: str | None, affinity: Hashable | None = None) -> str:
         """A live replica for the next attempt; waits (spending no attempt) while none is."""
         loop = asyncio.get_running_loop()
         self._ensure_watcher()
         while True:
-            server = self.replicas.pick(self.outstanding, avoid)
-            if server is not None:
-                return server
+            candidates = self.replicas.candidates(avoid)
+            if candidates:
+                return self._choose(candidates, affinity)
             now = loop.time()
             self.replicas.note_time(now)
             if self.replicas.outage_exceeded(now):
@@ -217,6 +250,14 @@ class GenerateClient:
             remaining = self.health.outage_budget_s - self.replicas.outage_seconds(now)
             await _wait(self._event(), max(0.01, remaining + 0.01))
 
+    def _choose(self, candidates: list[str], affinity: Hashable | None) -> str:
+        def least_loaded(among: Sequence[str]) -> str:
+            return self.replicas.least_loaded(among, self.outstanding)
+
+        if self.affinity is None or affinity is None:
+            return least_loaded(candidates)
+        return self.affinity.choose(affinity, candidates, self.outstanding, self.replicas.epochs(), least_loaded)
+
     # -- one HTTP request ----------------------------------------------------------------------------------
     async def _post(self, url: str, body: bytes) -> httpx.Response:
         lane = self._lane_load.index(min(self._lane_load))
@@ -226,7 +267,8 @@ class GenerateClient:
         finally:
             self._lane_load[lane] -= 1
 
-    async def _attempt(self, server: str, body: bytes, attempt: int) -> Generation | AttemptFailed:
+    async def _attempt(self, server: str, body: bytes, attempt: int,
+                       input_ids: list[int] | None = None) -> Generation | AttemptFailed:
         try:
             response = await self._post(f"{server}/generate", body)
         except httpx.TransportError as error:
@@ -239,7 +281,13 @@ class GenerateClient:
         except orjson.JSONDecodeError:
             return AttemptFailed(Fault.SAMPLE, "bad_response",
                                  f"{server}: /generate answered 200 with a body that is not JSON")
-        return parse_generation(payload, server, attempt, self.vocab_size)
+        if self.echo_prompt_ids and isinstance(payload, dict) and "prompt_token_ids" not in payload:
+            if server not in self._unechoed:
+                self._unechoed.add(server)
+                logger.warning("%s answers without prompt_token_ids although they were asked for: the ids it "
+                               "generated from cannot be checked (an SGLang release before 0.5.13.post1?)", server)
+        return parse_generation(payload, server, attempt, self.vocab_size,
+                                input_ids if self.echo_prompt_ids else None)
 
     # -- health --------------------------------------------------------------------------------------------
     def _event(self) -> asyncio.Event:

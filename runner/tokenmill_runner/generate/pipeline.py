@@ -414,7 +414,7 @@ class Runner:
                 finally:
                     queue.task_done()
                 continue
-            result = await self._generate(state, ids, params, _for_turn(seeds, 0))
+            result = await self._generate(state, ids, params, _for_turn(seeds, 0), (state.name, prompt.line))
             now = self.clock()
             if isinstance(result, Generation):
                 self._record_row(state, prompt, ids, result, now, index, seeds(result.attempts - 1, 0))
@@ -436,11 +436,13 @@ class Runner:
         return lambda attempt, turn: sample_seed(base, state.name, line, index, attempt, retry_round, turn)
 
     async def _generate(self, state: DatasetState, ids: list[int], params: dict[str, Any],
-                        seed_for: Callable[[int], int]) -> Generation | Any:
+                        seed_for: Callable[[int], int], affinity: tuple[str, int] | None = None) -> Generation | Any:
+        """One request; `affinity` names its prefix group (the dataset's line: every sample of the prompt and every
+        turn of its conversations extend the same prompt), which the client keeps on the replica that caches it."""
         self.in_flight += 1
         self.metrics.set_in_flight(self.in_flight)
         try:
-            result = await self.client.generate(ids, params, seed_for if self.send_seed else None)
+            result = await self.client.generate(ids, params, seed_for if self.send_seed else None, affinity)
         finally:
             self.in_flight -= 1
             self.metrics.set_in_flight(self.in_flight)
@@ -461,7 +463,8 @@ class Runner:
         max_new = state.sampling.max_new_tokens or 0
         while True:
             turn_number = len(turns)
-            result = await self._generate(state, ids, params, _for_turn(seeds, turn_number))
+            result = await self._generate(state, ids, params, _for_turn(seeds, turn_number),
+                                          (state.name, prompt.line))
             if isinstance(result, Generation):  # tokens count turn by turn, the sample once when recorded
                 self.meter.record(self.clock(), 0, result.completion_tokens)
             else:

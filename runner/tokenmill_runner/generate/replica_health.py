@@ -151,13 +151,22 @@ class ReplicaSet:
     def pick(self, outstanding: Mapping[str, int], avoid: str | None = None) -> str | None:
         """The live replica with the fewest requests outstanding (ties rotate), not `avoid` when another is live;
         None when no replica is live."""
-        candidates = [url for url in self.live() if url != avoid] or self.live()
-        if not candidates:
-            return None
+        candidates = self.candidates(avoid)
+        return self.least_loaded(candidates, outstanding) if candidates else None
+
+    def candidates(self, avoid: str | None = None) -> list[str]:
+        """The live replicas, without `avoid` when another is live."""
+        return [url for url in self.live() if url != avoid] or self.live()
+
+    def least_loaded(self, candidates: Sequence[str], outstanding: Mapping[str, int]) -> str:
         least = min(outstanding.get(url, 0) for url in candidates)
         tied = [url for url in candidates if outstanding.get(url, 0) == least]
         self._turn += 1
         return tied[self._turn % len(tied)]
+
+    def epochs(self) -> dict[str, int]:
+        """Each replica's outage count: a replica that went down since lost what it cached."""
+        return {url: breaker.outages for url, breaker in self.breakers.items()}
 
     def record_success(self, url: str) -> None:
         self.breakers[url].record_success()

@@ -52,6 +52,7 @@ class Generation:
     server: str
     retractions: int = 0  # meta_info total_retractions (<= 0.5.11) / num_retractions (0.5.12.post1+)
     cached_tokens: int = 0  # prompt tokens SGLang found in its prefix cache
+    reasoning_tokens: int | None = None  # meta_info.reasoning_tokens (0.5.10.post1+), SGLang's own count
 
 
 @dataclass(frozen=True)
@@ -88,10 +89,11 @@ class AttemptFailed:
     dropped: bool = False  # the request reached the server and its connection broke without an answer
 
 
-def parse_generation(body: Any, server: str, attempts: int,
-                     vocab_size: int | None = None) -> Generation | AttemptFailed:
+def parse_generation(body: Any, server: str, attempts: int, vocab_size: int | None = None,
+                     sent_ids: list[int] | None = None) -> Generation | AttemptFailed:
     """Check one HTTP 200 /generate answer (a single, non-streamed request); `vocab_size` (the tokenizer's) catches
-    output ids no tokenizer can decode."""
+    output ids no tokenizer can decode; `sent_ids` (when the request asked for return_prompt_token_ids) must be what
+    the server echoes as prompt_token_ids."""
     if not isinstance(body, dict) or not isinstance(body.get("meta_info"), dict):
         return AttemptFailed(Fault.SAMPLE, "bad_response", f"{server}: /generate answered without meta_info")
     meta = body["meta_info"]
@@ -109,7 +111,30 @@ def parse_generation(body: Any, server: str, attempts: int,
             Fault.SAMPLE, "nan_output",
             f"{server}: finish_reason.matched is {NAN_MATCHED!r}: the model sampled an id outside the vocabulary "
             "(NaN logits) and SGLang replaced it with an end-of-sequence token, so the answer is corrupt")
+    if sent_ids is not None:
+        mismatch = input_mismatch(body.get("prompt_token_ids"), sent_ids, server)
+        if mismatch is not None:
+            return mismatch
     return _generation(body, meta, str(kind), matched, server, attempts, vocab_size)
+
+
+def input_mismatch(echoed: Any, sent: list[int], server: str) -> AttemptFailed | None:
+    """The server generated from other ids than it echoes having got (a proxy that re-encodes, a tokenizer that rewrites
+    input_ids): the row would pair our prompt with an answer to another. FINAL like output_mismatch: resending the
+    same ids to the same path changes nothing; the slot is given up (retryable once the path is fixed)."""
+    if echoed is None or echoed == sent:  # no echo (a replica of an older release joined): nothing to compare
+        return None
+    if not isinstance(echoed, list):
+        where = "prompt_token_ids is not a list"
+    else:
+        at = next((i for i, (a, b) in enumerate(zip(echoed, sent, strict=False)) if a != b), min(len(echoed), len(sent)))
+        where = (f"{len(echoed)} ids echoed for {len(sent)} sent, first difference at position {at} "
+                 f"(sent {sent[at] if at < len(sent) else 'nothing'}, echoed "
+                 f"{echoed[at] if at < len(echoed) else 'nothing'})")
+    return AttemptFailed(
+        Fault.FINAL, "input_mismatch",
+        f"{server}: the server generated from other prompt ids than were sent ({where}): a proxy or the server "
+        "re-encoded the prompt; send input_ids to SGLang unchanged")
 
 
 def _generation(body: dict[str, Any], meta: dict[str, Any], kind: str, matched: Any, server: str,
@@ -151,6 +176,7 @@ def _generation(body: dict[str, Any], meta: dict[str, Any], kind: str, matched: 
         # 0.5.12.post1 managers/tokenizer_manager.py:1687 num_retractions): either is read.
         retractions=_int(meta.get("num_retractions", meta.get("total_retractions")), 0),
         cached_tokens=_int(meta.get("cached_tokens"), 0),
+        reasoning_tokens=meta.get("reasoning_tokens") if type(meta.get("reasoning_tokens")) is int else None,
     )
 
 

@@ -26,12 +26,24 @@ def first_reasoning_end(output_ids: list[int], end_ids: int | None | Iterable[in
     return None
 
 
+def reasoning_agrees(reasoning_end: int | None, completion_tokens: int, server_count: int | None) -> bool | None:
+    """Whether SGLang's meta_info.reasoning_tokens agrees with tokenmill's reasoning end; None when SGLang counted
+    nothing (a release before 0.5.10.post1, a server without a reasoning parser, or no reasoning). SGLang counts
+    through the end token, all of the output when reasoning never ended (0.5.23 managers/schedule_batch.py:2240-2259)."""
+    if not server_count:
+        return None
+    own = completion_tokens if reasoning_end is None else reasoning_end + 1
+    return own == server_count
+
+
 def build_row(dataset: str, prompt: Prompt, prompt_ids: list[int], generation: Generation,
               max_new_tokens: int, info: TokenizerInfo, sample_index: int = 0,
               seed: int | None = None) -> dict[str, Any]:
     output_ids = generation.output_ids
     end_ids = [int(i) for i in info.reasoning_end_tokens] or info.reasoning_end_id
     ended = first_reasoning_end(output_ids, end_ids)
+    agrees = reasoning_agrees(None if ended is None else ended[0], generation.completion_tokens,
+                              generation.reasoning_tokens)
     return {
         "sample_id": prompt.sample_id,
         "dataset": dataset,
@@ -46,6 +58,11 @@ def build_row(dataset: str, prompt: Prompt, prompt_ids: list[int], generation: G
         "reasoning_end": None if ended is None else ended[0],
         "reasoning_end_token_id": None if ended is None else ended[1],
         "has_tool_call": info.tool_call_id is not None and info.tool_call_id in output_ids,
+        "cached_tokens": generation.cached_tokens,
+        "server_reasoning_tokens": generation.reasoning_tokens,
+        "reasoning_agrees": agrees,
+        "sent_prompt_tokens": len(prompt_ids),
+        "reasoning_disagreements": int(agrees is False),
         "max_new_tokens": max_new_tokens,
         "latency_s": round(generation.latency_s, 4),
         "attempts": generation.attempts,
@@ -54,7 +71,8 @@ def build_row(dataset: str, prompt: Prompt, prompt_ids: list[int], generation: G
 
 
 TURN_FIELDS = ("prompt_ids", "output_ids", "prompt_tokens", "completion_tokens", "finish_reason", "matched_stop",
-               "reasoning_end", "reasoning_end_token_id", "has_tool_call", "latency_s", "attempts")
+               "reasoning_end", "reasoning_end_token_id", "has_tool_call", "cached_tokens", "server_reasoning_tokens",
+               "reasoning_agrees", "latency_s", "attempts")
 
 
 def build_turn(dataset: str, prompt: Prompt, prompt_ids: list[int], generation: Generation, max_new_tokens: int,
@@ -76,8 +94,13 @@ def build_conversation_row(dataset: str, prompt: Prompt, turns: list[dict[str, A
     last = turns[-1]
     return {
         "sample_id": prompt.sample_id, "dataset": dataset, "line": prompt.line, "sample_index": sample_index,
-        **{name: last[name] for name in TURN_FIELDS if name not in ("completion_tokens", "latency_s")},
+        **{name: last[name] for name in TURN_FIELDS
+           if name not in ("completion_tokens", "latency_s", "cached_tokens")},
         "completion_tokens": sum(turn["completion_tokens"] for turn in turns),
+        # The prefix cache over the whole conversation: what all its requests found cached, of all they sent.
+        "cached_tokens": sum(turn["cached_tokens"] for turn in turns),
+        "sent_prompt_tokens": sum(turn["prompt_tokens"] for turn in turns),
+        "reasoning_disagreements": sum(turn["reasoning_agrees"] is False for turn in turns),
         "latency_s": round(sum(turn["latency_s"] for turn in turns), 4),
         "has_tool_call": any(turn["has_tool_call"] for turn in turns),
         "max_new_tokens": max_new_tokens, "seed": seed,

@@ -111,6 +111,16 @@ def _nth(row: dict[str, Any]) -> str:
     return f", sample index {index}" + (f", seed {row['seed']}" if row.get("seed") is not None else "")
 
 
+def _server_line(row: dict[str, Any]) -> str:
+    """SGLang's own accounting of the generation: prompt tokens it found cached, its reasoning count ("-": not
+    recorded, a shard from before these columns or a release that reports none)."""
+    cached, counted, agrees = row.get("cached_tokens"), row.get("server_reasoning_tokens"), row.get("reasoning_agrees")
+    verdict = "" if agrees is None else (" (agrees)" if agrees else " (DISAGREES with reasoning_end)")
+    return (f"cached_tokens: {'-' if cached is None else cached} of {row['prompt_tokens']} prompt tokens · "
+            f"SGLang reasoning_tokens: {'-' if counted is None else counted}{verdict} · reasoning_end: "
+            f"{'-' if row.get('reasoning_end') is None else row['reasoning_end']}")
+
+
 def render_sample(tokenizer: Any, row: dict[str, Any], prompt: list[Part], output: list[Part],
                   keep: int = 120) -> str:
     stop = f" ({tokenizer.decode([row['matched_stop']], skip_special_tokens=False)})" if row["matched_stop"] is not None else ""
@@ -119,6 +129,7 @@ def render_sample(tokenizer: Any, row: dict[str, Any], prompt: list[Part], outpu
         f"finish: {row['finish_reason']}{stop} · prompt {row['prompt_tokens']} tokens · completion "
         f"{row['completion_tokens']} tokens (max {row['max_new_tokens']}) · latency {row['latency_s']:.1f}s",
     ]
+    lines.append(_server_line(row))
     if "history_exact" in row:
         lines.append(f"history exact: {row['history_exact']} · tool calls: {row.get('tool_calls') or '-'}")
     for title, parts in (("PROMPT", prompt), ("OUTPUT", output)):
@@ -137,6 +148,8 @@ def sample_json(tokenizer: Any, row: dict[str, Any], prompt: list[Part], output:
         "max_new_tokens": row["max_new_tokens"], "reasoning_end": row["reasoning_end"],
         "reasoning_end_token_id": row.get("reasoning_end_token_id"),
         "has_tool_call": row["has_tool_call"],
+        "cached_tokens": row.get("cached_tokens"), "server_reasoning_tokens": row.get("server_reasoning_tokens"),
+        "reasoning_agrees": row.get("reasoning_agrees"),
         **({"history_exact": row["history_exact"], "tool_calls": row.get("tool_calls")} if "history_exact" in row
            else {}),
         "prompt": [p.as_dict(tokenizer) for p in prompt], "output": [p.as_dict(tokenizer) for p in output],

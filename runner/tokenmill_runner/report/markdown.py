@@ -78,6 +78,12 @@ def _prompt_row(d: dict[str, Any]) -> list[str]:
             _num(budget["context_length"]), _num(budget["headroom_tokens"])]
 
 
+def _cache_row(d: dict[str, Any]) -> list[str]:
+    cache = d.get("prefix_cache") or {}
+    return [_pct(cache.get("share")), _num(cache.get("cached_tokens")), _num(cache.get("prompt_tokens_sent")),
+            str(d.get("reasoning_tokens_disagree", 0))]
+
+
 def _drift_rows(report: dict[str, Any]) -> Iterable[list[str]]:
     for name, data in report["datasets"].items():
         drift = data["order_drift"]
@@ -123,6 +129,11 @@ def render(report: dict[str, Any], images: list[str]) -> str:
              "## Prompts and context budget", "",
              *table(["dataset", "prompt median", "prompt p99", "prompt max", "max prompt + cap", "context",
                      "headroom"], _per_dataset(report, _prompt_row)),
+             "## Prefix cache and SGLang's accounting", "",
+             "Share of the prompt tokens sent that SGLang found in its prefix cache (meta_info.cached_tokens), and "
+             "the generations whose meta_info.reasoning_tokens disagrees with the recorded reasoning end.", "",
+             *table(["dataset", "prefix-cache share", "cached tokens", "prompt tokens sent",
+                     "reasoning_tokens disagree"], _per_dataset(report, _cache_row)),
              "## Order drift (completion tokens, mean / median)", "",
              *table(["dataset", "first committed", "rest", "p-value", "differs"], _drift_rows(report))]
     conversations = list(_conversation_rows(report))

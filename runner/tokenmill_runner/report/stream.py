@@ -32,6 +32,10 @@ SAMPLE_COLUMNS = ("sample_id", "line", "prompt_tokens", "completion_tokens", "fi
 # how many of its turns hold an end-of-reasoning token
 # (`completion_tokens` is the conversation's total; the reasoning, finish and cap columns are the last turn's).
 EXTRA_COLUMNS = ("sample_index", "turn_count", "stop_reason", "last_turn_tokens", "reasoning_turns")
+# SGLang's accounting (markers written before them read as nulls and are left out of these figures): prompt tokens
+# found in the prefix cache, prompt tokens sent (a conversation's over all its turns), and the generations whose
+# meta_info.reasoning_tokens disagrees with the recorded reasoning end.
+SERVER_COLUMNS = ("cached_tokens", "sent_prompt_tokens", "reasoning_disagreements")
 
 
 def _last_turn(s: dict[str, list[Any]]) -> np.ndarray:
@@ -147,6 +151,10 @@ class DatasetSamples:
     stop_reasons: Counter[str] = field(default_factory=Counter)  # why each conversation ended
     earlier_turns: int = 0  # generations of conversations before their last turn (which the sample columns describe)
     earlier_reasoning: int = 0  # of those, the ones whose output holds an end-of-reasoning token
+    cache_rows: int = 0  # samples whose marker records cached_tokens
+    cached_tokens: int = 0  # prompt tokens SGLang found in its prefix cache, over those samples' requests
+    sent_tokens: int = 0  # prompt tokens sent, over the same requests
+    reasoning_disagreements: int = 0  # generations whose reasoning_tokens (SGLang's) disagrees with reasoning_end
 
     def __post_init__(self) -> None:
         if self.ledger is None:
@@ -184,15 +192,28 @@ class DatasetSamples:
         if not taken.size:
             return
         if taken.size == count:  # every row is new (the usual case): no copy
-            columns = {name: _column(samples, name, count) for name in (*SAMPLE_COLUMNS, *EXTRA_COLUMNS)}
+            columns = {name: _column(samples, name, count) for name in (*SAMPLE_COLUMNS, *EXTRA_COLUMNS,
+                                                                        *SERVER_COLUMNS)}
         else:
-            columns = {name: [values[i] for i in taken.tolist()] for name in (*SAMPLE_COLUMNS, *EXTRA_COLUMNS)
+            columns = {name: [values[i] for i in taken.tolist()]
+                       for name in (*SAMPLE_COLUMNS, *EXTRA_COLUMNS, *SERVER_COLUMNS)
                        for values in [_column(samples, name, count)]}
+        self._add_server_accounting(columns)
         self._add_conversations(columns)
         self._add_lengths(columns)
         self._add_reasoning(columns)
         self._add_counts(columns)
         self.latency.add([math.nan if v is None else v for v in columns["latency_s"]])
+
+    def _add_server_accounting(self, s: dict[str, list[Any]]) -> None:
+        for cached, sent, prompt, disagreements in zip(s["cached_tokens"], s["sent_prompt_tokens"],
+                                                        s["prompt_tokens"], s["reasoning_disagreements"], strict=True):
+            self.reasoning_disagreements += disagreements or 0
+            if cached is None:
+                continue
+            self.cache_rows += 1
+            self.cached_tokens += cached
+            self.sent_tokens += prompt if sent is None else sent
 
     def _add_conversations(self, s: dict[str, list[Any]]) -> None:
         turns = [n for n in s["turn_count"] if n is not None]
@@ -270,4 +291,8 @@ class DatasetSamples:
         self.turns.merge(other.turns)
         self.earlier_turns += other.earlier_turns
         self.earlier_reasoning += other.earlier_reasoning
+        self.cache_rows += other.cache_rows
+        self.cached_tokens += other.cached_tokens
+        self.sent_tokens += other.sent_tokens
+        self.reasoning_disagreements += other.reasoning_disagreements
         self.stop_reasons.update(other.stop_reasons)

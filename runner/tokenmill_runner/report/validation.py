@@ -177,11 +177,21 @@ def dataset_report(ledger: DatasetSamples, context_length: int | None, reasoning
         "reasoning": _reasoning(ledger, reasoning_expected, end_names),
         "tool_calls": {"count": ledger.tool_calls, "share": _share(ledger.tool_calls, n)},
         "conversations": _conversations(ledger),
+        "prefix_cache": _prefix_cache(ledger),
+        "reasoning_tokens_disagree": ledger.reasoning_disagreements,
         "prompt_tokens": ledger.prompts.distribution().as_dict(),
         "context_budget": _context_budget(ledger, context_length),
         "latency_s": ledger.latency.distribution().as_dict(),
         "order_drift": result.as_dict() if result else None,
     }
+
+
+def _prefix_cache(ledger: DatasetSamples) -> dict[str, Any]:
+    """How much of the prompt tokens sent SGLang found in its prefix cache (meta_info.cached_tokens): the samples
+    of a prompt and the turns of a conversation share a prefix, which prefix-affine routing keeps on one replica.
+    `share` is None when no marker records it (runs before tokenmill recorded cached_tokens)."""
+    return {"cached_tokens": ledger.cached_tokens, "prompt_tokens_sent": ledger.sent_tokens,
+            "share": _share(ledger.cached_tokens, ledger.sent_tokens), "samples": ledger.cache_rows}
 
 
 def _conversations(ledger: DatasetSamples) -> dict[str, Any] | None:
@@ -258,6 +268,14 @@ def outcome_findings(name: str, report: dict[str, Any]) -> list[dict[str, Any]]:
 
 def dataset_findings(name: str, report: dict[str, Any], limits: Thresholds, end_token: str | None) -> list[dict[str, Any]]:
     findings: list[dict[str, Any]] = outcome_findings(name, report)
+    # Before the sample checks: a run whose every answer came from other ids has no samples at all.
+    if report["errors_by_reason"].get("input_mismatch"):
+        findings.append(_finding(
+            "input_ids", "fail", name,
+            f"{name}: the server generated from other prompt ids than were sent (its echoed prompt_token_ids "
+            "differ): something between tokenmill and SGLang re-encodes the prompt, so those answers belong to "
+            f"other prompts; send input_ids to SGLang unchanged, then --retry-failed (see {name}/errors/)",
+            report["errors_by_reason"]["input_mismatch"]))
     n = report["samples"]
     if n == 0:
         return [*findings, _finding("samples", "fail", name, f"{name}: no committed samples; check the errors and "
@@ -295,6 +313,13 @@ def dataset_findings(name: str, report: dict[str, Any], limits: Thresholds, end_
             f"{name}: {_pct(error_share)} of samples failed because of their input ({top}), above "
             f"{_pct(limits.max_error_fraction)}; see {name}/errors/ for each line and reason", error_share,
             limits.max_error_fraction))
+    if report.get("reasoning_tokens_disagree"):
+        findings.append(_finding(
+            "reasoning_tokens", "warn", name,
+            f"{name}: in {report['reasoning_tokens_disagree']} generations SGLang's meta_info.reasoning_tokens "
+            "disagrees with where tokenmill found the end of reasoning (spec.model.reasoning): the server's "
+            "reasoning parser ends reasoning at another token; check which end token the exports should split at "
+            "(tokenmill inspect shows both)", report["reasoning_tokens_disagree"]))
     if report["errors_by_reason"].get("output_mismatch"):
         findings.append(_finding(
             "output_ids", "fail", name,

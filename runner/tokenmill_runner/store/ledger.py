@@ -37,7 +37,8 @@ MAX_SAMPLES_PER_PROMPT = 64  # spec.datasets[].samples is at most this; a marker
 # Per-sample columns copied into the commit marker (everything but the token ids).
 MARKER_COLUMNS = ("sample_id", "line", "sample_index", "prompt_tokens", "completion_tokens", "finish_reason",
                   "matched_stop", "reasoning_end", "reasoning_end_token_id", "has_tool_call", "max_new_tokens",
-                  "latency_s", "turn_count", "stop_reason", "last_turn_tokens", "reasoning_turns")
+                  "latency_s", "turn_count", "stop_reason", "last_turn_tokens", "reasoning_turns", "cached_tokens",
+                  "sent_prompt_tokens", "reasoning_disagreements")
 # Multi-turn rows only (the conversation's turns, why it ended, its last turn's completion tokens, its turns with
 # an end-of-reasoning token; the row's completion_tokens is the conversation's total): in a marker only when one of its rows is a conversation.
 MULTI_TURN_COLUMNS = ("turn_count", "stop_reason", "last_turn_tokens", "reasoning_turns")
@@ -55,6 +56,7 @@ RETRYABLE_REASONS = frozenset({
     "retries_exhausted",  # every attempt failed on a server that was up (connection errors, 5xx, aborts)
     "bad_response",  # the server answered without the fields a /generate answer has
     "output_mismatch",  # output_ids disagree with completion_tokens (a server release bug; upgrade, then retry)
+    "input_mismatch",  # the server echoed other prompt ids than were sent (a re-encoding proxy; fix it, then retry)
     "outage_timeout",  # the servers stayed unavailable past the outage budget for this sample
     "nan_output",  # SGLang replaced a NaN step with EOS ("NaN happened"), again on every attempt
     "replica_crash",  # the replica died with the request in flight, again and again (a prompt that crashes it)

@@ -47,6 +47,13 @@ GENERATION_FIELDS = [
     ("reasoning_end", pa.int32()),
     ("reasoning_end_token_id", pa.int64()),  # which of the tokens that end reasoning did (null: none)
     ("has_tool_call", pa.bool_()),
+    # SGLang's own accounting (null in shards written before these columns): prompt tokens it found in its prefix
+    # cache (meta_info.cached_tokens; a conversation row's is its turns' total), its count of reasoning tokens
+    # (meta_info.reasoning_tokens, null where the release reports none), and whether that count agrees with
+    # reasoning_end (null: SGLang counted none).
+    ("cached_tokens", pa.int32()),
+    ("server_reasoning_tokens", pa.int32()),
+    ("reasoning_agrees", pa.bool_()),
 ]
 
 TURN_TYPE = pa.struct([

@@ -1,0 +1,176 @@
+"""The prefix-affine replica choice (generate/routing.py): affinity, smg's spill gate, dead and restarted replicas,
+and the client's request body (routed_dp_rank, return_prompt_token_ids, require_reasoning)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import orjson
+import pytest
+from aiohttp import web
+
+from tokenmill_runner.generate.client import GenerateClient
+from tokenmill_runner.generate.replica_health import HealthPolicy, ReplicaSet
+from tokenmill_runner.generate.routing import PrefixAffinity, SpillGate, dp_rank
+
+A, B, C, D = "http://a", "http://b", "http://c", "http://d"
+
+
+class Fleet:
+    """Four replicas with the client's outstanding counts, routed like GenerateClient._choose."""
+
+    def __init__(self, urls: tuple[str, ...] = (A, B, C, D), gate: SpillGate | None = None) -> None:
+        self.replicas = ReplicaSet(list(urls), HealthPolicy(open_after=1))
+        self.load = dict.fromkeys(urls, 0)
+        self.affinity = PrefixAffinity(gate)
+
+    def route(self, key: object, avoid: str | None = None) -> str:
+        return self.affinity.choose(key, self.replicas.candidates(avoid), self.load, self.replicas.epochs(),
+                                    lambda among: self.replicas.least_loaded(among, self.load))
+
+    def send(self, key: object) -> str:
+        url = self.route(key)
+        self.load[url] += 1
+        return url
+
+    def kill(self, url: str) -> None:
+        self.replicas.record_failure(url, 0.0, "refused", True, 0.5)
+
+    def revive(self, url: str) -> None:
+        assert self.replicas.record_probe(url, 10.0, True, "/health: 200", 0.5)
+
+
+def test_the_samples_of_a_prompt_stay_on_the_replica_that_served_the_first():
+    fleet = Fleet()
+    first = [fleet.send(("d", line)) for line in range(4)]
+    assert sorted(first) == [A, B, C, D]  # new groups spread, least loaded first
+    again = [fleet.send(("d", line)) for line in range(4) for _ in range(3)]
+    assert again == [first[line] for line in range(4) for _ in range(3)]
+
+
+def test_least_loaded_routing_without_affinity_scatters_a_prompts_samples():
+    """What the client did before (and does for requests without a key): each sample to the least-loaded replica."""
+    fleet = Fleet()
+    chosen = []
+    for _ in range(4):
+        url = fleet.replicas.pick(fleet.load)
+        assert url is not None
+        fleet.load[url] += 1
+        chosen.append(url)
+    assert sorted(chosen) == [A, B, C, D]
+
+
+def test_the_spill_gate_is_smgs_rule():
+    gate = SpillGate()  # smg 1.13.0 defaults: 64 requests, 1.5 x the mean
+    assert gate.margin(16.0) == 8.0  # two standard deviations of a Poisson count at mean 16
+    assert gate.margin(1.0) == 4.0  # never under four
+    assert gate.margin(10_000.0) == 64.0  # capped by the threshold
+    assert SpillGate(abs_threshold=2).margin(16.0) == 2.0  # unless the threshold is lower
+    assert not gate.overloaded(24, 16.0) and gate.overloaded(25, 16.0)  # both parts: > 16 + 8 and > 24
+    assert gate.overloaded(7, 2.0) and not gate.overloaded(6, 2.0)  # at a small mean the margin is four
+    assert not SpillGate(rel_threshold=4.0).overloaded(7, 2.0)  # 7 is under 4 x the mean
+    with pytest.raises(ValueError, match="rel_threshold"):
+        SpillGate(rel_threshold=0.5)
+    with pytest.raises(ValueError, match="rel_threshold"):
+        SpillGate(rel_threshold=math.inf)
+
+
+def test_a_holder_loaded_past_the_gate_spills_to_the_least_loaded_which_then_holds_the_prefix_too():
+    fleet = Fleet()
+    home = fleet.send("g")
+    fleet.load[home] = 40  # the others idle: the mean is 10, 40 > 10 + 6.3 and > 15
+    spilled = fleet.route("g")
+    assert spilled != home and fleet.affinity.spills == 1
+    fleet.load[spilled] += 1
+    fleet.load[home] = 0  # the first holder recovered: it is a holder still, and now the less loaded one
+    assert fleet.route("g") == home
+    fleet.load[home] = 5
+    assert fleet.route("g") == spilled  # two holders: the less loaded of them
+
+
+def test_a_holder_within_the_bound_keeps_its_group_even_when_others_are_idler():
+    fleet = Fleet()
+    home = fleet.send("g")
+    fleet.load[home] = 5  # the mean is 1.25: 5 is not past 1.25 + 4
+    assert fleet.route("g") == home
+
+
+def test_when_the_holder_is_dead_the_work_moves_and_a_restarted_replica_is_not_trusted_with_the_prefix():
+    fleet = Fleet()
+    home = fleet.send("g")
+    fleet.kill(home)
+    moved = fleet.route("g")
+    assert moved != home
+    fleet.load[moved] += 1
+    fleet.revive(home)
+    fleet.load[moved] = 0
+    fleet.load[home] = 0
+    # Both live and idle; the restarted one lost its cache (its epoch changed), so the group stays where it moved.
+    assert fleet.route("g") == moved
+    fleet.kill(moved)
+    assert fleet.route("g") != moved
+
+
+def test_a_retry_avoids_the_replica_that_failed_while_another_is_live():
+    fleet = Fleet((A, B))
+    home = fleet.send("g")
+    assert fleet.route("g", avoid=home) != home
+
+
+def test_groups_are_forgotten_oldest_first_past_the_bound():
+    affinity = PrefixAffinity(max_groups=2)
+    pick = {"n": 0}
+
+    def rotate(among):
+        pick["n"] += 1
+        return among[pick["n"] % len(among)]
+
+    for key in ("x", "y", "z"):
+        affinity.choose(key, [A, B], {}, {A: 0, B: 0}, rotate)
+    assert len(affinity) == 2
+
+
+def test_a_groups_dp_rank_is_stable_and_spreads():
+    assert dp_rank(("d", 7), 4) == dp_rank(("d", 7), 4)
+    ranks = {dp_rank(("d", line), 4) for line in range(64)}
+    assert ranks == {0, 1, 2, 3}
+    assert dp_rank(("d", 7), 1) == 0
+    with pytest.raises(ValueError):
+        dp_rank("x", 0)
+
+
+def test_the_request_body_carries_the_dp_rank_the_echo_and_the_reasoning_count():
+    """The client over HTTP to a recorder: routed_dp_rank only for a server with several data-parallel schedulers,
+    return_prompt_token_ids and require_reasoning when asked, the same rank for every sample of a prompt."""
+    bodies: list[dict] = []
+
+    async def generate(request: web.Request) -> web.Response:
+        body = orjson.loads(await request.read())
+        bodies.append(body)
+        answer = {"text": "", "output_ids": [5, 2], "prompt_token_ids": body["input_ids"],
+                  "meta_info": {"finish_reason": {"type": "stop", "matched": 2}, "prompt_tokens": 3,
+                                "completion_tokens": 2, "cached_tokens": 2, "reasoning_tokens": 1}}
+        return web.json_response(answer)
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_post("/generate", generate)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        url = f"http://{host}:{port}"
+        client = GenerateClient([url], echo_prompt_ids=True, count_reasoning=True, dp_ranks={url: 4})
+        try:
+            results = [await client.generate([1, 2, 3], {"max_new_tokens": 8}, None, ("d", 9)) for _ in range(3)]
+            await client.generate([1, 2, 3], {"max_new_tokens": 8})
+        finally:
+            await client.aclose()
+            await runner.cleanup()
+        assert all(r.cached_tokens == 2 and r.reasoning_tokens == 1 for r in results)
+
+    asyncio.run(main())
+    assert [b.get("routed_dp_rank") for b in bodies] == [dp_rank(("d", 9), 4)] * 3 + [None]
+    assert all(b["return_prompt_token_ids"] is True and b["require_reasoning"] is True for b in bodies)
