@@ -290,7 +290,8 @@ def acquire(storage: Storage, owner: Owner, holder: str, token: str = "", take_o
                 outcome = _watch(storage, current, read, owner, holder, times, clock, sleep)
                 if outcome is None:
                     continue  # it changed into something else (released, gone): look again
-                finished = frozenset(current.tokens)  # stale: its holder commits nothing more
+                # Stale: its holder is fenced, but one paused between its last check and its marker's write may
+                # still land that marker: its young files are kept (by age), not counted as finished.
             version = writes.put_replacing(LEASE, mine.encode(times), read)
             at = clock()
             if wait:
