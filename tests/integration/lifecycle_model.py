@@ -1,7 +1,7 @@
 """A model of a run's lifecycle for hypothesis' stateful testing: random interleavings of what users and clusters do
 to a run (spec edits, kills at every kill point of the commit protocol, operator restarts, server outages, a second
-writer, a replaced source, two runs started together, a writer paused between a shard's data and its marker and
-taken over, a lease whose holder's clock runs a day ahead), driving the real `tokenmill run` (a subprocess against the simulator), the real ledger,
+writer, a replaced source, two runs started together, a writer paused between a shard's data and its marker
+and taken over, a lease whose holder's clock runs a day ahead), driving the real `tokenmill run` (a subprocess against the simulator), the real ledger,
 run manifest and report, and the operator's real observation and decision functions. After every step the
 invariants of docs/reliability.md must hold; they are checked against a recount made straight from the commit
 markers, not through the code under test.

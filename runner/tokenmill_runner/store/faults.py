@@ -79,8 +79,8 @@ class FaultPoints:
         for rule in self.rules:
             if (rule.moment, rule.step, rule.count) == (moment, step, count):
                 stop = rule.action == "pause"
-                sys.stderr.write(f"{FAULT_ENV}: {rule} reached at {key}, "
-                                 f"{'pausing' if stop else 'killing'} the runner ({'SIGSTOP' if stop else 'SIGKILL'})\n")
+                what = "pausing the runner (SIGSTOP)" if stop else "killing the runner (SIGKILL)"
+                sys.stderr.write(f"{FAULT_ENV}: {rule} reached at {key}, {what}\n")
                 sys.stderr.flush()
                 os.kill(os.getpid(), signal.SIGSTOP if stop else signal.SIGKILL)
 

@@ -166,7 +166,8 @@ class Fence:
 
 
 def commit_shard(storage: Storage, dataset: str, shard_id: str, worker: int, content: ShardContent,
-                 clock: Callable[[], datetime] = lambda: datetime.now(UTC), fence: Fence | None = None) -> dict[str, Any]:
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+                 fence: Fence | None = None) -> dict[str, Any]:
     """Write data, then errors, then the marker. A crash before the marker leaves only ignorable leftovers. The
     marker is named by the time just before its PUT, which is also its committed_at."""
     faults = fault_points()
