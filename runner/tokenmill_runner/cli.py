@@ -14,7 +14,6 @@ from contextlib import ExitStack
 
 from . import logs
 from .generate import builtin_sim
-from .store.lease import LeaseLost
 from .generate.summary import (  # noqa: F401 - the exit codes are part of the CLI's contract (the operator uses them)
     EXIT_FAILED,
     EXIT_GIVEN_UP,
@@ -28,6 +27,7 @@ from .generate.summary import (  # noqa: F401 - the exit codes are part of the C
 from .render.pretokenize import offline_transformers
 from .spec.config import API_KEY_ENV, RunnerConfig
 from .spec.resource import DatasetGeneration, SpecError, load_spec_file
+from .store.lease import LeaseLost
 
 logger = logging.getLogger("tokenmill")
 

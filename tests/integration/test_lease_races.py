@@ -99,7 +99,7 @@ def test_a_paused_writer_taken_over_after_the_stale_period_commits_nothing_more_
     # Issue 29: a writer paused (Ctrl-Z, a frozen node) while a commit was in flight wrote its marker once resumed,
     # after another run had taken over and deleted its unmarked shard: slots twice, markers naming deleted files.
     spec, out = output(s3_endpoint, s3_bucket, tmp_path)
-    held = proxy.add(Rule("delay", method="PUT", path=r"/runs/one/p/shards/", skip=2, delay_s=3.0))
+    proxy.add(Rule("delay", method="PUT", path=r"/runs/one/p/shards/", skip=2, delay_s=3.0))
     paused = start(spec, proxy.url, tmp_path, "paused")
     try:
         proxy.wait_fired("delay", timeout=120)  # its third shard's data write is in flight

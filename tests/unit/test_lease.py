@@ -28,7 +28,8 @@ from tokenmill_runner.store.lease import (
 from tokenmill_runner.store.lease_rules import MAX_LEASE_BYTES, CleanRule, LeaseError, LeaseTimes, refusal
 from tokenmill_runner.store.ledger import ShardContent
 from tokenmill_runner.store.manifest import Owner
-from tokenmill_runner.store.shards import Fence, clean_leftovers, commit_shard, read_markers
+from tokenmill_runner.store.markers import read_markers
+from tokenmill_runner.store.shards import Fence, clean_leftovers, commit_shard
 from tokenmill_runner.store.storage import LocalStorage, PreconditionFailed
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
