@@ -52,7 +52,7 @@ logger = logging.getLogger(__name__)
 
 STALE_ENV = "TOKENMILL_LEASE_STALE_SECONDS"  # tests shorten the stale period (and every period derived from it)
 PROBE = "lease.probe"
-ACQUIRE_ROUNDS = 8
+ACQUIRE_ROUNDS = 64  # a DatasetGeneration's workers start together and each replaces the shared lease once
 
 
 class LeaseHeld(RuntimeError):
@@ -121,19 +121,20 @@ def conditional_writes(storage: Storage) -> bool:
     with _probe_lock:
         if storage.root_uri in _probed:
             return _probed[storage.root_uri]
-        storage.put(PROBE, secrets.token_hex(8).encode())
+        probe = f"{PROBE}-{secrets.token_hex(8)}"  # its own: workers starting together probe side by side
+        storage.put(probe, secrets.token_hex(8).encode())
         honoured = True
-        for attempt in (lambda: storage.put_new(PROBE, b"must be refused"),
-                        lambda: storage.put_replacing(PROBE, b"must be refused", '"0000000000"')):
+        for attempt in (lambda: storage.put_new(probe, b"must be refused"),
+                        lambda: storage.put_replacing(probe, b"must be refused", '"0000000000"')):
             try:
                 attempt()
                 honoured = False
             except PreconditionFailed:
                 pass
             except StorageError as error:  # e.g. 501 NotImplemented: the store does not know the header
-                logger.warning("conditional write probe on %s: %s", storage.uri(PROBE), error)
+                logger.warning("conditional write probe on %s: %s", storage.uri(probe), error)
                 honoured = False
-        storage.delete(PROBE)
+        storage.delete(probe)
         _probed[storage.root_uri] = honoured
         return honoured
 
