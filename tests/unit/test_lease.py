@@ -266,3 +266,16 @@ def test_a_store_that_ignores_conditional_writes_is_refused_unless_the_user_opts
     acquired = take(storage, allow_unconditional=True)
     assert read_lease(storage).holder == acquired.lease.holder
     assert lease_module.conditional_writes(LocalStorage(tmp_path / "real")), "the folder store honours them"
+
+
+def test_a_resource_s_workers_share_the_lease_and_renew_on_top_of_each_other(tmp_path):
+    storage = LocalStorage(tmp_path)
+    workers = [LeaseKeeper(storage, take(storage, owner=RESOURCE, holder=f"pod-{i}"), times=TIMES, every_s=3600)
+               for i in range(3)]
+    for _ in range(2):
+        for keeper in workers:
+            keeper.renew()  # each renewal replaces the version the others hold: they renew on top of it
+    assert not any(keeper.lost.is_set() for keeper in workers)
+    take(storage, owner=OTHER, holder="laptop:9", take_over=True)
+    workers[0].renew()
+    assert workers[0].lost.is_set(), "another owner's take-over is not shared"
