@@ -97,6 +97,7 @@ class LifecycleModel(RuleBasedStateMachine):
         self.versions = {"a": 0, "b": 0}
         self.recorded: dict[str, int] = {}  # the source version run.json records per dataset (kept when retired)
         self.operator = OutputIndex()
+        self.lease_steps: set[str] = set()  # the lease's races, each at most once per example (they wait seconds)
         for name in self.versions:
             self._write_source(name)
 
@@ -217,9 +218,11 @@ class LifecycleModel(RuleBasedStateMachine):
         assert done.returncode == EXIT_USAGE and "tokenmill run 'intruder'" in done.stderr, done.stderr[-1500:]
         assert len(list(self.out.glob("*/commits/*.json"))) == markers
 
+    @precondition(lambda self: "lease_from_the_future" not in self.lease_steps)
     @rule()
     def lease_from_the_future(self) -> None:
         """A gone writer's lease, renewed a day ahead by its clock: it is free once unchanged while watched."""
+        self.lease_steps.add("lease_from_the_future")
         replaced = self._replaced()
         ahead = datetime.now(UTC) + timedelta(days=1)
         self.storage.put(LEASE, Lease(Owner(kind="cli", name="gone"), "elsewhere:1:x", ahead, ahead).encode())
@@ -231,9 +234,11 @@ class LifecycleModel(RuleBasedStateMachine):
         self._recorded_now()
         assert done.returncode in (EXIT_OK, EXIT_GIVEN_UP), done.stderr[-1500:]
 
+    @precondition(lambda self: "two_runs_at_once" not in self.lease_steps)
     @rule()
     def two_runs_at_once(self) -> None:
         """Two runs of this spec started together: one writes, the other is refused or comes after it."""
+        self.lease_steps.add("two_runs_at_once")
         replaced = self._replaced()
         runs = [self._start(), self._start()]
         ended = [(run.wait(timeout=RUN_TIMEOUT_S), run.communicate()[1]) for run in runs]
@@ -245,10 +250,12 @@ class LifecycleModel(RuleBasedStateMachine):
         assert all(code in (EXIT_OK, EXIT_USAGE, EXIT_GIVEN_UP) for code in codes), ended
         assert EXIT_USAGE not in codes or any("is being written by" in err for _, err in ended), ended
 
+    @precondition(lambda self: "paused_writer_taken_over" not in self.lease_steps)
     @rule()
     def paused_writer_taken_over(self) -> None:
         """A writer stops (SIGSTOP) between a shard's data and its marker; a second run takes the output over after
         the stale period and finishes; the first, resumed, commits nothing more and exits 6."""
+        self.lease_steps.add("paused_writer_taken_over")
         replaced = self._replaced()
         paused = self._start("pause-after:data:1", machine="elsewhere")
         _, status = os.waitpid(paused.pid, os.WUNTRACED)  # until it stopped, or ended (nothing to generate)
