@@ -307,13 +307,16 @@ async def _split_worker(worker: int, workers: int, replicas: list[SimReplica], s
     from tokenmill_runner.source.reader import read_prompts
     from tokenmill_runner.source.scan_cache import cached_scan
     from tokenmill_runner.store.index_store import open_index
+    from tokenmill_runner.store.lease_rules import CleanRule
     from tokenmill_runner.store.ledger import Slot
     from tokenmill_runner.store.shards import ShardBuffer, clean_leftovers, commit_shard, new_run_token, new_shard_id
     from tokenmill_sim.capacity import Job
 
     scan = cached_scan(storage, DATASET, source, "jsonl", None, None, worker, workers)
     index, caught = open_index(storage, DATASET, scan.rows)
-    clean_leftovers(storage, DATASET, worker, index.knows, caught.strays)
+    # The bench's worker is this output's only writer: every unmarked file is its own killed predecessor's.
+    everything = CleanRule(frozenset(), datetime.max.replace(tzinfo=UTC), 0.0)
+    clean_leftovers(storage, DATASET, worker, everything, index.knows, caught.strays)
     buffer, token, sequence = ShardBuffer(256, 5.0), new_run_token(), 0
     outstanding = [0] * len(replicas)  # this worker's view, as its GenerateClient keeps it
     slots = asyncio.Semaphore(concurrency)

@@ -17,6 +17,7 @@ from tokenmill_runner.facts.hardware import find
 from tokenmill_runner.spec.resource import ServerSpec
 from tokenmill_runner.store.commit_index import DatasetIndex
 from tokenmill_runner.store.index_store import CHECKPOINT_EVERY, catch_up, load_index, write_checkpoint
+from tokenmill_runner.store.lease_rules import LeaseWatch
 from tokenmill_runner.store.manifest import RunManifest, read_manifest
 from tokenmill_runner.store.storage import Storage, StorageError
 
@@ -60,6 +61,9 @@ class OutputIndex:
     datasets: dict[str, DatasetIndex] = field(default_factory=dict)
     output: str | None = None  # the output the indexes describe
     last_full_listing: datetime | None = None
+    # The output's lease as this operator has watched it (its version, since when on the operator's monotonic
+    # clock): a lease held by another owner is judged gone only when it stayed unchanged for the stale period.
+    lease_watch: LeaseWatch = field(default_factory=LeaseWatch)
 
     def follow(self, storage: Storage, totals: dict[str, int], now: datetime, full: bool = False,
                stopped: Callable[[], bool] = never, samples: dict[str, int] | None = None) -> dict[str, DatasetIndex]:

@@ -14,7 +14,7 @@ from datetime import datetime
 from tokenmill_runner.progress import eta_seconds, format_duration
 from tokenmill_runner.spec.resource import DatasetGenerationSpec
 from tokenmill_runner.store.commit_index import Commit, DatasetIndex, parse_time, rates
-from tokenmill_runner.store.lease import Lease, refusal
+from tokenmill_runner.store.lease_rules import Lease, refusal
 from tokenmill_runner.store.ledger import RETRYABLE_REASONS, Completeness
 from tokenmill_runner.store.manifest import DatasetLayout, Owner, RunManifest
 
@@ -90,16 +90,18 @@ def would_generate(spec: DatasetGenerationSpec, manifest: RunManifest | None) ->
 
 
 def foreign_run(manifest: RunManifest | None, lease: Lease | None, spec: DatasetGenerationSpec, owner: Owner,
-                now: datetime) -> str | None:
+                unchanged_s: float) -> str | None:
     """Why the output belongs to another run, or None: its run.json records another model, or another owner holds
-    its lease and is alive. (The model path is compared, not the tokenizer: the runner sees the tokenizer at a
-    mounted path when it is on a PVC, so the recorded tokenizer differs on purpose.)"""
+    its lease and is alive (the operator has not seen it unchanged for the stale period: `unchanged_s`; the
+    lease's own times are the holder's clock and never trusted). (The model path is compared, not the tokenizer:
+    the runner sees the tokenizer at a mounted path when it is on a PVC, so the recorded tokenizer differs on
+    purpose.)"""
     recorded = (manifest.model if manifest else {}).get("path")
     if recorded is not None and recorded != spec.model.path:
         return (f"{spec.output.uri} already holds a run of model {recorded!r} (its run.json), not of "
                 f"{spec.model.path!r}: two models' outputs must not mix. Give this DatasetGeneration its own "
                 "output.uri (a new resource), or point it back at that model")
-    why = refusal(lease, owner, "operator", now, take_over=False)
+    why = refusal(lease, owner, "operator", unchanged_s)
     if why:
         return f"{spec.output.uri}: {why}. Give this DatasetGeneration its own output.uri"
     return None

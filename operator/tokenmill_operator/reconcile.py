@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -23,8 +24,9 @@ from pydantic import ValidationError
 from tokenmill_runner.report.files import REPORT_DIR, write_report
 from tokenmill_runner.spec.resource import API_VERSION, KIND, DatasetGenerationSpec
 from tokenmill_runner.store.credentials import SECRET_KEYS
-from tokenmill_runner.store.lease import read_lease
-from tokenmill_runner.store.manifest import ManifestError, Owner, read_manifest
+from tokenmill_runner.store.lease import read_versioned
+from tokenmill_runner.store.lease_rules import LeaseError
+from tokenmill_runner.store.manifest import ManifestError, Owner, RunManifest, read_manifest
 from tokenmill_runner.store.storage import Storage, StorageError, StorageRetry, open_storage
 
 from . import cache, kueue, manifests, names, policy
@@ -293,9 +295,21 @@ def _observed(context: Context, output: OutputIndex, storage: Storage, planning:
         desired_job_hash=desired_hash,
         wanted_run=RunStatus.model_validate({**manifests.run_identity(spec), "jobHash": desired_hash or ""}),
         retry=retry, reopened=reopened,
-        foreign_output=foreign_run(run, read_lease(storage), spec, context.owner, now),
+        foreign_output=_foreign_output(storage, output, run, spec, context.owner),
         queue=facts.queueing.state if facts.queueing else None,
     )
+
+
+def _foreign_output(storage: Storage, output: OutputIndex, run: RunManifest | None, spec: DatasetGenerationSpec,
+                    owner: Owner) -> str | None:
+    """`observe.foreign_run` with the lease as this operator has watched it (a bounded read of lease.json)."""
+    try:
+        found = read_versioned(storage)
+    except LeaseError as error:
+        return f"{spec.output.uri}: {error}"
+    lease = found[0] if found is not None else None
+    unchanged = output.lease_watch.see(found[1] if found is not None else None, time.monotonic())
+    return foreign_run(run, None if lease is not None and lease.released else lease, spec, owner, unchanged)
 
 
 def reconcile(kube: Kube, context: Context, output: OutputIndex, settings: OperatorSettings,

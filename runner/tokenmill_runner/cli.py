@@ -18,6 +18,7 @@ from .generate.summary import (  # noqa: F401 - the exit codes are part of the C
     EXIT_FAILED,
     EXIT_GIVEN_UP,
     EXIT_INTERRUPTED,
+    EXIT_LEASE_LOST,
     EXIT_NO_SAMPLES,
     EXIT_OK,
     EXIT_SERVERS_UNAVAILABLE,
@@ -26,6 +27,7 @@ from .generate.summary import (  # noqa: F401 - the exit codes are part of the C
 from .render.pretokenize import offline_transformers
 from .spec.config import API_KEY_ENV, RunnerConfig
 from .spec.resource import DatasetGeneration, SpecError, load_spec_file
+from .store.lease import LeaseLost
 
 logger = logging.getLogger("tokenmill")
 
@@ -60,6 +62,9 @@ def _add_run_parser(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--take-over", action="store_true",
                      help="write into an output another live owner holds (its lease.json): only when that writer "
                           "is gone and you cannot wait for its lease to go stale")
+    run.add_argument("--allow-unconditional-writes", action="store_true",
+                     help="run on a store that ignores conditional writes (spec.output.allowUnconditionalWrites): "
+                          "two runs started at the same moment could then both write the output")
     run.add_argument("--owner-uid", help=argparse.SUPPRESS)  # set by the operator: the DatasetGeneration's uid
     run.add_argument("--job-hash", help=argparse.SUPPRESS)  # set by the operator: the runner Job's hash
     run.add_argument("--server-wait", type=float, default=1800.0, metavar="SECONDS",
@@ -172,6 +177,8 @@ def runner_config(resource: DatasetGeneration, args: argparse.Namespace, servers
     spec = resource.spec
     if args.s3_endpoint:
         spec = spec.model_copy(update={"output": spec.output.model_copy(update={"endpoint": args.s3_endpoint})})
+    if getattr(args, "allow_unconditional_writes", False):
+        spec = spec.model_copy(update={"output": spec.output.model_copy(update={"allow_unconditional_writes": True})})
     return RunnerConfig(
         spec=spec, name=args.name or resource.metadata.name, namespace=resource.metadata.namespace or "",
         servers=servers, metrics_port=args.metrics_port, metrics_address=args.metrics_address,
@@ -302,6 +309,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except LeaseLost as error:
+        print(f"error: lease lost: {error}. This run committed nothing after that; what it committed before "
+              "counts. Rerun once the other writer is done (or gone)", file=sys.stderr)
+        return EXIT_LEASE_LOST
     except Exception as error:  # the CLI's last line of defence: one clear line, details at debug level
         logger.debug("failure", exc_info=True)
         print(f"error: {type(error).__name__}: {error}", file=sys.stderr)

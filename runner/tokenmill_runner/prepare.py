@@ -37,7 +37,8 @@ from .source.scan_cache import cached_scan
 from .spec.config import RunnerConfig
 from .spec.resource import MAX_CONCURRENCY, DatasetGenerationSpec, SpecError, content_hash
 from .store.index_store import CHECKPOINT_EVERY, open_index, write_checkpoint
-from .store.lease import LeaseHeld, LeaseKeeper, acquire, process_holder
+from .store.lease import LeaseHeld, LeaseKeeper, LeaseUnsupported, acquire, process_holder
+from .store.lease_rules import CleanRule, LeaseError
 from .store.manifest import (
     DatasetLayout,
     Owner,
@@ -49,7 +50,7 @@ from .store.manifest import (
     retire,
     write_manifest,
 )
-from .store.shards import ShardBuffer, clean_leftovers
+from .store.shards import ShardBuffer, clean_leftovers, new_run_token
 from .store.storage import Storage, open_storage
 
 logger = logging.getLogger(__name__)
@@ -87,10 +88,12 @@ def resolve_concurrency(config: RunnerConfig, servers: list[ServerFacts]) -> int
 
 
 def prepare_states(config: RunnerConfig, storage: Storage, model_defaults: dict[str, Any] | None = None,
-                   bound: RowBound | None = None) -> tuple[list[DatasetState], dict[str, DatasetLayout]]:
+                   bound: RowBound | None = None, clean: CleanRule | None = None,
+                   ) -> tuple[list[DatasetState], dict[str, DatasetLayout]]:
     """Scan the sources (rows, duplicate ids) and read the ledger before any request is sent (a missing file fails
     here, cheaply). `model_defaults` (from generation_config.json) fill the sampling fields the spec leaves unset.
-    Returns the states and the layout each dataset has now (its rows, samples, source identity, input mapping)."""
+    Returns the states and the layout each dataset has now (its rows, samples, source identity, input mapping).
+    `clean` says which leftovers may be deleted (the lease's rule); None deletes none."""
     spec = config.spec
     states, layouts = [], {}
     for index, dataset in enumerate(spec.datasets):
@@ -119,7 +122,8 @@ def prepare_states(config: RunnerConfig, storage: Storage, model_defaults: dict[
                            dataset.name, extra, dataset.samples)
         logger.info("%s: %d markers folded (%d read now, %d listed)", dataset.name, commits.markers, caught.folded,
                     caught.listed)
-        removed = clean_leftovers(storage, dataset.name, config.worker_index, commits.knows, caught.strays)
+        removed = 0 if clean is None else clean_leftovers(storage, dataset.name, config.worker_index, clean,
+                                                          commits.knows, caught.strays)
         if removed:
             logger.info("%s: removed %d uncommitted leftover files of worker %d", dataset.name, removed,
                         config.worker_index)
@@ -219,20 +223,24 @@ async def prepare(config: RunnerConfig, api_key: str | None) -> Runner:
     storage = open_storage(config.output_uri, spec.output.endpoint, spec.output.region)
     recorded = await asyncio.to_thread(read_manifest, storage)
     check_output(recorded, spec)
+    token = new_run_token()
     try:
-        lease = await asyncio.to_thread(acquire, storage, run_owner(config), process_holder(), config.take_over)
+        lease = await asyncio.to_thread(acquire, storage, run_owner(config), process_holder(), token,
+                                        config.take_over, spec.output.allow_unconditional_writes)
     except LeaseHeld as error:
         raise SpecError(f"{storage.root_uri}: {error}") from None
+    except (LeaseUnsupported, LeaseError) as error:
+        raise SpecError(str(error)) from None
     keeper = LeaseKeeper(storage, lease).start()
     try:
-        return await _prepare(config, api_key, storage, recorded, metrics, keeper)
+        return await _prepare(config, api_key, storage, recorded, metrics, keeper, token)
     except BaseException:
         keeper.close()
         raise
 
 
 async def _prepare(config: RunnerConfig, api_key: str | None, storage: Storage, recorded: RunManifest | None,
-                   metrics: RunnerMetrics, keeper: LeaseKeeper) -> Runner:
+                   metrics: RunnerMetrics, keeper: LeaseKeeper, token: str) -> Runner:
     spec = config.spec
     tokenizer_location = spec.model.tokenizer or spec.model.path
     folder = await asyncio.to_thread(local_model_folder, tokenizer_location, spec.output.endpoint)
@@ -245,7 +253,8 @@ async def _prepare(config: RunnerConfig, api_key: str | None, storage: Storage, 
     # bound of the server's is enough), so the scan and the stream refuse the same rows.
     context = spec.server.context_length
     bound = RowBound.of(None if context == "auto" else context, info.model_context_length)
-    states, layouts = await asyncio.to_thread(prepare_states, config, storage, model_defaults, bound)
+    states, layouts = await asyncio.to_thread(prepare_states, config, storage, model_defaults, bound,
+                                              keeper.clean_rule)
     check_layout(recorded, layouts, states)
     encoder = PromptEncoder(tokenizer)
     refuse_unread_call_formats(encoder, states, model_family(folder, tokenizer_location))
@@ -282,4 +291,5 @@ async def _prepare(config: RunnerConfig, api_key: str | None, storage: Storage, 
                 ", ".join(s.name for s in states), storage.root_uri, len(config.servers), concurrency,
                 context_length)
     return Runner(config, storage, encoder, info, client, states, context_length, concurrency,
-                  metrics=metrics, limits=limits, send_seed=send_seed, lease=keeper, row_bound=bound)
+                  metrics=metrics, limits=limits, send_seed=send_seed, lease=keeper, row_bound=bound,
+                  run_token=token)

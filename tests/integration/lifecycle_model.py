@@ -1,6 +1,7 @@
 """A model of a run's lifecycle for hypothesis' stateful testing: random interleavings of what users and clusters do
 to a run (spec edits, kills at every kill point of the commit protocol, operator restarts, server outages, a second
-writer, a replaced source), driving the real `tokenmill run` (a subprocess against the simulator), the real ledger,
+writer, a replaced source, two runs started together, a writer paused between a shard's data and its marker
+and taken over, a lease whose holder's clock runs a day ahead), driving the real `tokenmill run` (a subprocess against the simulator), the real ledger,
 run manifest and report, and the operator's real observation and decision functions. After every step the
 invariants of docs/reliability.md must hold; they are checked against a recount made straight from the commit
 markers, not through the code under test.
@@ -13,11 +14,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
 from collections import Counter
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +35,7 @@ from tokenmill_operator.status import DatasetGenerationStatus
 from tokenmill_runner.report.files import load_ledger
 from tokenmill_runner.report.validation import build_report
 from tokenmill_runner.store.faults import FAULT_ENV
-from tokenmill_runner.store.lease import LEASE, Lease
+from tokenmill_runner.store.lease import LEASE, Lease, LeaseKeeper, LeaseTimes, acquire
 from tokenmill_runner.store.manifest import Owner, read_manifest
 from tokenmill_runner.store.markers import read_markers
 from tokenmill_runner.store.storage import LocalStorage
@@ -44,7 +47,10 @@ BAD_LINE = 5  # an invalid row: every run records its error, a final outcome of 
 KILL_POINTS = [None, "kill-after:data:1", "kill-after:errors:1", "kill-before:marker:2", "kill-after:marker:1",
                "kill-after:marker:3"]
 RUN_TIMEOUT_S = 180  # every run ends within this, whatever was done to it (the bound the model checks)
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_GIVEN_UP, EXIT_SERVERS_DOWN = 0, 1, 2, 3, 4
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_GIVEN_UP, EXIT_SERVERS_DOWN, EXIT_LEASE_LOST = 0, 1, 2, 3, 4, 6
+# The lease's periods for the model's runs: renewals every 2 s, so a watcher sees a live holder renew within 2 s and
+# a gone one's lease is free after 12 s of watching.
+LEASE_STALE_S = 12.0
 
 
 class Counts:
@@ -91,6 +97,7 @@ class LifecycleModel(RuleBasedStateMachine):
         self.versions = {"a": 0, "b": 0}
         self.recorded: dict[str, int] = {}  # the source version run.json records per dataset (kept when retired)
         self.operator = OutputIndex()
+        self.lease_steps: set[str] = set()  # the lease's races, each at most once per example (they wait seconds)
         for name in self.versions:
             self._write_source(name)
 
@@ -111,14 +118,23 @@ class LifecycleModel(RuleBasedStateMachine):
         path.write_text(yaml.safe_dump(document))
         return path
 
-    def _run(self, server: str, fault: str | None = None, **runner: Any) -> subprocess.CompletedProcess[str]:
+    def _command(self, server: str, fault: str | None = None, **runner: Any) -> tuple[list[str], dict[str, str]]:
         env = {k: v for k, v in os.environ.items() if k != FAULT_ENV}
-        env["TOKENMILL_LEASE_SETTLE_SECONDS"] = "0"
+        env["TOKENMILL_LEASE_STALE_SECONDS"] = str(LEASE_STALE_S)
         if fault:
             env[FAULT_ENV] = fault
-        return subprocess.run([sys.executable, "-m", "tokenmill_runner.cli", "-q", "run", str(self._spec(**runner)),
-                               "--out", str(self.out), "--server", server, "--server-wait", "2"],
-                              capture_output=True, text=True, env=env, timeout=RUN_TIMEOUT_S)
+        return ([sys.executable, "-m", "tokenmill_runner.cli", "-q", "run", str(self._spec(**runner)),
+                 "--out", str(self.out), "--server", server, "--server-wait", "2"], env)
+
+    def _run(self, server: str, fault: str | None = None, **runner: Any) -> subprocess.CompletedProcess[str]:
+        command, env = self._command(server, fault, **runner)
+        return subprocess.run(command, capture_output=True, text=True, env=env, timeout=RUN_TIMEOUT_S)
+
+    def _start(self, fault: str | None = None, machine: str | None = None) -> subprocess.Popen[str]:
+        command, env = self._command(self.server_url, fault)
+        if machine:  # its own cache folder: to the other runs, a process of another machine
+            env["TOKENMILL_CACHE"] = str(self.root / f"cache-{machine}")
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
     def _replaced(self) -> bool:
         """A dataset of the spec whose source is not the one its commits were made against: the run must refuse."""
@@ -190,15 +206,75 @@ class LifecycleModel(RuleBasedStateMachine):
 
     @rule()
     def second_writer(self) -> None:
-        """Another owner holds the output (a fresh lease): the run is refused and commits nothing."""
-        intruder = Lease(Owner(kind="cli", name="intruder"), "elsewhere:1:x", datetime.now(UTC), datetime.now(UTC))
-        self.storage.put(LEASE, intruder.encode())
+        """Another owner writes the output and renews its lease, its holder named after this host with a pid that
+        does not exist: the run watches, sees it renewed, is refused and commits nothing."""
         markers = len(list(self.out.glob("*/commits/*.json")))
-        done = self._run(self.server_url)
-        self.storage.delete(LEASE)
+        times = LeaseTimes(LEASE_STALE_S)
+        holder = f"{socket.gethostname()}:999999999:intruder"
+        intruder = acquire(self.storage, Owner(kind="cli", name="intruder"), holder, times=times)
+        with LeaseKeeper(self.storage, intruder, times=times):
+            done = self._run(self.server_url)
         self._note("second_writer")
         assert done.returncode == EXIT_USAGE and "tokenmill run 'intruder'" in done.stderr, done.stderr[-1500:]
         assert len(list(self.out.glob("*/commits/*.json"))) == markers
+
+    @precondition(lambda self: "lease_from_the_future" not in self.lease_steps)
+    @rule()
+    def lease_from_the_future(self) -> None:
+        """A gone writer's lease, renewed a day ahead by its clock: it is free once unchanged while watched."""
+        self.lease_steps.add("lease_from_the_future")
+        replaced = self._replaced()
+        ahead = datetime.now(UTC) + timedelta(days=1)
+        self.storage.put(LEASE, Lease(Owner(kind="cli", name="gone"), "elsewhere:1:x", ahead, ahead).encode())
+        done = self._run(self.server_url)
+        self._note("lease_from_the_future")
+        if replaced:
+            assert done.returncode == EXIT_USAGE and ".source" in done.stderr, done.stderr[-1500:]
+            return
+        self._recorded_now()
+        assert done.returncode in (EXIT_OK, EXIT_GIVEN_UP), done.stderr[-1500:]
+
+    @precondition(lambda self: "two_runs_at_once" not in self.lease_steps)
+    @rule()
+    def two_runs_at_once(self) -> None:
+        """Two runs of this spec started together: one writes, the other is refused or comes after it."""
+        self.lease_steps.add("two_runs_at_once")
+        replaced = self._replaced()
+        runs = [self._start(), self._start()]
+        ended = [(run.wait(timeout=RUN_TIMEOUT_S), run.communicate()[1]) for run in runs]
+        self._note("two_runs_at_once")
+        if replaced:
+            return
+        self._recorded_now()
+        codes = sorted(code for code, _ in ended)
+        assert all(code in (EXIT_OK, EXIT_USAGE, EXIT_GIVEN_UP) for code in codes), ended
+        assert EXIT_USAGE not in codes or any("is being written by" in err for _, err in ended), ended
+
+    @precondition(lambda self: "paused_writer_taken_over" not in self.lease_steps)
+    @rule()
+    def paused_writer_taken_over(self) -> None:
+        """A writer stops (SIGSTOP) between a shard's data and its marker; a second run takes the output over after
+        the stale period and finishes; the first, resumed, commits nothing more and exits 6."""
+        self.lease_steps.add("paused_writer_taken_over")
+        replaced = self._replaced()
+        paused = self._start("pause-after:data:1", machine="elsewhere")
+        _, status = os.waitpid(paused.pid, os.WUNTRACED)  # until it stopped, or ended (nothing to generate)
+        if not os.WIFSTOPPED(status):
+            paused.returncode = os.waitstatus_to_exitcode(status)
+            paused.communicate()
+            self._note("paused_writer:nothing")
+            return
+        try:
+            taker = self._run(self.server_url)
+        finally:
+            paused.send_signal(signal.SIGCONT)
+        code, stderr = paused.wait(timeout=RUN_TIMEOUT_S), paused.communicate()[1]
+        self._note("paused_writer_taken_over")
+        if replaced:
+            return
+        self._recorded_now()
+        assert taker.returncode in (EXIT_OK, EXIT_GIVEN_UP), taker.stderr[-1500:]
+        assert code == EXIT_LEASE_LOST and "lease lost" in stderr, stderr[-1500:]
 
     @precondition(lambda self: (self.out / "run.json").exists())
     @rule(restarted=st.booleans())

@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from tokenmill_runner.generate.summary import EXIT_OK, EXIT_USAGE
-from tokenmill_runner.store.lease import LEASE
+from tokenmill_runner.store.lease import LEASE, read_lease
 from tokenmill_runner.store.markers import read_markers
 from tokenmill_runner.store.storage import LocalStorage
 
@@ -97,7 +97,8 @@ def test_a_second_run_on_an_output_being_written_is_refused_naming_the_holder(tm
     assert first.returncode == EXIT_OK, stderr[-2000:]
     slots = Counter(line for marker in read_markers(LocalStorage(out), "p") for line in marker["samples"]["line"])
     assert set(slots) == set(range(1, LINES + 1)) and set(slots.values()) == {1}, "every line committed once"
-    assert not (out / LEASE).exists(), "a finished process gives its lease up"
+    assert read_lease(LocalStorage(out)) is None, "a finished process gives its lease up"
+    assert orjson.loads((out / LEASE).read_bytes())["released"] is True
 
 
 def test_a_source_replaced_under_committed_work_is_refused(tmp_path, demo_model, sim):

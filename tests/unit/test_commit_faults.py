@@ -72,7 +72,8 @@ def test_without_the_variable_every_commit_completes(tmp_path):
 def test_rules_are_parsed_or_refused_with_the_variable_named():
     assert parse_rules("kill-after:data:3, kill-before:marker:1") == [FaultRule("after", "data", 3),
                                                                       FaultRule("before", "marker", 1)]
+    assert parse_rules("pause-after:data:2") == [FaultRule("after", "data", 2, "pause")]
     assert parse_rules("") == []
-    for bad in ("kill-after:data", "kill-after:data:0", "kill-during:data:1", "kill-after:shard:1"):
-        with pytest.raises(ValueError, match=rf"{FAULT_ENV}: '{bad}' is not kill-before\|after"):
+    for bad in ("kill-after:data", "kill-after:data:0", "kill-during:data:1", "kill-after:shard:1", "stop-after:data:1"):
+        with pytest.raises(ValueError, match=rf"{FAULT_ENV}: '{bad}' is not kill\|pause-before\|after"):
             parse_rules(bad)

@@ -456,10 +456,10 @@ def test_an_output_holding_another_models_run_fails_before_anything_runs():
                            "spec": {"model": {"path": "s3://models/kimi/"}, "output": {"uri": "s3://o/run/"},
                                     "datasets": [{"name": "a", "source": "s3://p/a.jsonl"}]}}).spec
     owner = Owner(kind="DatasetGeneration", name="r", namespace="ns", uid="u1")
-    assert foreign_run(None, None, spec, owner, T0) is None
+    assert foreign_run(None, None, spec, owner, 0.0) is None
     kimi = RunManifest(spec={"model": {"path": "s3://models/kimi/", "tokenizer": "/models/tok"}})
-    assert foreign_run(kimi, None, spec, owner, T0) is None
-    why = foreign_run(RunManifest(spec={"model": {"path": "s3://models/qwen/"}}), None, spec, owner, T0)
+    assert foreign_run(kimi, None, spec, owner, 0.0) is None
+    why = foreign_run(RunManifest(spec={"model": {"path": "s3://models/qwen/"}}), None, spec, owner, 0.0)
     assert "s3://o/run/ already holds a run of model 's3://models/qwen/'" in why
     decision = decide(observed(foreign_output=why, job=JobState(active=4)))
     assert conditions(decision)["Failed"] == ("True", "OutputInUse")
@@ -499,18 +499,20 @@ def test_a_job_that_ended_before_its_runner_recorded_the_layout_is_not_finished_
 def test_an_output_another_live_resource_writes_is_in_use_until_its_lease_goes_stale():
     from tokenmill_operator.observe import foreign_run
     from tokenmill_runner.spec.resource import parse_document
-    from tokenmill_runner.store.lease import STALE_AFTER_S, Lease
+    from tokenmill_runner.store.lease_rules import STALE_AFTER_S, Lease
 
     spec = parse_document({"apiVersion": "tokenmill.io/v1alpha1", "kind": "DatasetGeneration", "metadata": {"name": "r"},
                            "spec": {"model": {"path": "s3://models/kimi/"}, "output": {"uri": "s3://o/run/"},
                                     "datasets": [{"name": "a", "source": "s3://p/a.jsonl"}]}}).spec
     first = Owner(kind="DatasetGeneration", name="r", namespace="ns", uid="u1")
     recreated = first.model_copy(update={"uid": "u2"})
-    lease = Lease(first, "r-runner-0", T0 - timedelta(hours=1), T0 - timedelta(seconds=20))
-    assert foreign_run(None, lease, spec, first, T0) is None
-    why = foreign_run(None, lease, spec, recreated, T0)
+    # Renewed "a day ahead" by its holder's clock: only how long the operator saw it unchanged counts.
+    lease = Lease(first, "r-runner-0", T0 - timedelta(hours=1), T0 + timedelta(days=1))
+    assert foreign_run(None, lease, spec, first, 0.0) is None
+    why = foreign_run(None, lease, spec, recreated, 0.0)
     assert "DatasetGeneration ns/r (uid u1)" in why and "its own output.uri" in why
-    assert foreign_run(None, lease, spec, recreated, T0 + timedelta(seconds=STALE_AFTER_S)) is None
+    assert foreign_run(None, lease, spec, recreated, STALE_AFTER_S - 1)
+    assert foreign_run(None, lease, spec, recreated, STALE_AFTER_S) is None
 
 
 def test_an_edit_after_samples_were_given_up_reopens_only_when_the_new_job_would_generate_something():

@@ -1,17 +1,15 @@
 """What a run says it is, and who may write its output: the run manifest (run.json), the layout-change check and the
-output lease, as the runner applies them before it commits anything."""
+output lease (tests/unit/test_lease.py), as the runner applies them before it commits anything."""
 
 from __future__ import annotations
 
-import os
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import orjson
 import pytest
 
 from tokenmill_runner.prepare import check_output
 from tokenmill_runner.spec.resource import SpecError, parse_document
-from tokenmill_runner.store.lease import LEASE, STALE_AFTER_S, Lease, LeaseHeld, LeaseKeeper, acquire, refusal
 from tokenmill_runner.store.manifest import (
     DatasetLayout,
     Owner,
@@ -82,60 +80,3 @@ def test_a_replaced_source_or_a_new_input_mapping_is_refused_only_once_something
     assert "datasets[a].input changed" in remapped
     # Nothing committed yet: the source may be anything.
     assert layout_changes(before, {"a": layout(100, "h2")}, {"a": 0}) == []
-
-
-def test_a_second_owner_is_refused_naming_the_holder_until_the_lease_is_stale():
-    lease = Lease(RESOURCE, "pod-0", NOW - timedelta(hours=2), NOW - timedelta(seconds=10))
-    why = refusal(lease, CLI, "laptop:1", NOW, take_over=False)
-    assert why and "DatasetGeneration ml/b5 (uid uid-1)" in why and "--take-over" in why
-    assert refusal(lease, CLI, "laptop:1", NOW, take_over=True) is None
-    stale = NOW + timedelta(seconds=STALE_AFTER_S + 1)
-    assert refusal(lease, CLI, "laptop:1", stale, take_over=False) is None
-
-
-def test_a_resource_s_jobs_share_the_lease_and_two_processes_of_one_spec_do_not():
-    resource = Lease(RESOURCE, "pod-0", NOW, NOW)
-    assert refusal(resource, RESOURCE, "pod-7 of the next Job", NOW, take_over=False) is None
-    recreated = RESOURCE.model_copy(update={"uid": "uid-2"})  # the same name, re-created: another owner
-    assert refusal(resource, recreated, "pod-0", NOW, take_over=False)
-    process = Lease(CLI, "laptop:1", NOW, NOW)
-    assert refusal(process, CLI, "laptop:1", NOW, take_over=False) is None
-    assert refusal(process, CLI, "laptop:2", NOW, take_over=False)
-
-
-def test_acquire_writes_the_lease_and_a_process_releases_it_when_it_ends(tmp_path):
-    storage = LocalStorage(tmp_path)
-    lease = acquire(storage, CLI, "laptop:1", settle_s=0)
-    assert orjson.loads(storage.get(LEASE))["holder"] == "laptop:1"
-    with pytest.raises(LeaseHeld, match="tokenmill run 'b5'"):
-        acquire(storage, CLI, "laptop:2", settle_s=0)
-    with LeaseKeeper(storage, lease, every_s=0.05):
-        pass
-    assert not storage.exists(LEASE)
-    acquire(storage, CLI, "laptop:2", settle_s=0)
-
-
-def test_a_keeper_that_finds_the_output_taken_over_stops_and_says_so(tmp_path):
-    storage = LocalStorage(tmp_path)
-    keeper = LeaseKeeper(storage, acquire(storage, CLI, "laptop:1", settle_s=0), every_s=60)
-    acquire(storage, Owner(kind="cli", name="other"), "laptop:9", take_over=True, settle_s=0)
-    keeper.renew()
-    assert keeper.lost.is_set()
-    keeper.close()
-    assert orjson.loads(storage.get(LEASE))["holder"] == "laptop:9"  # the new holder's lease stays
-
-
-def test_the_lease_of_a_killed_process_of_this_machine_is_free_at_once(tmp_path):
-    import socket
-    import subprocess
-    import sys
-
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    storage = LocalStorage(tmp_path)
-    dead = Lease(CLI, f"{socket.gethostname()}:{gone.stdout.strip()}:abcd", NOW, datetime.now(UTC))
-    storage.put(LEASE, dead.encode())
-    assert acquire(storage, CLI, "this-run", settle_s=0).holder == "this-run"
-    alive = Lease(CLI, f"{socket.gethostname()}:{os.getpid()}:abcd", NOW, datetime.now(UTC))
-    storage.put(LEASE, alive.encode())
-    with pytest.raises(LeaseHeld):
-        acquire(storage, CLI, "this-run", settle_s=0)

@@ -45,10 +45,10 @@ from ..spec.resource import DatasetSpec, SamplingSpec
 from ..stats.histograms import IntHistogram
 from ..store.commit_index import DatasetIndex
 from ..store.index_store import CHECKPOINT_EVERY, put_checkpoint, take_checkpoint
-from ..store.lease import LeaseKeeper
+from ..store.lease import LeaseKeeper, LeaseLost
 from ..store.ledger import RETRYABLE_REASONS, DatasetLedger, ShardContent, Slot
-from ..store.shards import ShardBuffer, commit_shard, new_run_token, new_shard_id
-from ..store.storage import Storage, StorageError
+from ..store.shards import Fence, ShardBuffer, commit_shard, new_run_token, new_shard_id
+from ..store.storage import Storage, StorageError, retry_from_env
 from .client import GenerateClient
 from .conversation import Conversation, history_exact, read_answer, start
 from .ordering import LongestFirst, expected_output_tokens, window_size
@@ -192,7 +192,7 @@ class Runner:
                  metrics: RunnerMetrics | None = None, display: ProgressDisplay | None = None,
                  clock: Callable[[], float] = time.monotonic, limits: ServerLimits | None = None,
                  send_seed: bool = True, lease: LeaseKeeper | None = None,
-                 row_bound: RowBound | None = None) -> None:
+                 row_bound: RowBound | None = None, run_token: str | None = None) -> None:
         self.config = config
         self.send_seed = send_seed  # the servers' release accepts sampling_seed (every supported one does)
         self.lease = lease  # renewed while the run lasts; lost when another owner takes the output over
@@ -210,7 +210,9 @@ class Runner:
         self.clock = clock
         self.meter = ThroughputMeter()
         self.in_flight = 0
-        self._run_token = new_run_token()
+        self._run_token = run_token or new_run_token()  # the lease records it: shard names of this run
+        self._fence = None if lease is None else Fence(lease.fence, lease.times.marker_budget_s,
+                                                       retry_from_env().budget_s)
         self._sequence = 0
         self._commits: set[asyncio.Task[None]] = set()
         self._commit_slots = asyncio.Semaphore(MAX_PARALLEL_COMMITS)
@@ -253,7 +255,9 @@ class Runner:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if isinstance(self._fatal, CommitFailed):
+        if isinstance(self._fatal, LeaseLost):
+            logger.error("not committing the remaining buffers: this run no longer holds the output's lease")
+        elif isinstance(self._fatal, CommitFailed):
             logger.error("not committing the remaining buffers: the store is unavailable; their samples are "
                          "generated again on resume")
         else:
@@ -554,14 +558,17 @@ class Runner:
         dataset = state.name
         async with self._commit_slots:
             if self.lease is not None and self.lease.lost.is_set():
-                self._fail(CommitFailed(f"not committing shard {dataset}/{shard_id}: another owner took the output "
-                                        "over (its lease.json); this run's remaining samples are left to it"))
+                self._fail(LeaseLost(f"not committing shard {dataset}/{shard_id}: {self.lease.why}"))
                 return
             for attempt in range(1, COMMIT_ATTEMPTS + 1):
                 try:
                     marker = await asyncio.to_thread(
-                        commit_shard, self.storage, dataset, shard_id, self.config.worker_index, content
+                        commit_shard, self.storage, dataset, shard_id, self.config.worker_index, content,
+                        fence=self._fence,
                     )
+                except LeaseLost as error:  # its data may be written: an unmarked leftover, never counted
+                    self._fail(LeaseLost(f"not committing shard {dataset}/{shard_id}: {error}"))
+                    return
                 except StorageError as error:  # the store already retried for its whole budget
                     self._fail(CommitFailed(f"cannot commit shard {dataset}/{shard_id}: {error}"))
                     return

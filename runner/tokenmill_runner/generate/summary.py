@@ -14,6 +14,7 @@ EXIT_USAGE = 2  # a bad command line or spec: no retry can succeed
 EXIT_GIVEN_UP = 3  # finished, but samples were given up for a server-side reason: rerun with --retry-failed
 EXIT_SERVERS_UNAVAILABLE = 4  # no server was live for longer than the outage budget; nothing was written off
 EXIT_NO_SAMPLES = 5  # finished, but a dataset has no sample: an empty source, or every row failed for its input
+EXIT_LEASE_LOST = 6  # the run could no longer prove it holds the output's lease: it committed nothing after that
 EXIT_INTERRUPTED = 130  # SIGINT/SIGTERM: finished samples committed, the rest is redone on resume
 
 RETRY_HINT = ("run again with `tokenmill run --retry-failed` (on a cluster: annotate the DatasetGeneration "

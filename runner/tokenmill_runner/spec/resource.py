@@ -529,6 +529,10 @@ class OutputSpec(SpecModel):
     credentials_secret: str | None = Field(
         None, description="Secret with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY for S3 (cluster runs)."
     )
+    allow_unconditional_writes: bool = Field(
+        False, description="Run on a store that ignores conditional PutObject (If-None-Match / If-Match), which the "
+                           "output lease needs to keep a second writer out. Risk: two runs started at the same moment "
+                           "can both write, committing samples twice and deleting each other's unmarked shards.")
 
     @field_validator("uri")
     @classmethod

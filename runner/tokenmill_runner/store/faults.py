@@ -7,6 +7,8 @@ the marker) instead of at a wall-clock moment that may fall anywhere:
     TOKENMILL_FAULT=kill-after:errors:1    ... right after its 1st error-file write (before that shard's marker)
     TOKENMILL_FAULT=kill-before:marker:2   ... right before its 2nd marker write
     TOKENMILL_FAULT=kill-after:marker:5,kill-before:data:9   several rules: the first one reached fires
+    TOKENMILL_FAULT=pause-after:data:2     SIGSTOP (not kill) right after its 2nd data write: a writer paused
+                                           between a shard's data and its marker, until the test sends SIGCONT
 
 Steps are `data`, `errors` and `marker`; counts are per step and per process (`before:N` is the N-th write of
 that step to start, `after:N` the N-th to finish). Unset (always, in production) every fault point is a no-op.
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 FAULT_ENV = "TOKENMILL_FAULT"
 # states and states-marker: a sample's hidden-state file and its marker (store/hidden_states.py).
 STEPS = ("data", "errors", "marker", "states", "states-marker")
-_RULE = re.compile(r"kill-(before|after):(data|errors|marker|states|states-marker):([1-9][0-9]*)")
+_RULE = re.compile(r"(kill|pause)-(before|after):(data|errors|marker|states|states-marker):([1-9][0-9]*)")
 
 
 @dataclass(frozen=True)
@@ -34,9 +36,10 @@ class FaultRule:
     moment: str  # before | after
     step: str  # data | errors | marker
     count: int  # the n-th write of that step in this process
+    action: str = "kill"  # kill (SIGKILL) | pause (SIGSTOP)
 
     def __str__(self) -> str:
-        return f"kill-{self.moment}:{self.step}:{self.count}"
+        return f"{self.action}-{self.moment}:{self.step}:{self.count}"
 
 
 def parse_rules(text: str) -> list[FaultRule]:
@@ -44,8 +47,9 @@ def parse_rules(text: str) -> list[FaultRule]:
     for part in filter(None, (p.strip() for p in text.split(","))):
         match = _RULE.fullmatch(part)
         if not match:
-            raise ValueError(f"{FAULT_ENV}: {part!r} is not kill-before|after:data|errors|marker|states|states-marker:N (N >= 1)")
-        rules.append(FaultRule(match.group(1), match.group(2), int(match.group(3))))
+            raise ValueError(f"{FAULT_ENV}: {part!r} is not kill|pause-before|after:"
+                             "data|errors|marker|states|states-marker:N (N >= 1)")
+        rules.append(FaultRule(match.group(2), match.group(3), int(match.group(4)), match.group(1)))
     return rules
 
 
@@ -74,9 +78,11 @@ class FaultPoints:
     def _check(self, moment: str, step: str, count: int, key: str) -> None:
         for rule in self.rules:
             if (rule.moment, rule.step, rule.count) == (moment, step, count):
-                sys.stderr.write(f"{FAULT_ENV}: {rule} reached at {key}, killing the runner (SIGKILL)\n")
+                stop = rule.action == "pause"
+                what = "pausing the runner (SIGSTOP)" if stop else "killing the runner (SIGKILL)"
+                sys.stderr.write(f"{FAULT_ENV}: {rule} reached at {key}, {what}\n")
                 sys.stderr.flush()
-                os.kill(os.getpid(), signal.SIGKILL)
+                os.kill(os.getpid(), signal.SIGSTOP if stop else signal.SIGKILL)
 
 
 _points: FaultPoints | None = None

@@ -10,7 +10,10 @@ Layout under the output root, per dataset:
 A shard exists for readers only once its marker exists: data first, then errors, then the marker (each write
 atomic). The marker lists each sample's slot and id with the per-sample lengths and flags the report needs, so
 progress and reports never scan the shards. Files without a marker are leftovers of a killed worker; that worker
-deletes them on restart. `faults.py` can kill the process at each step of a commit, for the tests.
+deletes them on restart, and no cleaner deletes another run's unmarked file while its marker may still come
+(`lease_rules.CleanRule`). Before the marker a writer proves it still holds the output's lease (`fence`), and the
+marker's write retries only within the lease's margin, each attempt after a new proof. `faults.py` can kill the
+process at each step of a commit, for the tests.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import io
 import logging
 import secrets
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -29,10 +33,11 @@ import pyarrow.parquet as pq
 
 from .faults import FaultPoints
 from .faults import points as fault_points
+from .lease_rules import CleanRule
 from .ledger import COMMITS, ERRORS, SHARDS, DatasetLedger, ShardContent, build_marker
 from .marker_names import marker_name, shard_id_of
 from .markers import READ_THREADS, iter_markers, list_commits, marker_keys, markers_in_commit_order
-from .storage import TMP_MARK, Storage
+from .storage import TMP_MARK, Storage, StorageError
 
 logger = logging.getLogger(__name__)
 
@@ -156,8 +161,20 @@ def encode_errors(errors: list[dict[str, Any]]) -> bytes:
     return b"".join(orjson.dumps(record) + b"\n" for record in errors)
 
 
+@dataclass(frozen=True)
+class Fence:
+    """What a commit's marker write answers to: `prove()` raises unless the writer still holds the output's lease
+    (`LeaseKeeper.fence`); one write retries for at most `attempt_s`, and new proofs and writes go on for
+    `patience_s` of failures in all (the store's retry budget)."""
+
+    prove: Callable[[], None]
+    attempt_s: float
+    patience_s: float
+
+
 def commit_shard(storage: Storage, dataset: str, shard_id: str, worker: int, content: ShardContent,
-                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> dict[str, Any]:
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+                 fence: Fence | None = None) -> dict[str, Any]:
     """Write data, then errors, then the marker. A crash before the marker leaves only ignorable leftovers. The
     marker is named by the time just before its PUT, which is also its committed_at."""
     faults = fault_points()
@@ -170,8 +187,28 @@ def commit_shard(storage: Storage, dataset: str, shard_id: str, worker: int, con
         _write_step(storage, faults, "errors", f"{dataset}/{ERRORS}/{shard_id}.jsonl", encode_errors(content.errors))
     at = clock()
     marker = build_marker(dataset, shard_id, worker, content, data_bytes, committed_at=at)
-    _write_step(storage, faults, "marker", f"{dataset}/{COMMITS}/{marker_name(at, shard_id)}", orjson.dumps(marker))
+    key = f"{dataset}/{COMMITS}/{marker_name(at, shard_id)}"
+    faults.before("marker", key)
+    _put_marker(storage, key, orjson.dumps(marker), fence)
+    faults.after("marker", key)
     return marker
+
+
+def _put_marker(storage: Storage, key: str, data: bytes, fence: Fence | None) -> None:
+    if fence is None:
+        storage.put(key, data)
+        return
+    started = time.monotonic()
+    while True:
+        fence.prove()  # between the data write and this one, the lease may have been lost: LeaseLost
+        try:
+            storage.put(key, data, budget_s=fence.attempt_s)
+            return
+        except StorageError:
+            if time.monotonic() - started >= fence.patience_s:
+                raise
+            logger.warning("marker %s not written within %.0f s; proving the lease again before the next try",
+                           storage.uri(key), fence.attempt_s)
 
 
 def _write_step(storage: Storage, faults: FaultPoints, step: str, key: str, data: bytes) -> None:
@@ -216,13 +253,22 @@ def leftovers(storage: Storage, dataset: str, worker: int | None = None,
     yield from (key for key in strays if TMP_MARK in key and shard_id_of(key).startswith(prefix))
 
 
-def clean_leftovers(storage: Storage, dataset: str, worker: int, committed: Callable[[str], bool] | None = None,
-                    strays: Iterable[str] | None = None) -> int:
-    removed = 0
+def clean_leftovers(storage: Storage, dataset: str, worker: int, rule: CleanRule,
+                    committed: Callable[[str], bool] | None = None, strays: Iterable[str] | None = None) -> int:
+    """Delete this worker's leftovers that `rule` allows: a younger unmarked file of another run may still get its
+    marker (a writer paused or taken over with a commit in flight), and deleting it would leave a marker naming a
+    missing file."""
+    removed = kept = 0
     for key in list(leftovers(storage, dataset, worker, committed, strays)):
+        if not rule.may_delete(shard_id_of(key), storage.modified(key)):
+            kept += 1
+            continue
         logger.info("removing uncommitted leftover %s", storage.uri(key))
         storage.delete(key)
         removed += 1
+    if kept:
+        logger.info("%s: kept %d unmarked files of worker %d that another run wrote less than %.0f s ago (their "
+                    "marker may still come; a later run removes them)", dataset, kept, worker, rule.keep_s)
     return removed
 
 

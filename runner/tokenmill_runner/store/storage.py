@@ -14,6 +14,8 @@ bucket) raise at once.
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import io
 import logging
 import os
@@ -23,6 +25,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import IO, Any, Protocol, TypeVar
@@ -54,6 +57,15 @@ class StorageError(RuntimeError):
     """A storage operation failed; the message names the URI."""
 
 
+class PreconditionFailed(StorageError):
+    """A conditional write found the object not as required (S3's 412): it exists (put_new), or it changed or is
+    gone (put_replacing). Nothing was written."""
+
+
+class TooLarge(StorageError):
+    """An object is larger than its reader allows; it was not read."""
+
+
 @dataclass(frozen=True)
 class StorageRetry:
     """How long one S3 operation keeps retrying transient failures before the run stops with an error."""
@@ -70,7 +82,16 @@ class StorageRetry:
 class Storage(Protocol):
     root_uri: str
 
-    def put(self, key: str, data: bytes) -> None: ...
+    # `budget_s` bounds this call's retries below the store's own budget (a commit marker must land, or be given
+    # up, within the lease's fencing margin).
+    def put(self, key: str, data: bytes, budget_s: float | None = None) -> None: ...
+    # Conditional writes (the lease): create only when absent, replace only when the version is `version`; both
+    # return the new version and raise PreconditionFailed when the condition does not hold.
+    def put_new(self, key: str, data: bytes, budget_s: float | None = None) -> str: ...
+    def put_replacing(self, key: str, data: bytes, version: str, budget_s: float | None = None) -> str: ...
+    # The object and its version, None when missing; TooLarge past `limit` bytes, before reading the body.
+    def get_versioned(self, key: str, limit: int) -> tuple[bytes, str] | None: ...
+    def modified(self, key: str) -> datetime | None: ...  # the store's LastModified (local: mtime); None: missing
     def put_file(self, key: str, path: Path) -> None: ...  # atomic like put; the local file may be moved
     def get(self, key: str) -> bytes: ...
     # Keys under `prefix`, and only those sorting after `start_after` when given (S3's StartAfter: a reader of
@@ -138,6 +159,28 @@ def write_atomic(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
+def local_version(data: bytes) -> str:
+    """A local file's version: a hash of its content (writers that need to tell equal contents apart put a nonce
+    in them, as the lease does)."""
+    return hashlib.sha256(data).hexdigest()[:32]
+
+
+class _folder_lock:
+    """An exclusive flock on a folder: the local store's conditional writes compare and replace under it."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.fd = -1
+
+    def __enter__(self) -> None:
+        self.fd = os.open(self.folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc: object) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+
+
 class LocalStorage:
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root).resolve()
@@ -146,8 +189,63 @@ class LocalStorage:
     def _path(self, key: str) -> Path:
         return self.root / key
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes, budget_s: float | None = None) -> None:
         write_atomic(self._path(key), data)
+
+    def put_new(self, key: str, data: bytes, budget_s: float | None = None) -> str:
+        """Exclusive create: the whole file is written under a temporary name and linked into place, which fails
+        when the name exists (a reader never sees a partial file, and of two creators exactly one wins)."""
+        path = self._path(key)
+        make_dirs(path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=path.name + TMP_MARK, dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                raise PreconditionFailed(f"{self.uri(key)} already exists") from None
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        fsync_dir(path.parent)
+        return local_version(data)
+
+    def put_replacing(self, key: str, data: bytes, version: str, budget_s: float | None = None) -> str:
+        """Replace the file only if its content is still `version`: the compare and the rename happen under an
+        exclusive lock on the folder, which every conditional writer of this store takes."""
+        path = self._path(key)
+        make_dirs(path.parent)
+        with _folder_lock(path.parent):
+            try:
+                current = path.read_bytes()
+            except FileNotFoundError:
+                raise PreconditionFailed(f"{self.uri(key)} is gone") from None
+            if local_version(current) != version:
+                raise PreconditionFailed(f"{self.uri(key)} changed")
+            write_atomic(path, data)
+        return local_version(data)
+
+    def get_versioned(self, key: str, limit: int) -> tuple[bytes, str] | None:
+        path = self._path(key)
+        try:
+            with path.open("rb") as handle:
+                size = os.fstat(handle.fileno()).st_size
+                if size > limit:
+                    raise TooLarge(f"{self.uri(key)} is {size} bytes, over the {limit} this reader reads")
+                data = handle.read(limit + 1)
+        except FileNotFoundError:
+            return None
+        if len(data) > limit:
+            raise TooLarge(f"{self.uri(key)} is over the {limit} bytes this reader reads")
+        return data, local_version(data)
+
+    def modified(self, key: str) -> datetime | None:
+        try:
+            return datetime.fromtimestamp(self._path(key).stat().st_mtime, UTC)
+        except FileNotFoundError:
+            return None
 
     def put_file(self, key: str, path: Path) -> None:
         """Move (or, across file systems, copy) a finished local file into place, atomically."""
@@ -239,10 +337,12 @@ class S3Storage:
     def _key(self, key: str) -> str:
         return self.location.prefix + key
 
-    def call(self, action: str, key: str, operation: Callable[[], T]) -> T:
-        """Run one S3 operation, retrying transient failures for up to the retry budget."""
+    def call(self, action: str, key: str, operation: Callable[[], T], budget_s: float | None = None) -> T:
+        """Run one S3 operation, retrying transient failures for up to the retry budget (or `budget_s`, when
+        smaller)."""
         started = time.monotonic()
         attempt = 0
+        budget = self.retry.budget_s if budget_s is None else min(budget_s, self.retry.budget_s)
         while True:
             try:
                 return operation()
@@ -250,28 +350,98 @@ class S3Storage:
                 if not is_transient(error):
                     raise
                 attempt += 1
-                self._wait(action, key, error, attempt, started)
+                self._wait(action, key, error, attempt, started, budget)
 
-    def _wait(self, action: str, key: str, error: Exception, attempt: int, started: float) -> None:
+    def _wait(self, action: str, key: str, error: Exception, attempt: int, started: float,
+              budget_s: float | None = None) -> None:
+        budget = self.retry.budget_s if budget_s is None else budget_s
         failing = time.monotonic() - started
-        if failing >= self.retry.budget_s:
+        if failing >= budget:
             raise StorageError(
                 f"cannot {action} {self.uri(key)}: still failing after {failing:.0f}s and {attempt} attempt(s) "
                 f"(last: {type(error).__name__}: {error}); the store is unavailable: nothing was lost, rerun to "
                 "resume from what is committed"
             ) from error
-        delay = min(self.retry.delay(attempt, self._rng), self.retry.budget_s - failing)
+        delay = min(self.retry.delay(attempt, self._rng), budget - failing)
         logger.warning("%s %s failed (%s: %s); retry %d in %.1fs", action, self.uri(key), type(error).__name__,
                        error, attempt, delay)
         time.sleep(delay)
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes, budget_s: float | None = None) -> None:
         try:
-            self.call("write", key, lambda: self._put_once(key, data))
+            self.call("write", key, lambda: self._put_once(key, data), budget_s)
         except StorageError:
             raise
         except Exception as error:
             raise StorageError(f"cannot write {self.uri(key)}: {error}") from error
+
+    def put_new(self, key: str, data: bytes, budget_s: float | None = None) -> str:
+        """PutObject with If-None-Match: *: a 412 (the object exists) raises PreconditionFailed."""
+        return self._put_conditional(key, data, {"IfNoneMatch": "*"}, budget_s)
+
+    def put_replacing(self, key: str, data: bytes, version: str, budget_s: float | None = None) -> str:
+        """PutObject with If-Match: <ETag>: a 412 (another version) or a 404 (gone) raises PreconditionFailed."""
+        return self._put_conditional(key, data, {"IfMatch": version}, budget_s)
+
+    def _put_conditional(self, key: str, data: bytes, condition: dict[str, str], budget_s: float | None) -> str:
+        attempts = 0
+
+        def once() -> dict[str, Any]:
+            nonlocal attempts
+            attempts += 1
+            return self._client.put_object(Bucket=self.location.bucket, Key=self._key(key), Body=data, **condition)
+
+        try:
+            return str(self.call("write", key, once, budget_s)["ETag"])
+        except StorageError:
+            raise
+        except Exception as error:
+            if _error_code(error) in ("PreconditionFailed", "ConditionalRequestConflict") or _is_missing(error):
+                if attempts > 1:  # an earlier attempt may have landed and its answer been lost: is it ours?
+                    current = self.get_versioned(key, len(data))
+                    if current is not None and current[0] == data:
+                        return current[1]
+                raise PreconditionFailed(f"{self.uri(key)}: the conditional write was refused "
+                                         f"({_error_code(error)})") from None
+            raise StorageError(f"cannot write {self.uri(key)}: {error}") from error
+
+    def get_versioned(self, key: str, limit: int) -> tuple[bytes, str] | None:
+        try:
+            head = self.call("look up", key, lambda: self._client.head_object(Bucket=self.location.bucket,
+                                                                              Key=self._key(key)))
+        except StorageError:
+            raise
+        except Exception as error:
+            if _is_missing(error):
+                return None
+            raise StorageError(f"cannot look up {self.uri(key)}: {error}") from error
+        size = int(head.get("ContentLength", 0))
+        if size > limit:
+            raise TooLarge(f"{self.uri(key)} is {size} bytes, over the {limit} this reader reads")
+        try:
+            response = self.get_object(key, etag=head.get("ETag"))
+        except StorageError as error:
+            if "does not exist" in str(error):
+                return None
+            raise
+        with io.BufferedReader(ResumableBody(self, key, response), buffer_size=READ_BUFFER) as body:
+            data = body.read(limit + 1)
+        if len(data) > limit:
+            raise TooLarge(f"{self.uri(key)} is over the {limit} bytes this reader reads")
+        return data, str(response.get("ETag"))
+
+    def modified(self, key: str) -> datetime | None:
+        try:
+            head = self.call("look up", key, lambda: self._client.head_object(Bucket=self.location.bucket,
+                                                                              Key=self._key(key)))
+        except StorageError:
+            raise
+        except Exception as error:
+            if _is_missing(error):
+                return None
+            raise StorageError(f"cannot look up {self.uri(key)}: {error}") from error
+        modified = head.get("LastModified")
+        return modified if isinstance(modified, datetime) else None
 
     def _put_once(self, key: str, data: bytes) -> None:
         if len(data) <= MULTIPART_THRESHOLD:
@@ -417,13 +587,13 @@ class ResumableBody(io.RawIOBase):
     reopens the object from the byte it reached, pinned to the ETag of the first answer. Failures are retried for
     up to the storage's retry budget, counted from the last byte that arrived."""
 
-    def __init__(self, storage: S3Storage, key: str) -> None:
+    def __init__(self, storage: S3Storage, key: str, response: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.storage = storage
         self.key = key
         self.offset = 0
         self.resumes = 0
-        response = storage.get_object(key)
+        response = response if response is not None else storage.get_object(key)
         self.size = int(response.get("ContentLength", 0))
         self.etag = response.get("ETag")
         self._body = response["Body"]
