@@ -81,9 +81,11 @@ def structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         if required:
             out["required"] = list(required)
         for name, child in out["properties"].items():
-            # Kubernetes applies nested defaults only inside objects that exist: default optional objects to {}.
+            # Kubernetes applies nested defaults only inside objects that exist: default optional objects to {}. Not
+            # an object whose absence means off (a None default, e.g. hiddenStates): {} would switch it on.
+            off_when_unset = node["properties"][name].get("default", 0) is None
             if child.get("type") == "object" and "properties" in child and name not in required \
-                    and not child.get("required"):
+                    and not child.get("required") and not off_when_unset:
                 child.setdefault("default", {})
     if "items" in node:
         out["items"] = structural(node["items"], defs)

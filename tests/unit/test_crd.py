@@ -110,3 +110,11 @@ def test_crd_and_pydantic_agree_on_every_field():
             assert "'auto'" in rules, path
         elif enum:
             assert sorted(map(str, theirs[path]["enum"])) == enum, path
+
+
+def test_an_object_that_is_off_when_unset_gets_no_default():
+    # The API server applies a default of {} to an absent object, and {} parses as the feature switched on with its
+    # defaults: hiddenStates (off unless set) must have none, while validation (defaults inside) keeps its {}.
+    spec = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    assert "default" not in spec["hiddenStates"]
+    assert spec["validation"]["default"] == {}
