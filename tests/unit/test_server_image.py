@@ -19,7 +19,7 @@ from tokenmill_runner.facts.releases import DEFAULT_IMAGE, HEALTH_CHECK_TIMEOUT_
 from tokenmill_runner.spec.resource import SpecError
 
 from .test_planner import H200, facts, fixture, make_spec
-from .test_reconcile import context
+from .test_reconcile import ModelFiles, model_files  # noqa: F401 (a fixture)
 
 KIMI = "kimi-k2.5"
 
@@ -109,16 +109,16 @@ def test_health_probes_wait_for_sglangs_own_health_verdict() -> None:
         assert container[probe]["periodSeconds"] >= container[probe]["timeoutSeconds"]
 
 
-def test_the_operator_reads_the_nodes_driver_only_when_it_makes_a_plan(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text(json.dumps(fixture(KIMI)["config"]))
+def test_the_operator_reads_the_nodes_driver_only_when_it_makes_a_plan(model_files: ModelFiles) -> None:
+    files = model_files  # the operator plans from storage, never from its own filesystem
     reads: list[int] = []
 
     def node_driver() -> int:
         reads.append(570)
         return 570
 
-    made = plan_for(context(tmp_path, 1), None, node_driver)
+    made = plan_for(files.context(1), None, node_driver)
     assert made.plan is not None and made.plan.image == "lmsysorg/sglang:v0.5.19-cu129" and reads == [570]
     previous = DatasetGenerationStatus(server_plan=made.plan, planned_generation=1, observed_generation=1)
-    assert plan_for(context(tmp_path, 1, previous), None, node_driver).plan == made.plan
+    assert plan_for(files.context(1, previous), None, node_driver).plan == made.plan
     assert reads == [570], "a kept plan reads no nodes"
