@@ -53,6 +53,8 @@ MAX_POOL_CONNECTIONS = 32
 T = TypeVar("T")
 
 
+VERSIONED_READ_TRIES = 8
+
 class StorageError(RuntimeError):
     """A storage operation failed; the message names the URI."""
 
@@ -64,6 +66,10 @@ class PreconditionFailed(StorageError):
 
 class TooLarge(StorageError):
     """An object is larger than its reader allows; it was not read."""
+
+
+class ChangedWhileRead(StorageError):
+    """The object was replaced between the reads of one pinned read (its ETag no longer matched)."""
 
 
 @dataclass(frozen=True)
@@ -406,6 +412,16 @@ class S3Storage:
             raise StorageError(f"cannot write {self.uri(key)}: {error}") from error
 
     def get_versioned(self, key: str, limit: int) -> tuple[bytes, str] | None:
+        # A small object others replace often (the lease, renewed by every worker of a run): a new version between
+        # the HEAD and the pinned GET is read again, never reported as a failure.
+        for _ in range(VERSIONED_READ_TRIES - 1):
+            try:
+                return self._get_versioned_once(key, limit)
+            except ChangedWhileRead:
+                continue
+        return self._get_versioned_once(key, limit)
+
+    def _get_versioned_once(self, key: str, limit: int) -> tuple[bytes, str] | None:
         try:
             head = self.call("look up", key, lambda: self._client.head_object(Bucket=self.location.bucket,
                                                                               Key=self._key(key)))
@@ -489,7 +505,7 @@ class S3Storage:
             if _is_missing(error):
                 raise StorageError(f"{self.uri(key)} does not exist") from None
             if _error_code(error) == "PreconditionFailed":
-                raise StorageError(f"{self.uri(key)} changed while it was being read; rerun to read it again") \
+                raise ChangedWhileRead(f"{self.uri(key)} changed while it was being read; rerun to read it again") \
                     from error
             raise StorageError(f"cannot read {self.uri(key)}: {error}") from error
 
