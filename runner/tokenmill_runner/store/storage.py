@@ -421,9 +421,10 @@ class S3Storage:
                 continue
         return self._get_versioned_once(key, limit)
 
-    def _get_versioned_once(self, key: str, limit: int) -> tuple[bytes, str] | None:
+    def _head(self, key: str) -> dict[str, Any] | None:
+        """HeadObject's answer; None for a missing object."""
         try:
-            head = self.call("look up", key, lambda: self._client.head_object(Bucket=self.location.bucket,
+            return self.call("look up", key, lambda: self._client.head_object(Bucket=self.location.bucket,
                                                                               Key=self._key(key)))
         except StorageError:
             raise
@@ -431,6 +432,11 @@ class S3Storage:
             if _is_missing(error):
                 return None
             raise StorageError(f"cannot look up {self.uri(key)}: {error}") from error
+
+    def _get_versioned_once(self, key: str, limit: int) -> tuple[bytes, str] | None:
+        head = self._head(key)
+        if head is None:
+            return None
         size = int(head.get("ContentLength", 0))
         if size > limit:
             raise TooLarge(f"{self.uri(key)} is {size} bytes, over the {limit} this reader reads")
@@ -447,15 +453,9 @@ class S3Storage:
         return data, str(response.get("ETag"))
 
     def modified(self, key: str) -> datetime | None:
-        try:
-            head = self.call("look up", key, lambda: self._client.head_object(Bucket=self.location.bucket,
-                                                                              Key=self._key(key)))
-        except StorageError:
-            raise
-        except Exception as error:
-            if _is_missing(error):
-                return None
-            raise StorageError(f"cannot look up {self.uri(key)}: {error}") from error
+        head = self._head(key)
+        if head is None:
+            return None
         modified = head.get("LastModified")
         return modified if isinstance(modified, datetime) else None
 
