@@ -7,11 +7,8 @@ import gzip
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -53,37 +50,17 @@ def errors(out: Path, dataset: str = "d") -> list[dict[str, Any]]:
 
 
 def peak_rss_kb(args: list[str]) -> tuple[int, int, bool]:
-    """(exit code, peak RSS in kB, killed): the child is killed once its RSS passes RSS_LIMIT_KB, so the old
-    unbounded reader fails this test instead of exhausting the machine."""
-    process = subprocess.Popen([*CLI, "-q", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    killed, ended = threading.Event(), threading.Event()
-
-    def watch() -> None:  # reads /proc, never waits: wait4 below must reap the child to get its peak
-        status = Path(f"/proc/{process.pid}/status")
-        while not ended.is_set():
-            try:
-                rss = next(int(line.split()[1]) for line in status.read_text().splitlines()
-                           if line.startswith("VmRSS:"))
-            except (OSError, StopIteration):  # exited: a zombie has no VmRSS
-                return
-            if rss > RSS_LIMIT_KB:
-                killed.set()
-                process.send_signal(signal.SIGKILL)
-                return
-            time.sleep(0.05)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    _, status, usage = os.wait4(process.pid, 0)
-    ended.set()
-    process.returncode = os.waitstatus_to_exitcode(status)
-    watcher.join()
-    return process.returncode, usage.ru_maxrss, killed.is_set()
+    """(exit code, peak RSS in kB, killed) of `tokenmill ARGS`, measured by peak_rss.py (why a process between:
+    its docstring); the run is killed once its RSS passes RSS_LIMIT_KB."""
+    measured = subprocess.run([sys.executable, str(Path(__file__).with_name("peak_rss.py")), str(RSS_LIMIT_KB),
+                               *CLI, "-q", *args], capture_output=True, text=True, timeout=600, check=True)
+    result = json.loads(measured.stdout)
+    return result["code"], result["peak_kb"], result["killed"]
 
 
 def huge_line(path: Path, megabytes: int) -> Path:
     """A valid row whose one user message is `megabytes` of real words, between two good rows. Written a megabyte at
-    a time: a child's peak RSS (wait4) counts what its parent held when it forked."""
+    a time, so that pytest never holds the line."""
     words = b"the quick brown fox jumps over the lazy dog " * (1024 * 1024 // 44)
     with path.open("wb") as handle:
         handle.write(orjson.dumps(chat(1)) + b"\n")

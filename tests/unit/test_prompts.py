@@ -83,6 +83,24 @@ def test_parquet_rows_with_json_string_tools(tmp_path):
     assert scan_source(str(path), "parquet").rows == 2
 
 
+def test_a_dictionary_page_costs_once_so_its_row_group_is_read_in_one_batch(tmp_path):
+    """Batches are sized by data bytes: dictionary pages, read from their page headers, are left out, since each
+    further batch of a chunk holds one more copy of its dictionary (source/parquet_rows.py)."""
+    from tokenmill_runner.source.parquet_rows import BATCH_BYTES, batch_rows, bounded_rows, open_parquet
+
+    big = "w" * (BATCH_BYTES // 4)
+    table = pa.table({"sample_id": [f"s{i}" for i in range(40)], "text": [big if i % 2 else "x" for i in range(40)]})
+    pq.write_table(table, tmp_path / "dictionary.parquet", use_dictionary=True)
+    pq.write_table(table, tmp_path / "plain.parquet", use_dictionary=False)
+    dictionary = open_parquet(str(tmp_path / "dictionary.parquet"))
+    assert dictionary.dictionary_bytes[0] > BATCH_BYTES // 4  # the header's uncompressed size, the value within
+    assert batch_rows(dictionary, 0) >= 40  # one batch
+    with open(tmp_path / "plain.parquet", "rb") as handle:  # a spooled S3 object is read through its handle
+        plain = open_parquet(handle)
+        assert plain.dictionary_bytes == [0] and batch_rows(plain, 0) < 10  # 20 copies of the text: split
+        assert [row["sample_id"] for row in bounded_rows(plain, None)] == [f"s{i}" for i in range(40)]
+
+
 def test_workers_split_samples_without_overlap():
     prompts = [Prompt(i, f"id-{i}", [], None) for i in range(1, 400)]
     shares = [[p for p in prompts if belongs_to_worker(p, w, 3)] for w in range(3)]

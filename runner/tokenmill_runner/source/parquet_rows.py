@@ -8,7 +8,10 @@ Three rules keep memory bounded by the budget and the row bound, not by what the
 * every BYTE_ARRAY leaf is read as a DictionaryArray (pyarrow's `read_dictionary`), so a dictionary-encoded value is
   held once, however many rows repeat it;
 * a row group is read in batches of at most `budget / (its uncompressed bytes per row)` rows, so plain-encoded text
-  never decodes more than about one budget (or one row) at a time;
+  never decodes more than about one budget (or one row) at a time; dictionary pages are left out of that count (their
+  sizes read from their page headers), because a reader decodes a chunk's dictionary once however it is batched, and
+  each further batch would hold one more copy of it (a 50 MB dictionary read in two batches took the run from 420 to
+  510 MB);
 * rows become Python objects in slices whose sizes add up to at most the budget, and a row over the bound never
   does: it comes out as an OversizeRow with its size.
 
@@ -20,7 +23,7 @@ stored size is refused, each of its rows as an OversizeRow naming the column, un
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -49,13 +52,74 @@ class OversizeRow:
     reason: str | None = None
 
 
-def open_parquet(source: Any) -> pq.ParquetFile:
-    """A ParquetFile whose text and binary leaves come as dictionaries (one copy of each distinct value)."""
+@dataclass(frozen=True)
+class ParquetRows:
+    """An open Parquet file and, per row group, the uncompressed bytes of its dictionary pages."""
+
+    file: pq.ParquetFile
+    dictionary_bytes: list[int] = field(default_factory=list)
+
+
+def open_parquet(source: Any) -> ParquetRows:
+    """The file with its text and binary leaves read as dictionaries (one copy of each distinct value); `source` is
+    a path or a seekable binary file."""
     plain = pq.ParquetFile(source)
     leaves = [column.path for column in plain.schema if column.physical_type == "BYTE_ARRAY"]
-    if not leaves:
-        return plain
-    return pq.ParquetFile(source, read_dictionary=leaves)
+    parquet = pq.ParquetFile(source, read_dictionary=leaves) if leaves else plain
+    metadata = parquet.metadata
+    sizes = [sum(_dictionary_page_size(source, metadata.row_group(group).column(index))
+                 for index in range(metadata.num_columns)) for group in range(metadata.num_row_groups)]
+    return ParquetRows(parquet, sizes)
+
+
+# A page header's first three fields, in Thrift's compact protocol (parquet.thrift PageHeader): type,
+# uncompressed_page_size and compressed_page_size, each an i32 as a zigzag varint. Far fewer bytes than this.
+_PAGE_HEADER_PREFIX = 32
+_THRIFT_I32 = 5
+_DICTIONARY_PAGE = 2
+
+
+def _dictionary_page_size(source: Any, chunk: Any) -> int:
+    """The uncompressed size of a column chunk's dictionary page from its header, or 0 (none, or a header that does
+    not read as one: then its bytes count as data, as they did before)."""
+    offset = chunk.dictionary_page_offset
+    if not chunk.has_dictionary_page or offset is None or offset < 0:
+        return 0
+    if isinstance(source, str):
+        with open(source, "rb") as handle:
+            handle.seek(offset)
+            prefix = handle.read(_PAGE_HEADER_PREFIX)
+    else:
+        position = source.tell()
+        source.seek(offset)
+        prefix = source.read(_PAGE_HEADER_PREFIX)
+        source.seek(position)
+    fields = _compact_i32_fields(prefix, 3)
+    if fields is None or fields[0] != _DICTIONARY_PAGE or fields[1] < 0:
+        return 0
+    return min(fields[1], chunk.total_uncompressed_size)
+
+
+def _compact_i32_fields(data: bytes, count: int) -> list[int] | None:
+    """The first `count` fields of a compact-protocol struct when they are i32 fields 1..count, else None (each
+    field header is then one byte: an id delta of 1 over the type)."""
+    values, position = [], 0
+    for _ in range(count):
+        if position >= len(data) or data[position] != (1 << 4) | _THRIFT_I32:
+            return None
+        position += 1
+        value, shift = 0, 0
+        while True:
+            if position >= len(data) or shift > 35:
+                return None
+            byte = data[position]
+            position += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                break
+        values.append((value >> 1) ^ -(value & 1))
+    return values
 
 
 def _lengths(array: pa.Array) -> np.ndarray:
@@ -110,17 +174,18 @@ def row_sizes(batch: pa.RecordBatch) -> np.ndarray:
     return total
 
 
-def batch_rows(parquet: pq.ParquetFile, group: int, budget: int = BATCH_BYTES) -> int:
-    """Rows per batch in one row group: as many as its uncompressed bytes per row let fit the budget (at least one,
-    at most BATCH_ROWS). Dictionary pages count once here, as they are read once."""
-    meta = parquet.metadata.row_group(group)
-    per_row = meta.total_byte_size / max(1, meta.num_rows)
+def batch_rows(parquet: ParquetRows, group: int, budget: int = BATCH_BYTES) -> int:
+    """Rows per batch in one row group: as many as its uncompressed bytes per row, less its dictionary pages, let fit
+    the budget (at least one, at most BATCH_ROWS)."""
+    meta = parquet.file.metadata.row_group(group)
+    data = meta.total_byte_size - (parquet.dictionary_bytes[group] if parquet.dictionary_bytes else 0)
+    per_row = max(0, data) / max(1, meta.num_rows)
     return max(1, min(BATCH_ROWS, int(budget // max(1.0, per_row))))
 
 
-def bomb(parquet: pq.ParquetFile, group: int) -> str | None:
+def bomb(parquet: ParquetRows, group: int) -> str | None:
     """Why a row group is not decompressed at all, or None."""
-    meta = parquet.metadata.row_group(group)
+    meta = parquet.file.metadata.row_group(group)
     for index in range(meta.num_columns):
         chunk = meta.column(index)
         stored, size = max(1, chunk.total_compressed_size), chunk.total_uncompressed_size
@@ -151,18 +216,18 @@ def _slices(sizes: np.ndarray, max_bytes: int | None, budget: int) -> Iterator[t
         yield start, len(sizes)
 
 
-def bounded_rows(parquet: pq.ParquetFile, max_bytes: int | None,
+def bounded_rows(parquet: ParquetRows, max_bytes: int | None,
                  budget: int = BATCH_BYTES) -> Iterator[dict[str, Any] | OversizeRow]:
     """Every row in file order: a dict, or an OversizeRow for one over `max_bytes` (None: no bound, the budget
     still holds)."""
-    for group in range(parquet.metadata.num_row_groups):
+    for group in range(parquet.file.metadata.num_row_groups):
         if why := bomb(parquet, group):
-            meta = parquet.metadata.row_group(group)
+            meta = parquet.file.metadata.row_group(group)
             share = meta.total_byte_size // max(1, meta.num_rows)
             for _ in range(meta.num_rows):
                 yield OversizeRow(share, why)
             continue
-        for batch in parquet.iter_batches(batch_size=batch_rows(parquet, group, budget), row_groups=[group]):
+        for batch in parquet.file.iter_batches(batch_size=batch_rows(parquet, group, budget), row_groups=[group]):
             sizes = row_sizes(batch)
             for part in _slices(sizes, max_bytes, budget):
                 if isinstance(part, tuple):
