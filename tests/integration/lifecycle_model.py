@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -34,7 +35,7 @@ from tokenmill_operator.lifecycle import decide
 from tokenmill_operator.status import DatasetGenerationStatus
 from tokenmill_runner.report.files import load_ledger
 from tokenmill_runner.report.validation import build_report
-from tokenmill_runner.store.faults import FAULT_ENV
+from tokenmill_runner.store.faults import FAULT_ENV, RELEASE_ENV
 from tokenmill_runner.store.lease import LEASE, Lease, LeaseKeeper, LeaseTimes, acquire
 from tokenmill_runner.store.manifest import Owner, read_manifest
 from tokenmill_runner.store.markers import read_markers
@@ -60,15 +61,30 @@ class Counts:
     states: set[tuple[Any, ...]] = set()
 
 
+# The invalid row is long, so that a same-size edit after it lies past the first 64 KiB (which the identity check of
+# a87e82b compared, with the size, and nothing else).
+BAD_ROW = '{"sample_id": "broken", "messages": [' + " " * (70 * 1024)
+# Versions of a source: the original, another file under the same name, the original with blank lines, and the
+# original with a row removed and one of the same byte length appended (the size and the first 64 KiB unchanged).
+VERSIONS = (0, 1, 2, 3)
+EDITED_LINE = 8
+
+
+def _row(dataset: str, line: int, version: int) -> str:
+    text = f"{dataset} question {line} (version {version}): what is {line} + {version}?"
+    return json.dumps({"sample_id": f"{dataset}-{line}", "messages": [{"role": "user", "content": text}]})
+
+
 def source_rows(dataset: str, version: int) -> list[str]:
-    rows = []
-    for line in range(1, LINES + 1):
-        if line == BAD_LINE:
-            rows.append('{"sample_id": "broken", "messages": [')
-            continue
-        text = f"{dataset} question {line} (version {version}): what is {line} + {version}?"
-        rows.append(json.dumps({"sample_id": f"{dataset}-{line}",
-                                "messages": [{"role": "user", "content": text}]}))
+    """The source's lines ("" a blank one)."""
+    rows = [BAD_ROW if line == BAD_LINE else _row(dataset, line, int(version == 1)) for line in range(1, LINES + 1)]
+    if version == 2:
+        return [*rows[:3], "", *rows[3:], ""]
+    if version == 3:
+        removed = rows.pop(EDITED_LINE - 1)
+        empty = {"sample_id": f"{dataset}-new", "messages": [{"role": "user", "content": ""}]}
+        empty["messages"][0]["content"] = "z" * (len(removed) - len(json.dumps(empty)))
+        return [*rows, json.dumps(empty)]
     return rows
 
 
@@ -130,8 +146,11 @@ class LifecycleModel(RuleBasedStateMachine):
         command, env = self._command(server, fault, **runner)
         return subprocess.run(command, capture_output=True, text=True, env=env, timeout=RUN_TIMEOUT_S)
 
-    def _start(self, fault: str | None = None, machine: str | None = None) -> subprocess.Popen[str]:
+    def _start(self, fault: str | None = None, machine: str | None = None,
+               release: Path | None = None) -> subprocess.Popen[str]:
         command, env = self._command(self.server_url, fault)
+        if release:
+            env[RELEASE_ENV] = str(release)
         if machine:  # its own cache folder: to the other runs, a process of another machine
             env["TOKENMILL_CACHE"] = str(self.root / f"cache-{machine}")
         return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -167,12 +186,12 @@ class LifecycleModel(RuleBasedStateMachine):
             self.layout[name] = {"samples": samples, "limit": limit}
         self._note("edit")
 
-    @rule(name=st.sampled_from(["a", "b"]))
-    def replace_or_restore_source(self, name: str) -> None:
-        """Odd versions are another file under the same name; even ones the original content back."""
-        self.versions[name] = (self.versions[name] + 1) % 2
+    @rule(name=st.sampled_from(["a", "b"]), version=st.sampled_from(VERSIONS))
+    def replace_or_restore_source(self, name: str, version: int) -> None:
+        """Another file under the same name, blank lines added, a same-size edit, or the original back."""
+        self.versions[name] = version
         self._write_source(name)
-        self._note("replace_source" if self.versions[name] else "restore_source")
+        self._note(["restore_source", "replace_source", "blank_lines", "same_size_edit"][version])
 
     @rule()
     def run_to_the_end(self) -> None:
@@ -204,19 +223,45 @@ class LifecycleModel(RuleBasedStateMachine):
             assert done.returncode in (EXIT_FAILED, EXIT_SERVERS_DOWN), done.stderr[-1500:]
         assert self._failures() == before, "an outage wrote samples off"
 
-    @rule()
-    def second_writer(self) -> None:
+    @rule(skew_s=st.sampled_from([0, -90, 90]))
+    def second_writer(self, skew_s: int) -> None:
         """Another owner writes the output and renews its lease, its holder named after this host with a pid that
-        does not exist: the run watches, sees it renewed, is refused and commits nothing."""
+        does not exist, and its clock `skew_s` off this one's: the run watches, sees it renewed, is refused and
+        commits nothing (staleness is the lease unchanged while watched, never a comparison of clocks)."""
         markers = len(list(self.out.glob("*/commits/*.json")))
         times = LeaseTimes(LEASE_STALE_S)
-        holder = f"{socket.gethostname()}:999999999:intruder"
-        intruder = acquire(self.storage, Owner(kind="cli", name="intruder"), holder, times=times)
-        with LeaseKeeper(self.storage, intruder, times=times):
-            done = self._run(self.server_url)
-        self._note("second_writer")
+        owner, holder = Owner(kind="cli", name="intruder"), f"{socket.gethostname()}:999999999:intruder"
+        if skew_s:
+            done = self._run_against_a_skewed_holder(owner, holder, timedelta(seconds=skew_s), times)
+        else:
+            intruder = acquire(self.storage, owner, holder, times=times)
+            with LeaseKeeper(self.storage, intruder, times=times):
+                done = self._run(self.server_url)
+        self._note(f"second_writer:{skew_s:+d}s")
         assert done.returncode == EXIT_USAGE and "tokenmill run 'intruder'" in done.stderr, done.stderr[-1500:]
         assert len(list(self.out.glob("*/commits/*.json"))) == markers
+
+    def _run_against_a_skewed_holder(self, owner: Owner, holder: str, skew: timedelta,
+                                     times: LeaseTimes) -> subprocess.CompletedProcess[str]:
+        """A run while a holder whose clock is off by `skew` renews the lease every renewal period."""
+        stop = threading.Event()
+
+        def renew() -> None:
+            acquired = datetime.now(UTC) + skew
+            while True:
+                now = datetime.now(UTC) + skew
+                self.storage.put(LEASE, Lease(owner, holder, acquired, now).encode(times))
+                if stop.wait(times.renew_every_s):
+                    return
+
+        keeper = threading.Thread(target=renew, daemon=True)
+        keeper.start()
+        try:
+            return self._run(self.server_url)
+        finally:
+            stop.set()
+            keeper.join()
+            self.storage.delete(LEASE)  # the holder gone, its lease released
 
     @precondition(lambda self: "lease_from_the_future" not in self.lease_steps)
     @rule()
@@ -276,6 +321,34 @@ class LifecycleModel(RuleBasedStateMachine):
         assert taker.returncode in (EXIT_OK, EXIT_GIVEN_UP), taker.stderr[-1500:]
         assert code == EXIT_LEASE_LOST and "lease lost" in stderr, stderr[-1500:]
 
+    @precondition(lambda self: "cut_off_writer_taken_over" not in self.lease_steps)
+    @rule()
+    def cut_off_writer_taken_over(self) -> None:
+        """A live writer whose PUTs hang after a shard's data (the store cut off: its renewals hang too); a second
+        run takes the output over after the stale period and finishes; the first, its PUTs answered again, commits
+        nothing more and exits 6."""
+        self.lease_steps.add("cut_off_writer_taken_over")
+        replaced = self._replaced()
+        release = self.root / "store-reachable-again"
+        release.unlink(missing_ok=True)
+        writer = self._start("stall-after:data:1", machine="elsewhere", release=release)
+        assert writer.stderr is not None
+        announced = writer.stderr.readline()  # "" once it ended without a shard (nothing to generate, refused)
+        if "stall-after:data:1 reached" not in announced:
+            code, rest = writer.wait(timeout=RUN_TIMEOUT_S), writer.communicate()[1]
+            self._note("cut_off_writer:nothing")
+            assert replaced or code in (EXIT_OK, EXIT_GIVEN_UP), announced + rest[-1500:]
+            return
+        try:
+            taker = self._run(self.server_url)
+        finally:
+            release.touch()
+        code, stderr = writer.wait(timeout=RUN_TIMEOUT_S), writer.communicate()[1]
+        self._note("cut_off_writer_taken_over")
+        self._recorded_now()
+        assert taker.returncode in (EXIT_OK, EXIT_GIVEN_UP), taker.stderr[-1500:]
+        assert code == EXIT_LEASE_LOST and "lease lost" in stderr, stderr[-1500:]
+
     @precondition(lambda self: (self.out / "run.json").exists())
     @rule(restarted=st.booleans())
     def operator_decides_the_job_ended(self, restarted: bool) -> None:
@@ -304,7 +377,9 @@ class LifecycleModel(RuleBasedStateMachine):
         assert manifest is not None, why
         for name, layout in manifest.datasets.items():
             _, settled = recount(self.storage, name)
-            wanted = {(line, index) for line in range(1, layout.rows + 1) for index in range(layout.samples)}
+            within = layout.within()  # blank lines are no slot's line
+            wanted = {(line, index) for line in range(1, layout.last_line + 1) if within is None or within[line - 1]
+                      for index in range(layout.samples)}
             assert wanted <= settled, f"{why}, yet {name} lacks {sorted(wanted - settled)[:5]}"
 
     @invariant()

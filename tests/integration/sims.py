@@ -37,7 +37,8 @@ class SimProcess:
         args = [sys.executable, "-m", "tokenmill_runner.cli", "-q", "sim-server", "--model-path", str(self.model),
                 "--port", str(self.port)]
         for name, value in {**self.flags, **flags}.items():
-            args += [f"--{name.replace('_', '-')}", str(value)]
+            flag = f"--{name.replace('_', '-')}"
+            args += ([flag] if value else []) if isinstance(value, bool) else [flag, str(value)]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         if wait:
             self.wait_listening()

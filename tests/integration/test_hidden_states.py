@@ -231,6 +231,32 @@ def test_tokenmill_run_captures_the_states_and_retry_failed_retries_failed_captu
     assert not list((out / "d" / "hidden_errors").glob("*.json"))
 
 
+def test_tokenmill_run_captures_the_states_through_smg(tmp_path, demo_model):
+    """Behind SGLang's model gateway (the real smg, two replicas): the prefill chunk is read from the workers' facts
+    through it (a GET of /server_info there is a 404), and the capture requests pass through it unchanged."""
+    from .sims import SimProcess
+    from .test_gateway import Gateway
+
+    replicas = [SimProcess(demo_model, time_scale=5000, enable_return_aux_hidden_states=True,
+                           chunked_prefill_size=CHUNK).start() for _ in range(2)]
+    gateway = Gateway([replica.url for replica in replicas]).start()
+    try:
+        gateway.wait_ready()
+        write_jsonl(tmp_path / "p.jsonl", [chat(i) for i in range(1, 7)])
+        out = tmp_path / "out"
+        document = spec_document(demo_model, [{"name": "d", "source": str(tmp_path / "p.jsonl")}], str(out),
+                                 hiddenStates={})
+        document["spec"]["sampling"]["maxNewTokens"] = 40
+        run = run_cli(write_spec(tmp_path / "spec.yaml", document), out, gateway.url)
+    finally:
+        gateway.stop()
+        for replica in replicas:
+            replica.kill()
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "6 captured, 0 already committed, 0 failed" in run.stdout
+    assert_every_sample_once_and_aligned(LocalStorage(out))
+
+
 def test_tokenmill_run_without_a_server_captures_from_the_built_in_simulator(tmp_path, demo_model):
     write_jsonl(tmp_path / "p.jsonl", [chat(i) for i in range(1, 4)])
     out = tmp_path / "out"

@@ -3,7 +3,11 @@ the invariants of docs/reliability.md. `hack/bench/bench_lifecycle_model.py` run
 
 from __future__ import annotations
 
+from collections import Counter
+
 from hypothesis import HealthCheck, settings
+
+from tokenmill_runner.store.manifest import read_manifest
 
 from .lifecycle_model import LifecycleModel
 
@@ -16,21 +20,34 @@ def test_random_lifecycles_keep_every_invariant(demo_model, lifecycle_sim) -> No
     case().runTest()
 
 
-def test_the_lease_s_races_as_model_steps_keep_every_invariant(demo_model, lifecycle_sim) -> None:
-    # The lease's steps in a fixed order (the random draw above may not reach them): a writer paused between a
-    # shard's data and its marker and taken over, two runs at once, a kill, a live intruder, a lease from the future.
+def test_the_lease_s_races_and_edited_sources_as_model_steps_keep_every_invariant(demo_model, lifecycle_sim) -> None:
+    # The steps in a fixed order (the random draw above may not reach them): a writer paused between a shard's data
+    # and its marker and taken over, a live writer cut off from the store and taken over, two runs at once, a kill, a
+    # same-size edit past the first 64 KiB and blank lines (refused over commits; settled over the line set on a
+    # dataset of its own), live intruders with skewed clocks, a lease from the future.
     from .lifecycle_model import Counts
 
     LifecycleModel.server_url = lifecycle_sim.url
     model = LifecycleModel()
-    paused_before = Counts.steps["paused_writer_taken_over"]
-    steps = [model.start, model.paused_writer_taken_over, model.two_runs_at_once,
-             lambda: model.edit("a", 2, None, False), lambda: model.run("kill-after:data:1"), model.two_runs_at_once,
-             model.second_writer, model.lease_from_the_future, model.run_to_the_end]
+    before = Counter(Counts.steps)
+    steps = [model.start, model.paused_writer_taken_over, lambda: model.edit("a", 2, None, False),
+             model.cut_off_writer_taken_over, model.two_runs_at_once,
+             lambda: model.edit("a", 3, None, False), lambda: model.run("kill-after:data:1"),
+             lambda: model.replace_or_restore_source("a", 3), model.run_to_the_end,
+             lambda: model.replace_or_restore_source("a", 0), lambda: model.replace_or_restore_source("b", 2),
+             lambda: model.edit("b", 1, None, True), model.run_to_the_end,
+             lambda: model.second_writer(90), lambda: model.second_writer(-90), model.lease_from_the_future,
+             model.run_to_the_end]
     for step in steps:
         model.lease_steps.clear()
         step()
         model.no_slot_has_two_rows()
         model.no_marker_points_at_a_missing_file()
         model.a_passing_report_means_every_slot_is_settled()
-    assert Counts.steps["paused_writer_taken_over"] == paused_before + 1, "the writer was paused and taken over"
+    reached = Counts.steps - before
+    for step in ("paused_writer_taken_over", "cut_off_writer_taken_over", "same_size_edit", "blank_lines",
+                 "second_writer:+90s", "second_writer:-90s"):
+        assert reached[step] == 1, (step, reached)
+    manifest = read_manifest(model.storage)
+    assert manifest is not None and manifest.datasets["b"].skipped_lines == 2, "b's blank lines are no slots"
+    model._assert_settled("the last run to the end")

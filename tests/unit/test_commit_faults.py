@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tokenmill_runner.store.faults import FAULT_ENV, FaultRule, parse_rules
+from tokenmill_runner.store.faults import FAULT_ENV, RELEASE_ENV, FaultRule, parse_rules
 from tokenmill_runner.store.marker_names import shard_id_of
 from tokenmill_runner.store.markers import marker_keys
 from tokenmill_runner.store.storage import LocalStorage
@@ -75,5 +75,24 @@ def test_rules_are_parsed_or_refused_with_the_variable_named():
     assert parse_rules("pause-after:data:2") == [FaultRule("after", "data", 2, "pause")]
     assert parse_rules("") == []
     for bad in ("kill-after:data", "kill-after:data:0", "kill-during:data:1", "kill-after:shard:1", "stop-after:data:1"):
-        with pytest.raises(ValueError, match=rf"{FAULT_ENV}: '{bad}' is not kill\|pause-before\|after"):
+        with pytest.raises(ValueError, match=rf"{FAULT_ENV}: '{bad}' is not kill\|pause\|stall-before\|after"):
             parse_rules(bad)
+    with pytest.raises(ValueError, match=f"needs {RELEASE_ENV}"):
+        parse_rules("stall-after:data:1")
+
+
+def test_a_stall_holds_every_later_write_until_its_release_file_exists(tmp_path):
+    """The writer stays alive (its threads run) while its writes hang, as when the store is cut off."""
+    release = tmp_path / "release"
+    writer = subprocess.Popen([sys.executable, "-c", COMMITS, str(tmp_path / "out")], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, FAULT_ENV: "stall-after:data:1", RELEASE_ENV: str(release)})
+    assert writer.stderr is not None and writer.stdout is not None
+    announced = writer.stderr.readline()
+    assert "stall-after:data:1 reached at d/shards/w000-t-000001.parquet" in announced, announced
+    storage = LocalStorage(tmp_path / "out")
+    assert writer.poll() is None and committed_shards(storage, "d") == set(), "the marker waits"
+    release.touch()
+    stdout, _ = writer.communicate(timeout=120)
+    assert writer.returncode == 0 and stdout.count("committed") == 3
+    assert len(committed_shards(storage, "d")) == 3

@@ -358,13 +358,6 @@ async def _wait(event: asyncio.Event, timeout_s: float) -> None:
             await event.wait()
 
 
-async def get_json(url: str, path: str, api_key: str | None = None, timeout_s: float = 10.0) -> Any:
-    async with httpx.AsyncClient(timeout=timeout_s, headers=auth_headers(api_key)) as http:
-        response = await http.get(f"{url.rstrip('/')}{path}")
-        response.raise_for_status()
-        return response.json()
-
-
 async def healthy_servers(urls: Sequence[str], timeout_s: float, api_key: str | None = None,
                           poll_s: float = 2.0) -> list[str]:
     """Poll /health of every server until at least one answers 200 (SGLang answers 503 until its warm-up

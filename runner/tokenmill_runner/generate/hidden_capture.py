@@ -34,6 +34,7 @@ from ..store.hidden_states import (
 from ..store.markers import markers_in_commit_order
 from ..store.shards import decode_rows
 from ..store.storage import Storage
+from .client import auth_headers
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +109,8 @@ async def capture_dataset(storage: Storage, dataset: str, server: str, shape: St
     failed = failed_keys(storage, dataset)
     seen: set[str] = set()
     limit = asyncio.Semaphore(concurrency)
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    # smg answers 415 to a body without its JSON content type (SGLang itself does not check).
+    headers = {"Content-Type": "application/json", **auth_headers(api_key)}
     pool = ThreadPoolExecutor(max_workers=max(1, concurrency))
     # SGLang refuses a rid already in flight ("Duplicate request ID detected"), so a second writer of the same run
     # (or a retry while the first request is still running) needs its own.

@@ -1,5 +1,5 @@
 """`tokenmill run`'s hidden-state pass after the generation stream: the shape from the model's config.json, the
-prefill chunk from the server's /server_info, then generate/hidden_capture.py over each dataset."""
+prefill chunk from the server's facts (through a gateway, a worker's: generate/discovery.py), then generate/hidden_capture.py over each dataset."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from ..render.pretokenize import local_model_folder
 from ..spec.config import RunnerConfig
 from ..store.hidden_states import captured_keys, hidden_state_inputs, sample_key
 from ..store.storage import LocalStorage, Storage
-from .client import get_json
+from .discovery import discover
 from .hidden_capture import CaptureSummary, capture_dataset
 
 logger = logging.getLogger(__name__)
-DEFAULT_CHUNK = 8192  # SGLang's chunked_prefill_size when /server_info does not say
+DEFAULT_CHUNK = 8192  # SGLang's chunked_prefill_size when its facts do not say
 
 
 async def run_hidden_state_pass(config: RunnerConfig, storage: Storage, api_key: str | None) -> CaptureSummary:
@@ -29,8 +29,7 @@ async def run_hidden_state_pass(config: RunnerConfig, storage: Storage, api_key:
     model_config = json.loads((Path(folder) / "config.json").read_text()) if folder else {}
     shape = shape_from_config(model_config, spec.hidden_states.layer_ids, spec.hidden_states.dtype)
     server = config.servers[0].rstrip("/")
-    info = await get_json(server, "/server_info", api_key)
-    chunk = info.get("chunked_prefill_size") if isinstance(info, dict) else None
+    chunk = (await discover(server, api_key, wait_s=config.server_wait_s)).info.get("chunked_prefill_size")
     chunk = chunk if isinstance(chunk, int) and chunk > 0 else DEFAULT_CHUNK
     _check_local_room(storage, [d.name for d in spec.datasets], shape)
     total = CaptureSummary()

@@ -9,8 +9,12 @@ the marker) instead of at a wall-clock moment that may fall anywhere:
     TOKENMILL_FAULT=kill-after:marker:5,kill-before:data:9   several rules: the first one reached fires
     TOKENMILL_FAULT=pause-after:data:2     SIGSTOP (not kill) right after its 2nd data write: a writer paused
                                            between a shard's data and its marker, until the test sends SIGCONT
+    TOKENMILL_FAULT=stall-after:data:1     from its 1st data write on, every write of the protocol (lease
+                                           renewals included) waits until the file $TOKENMILL_FAULT_RELEASE
+                                           exists: a live writer whose PUTs hang (a store cut off), not a
+                                           stopped process
 
-Steps are `data`, `errors` and `marker`; counts are per step and per process (`before:N` is the N-th write of
+Steps are `data`, `errors`, `marker` (and `states`, `states-marker`, `lease`: a renewal); counts are per step and per process (`before:N` is the N-th write of
 that step to start, `after:N` the N-th to finish). Unset (always, in production) every fault point is a no-op.
 The process announces the point and the object it concerns on stderr before it dies, so a test can tell it fired
 and check what the store holds at that moment.
@@ -23,12 +27,15 @@ import re
 import signal
 import sys
 import threading
+import time
 from dataclasses import dataclass
 
 FAULT_ENV = "TOKENMILL_FAULT"
-# states and states-marker: a sample's hidden-state file and its marker (store/hidden_states.py).
-STEPS = ("data", "errors", "marker", "states", "states-marker")
-_RULE = re.compile(r"(kill|pause)-(before|after):(data|errors|marker|states|states-marker):([1-9][0-9]*)")
+RELEASE_ENV = "TOKENMILL_FAULT_RELEASE"
+# states and states-marker: a sample's hidden-state file and its marker (store/hidden_states.py); lease: a renewal.
+STEPS = ("data", "errors", "marker", "states", "states-marker", "lease")
+_RULE = re.compile(rf"(kill|pause|stall)-(before|after):({'|'.join(STEPS)}):([1-9][0-9]*)")
+_RELEASE_POLL_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -36,7 +43,7 @@ class FaultRule:
     moment: str  # before | after
     step: str  # data | errors | marker
     count: int  # the n-th write of that step in this process
-    action: str = "kill"  # kill (SIGKILL) | pause (SIGSTOP)
+    action: str = "kill"  # kill (SIGKILL) | pause (SIGSTOP) | stall (every later write waits for the release)
 
     def __str__(self) -> str:
         return f"{self.action}-{self.moment}:{self.step}:{self.count}"
@@ -47,8 +54,10 @@ def parse_rules(text: str) -> list[FaultRule]:
     for part in filter(None, (p.strip() for p in text.split(","))):
         match = _RULE.fullmatch(part)
         if not match:
-            raise ValueError(f"{FAULT_ENV}: {part!r} is not kill|pause-before|after:"
-                             "data|errors|marker|states|states-marker:N (N >= 1)")
+            raise ValueError(f"{FAULT_ENV}: {part!r} is not kill|pause|stall-before|after:"
+                             f"{'|'.join(STEPS)}:N (N >= 1)")
+        if match.group(1) == "stall" and not os.environ.get(RELEASE_ENV):
+            raise ValueError(f"{FAULT_ENV}: {part!r} needs {RELEASE_ENV}, the file whose creation ends the stall")
         rules.append(FaultRule(match.group(2), match.group(3), int(match.group(4)), match.group(1)))
     return rules
 
@@ -62,6 +71,7 @@ class FaultPoints:
         # before the (N-1)-th has finished.
         self._counts = {(moment, step): 0 for moment in ("before", "after") for step in STEPS}
         self._lock = threading.Lock()
+        self._stalled = threading.Event()
 
     def before(self, step: str, key: str) -> None:
         self._reach("before", step, key)
@@ -74,10 +84,20 @@ class FaultPoints:
             with self._lock:
                 self._counts[moment, step] += 1
                 self._check(moment, step, self._counts[moment, step], key)
+            if moment == "before" and self._stalled.is_set():
+                release = os.environ[RELEASE_ENV]
+                while not os.path.exists(release):
+                    time.sleep(_RELEASE_POLL_S)
 
     def _check(self, moment: str, step: str, count: int, key: str) -> None:
         for rule in self.rules:
             if (rule.moment, rule.step, rule.count) == (moment, step, count):
+                if rule.action == "stall":
+                    sys.stderr.write(f"{FAULT_ENV}: {rule} reached at {key}, every later write waits for "
+                                     f"{os.environ[RELEASE_ENV]}\n")
+                    sys.stderr.flush()
+                    self._stalled.set()
+                    continue
                 stop = rule.action == "pause"
                 what = "pausing the runner (SIGSTOP)" if stop else "killing the runner (SIGKILL)"
                 sys.stderr.write(f"{FAULT_ENV}: {rule} reached at {key}, {what}\n")

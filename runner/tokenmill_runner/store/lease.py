@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
+from .faults import points as fault_points
 from .lease_rules import (
     LEASE,
     MAX_LEASE_BYTES,
@@ -408,6 +409,7 @@ class LeaseKeeper:
                 return
 
     def renew(self) -> None:
+        fault_points().before("lease", LEASE)
         for _ in range(2):
             lease = self.lease.renewed(datetime.now(UTC))
             try:
