@@ -333,7 +333,12 @@ class LifecycleModel(RuleBasedStateMachine):
         release.unlink(missing_ok=True)
         writer = self._start("stall-after:data:1", machine="elsewhere", release=release)
         assert writer.stderr is not None
-        announced = writer.stderr.readline()  # "" once it ended without a shard (nothing to generate, refused)
+        announced = ""
+        while "stall-after:data:1 reached" not in announced:  # or "": it ended without a shard (nothing to do)
+            line = writer.stderr.readline()
+            announced += line
+            if not line:
+                break
         if "stall-after:data:1 reached" not in announced:
             code, rest = writer.wait(timeout=RUN_TIMEOUT_S), writer.communicate()[1]
             self._note("cut_off_writer:nothing")
