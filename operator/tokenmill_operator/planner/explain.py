@@ -7,8 +7,9 @@ Each line repeats the numbers and the rule behind a value, so a reader of `statu
 
 from __future__ import annotations
 
-from tokenmill_runner.facts.throughput import simulator_step
+from tokenmill_runner.facts.throughput import StepModel, simulator_step
 
+from .capture import CAPTURE_IN_FLIGHT, JSON_STATE_BYTES_PER_S, CaptureTime
 from .memory import MIB, Capacity, sglang_reserve, vlm_factor
 from .plan import Candidate, ServerPlan
 from .sizing import FP8_OPTION, MIN_BATCH_REQUESTS, TIE, Option, Sizing, memory_choices
@@ -90,7 +91,7 @@ def render_plan(plan: ServerPlan) -> str:
                                      f"decode at the full batch), ETA {duration(p.eta_seconds)} for {p.samples:,} "
                                      f"samples, {p.gpu_hours:,.1f} GPU-hours"))
         if plan.startup and p.generation_seconds is not None:
-            rows.insert(2, ("ETA", describe(plan.startup, p.generation_seconds)))
+            rows.insert(2, ("ETA", describe(plan.startup, p.generation_seconds, p.capture_seconds)))
         if p.interval:
             r = p.interval
             rows.insert(2, ("range", f"{r.output_tokens_per_second_low:,}-{r.output_tokens_per_second_high:,} output "
@@ -410,6 +411,8 @@ def _prediction_lines(sizing: Sizing) -> list[str]:
         f"{prediction.samples:,} samples, {prediction.gpu_hours:,.1f} GPU-hours (throughput model calibrated on "
         f"published SGLang measurements, docs/throughput.md)",
     ]
+    if chosen.capture is not None:
+        lines.append(_capture_line(sizing, chosen.capture, step))
     empty, per_request, prefill = simulator_step(step, chosen.batch, held, sizing.ctx.work.prompt_tokens())
     lines.append(f"simulator: tokenmill sim-server --step-ms {empty:.2f} --step-ms-per-request {per_request:.4f} "
                  f"--prefill-ms-per-1k-tokens {prefill:.2f} --max-running-requests {chosen.batch} --max-total-tokens "
@@ -422,3 +425,14 @@ def _prediction_lines(sizing: Sizing) -> list[str]:
         lines.append("note: a dataset without limit is counted as 10,000 samples for the ETA (tokens/s do not depend "
                      "on it)")
     return lines
+
+
+def _capture_line(sizing: Sizing, capture: CaptureTime, step: StepModel) -> str:
+    workers = sizing.spec.runner.parallelism
+    in_flight = CAPTURE_IN_FLIGHT * workers
+    return (f"hidden-state capture after generation: {duration(round(capture.seconds))} (bound by {capture.bound}) = "
+            f"max(prefill {duration(round(capture.forward_seconds))}: every prompt + output once more, no cached "
+            f"prefix, {in_flight} in flight on one replica, chunks of {step.chunk_tokens:,} tokens, by the step "
+            f"model above; JSON {duration(round(capture.transfer_seconds))}: {capture.state_bytes / 1e9:,.2f} GB of "
+            f"states at {JSON_STATE_BYTES_PER_S / 1e6:,.1f} MB/s per runner worker x {count(workers, 'worker')}, "
+            f"docs/export.md); every GPU is held through it, so it is in the ETA and GPU-hours")
