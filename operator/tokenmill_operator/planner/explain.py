@@ -11,6 +11,7 @@ from tokenmill_runner.facts.throughput import StepModel, simulator_step
 
 from .capture import CAPTURE_IN_FLIGHT, JSON_STATE_BYTES_PER_S, CaptureTime
 from .memory import MIB, Capacity, sglang_reserve, vlm_factor
+from .memory_budget import aux_capture_terms
 from .plan import Candidate, ServerPlan
 from .sizing import FP8_OPTION, MIN_BATCH_REQUESTS, TIE, Option, Sizing, memory_choices
 from .startup import describe
@@ -250,7 +251,7 @@ def _choice_lines(sizing: Sizing) -> list[str]:
 def _memory_lines(sizing: Sizing) -> list[str]:
     chosen = sizing.chosen
     if chosen.memory is None or not chosen.memory.decided:
-        return [_mem_fraction_line(sizing)]
+        return [_mem_fraction_line(sizing), *_uncounted_capture_lines(sizing)]
     split, mib = chosen.memory, sizing.ctx.gpu_memory_mib
     outside = "; ".join(f"{t.name} {t.mib:,.0f} ({t.source})" for t in split.terms)
     choices = memory_choices(sizing.ctx, chosen.layout, chosen.kv_cache_dtype, chosen.nodes_per_replica,
@@ -319,6 +320,21 @@ def _mem_fraction_line(sizing: Sizing) -> str:
              f"which shrinks that padding" if chosen.graph_bs else "")
     return (f"mem-fraction-static {chosen.mem_fraction:.3f}: SGLang {release.version}'s default for this GPU and "
             f"layout, round(({mib:,} - {r.total:,.0f}) / {mib:,}, 3) with {formula} MiB reserved{vlm}{graph}")
+
+
+def _uncounted_capture_lines(sizing: Sizing) -> list[str]:
+    """Under SGLang's own rule (or a given fraction) the capture's memory is not in the reserve: say how much of
+    the slack it takes, so a reader can lower memFractionStatic by it."""
+    chosen, layers = sizing.chosen, sizing.ctx.aux_layers
+    if not layers:
+        return []
+    r = sglang_reserve(sizing.ctx.gpu_memory_mib, chosen.layout, sizing.model, sizing.ctx.serving.release,
+                       chosen.graph_bs)
+    found = aux_capture_terms(sizing.model, chosen.layout, r.chunk // chosen.layout.attention_dp, r.graph_bs, layers)
+    total = sum(term.mib for term in found)
+    return [f"note: hidden-state capture needs {total:,.0f} MiB per GPU that this fraction's reserve does not count "
+            f"(SGLang's rule has no term for it, arg_groups/memory_hook.py:296-318): "
+            + "; ".join(f"{t.name} {t.mib:,.0f} ({t.source})" for t in found)]
 
 
 def _kv_line(sizing: Sizing, cap: Capacity) -> str:

@@ -228,13 +228,20 @@ class Context:
         return self.work.held
 
     @property
+    def aux_layers(self) -> int:
+        """Hidden-state layers the server captures (0 without spec.hiddenStates)."""
+        states = self.spec.hidden_states
+        if states is None:
+            return 0
+        return len(states.layer_ids) if states.layer_ids is not None else EAGLE3_LAYERS
+
+    @property
     def capture_bytes_per_token(self) -> int:
         """Bytes of one token's hidden states (0 without spec.hiddenStates): the capture pass moves them."""
         states = self.spec.hidden_states
         if states is None:
             return 0
-        return StateShape(len(states.layer_ids) if states.layer_ids is not None else EAGLE3_LAYERS,
-                          self.model.hidden_size, states.dtype).bytes_per_token
+        return StateShape(self.aux_layers, self.model.hidden_size, states.dtype).bytes_per_token
 
     def capture(self, step: StepModel) -> CaptureTime | None:
         per_token = self.capture_bytes_per_token
@@ -346,7 +353,7 @@ def _decided_splits(ctx: Context, layout: Layout, element: float, replicas: int)
     def at(chunk: int, graph_bs: int, rows: int) -> tuple[MemorySplit, Capacity] | None:
         deterministic = ctx.spec.server.deterministic_inference
         split = decided_split(mib, layout, ctx.model, release, chunk, graph_bs, deterministic, ctx.context_length,
-                              rows, arch, ctx.attention_backend)
+                              rows, arch, ctx.attention_backend, aux_layers=ctx.aux_layers)
         if split is None:
             return None
         cap = ctx.capacity(layout, split.mem_fraction, element)
