@@ -28,13 +28,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from tokenmill_runner.facts.hidden_states import capture_max_new_tokens
+from tokenmill_runner.facts.hidden_states import CAPTURE_CONCURRENCY, capture_max_new_tokens
 from tokenmill_runner.facts.workload import simulate
 
 # Layers SGLang's EAGLE3 default captures at any depth (facts/hidden_states.default_eagle3_layer_ids).
 EAGLE3_LAYERS = 3
-# Requests in flight per runner worker: capture_dataset's default concurrency, which generate/hidden_pass.py keeps.
-CAPTURE_IN_FLIGHT = 4
+# Requests in flight per runner worker: capture_dataset's default, which generate/hidden_pass.py keeps.
+CAPTURE_IN_FLIGHT = CAPTURE_CONCURRENCY
 # States bytes per second one runner worker takes in (parse + write), docs/export.md's capture figure at 100 samples.
 JSON_STATE_BYTES_PER_S = 5.5e6
 # Requests simulated per dataset; all of one dataset's capture requests have its mean length, so a few hundred

@@ -24,7 +24,7 @@ import httpx
 import numpy as np
 import orjson
 
-from ..facts.hidden_states import StateShape, capture_request
+from ..facts.hidden_states import CAPTURE_CONCURRENCY, StateShape, capture_request
 from ..store.hidden_states import (
     captured_keys,
     clear_failure,
@@ -102,7 +102,8 @@ def _sequence(row: dict[str, Any]) -> list[int]:
 
 
 async def capture_dataset(storage: Storage, dataset: str, server: str, shape: StateShape, *,
-                          api_key: str | None = None, chunked_prefill_tokens: int = 8192, concurrency: int = 4,
+                          api_key: str | None = None, chunked_prefill_tokens: int = 8192,
+                          concurrency: int = CAPTURE_CONCURRENCY,
                           retry_failed: bool = False, spool: Path | None = None,
                           timeout_s: float = 600.0, worker: int | None = None,
                           fence: Fence | None = None) -> CaptureSummary:
