@@ -213,25 +213,30 @@ async def _run_async(config: RunnerConfig) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, runner.request_stop)
-    summary = await runner.run()
-    for line in iter_summary_lines(summary):
-        print(line)
-    code = exit_code(summary)
-    if code in (EXIT_INTERRUPTED, EXIT_SERVERS_UNAVAILABLE):
-        return code
-    if config.spec.hidden_states is not None:
-        from .facts.hidden_states import NoRoomError
-        from .generate.hidden_pass import run_hidden_state_pass
+    # The capture pass commits after the stream: it keeps the stream's lease and proves it at each of its markers.
+    summary = await runner.run(keep_lease=config.spec.hidden_states is not None)
+    try:
+        for line in iter_summary_lines(summary):
+            print(line)
+        code = exit_code(summary)
+        if code in (EXIT_INTERRUPTED, EXIT_SERVERS_UNAVAILABLE):
+            return code
+        if config.spec.hidden_states is not None:
+            from .facts.hidden_states import NoRoomError
+            from .generate.hidden_pass import run_hidden_state_pass
 
-        try:
-            captured = await run_hidden_state_pass(config, runner.storage, os.environ.get(API_KEY_ENV))
-        except NoRoomError as error:
-            print(f"error: hidden states: {error}", file=sys.stderr)
-            return EXIT_GIVEN_UP
-        print(f"hidden states: {captured.captured} captured, {captured.skipped} already committed, "
-              f"{captured.failed} failed, {captured.state_bytes} bytes")
-        if captured.failed and code == 0:
-            code = EXIT_GIVEN_UP  # a run whose states are incomplete never ends looking like success
+            try:
+                captured = await run_hidden_state_pass(config, runner.storage, os.environ.get(API_KEY_ENV),
+                                                       runner.fence)
+            except NoRoomError as error:
+                print(f"error: hidden states: {error}", file=sys.stderr)
+                return EXIT_GIVEN_UP
+            print(f"hidden states: {captured.captured} captured, {captured.skipped} already committed, "
+                  f"{captured.failed} failed, {captured.state_bytes} bytes")
+            if captured.failed and code == 0:
+                code = EXIT_GIVEN_UP  # a run whose states are incomplete never ends looking like success
+    finally:
+        runner.release_lease()
     if config.worker_count == 1:  # with several workers the operator reports once all are done
         _print_report(runner.storage)
     return code

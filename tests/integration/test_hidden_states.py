@@ -318,3 +318,87 @@ def test_two_writers_capturing_the_same_run_leave_one_aligned_file_per_sample(tm
     assert len(list((out / "d" / STATES).glob("*.safetensors"))) == 6
     assert len(list((out / "d" / "hidden_commits").glob("*.json"))) == 6
     assert_every_sample_once_and_aligned(storage)
+
+
+class _Clock:
+    """The lease keeper's monotonic clock, moved by the test (no real waiting)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_a_capture_pass_whose_lease_is_lost_commits_nothing_more_and_raises_lease_lost(tmp_path, demo_model, sim):
+    # Issue 28: the state markers answer to the output's lease like the shards' markers (store/shards.put_marker).
+    import threading
+
+    from tokenmill_runner.store.hidden_states import failed_keys
+    from tokenmill_runner.store.lease import LeaseKeeper, LeaseLost, acquire
+    from tokenmill_runner.store.lease_rules import LeaseTimes
+    from tokenmill_runner.store.manifest import Owner
+    from tokenmill_runner.store.shards import Fence
+
+    storage, _ = generate(tmp_path, demo_model, sim, lines=6)
+    times, clock = LeaseTimes(stale_s=120.0), _Clock()
+    acquired = acquire(storage, Owner(kind="cli", name="capture"), "here:1", "tok", times=times, clock=clock,
+                       sleep=clock.sleep)
+    keeper = LeaseKeeper(storage, acquired, times=times, clock=clock, every_s=3600)
+    proofs, lock = [0], threading.Lock()
+
+    def prove() -> None:
+        with lock:
+            proofs[0] += 1
+            if proofs[0] == 3:  # the writer is paused past the stale period before its third marker
+                clock.now += times.stale_s + 1
+        keeper.fence()
+
+    with pytest.raises(LeaseLost, match="past its stale period"):
+        asyncio.run(capture_dataset(storage, "d", sim.url, SHAPE, chunked_prefill_tokens=CHUNK, concurrency=2,
+                                    fence=Fence(prove, times.marker_budget_s, 600)))
+    assert len(captured_keys(storage, "d")) == 2, "only the markers proved while the lease was held"
+    assert failed_keys(storage, "d") == set(), "nor is any failure recorded"
+    # The next holder captures the rest; every sample's states then counted once.
+    again = asyncio.run(capture_dataset(storage, "d", sim.url, SHAPE, chunked_prefill_tokens=CHUNK))
+    assert (again.captured, again.skipped, again.failed) == (4, 2, 0)
+    assert_every_sample_once_and_aligned(storage)
+
+
+def test_tokenmill_run_taken_over_during_its_capture_pass_exits_6_and_the_taker_s_states_count(
+        tmp_path, demo_model, sim):
+    from tokenmill_runner.generate.summary import EXIT_LEASE_LOST
+    from tokenmill_runner.store.lease import read_lease
+
+    write_jsonl(tmp_path / "p.jsonl", [chat(i) for i in range(1, 5)])
+    out = tmp_path / "out"
+    document = spec_document(demo_model, [{"name": "d", "source": str(tmp_path / "p.jsonl")}], str(out),
+                             hiddenStates={"convention": "eagle3"})
+    document["spec"]["sampling"]["maxNewTokens"] = 40
+    spec = write_spec(tmp_path / "spec.yaml", document)
+    command = [sys.executable, "-m", "tokenmill_runner.cli", "-q", "run", str(spec), "--out", str(out),
+               "--server", sim.url, "--server-wait", "2"]
+    env = {k: v for k, v in os.environ.items() if k != FAULT_ENV}
+    env["TOKENMILL_LEASE_STALE_SECONDS"] = "6"
+    # Its own cache folder: to the taker, a process of another machine, so only the lease's staleness frees it.
+    paused = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**env, FAULT_ENV: "pause-after:states:1",
+                                   "TOKENMILL_CACHE": str(tmp_path / "cache-elsewhere")})
+    try:
+        _, status = os.waitpid(paused.pid, os.WUNTRACED)  # stopped between its first state file and its marker
+        assert os.WIFSTOPPED(status), "the capture pass never reached its first state file"
+        assert captured_keys(LocalStorage(out), "d") == set()
+        taker = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+        assert taker.returncode == 0, taker.stderr[-2000:]
+        assert "4 captured" in taker.stdout
+    finally:
+        paused.send_signal(signal.SIGCONT)
+    _, stderr = paused.communicate(timeout=300)
+    assert paused.returncode == EXIT_LEASE_LOST, stderr[-2000:]
+    assert "lease lost" in stderr and "committed nothing after that" in stderr
+    storage = LocalStorage(out)
+    assert_every_sample_once_and_aligned(storage)
+    assert read_lease(storage) is None, "the taker gave the lease up; the taken-over writer left it alone"

@@ -279,3 +279,27 @@ def test_a_resource_s_workers_share_the_lease_and_renew_on_top_of_each_other(tmp
     take(storage, owner=OTHER, holder="laptop:9", take_over=True)
     workers[0].renew()
     assert workers[0].lost.is_set(), "another owner's take-over is not shared"
+
+
+def test_a_writer_whose_lease_is_lost_writes_no_state_marker_or_failure_record(tmp_path):
+    # Issue 28: the hidden-state pass commits after the stream; its markers answer to the same fence as a shard's.
+    import numpy as np
+
+    from tokenmill_runner.facts.hidden_states import StateShape
+    from tokenmill_runner.store.hidden_states import captured_keys, commit_states, failed_keys, record_failure
+
+    storage = LocalStorage(tmp_path)
+    clock = FakeClock()
+    keeper = LeaseKeeper(storage, take(storage, clock=clock), times=TIMES, clock=clock, every_s=3600)
+    fence = Fence(keeper.fence, TIMES.marker_budget_s, 600)
+    shape = StateShape(3, 4, "bfloat16")
+    values = np.zeros(2 * shape.row_values)
+    commit_states(storage, "d", "s1", 0, [5, 6], values, shape, fence=fence)
+    clock.now += TIMES.stale_s + 1  # paused past the stale period between the file and its marker
+    with pytest.raises(LeaseLost, match="past its stale period"):
+        commit_states(storage, "d", "s2", 0, [7, 8], values, shape, fence=fence)
+    with pytest.raises(LeaseLost):
+        record_failure(storage, "d", "s3", 0, "HTTP 500", fence=fence)
+    assert len(captured_keys(storage, "d")) == 1, "only the sample committed while the lease was held counts"
+    assert failed_keys(storage, "d") == set()
+    assert len(list(storage.list("d/hidden_states/"))) == 2, "the second file is an unmarked leftover, never counted"

@@ -32,13 +32,14 @@ def facts(name: str) -> ModelFacts:
     return model_facts(data["config"], data["weight_bytes"])
 
 
-def make_spec(server: dict[str, Any], max_new_tokens: int = 10240, limit: int = 11000) -> DatasetGenerationSpec:
+def make_spec(server: dict[str, Any], max_new_tokens: int = 10240, limit: int = 11000,
+              **fields: Any) -> DatasetGenerationSpec:
     return parse_document({
         "apiVersion": "tokenmill.io/v1alpha1", "kind": "DatasetGeneration", "metadata": {"name": "mem"},
         "spec": {"model": {"path": "s3://models/m/"}, "server": {"image": "lmsysorg/sglang:v0.5.23", **server},
                  "sampling": {"maxNewTokens": max_new_tokens},
                  "datasets": [{"name": "B5_openthoughts", "source": "s3://p/b5.jsonl", "limit": limit}],
-                 "output": {"uri": "s3://out/run/"}}}).spec
+                 "output": {"uri": "s3://out/run/"}, **fields}}).spec
 
 
 def test_the_seeds_job_is_planned_faster_than_the_seeds_tuned_it_by_hand_with_every_term_sourced():
@@ -144,3 +145,35 @@ def test_the_decided_kv_pool_is_what_the_capacity_says():
     before = RTX_PRO_MIB - PRE_LOAD_USED_MIB
     assert cap.kv_room_bytes == int(split.mem_fraction * before * MIB) - weight_bytes_per_gpu(kimi, Layout(8))
     assert (before - split.reserved_mib) / before - split.mem_fraction < 0.001  # rounded down
+
+
+def test_hidden_state_capture_counts_its_buffers_and_its_requests_logprobs_as_0_5_23_allocates_them():
+    from tokenmill_operator.planner.memory_budget import aux_capture_terms
+
+    # Llama clones each capture and concatenates them (0.5.23 models/llama.py:485, layers/aux_hidden_states.py:26,
+    # :97-102), then concatenates the logprob rows (layers/logits_processor.py:821-826): 3 copies of
+    # (chunk + graph) tokens x 3 layers x 4,096 hidden x 2 B. Its capture requests' logprobs from position 0 take
+    # 2,048-row chunks of 3 float32 vocabulary matrices (layers/logprob_processor.py:515-564, environ.py:1513).
+    llama = facts("llama-3.1-8b")
+    capture, logprobs = aux_capture_terms(llama, Layout(1), 8192, 256, 3)
+    assert capture.mib == (8192 + 256) * 3 * 4096 * 2 * 3 / MIB  # 594 MiB
+    assert logprobs.mib == 2048 * 3 * 128_256 * 4 / MIB  # 3,006 MiB
+    # Kimi-K2.5 (DeepSeek-V3's model) packs them into one buffer (models/deepseek_v2.py:3175): 2 copies; under DP
+    # attention the logits stay one chunk of the group's tokens (logprob_processor.py:515-522).
+    kimi = facts("kimi-k2.5")
+    capture, logprobs = aux_capture_terms(kimi, Layout(8, 8), 2048, 160, 3)
+    assert capture.mib == (2048 + 160) * 3 * 7168 * 2 * 2 / MIB
+    assert logprobs.mib == 2048 * 3 * 163_840 * 4 / MIB  # 3,840 MiB
+
+
+def test_a_plan_with_hidden_states_leaves_room_for_the_capture_in_its_memory_split():
+    plain = plan_server(make_spec({"gpuProduct": "NVIDIA-H200"}, max_new_tokens=2048), facts("kimi-k2.5"))
+    spec = make_spec({"gpuProduct": "NVIDIA-H200"}, max_new_tokens=2048, hiddenStates={"convention": "eagle3"})
+    planned = plan_server(spec, facts("kimi-k2.5"))
+    terms = {term.name: term for term in planned.memory_split}
+    assert {"aux hidden-state capture", "capture input logprobs"} <= set(terms)
+    assert all(".py:" in terms[name].source for name in ("aux hidden-state capture", "capture input logprobs"))
+    # The capture's terms come out of the KV pool, nothing else.
+    assert "aux hidden-state capture" not in {term.name for term in plain.memory_split}
+    assert float(planned.mem_fraction_static) < float(plain.mem_fraction_static)
+    assert planned.kv_capacity_tokens < plain.kv_capacity_tokens

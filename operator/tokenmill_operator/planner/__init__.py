@@ -49,13 +49,14 @@ def _started(prediction: Prediction | None, startup: StartupPlan, gpus: int) -> 
     """The prediction with the start-up added: to the ETA, and to the GPU-hours while the pods hold their GPUs."""
     if prediction is None or prediction.generation_seconds is not None:
         return prediction
-    generation = prediction.eta_seconds
-    held = generation + startup_gpu_seconds(startup)
+    busy = prediction.eta_seconds  # generation and the capture pass after it
+    held = busy + startup_gpu_seconds(startup)
     interval = prediction.interval
     if interval is not None:
         interval = interval.model_copy(update={"eta_seconds_low": interval.eta_seconds_low + startup.seconds,
                                                "eta_seconds_high": interval.eta_seconds_high + startup.seconds})
-    return prediction.model_copy(update={"generation_seconds": generation, "eta_seconds": generation + startup.seconds,
+    return prediction.model_copy(update={"generation_seconds": busy - (prediction.capture_seconds or 0),
+                                         "eta_seconds": busy + startup.seconds,
                                          "gpu_hours": round(held * gpus / 3600, 1), "interval": interval})
 
 

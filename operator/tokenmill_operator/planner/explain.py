@@ -7,9 +7,11 @@ Each line repeats the numbers and the rule behind a value, so a reader of `statu
 
 from __future__ import annotations
 
-from tokenmill_runner.facts.throughput import simulator_step
+from tokenmill_runner.facts.throughput import StepModel, simulator_step
 
+from .capture import CAPTURE_IN_FLIGHT, JSON_STATE_BYTES_PER_S, CaptureTime
 from .memory import MIB, Capacity, sglang_reserve, vlm_factor
+from .memory_budget import aux_capture_terms
 from .plan import Candidate, ServerPlan
 from .sizing import FP8_OPTION, MIN_BATCH_REQUESTS, TIE, Option, Sizing, memory_choices
 from .startup import describe
@@ -90,7 +92,7 @@ def render_plan(plan: ServerPlan) -> str:
                                      f"decode at the full batch), ETA {duration(p.eta_seconds)} for {p.samples:,} "
                                      f"samples, {p.gpu_hours:,.1f} GPU-hours"))
         if plan.startup and p.generation_seconds is not None:
-            rows.insert(2, ("ETA", describe(plan.startup, p.generation_seconds)))
+            rows.insert(2, ("ETA", describe(plan.startup, p.generation_seconds, p.capture_seconds)))
         if p.interval:
             r = p.interval
             rows.insert(2, ("range", f"{r.output_tokens_per_second_low:,}-{r.output_tokens_per_second_high:,} output "
@@ -249,7 +251,7 @@ def _choice_lines(sizing: Sizing) -> list[str]:
 def _memory_lines(sizing: Sizing) -> list[str]:
     chosen = sizing.chosen
     if chosen.memory is None or not chosen.memory.decided:
-        return [_mem_fraction_line(sizing)]
+        return [_mem_fraction_line(sizing), *_uncounted_capture_lines(sizing)]
     split, mib = chosen.memory, sizing.ctx.gpu_memory_mib
     outside = "; ".join(f"{t.name} {t.mib:,.0f} ({t.source})" for t in split.terms)
     choices = memory_choices(sizing.ctx, chosen.layout, chosen.kv_cache_dtype, chosen.nodes_per_replica,
@@ -318,6 +320,21 @@ def _mem_fraction_line(sizing: Sizing) -> str:
              f"which shrinks that padding" if chosen.graph_bs else "")
     return (f"mem-fraction-static {chosen.mem_fraction:.3f}: SGLang {release.version}'s default for this GPU and "
             f"layout, round(({mib:,} - {r.total:,.0f}) / {mib:,}, 3) with {formula} MiB reserved{vlm}{graph}")
+
+
+def _uncounted_capture_lines(sizing: Sizing) -> list[str]:
+    """Under SGLang's own rule (or a given fraction) the capture's memory is not in the reserve: say how much of
+    the slack it takes, so a reader can lower memFractionStatic by it."""
+    chosen, layers = sizing.chosen, sizing.ctx.aux_layers
+    if not layers:
+        return []
+    r = sglang_reserve(sizing.ctx.gpu_memory_mib, chosen.layout, sizing.model, sizing.ctx.serving.release,
+                       chosen.graph_bs)
+    found = aux_capture_terms(sizing.model, chosen.layout, r.chunk // chosen.layout.attention_dp, r.graph_bs, layers)
+    total = sum(term.mib for term in found)
+    return [f"note: hidden-state capture needs {total:,.0f} MiB per GPU that this fraction's reserve does not count "
+            f"(SGLang's rule has no term for it, arg_groups/memory_hook.py:296-318): "
+            + "; ".join(f"{t.name} {t.mib:,.0f} ({t.source})" for t in found)]
 
 
 def _kv_line(sizing: Sizing, cap: Capacity) -> str:
@@ -410,6 +427,8 @@ def _prediction_lines(sizing: Sizing) -> list[str]:
         f"{prediction.samples:,} samples, {prediction.gpu_hours:,.1f} GPU-hours (throughput model calibrated on "
         f"published SGLang measurements, docs/throughput.md)",
     ]
+    if chosen.capture is not None:
+        lines.append(_capture_line(sizing, chosen.capture, step))
     empty, per_request, prefill = simulator_step(step, chosen.batch, held, sizing.ctx.work.prompt_tokens())
     lines.append(f"simulator: tokenmill sim-server --step-ms {empty:.2f} --step-ms-per-request {per_request:.4f} "
                  f"--prefill-ms-per-1k-tokens {prefill:.2f} --max-running-requests {chosen.batch} --max-total-tokens "
@@ -422,3 +441,14 @@ def _prediction_lines(sizing: Sizing) -> list[str]:
         lines.append("note: a dataset without limit is counted as 10,000 samples for the ETA (tokens/s do not depend "
                      "on it)")
     return lines
+
+
+def _capture_line(sizing: Sizing, capture: CaptureTime, step: StepModel) -> str:
+    workers = sizing.spec.runner.parallelism
+    in_flight = CAPTURE_IN_FLIGHT * workers
+    return (f"hidden-state capture after generation: {duration(round(capture.seconds))} (bound by {capture.bound}) = "
+            f"max(prefill {duration(round(capture.forward_seconds))}: every prompt + output once more, no cached "
+            f"prefix, {in_flight} in flight on one replica, chunks of {step.chunk_tokens:,} tokens, by the step "
+            f"model above; JSON {duration(round(capture.transfer_seconds))}: {capture.state_bytes / 1e9:,.2f} GB of "
+            f"states at {JSON_STATE_BYTES_PER_S / 1e6:,.1f} MB/s per runner worker x {count(workers, 'worker')}, "
+            f"docs/export.md); every GPU is held through it, so it is in the ETA and GPU-hours")

@@ -166,6 +166,49 @@ def _moe_source(model: ModelFacts) -> str:
     return "the fused MoE buffers (fused_moe.py:665-878)"
 
 
+# Architectures whose 0.5.23 model collects the aux captures into one preallocated [tokens, K x hidden] buffer
+# (layers/aux_hidden_states.py:29-95, AuxHiddenStatePacker; models/deepseek_v2.py:3175, which Kimi-K2.5's language
+# model is); the others clone each capture and concatenate them (aux_hidden_states.py:26, :97-102; models/llama.py:485,
+# qwen2.py:455, qwen3.py:523, gpt_oss.py:710, glm4_moe.py:948).
+PACKED_AUX_ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM",
+                            "KimiK25ForConditionalGeneration")
+# Input-logprob rows per logits chunk (SGLANG_LOGPROB_CHUNK_SIZE, environ.py:1513), and SGLang's own bound on the
+# float32 vocabulary matrices one chunk holds with a TP gather (layers/logprob_processor.py:560-564).
+LOGPROB_CHUNK_ROWS = 2048
+LOGPROB_MATRICES = 3
+
+
+def aux_capture_terms(model: ModelFacts, layout: Layout, chunk: int, graph_bs: int, aux_layers: int) -> list[Term]:
+    """What --enable-return-aux-hidden-states and the capture requests (generate/hidden_capture.py) add on one GPU,
+    0.5.23: the captured layers of every token of a prefill chunk, held in up to three copies, the same for each
+    token of the decode graphs, and the input-logprob logits the requests ask for (return_logprob from position
+    0, so no prefix is taken from the cache). `chunk` is the per-group chunk."""
+    row = aux_layers * model.hidden_size * ACTIVATION_BYTES  # one token's captured layers, bf16, on every rank
+    packed = model.architecture in PACKED_AUX_ARCHITECTURES
+    # Packed: the buffer, then the cat of its logprob rows (layers/logits_processor.py:821-826). Cloned: the K
+    # clones, that cat, and the cat returned as the request's states (logits_processor.py:866-869).
+    copies = 2 if packed else 3
+    # Every decode graph is captured in return_hidden_states_mode full (forward_batch_info.py:324-331,
+    # decode_cuda_graph_runner.py:357), its captures in the graphs' shared pool; no shared buffer for EAGLE3
+    # (model_runner_components/misc_utils.py:122-131). The states then go to the host, per chunk
+    # (managers/scheduler_components/batch_result_processor.py:659): no GPU copy.
+    capture = (chunk + graph_bs) * row * copies / 2**20
+    # Under DP attention the logits stay one chunk (logprob_processor.py:515-522, skip_chunking_for_dp_attn).
+    rows = chunk if layout.attention_dp > 1 else min(chunk, LOGPROB_CHUNK_ROWS)
+    logprobs = rows * LOGPROB_MATRICES * model.vocab_size * LOGIT_BYTES / 2**20
+    how = "one buffer, then its logprob rows' cat" if packed else "the clones, their cat and the logprob rows' cat"
+    return [
+        Term("aux hidden-state capture", capture,
+             f"({chunk:,} chunk + {graph_bs} graph tokens) x {aux_layers} layers x {model.hidden_size:,} hidden x 2 B"
+             f" x {copies} copies ({how}: layers/aux_hidden_states.py, logits_processor.py:821-869; decode graphs "
+             f"capture in full mode, decode_cuda_graph_runner.py:357)"),
+        Term("capture input logprobs", logprobs,
+             f"{rows:,} rows x {LOGPROB_MATRICES} x {model.vocab_size:,} vocabulary x 4 B: the capture requests' "
+             f"logprobs from position 0 (logprob_processor.py:515-564, SGLANG_LOGPROB_CHUNK_SIZE "
+             f"{LOGPROB_CHUNK_ROWS:,})"),
+    ]
+
+
 def _attention_term(model: ModelFacts, layout: Layout, graph_bs: int, context_length: int, deterministic: bool,
                     arch: str | None, backend: str | None) -> Term:
     chosen = backend or (mla_decode_backend(arch) if model.is_mla else "flashinfer")
@@ -185,9 +228,10 @@ def _attention_term(model: ModelFacts, layout: Layout, graph_bs: int, context_le
 
 def terms(gpu_memory_mib: int, layout: Layout, model: ModelFacts, release: Release, chunk: int, graph_bs: int,
           deterministic: bool = False, context_length: int = 0, request_rows: int = 0, arch: str | None = None,
-          backend: str | None = None) -> tuple[Term, ...]:
+          backend: str | None = None, aux_layers: int = 0) -> tuple[Term, ...]:
     """Every use of one GPU's memory outside the static pool for this model, layout, per-group chunk and graph
-    batch: `request_rows` is one scheduler's --max-running-requests share (its req_to_token rows)."""
+    batch: `request_rows` is one scheduler's --max-running-requests share (its req_to_token rows); `aux_layers`
+    the hidden-state layers captured (spec.hiddenStates; 0: off)."""
     groups = layout.attention_dp
     per_token = activation_bytes_per_token(model, layout)
     found = [
@@ -205,6 +249,8 @@ def terms(gpu_memory_mib: int, layout: Layout, model: ModelFacts, release: Relea
                           f"({request_rows:,} request slots + 1) x ({context_length:,} context + 4) x 4 B "
                           f"(mem_cache/memory_pool.py:406, kv_cache_configurator.py:3128), allocated after the KV "
                           f"budget"))
+    if aux_layers:
+        found += aux_capture_terms(model, layout, chunk, graph_bs, aux_layers)
     if groups > 1:
         padding = graph_bs * groups * 3.0 + (graph_bs * groups * 1.5 if graph_bs > 300 else 0.0)
         found.append(Term("DP-attention padding", padding,
@@ -232,12 +278,12 @@ def terms(gpu_memory_mib: int, layout: Layout, model: ModelFacts, release: Relea
 def decided_split(gpu_memory_mib: int, layout: Layout, model: ModelFacts, release: Release, chunk: int,
                   graph_bs: int, deterministic: bool = False, context_length: int = 0, request_rows: int = 0,
                   arch: str | None = None, backend: str | None = None,
-                  pre_load_mib: float | None = None) -> MemorySplit | None:
+                  pre_load_mib: float | None = None, aux_layers: int = 0) -> MemorySplit | None:
     """The fraction that leaves room for every term, rounded down to SGLang's 3 decimals; None when the terms
     alone take the GPU. The fraction is of the memory free before loading (kv_cache_configurator.py:3007), so the
     slack SGLang leaves is (1 - fraction) x that, and it must hold the terms."""
     found = terms(gpu_memory_mib, layout, model, release, chunk, graph_bs, deterministic, context_length,
-                  request_rows, arch, backend)
+                  request_rows, arch, backend, aux_layers)
     before = gpu_memory_mib - (PRE_LOAD_USED_MIB if pre_load_mib is None else pre_load_mib)
     free = before - sum(term.mib for term in found)
     if free <= 0 or before <= 0:

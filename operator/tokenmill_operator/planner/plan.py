@@ -43,9 +43,16 @@ class Prediction(SpecModel):
         description="The job's average output tokens/s: prefill and the draining tail included.")
     eta_seconds: int = Field(description="Predicted seconds from the start (weights copied and loaded, see "
                                          "startup) to the last committed sample.")
-    gpu_hours: float = Field(description="GPUs x the time they are held (start-up and generation), hours.")
+    gpu_hours: float = Field(description="GPUs x the time they are held (start-up, generation and the hidden-state "
+                             "capture pass), hours.")
     generation_seconds: int | None = Field(
         None, description="Of the ETA: from the first request to the last committed sample.")
+    capture_seconds: int | None = Field(
+        None, description="Of the ETA: the hidden-state capture pass after generation (spec.hiddenStates), the "
+        "longer of its prefill forwards and its states' JSON through the runner (docs/planning.md); None without it.")
+    capture_bound: str | None = Field(
+        None, description="What bounds the capture pass: prefill (the server's forwards) or json (the states' text "
+        "through the runner).")
     batch_per_replica: int = Field(description="Requests one replica runs at once (KV cache, slots or concurrency).")
     bound: str = Field(description="What limits a full decode step: memory, compute or overhead (floor, links).")
     samples: int = Field(description="Samples the ETA is for.")

@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from tokenmill_runner.facts.hardware import Gpu
+from tokenmill_runner.facts.hidden_states import StateShape
 from tokenmill_runner.facts.intervals import interval
 from tokenmill_runner.facts.model_facts import ModelFacts
 from tokenmill_runner.facts.throughput import CALIBRATION, Calibration, Layout, StepModel, serving_tokens_per_second
@@ -31,6 +32,7 @@ from tokenmill_runner.facts.workload import (
 from tokenmill_runner.spec.resource import DatasetGenerationSpec
 
 from .attention import AttentionBackend, attention_backend
+from .capture import EAGLE3_LAYERS, CaptureLoad, CaptureTime, capture_time
 from .dp_attention import graph_capped_max_running, load_balance_method
 from .memory import (
     Capacity,
@@ -152,6 +154,7 @@ class Option:
     max_running: int = 0
     batch: int = 0
     job: JobTime | None = None
+    capture: CaptureTime | None = None  # the hidden-state pass after the stream (spec.hiddenStates)
     bound: str = ""
 
     @property
@@ -168,7 +171,10 @@ class Option:
 
     @property
     def eta(self) -> float:
-        return self.job.seconds if self.job else math.inf
+        """Generation plus the capture pass: the GPUs are held through both, so both decide the layout."""
+        if self.job is None:
+            return math.inf
+        return self.job.seconds + (self.capture.seconds if self.capture else 0.0)
 
     @property
     def gpu_hours(self) -> float:
@@ -196,7 +202,9 @@ class Option:
             datasets=datasets,
             decode_tokens_per_second=self.decode_tokens_per_second(step, held),
             output_tokens_per_second=round(self.replicas * self.job.output_tokens / self.job.seconds),
-            eta_seconds=round(self.job.seconds), gpu_hours=round(self.gpu_hours, 1),
+            eta_seconds=round(self.eta), gpu_hours=round(self.gpu_hours, 1),
+            capture_seconds=round(self.capture.seconds) if self.capture else None,
+            capture_bound=self.capture.bound if self.capture else None,
             batch_per_replica=self.batch, bound=self.bound, samples=work.samples,
             samples_assumed=not work.samples_known)
 
@@ -218,6 +226,30 @@ class Context:
     @property
     def held(self) -> float:
         return self.work.held
+
+    @property
+    def aux_layers(self) -> int:
+        """Hidden-state layers the server captures (0 without spec.hiddenStates)."""
+        states = self.spec.hidden_states
+        if states is None:
+            return 0
+        return len(states.layer_ids) if states.layer_ids is not None else EAGLE3_LAYERS
+
+    @property
+    def capture_bytes_per_token(self) -> int:
+        """Bytes of one token's hidden states (0 without spec.hiddenStates): the capture pass moves them."""
+        states = self.spec.hidden_states
+        if states is None:
+            return 0
+        return StateShape(self.aux_layers, self.model.hidden_size, states.dtype).bytes_per_token
+
+    def capture(self, step: StepModel) -> CaptureTime | None:
+        per_token = self.capture_bytes_per_token
+        if not per_token:
+            return None
+        loads = [CaptureLoad(d.name, d.samples, d.prompt_tokens + d.mean_output()) for d in self.work.datasets]
+        return capture_time(loads, per_token, self.spec.runner.parallelism, step.chunk_tokens, step.step_seconds,
+                            step.chunked_prefill_seconds)
 
     @property
     def decides_memory(self) -> bool:
@@ -321,7 +353,7 @@ def _decided_splits(ctx: Context, layout: Layout, element: float, replicas: int)
     def at(chunk: int, graph_bs: int, rows: int) -> tuple[MemorySplit, Capacity] | None:
         deterministic = ctx.spec.server.deterministic_inference
         split = decided_split(mib, layout, ctx.model, release, chunk, graph_bs, deterministic, ctx.context_length,
-                              rows, arch, ctx.attention_backend)
+                              rows, arch, ctx.attention_backend, aux_layers=ctx.aux_layers)
         if split is None:
             return None
         cap = ctx.capacity(layout, split.mem_fraction, element)
@@ -398,7 +430,7 @@ def evaluate(ctx: Context, layout: Layout, kv_dtype: str, replicas: int, eligibl
         return option
     job = job_time(ctx.work, replicas, batch, lambda b: step.step_seconds(b, ctx.held),
                    step.chunked_prefill_seconds)
-    return replace(option, job=job, bound=step.bound(batch, ctx.held))
+    return replace(option, job=job, capture=ctx.capture(step), bound=step.bound(batch, ctx.held))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -544,10 +576,13 @@ class Sizing:
             return prediction
         found = interval(self.ctx.gpu, option.layout)
         rate = prediction.output_tokens_per_second
+        # The interval is the throughput model's error on generation; the capture pass is added as predicted.
+        capture = prediction.capture_seconds or 0
+        generation = prediction.eta_seconds - capture
         return prediction.model_copy(update={"interval": PredictionRange(
             output_tokens_per_second_low=round(rate * found.low), output_tokens_per_second_high=round(rate * found.high),
-            eta_seconds_low=round(prediction.eta_seconds / found.high),
-            eta_seconds_high=round(prediction.eta_seconds / found.low), basis=found.basis)})
+            eta_seconds_low=round(generation / found.high) + capture,
+            eta_seconds_high=round(generation / found.low) + capture, basis=found.basis)})
 
     def candidate(self, option: Option, note: str) -> Candidate:
         prediction = self.ranged(option)

@@ -121,6 +121,10 @@ def shape_from_config(config: dict[str, object], layer_ids: list[int] | None, dt
     return StateShape(len(ids), hidden, dtype)
 
 
+# Capture requests one runner worker keeps in flight (generate/hidden_capture.py); the plan times the pass with it.
+CAPTURE_CONCURRENCY = 4
+
+
 def capture_max_new_tokens(sequence_tokens: int, chunked_prefill_tokens: int) -> int:
     """max_new_tokens for a capture request: at least the prefill chunks it can be split into, since the answer
     keeps finished_len entries and each chunk is one (output_streamer.py:668-675); a chunk budget shared with other

@@ -4,7 +4,9 @@ After the generation stream, each committed row without a committed state file i
 (facts/hidden_states.capture_request: full prefill, no cached prefix), its answer checked (the token ids the server
 echoes equal the row's, one state row per token) and committed by store/hidden_states.py. A resume captures only
 what has no marker; a failed capture is recorded and retried only with retry_failed. At most `concurrency` answers
-are held at once, each parsed without building Python floats (one sample's states, never a shard's).
+are held at once, each parsed without building Python floats (one sample's states, never a shard's). With a fence
+(the generation stream's, store/shards.Fence) every marker and failure record proves the output's lease first; once
+it cannot, the pass sends nothing more, drops what is in flight and raises LeaseLost (the CLI exits 6).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import httpx
 import numpy as np
 import orjson
 
-from ..facts.hidden_states import StateShape, capture_request
+from ..facts.hidden_states import CAPTURE_CONCURRENCY, StateShape, capture_request
 from ..store.hidden_states import (
     captured_keys,
     clear_failure,
@@ -31,8 +33,9 @@ from ..store.hidden_states import (
     record_failure,
     sample_key,
 )
+from ..store.lease import LeaseLost
 from ..store.markers import markers_in_commit_order
-from ..store.shards import decode_rows
+from ..store.shards import Fence, decode_rows
 from ..store.storage import Storage
 from .client import auth_headers
 
@@ -99,12 +102,16 @@ def _sequence(row: dict[str, Any]) -> list[int]:
 
 
 async def capture_dataset(storage: Storage, dataset: str, server: str, shape: StateShape, *,
-                          api_key: str | None = None, chunked_prefill_tokens: int = 8192, concurrency: int = 4,
+                          api_key: str | None = None, chunked_prefill_tokens: int = 8192,
+                          concurrency: int = CAPTURE_CONCURRENCY,
                           retry_failed: bool = False, spool: Path | None = None,
-                          timeout_s: float = 600.0, worker: int | None = None) -> CaptureSummary:
+                          timeout_s: float = 600.0, worker: int | None = None,
+                          fence: Fence | None = None) -> CaptureSummary:
     """Capture the states of every committed row of `dataset` that has none committed (those this worker
-    committed, when `worker` is given: the workers split the pass as they split the samples)."""
+    committed, when `worker` is given: the workers split the pass as they split the samples). Raises LeaseLost
+    when `fence` can no longer prove the lease; nothing is committed after that."""
     summary = CaptureSummary()
+    lost: list[LeaseLost] = []
     done = captured_keys(storage, dataset)
     failed = failed_keys(storage, dataset)
     seen: set[str] = set()
@@ -115,6 +122,15 @@ async def capture_dataset(storage: Storage, dataset: str, server: str, shape: St
     # SGLang refuses a rid already in flight ("Duplicate request ID detected"), so a second writer of the same run
     # (or a retry while the first request is still running) needs its own.
     writer = secrets.token_hex(4)
+    loop = asyncio.get_running_loop()
+    tasks: set[asyncio.Task[None]] = set()
+
+    def give_up(error: LeaseLost) -> None:
+        # What is in flight could only be refused at its marker: the server's time is not spent on it.
+        lost.append(error)
+        for task in tasks:
+            if task is not asyncio.current_task():
+                task.cancel()
 
     async def one(client: httpx.AsyncClient, row: dict[str, Any], key: str) -> None:
         sequence = _sequence(row)
@@ -134,28 +150,36 @@ async def capture_dataset(storage: Storage, dataset: str, server: str, shape: St
                 del chunks
             if answer.status_code != 200:
                 raise CaptureError(f"{where}: HTTP {answer.status_code}: {data[:300]!r}")
-            values = await asyncio.get_running_loop().run_in_executor(
-                pool, parse_states, data, sequence, shape, where)
+            values = await loop.run_in_executor(pool, parse_states, data, sequence, shape, where)
             del data
-            await asyncio.get_running_loop().run_in_executor(
+            # In the pool: the fence may wait for a late renewal, which must not stall the other answers' streams.
+            await loop.run_in_executor(
                 pool, lambda: commit_states(storage, dataset, row["sample_id"], row.get("sample_index", 0),
-                                            sequence, values, shape, spool))
+                                            sequence, values, shape, spool, fence))
             if key in failed:
-                clear_failure(storage, dataset, key)
+                await loop.run_in_executor(pool, clear_failure, storage, dataset, key, fence)
             summary.captured += 1
             summary.state_bytes += shape.state_bytes(len(sequence))
         except (CaptureError, httpx.HTTPError) as error:
             summary.failed += 1
             summary.failures.append(str(error))
             logger.warning("hidden-state capture failed: %s", error)
-            record_failure(storage, dataset, row["sample_id"], row.get("sample_index", 0), str(error))
+            reason = str(error)
+            try:
+                await loop.run_in_executor(pool, lambda: record_failure(
+                    storage, dataset, row["sample_id"], row.get("sample_index", 0), reason, fence))
+            except LeaseLost as gone:
+                give_up(gone)
+        except LeaseLost as error:
+            give_up(error)
         finally:
             limit.release()
 
     try:
         async with httpx.AsyncClient(timeout=timeout_s, headers=headers) as client:
-            tasks: set[asyncio.Task[None]] = set()
             for marker in markers_in_commit_order(storage, dataset):
+                if lost:
+                    break
                 if not marker.get("data") or (worker is not None and marker.get("worker") != worker):
                     continue
                 for row in decode_rows(storage.get(f"{dataset}/{marker['data']}")):
@@ -167,11 +191,19 @@ async def capture_dataset(storage: Storage, dataset: str, server: str, shape: St
                         summary.skipped += 1
                         continue
                     await limit.acquire()
+                    if lost:
+                        limit.release()
+                        break
                     task = asyncio.create_task(one(client, row, key))
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
-            if tasks:
-                await asyncio.gather(*tasks)
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            if not lost:
+                for result in results:
+                    if isinstance(result, BaseException):
+                        raise result
     finally:
         pool.shutdown(wait=True)
+    if lost:
+        raise lost[0]
     return summary

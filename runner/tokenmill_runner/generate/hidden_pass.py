@@ -13,6 +13,7 @@ from ..facts.hidden_states import StateShape, check_room, shape_from_config
 from ..render.pretokenize import local_model_folder
 from ..spec.config import RunnerConfig
 from ..store.hidden_states import captured_keys, hidden_state_inputs, sample_key
+from ..store.shards import Fence
 from ..store.storage import LocalStorage, Storage
 from .discovery import discover
 from .hidden_capture import CaptureSummary, capture_dataset
@@ -21,7 +22,9 @@ logger = logging.getLogger(__name__)
 DEFAULT_CHUNK = 8192  # SGLang's chunked_prefill_size when its facts do not say
 
 
-async def run_hidden_state_pass(config: RunnerConfig, storage: Storage, api_key: str | None) -> CaptureSummary:
+async def run_hidden_state_pass(config: RunnerConfig, storage: Storage, api_key: str | None,
+                                fence: Fence | None = None) -> CaptureSummary:
+    """Capture every dataset's missing states; `fence` is the generation stream's (LeaseLost once it fails)."""
     spec = config.spec
     assert spec.hidden_states is not None
     folder = await asyncio.to_thread(local_model_folder, spec.model.tokenizer or spec.model.path,
@@ -36,7 +39,8 @@ async def run_hidden_state_pass(config: RunnerConfig, storage: Storage, api_key:
     for dataset in spec.datasets:
         part = await capture_dataset(storage, dataset.name, server, shape, api_key=api_key,
                                      chunked_prefill_tokens=chunk, retry_failed=config.retry_failed,
-                                     worker=config.worker_index if config.worker_count > 1 else None)
+                                     worker=config.worker_index if config.worker_count > 1 else None,
+                                     fence=fence)
         total.captured += part.captured
         total.skipped += part.skipped
         total.failed += part.failed

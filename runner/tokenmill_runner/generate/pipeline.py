@@ -234,14 +234,27 @@ class Runner:
             self._fatal = error
         self._stop.set()
 
-    async def run(self) -> RunSummary:
+    async def run(self, keep_lease: bool = False) -> RunSummary:
         """Generate until every open slot is settled, the run is stopped, or it fails; the output's lease is given
-        up (a process) or left to go stale (a Job's worker) when it ends."""
+        up (a process) or left to go stale (a Job's worker) when it ends, unless `keep_lease`: a pass that commits
+        after the stream (the hidden states) goes on under the same lease and fence, then calls release_lease()."""
         try:
-            return await self._run()
-        finally:
-            if self.lease is not None:
-                self.lease.close()
+            summary = await self._run()
+        except BaseException:
+            self.release_lease()
+            raise
+        if not keep_lease:
+            self.release_lease()
+        return summary
+
+    @property
+    def fence(self) -> Fence | None:
+        """What every commit record of this run proves before it is written (None without a lease)."""
+        return self._fence
+
+    def release_lease(self) -> None:
+        if self.lease is not None:
+            self.lease.close()
 
     async def _run(self) -> RunSummary:
         queue: asyncio.Queue[Request] = asyncio.Queue(maxsize=self.concurrency)

@@ -6,7 +6,8 @@
 
 The file is written whole to a local spool and moved in by the storage's atomic put, then the marker: a marker never
 names a missing or partial file, and a kill before the marker leaves a file nothing counts (the next pass rewrites
-it). The key is a digest of (sample id, sample index), so a resume and a second writer address the same objects and a
+it). The marker and the failure record are written through the shards' fence (shards.put_marker): a writer that can
+no longer prove it holds the output's lease gets LeaseLost instead of writing them, as for a shard's marker. The key is a digest of (sample id, sample index), so a resume and a second writer address the same objects and a
 sample is captured once. One sample's states are written at a time, row block by row block, so memory stays at one
 sample's size. The safetensors layout (an 8-byte little-endian header length, a JSON header, the raw tensors) is
 written directly because the states are bf16, which numpy cannot name.
@@ -29,6 +30,7 @@ import orjson
 
 from ..facts.hidden_states import SAFETENSORS_DTYPE, StateShape
 from .faults import points as fault_points
+from .shards import Fence, put_marker
 from .storage import Storage, StorageError
 
 STATES = "hidden_states"
@@ -99,9 +101,10 @@ class CommittedStates:
 
 
 def commit_states(storage: Storage, dataset: str, sample_id: str, sample_index: int, token_ids: list[int],
-                  values: np.ndarray, shape: StateShape, spool: Path | None = None) -> CommittedStates:
-    """Write one sample's file, then its marker. `values` holds token_ids' states, [tokens * layers * hidden]
-    float64 in row order."""
+                  values: np.ndarray, shape: StateShape, spool: Path | None = None,
+                  fence: Fence | None = None) -> CommittedStates:
+    """Write one sample's file, then its marker (fenced: LeaseLost leaves the file an unmarked leftover).
+    `values` holds token_ids' states, [tokens * layers * hidden] float64 in row order."""
     tokens = len(token_ids)
     if values.size != tokens * shape.row_values:
         raise ValueError(f"sample {sample_id!r}: {values.size} state values for {tokens} tokens x "
@@ -133,18 +136,22 @@ def commit_states(storage: Storage, dataset: str, sample_id: str, sample_index: 
               "file": f"{STATES}/{key}.safetensors", "bytes": size, "sha256": digest.hexdigest(), "tokens": tokens,
               "layers": shape.layers, "hidden": shape.hidden, "dtype": shape.dtype}
     faults.before("states-marker", marker_key(dataset, key))
-    storage.put(marker_key(dataset, key), orjson.dumps(marker))
+    put_marker(storage, marker_key(dataset, key), orjson.dumps(marker), fence)
     faults.after("states-marker", marker_key(dataset, key))
     return CommittedStates(dataset, key, sample_id, sample_index, tokens, size)
 
 
-def record_failure(storage: Storage, dataset: str, sample_id: str, sample_index: int, reason: str) -> None:
+def record_failure(storage: Storage, dataset: str, sample_id: str, sample_index: int, reason: str,
+                   fence: Fence | None = None) -> None:
+    # Fenced like a marker: a resume skips a recorded failure, so a writer without the lease must not add one.
     record = {"dataset": dataset, "sample_id": sample_id, "sample_index": sample_index, "error": reason}
-    storage.put(error_key(dataset, sample_key(sample_id, sample_index)), orjson.dumps(record))
+    put_marker(storage, error_key(dataset, sample_key(sample_id, sample_index)), orjson.dumps(record), fence)
 
 
-def clear_failure(storage: Storage, dataset: str, key: str) -> None:
+def clear_failure(storage: Storage, dataset: str, key: str, fence: Fence | None = None) -> None:
     if storage.exists(error_key(dataset, key)):
+        if fence is not None:
+            fence.prove()
         storage.delete(error_key(dataset, key))
 
 

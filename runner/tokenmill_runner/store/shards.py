@@ -189,12 +189,15 @@ def commit_shard(storage: Storage, dataset: str, shard_id: str, worker: int, con
     marker = build_marker(dataset, shard_id, worker, content, data_bytes, committed_at=at)
     key = f"{dataset}/{COMMITS}/{marker_name(at, shard_id)}"
     faults.before("marker", key)
-    _put_marker(storage, key, orjson.dumps(marker), fence)
+    put_marker(storage, key, orjson.dumps(marker), fence)
     faults.after("marker", key)
     return marker
 
 
-def _put_marker(storage: Storage, key: str, data: bytes, fence: Fence | None) -> None:
+def put_marker(storage: Storage, key: str, data: bytes, fence: Fence | None) -> None:
+    """Write a commit record, proving the lease first when fenced. Every record that makes work count (a shard's
+    marker, a sample's state marker or failure record) goes through here, so no writer that lost the output's lease
+    can make anything count."""
     if fence is None:
         storage.put(key, data)
         return
