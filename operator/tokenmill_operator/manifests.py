@@ -20,7 +20,7 @@ from tokenmill_runner.facts.hardware import PRODUCT_LABEL_KEY
 from tokenmill_runner.facts.hidden_states import launch_flags as hidden_state_launch_flags
 from tokenmill_runner.facts.releases import HEALTH_CHECK_TIMEOUT_S, release, version_key
 from tokenmill_runner.spec.config import API_KEY_ENV
-from tokenmill_runner.spec.resource import API_VERSION, KIND, DatasetGenerationSpec, content_hash
+from tokenmill_runner.spec.resource import API_VERSION, KIND, OPERATOR_ONLY, DatasetGenerationSpec, content_hash
 
 from . import cache, names
 from .planner import ServerPlan
@@ -516,6 +516,8 @@ def runner_document(name: str, namespace: str, spec: DatasetGenerationSpec) -> d
     """The DatasetGeneration document `tokenmill run` reads in the runner pod. The one change: a pvc:// tokenizer
     becomes the folder where the runner pod mounts it (the runner cannot open pvc:// locations itself)."""
     dumped = spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+    for operator_only in OPERATOR_ONLY:  # the runner never reads them (and an older runner does not know them)
+        dumped["server"].pop(operator_only, None)
     tokenizer = runner_tokenizer_files(spec)
     if tokenizer.volumes:
         dumped["model"]["tokenizer"] = tokenizer.path

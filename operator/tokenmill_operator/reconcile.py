@@ -43,6 +43,7 @@ from .gather import (
     observe_progress,
     observe_queue,
     observe_server,
+    observe_window,
 )
 from .kube import ChildRefused, Kube, KubeUnavailable
 from .lifecycle import (
@@ -58,6 +59,7 @@ from .lifecycle import (
 from .model_files import make_plan
 from .observe import foreign_run, would_generate
 from .planner import PlanError, ServerPlan
+from .server_metrics import WindowFacts
 from .status import DatasetGenerationStatus, ReportStatus, RunStatus, merge_patch
 
 __all__ = ["OutputIndex", "OperatorSettings", "PassCancelled", "PassResult", "reconcile", "run_pass"]
@@ -88,6 +90,9 @@ class OperatorSettings:
     # The node-local model cache's folder on every node: the administrator's, never a resource's (cache.py).
     node_cache_root: str = field(default_factory=lambda: cache.node_root(
         os.environ.get(cache.NODE_ROOT_ENV) or cache.DEFAULT_NODE_ROOT))
+    # Where every server replica's /metrics is read instead of its rank-0 pod (the e2e tests under kwok, where no
+    # server container runs, point it at the simulator); unset in a cluster.
+    server_metrics_url: str | None = os.environ.get("TOKENMILL_SERVER_METRICS_URL") or None
 
 
 def now_utc() -> datetime:
@@ -284,6 +289,7 @@ def _observed(context: Context, output: OutputIndex, storage: Storage, planning:
     reopened = reopen(previous, retry, desired_hash, ended_hash, growing)
     if reopened:
         progress, run = observe_progress(storage, output, now, facts.job_started, stopped, full)
+    window = _window(context, output, planning, facts, urls, now, settings) if not ended else None
     return Observed(
         generation=context.generation, now=now, suspended=spec.suspend, previous=previous, name=context.name,
         plan=plan, plan_error=planning.error, planned_generation=planning.generation, server=facts.server, job=job,
@@ -297,7 +303,22 @@ def _observed(context: Context, output: OutputIndex, storage: Storage, planning:
         retry=retry, reopened=reopened,
         foreign_output=_foreign_output(storage, output, run, spec, context.owner),
         queue=facts.queueing.state if facts.queueing else None,
+        window=window, verify_window_s=float(spec.server.verify_window_seconds),
     )
+
+
+def _window(context: Context, output: OutputIndex, planning: Planning, facts: Facts, urls: list[str] | None,
+            now: datetime, settings: OperatorSettings) -> WindowFacts | None:
+    """The plan's verification window, scraped while the server is ready and the runner Job runs, until the plan
+    is checked (status.verification for its planned generation)."""
+    previous, job, server = context.previous, facts.job, facts.server
+    plan, planned = planning.plan, planning.generation or previous.planned_generation
+    done = previous.verification is not None and previous.verification.planned_generation == planned
+    if (plan is None or urls is None or done or job is None or job.finished or job.deleting or job.suspended
+            or server is None or not server.is_ready):
+        return None
+    targets = [settings.server_metrics_url] * len(urls) if settings.server_metrics_url else urls
+    return observe_window(output.window, targets, planned, now)
 
 
 def _foreign_output(storage: Storage, output: OutputIndex, run: RunManifest | None, spec: DatasetGenerationSpec,
