@@ -22,10 +22,12 @@ import json
 import re
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from tokenmill_runner.facts.refit import Refit, StepSample
+
+from .plan import ServerPlan
 
 TOLERANCE = 0.15
 MARGIN = 0.05
@@ -121,6 +123,23 @@ def constants_entry(result: Refit) -> str:
                        "collectiveScale": round(result.collective_scale, 4),
                        "dpScale": round(result.dp_scale, 4), "samples": result.samples,
                        "fitted": list(result.fitted)}, sort_keys=True)
+
+
+def plan_constants_key(plan: ServerPlan, architecture: str | None) -> str:
+    """The ConfigMap key of the hardware and software a plan runs on."""
+    return constants_key(plan.gpu_product or "unknown-gpu", plan.interconnect, plan.sglang_version or "unknown",
+                         architecture or "unknown")
+
+
+def combined(stored: Refit | None, measured: Refit) -> Refit:
+    """`measured` (multipliers on the constants the plan used) as multipliers on the published fit: the plan
+    started from `stored` when there was one."""
+    if stored is None:
+        return measured
+    return replace(measured, expert_speed=stored.expert_speed * measured.expert_speed,
+                   collective_scale=stored.collective_scale * measured.collective_scale,
+                   dp_scale=stored.dp_scale * measured.dp_scale,
+                   fitted=tuple(dict.fromkeys((*stored.fitted, *measured.fitted))))
 
 
 MAX_ENTRY_BYTES = 4096

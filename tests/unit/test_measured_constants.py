@@ -1,0 +1,135 @@
+"""The cluster's measured constants: refitted from a checked plan's window, kept in the operator's ConfigMap under
+the key of the hardware and software, and the starting point of the next plan on that cluster."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from tokenmill_operator import constants
+from tokenmill_operator.model_files import plan_with_constants
+from tokenmill_operator.planner import model_facts, plan_server, plan_step_model
+from tokenmill_operator.planner.verify import CONFIGMAP_NAME, constants_entry, plan_constants_key, read_constants
+from tokenmill_runner.facts.refit import Refit, StepSample
+from tokenmill_runner.facts.throughput import CALIBRATION
+from tokenmill_runner.spec.resource import parse_document
+
+MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"
+DATA = json.loads((MODELS / "kimi-k2.5.json").read_text())
+KIMI = model_facts(DATA["config"], DATA["weight_bytes"])
+SPEC = parse_document({
+    "apiVersion": "tokenmill.io/v1alpha1", "kind": "DatasetGeneration", "metadata": {"name": "seeds"},
+    "spec": {"model": {"path": "s3://models/kimi/"},
+             "server": {"image": "lmsysorg/sglang:v0.5.23", "gpuProduct": "RTX-PRO-6000"},
+             "sampling": {"maxNewTokens": 10240},
+             "datasets": [{"name": "B5", "source": "s3://p/b5.jsonl", "limit": 11000}],
+             "output": {"uri": "s3://out/seeds/"}}}).spec
+# The hidden truth: collectives 3x slower, expert reads 40 % faster, DP overhead doubled.
+TRUTH = Refit(expert_speed=1.4, collective_scale=3.0, dp_scale=2.0, samples=0, error_before=0, error_after=0,
+              fitted=("experts", "collectives", "dp"))
+RAMP = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80)
+
+
+def window_on(truth: Refit, base: Refit | None = None) -> list[StepSample]:
+    """The window's graph steps on hardware whose constants are `truth` (multipliers on the published fit)."""
+    true_step = plan_step_model(SPEC, KIMI, calibration=truth.calibration(CALIBRATION))
+    assert true_step is not None
+    return [StepSample(b, 3000, true_step.step_seconds(b, 3000)) for b in RAMP for _ in range(3)]
+
+
+class ConfigMaps:
+    """The API server's ConfigMaps as the operator sees them (create, get, merge patch of data)."""
+
+    def __init__(self, forbidden: bool = False) -> None:
+        self.objects: dict[tuple[str, str], dict] = {}
+        self.forbidden = forbidden
+
+    def create_if_absent(self, manifest: dict) -> bool:
+        key = (manifest["metadata"]["namespace"], manifest["metadata"]["name"])
+        if key in self.objects:
+            return False
+        self.objects[key] = json.loads(json.dumps(manifest))
+        return True
+
+    def get(self, api_version: str, kind: str, name: str, namespace: str) -> dict | None:
+        if self.forbidden:
+            raise ApiException(status=403, reason="Forbidden")
+        return self.objects.get((namespace, name))
+
+    def patch(self, api_version: str, kind: str, name: str, namespace: str, body: dict) -> None:
+        self.objects[(namespace, name)]["data"].update(body["data"])
+
+
+def test_a_plan_on_a_cluster_without_measurements_uses_the_published_fit():
+    plan = plan_with_constants(SPEC, KIMI, constants=lambda key: None)
+    assert plan.measured_constants is None and plan == plan_server(SPEC, KIMI)
+
+
+def test_the_refit_lands_near_the_hidden_truth_and_is_kept_under_the_clusters_key():
+    plan = plan_server(SPEC, KIMI)
+    measured = constants.measure(SPEC, None, plan, window_on(TRUTH), {}, read=lambda *_, **__: KIMI)
+    assert measured is not None and measured.key == plan_constants_key(plan, KIMI.architecture)
+    assert measured.key == "NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition.pcie.0.5.23.KimiK25ForConditionalGeneration"
+    result = measured.result
+    for name in result.fitted:
+        value = {"experts": result.expert_speed, "collectives": result.collective_scale, "dp": result.dp_scale}[name]
+        truth = {"experts": 1.4, "collectives": 3.0, "dp": 2.0}[name]
+        assert value == pytest.approx(truth, rel=0.10), name
+    assert result.error_after < 0.02 < result.error_before
+    assert "collectives x3.00" in measured.describe() or "collectives" not in result.fitted
+
+
+def test_the_next_plan_on_that_cluster_starts_from_the_measured_constants():
+    plan = plan_server(SPEC, KIMI)
+    measured = constants.measure(SPEC, None, plan, window_on(TRUTH), {}, read=lambda *_, **__: KIMI)
+    assert measured is not None
+    kube = ConfigMaps()
+    constants.write_entry(kube, "tokenmill-system", measured)
+    data = constants.read_data(kube, "tokenmill-system")
+    again = plan_with_constants(SPEC, KIMI, constants=lambda key: read_constants(data, key))
+    assert again.measured_constants == measured.key
+    expected = plan_server(SPEC, KIMI, calibration=measured.result.calibration(CALIBRATION))
+    assert again.prediction == expected.prediction and again.prediction != plan.prediction
+    # Another GPU (another key) keeps the published fit.
+    h200 = SPEC.model_copy(update={"server": SPEC.server.model_copy(update={"gpu_product": "NVIDIA-H200"})})
+    other = plan_with_constants(h200, KIMI, constants=lambda key: read_constants(data, key))
+    assert other.measured_constants is None
+
+
+def test_a_plan_that_started_from_measurements_is_refitted_relative_to_them():
+    stored = replace(TRUTH, collective_scale=2.0, expert_speed=1.0, dp_scale=1.0)
+    key = plan_constants_key(plan_server(SPEC, KIMI), KIMI.architecture)
+    data = {key: constants_entry(stored)}
+    plan = plan_with_constants(SPEC, KIMI, constants=lambda k: read_constants(data, k))
+    assert plan.measured_constants == key
+    measured = constants.measure(SPEC, None, plan, window_on(TRUTH), data, read=lambda *_, **__: KIMI)
+    assert measured is not None
+    if "collectives" in measured.result.fitted:
+        assert measured.result.collective_scale == pytest.approx(3.0, rel=0.10)
+
+
+def test_a_window_of_one_batch_moves_no_constant_and_records_nothing():
+    plan = plan_server(SPEC, KIMI)
+    flat = [s for s in window_on(TRUTH) if s.batch == 64]
+    assert constants.measure(SPEC, None, plan, flat, {}, read=lambda *_, **__: KIMI) is None
+
+
+def test_writing_one_key_keeps_the_others_and_the_configmap_is_the_operators():
+    kube = ConfigMaps()
+    first = constants.Measured("a.pcie.0.5.23.X", TRUTH)
+    second = constants.Measured("b.nvlink.0.5.23.Y", replace(TRUTH, collective_scale=1.1))
+    constants.write_entry(kube, "ops", first)
+    constants.write_entry(kube, "ops", second)
+    stored = kube.objects[("ops", CONFIGMAP_NAME)]
+    assert set(stored["data"]) == {first.key, second.key}
+    assert stored["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "tokenmill-operator"
+    assert read_constants(stored["data"], second.key).collective_scale == pytest.approx(1.1)
+
+
+def test_a_configmap_the_operator_may_not_read_or_no_namespace_means_the_published_fit():
+    assert constants.read_data(ConfigMaps(forbidden=True), "ops") == {}
+    assert constants.read_data(ConfigMaps(), None) == {}
