@@ -24,7 +24,7 @@ from tokenmill_runner.store.storage import StorageRetry
 
 from . import names
 from .kube import Kube, KubeUnavailable
-from .model_files import read_model_facts
+from .model_files import plan_with_constants, read_model_facts
 from .planner import ModelFacts, ServerPlan, plan_step_model
 from .planner.verify import CONFIGMAP_NAME, combined, constants_entry, plan_constants_key, read_constants
 
@@ -57,6 +57,7 @@ def configmap(namespace: str, data: dict[str, str]) -> dict[str, Any]:
 class Measured:
     key: str
     result: Refit  # multipliers on the published fit
+    facts: ModelFacts | None = None  # the model's, as read for the refit (the re-plan uses them again)
 
     def describe(self) -> str:
         r = self.result
@@ -87,4 +88,12 @@ def measure(spec: DatasetGenerationSpec, credentials: dict[str, str] | None, pla
     result = refit(step, samples)
     if not result.fitted:
         return None
-    return Measured(key, combined(before, result))
+    return Measured(key, combined(before, result), facts)
+
+
+def replan(spec: DatasetGenerationSpec, plan: ServerPlan, measured: Measured) -> ServerPlan | None:
+    """The plan made again from the measured constants: every layout's ETA on the measured hardware."""
+    if measured.facts is None:
+        return None
+    return plan_with_constants(spec, measured.facts, node_driver_major=plan.cuda_driver_major,
+                               constants=lambda key: measured.result if key == measured.key else None)

@@ -18,6 +18,7 @@ from . import names
 from .facts import Decision, Event, JobState, Observed, ProgressFacts, QueueState, RetryDecision, ServerState
 from .planner import ServerPlan
 from .planner.verify import TOLERANCE, Verification, verify
+from .planner.verify import Decision as Replan
 from .status import (
     Condition,
     DatasetGenerationStatus,
@@ -483,6 +484,26 @@ def _verification(observed: Observed, status: _Status, events: list[Event]) -> V
                    f"{TOLERANCE:.0%} on this cluster")
         events.append(Event("Warning", "PlanOff", message))
     return _verification_status(result, len(window.samples), seconds, observed, planned)
+
+
+def with_replan(decision: Decision, replan: Replan, now: datetime, generation: int) -> Decision:
+    """ReplanSuggested from the re-plan on the measured constants (verify.decide): True with an Event when another
+    layout wins by more than the restart and the margin, else False with the figures."""
+    suggested = replan.condition()
+    if suggested is not None:
+        status, reason = "True", "FasterLayoutMeasured"
+        message = (f"{suggested['message']}: set spec.server.tensorParallel (and the fields of that layout) to "
+                   "switch; the run resumes from what is committed")
+    else:
+        status, reason = "False", "CurrentLayoutFastest"
+        message = (f"the running layout stays: remaining ETA {replan.current_eta_s / 3600:,.2f} h"
+                   + (f"; the best other, {replan.best}, {replan.best_eta_s / 3600:,.2f} h, does not gain the restart "
+                      f"{replan.restart_s / 60:,.0f} min + margin {replan.margin_s / 60:,.0f} min" if replan.best
+                      else ""))
+    conditions = set_condition(decision.status.conditions, "ReplanSuggested", status, reason, message, now,
+                               generation)
+    events = [*decision.events, Event("Normal", "ReplanSuggested", message)] if status == "True" else decision.events
+    return replace(decision, status=decision.status.model_copy(update={"conditions": conditions}), events=events)
 
 
 def _job_finished(observed: Observed, status: _Status, job: JobState) -> Decision:

@@ -55,12 +55,13 @@ from .lifecycle import (
     plan_retry,
     reopen,
     retry_value,
+    with_replan,
     with_retry_event,
 )
 from .model_files import make_plan
 from .observe import foreign_run, would_generate
 from .planner import PlanError, ServerPlan
-from .planner.verify import CONFIGMAP_NAME, read_constants
+from .planner.verify import CONFIGMAP_NAME, read_constants, replan_decision
 from .server_metrics import WindowFacts
 from .status import DatasetGenerationStatus, ReportStatus, RunStatus, merge_patch
 
@@ -426,7 +427,19 @@ def _record_constants(kube: Kube, context: Context, credentials: dict[str, str] 
         logger.warning("%s/%s: the measured constants were not recorded: %s", context.namespace, context.name, error)
         return decision
     message = f"{measured.describe()}: kept in ConfigMap {namespace}/{CONFIGMAP_NAME} as {measured.key}"
-    return replace(decision, events=[*decision.events, Event("Normal", "ConstantsMeasured", message)])
+    decision = replace(decision, events=[*decision.events, Event("Normal", "ConstantsMeasured", message)])
+    if context.spec.server.replan == "off":
+        return decision
+    try:
+        replanned = constants.replan(context.spec, plan, measured)
+    except (PlanError, LookupError, ValueError) as error:
+        logger.warning("%s/%s: cannot re-plan with the measured constants: %s", context.namespace, context.name,
+                       error)
+        return decision
+    progress = decision.status.progress
+    remaining = 1 - (progress.completed + progress.failed) / progress.total if progress.total else 1.0
+    found = replan_decision(plan, replanned, remaining, "suggest") if replanned is not None else None
+    return with_replan(decision, found, now_utc(), context.generation) if found is not None else decision
 
 
 

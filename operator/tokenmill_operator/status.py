@@ -10,7 +10,8 @@ from tokenmill_runner.spec.resource import SpecModel
 
 from .planner import ServerPlan
 
-CONDITION_TYPES = ("ServerReady", "Progressing", "Stalled", "Succeeded", "Failed", "Ready", "PlanVerified")
+CONDITION_TYPES = ("ServerReady", "Progressing", "Stalled", "Succeeded", "Failed", "Ready", "PlanVerified",
+                   "ReplanSuggested")
 Phase = Literal["Pending", "Queued", "StartingServer", "Generating", "Reporting", "Succeeded", "Failed",
                 "Suspended"]
 
@@ -18,8 +19,8 @@ Phase = Literal["Pending", "Queued", "StartingServer", "Generating", "Reporting"
 class Condition(SpecModel):
     """metav1.Condition."""
 
-    type: str = Field(description="Condition type: ServerReady, Progressing, Stalled, Succeeded, Failed, Ready or "
-                                  "PlanVerified.")
+    type: str = Field(description="Condition type: ServerReady, Progressing, Stalled, Succeeded, Failed, Ready, "
+                                  "PlanVerified or ReplanSuggested.")
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(description="One-word CamelCase reason.")
     message: str = Field("", description="What a person should know, and what to do.")

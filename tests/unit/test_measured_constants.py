@@ -13,7 +13,13 @@ from kubernetes.client.exceptions import ApiException
 from tokenmill_operator import constants
 from tokenmill_operator.model_files import plan_with_constants
 from tokenmill_operator.planner import model_facts, plan_server, plan_step_model
-from tokenmill_operator.planner.verify import CONFIGMAP_NAME, constants_entry, plan_constants_key, read_constants
+from tokenmill_operator.planner.verify import (
+    CONFIGMAP_NAME,
+    constants_entry,
+    plan_constants_key,
+    read_constants,
+    replan_decision,
+)
 from tokenmill_runner.facts.refit import Refit, StepSample
 from tokenmill_runner.facts.throughput import CALIBRATION
 from tokenmill_runner.spec.resource import parse_document
@@ -133,3 +139,64 @@ def test_writing_one_key_keeps_the_others_and_the_configmap_is_the_operators():
 def test_a_configmap_the_operator_may_not_read_or_no_namespace_means_the_published_fit():
     assert constants.read_data(ConfigMaps(forbidden=True), "ops") == {}
     assert constants.read_data(ConfigMaps(), None) == {}
+
+
+# -- re-planning on the measured constants ---------------------------------------------------------------------
+
+def with_layouts(plan, current_s: float, other_s: float):
+    """The plan with two layouts: the running one (TP 8 + DP attention 4) and plain TP 8, at these generation
+    times for the whole job."""
+    base = plan.prediction
+    running = next(c for c in plan.candidates if (c.tensor_parallel, c.attention_data_parallel) == (8, 4))
+    other = running.model_copy(update={"attention_data_parallel": 1, "chosen": False})
+    return plan.model_copy(update={"candidates": [
+        running.model_copy(update={"prediction": base.model_copy(update={"generation_seconds": current_s})}),
+        other.model_copy(update={"prediction": base.model_copy(update={"generation_seconds": other_s})})]})
+
+
+def test_another_layout_is_suggested_when_and_only_when_its_gain_beats_the_restart_and_the_margin():
+    plan = plan_server(SPEC, KIMI)
+    assert (plan.tensor_parallel, plan.attention_data_parallel) == (8, 4)
+    restart = plan.startup.seconds
+    wins = replan_decision(plan, with_layouts(plan, 40_000, 20_000), 1.0, "suggest")
+    assert wins.action == "suggest" and wins.best == "1 x TP 8" and wins.restart_s == restart
+    assert wins.gain_s == 20_000 > restart + wins.margin_s
+    close = replan_decision(plan, with_layouts(plan, 40_000, 40_000 - restart - 1_000), 1.0, "suggest")
+    assert close.action == "stay" and close.gain_s == restart + 1_000 < restart + close.margin_s
+    # Near the end, the same speed-up no longer pays for a restart: only the remaining work counts.
+    late = replan_decision(plan, with_layouts(plan, 40_000, 20_000), 0.05, "suggest")
+    assert late.current_eta_s == 2_000 and late.action == "stay"
+    assert replan_decision(plan, with_layouts(plan, 40_000, 20_000), 1.0, "off").action == "stay"
+
+
+def test_the_suggestion_is_a_condition_and_an_event_and_staying_is_said_with_the_figures():
+    from datetime import UTC, datetime
+
+    from tokenmill_operator.facts import Decision
+    from tokenmill_operator.lifecycle import with_replan
+    from tokenmill_operator.status import DatasetGenerationStatus
+
+    plan = plan_server(SPEC, KIMI)
+    now = datetime(2026, 12, 2, 7, 0, tzinfo=UTC)
+    base = Decision(DatasetGenerationStatus(phase="Generating"), server_replicas=1)
+    suggested = with_replan(base, replan_decision(plan, with_layouts(plan, 40_000, 20_000), 1.0, "suggest"), now, 2)
+    (condition,) = suggested.status.conditions
+    assert (condition.type, condition.status, condition.reason) == ("ReplanSuggested", "True", "FasterLayoutMeasured")
+    assert "1 x TP 8: remaining ETA 5.56 h against 11.11 h now" in condition.message
+    assert "spec.server.tensorParallel" in condition.message
+    assert [(e.type, e.reason) for e in suggested.events] == [("Normal", "ReplanSuggested")]
+    stays = with_replan(base, replan_decision(plan, with_layouts(plan, 40_000, 39_000), 1.0, "suggest"), now, 2)
+    (condition,) = stays.status.conditions
+    assert (condition.status, condition.reason) == ("False", "CurrentLayoutFastest") and not stays.events
+    assert "1 x TP 8, 10.83 h, does not gain the restart" in condition.message
+
+
+def test_replan_is_suggest_by_default_off_on_request_and_auto_is_refused():
+    assert SPEC.server.replan == "suggest"
+    document = {"apiVersion": "tokenmill.io/v1alpha1", "kind": "DatasetGeneration", "metadata": {"name": "r"},
+                "spec": {**SPEC.model_dump(mode="json", by_alias=True, exclude_none=True)}}
+    document["spec"]["server"]["replan"] = "off"
+    assert parse_document(document).spec.server.replan == "off"
+    document["spec"]["server"]["replan"] = "auto"
+    with pytest.raises(Exception, match="replan"):
+        parse_document(document)

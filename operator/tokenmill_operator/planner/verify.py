@@ -108,6 +108,35 @@ def decide(current_eta_s: float, alternatives: dict[str, float], restart_s: floa
     return Decision(action, current_eta_s, best_eta, best, restart_s, margin)
 
 
+def layout_name(replicas: int, tensor_parallel: int, attention_data_parallel: int, kv_cache_dtype: str) -> str:
+    dp = f" + DP attention {attention_data_parallel}" if attention_data_parallel > 1 else ""
+    kv = f", KV {kv_cache_dtype}" if kv_cache_dtype != "auto" else ""
+    return f"{replicas} x TP {tensor_parallel}{dp}{kv}"
+
+
+def replan_decision(running: ServerPlan, replanned: ServerPlan, remaining_share: float,
+                    mode: ReplanMode) -> Decision | None:
+    """decide() on the remaining work: every layout's generation time in `replanned` (the plan made again with the
+    measured constants) times the share of the samples still to do, the running layout against the others, the
+    restart being the running plan's own start-up (copy, load, warm-up). None when the running layout is not among
+    the re-planned ones (a spec that no longer allows it)."""
+    def key(replicas: int, tp: int, dp: int, kv: str) -> tuple[int, int, int, str]:
+        return replicas, tp, dp, kv
+
+    current = key(running.replicas, running.tensor_parallel, running.attention_data_parallel, running.kv_cache_dtype)
+    times: dict[tuple[int, int, int, str], float] = {}
+    for c in replanned.candidates:
+        if c.prediction is not None:
+            seconds = c.prediction.generation_seconds or c.prediction.eta_seconds
+            times[key(c.replicas, c.tensor_parallel, c.attention_data_parallel, c.kv_cache_dtype)] = (
+                seconds * max(0.0, min(1.0, remaining_share)))
+    if current not in times:
+        return None
+    alternatives = {layout_name(*k): t for k, t in times.items() if k != current}
+    restart = float(running.startup.seconds) if running.startup is not None else 0.0
+    return decide(times[current], alternatives, restart, mode)
+
+
 # --------------------------------------------------------------------------------------------------------------
 # The cluster's measured constants.
 

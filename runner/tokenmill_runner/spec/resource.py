@@ -409,6 +409,13 @@ class ServerSpec(SpecModel):
         "server first runs requests, the operator compares the batch and decode step SGLang reports on /metrics "
         "with the plan's and records the PlanVerified condition (False, reason PlanOff, past 15 %).",
     )
+    replan: Literal["suggest", "off"] = Field(
+        "suggest", description="After the plan's check, the operator re-plans with the constants it measured: with "
+        "suggest, when another layout's remaining ETA beats the running one's by more than the restart (the plan's "
+        "start-up: copy, load, warm-up) plus a margin (5 % of the remaining time, at least 10 minutes), it says so "
+        "in the ReplanSuggested condition and an Event (setting spec.server.tensorParallel switches; the run "
+        "resumes from what is committed); off: no re-plan. (auto, switching by itself, is not built yet.)",
+    )
     startup_timeout_seconds: int | None = Field(
         None, gt=0, le=MAX_TIMEOUT_SECONDS, description="How long a server may load weights before its startup probe "
         "fails it (at most a week); default: three times the plan's predicted load (weights, CUDA graphs, warmup), "
@@ -688,7 +695,7 @@ class DatasetGenerationSpec(SpecModel):
 
 # spec.server fields only the operator reads, after the server runs: editing them neither restarts the server nor
 # replaces the runner Job.
-OPERATOR_ONLY = ("verifyWindowSeconds",)
+OPERATOR_ONLY = ("verifyWindowSeconds", "replan")
 
 
 def content_hash(payload: Any) -> str:
