@@ -148,7 +148,7 @@ def with_layouts(plan, current_s: float, other_s: float):
     times for the whole job."""
     base = plan.prediction
     running = next(c for c in plan.candidates if (c.tensor_parallel, c.attention_data_parallel) == (8, 4))
-    other = running.model_copy(update={"attention_data_parallel": 1, "chosen": False})
+    other = running.model_copy(update={"attention_data_parallel": 1, "chosen": False, "choosable": True})
     return plan.model_copy(update={"candidates": [
         running.model_copy(update={"prediction": base.model_copy(update={"generation_seconds": current_s})}),
         other.model_copy(update={"prediction": base.model_copy(update={"generation_seconds": other_s})})]})
@@ -167,6 +167,21 @@ def test_another_layout_is_suggested_when_and_only_when_its_gain_beats_the_resta
     late = replan_decision(plan, with_layouts(plan, 40_000, 20_000), 0.05, "suggest")
     assert late.current_eta_s == 2_000 and late.action == "stay"
     assert replan_decision(plan, with_layouts(plan, 40_000, 20_000), 1.0, "off").action == "stay"
+
+
+def test_a_layout_the_spec_does_not_allow_as_it_stands_is_never_suggested():
+    # With the hidden truth the fp8 KV cache layouts finish first, but they change the outputs' fidelity and need
+    # spec.server.kvCacheDtype: the re-plan compares only what the spec allows.
+    plan = plan_server(SPEC, KIMI)
+    samples = window_on(TRUTH)
+    measured = constants.measure(SPEC, None, plan, samples, {}, read=lambda *_, **__: KIMI)
+    replanned = constants.replan(SPEC, plan, measured)
+    fp8 = [c for c in replanned.candidates if c.kv_cache_dtype != "auto" and c.prediction is not None]
+    assert fp8 and not any(c.choosable for c in fp8)
+    assert min(c.prediction.generation_seconds for c in fp8) < replanned.prediction.generation_seconds
+    decision = replan_decision(plan, replanned, 1.0, "suggest")
+    assert decision.action == "stay" and "fp8" not in decision.best
+    assert decision.current_eta_s == replanned.prediction.generation_seconds
 
 
 def test_the_suggestion_is_a_condition_and_an_event_and_staying_is_said_with_the_figures():

@@ -65,6 +65,8 @@ class Candidate(SpecModel):
     kv_capacity_tokens: int = Field(0, description="KV tokens one replica holds.")
     prediction: Prediction | None = Field(None, description="None when the layout cannot run.")
     chosen: bool = Field(False, description="The layout the plan uses.")
+    choosable: bool = Field(False, description="The plan could use it as the spec stands (it runs, it needs no "
+                            "other kvCacheDtype, the spec's fixed fields allow it): a re-plan suggests only these.")
     note: str = Field("", description="Why it cannot run, why it is not chosen, or what it needs.")
 
 

@@ -118,15 +118,17 @@ def replan_decision(running: ServerPlan, replanned: ServerPlan, remaining_share:
                     mode: ReplanMode) -> Decision | None:
     """decide() on the remaining work: every layout's generation time in `replanned` (the plan made again with the
     measured constants) times the share of the samples still to do, the running layout against the others, the
-    restart being the running plan's own start-up (copy, load, warm-up). None when the running layout is not among
-    the re-planned ones (a spec that no longer allows it)."""
+    restart being the running plan's own start-up (copy, load, warm-up). Only layouts the spec allows as it stands
+    are offered (never one that needs another KV cache dtype). None when the running layout is not among the
+    re-planned ones."""
     def key(replicas: int, tp: int, dp: int, kv: str) -> tuple[int, int, int, str]:
         return replicas, tp, dp, kv
 
     current = key(running.replicas, running.tensor_parallel, running.attention_data_parallel, running.kv_cache_dtype)
     times: dict[tuple[int, int, int, str], float] = {}
     for c in replanned.candidates:
-        if c.prediction is not None:
+        running_layout = key(c.replicas, c.tensor_parallel, c.attention_data_parallel, c.kv_cache_dtype) == current
+        if c.prediction is not None and (c.choosable or running_layout):
             seconds = c.prediction.generation_seconds or c.prediction.eta_seconds
             times[key(c.replicas, c.tensor_parallel, c.attention_data_parallel, c.kv_cache_dtype)] = (
                 seconds * max(0.0, min(1.0, remaining_share)))
