@@ -4,6 +4,7 @@ batch and step beside the server's."""
 
 from __future__ import annotations
 
+import json
 import threading
 
 import httpx
@@ -89,3 +90,35 @@ def test_the_plan_is_verified_or_said_off_from_the_servers_own_metrics(cluster, 
     assert any(peer.namespace_selector and peer.namespace_selector.match_labels == {
         "kubernetes.io/metadata.name": namespace} and peer.pod_selector.match_labels.get(
         "app.kubernetes.io/component") == "operator" for peer in peers)
+
+
+def test_a_new_plan_on_the_cluster_starts_from_the_measured_constants_in_the_operators_configmap(
+        cluster, namespace, operator, credentials, s3_world):
+    from tokenmill_operator.planner import model_facts, plan_server
+    from tokenmill_operator.planner.verify import CONFIGMAP_NAME, constants_entry, plan_constants_key
+    from tokenmill_runner.facts.refit import Refit
+    from tokenmill_runner.spec.resource import parse_document
+
+    from .conftest import REPO
+
+    resource = b5_resource(namespace, s3_world)
+    fixture = json.loads((REPO / "tests" / "fixtures" / "models" / "kimi-k2.5.json").read_text())
+    facts = model_facts(fixture["config"], fixture["weight_bytes"])
+    published = plan_server(parse_document(resource).spec, facts)
+    key = plan_constants_key(published, facts.architecture)
+    # What an earlier run on this cluster measured: expert reads at 60 % of the published speed.
+    slower = Refit(0.6, 1.0, 1.0, samples=40, error_before=0.4, error_after=0.02, fitted=("experts",))
+    cluster.core.create_namespaced_config_map(namespace, k8s.V1ConfigMap(
+        metadata=k8s.V1ObjectMeta(name=CONFIGMAP_NAME), data={key: constants_entry(slower)}))
+    operator.stop()
+    operator.env["TOKENMILL_OPERATOR_NAMESPACE"] = namespace
+    operator.start()
+    cluster.apply(resource)
+
+    def planned():
+        plan = (dsgen(cluster, namespace).get("status") or {}).get("serverPlan")
+        return plan if plan and plan.get("prediction") else None
+
+    plan = cluster.wait_for(planned, "a server plan", timeout=90)
+    assert plan["measuredConstants"] == key
+    assert plan["prediction"]["decodeTokensPerSecond"] < published.prediction.decode_tokens_per_second
