@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -298,6 +299,9 @@ def observe_progress(storage: Storage, output: OutputIndex, now: datetime, start
 
 def observe_window(window: VerificationWindow, urls: list[str], planned_generation: int, now: datetime,
                    read: Callable[[str], Scrape | None] = read_metrics) -> WindowFacts | None:
-    """Scrape each replica's /metrics (its rank-0 pod) into the plan's verification window; what it saw so far."""
-    window.add(planned_generation, now, {replica: read(url) for replica, url in enumerate(urls)})
+    """Scrape each replica's /metrics (its rank-0 pod; all at once, so replicas that do not answer cost one
+    timeout, not one each) into the plan's verification window; what it saw so far."""
+    with ThreadPoolExecutor(max_workers=min(16, max(1, len(urls))), thread_name_prefix="scrape") as pool:
+        scrapes = list(pool.map(read, urls))
+    window.add(planned_generation, now, dict(enumerate(scrapes)))
     return window.facts()

@@ -17,12 +17,14 @@ logger = logging.getLogger(__name__)
 
 TIMEOUT_S = 3.0
 MAX_BYTES = 4 << 20  # SGLang's /metrics is some hundred KB with its histograms
+# In-cluster addresses: never through an HTTP(S)_PROXY the operator's environment may set for the outside.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def read_metrics(base_url: str, timeout_s: float = TIMEOUT_S, max_bytes: int = MAX_BYTES) -> Scrape | None:
     url = base_url.rstrip("/") + "/metrics"
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        with _OPENER.open(url, timeout=timeout_s) as response:
             body = response.read(max_bytes + 1)
     except (OSError, ValueError) as error:  # URLError, timeouts, refused connections, a bad URL
         logger.debug("cannot read %s: %s", url, error)

@@ -185,3 +185,33 @@ def test_a_plan_without_a_prediction_is_not_checked():
     bare = PLAN.model_copy(update={"prediction": None})
     decision = decide(replace(observed, plan=bare))
     assert all(c.type != "PlanVerified" for c in decision.status.conditions)
+
+
+def test_the_edge_reads_a_bounded_answer_and_gives_nothing_for_one_too_large_or_a_server_that_is_not_there():
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from tokenmill_operator.sglang_metrics import read_metrics
+
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            body = SGLANG_TEXT.encode() if self.path == "/metrics" else b""
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        assert read_metrics(url) == parse_metrics(SGLANG_TEXT)
+        assert read_metrics(url, max_bytes=100) is None
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert read_metrics(url, timeout_s=1) is None  # nothing listens there any more
+    assert read_metrics("not a url") is None
