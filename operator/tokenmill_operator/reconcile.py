@@ -174,8 +174,8 @@ def plan_for(context: Context, credentials: dict[str, str] | None,
              node_driver: Callable[[], int | None] = lambda: None,
              measured: Callable[[], dict[str, str]] = dict) -> Planning:
     """The plan of this generation: kept from the status, or made now (node_driver reads the GPU nodes' NVIDIA
-    driver branch then, `measured` the cluster's measured constants). A spec edit that cannot be planned because the model files cannot be read keeps the server
-    on its previous plan until they can."""
+    driver branch then, `measured` the cluster's measured constants: the operator's ConfigMap). A spec edit that
+    cannot be planned because the model files cannot be read keeps the server on its previous plan until they can."""
     current = _current_plan(context)
     if current is not None:
         return Planning(current)
