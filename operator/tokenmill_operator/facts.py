@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from .planner import ServerPlan
+from .server_metrics import WindowFacts
 from .status import DatasetGenerationStatus, DatasetProgress, Progress, ReportStatus, RetryStatus, RunStatus
 
 
@@ -102,6 +103,8 @@ class Observed:
     planned_generation: int | None = None  # the generation `plan` was computed for (None: kept from before)
     foreign_output: str | None = None  # the output holds another model's run: why
     queue: QueueState | None = None  # set when the run waits behind a Kueue LocalQueue
+    window: WindowFacts | None = None  # the plan's verification window so far (server_metrics.py)
+    verify_window_s: float = 600.0  # spec.server.verifyWindowSeconds
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -27,6 +28,8 @@ from .kube import ApiNotServed, Kube, KubeUnavailable
 from .manifests import SERVER_CONTAINER
 from .observe import parse_time, progress_facts
 from .planner.serving import DRIVER_LABEL
+from .server_metrics import Scrape, VerificationWindow, WindowFacts
+from .sglang_metrics import read_metrics
 from .status import RunStatus
 
 # The init containers that copy the weights into a server pod (manifests.py, cache.py).
@@ -64,6 +67,8 @@ class OutputIndex:
     # The output's lease as this operator has watched it (its version, since when on the operator's monotonic
     # clock): a lease held by another owner is judged gone only when it stayed unchanged for the stale period.
     lease_watch: LeaseWatch = field(default_factory=LeaseWatch)
+    # The server's (batch, step) samples of the plan's verification window (server_metrics.py).
+    window: VerificationWindow = field(default_factory=VerificationWindow)
 
     def follow(self, storage: Storage, totals: dict[str, int], now: datetime, full: bool = False,
                stopped: Callable[[], bool] = never, samples: dict[str, int] | None = None) -> dict[str, DatasetIndex]:
@@ -290,3 +295,13 @@ def observe_progress(storage: Storage, output: OutputIndex, now: datetime, start
     samples = {name: layout.samples for name, layout in manifest.datasets.items()}
     indexes = output.follow(storage, lines, now, full, stopped, samples)
     return progress_facts(indexes, manifest, now, started), manifest
+
+
+def observe_window(window: VerificationWindow, urls: list[str], planned_generation: int, now: datetime,
+                   read: Callable[[str], Scrape | None] = read_metrics) -> WindowFacts | None:
+    """Scrape each replica's /metrics (its rank-0 pod; all at once, so replicas that do not answer cost one
+    timeout, not one each) into the plan's verification window; what it saw so far."""
+    with ThreadPoolExecutor(max_workers=min(16, max(1, len(urls))), thread_name_prefix="scrape") as pool:
+        scrapes = list(pool.map(read, urls))
+    window.add(planned_generation, now, dict(enumerate(scrapes)))
+    return window.facts()

@@ -16,6 +16,9 @@ from tokenmill_runner.progress import format_duration
 
 from . import names
 from .facts import Decision, Event, JobState, Observed, ProgressFacts, QueueState, RetryDecision, ServerState
+from .planner import ServerPlan
+from .planner.verify import TOLERANCE, Verification, verify
+from .planner.verify import Decision as Replan
 from .status import (
     Condition,
     DatasetGenerationStatus,
@@ -26,6 +29,7 @@ from .status import (
     RetryStatus,
     RunStatus,
     StartupStatus,
+    VerificationStatus,
 )
 
 __all__ = ["Decision", "Event", "JobState", "Observed", "ProgressFacts", "RetryDecision", "ServerState", "blocked",
@@ -192,6 +196,7 @@ def _base_status(observed: Observed, status: _Status, phase: str, message: str) 
             observed.queue.exists or not (terminal or phase == "Suspended")) else None,
         startup=_startup_status(observed),
         planned_generation=observed.planned_generation or previous.planned_generation,
+        verification=previous.verification,
     )
 
 
@@ -413,11 +418,92 @@ def _running(observed: Observed, status: _Status, replace_job: bool) -> Decision
     healthy = server_ready and not stalled
     status.set("Ready", "True" if healthy else "False", "Generating" if healthy else "Degraded",
                "" if healthy else (stall_message or "the server is not ready"))
+    verification = _verification(observed, status, events) if server_ready and not replacing else None
     decision = Decision(_base_status(observed, status, "Generating", message), server_replicas=replicas,
                         create_job=job is None, replace_job=replace_job, events=events)
+    if verification is not None:
+        decision.status.verification = verification
     if decision.create_job and observed.wanted_run is not None:
         decision.status.run = observed.wanted_run
     return decision
+
+
+# ------------------------------------------------------------------------------------ the plan on the GPUs
+
+
+def predicted_step_seconds(plan: ServerPlan) -> float | None:
+    """The plan's decode step at its batch: a replica's batch over its share of the decode tokens/s."""
+    prediction = plan.prediction
+    if prediction is None or prediction.decode_tokens_per_second <= 0 or prediction.batch_per_replica <= 0:
+        return None
+    return prediction.batch_per_replica * plan.replicas / prediction.decode_tokens_per_second
+
+
+def _verification_status(result: Verification, samples: int, seconds: float, observed: Observed,
+                         planned: int) -> VerificationStatus:
+    return VerificationStatus(
+        verified=result.verified, predicted_batch=round(result.predicted_batch),
+        observed_batch=round(result.observed_batch),
+        predicted_step_milliseconds=f"{result.predicted_step_s * 1e3:.1f}",
+        observed_step_milliseconds=f"{result.observed_step_s * 1e3:.1f}", samples=samples,
+        retractions=result.retractions, queued=round(result.queued), window_seconds=round(seconds),
+        at=_iso(observed.now), planned_generation=planned)
+
+
+def _verification(observed: Observed, status: _Status, events: list[Event]) -> VerificationStatus | None:
+    """PlanVerified: Unknown while the window is open, then True (both the batch and the step within TOLERANCE of
+    the plan's) or False with reason PlanOff, predicted and observed side by side, with one Event. Made once per
+    plan (its planned generation); the new status, or None to keep the previous one."""
+    plan = observed.plan or observed.previous.server_plan
+    predicted_step = predicted_step_seconds(plan) if plan is not None else None
+    if plan is None or plan.prediction is None or predicted_step is None:
+        return None
+    planned = observed.planned_generation or observed.previous.planned_generation
+    done = observed.previous.verification
+    if done is not None and done.planned_generation == planned:
+        return None
+    window = observed.window
+    if window is None:
+        status.set("PlanVerified", "Unknown", "Verifying", "waiting for the server's first running requests "
+                   f"(window {format_duration(observed.verify_window_s)})")
+        return None
+    seconds = window.seconds(observed.now)
+    if seconds < observed.verify_window_s:
+        status.set("PlanVerified", "Unknown", "Verifying",
+                   f"{len(window.samples)} samples of the server's batch and step over {format_duration(seconds)} of "
+                   f"the {format_duration(observed.verify_window_s)} window (spec.server.verifyWindowSeconds)")
+        return None
+    result = verify(window.samples, plan.prediction.batch_per_replica, predicted_step, window.retractions,
+                    window.queued)
+    message = result.condition()["message"]
+    if result.verified:
+        status.set("PlanVerified", "True", "PlanVerified", message)
+        events.append(Event("Normal", "PlanVerified", message))
+    else:
+        status.set("PlanVerified", "False", "PlanOff", f"{message}: the plan is off by more than "
+                   f"{TOLERANCE:.0%} on this cluster")
+        events.append(Event("Warning", "PlanOff", message))
+    return _verification_status(result, len(window.samples), seconds, observed, planned)
+
+
+def with_replan(decision: Decision, replan: Replan, now: datetime, generation: int) -> Decision:
+    """ReplanSuggested from the re-plan on the measured constants (verify.decide): True with an Event when another
+    layout wins by more than the restart and the margin, else False with the figures."""
+    suggested = replan.condition()
+    if suggested is not None:
+        status, reason = "True", "FasterLayoutMeasured"
+        message = (f"{suggested['message']}: set spec.server.tensorParallel (and the fields of that layout) to "
+                   "switch; the run resumes from what is committed")
+    else:
+        status, reason = "False", "CurrentLayoutFastest"
+        message = (f"the running layout stays: remaining ETA {replan.current_eta_s / 3600:,.2f} h"
+                   + (f"; the best other, {replan.best}, {replan.best_eta_s / 3600:,.2f} h, does not gain the restart "
+                      f"{replan.restart_s / 60:,.0f} min + margin {replan.margin_s / 60:,.0f} min" if replan.best
+                      else ""))
+    conditions = set_condition(decision.status.conditions, "ReplanSuggested", status, reason, message, now,
+                               generation)
+    events = [*decision.events, Event("Normal", "ReplanSuggested", message)] if status == "True" else decision.events
+    return replace(decision, status=decision.status.model_copy(update={"conditions": conditions}), events=events)
 
 
 def _job_finished(observed: Observed, status: _Status, job: JobState) -> Decision:

@@ -20,7 +20,7 @@ from tokenmill_runner.facts.hardware import PRODUCT_LABEL_KEY
 from tokenmill_runner.facts.hidden_states import launch_flags as hidden_state_launch_flags
 from tokenmill_runner.facts.releases import HEALTH_CHECK_TIMEOUT_S, release, version_key
 from tokenmill_runner.spec.config import API_KEY_ENV
-from tokenmill_runner.spec.resource import API_VERSION, KIND, DatasetGenerationSpec, content_hash
+from tokenmill_runner.spec.resource import API_VERSION, KIND, OPERATOR_ONLY, DatasetGenerationSpec, content_hash
 
 from . import cache, names
 from .planner import ServerPlan
@@ -485,9 +485,22 @@ def _ingress_policy(policy_name: str, name: str, namespace: str, owner: dict[str
     }
 
 
+# The operator's pods, as the chart labels them (charts/tokenmill/templates/_helpers.tpl tokenmill.labels).
+OPERATOR_POD_LABELS = {names.LABEL_COMPONENT: "operator", "app.kubernetes.io/part-of": "tokenmill"}
+
+
+def _operator(namespace: str | None, ports: list[Manifest]) -> list[Manifest]:
+    """The operator's ingress rule: it reads each replica's /metrics to check the plan (sglang_metrics.py); from
+    its own namespace only (TOKENMILL_OPERATOR_NAMESPACE), none unset."""
+    if not namespace:
+        return []
+    return [{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                       "podSelector": {"matchLabels": dict(OPERATOR_POD_LABELS)}}], "ports": ports}]
+
+
 def network_policy(name: str, namespace: str, owner: dict[str, Any], spec: DatasetGenerationSpec,
-                   scraper_namespace: str | None = None) -> Manifest:
-    """Only this instance's runner may call the servers' API."""
+                   scraper_namespace: str | None = None, operator_namespace: str | None = None) -> Manifest:
+    """Only this instance's runner may call the servers' API (the scraper and the operator read /metrics)."""
     http = [{"protocol": "TCP", "port": spec.server.port}]
     return _ingress_policy(names.network_policy_name(name), name, namespace, owner, names.SERVER_COMPONENT, [
         {"from": [{"podSelector": {"matchLabels": names.selector_labels(name, names.RUNNER_COMPONENT)}}],
@@ -498,6 +511,7 @@ def network_policy(name: str, namespace: str, owner: dict[str, Any], spec: Datas
         # mode) and exempts /metrics and /health* from the API key (0.5.23 utils/auth.py:101-106), so the scraper
         # can also call /health_generate: it is admitted from one namespace only.
         *_scraper(scraper_namespace, http),
+        *_operator(operator_namespace, http),
     ])
 
 
@@ -516,6 +530,8 @@ def runner_document(name: str, namespace: str, spec: DatasetGenerationSpec) -> d
     """The DatasetGeneration document `tokenmill run` reads in the runner pod. The one change: a pvc:// tokenizer
     becomes the folder where the runner pod mounts it (the runner cannot open pvc:// locations itself)."""
     dumped = spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+    for operator_only in OPERATOR_ONLY:  # the runner never reads them (and an older runner does not know them)
+        dumped["server"].pop(operator_only, None)
     tokenizer = runner_tokenizer_files(spec)
     if tokenizer.volumes:
         dumped["model"]["tokenizer"] = tokenizer.path

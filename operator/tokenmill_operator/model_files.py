@@ -5,15 +5,19 @@ cluster libraries and the reconcile pass reuses the same reading."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import orjson
 
+from tokenmill_runner.facts.refit import Refit
+from tokenmill_runner.facts.throughput import CALIBRATION
 from tokenmill_runner.facts.workload import Workload
 from tokenmill_runner.spec.resource import DatasetGenerationSpec
 from tokenmill_runner.store.bounded_get import CONFIG_BYTES, WEIGHT_INDEX_BYTES, get_bounded
 from tokenmill_runner.store.storage import StorageRetry, open_storage
 
-from .planner import PlanError, ServerPlan, model_facts, plan_server
+from .planner import ModelFacts, PlanError, ServerPlan, model_facts, plan_server
+from .planner.verify import plan_constants_key
 
 
 def model_files_location(spec: DatasetGenerationSpec, local: bool = True) -> str:
@@ -43,16 +47,9 @@ def read_model_config(spec: DatasetGenerationSpec, credentials: dict[str, str] |
     return orjson.loads(storage.get("config.json"))
 
 
-def make_plan(spec: DatasetGenerationSpec, credentials: dict[str, str] | None,
-              work: Workload | None = None, location: str | None = None,
-              retry: StorageRetry | None = None, node_driver_major: int | None = None,
-              local: bool = True) -> ServerPlan:
-    """Read config.json (and the safetensors index unless spec.model.weightBytes is set), then plan the server.
-
-    work overrides the job's lengths and concurrency (tokenmill plan's fixed-workload flags); location reads the
-    model files from elsewhere than the spec says (tokenmill plan --model-files); retry bounds how long a failing store
-    is retried (the operator's passes keep it short); node_driver_major is the GPU nodes' NVIDIA driver branch; local
-    lets the model files be a local folder (tokenmill plan; never the operator's, model_files_location)."""
+def read_model_facts(spec: DatasetGenerationSpec, credentials: dict[str, str] | None, location: str | None = None,
+                     retry: StorageRetry | None = None, local: bool = True) -> ModelFacts:
+    """config.json (bounded) and the weight size (spec.model.weightBytes, else the safetensors index)."""
     output = spec.output
     storage = open_storage(location or model_files_location(spec, local), output.endpoint, output.region, credentials,
                            retry)
@@ -62,4 +59,39 @@ def make_plan(spec: DatasetGenerationSpec, credentials: dict[str, str] | None,
         weight_bytes = orjson.loads(get_bounded(storage, "model.safetensors.index.json", WEIGHT_INDEX_BYTES))["metadata"]["total_size"]
     if weight_bytes is None:
         raise PlanError(f"no model.safetensors.index.json at {storage.root_uri}: set spec.model.weightBytes")
-    return plan_server(spec, model_facts(config, weight_bytes), work=work, node_driver_major=node_driver_major)
+    return model_facts(config, weight_bytes)
+
+
+# The cluster's measured constants by their key (verify.constants_key), or None where there are none.
+Constants = Callable[[str], Refit | None]
+
+
+def plan_with_constants(spec: DatasetGenerationSpec, facts: ModelFacts, work: Workload | None = None,
+                        node_driver_major: int | None = None, constants: Constants | None = None) -> ServerPlan:
+    """The plan, started from the cluster's measured constants for its hardware and software when there are some
+    (planned once with the published fit to know which GPU, link and release it runs on, then again)."""
+    plan = plan_server(spec, facts, work=work, node_driver_major=node_driver_major)
+    if constants is None:
+        return plan
+    key = plan_constants_key(plan, facts.architecture)
+    stored = constants(key)
+    if stored is None:
+        return plan
+    measured = plan_server(spec, facts, work=work, node_driver_major=node_driver_major,
+                           calibration=stored.calibration(CALIBRATION))
+    return measured.model_copy(update={"measured_constants": key})
+
+
+def make_plan(spec: DatasetGenerationSpec, credentials: dict[str, str] | None,
+              work: Workload | None = None, location: str | None = None,
+              retry: StorageRetry | None = None, node_driver_major: int | None = None,
+              local: bool = True, constants: Constants | None = None) -> ServerPlan:
+    """Read config.json (and the safetensors index unless spec.model.weightBytes is set), then plan the server.
+
+    work overrides the job's lengths and concurrency (tokenmill plan's fixed-workload flags); location reads the
+    model files from elsewhere than the spec says (tokenmill plan --model-files); retry bounds how long a failing store
+    is retried (the operator's passes keep it short); node_driver_major is the GPU nodes' NVIDIA driver branch; local
+    lets the model files be a local folder (tokenmill plan; never the operator's, model_files_location); constants
+    are the cluster's measured ones (the operator's ConfigMap)."""
+    facts = read_model_facts(spec, credentials, location, retry, local)
+    return plan_with_constants(spec, facts, work, node_driver_major, constants)

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
+from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from tokenmill_runner.report.files import REPORT_DIR, write_report
@@ -29,8 +30,8 @@ from tokenmill_runner.store.lease_rules import LeaseError
 from tokenmill_runner.store.manifest import ManifestError, Owner, RunManifest, read_manifest
 from tokenmill_runner.store.storage import Storage, StorageError, StorageRetry, open_storage
 
-from . import cache, kueue, manifests, names, policy
-from .facts import Decision, JobState, Observed, QueueState, ServerState
+from . import cache, constants, kueue, manifests, names, policy
+from .facts import Decision, Event, JobState, Observed, QueueState, ServerState
 from .faults import crash_point
 from .gather import (
     KueueMissing,
@@ -43,6 +44,7 @@ from .gather import (
     observe_progress,
     observe_queue,
     observe_server,
+    observe_window,
 )
 from .kube import ChildRefused, Kube, KubeUnavailable
 from .lifecycle import (
@@ -53,11 +55,14 @@ from .lifecycle import (
     plan_retry,
     reopen,
     retry_value,
+    with_replan,
     with_retry_event,
 )
 from .model_files import make_plan
 from .observe import foreign_run, would_generate
 from .planner import PlanError, ServerPlan
+from .planner.verify import CONFIGMAP_NAME, read_constants, replan_decision
+from .server_metrics import WindowFacts
 from .status import DatasetGenerationStatus, ReportStatus, RunStatus, merge_patch
 
 __all__ = ["OutputIndex", "OperatorSettings", "PassCancelled", "PassResult", "reconcile", "run_pass"]
@@ -88,6 +93,12 @@ class OperatorSettings:
     # The node-local model cache's folder on every node: the administrator's, never a resource's (cache.py).
     node_cache_root: str = field(default_factory=lambda: cache.node_root(
         os.environ.get(cache.NODE_ROOT_ENV) or cache.DEFAULT_NODE_ROOT))
+    # Where every server replica's /metrics is read instead of its rank-0 pod (the e2e tests under kwok, where no
+    # server container runs, point it at the simulator); unset in a cluster.
+    server_metrics_url: str | None = os.environ.get("TOKENMILL_SERVER_METRICS_URL") or None
+    # The operator's own namespace (the chart sets it from the pod's): where the cluster's measured constants are
+    # kept (constants.py); unset, plans use the published fit and nothing is recorded.
+    operator_namespace: str | None = os.environ.get(constants.NAMESPACE_ENV) or None
 
 
 def now_utc() -> datetime:
@@ -160,16 +171,18 @@ def _current_plan(context: Context) -> ServerPlan | None:
 
 
 def plan_for(context: Context, credentials: dict[str, str] | None,
-             node_driver: Callable[[], int | None] = lambda: None) -> Planning:
+             node_driver: Callable[[], int | None] = lambda: None,
+             measured: Callable[[], dict[str, str]] = dict) -> Planning:
     """The plan of this generation: kept from the status, or made now (node_driver reads the GPU nodes' NVIDIA
-    driver branch then). A spec edit that cannot be planned because the model files cannot be read keeps the server
-    on its previous plan until they can."""
+    driver branch then, `measured` the cluster's measured constants: the operator's ConfigMap). A spec edit that
+    cannot be planned because the model files cannot be read keeps the server on its previous plan until they can."""
     current = _current_plan(context)
     if current is not None:
         return Planning(current)
     try:
         driver = None if context.spec.server.cuda_driver_major else node_driver()
-        plan = make_plan(context.spec, credentials, retry=OBSERVE_RETRY, node_driver_major=driver, local=False)
+        plan = make_plan(context.spec, credentials, retry=OBSERVE_RETRY, node_driver_major=driver, local=False,
+                         constants=lambda key: read_constants(measured(), key))
     except (PlanError, LookupError, ValueError) as error:
         return Planning(None, error=str(error))
     except Exception as error:  # storage: unreachable, slow, denied or missing; say where and retry
@@ -284,6 +297,7 @@ def _observed(context: Context, output: OutputIndex, storage: Storage, planning:
     reopened = reopen(previous, retry, desired_hash, ended_hash, growing)
     if reopened:
         progress, run = observe_progress(storage, output, now, facts.job_started, stopped, full)
+    window = _window(context, output, planning, facts, urls, now, settings) if not ended else None
     return Observed(
         generation=context.generation, now=now, suspended=spec.suspend, previous=previous, name=context.name,
         plan=plan, plan_error=planning.error, planned_generation=planning.generation, server=facts.server, job=job,
@@ -297,7 +311,22 @@ def _observed(context: Context, output: OutputIndex, storage: Storage, planning:
         retry=retry, reopened=reopened,
         foreign_output=_foreign_output(storage, output, run, spec, context.owner),
         queue=facts.queueing.state if facts.queueing else None,
+        window=window, verify_window_s=float(spec.server.verify_window_seconds),
     )
+
+
+def _window(context: Context, output: OutputIndex, planning: Planning, facts: Facts, urls: list[str] | None,
+            now: datetime, settings: OperatorSettings) -> WindowFacts | None:
+    """The plan's verification window, scraped while the server is ready and the runner Job runs, until the plan
+    is checked (status.verification for its planned generation)."""
+    previous, job, server = context.previous, facts.job, facts.server
+    plan, planned = planning.plan, planning.generation or previous.planned_generation
+    done = previous.verification is not None and previous.verification.planned_generation == planned
+    if (plan is None or urls is None or done or job is None or job.finished or job.deleting or job.suspended
+            or server is None or not server.is_ready):
+        return None
+    targets = [settings.server_metrics_url] * len(urls) if settings.server_metrics_url else urls
+    return observe_window(output.window, targets, planned, now)
 
 
 def _foreign_output(storage: Storage, output: OutputIndex, run: RunManifest | None, spec: DatasetGenerationSpec,
@@ -334,7 +363,8 @@ def reconcile(kube: Kube, context: Context, output: OutputIndex, settings: Opera
         return cannot_observe(base, str(error))
     if credentials is not None and (refused := policy.credentials_refusal(spec, credentials)):
         return blocked(base, "NotAllowed", refused)
-    planning = plan_for(context, credentials, lambda: node_driver_major(kube, spec.server))
+    planning = plan_for(context, credentials, lambda: node_driver_major(kube, spec.server),
+                        lambda: constants.read_data(kube, settings.operator_namespace))
     if planning.transient:
         return cannot_observe(base, planning.transient)
     try:
@@ -370,7 +400,47 @@ def reconcile(kube: Kube, context: Context, output: OutputIndex, settings: Opera
         _apply_queueing(kube, context, decision, facts.queueing, now)
     except ChildRefused as error:  # said in the status (and an Event), retried every pass
         return blocked(base, "ChildRefused", f"{error}; the operator retries on every pass")
+    if _newly_verified(context.previous, decision.status) and observed.window is not None:
+        decision = _record_constants(kube, context, credentials, decision, observed.window, settings)
     return with_retry_event(decision, observed.retry)
+
+
+def _newly_verified(previous: DatasetGenerationStatus, status: DatasetGenerationStatus) -> bool:
+    now, before = status.verification, previous.verification
+    return now is not None and (before is None or before.planned_generation != now.planned_generation)
+
+
+def _record_constants(kube: Kube, context: Context, credentials: dict[str, str] | None, decision: Decision,
+                      window: WindowFacts, settings: OperatorSettings) -> Decision:
+    """Refit the plan's constants on the window's samples and keep them for the cluster's later plans (once per
+    checked plan; a failure is logged and changes nothing else)."""
+    namespace, plan = settings.operator_namespace, decision.status.server_plan
+    if not namespace or plan is None:
+        return decision
+    try:
+        stored = constants.read_data(kube, namespace)
+        measured = constants.measure(context.spec, credentials, plan, window.samples, stored, OBSERVE_RETRY)
+        if measured is None:
+            return decision
+        constants.write_entry(kube, namespace, measured)
+    except (*UNOBSERVABLE, PlanError, LookupError, ValueError, ApiException) as error:
+        logger.warning("%s/%s: the measured constants were not recorded: %s", context.namespace, context.name, error)
+        return decision
+    message = f"{measured.describe()}: kept in ConfigMap {namespace}/{CONFIGMAP_NAME} as {measured.key}"
+    decision = replace(decision, events=[*decision.events, Event("Normal", "ConstantsMeasured", message)])
+    if context.spec.server.replan == "off":
+        return decision
+    try:
+        replanned = constants.replan(context.spec, plan, measured)
+    except (PlanError, LookupError, ValueError) as error:
+        logger.warning("%s/%s: cannot re-plan with the measured constants: %s", context.namespace, context.name,
+                       error)
+        return decision
+    progress = decision.status.progress
+    remaining = 1 - (progress.completed + progress.failed) / progress.total if progress.total else 1.0
+    found = replan_decision(plan, replanned, remaining, "suggest") if replanned is not None else None
+    return with_replan(decision, found, now_utc(), context.generation) if found is not None else decision
+
 
 
 # -------------------------------------------------------------------------------------------------- applying
@@ -412,7 +482,8 @@ def _ensure_children(kube: Kube, context: Context, plan: ServerPlan, settings: O
     name, namespace, spec = context.name, context.namespace, context.spec
     kube.create_if_absent(manifests.api_key_secret(name, namespace, owner, secrets.token_urlsafe(32)))
     kube.apply(manifests.server_service(name, namespace, owner, spec))
-    kube.apply(manifests.network_policy(name, namespace, owner, spec, settings.scraper_namespace))
+    kube.apply(manifests.network_policy(name, namespace, owner, spec, settings.scraper_namespace,
+                                        settings.operator_namespace))
     kube.apply(manifests.runner_network_policy(name, namespace, owner, settings.scraper_namespace))
     kube.apply(manifests.server_statefulset(name, namespace, owner, spec, plan, server_replicas,
                                             settings.node_cache_root))

@@ -10,7 +10,8 @@ from tokenmill_runner.spec.resource import SpecModel
 
 from .planner import ServerPlan
 
-CONDITION_TYPES = ("ServerReady", "Progressing", "Stalled", "Succeeded", "Failed", "Ready")
+CONDITION_TYPES = ("ServerReady", "Progressing", "Stalled", "Succeeded", "Failed", "Ready", "PlanVerified",
+                   "ReplanSuggested")
 Phase = Literal["Pending", "Queued", "StartingServer", "Generating", "Reporting", "Succeeded", "Failed",
                 "Suspended"]
 
@@ -18,7 +19,8 @@ Phase = Literal["Pending", "Queued", "StartingServer", "Generating", "Reporting"
 class Condition(SpecModel):
     """metav1.Condition."""
 
-    type: str = Field(description="Condition type: ServerReady, Progressing, Stalled, Succeeded, Failed or Ready.")
+    type: str = Field(description="Condition type: ServerReady, Progressing, Stalled, Succeeded, Failed, Ready, "
+                                  "PlanVerified or ReplanSuggested.")
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(description="One-word CamelCase reason.")
     message: str = Field("", description="What a person should know, and what to do.")
@@ -82,6 +84,24 @@ class StartupStatus(SpecModel):
     observed_load_seconds: int | None = Field(None, description="From SGLang's start until the pod was Ready.")
 
 
+class VerificationStatus(SpecModel):
+    """The plan checked on the GPUs: its batch and decode step beside what SGLang reported over the verification
+    window (spec.server.verifyWindowSeconds after the server first ran requests; docs/planning.md)."""
+
+    verified: bool = Field(description="Both within the tolerance (PlanVerified True); False: PlanOff.")
+    predicted_batch: int = Field(description="Requests one replica runs at once, as planned.")
+    observed_batch: int = Field(description="Median running requests of a replica over the window's steady part.")
+    predicted_step_milliseconds: str = Field(description="The plan's decode step at its batch (decimal).")
+    observed_step_milliseconds: str = Field(
+        description="Median running / gen_throughput over the window's steady part (decimal).")
+    samples: int = Field(description="Scrapes of /metrics with running requests in the window.")
+    retractions: int = Field(0, description="Requests SGLang retracted in the window (its KV cache ran out).")
+    queued: int = Field(0, description="Median requests waiting in a replica's queue over the window.")
+    window_seconds: int = Field(description="How long the window lasted.")
+    at: str = Field(description="When the check was made (RFC 3339).")
+    planned_generation: int = Field(0, description="The plan checked: the .metadata.generation it was made for.")
+
+
 class QueueStatus(SpecModel):
     """Where the run stands in Kueue (set when the resource has the kueue.x-k8s.io/queue-name label)."""
 
@@ -110,6 +130,8 @@ class DatasetGenerationStatus(SpecModel):
     retry: RetryStatus | None = Field(None, description="The last retry request handled.")
     queue: QueueStatus | None = Field(None, description="Kueue admission, when the run is queued through Kueue.")
     startup: StartupStatus | None = Field(None, description="The weights' copy and load, predicted and observed.")
+    verification: VerificationStatus | None = Field(
+        None, description="The plan's batch and step beside SGLang's, once the verification window closed.")
     planned_generation: int = Field(0, description="The .metadata.generation serverPlan was computed for.")
     observation_failed_since: str | None = Field(
         None, description="Since when storage or the API server cannot be read (unset once they can).")

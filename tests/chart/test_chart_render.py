@@ -9,6 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
+from tokenmill_operator.manifests import OPERATOR_POD_LABELS
+from tokenmill_operator.planner.verify import CONFIGMAP_NAME
+
 from .tools import CHART, CI_VALUES, DASHBOARD, REPO, RULES, by_kind, one, run, template
 
 VALUES_FILES = [None, *CI_VALUES]
@@ -149,8 +152,37 @@ CRD_NEEDS = {("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "lis
 NODE_NEEDS = {("", "nodes"): {"list"}}  # the GPU nodes' driver label, read when a plan is made
 
 
+MEASURED_CONSTANTS_RULES = [
+    {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [CONFIGMAP_NAME], "verbs": ["get", "patch"]},
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
+]
+
+
+def _constants_role(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] in ("Role", "RoleBinding")
+            and o["metadata"]["name"].endswith("-measured-constants")]
+
+
+@pytest.mark.parametrize("scope", ["cluster", "namespace"])
+def test_the_measured_constants_are_one_configmap_in_the_operators_own_namespace(helm: str, henv: dict[str, str],
+                                                                                 scope: str) -> None:
+    objects = template(helm, "--set", f"rbac.scope={scope}", "--set", "rbac.namespaces={team-a}", env=henv)
+    role, binding = sorted(_constants_role(objects), key=lambda o: o["kind"] == "RoleBinding")
+    assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == "tokenmill-system"
+    assert role["rules"] == MEASURED_CONSTANTS_RULES
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": role["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "tm-tokenmill", "namespace": "tokenmill-system"}]
+    env = {e["name"]: e for e in _container(objects)["env"]}
+    assert env["TOKENMILL_OPERATOR_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    # The server pods' NetworkPolicies admit the operator by these labels (manifests.OPERATOR_POD_LABELS).
+    labels = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert OPERATOR_POD_LABELS.items() <= labels.items()
+
+
 def test_rbac_cluster_scope_is_least_privilege(helm: str, henv: dict[str, str]) -> None:
     objects = template(helm, env=henv)
+    objects = [o for o in objects if o not in _constants_role(objects)]
     assert by_kind(objects, "Role") == [] and by_kind(objects, "RoleBinding") == []
     role = one(objects, "ClusterRole")
     assert _rules(role) == {**NAMESPACED_NEEDS, **CRD_NEEDS, **NODE_NEEDS, ("", "namespaces"): {"list", "watch"}}
@@ -169,6 +201,7 @@ def test_rbac_namespace_scope(helm: str, henv: dict[str, str]) -> None:
     objects = template(helm, "--set", "rbac.scope=namespace", "--set", "rbac.namespaces={team-a,team-b}",
                        "--set", "metrics.runners.podMonitor.enabled=true", env=henv)
     assert _rules(one(objects, "ClusterRole")) == {**CRD_NEEDS, **NODE_NEEDS}
+    objects = [o for o in objects if o not in _constants_role(objects)]
     roles = by_kind(objects, "Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     for role in roles:

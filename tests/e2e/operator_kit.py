@@ -64,8 +64,8 @@ class Operator:
 
     def __init__(self, cluster: Cluster, namespace: str, log: Path) -> None:
         self.env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "TOKENMILL_NAMESPACES": namespace,
-                    "TOKENMILL_RESYNC_SECONDS": "1", "TOKENMILL_HEALTH_PORT": str(_free_port()),
-                    "TOKENMILL_METRICS_PORT": str(_free_port()),
+                    "TOKENMILL_RESYNC_SECONDS": "1", "TOKENMILL_HEALTH_PORT": str(free_port()),
+                    "TOKENMILL_METRICS_PORT": str(free_port()),
                     "TOKENMILL_RUNNER_POD_LABELS": json.dumps({HOLD_LABEL: "true"}),
                     "TOKENMILL_RUNNER_IMAGE": "registry.invalid/tokenmill:test"}
         self.log = log
@@ -102,7 +102,7 @@ class Operator:
                 self.kill()
 
 
-def _free_port() -> int:
+def free_port() -> int:
     import socket
 
     with socket.socket() as sock:
@@ -201,7 +201,7 @@ def play_pod(cluster: Cluster, namespace: str, pod: k8s.V1Pod, server_url: str, 
     args = [str(spec_file) if a.startswith(mount) else a for a in args]
     args = [server_url if i > 0 and args[i - 1] == "--server" else a for i, a in enumerate(args)]
     # Four "pods" share this machine: each gets its own metrics port.
-    args = [str(_free_port()) if i > 0 and args[i - 1] == "--metrics-port" else a for i, a in enumerate(args)]
+    args = [str(free_port()) if i > 0 and args[i - 1] == "--metrics-port" else a for i, a in enumerate(args)]
     if s3_endpoint:
         args = [s3_endpoint if i > 0 and args[i - 1] == "--s3-endpoint" else a for i, a in enumerate(args)]
     index = pod.metadata.annotations["batch.kubernetes.io/job-completion-index"]
@@ -248,13 +248,15 @@ def expected_ids() -> set[str]:
     return {orjson.loads(line)["sample_id"] for line in PROMPTS.read_bytes().splitlines() if line.strip()}
 
 
-def simulator_for(cluster: Cluster, namespace: str, **faults: Any):
-    """The simulator with the server's API key; `faults` are SimConfig's fault_* settings."""
+def simulator_for(cluster: Cluster, namespace: str, port: int = 0, **faults: Any):
+    """The simulator with the server's API key (on `port`, 0: any free one); `faults` are SimConfig's fault_*
+    settings."""
     from tokenmill_sim.config import SimConfig
     from tokenmill_sim.server import SimServer
 
     secret = cluster.core.read_namespaced_secret(f"{NAME}-server-key", namespace)
     return SimServer(SimConfig(model_path=str(REPO / "examples" / "demo-model"), api_key=_b64(secret.data["api-key"]),
-                               context_length=262144, time_scale=5000.0, max_running_requests=64, **faults))
+                               context_length=262144, time_scale=5000.0, max_running_requests=64, **faults),
+                     port=port)
 
 

@@ -394,6 +394,16 @@ def test_network_policy_lets_only_the_runner_reach_the_api():
     assert names.selector_labels(NAME, "runner").items() <= job()["spec"]["template"]["metadata"]["labels"].items()
 
 
+def test_the_operator_reads_the_servers_metrics_from_its_own_namespace_only():
+    ingress = manifests.network_policy(NAME, NAMESPACE, OWNER, spec(), None, "tokenmill-system")["spec"]["ingress"]
+    *_, operator = ingress
+    assert operator["from"] == [{"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": "tokenmill-system"}}, "podSelector": {"matchLabels": {
+            "app.kubernetes.io/component": "operator", "app.kubernetes.io/part-of": "tokenmill"}}}]
+    assert operator["ports"] == [{"protocol": "TCP", "port": 30000}]
+    assert len(manifests.network_policy(NAME, NAMESPACE, OWNER, spec())["spec"]["ingress"]) == len(ingress) - 1
+
+
 def test_runner_pods_admit_only_the_scraper_on_the_metrics_port():
     closed = manifests.runner_network_policy(NAME, NAMESPACE, OWNER)["spec"]
     assert closed["podSelector"]["matchLabels"] == names.selector_labels(NAME, "runner") and closed["ingress"] == []

@@ -146,3 +146,68 @@ def test_the_shared_cache_is_owned_by_every_run_serving_the_model():
         owners = obj["metadata"]["ownerReferences"]
         assert [(o["name"], o["uid"]) for o in owners] == [("first", "u-1"), ("second", "u-2")], obj["kind"]
         assert not any(o["controller"] or o["blockOwnerDeletion"] for o in owners)
+
+
+def test_a_plan_starts_from_the_clusters_measured_constants_read_from_the_operators_configmap(
+        model_files: ModelFiles):
+    from tokenmill_operator.planner.verify import constants_entry
+    from tokenmill_runner.facts.refit import Refit
+
+    published = plan_for(model_files.context(1), None)
+    assert published.plan is not None and published.plan.measured_constants is None
+    key = "NVIDIA-H200.nvlink.0.5.23.KimiK25ForConditionalGeneration"
+    slow = Refit(0.7, 3.0, 1.0, samples=40, error_before=0.3, error_after=0.01, fitted=("experts", "collectives"))
+    measured = plan_for(model_files.context(1), None, measured=lambda: {key: constants_entry(slow)})
+    assert measured.plan is not None and measured.plan.measured_constants == key
+    assert measured.plan.prediction.eta_seconds > published.plan.prediction.eta_seconds
+    # Entries of other hardware are not this plan's.
+    other = plan_for(model_files.context(1), None, measured=lambda: {"NVIDIA-H100.nvlink.x.y": constants_entry(slow)})
+    assert other.plan.measured_constants is None
+
+
+def test_a_checked_plan_keeps_its_refitted_constants_and_says_whether_another_layout_wins(model_files: ModelFiles):
+    from datetime import UTC, datetime
+
+    from tokenmill_operator.facts import Decision
+    from tokenmill_operator.planner import model_facts, plan_step_model
+    from tokenmill_operator.planner.verify import CONFIGMAP_NAME, read_constants
+    from tokenmill_operator.reconcile import OperatorSettings, _record_constants
+    from tokenmill_operator.server_metrics import WindowFacts
+    from tokenmill_operator.status import VerificationStatus
+    from tokenmill_runner.facts.refit import Refit, StepSample
+    from tokenmill_runner.facts.throughput import CALIBRATION
+
+    from .test_measured_constants import ConfigMaps
+
+    context_ = model_files.context(2)
+    plan = plan_for(context_, None).plan
+    data = json.loads(KIMI.read_text())
+    facts = model_facts(data["config"], 594 * 10**9)
+    truth = Refit(1.2, 2.0, 1.0, samples=0, error_before=0, error_after=0, fitted=())
+    step = plan_step_model(context_.spec, facts, calibration=truth.calibration(CALIBRATION))
+    samples = tuple(StepSample(b, 3000, step.step_seconds(b, 3000)) for b in (1, 4, 16, 32, 64, 128, 256))
+    now = datetime(2026, 12, 2, 7, 0, tzinfo=UTC)
+    checked = VerificationStatus(verified=False, predicted_batch=1, observed_batch=1, predicted_step_milliseconds="1",
+                                 observed_step_milliseconds="1", samples=7, window_seconds=600, at="t",
+                                 planned_generation=2)
+    decision = Decision(DatasetGenerationStatus(phase="Generating", server_plan=plan, verification=checked),
+                        server_replicas=1)
+    kube = ConfigMaps()
+    after = _record_constants(kube, context_, None, decision, WindowFacts(now, samples, 0, 0.0),
+                              OperatorSettings(operator_namespace="tokenmill-system"))
+    stored = kube.objects[("tokenmill-system", CONFIGMAP_NAME)]["data"]
+    (key,) = stored
+    assert key == f"NVIDIA-H200.{plan.interconnect}.{plan.sglang_version}.KimiK25ForConditionalGeneration"
+    assert read_constants(stored, key).collective_scale == pytest.approx(2.0, rel=0.1)
+    measured = [e for e in after.events if e.reason == "ConstantsMeasured"]
+    assert len(measured) == 1 and f"ConfigMap tokenmill-system/{CONFIGMAP_NAME}" in measured[0].message
+    replan = next(c for c in after.status.conditions if c.type == "ReplanSuggested")
+    assert replan.reason in ("FasterLayoutMeasured", "CurrentLayoutFastest") and "h" in replan.message
+    # replan: off keeps the constants and suggests nothing; no operator namespace: nothing is written at all.
+    off = context_.spec.model_copy(update={"server": context_.spec.server.model_copy(update={"replan": "off"})})
+    quiet = _record_constants(ConfigMaps(), Context(**{**context_.__dict__, "spec": off}), None, decision,
+                              WindowFacts(now, samples, 0, 0.0), OperatorSettings(operator_namespace="ops"))
+    assert not any(c.type == "ReplanSuggested" for c in quiet.status.conditions)
+    nowhere = ConfigMaps()
+    assert _record_constants(nowhere, context_, None, decision, WindowFacts(now, samples, 0, 0.0),
+                             OperatorSettings(operator_namespace=None)) is decision and not nowhere.objects

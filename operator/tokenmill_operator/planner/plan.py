@@ -72,6 +72,8 @@ class Candidate(SpecModel):
     kv_capacity_tokens: int = Field(0, description="KV tokens one replica holds.")
     prediction: Prediction | None = Field(None, description="None when the layout cannot run.")
     chosen: bool = Field(False, description="The layout the plan uses.")
+    choosable: bool = Field(False, description="The plan could use it as the spec stands (it runs, it needs no "
+                            "other kvCacheDtype, the spec's fixed fields allow it): a re-plan suggests only these.")
     note: str = Field("", description="Why it cannot run, why it is not chosen, or what it needs.")
 
 
@@ -128,6 +130,10 @@ class ServerPlan(SpecModel):
     prediction: Prediction | None = Field(None, description="Predicted throughput, ETA and GPU-hours of this layout.")
     startup: StartupPlan | None = Field(None, description="Predicted copy and load of the weights (in the ETA).")
     candidates: list[Candidate] = Field(default_factory=list, description="Every layout considered, chosen one marked.")
+    measured_constants: str | None = Field(
+        None, description="The cluster's measured step constants the plan starts from: their key in the operator's "
+        "ConfigMap tokenmill-measured-constants (GPU product, interconnect, SGLang release, model architecture); "
+        "None: the published fit.")
     overrides: list[str] = Field(default_factory=list, description="Fields taken from the spec as given.")
     reasoning: list[str] = Field(default_factory=list, description="The arithmetic, one line per step.")
 

@@ -592,7 +592,7 @@ class Sizing:
             replicas=option.replicas, tensor_parallel=option.layout.tp,
             attention_data_parallel=option.layout.attention_dp, kv_cache_dtype=option.kv_cache_dtype,
             gpus=option.gpus, kv_capacity_tokens=option.capacity.tokens if option.capacity else 0,
-            prediction=prediction, chosen=option is self.chosen, note=note)
+            prediction=prediction, chosen=option is self.chosen, choosable=option.choosable, note=note)
 
     def to_plan(self, reasoning: list[str], notes: list[str]) -> ServerPlan:
         server, cap, chosen = self.spec.server, self.capacity, self.chosen

@@ -22,10 +22,12 @@ import json
 import re
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from tokenmill_runner.facts.refit import Refit, StepSample
+
+from .plan import ServerPlan
 
 TOLERANCE = 0.15
 MARGIN = 0.05
@@ -106,6 +108,37 @@ def decide(current_eta_s: float, alternatives: dict[str, float], restart_s: floa
     return Decision(action, current_eta_s, best_eta, best, restart_s, margin)
 
 
+def layout_name(replicas: int, tensor_parallel: int, attention_data_parallel: int, kv_cache_dtype: str) -> str:
+    dp = f" + DP attention {attention_data_parallel}" if attention_data_parallel > 1 else ""
+    kv = f", KV {kv_cache_dtype}" if kv_cache_dtype != "auto" else ""
+    return f"{replicas} x TP {tensor_parallel}{dp}{kv}"
+
+
+def replan_decision(running: ServerPlan, replanned: ServerPlan, remaining_share: float,
+                    mode: ReplanMode) -> Decision | None:
+    """decide() on the remaining work: every layout's generation time in `replanned` (the plan made again with the
+    measured constants) times the share of the samples still to do, the running layout against the others, the
+    restart being the running plan's own start-up (copy, load, warm-up). Only layouts the spec allows as it stands
+    are offered (never one that needs another KV cache dtype). None when the running layout is not among the
+    re-planned ones."""
+    def key(replicas: int, tp: int, dp: int, kv: str) -> tuple[int, int, int, str]:
+        return replicas, tp, dp, kv
+
+    current = key(running.replicas, running.tensor_parallel, running.attention_data_parallel, running.kv_cache_dtype)
+    times: dict[tuple[int, int, int, str], float] = {}
+    for c in replanned.candidates:
+        running_layout = key(c.replicas, c.tensor_parallel, c.attention_data_parallel, c.kv_cache_dtype) == current
+        if c.prediction is not None and (c.choosable or running_layout):
+            seconds = c.prediction.generation_seconds or c.prediction.eta_seconds
+            times[key(c.replicas, c.tensor_parallel, c.attention_data_parallel, c.kv_cache_dtype)] = (
+                seconds * max(0.0, min(1.0, remaining_share)))
+    if current not in times:
+        return None
+    alternatives = {layout_name(*k): t for k, t in times.items() if k != current}
+    restart = float(running.startup.seconds) if running.startup is not None else 0.0
+    return decide(times[current], alternatives, restart, mode)
+
+
 # --------------------------------------------------------------------------------------------------------------
 # The cluster's measured constants.
 
@@ -121,6 +154,23 @@ def constants_entry(result: Refit) -> str:
                        "collectiveScale": round(result.collective_scale, 4),
                        "dpScale": round(result.dp_scale, 4), "samples": result.samples,
                        "fitted": list(result.fitted)}, sort_keys=True)
+
+
+def plan_constants_key(plan: ServerPlan, architecture: str | None) -> str:
+    """The ConfigMap key of the hardware and software a plan runs on."""
+    return constants_key(plan.gpu_product or "unknown-gpu", plan.interconnect, plan.sglang_version or "unknown",
+                         architecture or "unknown")
+
+
+def combined(stored: Refit | None, measured: Refit) -> Refit:
+    """`measured` (multipliers on the constants the plan used) as multipliers on the published fit: the plan
+    started from `stored` when there was one."""
+    if stored is None:
+        return measured
+    return replace(measured, expert_speed=stored.expert_speed * measured.expert_speed,
+                   collective_scale=stored.collective_scale * measured.collective_scale,
+                   dp_scale=stored.dp_scale * measured.dp_scale,
+                   fitted=tuple(dict.fromkeys((*stored.fitted, *measured.fitted))))
 
 
 MAX_ENTRY_BYTES = 4096

@@ -404,6 +404,18 @@ class ServerSpec(SpecModel):
         "default: three times the plan's predicted start-up (weights' copy, load, CUDA graphs, warmup), at least "
         "1800 s and at least the startup probe's budget. Editing the spec starts the server again.",
     )
+    verify_window_seconds: int = Field(
+        600, ge=1, le=86400, description="The plan's check on the GPUs (docs/planning.md): this long after the "
+        "server first runs requests, the operator compares the batch and decode step SGLang reports on /metrics "
+        "with the plan's and records the PlanVerified condition (False, reason PlanOff, past 15 %).",
+    )
+    replan: Literal["suggest", "off"] = Field(
+        "suggest", description="After the plan's check, the operator re-plans with the constants it measured: with "
+        "suggest, when another layout's remaining ETA beats the running one's by more than the restart (the plan's "
+        "start-up: copy, load, warm-up) plus a margin (5 % of the remaining time, at least 10 minutes), it says so "
+        "in the ReplanSuggested condition and an Event (setting spec.server.tensorParallel switches; the run "
+        "resumes from what is committed); off: no re-plan. (auto, switching by itself, is not built yet.)",
+    )
     startup_timeout_seconds: int | None = Field(
         None, gt=0, le=MAX_TIMEOUT_SECONDS, description="How long a server may load weights before its startup probe "
         "fails it (at most a week); default: three times the plan's predicted load (weights, CUDA graphs, warmup), "
@@ -672,10 +684,18 @@ class DatasetGenerationSpec(SpecModel):
 
 
     def identity_document(self) -> dict[str, Any]:
-        """The spec as what runs from it depends on it: everything but `suspend` (suspending keeps a run as it is)."""
+        """The spec as what runs from it depends on it: everything but `suspend` (suspending keeps a run as it is)
+        and the operator's own checks of the plan (OPERATOR_ONLY: they change nothing the runner or SGLang does)."""
         document = self.model_dump(mode="json", by_alias=True, exclude_none=True)
         document.pop("suspend", None)
+        for name in OPERATOR_ONLY:
+            document.get("server", {}).pop(name, None)
         return document
+
+
+# spec.server fields only the operator reads, after the server runs: editing them neither restarts the server nor
+# replaces the runner Job.
+OPERATOR_ONLY = ("verifyWindowSeconds", "replan")
 
 
 def content_hash(payload: Any) -> str:

@@ -1,0 +1,136 @@
+"""SGLang's /metrics read as the plan's check needs it: one scrape of a replica becomes a (batch, step) sample, and
+the scrapes of a run's first minutes make its verification window. Pure: the text comes from the edge
+(`sglang_metrics.read_metrics`), the window lives in the operator's memory between passes (`gather.OutputIndex`).
+
+What is read (scheduler gauges, SGLang 0.5.23 observability/metrics_collector.py; the same names in every supported
+release, docs/metrics.md): `sglang:num_running_reqs` (the batch), `sglang:gen_throughput` (decode tokens/s, computed
+every --decode-log-interval steps), `sglang:num_queue_reqs`, `sglang:num_used_tokens` (KV tokens held), and the
+counter `sglang:num_retracted_requests_total` where the release has it. Each scheduler that reports (attn_tp_rank 0:
+one per DP attention group) has its own series; a replica's figures are their sums. All groups step together, so
+the replica's step is its running requests over its tokens per second: step = running / gen_throughput.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from tokenmill_runner.facts.refit import StepSample
+
+RUNNING = "sglang:num_running_reqs"
+QUEUED = "sglang:num_queue_reqs"
+THROUGHPUT = "sglang:gen_throughput"
+USED_TOKENS = "sglang:num_used_tokens"
+RETRACTED = "sglang:num_retracted_requests_total"
+WANTED = (RUNNING, QUEUED, THROUGHPUT, USED_TOKENS, RETRACTED)
+# A scrape longer than this many lines is cut there (SGLang's /metrics is a few thousand lines with histograms).
+MAX_LINES = 100_000
+# Samples one window keeps (one per replica per pass: at a 15 s resync, ten minutes are 40 per replica).
+MAX_SAMPLES = 4096
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """One replica's scheduler figures at one moment (summed over its DP attention groups)."""
+
+    running: float
+    queued: float
+    gen_throughput: float
+    used_tokens: float
+    retracted_total: float | None = None  # None: the release has no such counter
+
+    def sample(self) -> StepSample | None:
+        """The (batch, step) pair of this scrape; None while nothing runs or no throughput is reported yet."""
+        if self.running < 1 or self.gen_throughput <= 0:
+            return None
+        return StepSample(batch=self.running, context_tokens=self.used_tokens / self.running,
+                          step_seconds=self.running / self.gen_throughput)
+
+
+def _value(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def parse_metrics(text: str) -> Scrape | None:
+    """The replica's figures from a Prometheus text exposition; None when it has no scheduler gauges (metrics
+    disabled, or not SGLang)."""
+    sums: dict[str, float] = {}
+    for number, line in enumerate(text.splitlines()):
+        if number >= MAX_LINES:
+            break
+        if not line.startswith("sglang:"):
+            continue
+        name_end = min((i for i in (line.find("{"), line.find(" ")) if i >= 0), default=-1)
+        if name_end < 0:
+            continue
+        name = line[:name_end]
+        if name not in WANTED:
+            continue
+        rest = line[line.rfind("}") + 1:] if "{" in line[:name_end + 1] else line[name_end:]
+        fields = rest.split()
+        value = _value(fields[0]) if fields else None
+        if value is not None:
+            sums[name] = sums.get(name, 0.0) + value
+    if RUNNING not in sums or THROUGHPUT not in sums:
+        return None
+    return Scrape(running=sums[RUNNING], queued=sums.get(QUEUED, 0.0), gen_throughput=sums[THROUGHPUT],
+                  used_tokens=sums.get(USED_TOKENS, 0.0), retracted_total=sums.get(RETRACTED))
+
+
+@dataclass(frozen=True)
+class WindowFacts:
+    """What the verification window saw, as the pure decision takes it (lifecycle.py)."""
+
+    opened: datetime  # the first scrape with running requests
+    samples: tuple[StepSample, ...]
+    retractions: int  # requests retracted since the window opened (all replicas)
+    queued: float  # median of the queued requests per replica over the window
+
+    def seconds(self, now: datetime) -> float:
+        return (now - self.opened).total_seconds()
+
+
+@dataclass
+class VerificationWindow:
+    """The samples of one plan's first minutes, gathered pass by pass (one per replica per pass). A new plan (its
+    planned generation) starts a new window; an operator restart starts it again from its next scrape."""
+
+    planned_generation: int | None = None
+    opened: datetime | None = None
+    samples: list[StepSample] = field(default_factory=list)
+    queued: list[float] = field(default_factory=list)
+    first_retracted: dict[int, float] = field(default_factory=dict)  # per replica
+    last_retracted: dict[int, float] = field(default_factory=dict)
+
+    def add(self, planned_generation: int, now: datetime, scrapes: dict[int, Scrape | None]) -> None:
+        """Fold one pass's scrapes (by replica index; None where the replica could not be read)."""
+        if planned_generation != self.planned_generation:
+            self.planned_generation, self.opened = planned_generation, None
+            self.samples, self.queued = [], []
+            self.first_retracted, self.last_retracted = {}, {}
+        for replica, scrape in scrapes.items():
+            if scrape is None:
+                continue
+            sample = scrape.sample()
+            if sample is not None and self.opened is None:
+                self.opened = now
+            if self.opened is None:
+                continue
+            if scrape.retracted_total is not None:
+                self.first_retracted.setdefault(replica, scrape.retracted_total)
+                self.last_retracted[replica] = scrape.retracted_total
+            if sample is not None and len(self.samples) < MAX_SAMPLES:
+                self.samples.append(sample)
+                self.queued.append(scrape.queued)
+
+    def facts(self) -> WindowFacts | None:
+        if self.opened is None or not self.samples:
+            return None
+        retracted = sum(max(0.0, self.last_retracted[r] - first) for r, first in self.first_retracted.items())
+        return WindowFacts(self.opened, tuple(self.samples), int(retracted), statistics.median(self.queued))

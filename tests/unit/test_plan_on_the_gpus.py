@@ -1,0 +1,217 @@
+"""The plan checked on the GPUs: SGLang's /metrics text read into (batch, step) samples, the verification window
+gathered pass by pass, and the PlanVerified condition the pure decision records from it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from tokenmill_operator.facts import JobState, Observed, ServerState
+from tokenmill_operator.gather import observe_window
+from tokenmill_operator.lifecycle import decide, predicted_step_seconds
+from tokenmill_operator.planner import Prediction, ServerPlan
+from tokenmill_operator.server_metrics import Scrape, VerificationWindow, WindowFacts, parse_metrics
+from tokenmill_operator.status import DatasetGenerationStatus
+from tokenmill_runner.facts.refit import StepSample
+from tokenmill_runner.facts.releases import release
+from tokenmill_sim.metrics import SchedulerSnapshot, SimMetrics
+
+T0 = datetime(2026, 12, 2, 6, 0, tzinfo=UTC)
+
+# Two DP attention groups of one replica, as SGLang 0.5.23 writes them (one series per reporting scheduler).
+SGLANG_TEXT = """\
+# HELP sglang:num_running_reqs The number of running requests.
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{dp_rank="0",engine_type="unified",model_name="kimi",moe_ep_rank="0",pp_rank="0",tp_rank="0"} 60.0
+sglang:num_running_reqs{dp_rank="1",engine_type="unified",model_name="kimi",moe_ep_rank="0",pp_rank="0",tp_rank="4"} 68.0
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{dp_rank="0",engine_type="unified",model_name="kimi",moe_ep_rank="0",pp_rank="0",tp_rank="0"} 3.0
+sglang:num_queue_reqs{dp_rank="1",engine_type="unified",model_name="kimi",moe_ep_rank="0",pp_rank="0",tp_rank="4"} 1.0
+# TYPE sglang:gen_throughput gauge
+sglang:gen_throughput{dp_rank="0",engine_type="unified",model_name="kimi",moe_ep_rank="0",pp_rank="0",tp_rank="0"} 1500.0
+sglang:gen_throughput{dp_rank="1",engine_type="unified",model_name="kimi",moe_ep_rank="0",pp_rank="0",tp_rank="4"} 1700.0
+sglang:num_used_tokens{dp_rank="0",engine_type="unified",model_name="kimi",moe_ep_rank="0",pp_rank="0",tp_rank="0"} 120000.0
+sglang:num_used_tokens{dp_rank="1",engine_type="unified",model_name="kimi",moe_ep_rank="0",pp_rank="0",tp_rank="4"} 136000.0
+# TYPE sglang:num_retracted_requests_total counter
+sglang:num_retracted_requests_total{dp_rank="0",engine_type="unified",model_name="kimi",moe_ep_rank="0",pp_rank="0",tp_rank="0"} 2.0
+sglang:num_retracted_requests_total{dp_rank="1",engine_type="unified",model_name="kimi",moe_ep_rank="0",pp_rank="0",tp_rank="4"} 1.0
+sglang:num_retracted_requests_created{dp_rank="0"} 1.7e9
+sglang:gen_throughput_bogus 99
+sglang:time_to_first_token_seconds_bucket{le="0.1",model_name="kimi"} 12.0
+"""
+
+
+def test_a_replicas_groups_are_summed_into_one_batch_and_step():
+    scrape = parse_metrics(SGLANG_TEXT)
+    assert scrape == Scrape(running=128, queued=4, gen_throughput=3200, used_tokens=256000, retracted_total=3)
+    sample = scrape.sample()
+    assert sample == StepSample(batch=128, context_tokens=2000, step_seconds=pytest.approx(0.04))
+
+
+def test_the_simulators_metrics_read_as_sglangs_in_every_supported_release():
+    snapshot = SchedulerSnapshot(num_running_reqs=32, num_queue_reqs=5, gen_throughput=800.0, num_used_tokens=64000,
+                                 max_total_num_tokens=1_000_000, context_len=262144, retracted_total=7)
+    for version in ("0.5.9", "0.5.23"):
+        text = SimMetrics("m", lambda: snapshot, release(version)).exposition().decode()
+        scrape = parse_metrics(text)
+        assert scrape is not None and scrape.running == 32 and scrape.queued == 5
+        assert scrape.sample() == StepSample(batch=32, context_tokens=2000, step_seconds=0.04)
+
+
+@pytest.mark.parametrize("text", ["", "# metrics disabled\n", "up 1\nprocess_cpu_seconds_total 3\n",
+                                  "sglang:num_running_reqs{} NaN\nsglang:gen_throughput{} 1\n",
+                                  "sglang:num_running_reqs{a=\"}\"} x\n"])
+def test_a_server_without_scheduler_gauges_gives_no_scrape(text: str):
+    assert parse_metrics(text) is None
+
+
+def test_an_idle_server_or_one_before_its_first_throughput_figure_gives_no_sample():
+    assert Scrape(running=0, queued=3, gen_throughput=0, used_tokens=0).sample() is None
+    assert Scrape(running=4, queued=0, gen_throughput=0, used_tokens=100).sample() is None
+
+
+def test_the_window_opens_with_the_first_running_requests_and_counts_retractions_from_there():
+    window = VerificationWindow()
+    idle = Scrape(running=0, queued=0, gen_throughput=0, used_tokens=0, retracted_total=5)
+    window.add(1, T0, {0: idle, 1: None})
+    assert window.facts() is None
+    busy = Scrape(running=10, queued=2, gen_throughput=500, used_tokens=10000, retracted_total=5)
+    window.add(1, T0 + timedelta(seconds=15), {0: busy, 1: None})
+    later = Scrape(running=40, queued=0, gen_throughput=1000, used_tokens=80000, retracted_total=9)
+    window.add(1, T0 + timedelta(seconds=30), {0: later, 1: busy})
+    facts = window.facts()
+    assert facts is not None and facts.opened == T0 + timedelta(seconds=15)
+    assert len(facts.samples) == 3 and facts.retractions == 4 and facts.queued == 2
+    assert facts.seconds(T0 + timedelta(seconds=75)) == 60
+    # A new plan starts its own window.
+    window.add(2, T0 + timedelta(seconds=45), {0: idle})
+    assert window.facts() is None
+
+
+def test_the_edge_scrapes_every_replica_into_the_window():
+    answers = {"http://r0:30000": SGLANG_TEXT, "http://r1:30000": None}
+    window = VerificationWindow()
+    facts = observe_window(window, list(answers), 4, T0,
+                           read=lambda url: parse_metrics(answers[url]) if answers[url] else None)
+    assert facts is not None and [s.batch for s in facts.samples] == [128]
+
+
+# -- the decision --------------------------------------------------------------------------------------------
+
+PREDICTION = Prediction(decode_tokens_per_second=6400, output_tokens_per_second=5000, eta_seconds=36000,
+                        gpu_hours=80.0, batch_per_replica=128, bound="memory", samples=10000)
+PLAN = ServerPlan(tensor_parallel=8, nodes_per_replica=1, gpus_per_node=8, replicas=2, mem_fraction_static="0.88",
+                  context_length=131072, max_running_requests=512, kv_cache_dtype="auto", gpu_memory_mib=143771,
+                  weight_bytes=594 * 10**9, weight_bytes_per_gpu=74 * 10**9, kv_bytes_per_token=70272,
+                  kv_capacity_tokens=1_000_000, expected_tokens_per_request=6000,
+                  concurrent_requests_at_expected_length=166, prediction=PREDICTION)
+
+
+def running(window: WindowFacts | None, now: datetime = T0, previous: DatasetGenerationStatus | None = None,
+            window_s: float = 600.0) -> Observed:
+    return Observed(generation=3, now=now, suspended=False, previous=previous or DatasetGenerationStatus(
+        planned_generation=3, server_plan=PLAN), plan=PLAN, server=ServerState(desired=2, ready=2),
+        job=JobState(active=4, hash="h"), job_started=T0 - timedelta(minutes=5), desired_job_hash="h",
+        window=window, verify_window_s=window_s)
+
+
+def window_of(step_s: float, batch: float = 128, minutes: float = 10, retractions: int = 0) -> WindowFacts:
+    ramp = [StepSample(b, 1500, step_s * 0.6) for b in (1, 4, 16)]
+    steady = [StepSample(batch, 1500, step_s) for _ in range(20)]
+    return WindowFacts(T0 - timedelta(minutes=minutes), tuple(ramp + steady), retractions, 3.0)
+
+
+def condition(decision, type_="PlanVerified"):
+    return next(c for c in decision.status.conditions if c.type == type_)
+
+
+def test_the_plans_step_is_its_batch_over_a_replicas_decode_rate():
+    assert predicted_step_seconds(PLAN) == pytest.approx(128 * 2 / 6400)
+
+
+def test_while_the_window_is_open_the_check_is_unknown_and_says_how_far_it_got():
+    waiting = decide(running(None))
+    assert (condition(waiting).status, condition(waiting).reason) == ("Unknown", "Verifying")
+    assert "first running requests" in condition(waiting).message
+    half = decide(running(window_of(0.04, minutes=4)))
+    assert (condition(half).status, condition(half).reason) == ("Unknown", "Verifying")
+    assert "23 samples" in condition(half).message and half.status.verification is None
+    assert not [e for e in half.events if e.reason in ("PlanVerified", "PlanOff")]
+
+
+def test_a_server_running_as_planned_verifies_the_plan_with_both_figures_side_by_side():
+    decision = decide(running(window_of(0.041)))
+    verified = condition(decision)
+    assert (verified.status, verified.reason) == ("True", "PlanVerified")
+    assert "batch predicted 128, observed 128" in verified.message
+    assert "step predicted 40.0 ms, observed 41.0 ms" in verified.message
+    status = decision.status.verification
+    assert status is not None and status.verified and status.samples == 23 and status.window_seconds == 600
+    assert (status.predicted_step_milliseconds, status.observed_step_milliseconds) == ("40.0", "41.0")
+    assert [e.reason for e in decision.events if e.reason.startswith("Plan")] == ["PlanVerified"]
+
+
+def test_a_plan_off_by_more_than_the_tolerance_says_plan_off_with_the_numbers_once():
+    decision = decide(running(window_of(0.06, batch=90, retractions=12)))
+    off = condition(decision)
+    assert (off.status, off.reason) == ("False", "PlanOff")
+    assert "batch predicted 128, observed 90" in off.message and "observed 60.0 ms" in off.message
+    assert "retractions 12" in off.message and "15%" in off.message
+    assert [e.type for e in decision.events if e.reason == "PlanOff"] == ["Warning"]
+    assert decision.status.verification is not None and not decision.status.verification.verified
+    # The next passes keep it as it is: no second Event, the same figures.
+    again = decide(running(window_of(0.03, minutes=20), T0 + timedelta(minutes=10), previous=decision.status))
+    assert condition(again) == off and again.status.verification == decision.status.verification
+    assert not [e for e in again.events if e.reason.startswith("Plan")]
+
+
+def test_a_new_plan_is_checked_again():
+    first = decide(running(window_of(0.06)))
+    edited = first.status.model_copy(update={"planned_generation": 4})
+    again = decide(replace(running(None, previous=edited), generation=4))
+    assert (condition(again).status, condition(again).reason) == ("Unknown", "Verifying")
+
+
+def test_the_window_length_is_the_resources():
+    decision = decide(running(window_of(0.041, minutes=1), window_s=30))
+    assert condition(decision).reason == "PlanVerified"
+    assert decision.status.verification.window_seconds == 60
+
+
+def test_a_plan_without_a_prediction_is_not_checked():
+    observed = running(window_of(0.04))
+    bare = PLAN.model_copy(update={"prediction": None})
+    decision = decide(replace(observed, plan=bare))
+    assert all(c.type != "PlanVerified" for c in decision.status.conditions)
+
+
+def test_the_edge_reads_a_bounded_answer_and_gives_nothing_for_one_too_large_or_a_server_that_is_not_there():
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from tokenmill_operator.sglang_metrics import read_metrics
+
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            body = SGLANG_TEXT.encode() if self.path == "/metrics" else b""
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        assert read_metrics(url) == parse_metrics(SGLANG_TEXT)
+        assert read_metrics(url, max_bytes=100) is None
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert read_metrics(url, timeout_s=1) is None  # nothing listens there any more
+    assert read_metrics("not a url") is None
