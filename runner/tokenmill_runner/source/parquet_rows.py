@@ -234,3 +234,6 @@ def bounded_rows(parquet: ParquetRows, max_bytes: int | None,
                     yield from batch.slice(part[0], part[1] - part[0]).to_pylist()
                 else:
                     yield OversizeRow(int(sizes[part]))
+        # Arrow's allocator keeps what a row group's reader freed: handed back, a second pass over the file (the
+        # scan, then the stream) costs one group's decoding, not two (a 50 MB dictionary: 512 -> 420 MB peak).
+        pa.default_memory_pool().release_unused()
