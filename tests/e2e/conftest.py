@@ -305,8 +305,10 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
 
 
 def _ns_name(nodeid: str) -> str:
+    # The parameters are cut off with the rest past 40 characters, so a test's cases differ only in the random
+    # part: 4 bytes of it (2 collided in CI with a case's namespace still being deleted).
     base = re.sub(r"[^a-z0-9-]+", "-", nodeid.split("::")[-1].lower()).strip("-")[:40].strip("-")
-    return f"e2e-{base}-{secrets.token_hex(2)}"
+    return f"e2e-{base}-{secrets.token_hex(4)}"
 
 
 @pytest.fixture
