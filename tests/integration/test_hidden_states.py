@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -58,12 +59,18 @@ def rows_by_key(storage: LocalStorage, dataset: str) -> dict[str, dict]:
     return rows
 
 
-def generate(tmp_path: Path, demo_model: Path, sim, lines: int, max_new: int = 40) -> tuple[LocalStorage, Path]:
+def run_spec(tmp_path: Path, demo_model: Path, lines: int, max_new: int = 40, **spec: Any) -> tuple[Path, Path]:
+    """(spec file, output folder) of dataset d: `lines` chat rows, `max_new` tokens each."""
     write_jsonl(tmp_path / "p.jsonl", [chat(i) for i in range(1, lines + 1)])
     out = tmp_path / "out"
-    document = spec_document(demo_model, [{"name": "d", "source": str(tmp_path / "p.jsonl")}], str(out))
+    document = spec_document(demo_model, [{"name": "d", "source": str(tmp_path / "p.jsonl")}], str(out), **spec)
     document["spec"]["sampling"]["maxNewTokens"] = max_new
-    done = run_cli(write_spec(tmp_path / "spec.yaml", document), out, sim.url)
+    return write_spec(tmp_path / "spec.yaml", document), out
+
+
+def generate(tmp_path: Path, demo_model: Path, sim, lines: int, max_new: int = 40) -> tuple[LocalStorage, Path]:
+    spec, out = run_spec(tmp_path, demo_model, lines, max_new)
+    done = run_cli(spec, out, sim.url)
     assert done.returncode == 0, done.stderr[-2000:]
     return LocalStorage(out), out
 
@@ -208,12 +215,7 @@ def test_tokenmill_run_captures_the_states_and_retry_failed_retries_failed_captu
     from tokenmill_sim.config import SimConfig
     from tokenmill_sim.server import SimServer
 
-    write_jsonl(tmp_path / "p.jsonl", [chat(i) for i in range(1, 5)])
-    out = tmp_path / "out"
-    document = spec_document(demo_model, [{"name": "d", "source": str(tmp_path / "p.jsonl")}], str(out),
-                             hiddenStates={"convention": "eagle3"})
-    document["spec"]["sampling"]["maxNewTokens"] = 40
-    spec = write_spec(tmp_path / "spec.yaml", document)
+    spec, out = run_spec(tmp_path, demo_model, 4, hiddenStates={"convention": "eagle3"})
     # A server started without --enable-return-aux-hidden-states answers 400: every capture fails, the run says so.
     with SimServer(SimConfig(model_path=str(demo_model), time_scale=5000.0)) as plain:
         first = run_cli(spec, out, plain.url)
@@ -242,12 +244,8 @@ def test_tokenmill_run_captures_the_states_through_smg(tmp_path, demo_model):
     gateway = Gateway([replica.url for replica in replicas]).start()
     try:
         gateway.wait_ready()
-        write_jsonl(tmp_path / "p.jsonl", [chat(i) for i in range(1, 7)])
-        out = tmp_path / "out"
-        document = spec_document(demo_model, [{"name": "d", "source": str(tmp_path / "p.jsonl")}], str(out),
-                                 hiddenStates={})
-        document["spec"]["sampling"]["maxNewTokens"] = 40
-        run = run_cli(write_spec(tmp_path / "spec.yaml", document), out, gateway.url)
+        spec, out = run_spec(tmp_path, demo_model, 6, hiddenStates={})
+        run = run_cli(spec, out, gateway.url)
     finally:
         gateway.stop()
         for replica in replicas:
@@ -258,12 +256,7 @@ def test_tokenmill_run_captures_the_states_through_smg(tmp_path, demo_model):
 
 
 def test_tokenmill_run_without_a_server_captures_from_the_built_in_simulator(tmp_path, demo_model):
-    write_jsonl(tmp_path / "p.jsonl", [chat(i) for i in range(1, 4)])
-    out = tmp_path / "out"
-    document = spec_document(demo_model, [{"name": "d", "source": str(tmp_path / "p.jsonl")}], str(out),
-                             hiddenStates={})
-    document["spec"]["sampling"]["maxNewTokens"] = 40
-    spec = write_spec(tmp_path / "spec.yaml", document)
+    spec, out = run_spec(tmp_path, demo_model, 3, hiddenStates={})
     done = subprocess.run([sys.executable, "-m", "tokenmill_runner.cli", "-q", "run", str(spec), "--out", str(out),
                            "--sim-time-scale", "5000"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -277,12 +270,8 @@ def test_the_report_shows_coverage_bytes_and_fails_on_a_length_mismatch(tmp_path
     from tokenmill_runner.report.files import write_report
     from tokenmill_runner.store.hidden_states import marker_key
 
-    write_jsonl(tmp_path / "p.jsonl", [chat(i) for i in range(1, 5)])
-    out = tmp_path / "out"
-    document = spec_document(demo_model, [{"name": "d", "source": str(tmp_path / "p.jsonl")}], str(out),
-                             hiddenStates={})
-    document["spec"]["sampling"]["maxNewTokens"] = 40
-    done = run_cli(write_spec(tmp_path / "spec.yaml", document), out, sim.url)
+    spec, out = run_spec(tmp_path, demo_model, 4, hiddenStates={})
+    done = run_cli(spec, out, sim.url)
     assert done.returncode == 0, done.stderr[-2000:]
     storage = LocalStorage(out)
     report, _ = write_report(storage)
@@ -373,12 +362,7 @@ def test_tokenmill_run_taken_over_during_its_capture_pass_exits_6_and_the_taker_
     from tokenmill_runner.generate.summary import EXIT_LEASE_LOST
     from tokenmill_runner.store.lease import read_lease
 
-    write_jsonl(tmp_path / "p.jsonl", [chat(i) for i in range(1, 5)])
-    out = tmp_path / "out"
-    document = spec_document(demo_model, [{"name": "d", "source": str(tmp_path / "p.jsonl")}], str(out),
-                             hiddenStates={"convention": "eagle3"})
-    document["spec"]["sampling"]["maxNewTokens"] = 40
-    spec = write_spec(tmp_path / "spec.yaml", document)
+    spec, out = run_spec(tmp_path, demo_model, 4, hiddenStates={"convention": "eagle3"})
     command = [sys.executable, "-m", "tokenmill_runner.cli", "-q", "run", str(spec), "--out", str(out),
                "--server", sim.url, "--server-wait", "2"]
     env = {k: v for k, v in os.environ.items() if k != FAULT_ENV}
