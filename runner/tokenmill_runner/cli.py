@@ -315,7 +315,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except LeaseLost as error:
-        print(f"error: lease lost: {error}. This run committed nothing after that; what it committed before "
+        print(f"error: lease lost: {error}. This run committed nothing after that (a write already under way "
+              "counts for nobody: the run that took over sealed this one's commits); what it committed before "
               "counts. Rerun once the other writer is done (or gone)", file=sys.stderr)
         return EXIT_LEASE_LOST
     except Exception as error:  # the CLI's last line of defence: one clear line, details at debug level

@@ -16,8 +16,9 @@ import orjson
 import pytest
 
 from tests.faults.s3_proxy import Rule, S3FaultProxy
+from tokenmill_runner.store.faults import FAULT_ENV, RELEASE_ENV
 from tokenmill_runner.store.lease import LEASE
-from tokenmill_runner.store.markers import read_markers
+from tokenmill_runner.store.markers import list_commits, read_markers
 from tokenmill_runner.store.storage import Storage, open_storage, s3_client
 
 from .workloads import chat, spec_document, write_spec
@@ -45,8 +46,10 @@ def output(s3_endpoint: str, bucket: str, tmp_path: Path, prompts: int = PROMPTS
     return spec, out
 
 
-def start(spec: Path, endpoint: str, tmp_path: Path, name: str, *extra: str, scale: str = "20") -> subprocess.Popen:
-    env = {**os.environ, "TOKENMILL_LEASE_STALE_SECONDS": STALE, "TOKENMILL_CACHE": str(tmp_path / f"cache-{name}")}
+def start(spec: Path, endpoint: str, tmp_path: Path, name: str, *extra: str, scale: str = "20",
+          env_extra: dict[str, str] | None = None) -> subprocess.Popen:
+    env = {**os.environ, "TOKENMILL_LEASE_STALE_SECONDS": STALE, "TOKENMILL_CACHE": str(tmp_path / f"cache-{name}"),
+           **(env_extra or {})}
     return subprocess.Popen([sys.executable, "-m", "tokenmill_runner.cli", "-q", "run", str(spec), "--s3-endpoint",
                              endpoint, "--name", name, "--sim-time-scale", scale, *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -116,6 +119,36 @@ def test_a_paused_writer_taken_over_after_the_stale_period_commits_nothing_more_
     storage = open_storage(out, s3_endpoint)
     assert_one_writer_s_truth(storage)
     assert storage.exists(LEASE)
+
+
+def test_a_marker_written_after_its_writer_was_taken_over_counts_for_nobody(s3_endpoint, s3_bucket, tmp_path):
+    # Issue 29: a writer stopped between its lease proof and its marker's PUT (SIGSTOP there, a PUT held in flight)
+    # lands that marker after another run took over and generated the same slots: no write of the taker can refuse
+    # it on S3. The taker seals the old run token first, and every reader ignores a marker its seal does not name.
+    # The fault stops the writer exactly there: its second marker, proved, waits (and so do its renewals).
+    spec, out = output(s3_endpoint, s3_bucket, tmp_path)
+    release = tmp_path / "release"
+    stalled = start(spec, s3_endpoint, tmp_path, "stalled",
+                    env_extra={FAULT_ENV: "stall-before:fenced:2", RELEASE_ENV: str(release)})
+    try:
+        assert stalled.stderr is not None
+        announced = ""
+        while "stall-before:fenced:2 reached" not in announced:
+            line = stalled.stderr.readline()
+            assert line, announced[-3000:]
+            announced += line
+        taker = start(spec, s3_endpoint, tmp_path, "taker", scale="2000")
+        code, stderr = finish(taker)
+        assert code == EXIT_OK, stderr[-3000:]
+        assert "sealed run token" in stderr or "was not renewed for" in stderr, stderr[-3000:]
+    finally:
+        release.touch()
+    code, stderr = finish(stalled)
+    assert code == EXIT_LEASE_LOST, stderr[-3000:]
+    storage = open_storage(out, s3_endpoint)
+    assert_one_writer_s_truth(storage)
+    late = [entry.shard_id for entry in list_commits(storage, "p") if entry.late]
+    assert late, "the stalled marker landed after the takeover (and counts for nobody)"
 
 
 def test_a_slow_renewal_cannot_overwrite_a_take_over(proxy, s3_endpoint, s3_bucket, tmp_path):

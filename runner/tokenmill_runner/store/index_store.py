@@ -49,6 +49,8 @@ class CatchUp:
     folded: int = 0  # markers read and folded
     listed: int = 0  # marker names listed
     strays: list[str] = field(default_factory=list)  # other files in the commits folder (temporary files)
+    late: int = 0  # markers of a sealed run token that landed after its seal (they count for nobody)
+    tainted: bool = False  # the index had folded a late marker (a checkpoint taken before the seal was read)
 
 
 def catch_up(storage: Storage, index: DatasetIndex, full: bool = False, check: Callable[[], None] | None = None,
@@ -63,6 +65,10 @@ def catch_up(storage: Storage, index: DatasetIndex, full: bool = False, check: C
 
     def unknown() -> Iterator[str]:
         for entry in list_commits(storage, index.name, start):
+            if entry.late:
+                result.late += 1
+                result.tainted = result.tainted or index.knows(entry.shard_id or "")
+                continue
             if entry.shard_id is None:
                 result.strays.append(entry.key)
                 continue
@@ -90,7 +96,18 @@ def open_index(storage: Storage, dataset: str, rows: int = 0, samples_per_prompt
     """The dataset's index from its newest checkpoint plus every marker that checkpoint lacks (a full listing: a
     runner must not miss a committed slot, however late its marker's PUT finished)."""
     index = load_index(storage, dataset, rows, samples_per_prompt)
-    return index, catch_up(storage, index, full=True)
+    caught = catch_up(storage, index, full=True)
+    if caught.tainted:
+        # Folded between a takeover's listing and its seal's write: the checkpoint counts a marker nobody else
+        # does. Every marker is folded again instead.
+        logger.warning("%s: the checkpoint counts a marker that landed after its run token was sealed; folding every "
+                       "marker again", dataset)
+        index = DatasetIndex(DatasetLedger(dataset, rows, samples_per_prompt))
+        caught = catch_up(storage, index, full=True)
+    if caught.late:
+        logger.warning("%s: %d commit markers of a taken-over run landed after it was sealed; they count for nobody "
+                       "and their slots are generated again", dataset, caught.late)
+    return index, caught
 
 
 def take_checkpoint(index: DatasetIndex, writer: str, now: datetime | None = None) -> Snapshot:

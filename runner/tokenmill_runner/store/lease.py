@@ -26,7 +26,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
@@ -44,6 +44,7 @@ from .lease_rules import (
     refusal,
 )
 from .manifest import Owner
+from .seals import seal_tokens
 from .storage import PreconditionFailed, Storage, StorageError, TooLarge
 
 __all__ = ["LEASE", "Acquired", "Lease", "LeaseHeld", "LeaseKeeper", "LeaseLost", "LeaseTimes", "LeaseUnsupported",
@@ -275,6 +276,9 @@ def acquire(storage: Storage, owner: Owner, holder: str, token: str = "", take_o
             current, read = found
             finished: frozenset[str] = frozenset()
             wait = 0.0
+            # Tokens whose holder may still be alive (or a taker that died sealing them left): sealed before this
+            # run reads or commits anything, so a marker they land late counts for nobody (seals.py).
+            sealing = set(current.sealing) if current is not None else set()
             if current is None or current.released:
                 finished = frozenset(current.tokens) if current is not None else frozenset()
             elif current.shared_with(owner, holder):
@@ -282,6 +286,7 @@ def acquire(storage: Storage, owner: Owner, holder: str, token: str = "", take_o
             elif take_over:
                 logger.warning("taking the output over from %s (--take-over)", current.describe())
                 wait = times.take_over_wait_s
+                sealing.update(current.tokens)
             elif (gone := holder_gone_here(current.holder)) is not None:
                 if not gone:  # a live process of this machine holds its proof
                     raise LeaseHeld(refusal(current, owner, holder, 0.0, times=times) or "the output is held")
@@ -293,13 +298,19 @@ def acquire(storage: Storage, owner: Owner, holder: str, token: str = "", take_o
                 if outcome is None:
                     continue  # it changed into something else (released, gone): look again
                 # Stale: its holder is fenced, but one paused between its last check and its marker's write may
-                # still land that marker: its young files are kept (by age), not counted as finished.
+                # still land that marker: its young files are kept (by age), not counted as finished, and its
+                # token is sealed.
+                sealing.update(current.tokens)
+            mine = replace(mine, sealing=tuple(sorted(sealing)))
             version = writes.put_replacing(LEASE, mine.encode(times), read)
             at = clock()
             if wait:
                 logger.warning("waiting %.0f s for the taken-over writer to notice and its last commits to land",
                                wait)
                 sleep(wait)
+            if sealing:
+                seal_tokens(storage, writes, sealing, holder)
+                mine = replace(mine, sealing=())  # sealed: the first renewal writes the record without them
             return _acquired(storage, mine, version, at, finished, times, writes)
         except PreconditionFailed:
             continue  # another writer changed the lease between the read and the write: read it again

@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 import orjson
 
 from .manifest import Owner
+from .marker_names import token_of
 
 LEASE = "lease.json"
 # A lease is a few hundred bytes; anyone who can write the output can write lease.json, and every run and every
@@ -73,12 +74,15 @@ class Lease:
     tokens: tuple[str, ...] = ()  # the run tokens of the holder's shard names
     released: bool = False  # given up at a clean exit: free, and its tokens' unmarked files are leftovers
     nonce: str = field(default_factory=lambda: secrets.token_hex(8))  # every write distinct (local versions)
+    # Run tokens of a taken-over holder that this holder seals before it commits (seals.py), kept in the record
+    # until sealed: a taker that dies while sealing leaves them to the next one.
+    sealing: tuple[str, ...] = ()
 
     def encode(self, times: LeaseTimes | None = None) -> bytes:
         return orjson.dumps({"owner": self.owner.model_dump(exclude_none=True), "holder": self.holder,
                              "since": self.since.isoformat(), "renewed_at": self.renewed_at.isoformat(),
                              "stale_after_s": (times or LeaseTimes()).stale_s, "tokens": list(self.tokens),
-                             "released": self.released, "nonce": self.nonce})
+                             "released": self.released, "nonce": self.nonce, "sealing": list(self.sealing)})
 
     @classmethod
     def decode(cls, data: bytes) -> Lease:
@@ -86,12 +90,13 @@ class Lease:
             raise LeaseError(f"it is {len(data)} bytes, over the {MAX_LEASE_BYTES} a lease can be")
         try:
             raw = orjson.loads(data)
-            tokens = raw.get("tokens") or []
-            if not isinstance(tokens, list):
-                raise TypeError("tokens is not a list")
+            tokens, sealing = raw.get("tokens") or [], raw.get("sealing") or []
+            if not isinstance(tokens, list) or not isinstance(sealing, list):
+                raise TypeError("tokens or sealing is not a list")
             return cls(Owner.model_validate(raw["owner"]), str(raw["holder"]), datetime.fromisoformat(raw["since"]),
                        datetime.fromisoformat(raw["renewed_at"]), tuple(str(token) for token in tokens),
-                       bool(raw.get("released", False)), str(raw.get("nonce", "")))
+                       bool(raw.get("released", False)), str(raw.get("nonce", "")),
+                       tuple(str(token) for token in sealing))
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise LeaseError(f"it is not a lease ({type(error).__name__}: {error})") from None
 
@@ -144,12 +149,6 @@ def refusal(current: Lease | None, owner: Owner, holder: str, unchanged_s: float
 def may_commit(renewal_age_s: float, times: LeaseTimes) -> bool:
     """The fencing rule: a holder whose last successful renewal is this old may still write a marker."""
     return renewal_age_s <= times.stale_s - times.margin_s
-
-
-def token_of(shard_id: str) -> str | None:
-    """The run token of a shard id (`w000-<token>-000001`), or None."""
-    parts = shard_id.split("-")
-    return parts[1] if len(parts) == 3 else None
 
 
 @dataclass(frozen=True)

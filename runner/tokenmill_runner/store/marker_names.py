@@ -65,6 +65,12 @@ def shard_id_of(key: str) -> str:
     return name.split(".", 1)[0]
 
 
+def token_of(shard_id: str) -> str | None:
+    """The run token of a shard id (`w000-<token>-000001`), or None."""
+    parts = shard_id.split("-")
+    return parts[1] if len(parts) == 3 else None
+
+
 def worker_of(shard_id: str) -> int | None:
     """The worker index a shard id starts with (`w003-...`), or None."""
     head = shard_id.split("-", 1)[0]

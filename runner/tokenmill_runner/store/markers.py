@@ -16,6 +16,7 @@ import orjson
 from .bounded_get import MARKER_BYTES, get_bounded
 from .ledger import COMMITS
 from .marker_names import is_marker_name, split_marker_name
+from .seals import read_seals
 from .storage import Storage
 
 READ_THREADS = 16
@@ -28,28 +29,32 @@ def commits_prefix(dataset: str) -> str:
 @dataclass(frozen=True)
 class Listed:
     """One entry of a dataset's commits folder: a marker (its time key, None for an old-style name, and its shard
-    id), or a stray (a temporary file of an interrupted write, or anything else that is not a marker)."""
+    id), a late marker (one of a sealed run token that its seal does not name: it counts for nobody, `seals.py`),
+    or a stray (a temporary file of an interrupted write, or anything else that is not a marker)."""
 
     key: str
     time: str | None = None
     shard_id: str | None = None
+    late: bool = False
 
     @property
     def is_marker(self) -> bool:
-        return self.shard_id is not None
+        return self.shard_id is not None and not self.late
 
 
 def list_commits(storage: Storage, dataset: str, start: str | None = None) -> Iterator[Listed]:
     """The one listing of a dataset's commits folder (after `start`, a key, when given), each entry classified.
-    Every reader of markers (catch-up, commit order, leftovers) goes through it, so they agree on what a marker is."""
+    Every reader of markers (catch-up, commit order, leftovers) goes through it, so they agree on what a marker is
+    and which markers count."""
     prefix = commits_prefix(dataset)
+    seals = read_seals(storage, dataset)
     for key in storage.list(prefix, start):
         name = key[len(prefix):]
         if "/" in name or not is_marker_name(name):
             yield Listed(key)
         else:
             time, shard_id = split_marker_name(name)
-            yield Listed(key, time, shard_id)
+            yield Listed(key, time, shard_id, late=not seals.counts(shard_id))
 
 
 def iter_keyed(storage: Storage, keys: Iterable[str], threads: int = READ_THREADS) -> Iterator[tuple[str, bytes]]:

@@ -204,6 +204,9 @@ def put_marker(storage: Storage, key: str, data: bytes, fence: Fence | None) -> 
     started = time.monotonic()
     while True:
         fence.prove()  # between the data write and this one, the lease may have been lost: LeaseLost
+        # A writer stopped here (SIGSTOP, a PUT held in flight) lands this record after the proof expired: a taker
+        # seals its run token first, so it counts for nobody (seals.py).
+        fault_points().before("fenced", key)
         try:
             storage.put(key, data, budget_s=fence.attempt_s)
             return

@@ -1,0 +1,106 @@
+"""Issue 29: a taken-over writer's marker PUT already past its fence (a SIGSTOP between the fence and the write, a
+PUT held in flight) lands after the takeover. No write of the taker can refuse it on S3, so the taker seals the old
+run token first (store/seals.py) and every reader counts only the markers the seal names."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from tokenmill_runner.store.index_store import open_index, write_checkpoint
+from tokenmill_runner.store.lease import LEASE, LeaseKeeper, acquire, read_versioned
+from tokenmill_runner.store.lease_rules import Lease, LeaseTimes
+from tokenmill_runner.store.ledger import ShardContent, Slot
+from tokenmill_runner.store.manifest import Owner
+from tokenmill_runner.store.markers import list_commits, read_markers
+from tokenmill_runner.store.seals import encode_seal, read_seals, seal_key, seal_tokens
+from tokenmill_runner.store.shards import commit_shard, leftovers, read_ledger
+from tokenmill_runner.store.storage import LocalStorage
+
+from .counting_storage import rows
+
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+TIMES = LeaseTimes(stale_s=120.0)
+A, B = Owner(kind="cli", name="a"), Owner(kind="cli", name="b")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def take(storage, owner, token, **kwargs):
+    clock = Clock()
+    return acquire(storage, owner, f"host:1:{token}", token, times=TIMES, clock=clock, sleep=clock.sleep, **kwargs)
+
+
+def commit(storage, token: str, seq: int, lines: range, minute: int) -> None:
+    at = T0 + timedelta(minutes=minute)
+    commit_shard(storage, "d", f"w000-{token}-{seq:06d}", 0, ShardContent(rows("d", lines), []), clock=lambda: at)
+
+
+def slots(storage) -> list[int]:
+    return sorted(line for marker in read_markers(storage, "d") for line in marker["samples"]["line"])
+
+
+def test_a_marker_landing_after_a_takeover_counts_for_nobody_and_its_slots_are_the_taker_s(tmp_path):
+    storage = LocalStorage(tmp_path)
+    take(storage, A, "aaaa")
+    commit(storage, "aaaa", 1, range(1, 4), 1)
+    taker = take(storage, B, "bbbb", take_over=True)
+    assert taker.lease.sealing == (), "sealed before acquire returns: the first renewal drops the list"
+    stored = read_versioned(storage)
+    assert stored is not None and stored[0] is not None and stored[0].sealing == ("aaaa",), \
+        "until it is sealed, the record keeps the tokens for a taker that dies sealing"
+    assert read_seals(storage, "d").sealed == {"aaaa": frozenset({"w000-aaaa-000001"})}
+
+    commit(storage, "aaaa", 2, range(4, 7), 2)  # the old writer's marker PUT, past its fence before the takeover
+    listed = list(list_commits(storage, "d"))
+    assert [(entry.shard_id, entry.late) for entry in listed] == [("w000-aaaa-000001", False),
+                                                                   ("w000-aaaa-000002", True)]
+    ledger = read_ledger(storage, "d", 9)
+    assert ledger.outcome(Slot(4, 0)) is None, "the late marker's slots are not done: the taker generates them"
+    index, caught = open_index(storage, "d", 9)
+    assert caught.late == 1 and not index.ledger.is_done(Slot(5, 0))
+    assert "d/shards/w000-aaaa-000002.parquet" in set(leftovers(storage, "d")), "its data is an unmarked leftover"
+
+    commit(storage, "bbbb", 1, range(4, 10), 3)
+    assert slots(storage) == list(range(1, 10)), "every slot once: none counted twice"
+
+
+def test_a_checkpoint_that_folded_a_late_marker_is_folded_again_without_it(tmp_path, caplog):
+    storage = LocalStorage(tmp_path)
+    commit(storage, "aaaa", 1, range(1, 4), 1)
+    commit(storage, "aaaa", 2, range(4, 7), 2)
+    index, _ = open_index(storage, "d", 9)
+    write_checkpoint(storage, index, "w000")  # a reader folded marker 2 in the gap before the seal was written
+    storage.put_new(seal_key("d", "aaaa"), encode_seal("aaaa", ["w000-aaaa-000001"], "host:1:bbbb", T0))
+    again, caught = open_index(storage, "d", 9)
+    assert "folding every marker again" in caplog.text
+    assert caught.late == 1 and again.ledger.completed == 3 and again.ledger.outcome(Slot(4, 0)) is None
+
+
+def test_the_first_seal_of_a_token_wins(tmp_path):
+    storage = LocalStorage(tmp_path)
+    commit(storage, "aaaa", 1, range(1, 4), 1)
+    assert seal_tokens(storage, storage, ["aaaa"], "host:1:bbbb") == 1
+    commit(storage, "aaaa", 2, range(4, 7), 2)
+    assert seal_tokens(storage, storage, ["aaaa"], "host:1:cccc") == 0, "a second taker keeps the first seal"
+    assert read_seals(storage, "d").sealed["aaaa"] == frozenset({"w000-aaaa-000001"})
+
+
+def test_a_taker_that_died_while_sealing_leaves_the_tokens_to_the_next_one(tmp_path):
+    storage = LocalStorage(tmp_path)
+    commit(storage, "aaaa", 1, range(1, 4), 1)
+    storage.put(LEASE, Lease(B, "elsewhere:1:bbbb", T0, T0, ("bbbb",), sealing=("aaaa",)).encode(TIMES))
+    taker = take(storage, Owner(kind="cli", name="c"), "cccc")  # stale while watched: bbbb may be alive too
+    assert set(read_seals(storage, "d").sealed) == {"aaaa", "bbbb"}
+    keeper = LeaseKeeper(storage, taker, times=TIMES, every_s=3600)
+    keeper.renew()
+    stored = read_versioned(storage)
+    assert stored is not None and stored[0] is not None and stored[0].sealing == ()
