@@ -88,7 +88,9 @@ def test_a_checkpoint_that_folded_a_late_marker_is_folded_again_without_it(tmp_p
 def test_the_first_seal_of_a_token_wins(tmp_path):
     storage = LocalStorage(tmp_path)
     commit(storage, "aaaa", 1, range(1, 4), 1)
+    storage.put("plots/report.md", b"not a dataset")
     assert seal_tokens(storage, storage, ["aaaa"], "host:1:bbbb") == 1
+    assert list(storage.list("plots/")) == ["plots/report.md"], "only dataset folders are sealed"
     commit(storage, "aaaa", 2, range(4, 7), 2)
     assert seal_tokens(storage, storage, ["aaaa"], "host:1:cccc") == 0, "a second taker keeps the first seal"
     assert read_seals(storage, "d").sealed["aaaa"] == frozenset({"w000-aaaa-000001"})

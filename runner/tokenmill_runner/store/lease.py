@@ -7,6 +7,8 @@ cleans leftovers or commits anything:
   (below), or one whose version stayed unchanged while this run watched it for the stale period: replace it with
   If-Match: <the version read>; a 412 means someone else changed it first, and it is read again;
 - otherwise the run is refused, naming the holder.
+A run that replaces the lease of a holder that may still be alive (stale while watched, --take-over) seals that
+holder's run tokens before it returns (seals.py): a marker of theirs already past its fence then counts for nobody.
 It renews with If-Match: <its own last version>; a 412 means the lease is lost, at once. The store must honour
 conditional PutObject (S3, MinIO and moto do): it is probed once per store with writes that must be refused, and a
 store that accepts them is refused unless the user opts in (`spec.output.allowUnconditionalWrites`).

@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 
 from .bounded_get import get_bounded
-from .ledger import COMMITS
+from .ledger import COMMITS, ERRORS, SHARDS
 from .marker_names import is_marker_name, shard_id_of, token_of
 from .storage import PreconditionFailed, Storage
 
@@ -111,6 +111,10 @@ def seal_tokens(storage: Storage, writes: Any, tokens: Iterable[str], by: str,
         return 0
     written = 0
     for dataset in sorted(storage.folders("")):
+        # A marker lands only after its shard's files (PUT before the fence): a folder without them is no
+        # dataset a sealed writer can commit to (a report's plots, an export).
+        if not {COMMITS, SHARDS, ERRORS} & set(storage.folders(f"{dataset}/")):
+            continue
         prefix = f"{dataset}/{COMMITS}/"
         present: dict[str, set[str]] = {token: set() for token in wanted}
         for key in storage.list(prefix):
