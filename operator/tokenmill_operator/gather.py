@@ -5,7 +5,7 @@ objects that let the next reader skip what they cover)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -283,18 +283,19 @@ def kueue_workloads(kube: Kube, namespace: str) -> list[dict[str, Any]]:
 
 
 def observe_progress(storage: Storage, output: OutputIndex, now: datetime, started: datetime | None,
-                     stopped: Callable[[], bool] = never, full: bool = False
+                     stopped: Callable[[], bool] = never, full: bool = False,
+                     expected_output: Mapping[str, float] | None = None,
                      ) -> tuple[ProgressFacts | None, RunManifest | None]:
     """Progress from the markers against the run manifest's layout (None, None before a runner wrote one). `full`
     before a decision that ends the run: every marker name is listed, so a late PUT cannot make samples look
-    missing."""
+    missing. `expected_output`: the plan's mean output tokens per dataset, for the ETA of one not yet begun."""
     manifest = read_manifest(storage)
     if manifest is None:
         return None, None
     lines = {name: layout.last_line for name, layout in manifest.datasets.items()}
     samples = {name: layout.samples for name, layout in manifest.datasets.items()}
     indexes = output.follow(storage, lines, now, full, stopped, samples)
-    return progress_facts(indexes, manifest, now, started), manifest
+    return progress_facts(indexes, manifest, now, started, expected_output), manifest
 
 
 def observe_window(window: VerificationWindow, urls: list[str], planned_generation: int, now: datetime,

@@ -282,10 +282,13 @@ def _observed(context: Context, output: OutputIndex, storage: Storage, planning:
     # committed samples look missing. A run that already failed is listed fully only when it now looks settled
     # (a missed marker can only make it look less done, never done).
     full = job is not None and job.finished and previous.phase != "Failed"
+    planned = plan or previous.server_plan
+    expected = ({d.name: float(d.mean_output_tokens) for d in planned.prediction.datasets}
+                if planned is not None and planned.prediction is not None else {})
     progress, run = (None, None) if ended else observe_progress(storage, output, now, facts.job_started, stopped,
-                                                                full)
+                                                                full, expected)
     if progress is not None and progress.settled and job is not None and job.finished and not full:
-        progress, run = observe_progress(storage, output, now, facts.job_started, stopped, full=True)
+        progress, run = observe_progress(storage, output, now, facts.job_started, stopped, True, expected)
     given_up = (progress.overall if progress else previous.progress).given_up
     retry = plan_retry(context.retry_request, previous.retry, given_up, now)
     urls = _server_urls(context, plan)
@@ -296,7 +299,7 @@ def _observed(context: Context, output: OutputIndex, storage: Storage, planning:
     growing = changed and would_generate(spec, read_manifest(storage))
     reopened = reopen(previous, retry, desired_hash, ended_hash, growing)
     if reopened:
-        progress, run = observe_progress(storage, output, now, facts.job_started, stopped, full)
+        progress, run = observe_progress(storage, output, now, facts.job_started, stopped, full, expected)
     window = _window(context, output, planning, facts, urls, now, settings) if not ended else None
     return Observed(
         generation=context.generation, now=now, suspended=spec.suspend, previous=previous, name=context.name,

@@ -36,7 +36,9 @@ class Progress(SpecModel):
     truncated: int = Field(0, description="Committed samples that hit maxNewTokens (finish_reason length).")
     tokens_per_second: int = Field(0, description="Committed output tokens per second, recent window.")
     samples_per_second: str = Field("0", description="Committed samples per second, recent window (decimal).")
-    eta_seconds: int | None = Field(None, description="Estimated seconds until every sample is committed.")
+    eta_seconds: int | None = Field(None, description="Estimated seconds until every sample is committed: the "
+                                    "output tokens left (each dataset's committed mean once it has 32 samples, the "
+                                    "plan's before) at the run's recent output tokens/s.")
     eta: str = Field("", description="ETA as HH:MM:SS, for kubectl.")
     display: str = Field("", description="completed+failed/total (percent), for kubectl.")
     given_up: int = Field(0, description="Failed samples given up for a server-side reason (retries exhausted, bad "
@@ -47,6 +49,9 @@ class Progress(SpecModel):
 
 class DatasetProgress(Progress):
     name: str = Field(description="Dataset name.")
+    eta_seconds: int | None = Field(None, description="Seconds this dataset's remaining samples take at the run's "
+                                    "recent output tokens/s (datasets run one after another: the run's ETA is their "
+                                    "sum).")
 
 
 class ReportStatus(SpecModel):

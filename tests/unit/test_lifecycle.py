@@ -181,10 +181,29 @@ def test_progress_rates_and_eta_from_marker_times():
     assert overall.generated_tokens == 50 * 100 + 60 * 200 + 40 * 50
     # Only the last 10 minutes count: 60 + 40 + 20 samples, 12000 + 2000 tokens over 600 s.
     assert overall.samples_per_second == "0.200" and overall.tokens_per_second == 23
-    assert overall.eta_seconds == (600 - 170) / 0.2 and overall.eta == "00:35:50"
+    # The ETA is the output tokens left at that token rate: a's 390 at its own mean (17,000 / 110), b's 40 at 50.
+    assert overall.eta_seconds == int((390 * 17000 / 110 + 40 * 50) / (14000 / 600)) and overall.eta == "00:44:29"
     assert overall.display == "170/600 (28.3%)"
     assert [d.name for d in facts.datasets] == ["a", "b"] and facts.datasets[1].failed == 20
     assert facts.last_commit_time == T0 - timedelta(minutes=2)
+
+
+def test_the_eta_follows_each_dataset_s_lengths_not_the_sample_rate_of_the_one_running():
+    # Issue 27: datasets run one after another. 150 of 200 long answers (1,000 tokens) are in, 60 of them in the
+    # last 10 minutes (100 tok/s, 0.1 samples/s); the short dataset (the plan: 100 tokens) has not started. What
+    # is left takes 50 x 1,000 / 100 = 500 s and then 200 x 100 / 100 = 200 s; samples/s said 2,500 s.
+    started = T0 - timedelta(hours=1)
+    markers = {"long": [marker(T0 - timedelta(minutes=30), [1000] * 90),
+                        marker(T0 - timedelta(minutes=5), [1000] * 60, first=91)]}
+    facts = progress_facts(indexes(markers), layout({"long": 200, "short": 200}), T0, started,
+                           expected_output={"long": 3000.0, "short": 100.0})
+    assert facts.overall.samples_per_second == "0.100"
+    assert facts.overall.eta_seconds == 700
+    assert [(d.name, d.eta_seconds) for d in facts.datasets] == [("long", 500), ("short", 200)], \
+        "each dataset's remaining work at the run's rate; the long one by its own mean, not the plan's"
+    # Without a plan, a dataset with no answers yet is assumed as long as the run's answers so far.
+    unplanned = progress_facts(indexes(markers), layout({"long": 200, "short": 200}), T0, started)
+    assert unplanned.overall.eta_seconds == 500 + 2000
 
 
 def test_operator_metrics_follow_the_status_and_vanish_on_delete():
