@@ -15,7 +15,7 @@ from .facts.server_info import ServerFacts, client_options, runnable_requests, s
 from .generate.client import GenerateClient, RetryPolicy, healthy_servers
 from .generate.conversation import unread_call_format
 from .generate.discovery import discover
-from .generate.pipeline import DatasetState, Runner
+from .generate.pipeline import TYPICAL_OUTPUT_SHARE, DatasetState, Runner
 from .generate.replica_health import HealthPolicy
 from .generate.sampling_defaults import apply_model_defaults, model_sampling_defaults
 from .generate.seeds import seed_rule
@@ -54,11 +54,9 @@ from .store.shards import ShardBuffer, clean_leftovers, new_run_token
 from .store.storage import Storage, open_storage
 
 logger = logging.getLogger(__name__)
-# A typical request, for sizing concurrency before any output is seen (the seeds: mean output ~0.13-0.14 of a
-# 10240 cap, prompts 75-1130 tokens).
+# A typical request, for sizing concurrency before any output is seen (prompts 75-1130 tokens in the seeds; the
+# output share is DatasetState's).
 TYPICAL_PROMPT_TOKENS = 512
-TYPICAL_OUTPUT_SHARE = 0.15
-MIN_OBSERVED_ROWS = 32
 
 
 def resolve_context_length(config: RunnerConfig, server_info: dict[str, Any], info: TokenizerInfo) -> int:
@@ -137,16 +135,8 @@ def prepare_states(config: RunnerConfig, storage: Storage, model_defaults: dict[
             buffer=ShardBuffer(spec.runner.shard_max_samples, spec.runner.shard_max_seconds),
         ))
     # Longest expected outputs first, so the run does not end on one long request with an idle GPU.
-    states.sort(key=lambda state: -expected_output_tokens(state))
+    states.sort(key=lambda state: -state.mean_output_expected())
     return states, layouts
-
-
-def expected_output_tokens(state: DatasetState) -> float:
-    """Mean output length observed in what is committed (after a restart), else a share of the cap."""
-    ledger = state.ledger
-    if ledger.completed >= MIN_OBSERVED_ROWS:
-        return ledger.completion_tokens / ledger.completed
-    return TYPICAL_OUTPUT_SHARE * (state.sampling.max_new_tokens or 0)
 
 
 def spec_hash(spec: DatasetGenerationSpec) -> str:

@@ -63,9 +63,14 @@ class Snapshot:
     tokens_per_s: float
     in_flight: int
     elapsed_s: float
+    tokens_left: float | None = None  # output tokens the unsettled slots are expected to take (None: unknown)
 
     @property
     def eta_s(self) -> float | None:
+        """The tokens left at the recent token rate: datasets run one after another and their outputs differ by
+        10x and more, so samples/s measured on one times the next wrongly (the operator projects the same way)."""
+        if self.tokens_left is not None and self.tokens_per_s > 0:
+            return self.tokens_left / self.tokens_per_s if self.total > self.done else 0.0
         return eta_seconds(self.total - self.done, self.samples_per_s)
 
 

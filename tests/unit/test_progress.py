@@ -25,3 +25,13 @@ def test_progress_line_shows_what_a_person_asks():
     for part in ("250/1000", "25.0%", "failed 3", "4,321 tok/s", "5.00 samples/s", "in flight 64",
                  "ETA 00:02:30"):
         assert part in line
+
+
+def test_the_eta_follows_the_lengths_left_not_the_sample_rate_of_the_dataset_running():
+    # A long dataset (1,000-token answers, 0.1 samples/s at 100 tok/s) before a short one: 200 short samples of
+    # 100 tokens take 200 s, not the 2,000 s samples/s says.
+    snapshot = Snapshot(done=200, total=400, failed=0, samples_per_s=0.1, tokens_per_s=100.0, in_flight=8,
+                        elapsed_s=600.0, tokens_left=200 * 100)
+    assert snapshot.eta_s == 200.0
+    assert Snapshot(done=400, total=400, failed=0, samples_per_s=0.0, tokens_per_s=100.0, in_flight=0,
+                    elapsed_s=1.0, tokens_left=0.0).eta_s == 0.0

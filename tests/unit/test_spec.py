@@ -132,7 +132,6 @@ def test_auto_concurrency_fills_the_servers_and_keeps_a_queue():
 
 def test_datasets_run_longest_expected_first():
     from tokenmill_runner.generate.pipeline import DatasetState
-    from tokenmill_runner.prepare import expected_output_tokens
     from tokenmill_runner.store.ledger import DatasetLedger
     from tokenmill_runner.store.shards import ShardBuffer
 
@@ -146,9 +145,9 @@ def test_datasets_run_longest_expected_first():
         return DatasetState(spec=dataset, index=index, sampling=spec.sampling_for(dataset), ledger=ledger,
                             buffer=ShardBuffer(1, 1), slots=10)
 
-    assert expected_output_tokens(state(0)) == 0.15 * 32768  # nothing seen yet: a share of the cap
-    assert expected_output_tokens(state(1)) == 0.15 * 1000
-    assert expected_output_tokens(state(1, rows=40, tokens=40 * 9000)) == 9000  # what was committed wins
+    assert state(0).mean_output_expected() == 0.15 * 32768  # nothing seen yet: a share of the cap
+    assert state(1).mean_output_expected() == 0.15 * 1000
+    assert state(1, rows=40, tokens=40 * 9000).mean_output_expected() == 9000  # what was committed wins
 
 
 @pytest.mark.parametrize("arg", ["--api-ke=known-key", "--hos=127.0.0.1", "--trust-remote-code", "--config",

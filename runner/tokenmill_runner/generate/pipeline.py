@@ -106,6 +106,11 @@ class CommitFailed(RuntimeError):
     """A shard could not be committed: the store stayed unavailable past its retry budget."""
 
 
+# Before a dataset's own answers are seen: the seeds' mean output was ~0.13-0.14 of a 10,240 cap.
+TYPICAL_OUTPUT_SHARE = 0.15
+MIN_OBSERVED_ROWS = 32  # committed samples of a dataset before its own mean output length is trusted
+
+
 @dataclass
 class DatasetState:
     spec: DatasetSpec
@@ -148,6 +153,13 @@ class DatasetState:
     @property
     def done(self) -> int:
         return self.skipped + self.generated + sum(self.failed.values())
+
+    def mean_output_expected(self) -> float:
+        """Mean output length observed in what is committed (every worker's, kept current), else a share of the
+        cap."""
+        if self.ledger.completed >= MIN_OBSERVED_ROWS:
+            return self.ledger.completion_tokens / self.ledger.completed
+        return TYPICAL_OUTPUT_SHARE * (self.sampling.max_new_tokens or 0)
 
 
 def open_slots(state: DatasetState, line: int, retry_failed: bool) -> list[int]:
@@ -643,4 +655,5 @@ class Runner:
             done=sum(s.done for s in self.states), total=sum(s.slots for s in self.states),
             failed=sum(sum(s.failed.values()) for s in self.states), samples_per_s=samples_per_s,
             tokens_per_s=tokens_per_s, in_flight=self.in_flight, elapsed_s=now - self._started,
+            tokens_left=sum(max(s.slots - s.done, 0) * s.mean_output_expected() for s in self.states),
         )
