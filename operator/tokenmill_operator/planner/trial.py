@@ -14,9 +14,9 @@ The rules (docs/planning.md, "4d. A measured trial"):
 2. Steady state (`steady_state`) on (time, gen_throughput, num_running_reqs, num_queue_reqs) samples: the warm-up
    ends once the batch has filled (requests queued, or running at the cap) and the running count has stopped rising
    (within RISE_TOLERANCE over SETTLE_S); from there, once WINDOW_S of filled samples are in and the last window's
-   throughput has a coefficient of variation and a change between its halves both under CV_MAX, the steady
-   throughput is the stretch's mean with a Student-t interval whose sample count is corrected for the samples'
-   lag-1 autocorrelation. Otherwise "not yet", with the reason.
+   throughput has a coefficient of variation under CV_MAX and a change between its halves' means under CHANGE_MAX,
+   the steady throughput is the stretch's mean with a Student-t interval whose sample count is corrected for the
+   samples' lag-1 autocorrelation. Otherwise "not yet", with the reason.
 3. The stopping rule (`should_stop`): a candidate is measured until its interval is disjoint from every other
    measured candidate's (ranked), or, for the first one, narrower than PRECISION; or until its time budget is spent,
    when it is ranked on what is there and flagged. `conclude` picks the measured fastest (flagged when its interval
@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -54,7 +54,8 @@ RISE_TOLERANCE = 0.05
 CAP_SHARE = 0.95  # running at or above this share of the cap counts as full
 WINDOW_S = 60.0  # the window whose stability is tested
 MIN_SAMPLES = 6
-CV_MAX = 0.10  # coefficient of variation and relative change between the window's halves
+CV_MAX = 0.10  # coefficient of variation of the window's throughput samples
+CHANGE_MAX = 0.05  # relative change between the means of the window's halves (a trend)
 FILLED_SHARE = 0.9  # of the window's samples with the batch full (a draining batch is not steady)
 CONFIDENCE = 0.95
 # Stopping.
@@ -268,7 +269,7 @@ def _interval(values: Sequence[float], confidence: float) -> tuple[float, float,
 
 
 def steady_state(points: Sequence[MetricPoint], cap: float | None = None, window_s: float = WINDOW_S,
-                 cv_max: float = CV_MAX, min_samples: int = MIN_SAMPLES, settle_s: float = SETTLE_S,
+                 cv_max: float = CV_MAX, change_max: float = CHANGE_MAX, min_samples: int = MIN_SAMPLES, settle_s: float = SETTLE_S,
                  confidence: float = CONFIDENCE) -> Steady:
     """Rule 2 on one candidate's samples so far (in time order). `cap`: its max running requests, when known."""
     points = [p for p in points if p.gen_throughput > 0]
@@ -292,12 +293,12 @@ def steady_state(points: Sequence[MetricPoint], cap: float | None = None, window
         return Steady(False, "the batch is not full over the window")
     values = [p.gen_throughput for p in window]
     cv, change = _cv(values), _halves_change(values)
-    if cv > cv_max or change > cv_max:
-        return Steady(False, f"not steady: throughput CV {cv:.1%}, change between the window's halves {change:.1%} "
-                             f"(at most {cv_max:.0%})")
+    if cv > cv_max or change > change_max:
+        return Steady(False, f"not steady: throughput CV {cv:.1%} (at most {cv_max:.0%}), change between the "
+                             f"window's halves {change:.1%} (at most {change_max:.0%})")
     # The longest steady stretch: from the warm-up's end unless it drifts, else the last window.
     whole = [p.gen_throughput for p in stretch]
-    used = stretch if _halves_change(whole) <= cv_max / 2 else window
+    used = stretch if _halves_change(whole) <= change_max / 2 else window
     mean, low, high = _interval([p.gen_throughput for p in used], confidence)
     return Steady(True, "steady", mean, low, high, used[0].t, used[-1].t, len(used), _cv([p.gen_throughput for p in used]))
 
@@ -342,6 +343,22 @@ def finish(current: Measurement, stop: Stop) -> Measurement:
     """The measurement as it is kept: flagged when it stopped on its budget (should_stop says "ranked" or "precise"
     first whenever either holds)."""
     return Measurement(current.name, current.steady, current.elapsed_s, current.budget_s, stop == "budget")
+
+
+def measure(name: str, points: Iterable[MetricPoint], budget_s: float, others: Sequence[Measurement] = (),
+            cap: float | None = None, precision: float = PRECISION) -> tuple[Measurement, Stop]:
+    """One candidate's measurement, its samples taken as they come until should_stop says stop (the operator calls
+    steady_state and should_stop scrape by scrape; this is that loop over a finished series). Time is counted
+    from the first sample; a series that ends first is ranked on what is there, flagged."""
+    seen: list[MetricPoint] = []
+    current = Measurement(name, Steady(False, "no samples"), 0.0, budget_s)
+    for p in points:
+        seen.append(p)
+        current = Measurement(name, steady_state(seen, cap), p.t - seen[0].t, budget_s)
+        stop = should_stop(current, others, precision)
+        if stop != "continue":
+            return finish(current, stop), stop
+    return finish(current, "budget"), "budget"
 
 
 @dataclass(frozen=True)
