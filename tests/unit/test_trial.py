@@ -273,3 +273,17 @@ def test_margin_is_verify_decides():
     # Remaining 11,000 s on a, 10,000 s on b: a gain of 1,000 s against a restart of 300 s + the 600 s floor.
     assert conclude([a, b], "a", 1.1e7, 300).continue_on == "b"
     assert conclude([a, b], "a", 1.1e7, 1000 - MARGIN_FLOOR_S + 1).continue_on == "a"
+
+
+def test_over_ten_prompt_samples_fifteen_percent_is_always_ranked_and_two_percent_never_wrongly():
+    """The rule's error rates, not one lucky seed: 99 % intervals looked at after every scrape, at least 90 s of
+    steady time and 3 % apart before a rank."""
+    outcomes: dict[float, list[tuple[str, bool]]] = {1.15: [], 1.02: []}
+    for speed, out in outcomes.items():
+        for s in range(10):
+            a, _ = measure("a", series(1.0, seed=100 + s), BUDGET_S, [], cap=CAP)
+            b, stop = measure("b", series(speed, seed=200 + s), BUDGET_S, [a], cap=CAP)
+            out.append((stop, b.steady.throughput > a.steady.throughput))
+    assert all(stop == "ranked" and right for stop, right in outcomes[1.15])
+    ranked = [right for stop, right in outcomes[1.02] if stop == "ranked"]
+    assert len(ranked) <= 1 and all(ranked)

@@ -18,7 +18,7 @@ The rules (docs/planning.md, "4d. A measured trial"):
    the steady throughput is the stretch's mean with a Student-t interval whose sample count is corrected for the
    samples' lag-1 autocorrelation. Otherwise "not yet", with the reason.
 3. The stopping rule (`should_stop`): a candidate is measured until its interval is disjoint from every other
-   measured candidate's (ranked), or, for the first one, narrower than PRECISION; or until its time budget is spent,
+   measured candidate's and its throughput at least RESOLUTION (3 %) from theirs (ranked), or, for the first one, narrower than PRECISION; or until its time budget is spent,
    when it is ranked on what is there and flagged. `conclude` picks the measured fastest (flagged when its interval
    overlaps the runner-up's) and decides whether to continue on it with verify.decide: its remaining ETA plus one
    more restart (none when it is the one running) against staying, with decide's margin (5 % of the remaining time,
@@ -57,9 +57,17 @@ MIN_SAMPLES = 6
 CV_MAX = 0.10  # coefficient of variation of the window's throughput samples
 CHANGE_MAX = 0.05  # relative change between the means of the window's halves (a trend)
 FILLED_SHARE = 0.9  # of the window's samples with the batch full (a draining batch is not steady)
-CONFIDENCE = 0.95
+# The interval's level. The stopping rule looks at it after every scrape, and each look is another chance for
+# noise to part two intervals: 99 %, not 95 %, keeps that from ranking candidates 2 % apart (tests/unit/test_trial.py).
+CONFIDENCE = 0.99
 # Stopping.
 PRECISION = 0.02  # relative half-width at which the first candidate is measured well enough
+# The smallest relative difference a trial ranks, disjoint intervals or not: the interval holds the gauge's noise,
+# not the spread between the candidates' different prompt samples nor the batch's mix still moving toward the job's
+# in the first minutes. Below it a switch would not pay anyway: decide's margin alone is 5 % of the remaining time.
+RESOLUTION = 0.03
+# Nor is a candidate ranked on less than this much steady time (one window is a minute of noisy gauges).
+MIN_RANK_S = 90.0
 
 Stop = Literal["continue", "ranked", "precise", "budget"]
 
@@ -208,12 +216,16 @@ class Steady:
 
 
 def _t_quantile(df: float, confidence: float = CONFIDENCE) -> float:
-    """Two-sided Student-t quantile; 95 % by table (interpolated in 1/df), other levels by the normal's."""
+    """Two-sided Student-t quantile: 95 % and 99 % by table (interpolated in 1/df), other levels the normal's with
+    a small-sample widening."""
     z = statistics.NormalDist().inv_cdf(0.5 + confidence / 2)
-    if confidence != 0.95:
+    tables = {0.95: ((1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776), (5, 2.571), (6, 2.447), (8, 2.306),
+                     (10, 2.228), (15, 2.131), (20, 2.086), (30, 2.042), (60, 2.000), (120, 1.980)),
+              0.99: ((1, 63.657), (2, 9.925), (3, 5.841), (4, 4.604), (5, 4.032), (6, 3.707), (8, 3.355),
+                     (10, 3.169), (15, 2.947), (20, 2.845), (30, 2.750), (60, 2.660), (120, 2.617))}
+    table = tables.get(confidence)
+    if table is None:
         return z * (1 + 1 / max(df, 1.0))
-    table = ((1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776), (5, 2.571), (6, 2.447), (8, 2.306), (10, 2.228),
-             (15, 2.131), (20, 2.086), (30, 2.042), (60, 2.000), (120, 1.980))
     if df <= 1:
         return table[0][1]
     for (d0, q0), (d1, q1) in zip(table, table[1:], strict=False):
@@ -296,9 +308,13 @@ def steady_state(points: Sequence[MetricPoint], cap: float | None = None, window
     if cv > cv_max or change > change_max:
         return Steady(False, f"not steady: throughput CV {cv:.1%} (at most {cv_max:.0%}), change between the "
                              f"window's halves {change:.1%} (at most {change_max:.0%})")
-    # The longest steady stretch: from the warm-up's end unless it drifts, else the last window.
-    whole = [p.gen_throughput for p in stretch]
-    used = stretch if _halves_change(whole) <= change_max / 2 else window
+    # The longest steady stretch: from the warm-up's end, or the latest start past it whose stretch to now does not
+    # drift (its halves within half of change_max); the last window at least.
+    used = window
+    for i in range(len(stretch) - len(window) + 1):
+        if _halves_change([p.gen_throughput for p in stretch[i:]]) <= change_max / 2:
+            used = stretch[i:]
+            break
     mean, low, high = _interval([p.gen_throughput for p in used], confidence)
     return Steady(True, "steady", mean, low, high, used[0].t, used[-1].t, len(used), _cv([p.gen_throughput for p in used]))
 
@@ -319,8 +335,10 @@ class Measurement:
     flagged: bool = False  # stopped on its budget without being ranked against the others
 
 
-def _separated(a: Steady, b: Steady) -> bool:
-    return a.low > b.high or b.low > a.high
+def _separated(a: Steady, b: Steady, resolution: float = RESOLUTION) -> bool:
+    """Ranked apart: disjoint intervals and point estimates at least `resolution` apart."""
+    disjoint = a.low > b.high or b.low > a.high
+    return disjoint and abs(a.throughput - b.throughput) >= resolution * min(a.throughput, b.throughput)
 
 
 def should_stop(current: Measurement, others: Sequence[Measurement], precision: float = PRECISION) -> Stop:
@@ -330,7 +348,7 @@ def should_stop(current: Measurement, others: Sequence[Measurement], precision: 
     s = current.steady
     measured = [o for o in others if o.steady.found]
     if s.found:
-        if measured and all(_separated(s, o.steady) for o in measured):
+        if measured and s.end_t - s.start_t >= MIN_RANK_S and all(_separated(s, o.steady) for o in measured):
             return "ranked"
         if not measured and s.half_width <= precision:
             return "precise"
