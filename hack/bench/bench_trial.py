@@ -21,6 +21,7 @@ import argparse
 import json
 import random
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -91,7 +92,18 @@ def steady_rate(speed: float) -> float:
     return sum(tail) / len(tail)
 
 
-def scenario(plan, truth: dict[str, float], noise: float, seed: int) -> dict[str, object]:
+@dataclass(frozen=True)
+class Outcome:
+    without: float  # the job's ETA on the plan's pick, seconds
+    with_trial: float
+    oracle: float  # on the true best from the start
+    best: str
+    winner: str  # the layout the job continues on
+    action: str
+    flagged: bool
+
+
+def scenario(plan, truth: dict[str, float], noise: float, seed: int) -> Outcome:
     opts = {o.name: o for o in options(plan)}
     pick = next(o for o in opts.values() if o.running)
     trial = plan_trial(plan)
@@ -109,8 +121,7 @@ def scenario(plan, truth: dict[str, float], noise: float, seed: int) -> dict[str
     best = max(opts, key=lambda n: rate[n])
     oracle = startup + tokens / rate[best]
     if not trial.worthwhile:
-        return {"without": without, "with": without, "oracle": oracle, "best": best, "trial": "none",
-                "winner": pick.name, "action": "no trial", "cost": 0.0, "flagged": False}
+        return Outcome(without, without, oracle, best, pick.name, "no trial", False)
     clock, done = startup, 0.0
     measured: list[Measurement] = []
     for i, name in enumerate(trial.candidates):
@@ -132,9 +143,7 @@ def scenario(plan, truth: dict[str, float], noise: float, seed: int) -> dict[str
         action = f"switch {short(running)} -> {short(final)}"
     elif result.decision is not None:
         action = f"stay on {short(running)}"
-    return {"without": without, "with": with_trial, "oracle": oracle, "best": best,
-            "trial": f"{len(trial.candidates)} x {trial.measure_s:.0f} s", "winner": final, "action": action,
-            "cost": clock - startup - done / rate[final], "flagged": result.flagged}
+    return Outcome(without, with_trial, oracle, best, final, action, result.flagged)
 
 
 def short(name: str) -> str:
@@ -157,11 +166,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{'no trial':>9} {'trial':>8} {'best':>8} {'gain':>7}")
     for label, truth in GRID:
         r = scenario(plan, truth, args.noise, args.seed)
-        gain = float(r["without"]) - float(r["with"])  # type: ignore[arg-type]
-        print(f"{label:<40} {short(str(r['best'])):>9} {short(str(r['winner'])):>13} "
-              f"{'flag' if r['flagged'] else '':>6} {str(r['action']):<24} "
-              f"{float(r['without']) / 3600:>8.2f}h {float(r['with']) / 3600:>7.2f}h "  # type: ignore[arg-type]
-              f"{float(r['oracle']) / 3600:>7.2f}h {gain / 3600:>+6.2f}h")  # type: ignore[arg-type]
+        gain = r.without - r.with_trial
+        print(f"{label:<40} {short(r.best):>9} {short(r.winner):>13} {'flag' if r.flagged else '':>6} "
+              f"{r.action:<24} {r.without / 3600:>8.2f}h {r.with_trial / 3600:>7.2f}h {r.oracle / 3600:>7.2f}h "
+              f"{gain / 3600:>+6.2f}h")
     small = seeds_plan(300)
     t = plan_trial(small)
     p = next(o for o in options(small) if o.running)
