@@ -185,6 +185,7 @@ def test_the_candidates_are_those_the_plan_cannot_tell_from_the_best_within_the_
     assert trial.worthwhile and trial.cost_s <= trial.budget_s == BUDGET_SHARE * 200_000
     capped = select(options(), restart_s=600, max_candidates=2)
     assert capped.candidates == ("dp4", "dp2")
+    assert not select(options(), restart_s=600, max_candidates=1).worthwhile
     # Restarts of 3,500 s: 5 % of 200,000 s pays for one switch only (3,500 + 300 + 3,500 back; two: 11,100 s).
     slow = select(options(), restart_s=3500)
     assert slow.candidates == ("dp4", "dp2") and slow.cost_s <= slow.budget_s

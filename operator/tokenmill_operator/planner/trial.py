@@ -152,6 +152,8 @@ def select(choices: Sequence[Option], restart_s: float, budget_share: float = BU
         return TrialPlan((first.name,), measure_s, restart_s, budget,
                          "no other candidate's predicted ETA interval overlaps the best one's")
     wanted = close[:max(0, max_candidates - 1)]
+    if not wanted:
+        return TrialPlan((first.name,), measure_s, restart_s, budget, f"max_candidates {max_candidates}: no alternative")
 
     def cost(n: int, measure: float) -> float:
         return n * (restart_s + measure) + restart_s
