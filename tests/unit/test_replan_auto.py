@@ -205,3 +205,57 @@ def test_an_override_is_plain_status_data():
     assert dumped["layoutOverride"]["toLayout"] == "8 x TP 1" and dumped["layoutOverride"]["generation"] == 3
     again = DatasetGenerationStatus.model_validate(dumped)
     assert isinstance(again.layout_override, LayoutOverride) and again.layout_override.token == "3:8x1x1:auto"
+
+
+def test_the_reconcile_pass_switches_once_from_the_windows_samples_and_keeps_the_constants(s3_endpoint: str,
+                                                                                          s3_bucket: str):
+    """The edge's glue (reconcile._record_constants): the model files read from S3, the refit kept in the
+    ConfigMap, the re-plan, the chosen layout planned and recorded; a second checked window in the same generation
+    switches nothing."""
+    from tokenmill_operator.reconcile import Context, OperatorSettings, _record_constants
+    from tokenmill_operator.server_metrics import WindowFacts
+    from tokenmill_operator.status import Progress, VerificationStatus
+    from tokenmill_runner.store.storage import open_storage
+
+    from .test_measured_constants import ConfigMaps
+
+    open_storage(f"s3://{s3_bucket}/qwen/", s3_endpoint).put("config.json", json.dumps(DATA["config"]).encode())
+    document = spec_doc()
+    document["spec"]["model"] = {"path": f"s3://{s3_bucket}/qwen/", "weightBytes": DATA["weight_bytes"]}
+    document["spec"]["output"]["endpoint"] = s3_endpoint
+    spec = parse_document(document).spec
+    plan = plan_server(spec, QWEN)
+    assert running_layout(plan) == (2, 4, 1, "auto")
+    step = plan_step_model(spec, QWEN, plan.cuda_driver_major, CALIBRATION)
+    truth = replace(step, calibration=Refit(1.0, 10.0, 1.0, 0, 0, 0, ()).calibration(CALIBRATION))
+    window = WindowFacts(NOW, tuple(StepSample(b, 3000, truth.step_seconds(b, 3000)) for b in (1, 2, 4, 8, 16, 32)),
+                         0, 0.0)
+    checked = VerificationStatus(verified=False, predicted_batch=950, observed_batch=32,
+                                 predicted_step_milliseconds="1", observed_step_milliseconds="1", samples=6,
+                                 window_seconds=600, at="t", planned_generation=3)
+    status = DatasetGenerationStatus(phase="Generating", server_plan=plan, verification=checked, planned_generation=3,
+                                     observed_generation=3, progress=Progress(completed=20, total=75))
+    decision = Decision(status, server_replicas=2)
+    context = Context(body=document, name="q", namespace="ns", generation=3, spec=spec,
+                      previous=DatasetGenerationStatus(planned_generation=3, server_plan=plan))
+    kube = ConfigMaps()
+    after = _record_constants(kube, context, None, decision, window, OperatorSettings(operator_namespace="ops"))
+    assert after.status.layout_override is not None and after.status.layout_override.to_layout == "8 x TP 1"
+    assert running_layout(after.status.server_plan) == (8, 1, 1, "auto")
+    assert [e.reason for e in after.events] == ["ConstantsMeasured", "Replanned"]
+    assert kube.objects[("ops", "tokenmill-measured-constants")]["data"]
+    # The remaining share is the progress's: 55 of 75 samples left.
+    replanned = constants.replan(SPEC, PLAN, measured_on(10.0))
+    generation_s = {(c.replicas, c.tensor_parallel): c.prediction.generation_seconds for c in replanned.candidates
+                    if c.prediction is not None and c.kv_cache_dtype == "auto" and c.attention_data_parallel == 1}
+    override = after.status.layout_override
+    assert override.current_eta_seconds == pytest.approx(generation_s[2, 4] * 55 / 75, abs=2)
+    assert override.new_eta_seconds == pytest.approx(generation_s[8, 1] * 55 / 75, abs=2)
+    # Once switched in generation 3, the same generation never switches again: at most it suggests.
+    again = _record_constants(ConfigMaps(), Context(**{**context.__dict__, "previous": after.status}), None,
+                              replace(decision, status=after.status.model_copy(update={"server_plan": plan})),
+                              window, OperatorSettings(operator_namespace="ops"))
+    assert again.status.layout_override == after.status.layout_override
+    assert running_layout(again.status.server_plan) == (2, 4, 1, "auto")  # not switched a second time
+    assert "Replanned" not in [e.reason for e in again.events]
+    assert any(c.type == "ReplanSuggested" and c.status == "True" for c in again.status.conditions)
