@@ -453,7 +453,7 @@ def _record_constants(kube: Kube, context: Context, credentials: dict[str, str] 
         except (PlanError, LookupError, ValueError) as error:
             logger.warning("%s/%s: cannot plan the layout %s: %s", context.namespace, context.name, found.best, error)
             pinned = None
-        switched = switched_plan(plan, pinned, found) if pinned is not None else None
+        switched = switched_plan(plan, pinned, found, replanned) if pinned is not None else None
         if switched is not None:
             return with_switch(decision, found, plan, switched, now_utc(), generation)
         # A layout the pinned spec does not plan as compared is not run: said as a suggestion instead.

@@ -106,6 +106,12 @@ def test_the_switched_plan_is_the_chosen_layouts_own_plan_on_the_measured_consta
     assert switched.reasoning[0].startswith("switched by the operator (spec.server.replan auto) from 2 x TP 4 to "
                                             "8 x TP 1")
     assert switched.overrides == PLAN.overrides
+    # With the re-plan, the candidates are the layouts compared, the chosen one marked.
+    listed = switched_plan(PLAN, pinned, found, replanned)
+    assert listed is not None and listed.candidates != switched.candidates
+    assert [(c.replicas, c.tensor_parallel, c.kv_cache_dtype) for c in listed.candidates if c.chosen] == [
+        (8, 1, "auto")]
+    assert len(listed.candidates) == len(replanned.candidates)
     # A plan that is not the compared layout, or a decision that does not switch, switches nothing.
     assert switched_plan(PLAN, PLAN, found) is None
     assert switched_plan(PLAN, pinned, replace(found, action="suggest")) is None
@@ -116,7 +122,8 @@ def test_the_switched_plan_is_the_chosen_layouts_own_plan_on_the_measured_consta
 def switch_decision(generation: int = 3) -> tuple[Decision, Decision]:
     measured = measured_on(10.0)
     found = replan_decision(PLAN, constants.replan(SPEC, PLAN, measured), 0.8, "auto")
-    switched = switched_plan(PLAN, constants.plan_layout(SPEC, PLAN, measured, found.layout), found)
+    switched = switched_plan(PLAN, constants.plan_layout(SPEC, PLAN, measured, found.layout), found,
+                             constants.replan(SPEC, PLAN, measured))
     base = Decision(DatasetGenerationStatus(phase="Generating", server_plan=PLAN, planned_generation=generation,
                                             observed_generation=generation), server_replicas=2)
     return base, with_switch(base, found, PLAN, switched, NOW, generation)
@@ -243,6 +250,7 @@ def test_the_reconcile_pass_switches_once_from_the_windows_samples_and_keeps_the
     assert after.status.layout_override is not None and after.status.layout_override.to_layout == "8 x TP 1"
     assert running_layout(after.status.server_plan) == (8, 1, 1, "auto")
     assert [e.reason for e in after.events] == ["ConstantsMeasured", "Replanned"]
+    assert [(c.replicas, c.tensor_parallel) for c in after.status.server_plan.candidates if c.chosen] == [(8, 1)]
     assert kube.objects[("ops", "tokenmill-measured-constants")]["data"]
     # The remaining share is the progress's: 55 of 75 samples left.
     replanned = constants.replan(SPEC, PLAN, measured_on(10.0))

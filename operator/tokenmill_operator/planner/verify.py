@@ -166,18 +166,26 @@ def pinned_spec(spec: DatasetGenerationSpec, layout: LayoutKey) -> DatasetGenera
     return spec.model_copy(update={"server": server})
 
 
-def switched_plan(running: ServerPlan, pinned: ServerPlan, replan: Decision) -> ServerPlan | None:
+def switched_plan(running: ServerPlan, pinned: ServerPlan, replan: Decision,
+                  replanned: ServerPlan | None = None) -> ServerPlan | None:
     """The plan the server switches to: `pinned` (the spec pinned to the re-plan's best layout, planned with the
     measured constants), its arithmetic led by why it was chosen. None when it is not that layout after all (the
-    pinned spec planned something else): the running plan stays rather than a layout no one compared."""
+    pinned spec planned something else): the running plan stays rather than a layout no one compared. With
+    `replanned` (the spec's own re-plan on the same constants) its candidates are the ones compared, the chosen one
+    marked, instead of the pinned plan's, whose other layouts all read "spec.server.tensorParallel is ...": a field
+    the user never set."""
     if replan.action != "switch" or replan.layout is None or running_layout(pinned) != replan.layout:
         return None
     why = (f"switched by the operator (spec.server.replan auto) from {layout_name(*running_layout(running))} to "
            f"{replan.best}: on the measured constants the remaining work takes {replan.best_eta_s:,.0f} s instead "
            f"of {replan.current_eta_s:,.0f} s; the gain {replan.gain_s:,.0f} s beats the restart "
            f"{replan.restart_s:,.0f} s + margin {replan.margin_s:,.0f} s")
+    candidates = pinned.candidates if replanned is None else [
+        c.model_copy(update={"chosen": (c.replicas, c.tensor_parallel, c.attention_data_parallel, c.kv_cache_dtype)
+                             == replan.layout}) for c in replanned.candidates]
     # The spec's own fixed fields, not the pinned ones: the layout is the operator's choice, said in reasoning.
-    return pinned.model_copy(update={"reasoning": [why, *pinned.reasoning], "overrides": running.overrides})
+    return pinned.model_copy(update={"reasoning": [why, *pinned.reasoning], "overrides": running.overrides,
+                                     "candidates": candidates})
 
 
 # --------------------------------------------------------------------------------------------------------------
