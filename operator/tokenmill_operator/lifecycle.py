@@ -202,20 +202,24 @@ def _base_status(observed: Observed, status: _Status, phase: str, message: str) 
     )
 
 
-def layout_token(previous: DatasetGenerationStatus, planned_generation: int | None) -> str:
-    """The runner Job's share of the operator's layout switch (manifests.runner_job_hash): the kept override's
-    token while serverPlan is its plan, else empty."""
+def kept_override(previous: DatasetGenerationStatus, planned_generation: int | None) -> LayoutOverride | None:
+    """The operator's layout stays while serverPlan is the plan it was made for (its planned generation; None: the
+    previous plan is kept): a new generation's plan is made from the spec again, which is how a user's edit takes
+    the layout back."""
     override = previous.layout_override
     planned = planned_generation or previous.planned_generation
-    return override.token if override is not None and override.generation == planned else ""
+    return override if override is not None and override.generation == planned else None
+
+
+def layout_token(previous: DatasetGenerationStatus, planned_generation: int | None) -> str:
+    """The runner Job's share of the operator's layout switch (manifests.runner_job_hash): the kept override's
+    token, else empty."""
+    override = kept_override(previous, planned_generation)
+    return override.token if override is not None else ""
 
 
 def _kept_override(observed: Observed) -> LayoutOverride | None:
-    """The operator's layout stays while serverPlan is the plan it was made for (its planned generation): a new
-    generation's plan is made from the spec again, which is how a user's edit takes the layout back."""
-    override = observed.previous.layout_override
-    planned = observed.planned_generation or observed.previous.planned_generation
-    return override if override is not None and override.generation == planned else None
+    return kept_override(observed.previous, observed.planned_generation)
 
 
 def _given_up_message(observed: Observed, overall: Progress, report: ReportStatus) -> str:
