@@ -25,8 +25,16 @@ from tokenmill_runner.store.storage import StorageRetry
 from . import names
 from .kube import Kube, KubeUnavailable
 from .model_files import plan_with_constants, read_model_facts
-from .planner import ModelFacts, ServerPlan, plan_step_model
-from .planner.verify import CONFIGMAP_NAME, combined, constants_entry, plan_constants_key, read_constants
+from .planner import ModelFacts, ServerPlan, plan_server, plan_step_model
+from .planner.verify import (
+    CONFIGMAP_NAME,
+    LayoutKey,
+    combined,
+    constants_entry,
+    pinned_spec,
+    plan_constants_key,
+    read_constants,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -97,3 +105,16 @@ def replan(spec: DatasetGenerationSpec, plan: ServerPlan, measured: Measured) ->
         return None
     return plan_with_constants(spec, measured.facts, node_driver_major=plan.cuda_driver_major,
                                constants=lambda key: measured.result if key == measured.key else None)
+
+
+def plan_layout(spec: DatasetGenerationSpec, plan: ServerPlan, measured: Measured,
+                layout: LayoutKey) -> ServerPlan | None:
+    """The plan of one layout (the re-plan's best, verify.pinned_spec) on the measured constants: what the server
+    switches to under spec.server.replan auto. The constants are applied as measured, not looked up by the pinned
+    plan's own key: a layout on fewer GPUs may have another link (one GPU: none), and the re-plan compared every
+    layout on the same constants."""
+    if measured.facts is None:
+        return None
+    pinned = plan_server(pinned_spec(spec, layout), measured.facts, node_driver_major=plan.cuda_driver_major,
+                         calibration=measured.result.calibration(CALIBRATION))
+    return pinned.model_copy(update={"measured_constants": measured.key})

@@ -17,12 +17,13 @@ from tokenmill_runner.progress import format_duration
 from . import names
 from .facts import Decision, Event, JobState, Observed, ProgressFacts, QueueState, RetryDecision, ServerState
 from .planner import ServerPlan
-from .planner.verify import TOLERANCE, Verification, verify
+from .planner.verify import TOLERANCE, Verification, layout_name, running_layout, verify
 from .planner.verify import Decision as Replan
 from .status import (
     Condition,
     DatasetGenerationStatus,
     DatasetProgress,
+    LayoutOverride,
     Progress,
     QueueStatus,
     ReportStatus,
@@ -197,7 +198,28 @@ def _base_status(observed: Observed, status: _Status, phase: str, message: str) 
         startup=_startup_status(observed),
         planned_generation=observed.planned_generation or previous.planned_generation,
         verification=previous.verification,
+        layout_override=_kept_override(observed),
     )
+
+
+def kept_override(previous: DatasetGenerationStatus, planned_generation: int | None) -> LayoutOverride | None:
+    """The operator's layout stays while serverPlan is the plan it was made for (its planned generation; None: the
+    previous plan is kept): a new generation's plan is made from the spec again, which is how a user's edit takes
+    the layout back."""
+    override = previous.layout_override
+    planned = planned_generation or previous.planned_generation
+    return override if override is not None and override.generation == planned else None
+
+
+def layout_token(previous: DatasetGenerationStatus, planned_generation: int | None) -> str:
+    """The runner Job's share of the operator's layout switch (manifests.runner_job_hash): the kept override's
+    token, else empty."""
+    override = kept_override(previous, planned_generation)
+    return override.token if override is not None else ""
+
+
+def _kept_override(observed: Observed) -> LayoutOverride | None:
+    return kept_override(observed.previous, observed.planned_generation)
 
 
 def _given_up_message(observed: Observed, overall: Progress, report: ReportStatus) -> str:
@@ -486,9 +508,11 @@ def _verification(observed: Observed, status: _Status, events: list[Event]) -> V
     return _verification_status(result, len(window.samples), seconds, observed, planned)
 
 
-def with_replan(decision: Decision, replan: Replan, now: datetime, generation: int) -> Decision:
+def with_replan(decision: Decision, replan: Replan, now: datetime, generation: int,
+                kind: str = "ReplanSuggested") -> Decision:
     """ReplanSuggested from the re-plan on the measured constants (verify.decide): True with an Event when another
-    layout wins by more than the restart and the margin, else False with the figures."""
+    layout wins by more than the restart and the margin, else False with the figures. Under replan auto a run that
+    stays says so in `kind` Replanned (False, CurrentLayoutFastest): the condition a switch would set."""
     suggested = replan.condition()
     if suggested is not None:
         status, reason = "True", "FasterLayoutMeasured"
@@ -500,10 +524,35 @@ def with_replan(decision: Decision, replan: Replan, now: datetime, generation: i
                    + (f"; the best other, {replan.best}, {replan.best_eta_s / 3600:,.2f} h, does not gain the restart "
                       f"{replan.restart_s / 60:,.0f} min + margin {replan.margin_s / 60:,.0f} min" if replan.best
                       else ""))
-    conditions = set_condition(decision.status.conditions, "ReplanSuggested", status, reason, message, now,
-                               generation)
-    events = [*decision.events, Event("Normal", "ReplanSuggested", message)] if status == "True" else decision.events
+    conditions = set_condition(decision.status.conditions, kind, status, reason, message, now, generation)
+    events = [*decision.events, Event("Normal", kind, message)] if status == "True" else decision.events
     return replace(decision, status=decision.status.model_copy(update={"conditions": conditions}), events=events)
+
+
+def with_switch(decision: Decision, replan: Replan, running: ServerPlan, switched: ServerPlan, now: datetime,
+                generation: int) -> Decision:
+    """The operator switches layouts (spec.server.replan auto, verify.decide said switch): serverPlan becomes the
+    chosen layout's plan and status.layoutOverride says which, why and for which generation, with the Replanned
+    condition and an Event. Nothing is applied here: the next pass builds the server from the new plan (a rolling
+    restart) and, the runner Job's hash including the override, replaces the Job; its workers resume from the
+    ledger, so nothing committed is generated again and nothing is lost (only in-flight requests are redone)."""
+    found = replan.condition()
+    assert found is not None and replan.action == "switch"
+    before = layout_name(*running_layout(running))
+    message = (f"switched from {before} to {found['message']}; the server restarts as {replan.best} and the runner "
+               "Job is replaced: it resumes from what is committed (once per spec generation; edit the spec to plan "
+               "from it again)")
+    replicas, tp, dp, kv = running_layout(switched)
+    override = LayoutOverride(
+        generation=generation, replicas=replicas, tensor_parallel=tp, attention_data_parallel=dp, kv_cache_dtype=kv,
+        from_layout=before, to_layout=replan.best, reason=message, current_eta_seconds=round(replan.current_eta_s),
+        new_eta_seconds=round(replan.best_eta_s), gain_seconds=round(replan.gain_s),
+        restart_seconds=round(replan.restart_s), margin_seconds=round(replan.margin_s), at=_iso(now))
+    conditions = set_condition(decision.status.conditions, "Replanned", "True", "FasterLayoutMeasured", message,
+                               now, generation)
+    status = decision.status.model_copy(update={"conditions": conditions, "server_plan": switched,
+                                                "layout_override": override})
+    return replace(decision, status=status, events=[*decision.events, Event("Normal", "Replanned", message)])
 
 
 def _job_finished(observed: Observed, status: _Status, job: JobState) -> Decision:
@@ -573,6 +622,11 @@ def _outdated(observed: Observed) -> bool:
 
 def decide(observed: Observed) -> Decision:
     status = _Status(observed)
+    dropped = observed.previous.layout_override
+    if dropped is not None and _kept_override(observed) is None:
+        status.set("Replanned", "False", "SpecChanged",
+                   f"the spec's generation {observed.planned_generation or observed.generation} is planned from the "
+                   f"spec again; the operator's switch to {dropped.to_layout} was for generation {dropped.generation}")
     if observed.foreign_output:
         return _failed(observed, status, "OutputInUse", observed.foreign_output)
     if observed.plan_error:

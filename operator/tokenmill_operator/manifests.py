@@ -575,11 +575,16 @@ def runner_args(spec: DatasetGenerationSpec, server_urls: list[str], retry_faile
     return args
 
 
-def runner_job_hash(spec: DatasetGenerationSpec, server_urls: list[str], retry_token: str = "") -> str:
+def runner_job_hash(spec: DatasetGenerationSpec, server_urls: list[str], retry_token: str = "",
+                    layout: str = "") -> str:
     """The identity of a runner Job: a hash of everything its pods depend on (the spec document they read, their
     command line, their image). `suspend` is left out: suspending keeps the Job. When the hash changes, the operator
-    replaces the Job; the new one resumes from what is committed."""
-    return content_hash({"spec": spec.identity_document(), "servers": server_urls, "retry": retry_token})
+    replaces the Job; the new one resumes from what is committed. `layout` is the operator's layout switch
+    (status.layoutOverride.token): its workers size their concurrency from the servers at start, so a switch that
+    keeps the servers' count (TP 8 to TP 8 + DP attention) still needs a new Job. Left out when empty, so the Jobs
+    of runs without a switch keep their hash."""
+    return content_hash({"spec": spec.identity_document(), "servers": server_urls, "retry": retry_token,
+                         **({"layout": layout} if layout else {})})
 
 
 def _runner_env(name: str, spec: DatasetGenerationSpec) -> list[Manifest]:
@@ -674,13 +679,13 @@ def _runner_pod(name: str, spec: DatasetGenerationSpec, image: str, server_urls:
 
 
 def runner_job(name: str, namespace: str, owner: dict[str, Any], spec: DatasetGenerationSpec, image: str,
-               server_urls: list[str], retry_token: str = "") -> Manifest:
+               server_urls: list[str], retry_token: str = "", layout: str = "") -> Manifest:
     """Indexed Job: worker i ($JOB_COMPLETION_INDEX) takes the samples whose id hashes to i. The servers' sizes
     reach the runner through the servers themselves (/server_info), not through the plan. A retry token (the
     handled tokenmill.io/retry-failed value) makes it run with --retry-failed; the Job carries its hash and what the
     run was started with as annotations."""
     workers = spec.runner.parallelism
-    job_hash = runner_job_hash(spec, server_urls, retry_token)
+    job_hash = runner_job_hash(spec, server_urls, retry_token, layout)
     metadata = _metadata(names.runner_name(name), namespace, owner, names.labels(name, names.RUNNER_COMPONENT))
     metadata["annotations"] = {
         names.JOB_HASH_ANNOTATION: job_hash,

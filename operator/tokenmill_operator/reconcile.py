@@ -52,16 +52,18 @@ from .lifecycle import (
     cannot_observe,
     decide,
     identity_change,
+    layout_token,
     plan_retry,
     reopen,
     retry_value,
     with_replan,
     with_retry_event,
+    with_switch,
 )
 from .model_files import make_plan
 from .observe import foreign_run, would_generate
 from .planner import PlanError, ServerPlan
-from .planner.verify import CONFIGMAP_NAME, read_constants, replan_decision
+from .planner.verify import CONFIGMAP_NAME, read_constants, replan_decision, switch_mode, switched_plan
 from .server_metrics import WindowFacts
 from .status import DatasetGenerationStatus, ReportStatus, RunStatus, merge_patch
 
@@ -292,7 +294,8 @@ def _observed(context: Context, output: OutputIndex, storage: Storage, planning:
     given_up = (progress.overall if progress else previous.progress).given_up
     retry = plan_retry(context.retry_request, previous.retry, given_up, now)
     urls = _server_urls(context, plan)
-    desired_hash = manifests.runner_job_hash(spec, urls, retry.token) if urls is not None else None
+    layout = layout_token(previous, planning.generation)
+    desired_hash = manifests.runner_job_hash(spec, urls, retry.token, layout) if urls is not None else None
     ended_hash = job.hash if job is not None else (previous.run.job_hash if previous.run else None)
     # run.json is read only when an ended run's Job would change: what reopening then depends on.
     changed = ended and desired_hash is not None and ended_hash not in (None, desired_hash)
@@ -441,9 +444,25 @@ def _record_constants(kube: Kube, context: Context, credentials: dict[str, str] 
         return decision
     progress = decision.status.progress
     remaining = 1 - (progress.completed + progress.failed) / progress.total if progress.total else 1.0
-    found = replan_decision(plan, replanned, remaining, "suggest") if replanned is not None else None
-    return with_replan(decision, found, now_utc(), context.generation) if found is not None else decision
-
+    generation = decision.status.planned_generation or context.generation
+    switched_in = context.previous.layout_override.generation if context.previous.layout_override else None
+    mode = switch_mode(context.spec.server.replan, switched_in, generation)
+    found = replan_decision(plan, replanned, remaining, mode) if replanned is not None else None
+    if found is None:
+        return decision
+    if found.action == "switch" and found.layout is not None:
+        try:
+            pinned = constants.plan_layout(context.spec, plan, measured, found.layout)
+        except (PlanError, LookupError, ValueError) as error:
+            logger.warning("%s/%s: cannot plan the layout %s: %s", context.namespace, context.name, found.best, error)
+            pinned = None
+        switched = switched_plan(plan, pinned, found, replanned) if pinned is not None else None
+        if switched is not None:
+            return with_switch(decision, found, plan, switched, now_utc(), generation)
+        # A layout the pinned spec does not plan as compared is not run: said as a suggestion instead.
+        found = replace(found, action="suggest")
+    kind = "Replanned" if mode == "auto" and found.action != "suggest" else "ReplanSuggested"
+    return with_replan(decision, found, now_utc(), generation, kind)
 
 
 # -------------------------------------------------------------------------------------------------- applying
@@ -480,7 +499,7 @@ def _ensure_shared_cache(kube: Kube, context: Context, plan: ServerPlan, setting
 
 
 def _ensure_children(kube: Kube, context: Context, plan: ServerPlan, settings: OperatorSettings,
-                     server_replicas: int, create_job: bool, retry_token: str) -> None:
+                     server_replicas: int, create_job: bool, retry_token: str, layout: str) -> None:
     owner = manifests.owner_reference(context.body)
     name, namespace, spec = context.name, context.namespace, context.spec
     kube.create_if_absent(manifests.api_key_secret(name, namespace, owner, secrets.token_urlsafe(32)))
@@ -497,7 +516,7 @@ def _ensure_children(kube: Kube, context: Context, plan: ServerPlan, settings: O
     kube.apply(manifests.runner_configmap(name, namespace, owner, spec))
     image = spec.runner.image or settings.runner_image
     urls = names.server_urls(name, namespace, spec.server.port, plan.replicas, plan.nodes_per_replica)
-    job = manifests.runner_job(name, namespace, owner, spec, image, urls, retry_token)
+    job = manifests.runner_job(name, namespace, owner, spec, image, urls, retry_token, layout)
     job["spec"]["template"]["metadata"].setdefault("labels", {}).update(settings.runner_pod_labels)
     kube.create_if_absent(job)
     crash_point("job-created")
@@ -525,8 +544,9 @@ def _apply(kube: Kube, context: Context, decision: Decision, plan: ServerPlan | 
         # no quota), never while it is suspended; no server pod exists before it is filled.
         if not facts.cache_ready and decision.status.phase in ("Queued", "StartingServer", "Generating"):
             _ensure_shared_cache(kube, context, plan, settings)
+        override = decision.status.layout_override  # the plan's, kept while it is this generation's
         _ensure_children(kube, context, plan, settings, decision.server_replicas if facts.cache_ready else 0,
-                         decision.create_job, retry_token)
+                         decision.create_job, retry_token, override.token if override is not None else "")
     if job is None or decision.replace_job or job.finished or job.deleting:
         return
     if job.suspended != decision.suspend_job:

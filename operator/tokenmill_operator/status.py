@@ -11,7 +11,7 @@ from tokenmill_runner.spec.resource import SpecModel
 from .planner import ServerPlan
 
 CONDITION_TYPES = ("ServerReady", "Progressing", "Stalled", "Succeeded", "Failed", "Ready", "PlanVerified",
-                   "ReplanSuggested")
+                   "ReplanSuggested", "Replanned")
 Phase = Literal["Pending", "Queued", "StartingServer", "Generating", "Reporting", "Succeeded", "Failed",
                 "Suspended"]
 
@@ -20,7 +20,7 @@ class Condition(SpecModel):
     """metav1.Condition."""
 
     type: str = Field(description="Condition type: ServerReady, Progressing, Stalled, Succeeded, Failed, Ready, "
-                                  "PlanVerified or ReplanSuggested.")
+                                  "PlanVerified, ReplanSuggested or Replanned.")
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(description="One-word CamelCase reason.")
     message: str = Field("", description="What a person should know, and what to do.")
@@ -107,6 +107,34 @@ class VerificationStatus(SpecModel):
     planned_generation: int = Field(0, description="The plan checked: the .metadata.generation it was made for.")
 
 
+class LayoutOverride(SpecModel):
+    """The layout the operator switched the server to (spec.server.replan auto): serverPlan is made for it instead
+    of the spec's choice, for this one spec generation. An edit of the spec (a new generation) plans from the spec
+    again and clears it; the operator switches at most once per generation."""
+
+    generation: int = Field(description="The .metadata.generation it applies to (status.plannedGeneration).")
+    replicas: int = Field(description="Server replicas of the chosen layout.")
+    tensor_parallel: int = Field(description="GPUs per replica of the chosen layout.")
+    attention_data_parallel: int = Field(1, description="DP attention groups per replica (1 = off).")
+    kv_cache_dtype: str = Field("auto", description="--kv-cache-dtype (always the running one's: never changed).")
+    from_layout: str = Field(description="The layout it replaced, e.g. 2 x TP 4.")
+    to_layout: str = Field(description="The layout switched to, e.g. 8 x TP 1.")
+    reason: str = Field(description="Why, with the figures (the Replanned condition's message).")
+    current_eta_seconds: int = Field(description="Remaining generation on the replaced layout (measured constants).")
+    new_eta_seconds: int = Field(description="Remaining generation on the chosen layout (measured constants).")
+    gain_seconds: int = Field(description="current - new: what the switch is predicted to save before the restart.")
+    restart_seconds: int = Field(description="The restart it pays: the plan's start-up (copy, load, warm-up).")
+    margin_seconds: int = Field(description="The margin the gain had to beat on top of the restart.")
+    at: str = Field(description="When the operator switched (RFC 3339).")
+
+    @property
+    def token(self) -> str:
+        """What the runner Job's hash includes: a new switch is a new Job (its workers read the servers' new count
+        and sizes at start)."""
+        return (f"{self.generation}:{self.replicas}x{self.tensor_parallel}x{self.attention_data_parallel}:"
+                f"{self.kv_cache_dtype}")
+
+
 class QueueStatus(SpecModel):
     """Where the run stands in Kueue (set when the resource has the kueue.x-k8s.io/queue-name label)."""
 
@@ -138,6 +166,9 @@ class DatasetGenerationStatus(SpecModel):
     verification: VerificationStatus | None = Field(
         None, description="The plan's batch and step beside SGLang's, once the verification window closed.")
     planned_generation: int = Field(0, description="The .metadata.generation serverPlan was computed for.")
+    layout_override: LayoutOverride | None = Field(
+        None, description="The layout the operator switched to after measuring the plan (spec.server.replan auto); "
+        "serverPlan is made for it. Cleared by a spec edit.")
     observation_failed_since: str | None = Field(
         None, description="Since when storage or the API server cannot be read (unset once they can).")
     server_starting_since: str | None = Field(

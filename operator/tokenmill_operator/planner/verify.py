@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from tokenmill_runner.facts.refit import Refit, StepSample
+from tokenmill_runner.spec.resource import DatasetGenerationSpec
 
 from .plan import ServerPlan
 
@@ -37,6 +38,8 @@ WINDOW_S = 600.0
 CONFIGMAP_NAME = "tokenmill-measured-constants"
 
 ReplanMode = Literal["auto", "suggest", "off"]
+# A server layout as the re-plan compares them: (replicas, tensor parallel, DP attention groups, KV cache dtype).
+LayoutKey = tuple[int, int, int, str]
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,7 @@ class Decision:
     best: str
     restart_s: float
     margin_s: float
+    layout: LayoutKey | None = None  # the best other layout's key (replan_decision sets it): what a switch runs
 
     @property
     def gain_s(self) -> float:
@@ -93,6 +97,14 @@ class Decision:
                 "message": (f"{self.best}: remaining ETA {self.best_eta_s / 3600:,.2f} h against "
                             f"{self.current_eta_s / 3600:,.2f} h now; gain {self.gain_s / 3600:,.2f} h beats the "
                             f"restart {self.restart_s / 60:,.0f} min + margin {self.margin_s / 60:,.0f} min")}
+
+
+def switch_mode(mode: ReplanMode, switched_generation: int | None, generation: int) -> ReplanMode:
+    """The mode the re-plan runs in: auto switches at most once per spec generation, so a generation the operator
+    already switched (status.layoutOverride) only suggests. Without this a second measurement on the new layout
+    could switch back, and two layouts predicted within the noise of each other would flap, each switch paying a
+    restart."""
+    return "suggest" if mode == "auto" and switched_generation == generation else mode
 
 
 def decide(current_eta_s: float, alternatives: dict[str, float], restart_s: float, mode: ReplanMode) -> Decision:
@@ -121,11 +133,11 @@ def replan_decision(running: ServerPlan, replanned: ServerPlan, remaining_share:
     restart being the running plan's own start-up (copy, load, warm-up). Only layouts the spec allows as it stands
     are offered (never one that needs another KV cache dtype). None when the running layout is not among the
     re-planned ones."""
-    def key(replicas: int, tp: int, dp: int, kv: str) -> tuple[int, int, int, str]:
+    def key(replicas: int, tp: int, dp: int, kv: str) -> LayoutKey:
         return replicas, tp, dp, kv
 
     current = key(running.replicas, running.tensor_parallel, running.attention_data_parallel, running.kv_cache_dtype)
-    times: dict[tuple[int, int, int, str], float] = {}
+    times: dict[LayoutKey, float] = {}
     for c in replanned.candidates:
         running_layout = key(c.replicas, c.tensor_parallel, c.attention_data_parallel, c.kv_cache_dtype) == current
         if c.prediction is not None and (c.choosable or running_layout):
@@ -134,9 +146,46 @@ def replan_decision(running: ServerPlan, replanned: ServerPlan, remaining_share:
                 seconds * max(0.0, min(1.0, remaining_share)))
     if current not in times:
         return None
-    alternatives = {layout_name(*k): t for k, t in times.items() if k != current}
+    keys = {layout_name(*k): k for k in times if k != current}
+    alternatives = {name: times[k] for name, k in keys.items()}
     restart = float(running.startup.seconds) if running.startup is not None else 0.0
-    return decide(times[current], alternatives, restart, mode)
+    found = decide(times[current], alternatives, restart, mode)
+    return replace(found, layout=keys.get(found.best))
+
+
+def running_layout(plan: ServerPlan) -> LayoutKey:
+    return plan.replicas, plan.tensor_parallel, plan.attention_data_parallel, plan.kv_cache_dtype
+
+
+def pinned_spec(spec: DatasetGenerationSpec, layout: LayoutKey) -> DatasetGenerationSpec:
+    """The spec with its server fixed to `layout`: planned, it gives that layout's full settings (memory fraction,
+    max running requests, graph batch, chunk) the way the spec's own choice gets them, from the same code."""
+    replicas, tp, dp, kv = layout
+    server = spec.server.model_copy(update={"replicas": replicas, "tensor_parallel": tp,
+                                            "attention_data_parallel": dp, "kv_cache_dtype": kv})
+    return spec.model_copy(update={"server": server})
+
+
+def switched_plan(running: ServerPlan, pinned: ServerPlan, replan: Decision,
+                  replanned: ServerPlan | None = None) -> ServerPlan | None:
+    """The plan the server switches to: `pinned` (the spec pinned to the re-plan's best layout, planned with the
+    measured constants), its arithmetic led by why it was chosen. None when it is not that layout after all (the
+    pinned spec planned something else): the running plan stays rather than a layout no one compared. With
+    `replanned` (the spec's own re-plan on the same constants) its candidates are the ones compared, the chosen one
+    marked, instead of the pinned plan's, whose other layouts all read "spec.server.tensorParallel is ...": a field
+    the user never set."""
+    if replan.action != "switch" or replan.layout is None or running_layout(pinned) != replan.layout:
+        return None
+    why = (f"switched by the operator (spec.server.replan auto) from {layout_name(*running_layout(running))} to "
+           f"{replan.best}: on the measured constants the remaining work takes {replan.best_eta_s:,.0f} s instead "
+           f"of {replan.current_eta_s:,.0f} s; the gain {replan.gain_s:,.0f} s beats the restart "
+           f"{replan.restart_s:,.0f} s + margin {replan.margin_s:,.0f} s")
+    candidates = pinned.candidates if replanned is None else [
+        c.model_copy(update={"chosen": (c.replicas, c.tensor_parallel, c.attention_data_parallel, c.kv_cache_dtype)
+                             == replan.layout}) for c in replanned.candidates]
+    # The spec's own fixed fields, not the pinned ones: the layout is the operator's choice, said in reasoning.
+    return pinned.model_copy(update={"reasoning": [why, *pinned.reasoning], "overrides": running.overrides,
+                                     "candidates": candidates})
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -409,12 +409,15 @@ class ServerSpec(SpecModel):
         "server first runs requests, the operator compares the batch and decode step SGLang reports on /metrics "
         "with the plan's and records the PlanVerified condition (False, reason PlanOff, past 15 %).",
     )
-    replan: Literal["suggest", "off"] = Field(
-        "suggest", description="After the plan's check, the operator re-plans with the constants it measured: with "
-        "suggest, when another layout's remaining ETA beats the running one's by more than the restart (the plan's "
-        "start-up: copy, load, warm-up) plus a margin (5 % of the remaining time, at least 10 minutes), it says so "
-        "in the ReplanSuggested condition and an Event (setting spec.server.tensorParallel switches; the run "
-        "resumes from what is committed); off: no re-plan. (auto, switching by itself, is not built yet.)",
+    replan: Literal["auto", "suggest", "off"] = Field(
+        "suggest", description="After the plan's check, the operator re-plans with the constants it measured and "
+        "compares, on the remaining samples, the running layout with every other layout the spec allows. A switch "
+        "pays a restart (the plan's start-up: copy, load, warm-up) plus a margin (5 % of the remaining time, at "
+        "least 10 minutes). auto: when the best other layout's remaining ETA beats the running one's by more than "
+        "that, the operator switches the server to it (status.layoutOverride, the Replanned condition and an "
+        "Event), replaces the runner Job and the run resumes from what is committed; at most once per spec "
+        "generation, and an edit of the spec plans from the spec again. suggest: it says so in the "
+        "ReplanSuggested condition and an Event (setting spec.server.tensorParallel switches). off: no re-plan.",
     )
     startup_timeout_seconds: int | None = Field(
         None, gt=0, le=MAX_TIMEOUT_SECONDS, description="How long a server may load weights before its startup probe "
