@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.fake_clock import FakeClock
 from tokenmill_runner.facts.hidden_states import StateShape, default_eagle3_layer_ids
 from tokenmill_runner.generate.hidden_capture import CaptureError, capture_dataset, parse_states
 from tokenmill_runner.spec.resource import SpecError, parse_document
@@ -309,19 +310,6 @@ def test_two_writers_capturing_the_same_run_leave_one_aligned_file_per_sample(tm
     assert_every_sample_once_and_aligned(storage)
 
 
-class _Clock:
-    """The lease keeper's monotonic clock, moved by the test (no real waiting)."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-
-
 def test_a_capture_pass_whose_lease_is_lost_commits_nothing_more_and_raises_lease_lost(tmp_path, demo_model, sim):
     # Issue 28: the state markers answer to the output's lease like the shards' markers (store/shards.put_marker).
     import threading
@@ -333,7 +321,7 @@ def test_a_capture_pass_whose_lease_is_lost_commits_nothing_more_and_raises_leas
     from tokenmill_runner.store.shards import Fence
 
     storage, _ = generate(tmp_path, demo_model, sim, lines=6)
-    times, clock = LeaseTimes(stale_s=120.0), _Clock()
+    times, clock = LeaseTimes(stale_s=120.0), FakeClock()
     acquired = acquire(storage, Owner(kind="cli", name="capture"), "here:1", "tok", times=times, clock=clock,
                        sleep=clock.sleep)
     keeper = LeaseKeeper(storage, acquired, times=times, clock=clock, every_s=3600)

@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 import orjson
 import pytest
 
+from tests.fake_clock import FakeClock
 from tokenmill_runner.store.lease import (
     LEASE,
     Lease,
@@ -37,24 +38,6 @@ RESOURCE = Owner(kind="DatasetGeneration", name="b5", namespace="ml", uid="uid-1
 CLI = Owner(kind="cli", name="b5")
 OTHER = Owner(kind="cli", name="other")
 TIMES = LeaseTimes(stale_s=120.0)
-
-
-class FakeClock:
-    """The observer's monotonic clock, advanced by the code's own sleeps (no real waiting)."""
-
-    def __init__(self, on_sleep=None) -> None:
-        self.now = 1000.0
-        self.on_sleep = on_sleep
-        self.slept = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-        self.slept += seconds
-        if self.on_sleep is not None:
-            self.on_sleep()
 
 
 def take(storage, owner=CLI, holder="laptop:1", clock=None, **kwargs):

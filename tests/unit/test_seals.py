@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from tests.fake_clock import FakeClock
 from tokenmill_runner.store.index_store import open_index, write_checkpoint
 from tokenmill_runner.store.lease import LEASE, LeaseKeeper, acquire, read_versioned
 from tokenmill_runner.store.lease_rules import Lease, LeaseTimes
@@ -23,19 +24,8 @@ TIMES = LeaseTimes(stale_s=120.0)
 A, B = Owner(kind="cli", name="a"), Owner(kind="cli", name="b")
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-
-
 def take(storage, owner, token, **kwargs):
-    clock = Clock()
+    clock = FakeClock()
     return acquire(storage, owner, f"host:1:{token}", token, times=TIMES, clock=clock, sleep=clock.sleep, **kwargs)
 
 
