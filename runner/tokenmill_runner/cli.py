@@ -22,6 +22,7 @@ from .generate.summary import (  # noqa: F401 - the exit codes are part of the C
     EXIT_NO_SAMPLES,
     EXIT_OK,
     EXIT_SERVERS_UNAVAILABLE,
+    EXIT_STATES_PENDING,
     EXIT_USAGE,
 )
 from .render.pretokenize import offline_transformers
@@ -67,6 +68,9 @@ def _add_run_parser(commands: argparse._SubParsersAction) -> None:
                           "two runs started at the same moment could then both write the output")
     run.add_argument("--owner-uid", help=argparse.SUPPRESS)  # set by the operator: the DatasetGeneration's uid
     run.add_argument("--job-hash", help=argparse.SUPPRESS)  # set by the operator: the runner Job's hash
+    run.add_argument("--states-pass", choices=("aux", "final"),
+                     help="capture only this kind of hidden states, waiting for the server to serve it (the "
+                          "operator's passes; default: whichever the server serves)")
     run.add_argument("--server-wait", type=float, default=1800.0, metavar="SECONDS",
                      help="how long to wait for the servers' /health")
     run.add_argument("--sim-time-scale", type=float, default=50.0,
@@ -186,6 +190,7 @@ def runner_config(resource: DatasetGeneration, args: argparse.Namespace, servers
         output_uri=args.out or spec.output.uri, worker_index=args.worker_index,
         worker_count=args.workers or spec.runner.parallelism, server_wait_s=args.server_wait,
         owner_uid=args.owner_uid, job_hash=args.job_hash, take_over=args.take_over,
+        states_pass=getattr(args, "states_pass", None),
     )
 
 
@@ -222,8 +227,8 @@ async def _run_async(config: RunnerConfig) -> int:
         if code in (EXIT_INTERRUPTED, EXIT_SERVERS_UNAVAILABLE):
             return code
         if config.spec.hidden_states is not None:
-            from .facts.hidden_states import NoRoomError
-            from .generate.hidden_pass import run_hidden_state_pass
+            from .facts.hidden_states import NoRoomError, launch_flags
+            from .generate.hidden_pass import StatesNotServed, pending_kinds, run_hidden_state_pass
 
             try:
                 captured = await run_hidden_state_pass(config, runner.storage, os.environ.get(API_KEY_ENV),
@@ -231,10 +236,22 @@ async def _run_async(config: RunnerConfig) -> int:
             except NoRoomError as error:
                 print(f"error: hidden states: {error}", file=sys.stderr)
                 return EXIT_GIVEN_UP
-            print(f"hidden states: {captured.captured} captured, {captured.skipped} already committed, "
-                  f"{captured.failed} failed, {captured.state_bytes} bytes")
+            except StatesNotServed as error:
+                print(f"error: hidden states: {error}", file=sys.stderr)
+                return EXIT_SERVERS_UNAVAILABLE
+            print(f"hidden states ({captured.kind}): {captured.captured} captured, {captured.skipped} already "
+                  f"committed, {captured.failed} failed, {captured.state_bytes} bytes")
             if captured.failed and code == 0:
                 code = EXIT_GIVEN_UP  # a run whose states are incomplete never ends looking like success
+            pending = [] if config.states_pass else pending_kinds(
+                runner.storage, [d.name for d in config.spec.datasets], list(config.spec.hidden_states.layouts))
+            if pending and code == 0:
+                # The operator runs each pass itself (--states-pass); a person is told what to relaunch.
+                flags = " ".join(launch_flags(config.spec.hidden_states.layer_ids, pending[0]))
+                print(f"hidden states: the {', '.join(pending)} states are still to capture "
+                      f"(hiddenStates.layouts {list(config.spec.hidden_states.layouts)}): restart the server with "
+                      f"{flags} (and none of the other pass's flags) and run again", file=sys.stderr)
+                code = EXIT_STATES_PENDING
     finally:
         runner.release_lease()
     if config.worker_count == 1:  # with several workers the operator reports once all are done
@@ -298,6 +315,13 @@ def _cmd_export(args: argparse.Namespace) -> int:
                             s3_endpoint=args.s3_endpoint, dest_s3_endpoint=args.dest_s3_endpoint,
                             per_conversation=args.per_conversation)
     manifest = export(request)
+    if manifest["format"] == "specforge-offline":
+        from .export.offline import incomplete
+        from .export.offline import summary_lines as offline_lines
+
+        for line in offline_lines(manifest):
+            print(line)
+        return EXIT_GIVEN_UP if incomplete(manifest) else EXIT_OK  # features missing never look like success
     for line in summary_lines(manifest):
         print(line)
     return EXIT_OK

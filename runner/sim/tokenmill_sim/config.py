@@ -52,6 +52,8 @@ class SimConfig:
     # Like SGLang 0.5.23 --enable-return-aux-hidden-states (EAGLE3 convention) and --return-aux-hidden-state-layer-ids
     # (comma-separated here; None: the EAGLE3 default of the model's layer count); hidden_states.py serves them.
     enable_return_aux_hidden_states: bool = False
+    # Like --enable-return-hidden-states: without aux capture, the final (post-norm) state of every position.
+    enable_return_hidden_states: bool = False
     return_aux_hidden_state_layer_ids: str | None = None
     chunked_prefill_size: int = 8192  # like --chunked-prefill-size: prefill chunks of a hidden-state answer
 
@@ -136,6 +138,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run the tokenizer's own Python code (SGLang --trust-remote-code), e.g. Kimi's")
     parser.add_argument("--enable-return-aux-hidden-states", dest="enable_return_aux_hidden_states",
                         action="store_true", help="serve EAGLE3 aux hidden states (SGLang 0.5.23+)")
+    parser.add_argument("--enable-return-hidden-states", dest="enable_return_hidden_states", action="store_true",
+                        help="serve the final hidden state (without aux capture; SGLang --enable-return-hidden-states)")
     for name, kind in typed.items():
         flag = "--" + name.replace("_", "-")
         choices = [AUTO, *sorted(PROFILES)] if name == "profile" else None

@@ -1,4 +1,6 @@
-"""The aux hidden states the simulator serves, as SGLang 0.5.23 shapes them. Pure.
+"""The hidden states the simulator serves, as SGLang 0.5.23 shapes them: the aux layers
+(--enable-return-aux-hidden-states) or, without aux capture and with --enable-return-hidden-states, the final
+(post-norm) state, keyed as layer FINAL_LAYER_KEY. Pure.
 
 Values are keyed by (token id, position, captured layer, column) and exact in bf16 (multiples of 1/64 within
 [-2, 2)), so a reader can recompute what any position of any layer must hold and see a state shifted by one token
@@ -23,16 +25,21 @@ def keyed_row(token: int, position: int, layer_ids: list[int], hidden: int) -> l
     return [keyed_value(token, position, layer, column) for layer in layer_ids for column in range(hidden)]
 
 
+# The key of the final state's values: no captured layer id is negative, so a final state stored where an aux layer
+# belongs (or the reverse) shows.
+FINAL_LAYER_KEY = -1
+
+
 @dataclass(frozen=True)
-class AuxCapture:
-    """What --enable-return-aux-hidden-states was started with."""
+class StateCapture:
+    """What the server was started with: the aux layer ids, or [FINAL_LAYER_KEY] for the final state."""
 
     layer_ids: list[int]  # the explicit ids (the default resolved by facts.hidden_states.default_eagle3_layer_ids)
     hidden: int
     chunked_prefill_tokens: int
 
 
-def hidden_states_entries(capture: AuxCapture, input_ids: list[int], output_ids: list[int], cached: int,
+def hidden_states_entries(capture: StateCapture, input_ids: list[int], output_ids: list[int], cached: int,
                           finished_len: int) -> list[list[float] | list[list[float]]]:
     """meta_info.hidden_states of one request: prefill chunks over the uncached positions, then a row per decoded
     token except the last (its forward never runs), cut to finished_len entries (0.5.23

@@ -30,7 +30,7 @@ from tokenmill_runner.facts.releases import release
 from .capacity import CapacityModel, Job, LinearStepTime, SchedulerParams, StepTime
 from .config import SimConfig
 from .engine import Engine, QueueFull, SimClock
-from .hidden_states import AuxCapture, hidden_states_entries
+from .hidden_states import FINAL_LAYER_KEY, StateCapture, hidden_states_entries
 from .loader import load_model
 from .metrics import SchedulerSnapshot, SimMetrics
 from .model import LoadedModel
@@ -78,19 +78,23 @@ class _Outcome:
     logprob_start_len: int = -1
 
 
-def _aux_capture(config: SimConfig, model_config: dict[str, Any]) -> AuxCapture | None:
-    """--enable-return-aux-hidden-states as the model's config resolves it (facts/hidden_states.py)."""
-    if not config.enable_return_aux_hidden_states:
+def _state_capture(config: SimConfig, model_config: dict[str, Any]) -> StateCapture | None:
+    """--enable-return-aux-hidden-states as the model's config resolves it (facts/hidden_states.py); without it,
+    --enable-return-hidden-states serves the final state (aux capture takes its place when both are on:
+    0.5.23 layers/logits_processor.py:866-872)."""
+    if not (config.enable_return_aux_hidden_states or config.enable_return_hidden_states):
         return None
     nested = model_config.get("text_config")
     text: dict[str, Any] = nested if isinstance(nested, dict) else model_config
     layers, hidden = int(text["num_hidden_layers"]), int(text["hidden_size"])
+    if not config.enable_return_aux_hidden_states:
+        return StateCapture([FINAL_LAYER_KEY], hidden, config.chunked_prefill_size)
     if config.return_aux_hidden_state_layer_ids:
         layer_ids = [int(part) for part in config.return_aux_hidden_state_layer_ids.split(",")]
         check_layer_ids(layer_ids, layers)
     else:
         layer_ids = default_eagle3_layer_ids(layers)
-    return AuxCapture(layer_ids, hidden, config.chunked_prefill_size)
+    return StateCapture(layer_ids, hidden, config.chunked_prefill_size)
 
 
 class Simulator:
@@ -109,7 +113,7 @@ class Simulator:
         self.step_time = step_time or LinearStepTime(config.step_ms, config.step_ms_per_request,
                                                      config.prefill_ms_per_1k_tokens)
         self.engine: Engine | None = None
-        self.aux_capture = _aux_capture(config, self.model.files.config)
+        self.state_capture = _state_capture(config, self.model.files.config)
         self.metrics = SimMetrics(config.model_name, self.snapshot, self.release)
         # Faults are drawn per request from one stream, not per prompt: a retry of a failed prompt can succeed.
         self.fault_rng = random.Random(config.seed ^ 0xFA17)
@@ -188,7 +192,7 @@ class Simulator:
         wanted = body.get("return_hidden_states", False)
         if wanted not in (True, False, "last"):
             raise bad_request("return_hidden_states must be a boolean or the string literal 'last'.")
-        if wanted and self.aux_capture is None:
+        if wanted and self.state_capture is None:
             raise bad_request("The server is not configured to return hidden states. Please set "
                               "`--return-hidden-states-mode last`, `--return-hidden-states-mode full`, or "
                               "`--enable-return-hidden-states`.")
@@ -267,13 +271,13 @@ class Simulator:
         reasoning = reasoning_token_count(item, finished.output_ids, self.model.vocab.think_end)
         accounting = Accounting(round(e2e, 6), reasoning, job.retractions, job.cached_tokens)
         answer = response_item(item, finished, text, accounting, self.release)
-        if outcome.hidden_states and self.aux_capture is not None:
+        if outcome.hidden_states and self.state_capture is not None:
             # A prefix served from the cache is not recomputed; logprob_start_len 0 caps the match at 0
             # (0.5.23 managers/schedule_batch.py:1766-1785).
             cached = 0 if outcome.logprob_start_len == 0 else job.cached_tokens
             finished_len = min(len(finished.output_ids), item.params.max_new_tokens)
             answer["meta_info"]["hidden_states"] = hidden_states_entries(
-                self.aux_capture, item.input_ids, finished.output_ids, cached, finished_len)
+                self.state_capture, item.input_ids, finished.output_ids, cached, finished_len)
         echoed = answer.get("prompt_token_ids")
         rate = self.config.fault_input_mismatch_rate
         if echoed and rate and self.fault_rng.random() < rate:
@@ -380,6 +384,9 @@ class Simulator:
             "reasoning_parser": None,
             "tool_call_parser": None,
             "api_key_set": config.api_key is not None,
+            "enable_return_hidden_states": config.enable_return_hidden_states,
+            **({"enable_return_aux_hidden_states": config.enable_return_aux_hidden_states}
+               if self.release.aux_hidden_states else {}),
         }
 
     async def metrics_endpoint(self, request: web.Request) -> web.Response:

@@ -370,6 +370,14 @@ def export(request: ExportRequest, stream: TextIO | None = None,
     if destination.root_uri.rstrip("/") == source.root_uri.rstrip("/"):
         raise ExportError("the destination is the run's own output folder; export next to it")
     prepare_destination(destination, request.overwrite)
+    if fmt.kind == "ckpt":
+        from .offline import export_specforge_offline
+
+        f = request.filters
+        if f.finish_reason or f.exclude_truncated or f.require_reasoning or f.exclude_findings:
+            raise ExportError(f"--format {fmt.name} takes only --dataset among the filters: its features are every "
+                              "captured sample's")
+        return export_specforge_offline(source, destination, datasets, source.root_uri, __version__)
     with ExitStack() as stack, ThreadPoolExecutor(max_workers=PREFETCH_SHARDS) as pool:
         spool = _spool_folder(destination, stack)
         text = text_side(request, fmt, run, spool, stack) if fmt.text else None

@@ -15,6 +15,9 @@ file:line, are in docs/export.md):
   conversation, reasoning in `reasoning_content`; re-rendered by the trainer, so every record is checked first.
 - `specforge-text`: SpecForge's pre-formatted text JSONL (`data.is_preformatted: true`); re-tokenized by the
   trainer, so every record is checked first.
+- `specforge-offline`: SpecForge's offline EAGLE-3 features (`SF data/preprocessing.py:394-560`), one `.ckpt` per
+  sample under features/<dataset>/ with `input_ids`, `loss_mask`, `hidden_state` (the final state) and
+  `aux_hidden_state`, from the run's captured hidden states (export/offline.py).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from .units import GenerationUnit
 @dataclass(frozen=True)
 class ExportFormat:
     name: str
-    kind: Literal["jsonl", "parquet"]
+    kind: Literal["jsonl", "parquet", "ckpt"]
     # A single file (SpecForge reads one path) or numbered parts under data/ (readers that take a folder).
     single_file: str | None
     part_prefix: str | None
@@ -60,6 +63,9 @@ FORMATS: dict[str, ExportFormat] = {f.name: f for f in (
                  "SpecForge 0.2.0 pre-formatted text (data.is_preformatted: true)",
                  "data.train_data_path: {dest}/text.jsonl, data.is_preformatted: true, data.chat_template: "
                  "<SpecForge template>, data.train_only_last_turn: true"),
+    ExportFormat("specforge-offline", "ckpt", None, "features/", False,
+                 "SpecForge 0.2.0 offline EAGLE-3 features (OfflineEagle3Dataset, .ckpt per sample)",
+                 "data.hidden_states_path: {dest}/features (SpecForge reads every .ckpt under it, sorted)"),
 )}
 
 

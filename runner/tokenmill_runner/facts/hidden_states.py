@@ -46,16 +46,40 @@ EAGLE3_ARCHITECTURES: tuple[str, ...] = (
 )
 
 
-# What each trainer's offline layout reads besides the aux layers: the target's final hidden state. No release read
-# serves it with the aux layers (docs/sglang-release-facts.md N: 0.5.23 returns the aux layers in place of it,
-# layers/logits_processor.py:866-872, and refuses a capture id >= num_hidden_layers, spec_aux_hidden_state.py:120-129).
+# What each trainer's offline layout reads besides the aux layers: the target's final hidden state. A 0.5.23 server
+# with aux capture returns the aux layers in place of it (layers/logits_processor.py:866-872) and refuses a capture id
+# >= num_hidden_layers (spec_aux_hidden_state.py:120-129), so no one request returns both (docs/export.md).
 TRAINER_LAYOUTS: dict[str, str] = {
     "speculators": "speculators 0.9.0 reads hidden_states[:, -1] as verifier_last_hidden_states, the target's final "
-                   "layer (speculators/train/data.py:310-334)",
+                   "layer before its norm (speculators/train/data.py:310-334, models/eagle3/core.py:119-120)",
     "specforge": "SpecForge 0.2.0 reads hidden_state as the target's final state beside aux_hidden_state "
                  "(specforge/data/preprocessing.py:643-666)",
 }
-FINAL_STATE_WITH_AUX_FROM: str | None = None  # the first release that serves both; none yet
+# SpecForge's final state is the one after the model's norm: its own capture wraps the logits processor
+# (offline_capture/sglang_backend/utils.py:89-112) and training feeds it straight to lm_head
+# (modeling/target/target_head.py:100-101). A server started with --enable-return-hidden-states and no aux flags
+# returns exactly that (the models hand the normed states to the logits processor: llama.py:498-500,
+# deepseek_v2.py:3239), in the same answer layout as the aux states. So it is served by a second pass against a
+# server relaunched that way; FINAL_PASS_LAYOUTS are the layouts that need it.
+FINAL_PASS_LAYOUTS: frozenset[str] = frozenset({"specforge"})
+FINAL_STATE_WITH_AUX_FROM: str | None = None  # the first release that serves both in one request; none yet
+
+ServedKind = Literal["aux", "final"]
+
+
+def served_kind(server_args: dict[str, object]) -> ServedKind | None:
+    """Which states a server's answers hold, from its /server_info ServerArgs: the aux layers when aux capture is
+    on (it takes the place of the final state), else the final state with --enable-return-hidden-states."""
+    if server_args.get("enable_return_aux_hidden_states"):
+        return "aux"
+    if server_args.get("enable_return_hidden_states"):
+        return "final"
+    return None
+
+
+def kinds_needed(layouts: list[str]) -> list[ServedKind]:
+    """The passes a spec's layouts need: always the aux layers, and the final state for SpecForge's layout."""
+    return ["aux", "final"] if FINAL_PASS_LAYOUTS.intersection(layouts) else ["aux"]
 
 
 def default_eagle3_layer_ids(num_layers: int) -> list[int]:
@@ -78,8 +102,11 @@ def check_layer_ids(layer_ids: list[int], num_layers: int) -> None:
         raise ValueError(f"layerIds {out} out of range for a target with {num_layers} layers")
 
 
-def launch_flags(layer_ids: list[int] | None) -> list[str]:
-    """The SGLang flags that turn capture on (layer_ids None: the architecture's EAGLE3 default)."""
+def launch_flags(layer_ids: list[int] | None, kind: ServedKind = "aux") -> list[str]:
+    """The SGLang flags that turn capture on (layer_ids None: the architecture's EAGLE3 default); for the final
+    state's pass, only --enable-return-hidden-states (with the aux flags its answers would hold the aux layers)."""
+    if kind == "final":
+        return ["--enable-return-hidden-states"]
     flags = ["--enable-return-aux-hidden-states", "--speculative-algorithm", "EAGLE3"]
     if layer_ids is not None:
         flags += ["--return-aux-hidden-state-layer-ids", *(str(layer) for layer in layer_ids)]
@@ -109,13 +136,17 @@ class StateShape:
         return self.state_bytes(tokens) + 8 * tokens + 1024
 
 
-def shape_from_config(config: dict[str, object], layer_ids: list[int] | None, dtype: str) -> StateShape:
-    """The states' shape for a model's config.json (text_config for multimodal models) and the spec's layer ids."""
+def shape_from_config(config: dict[str, object], layer_ids: list[int] | None, dtype: str,
+                      kind: ServedKind = "aux") -> StateShape:
+    """The states' shape for a model's config.json (text_config for multimodal models) and the spec's layer ids;
+    the final state is one layer."""
     nested = config.get("text_config")
     text = nested if isinstance(nested, dict) else config
     layers, hidden = text.get("num_hidden_layers"), text.get("hidden_size")
     if not isinstance(layers, int) or not isinstance(hidden, int):
         raise ValueError("config.json names no num_hidden_layers and hidden_size: the states' shape is unknown")
+    if kind == "final":
+        return StateShape(1, hidden, dtype)
     ids = layer_ids if layer_ids is not None else default_eagle3_layer_ids(layers)
     check_layer_ids(ids, layers)
     return StateShape(len(ids), hidden, dtype)

@@ -26,6 +26,8 @@ import orjson
 
 from ..facts.hidden_states import CAPTURE_CONCURRENCY, StateShape, capture_request
 from ..store.hidden_states import (
+    AUX,
+    StateKind,
     captured_keys,
     clear_failure,
     commit_states,
@@ -54,6 +56,7 @@ class CaptureError(ValueError):
 
 @dataclass
 class CaptureSummary:
+    kind: str = "aux"
     captured: int = 0
     skipped: int = 0  # already committed
     failed: int = 0
@@ -69,7 +72,8 @@ def parse_states(body: bytes, sequence: list[int], shape: StateShape, where: str
     start = body.find(_FIELD)
     if start < 0:
         raise CaptureError(f"{where}: the answer has no meta_info.hidden_states (is the server started with "
-                           "--enable-return-aux-hidden-states?)")
+                           "--enable-return-aux-hidden-states, or --enable-return-hidden-states for the final "
+                           "state?)")
     value_start = start + len(_FIELD)
     end_match = _NOT_NUMERIC.search(body, value_start)
     value_end = end_match.start() if end_match else len(body)
@@ -106,14 +110,14 @@ async def capture_dataset(storage: Storage, dataset: str, server: str, shape: St
                           concurrency: int = CAPTURE_CONCURRENCY,
                           retry_failed: bool = False, spool: Path | None = None,
                           timeout_s: float = 600.0, worker: int | None = None,
-                          fence: Fence | None = None) -> CaptureSummary:
+                          fence: Fence | None = None, kind: StateKind = AUX) -> CaptureSummary:
     """Capture the states of every committed row of `dataset` that has none committed (those this worker
     committed, when `worker` is given: the workers split the pass as they split the samples). Raises LeaseLost
     when `fence` can no longer prove the lease; nothing is committed after that."""
     summary = CaptureSummary()
     lost: list[LeaseLost] = []
-    done = captured_keys(storage, dataset)
-    failed = failed_keys(storage, dataset)
+    done = captured_keys(storage, dataset, kind)
+    failed = failed_keys(storage, dataset, kind)
     seen: set[str] = set()
     limit = asyncio.Semaphore(concurrency)
     # smg answers 415 to a body without its JSON content type (SGLang itself does not check).
@@ -135,7 +139,7 @@ async def capture_dataset(storage: Storage, dataset: str, server: str, shape: St
     async def one(client: httpx.AsyncClient, row: dict[str, Any], key: str) -> None:
         sequence = _sequence(row)
         where = f"dataset {dataset!r} sample {row['sample_id']!r} (index {row.get('sample_index', 0)})"
-        body = capture_request(sequence, f"hs-{key}-{writer}", chunked_prefill_tokens)
+        body = capture_request(sequence, f"hs-{kind.name}-{key}-{writer}", chunked_prefill_tokens)
         bound = len(sequence) * shape.row_values * _MAX_CHARS_PER_VALUE + (1 << 20) + 64 * len(sequence)
         try:
             async with client.stream("POST", f"{server}/generate", content=orjson.dumps(body)) as answer:
@@ -155,9 +159,9 @@ async def capture_dataset(storage: Storage, dataset: str, server: str, shape: St
             # In the pool: the fence may wait for a late renewal, which must not stall the other answers' streams.
             await loop.run_in_executor(
                 pool, lambda: commit_states(storage, dataset, row["sample_id"], row.get("sample_index", 0),
-                                            sequence, values, shape, spool, fence))
+                                            sequence, values, shape, spool, fence, kind))
             if key in failed:
-                await loop.run_in_executor(pool, clear_failure, storage, dataset, key, fence)
+                await loop.run_in_executor(pool, clear_failure, storage, dataset, key, fence, kind)
             summary.captured += 1
             summary.state_bytes += shape.state_bytes(len(sequence))
         except (CaptureError, httpx.HTTPError) as error:
@@ -167,7 +171,7 @@ async def capture_dataset(storage: Storage, dataset: str, server: str, shape: St
             reason = str(error)
             try:
                 await loop.run_in_executor(pool, lambda: record_failure(
-                    storage, dataset, row["sample_id"], row.get("sample_index", 0), reason, fence))
+                    storage, dataset, row["sample_id"], row.get("sample_index", 0), reason, fence, kind))
             except LeaseLost as gone:
                 give_up(gone)
         except LeaseLost as error:

@@ -1,5 +1,9 @@
-"""`tokenmill run`'s hidden-state pass after the generation stream: the shape from the model's config.json, the
-prefill chunk from the server's facts (through a gateway, a worker's: generate/discovery.py), then generate/hidden_capture.py over each dataset."""
+"""`tokenmill run`'s hidden-state pass after the generation stream: which states the server serves (the aux layers,
+or the final state when started with --enable-return-hidden-states alone) and the prefill chunk from its facts
+(through a gateway, a worker's: generate/discovery.py), the shape from the model's config.json, then
+generate/hidden_capture.py over each dataset. SpecForge's layout needs both kinds, so a second pass against the
+relaunched server (the operator's, or `tokenmill run` again) captures the final state; `pending_kinds` says what a
+run still lacks."""
 
 from __future__ import annotations
 
@@ -9,10 +13,18 @@ import logging
 import shutil
 from pathlib import Path
 
-from ..facts.hidden_states import StateShape, check_room, shape_from_config
+from ..facts.hidden_states import (
+    ServedKind,
+    StateShape,
+    check_room,
+    kinds_needed,
+    launch_flags,
+    served_kind,
+    shape_from_config,
+)
 from ..render.pretokenize import local_model_folder
 from ..spec.config import RunnerConfig
-from ..store.hidden_states import captured_keys, hidden_state_inputs, sample_key
+from ..store.hidden_states import KINDS, StateKind, captured_keys, hidden_state_inputs, sample_key
 from ..store.shards import Fence
 from ..store.storage import LocalStorage, Storage
 from .discovery import discover
@@ -20,38 +32,77 @@ from .hidden_capture import CaptureSummary, capture_dataset
 
 logger = logging.getLogger(__name__)
 DEFAULT_CHUNK = 8192  # SGLang's chunked_prefill_size when its facts do not say
+_KIND_POLL_S = 5.0
+
+
+class StatesNotServed(RuntimeError):
+    """The server answers without the states this pass wants (not started with the flags, or not rolled yet)."""
+
+
+async def _served(server: str, api_key: str | None, wanted: ServedKind | None, wait_s: float
+                  ) -> tuple[ServedKind, dict[str, object]]:
+    """The kind the server serves and its facts; with `wanted`, waits up to `wait_s` for a server rolling to it
+    (the operator relaunches the server for the final pass while the runner Job starts)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    while True:
+        info = (await discover(server, api_key, wait_s=wait_s)).info
+        kind = served_kind(info)
+        if kind is not None and (wanted is None or kind == wanted):
+            return kind, info
+        if loop.time() >= deadline:
+            flags = " ".join(launch_flags(None, wanted or "aux"))
+            raise StatesNotServed(f"the server at {server} serves {kind or 'no'} hidden states, and this pass wants "
+                                  f"{wanted or 'aux or final'} states: start it with {flags}")
+        logger.info("the server serves %s hidden states; waiting for it to serve %s", kind, wanted)
+        await asyncio.sleep(_KIND_POLL_S)
 
 
 async def run_hidden_state_pass(config: RunnerConfig, storage: Storage, api_key: str | None,
                                 fence: Fence | None = None) -> CaptureSummary:
-    """Capture every dataset's missing states; `fence` is the generation stream's (LeaseLost once it fails)."""
+    """Capture every dataset's missing states of the kind the server serves (config.states_pass: that kind only);
+    `fence` is the generation stream's (LeaseLost once it fails)."""
     spec = config.spec
     assert spec.hidden_states is not None
+    server = config.servers[0].rstrip("/")
+    served, info = await _served(server, api_key, config.states_pass, config.server_wait_s)
+    kind = KINDS[served]
     folder = await asyncio.to_thread(local_model_folder, spec.model.tokenizer or spec.model.path,
                                      spec.output.endpoint)
     model_config = json.loads((Path(folder) / "config.json").read_text()) if folder else {}
-    shape = shape_from_config(model_config, spec.hidden_states.layer_ids, spec.hidden_states.dtype)
-    server = config.servers[0].rstrip("/")
-    chunk = (await discover(server, api_key, wait_s=config.server_wait_s)).info.get("chunked_prefill_size")
+    shape = shape_from_config(model_config, spec.hidden_states.layer_ids, spec.hidden_states.dtype, served)
+    chunk = info.get("chunked_prefill_size")
     chunk = chunk if isinstance(chunk, int) and chunk > 0 else DEFAULT_CHUNK
-    _check_local_room(storage, [d.name for d in spec.datasets], shape)
-    total = CaptureSummary()
+    _check_local_room(storage, [d.name for d in spec.datasets], shape, kind)
+    total = CaptureSummary(kind=served)
     for dataset in spec.datasets:
         part = await capture_dataset(storage, dataset.name, server, shape, api_key=api_key,
                                      chunked_prefill_tokens=chunk, retry_failed=config.retry_failed,
                                      worker=config.worker_index if config.worker_count > 1 else None,
-                                     fence=fence)
+                                     fence=fence, kind=kind)
         total.captured += part.captured
         total.skipped += part.skipped
         total.failed += part.failed
         total.state_bytes += part.state_bytes
         total.failures += part.failures
-    logger.info("hidden states: %d captured, %d already committed, %d failed (%d bytes of states)",
-                total.captured, total.skipped, total.failed, total.state_bytes)
+    logger.info("%s hidden states: %d captured, %d already committed, %d failed (%d bytes of states)",
+                served, total.captured, total.skipped, total.failed, total.state_bytes)
     return total
 
 
-def _check_local_room(storage: Storage, datasets: list[str], shape: StateShape) -> None:
+def pending_kinds(storage: Storage, datasets: list[str], layouts: list[str]) -> list[ServedKind]:
+    """The kinds of states the spec's layouts need that some committed sample still lacks."""
+    pending: list[ServedKind] = []
+    for name in kinds_needed(layouts):
+        for dataset in datasets:
+            expected, _, _ = hidden_state_inputs(storage, dataset)
+            if {sample_key(sid, index) for sid, index in expected} - captured_keys(storage, dataset, KINDS[name]):
+                pending.append(name)
+                break
+    return pending
+
+
+def _check_local_room(storage: Storage, datasets: list[str], shape: StateShape, kind: StateKind) -> None:
     """Refuse the pass before any request when a local output cannot hold the files still to be written (their
     exact sizes, from the committed rows' token counts)."""
     if not isinstance(storage, LocalStorage):
@@ -59,7 +110,7 @@ def _check_local_room(storage: Storage, datasets: list[str], shape: StateShape) 
     needed = 0
     for dataset in datasets:
         expected, _, _ = hidden_state_inputs(storage, dataset)
-        done = captured_keys(storage, dataset)
+        done = captured_keys(storage, dataset, kind)
         needed += sum(shape.file_bytes(tokens) for (sid, index), tokens in expected.items()
                       if tokens is not None and sample_key(sid, index) not in done)
     check_room(needed, shutil.disk_usage(storage.root).free, f"the output {storage.root_uri}")

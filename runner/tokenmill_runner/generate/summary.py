@@ -15,6 +15,7 @@ EXIT_GIVEN_UP = 3  # finished, but samples were given up for a server-side reaso
 EXIT_SERVERS_UNAVAILABLE = 4  # no server was live for longer than the outage budget; nothing was written off
 EXIT_NO_SAMPLES = 5  # finished, but a dataset has no sample: an empty source, or every row failed for its input
 EXIT_LEASE_LOST = 6  # the run could no longer prove it holds the output's lease: it committed nothing after that
+EXIT_STATES_PENDING = 7  # finished, but hidden states of another kind are still to capture against a relaunched server
 EXIT_INTERRUPTED = 130  # SIGINT/SIGTERM: finished samples committed, the rest is redone on resume
 
 RETRY_HINT = ("run again with `tokenmill run --retry-failed` (on a cluster: annotate the DatasetGeneration "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .resource import DatasetGenerationSpec
@@ -33,6 +35,9 @@ class RunnerConfig(BaseModel):
     job_hash: str | None = Field(None, description="The hash of the runner Job this process belongs to, recorded "
                                  "in run.json (the operator compares it with the Job's); default: the spec's hash.")
     take_over: bool = Field(False, description="Take the output's lease from another live owner.")
+    states_pass: Literal["aux", "final"] | None = Field(
+        None, description="The hidden states this run captures (the operator's pass: it waits for the server to "
+        "serve that kind); default: whichever the server serves.")
 
     @model_validator(mode="after")
     def _index_in_range(self) -> RunnerConfig:

@@ -27,7 +27,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from ..facts.hidden_states import FINAL_STATE_WITH_AUX_FROM, TRAINER_LAYOUTS, check_layer_ids
+from ..facts.hidden_states import FINAL_PASS_LAYOUTS, FINAL_STATE_WITH_AUX_FROM, TRAINER_LAYOUTS, check_layer_ids
 from ..facts.releases import (
     DEFAULT_IMAGE,
     DEFAULT_RELEASE,
@@ -582,9 +582,10 @@ class HiddenStatesSpec(SpecModel):
     layouts: list[ExportLayout] = Field(
         default_factory=list, max_length=2,
         description="Trainer layouts wanted besides tokenmill's own files (a safetensors file per sample: token_ids "
-        "and the aux layers): speculators (hidden_states/hs_{i}.safetensors), specforge (.ckpt). Both also need the "
-        "target's final hidden state, which no supported SGLang release returns with the aux layers, so both are "
-        "refused for now.")
+        "and the aux layers): specforge (SpecForge's offline .ckpt files, `tokenmill export --format "
+        "specforge-offline`), whose final hidden state a second pass captures from the server relaunched with "
+        "--enable-return-hidden-states (the operator does it; docs/export.md); speculators (hidden_states/hs_{i}."
+        "safetensors) needs the pre-norm final state, which SGLang does not serve, and is refused.")
 
     @field_validator("layer_ids")
     @classmethod
@@ -663,6 +664,8 @@ class DatasetGenerationSpec(SpecModel):
                 "--enable-return-aux-hidden-states first ships in 0.5.23 (earlier releases return only the last "
                 "layer); use lmsysorg/sglang:v0.5.23 or later")
         for index, layout in enumerate(self.hidden_states.layouts):
+            if layout in FINAL_PASS_LAYOUTS:
+                continue  # its final state comes from a second pass (facts/hidden_states.py)
             if FINAL_STATE_WITH_AUX_FROM is None or version_key(facts.version) < version_key(FINAL_STATE_WITH_AUX_FROM):
                 raise ValueError(
                     f"hiddenStates.layouts[{index}] {layout!r}: {TRAINER_LAYOUTS[layout]}, and SGLang {facts.version} "

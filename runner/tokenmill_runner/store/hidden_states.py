@@ -4,6 +4,10 @@
     <dataset>/hidden_commits/<key>.json         the marker: file, bytes, sha256, tokens, shape; written last
     <dataset>/hidden_errors/<key>.json          a capture that failed (retried with --retry-failed)
 
+and the same three folders as final_states/, final_commits/, final_errors/ for the target's final (post-norm)
+state, [n, 1, hidden], which SpecForge's offline layout needs beside the aux layers and which a server serves only
+when started without aux capture (facts/hidden_states.py): a second pass, its own kind (FINAL) of the same files.
+
 The file is written whole to a local spool and moved in by the storage's atomic put, then the marker: a marker never
 names a missing or partial file, and a kill before the marker leaves a file nothing counts (the next pass rewrites
 it). The marker and the failure record are written through the shards' fence (shards.put_marker): a writer that can
@@ -37,6 +41,23 @@ STATES = "hidden_states"
 STATE_COMMITS = "hidden_commits"
 STATE_ERRORS = "hidden_errors"
 MARKER_VERSION = 1
+
+
+@dataclass(frozen=True)
+class StateKind:
+    """Which states: the aux layers or the final one. Each has its own folders and fault steps."""
+
+    name: str
+    states: str
+    commits: str
+    errors: str
+    file_step: str  # store/faults.py steps
+    marker_step: str
+
+
+AUX = StateKind("aux", STATES, STATE_COMMITS, STATE_ERRORS, "states", "states-marker")
+FINAL = StateKind("final", "final_states", "final_commits", "final_errors", "final-states", "final-marker")
+KINDS = {kind.name: kind for kind in (AUX, FINAL)}
 # Rows converted and written per block: bounds the working copy to this many rows besides the parsed answer.
 _BLOCK_ROWS = 256
 
@@ -45,16 +66,16 @@ def sample_key(sample_id: str, sample_index: int) -> str:
     return hashlib.sha256(f"{sample_id}\0{sample_index}".encode()).hexdigest()[:40]
 
 
-def state_file_key(dataset: str, key: str) -> str:
-    return f"{dataset}/{STATES}/{key}.safetensors"
+def state_file_key(dataset: str, key: str, kind: StateKind = AUX) -> str:
+    return f"{dataset}/{kind.states}/{key}.safetensors"
 
 
-def marker_key(dataset: str, key: str) -> str:
-    return f"{dataset}/{STATE_COMMITS}/{key}.json"
+def marker_key(dataset: str, key: str, kind: StateKind = AUX) -> str:
+    return f"{dataset}/{kind.commits}/{key}.json"
 
 
-def error_key(dataset: str, key: str) -> str:
-    return f"{dataset}/{STATE_ERRORS}/{key}.json"
+def error_key(dataset: str, key: str, kind: StateKind = AUX) -> str:
+    return f"{dataset}/{kind.errors}/{key}.json"
 
 
 def to_dtype_bytes(values: np.ndarray, dtype: str) -> bytes:
@@ -102,7 +123,7 @@ class CommittedStates:
 
 def commit_states(storage: Storage, dataset: str, sample_id: str, sample_index: int, token_ids: list[int],
                   values: np.ndarray, shape: StateShape, spool: Path | None = None,
-                  fence: Fence | None = None) -> CommittedStates:
+                  fence: Fence | None = None, kind: StateKind = AUX) -> CommittedStates:
     """Write one sample's file, then its marker (fenced: LeaseLost leaves the file an unmarked leftover).
     `values` holds token_ids' states, [tokens * layers * hidden] float64 in row order."""
     tokens = len(token_ids)
@@ -126,55 +147,58 @@ def commit_states(storage: Storage, dataset: str, sample_id: str, sample_index: 
                 out.write(chunk)
                 digest.update(chunk)
             size = out.tell()
-        file_key = state_file_key(dataset, key)
-        faults.before("states", file_key)
+        file_key = state_file_key(dataset, key, kind)
+        faults.before(kind.file_step, file_key)
         storage.put_file(file_key, path)
-        faults.after("states", file_key)
+        faults.after(kind.file_step, file_key)
     finally:
         path.unlink(missing_ok=True)
     marker = {"version": MARKER_VERSION, "dataset": dataset, "sample_id": sample_id, "sample_index": sample_index,
-              "file": f"{STATES}/{key}.safetensors", "bytes": size, "sha256": digest.hexdigest(), "tokens": tokens,
+              "file": f"{kind.states}/{key}.safetensors", "bytes": size, "sha256": digest.hexdigest(), "tokens": tokens,
               "layers": shape.layers, "hidden": shape.hidden, "dtype": shape.dtype}
-    faults.before("states-marker", marker_key(dataset, key))
-    put_marker(storage, marker_key(dataset, key), orjson.dumps(marker), fence)
-    faults.after("states-marker", marker_key(dataset, key))
+    faults.before(kind.marker_step, marker_key(dataset, key, kind))
+    put_marker(storage, marker_key(dataset, key, kind), orjson.dumps(marker), fence)
+    faults.after(kind.marker_step, marker_key(dataset, key, kind))
     return CommittedStates(dataset, key, sample_id, sample_index, tokens, size)
 
 
 def record_failure(storage: Storage, dataset: str, sample_id: str, sample_index: int, reason: str,
-                   fence: Fence | None = None) -> None:
+                   fence: Fence | None = None, kind: StateKind = AUX) -> None:
     # Fenced like a marker: a resume skips a recorded failure, so a writer without the lease must not add one.
     record = {"dataset": dataset, "sample_id": sample_id, "sample_index": sample_index, "error": reason}
-    put_marker(storage, error_key(dataset, sample_key(sample_id, sample_index)), orjson.dumps(record), fence)
+    put_marker(storage, error_key(dataset, sample_key(sample_id, sample_index), kind), orjson.dumps(record), fence)
 
 
-def clear_failure(storage: Storage, dataset: str, key: str, fence: Fence | None = None) -> None:
-    if storage.exists(error_key(dataset, key)):
+def clear_failure(storage: Storage, dataset: str, key: str, fence: Fence | None = None,
+                  kind: StateKind = AUX) -> None:
+    if storage.exists(error_key(dataset, key, kind)):
         if fence is not None:
             fence.prove()
-        storage.delete(error_key(dataset, key))
+        storage.delete(error_key(dataset, key, kind))
 
 
 def _keys_under(storage: Storage, prefix: str) -> set[str]:
     return {name.rsplit("/", 1)[-1].removesuffix(".json") for name in storage.list(prefix)}
 
 
-def captured_keys(storage: Storage, dataset: str) -> set[str]:
+def captured_keys(storage: Storage, dataset: str, kind: StateKind = AUX) -> set[str]:
     """Samples whose marker is committed (a file without a marker is a leftover and not counted)."""
-    return _keys_under(storage, f"{dataset}/{STATE_COMMITS}/")
+    return _keys_under(storage, f"{dataset}/{kind.commits}/")
 
 
-def failed_keys(storage: Storage, dataset: str) -> set[str]:
-    return _keys_under(storage, f"{dataset}/{STATE_ERRORS}/")
+def failed_keys(storage: Storage, dataset: str, kind: StateKind = AUX) -> set[str]:
+    return _keys_under(storage, f"{dataset}/{kind.errors}/")
 
 
-def state_markers(storage: Storage, dataset: str) -> Iterator[dict[str, Any]]:
-    for name in storage.list(f"{dataset}/{STATE_COMMITS}/"):
+def state_markers(storage: Storage, dataset: str, kind: StateKind = AUX) -> Iterator[dict[str, Any]]:
+    for name in storage.list(f"{dataset}/{kind.commits}/"):
         yield orjson.loads(storage.get(name))
 
 
-def read_states(storage: Storage, dataset: str, marker: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-    """token_ids [n] and states [n, layers, hidden] (float64) of one committed sample, checked against its marker."""
+def read_state_bytes(storage: Storage, dataset: str, marker: dict[str, Any]
+                     ) -> tuple[np.ndarray, bytes, tuple[int, ...]]:
+    """token_ids [n], the states' raw bytes in the served dtype and their shape [n, layers, hidden], of one
+    committed sample, checked against its marker."""
     data = storage.get(f"{dataset}/{marker['file']}")
     if len(data) != marker["bytes"] or hashlib.sha256(data).hexdigest() != marker["sha256"]:
         raise StorageError(f"{dataset}/{marker['file']}: {len(data)} bytes whose digest differs from its marker's "
@@ -185,12 +209,17 @@ def read_states(storage: Storage, dataset: str, marker: dict[str, Any]) -> tuple
     ids_start, ids_end = header["token_ids"]["data_offsets"]
     hs_start, hs_end = header["hidden_states"]["data_offsets"]
     token_ids = np.frombuffer(data[base + ids_start:base + ids_end], "<i8")
-    states = from_dtype_bytes(data[base + hs_start:base + hs_end], marker["dtype"])
-    return token_ids, states.reshape(header["hidden_states"]["shape"])
+    return token_ids, data[base + hs_start:base + hs_end], tuple(header["hidden_states"]["shape"])
 
 
-def hidden_state_inputs(storage: Storage, dataset: str) -> tuple[dict[tuple[str, int], int | None],
-                                                                  list[tuple[tuple[str, int], int, int]], int]:
+def read_states(storage: Storage, dataset: str, marker: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """token_ids [n] and states [n, layers, hidden] (float64) of one committed sample, checked against its marker."""
+    token_ids, raw, shape = read_state_bytes(storage, dataset, marker)
+    return token_ids, from_dtype_bytes(raw, marker["dtype"]).reshape(shape)
+
+
+def hidden_state_inputs(storage: Storage, dataset: str, kind: StateKind = AUX
+                        ) -> tuple[dict[tuple[str, int], int | None], list[tuple[tuple[str, int], int, int]], int]:
     """What the report's hidden-state section reads: every committed sample with its sequence length (from the
     shard markers; None for a conversation, whose states cover its last turn), the state markers, and the failed
     captures still recorded: (sample, tokens, bytes) per state marker."""
@@ -204,5 +233,6 @@ def hidden_state_inputs(storage: Storage, dataset: str) -> tuple[dict[tuple[str,
                 samples["sample_id"], samples["sample_index"], samples["prompt_tokens"],
                 samples["completion_tokens"], turns, strict=True):
             expected[(sid, index)] = None if turn_count is not None else prompt + completion
-    records = [((m["sample_id"], m["sample_index"]), m["tokens"], m["bytes"]) for m in state_markers(storage, dataset)]
-    return expected, records, len(failed_keys(storage, dataset))
+    records = [((m["sample_id"], m["sample_index"]), m["tokens"], m["bytes"])
+               for m in state_markers(storage, dataset, kind)]
+    return expected, records, len(failed_keys(storage, dataset, kind))

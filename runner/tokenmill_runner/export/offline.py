@@ -1,0 +1,121 @@
+"""`tokenmill export --format specforge-offline`: SpecForge's offline EAGLE-3 features from the run's captured states.
+
+One `.ckpt` per committed sample that has both kinds of states (store/hidden_states.py: the aux layers and the final
+state of the second pass), under features/<dataset>/<key>.ckpt, holding what SpecForge's own capture writes
+(SF data/preprocessing.py:640-666, OfflineEagle3Dataset.process_data): `input_ids` [n] int64, `loss_mask` [n] int64
+(1 on the generated tokens, export/units.py), `hidden_state` [1, n, hidden] (the final state) and `aux_hidden_state`
+[1, n, layers * hidden], in the served dtype. The states' bytes are copied as stored, never converted, and the ids the
+states were captured for must equal the row's, or the sample is refused. One sample is in memory at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from ..store.hidden_states import AUX, FINAL, read_state_bytes, sample_key, state_markers
+from ..store.markers import markers_in_commit_order
+from ..store.shards import decode_rows
+from ..store.storage import Storage
+from .ckpt import Tensor, write_ckpt
+from .units import units_from_row
+
+logger = logging.getLogger(__name__)
+FOLDER = "features"
+MISSING_SHOWN = 20
+
+
+class OfflineExportError(RuntimeError):
+    """The run cannot give SpecForge's offline features; the message says what is missing and what to run."""
+
+
+def _markers(source: Storage, dataset: str, kind: Any) -> dict[str, dict[str, Any]]:
+    return {sample_key(m["sample_id"], m["sample_index"]): m for m in state_markers(source, dataset, kind)}
+
+
+def sample_tensors(row: dict[str, Any], aux: tuple[np.ndarray, bytes, tuple[int, ...]],
+                   final: tuple[np.ndarray, bytes, tuple[int, ...]], dtype: str) -> dict[str, Tensor]:
+    """The four tensors of one sample. Raises ValueError when the states were not captured for the row's ids."""
+    unit = list(units_from_row(row, per_conversation=True))[-1]  # the states cover the last (whole) sequence
+    ids = np.asarray(unit.input_ids, dtype="<i8")
+    for name, (token_ids, _, shape) in (("aux", aux), ("final", final)):
+        if not np.array_equal(token_ids, ids) or shape[0] != len(ids):
+            raise ValueError(f"its {name} states were captured for {len(token_ids)} token ids that differ from "
+                             f"the row's {len(ids)}")
+    n, layers, hidden = aux[2]
+    return {"input_ids": Tensor("int64", (n,), ids.tobytes()),
+            "loss_mask": Tensor("int64", (n,), np.asarray(unit.loss_mask, dtype="<i8").tobytes()),
+            "hidden_state": Tensor(dtype, (1, n, final[2][2]), final[1]),
+            "aux_hidden_state": Tensor(dtype, (1, n, layers * hidden), aux[1])}
+
+
+def export_specforge_offline(source: Storage, destination: Storage, datasets: list[str], source_uri: str,
+                             version: str) -> dict[str, Any]:
+    """Write every dataset's features and the manifest (export.json, last); returns the manifest."""
+    spool = Path(tempfile.mkdtemp(prefix="tokenmill-ckpt-"))
+    summary: dict[str, dict[str, Any]] = {}
+    try:
+        for dataset in datasets:
+            aux, final = _markers(source, dataset, AUX), _markers(source, dataset, FINAL)
+            counts: dict[str, Any] = {"samples": 0, "written": 0, "bytes": 0, "without_aux": 0,
+                                      "without_final": 0, "refused": [], "missing": []}
+            seen: set[str] = set()
+            for marker in markers_in_commit_order(source, dataset):
+                if not marker.get("data"):
+                    continue
+                for row in decode_rows(source.get(f"{dataset}/{marker['data']}")):
+                    key = sample_key(row["sample_id"], row.get("sample_index", 0))
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                    counts["samples"] += 1
+                    if key not in aux or key not in final:
+                        counts["without_aux" if key not in aux else "without_final"] += 1
+                        if len(counts["missing"]) < MISSING_SHOWN:
+                            counts["missing"].append(row["sample_id"])
+                        continue
+                    try:
+                        tensors = sample_tensors(row, read_state_bytes(source, dataset, aux[key]),
+                                                 read_state_bytes(source, dataset, final[key]), aux[key]["dtype"])
+                    except ValueError as error:
+                        counts["refused"].append(f"sample {row['sample_id']!r}: {error}")
+                        continue
+                    path = spool / f"{key}.ckpt"
+                    size = write_ckpt(path, tensors)
+                    destination.put_file(f"{FOLDER}/{dataset}/{key}.ckpt", path)
+                    path.unlink(missing_ok=True)  # a local destination moves it in
+                    counts["written"] += 1
+                    counts["bytes"] += size
+            summary[dataset] = counts
+    finally:
+        shutil.rmtree(spool, ignore_errors=True)
+    manifest = {"format": "specforge-offline", "source": source_uri, "destination": destination.root_uri,
+                "created": datetime.now(UTC).isoformat(), "tokenmill_version": version, "datasets": summary,
+                "usage": f"data.hidden_states_path: {destination.uri(FOLDER)}"}
+    destination.put("export.json", orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
+    return manifest
+
+
+def summary_lines(manifest: dict[str, Any]) -> list[str]:
+    lines = []
+    for name, counts in manifest["datasets"].items():
+        lines.append(f"{name}: {counts['written']} of {counts['samples']} samples written "
+                     f"({counts['bytes']} bytes)")
+        if counts["without_aux"] or counts["without_final"]:
+            lines.append(f"  {counts['without_aux']} without aux states, {counts['without_final']} without the "
+                         "final state (tokenmill run captures them: the final state needs the server relaunched with "
+                         "--enable-return-hidden-states; docs/export.md)")
+        lines.extend(f"  refused: {reason}" for reason in counts["refused"][:MISSING_SHOWN])
+    lines.append(manifest["usage"])
+    return lines
+
+
+def incomplete(manifest: dict[str, Any]) -> bool:
+    return any(c["written"] < c["samples"] for c in manifest["datasets"].values())
