@@ -151,3 +151,17 @@ def test_a_trial_step_is_a_layout_switch_the_runner_job_hash_sees():
     assert running_layout(plan) == trial.candidates[0].key
     assert remaining_tokens(plan, 0.5) > 0 and remaining_tokens(plan, 0.0) == 0
     assert not replan_may_switch(trial) and replan_may_switch(None)
+
+
+def test_the_trial_series_sums_the_replicas_scales_the_clock_and_starts_again_per_candidate():
+    from datetime import UTC, datetime, timedelta
+
+    from tokenmill_operator.server_metrics import Scrape, TrialScrapes
+
+    series, t0 = TrialScrapes(), datetime(2026, 1, 1, tzinfo=UTC)
+    one = Scrape(running=10, queued=2, gen_throughput=100, used_tokens=0)
+    series.add((1, 0), t0, [one, one], clock_scale=5)
+    points = series.add((1, 0), t0 + timedelta(seconds=2), [one, one], clock_scale=5)
+    assert [(p.t, p.gen_throughput, p.running, p.queued) for p in points] == [(0, 200, 20, 4), (10, 200, 20, 4)]
+    assert len(series.add((1, 0), t0 + timedelta(seconds=3), [one, None])) == 2  # a replica unread: no point
+    assert series.add((1, 1), t0 + timedelta(seconds=4), [one])[0].t == 0  # the next candidate starts afresh
