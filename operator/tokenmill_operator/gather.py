@@ -28,7 +28,8 @@ from .kube import ApiNotServed, Kube, KubeUnavailable
 from .manifests import SERVER_CONTAINER
 from .observe import parse_time, progress_facts
 from .planner.serving import DRIVER_LABEL
-from .server_metrics import Scrape, VerificationWindow, WindowFacts
+from .planner.trial import MetricPoint
+from .server_metrics import Scrape, TrialScrapes, VerificationWindow, WindowFacts
 from .sglang_metrics import read_metrics
 from .status import RunStatus
 
@@ -69,6 +70,8 @@ class OutputIndex:
     lease_watch: LeaseWatch = field(default_factory=LeaseWatch)
     # The server's (batch, step) samples of the plan's verification window (server_metrics.py).
     window: VerificationWindow = field(default_factory=VerificationWindow)
+    # The scrapes of the trial's candidate being measured (server_metrics.TrialScrapes).
+    trial: TrialScrapes = field(default_factory=TrialScrapes)
 
     def follow(self, storage: Storage, totals: dict[str, int], now: datetime, full: bool = False,
                stopped: Callable[[], bool] = never, samples: dict[str, int] | None = None) -> dict[str, DatasetIndex]:
@@ -306,3 +309,11 @@ def observe_window(window: VerificationWindow, urls: list[str], planned_generati
         scrapes = list(pool.map(read, urls))
     window.add(planned_generation, now, dict(enumerate(scrapes)))
     return window.facts()
+
+
+def observe_trial(scrapes: TrialScrapes, urls: list[str], key: tuple[int, int], now: datetime, clock_scale: float,
+                  read: Callable[[str], Scrape | None] = read_metrics) -> list[MetricPoint]:
+    """Scrape every replica's /metrics (all at once) into the trial candidate's series; the series so far."""
+    with ThreadPoolExecutor(max_workers=min(16, max(1, len(urls))), thread_name_prefix="scrape") as pool:
+        found = list(pool.map(read, urls))
+    return scrapes.add(key, now, found, clock_scale)

@@ -30,6 +30,7 @@ from .status import (
     RetryStatus,
     RunStatus,
     StartupStatus,
+    TrialStatus,
     VerificationStatus,
 )
 
@@ -199,6 +200,7 @@ def _base_status(observed: Observed, status: _Status, phase: str, message: str) 
         planned_generation=observed.planned_generation or previous.planned_generation,
         verification=previous.verification,
         layout_override=_kept_override(observed),
+        trial=_kept_trial(observed),
     )
 
 
@@ -216,6 +218,13 @@ def layout_token(previous: DatasetGenerationStatus, planned_generation: int | No
     token, else empty."""
     override = kept_override(previous, planned_generation)
     return override.token if override is not None else ""
+
+
+def _kept_trial(observed: Observed) -> TrialStatus | None:
+    """The trial stays with the plan it was made for, like the layout it switched to."""
+    trial = observed.previous.trial
+    planned = observed.planned_generation or observed.previous.planned_generation
+    return trial if trial is not None and trial.generation == planned else None
 
 
 def _kept_override(observed: Observed) -> LayoutOverride | None:

@@ -30,7 +30,7 @@ from tokenmill_runner.store.lease_rules import LeaseError
 from tokenmill_runner.store.manifest import ManifestError, Owner, RunManifest, read_manifest
 from tokenmill_runner.store.storage import Storage, StorageError, StorageRetry, open_storage
 
-from . import cache, constants, kueue, manifests, names, policy
+from . import cache, constants, kueue, manifests, names, policy, trialling
 from .facts import Decision, Event, JobState, Observed, QueueState, ServerState
 from .faults import crash_point
 from .gather import (
@@ -44,6 +44,7 @@ from .gather import (
     observe_progress,
     observe_queue,
     observe_server,
+    observe_trial,
     observe_window,
 )
 from .kube import ChildRefused, Kube, KubeUnavailable
@@ -56,6 +57,7 @@ from .lifecycle import (
     plan_retry,
     reopen,
     retry_value,
+    set_condition,
     with_replan,
     with_retry_event,
     with_switch,
@@ -63,9 +65,18 @@ from .lifecycle import (
 from .model_files import make_plan
 from .observe import foreign_run, would_generate
 from .planner import PlanError, ServerPlan
-from .planner.verify import CONFIGMAP_NAME, read_constants, replan_decision, switch_mode, switched_plan
+from .planner.verify import (
+    CONFIGMAP_NAME,
+    pinned_spec,
+    read_constants,
+    replan_decision,
+    running_layout,
+    switch_mode,
+    switched_plan,
+)
 from .server_metrics import WindowFacts
-from .status import DatasetGenerationStatus, ReportStatus, RunStatus, merge_patch
+from .status import DatasetGenerationStatus, ReportStatus, RunStatus, TrialCandidate, merge_patch
+from .trialling import replan_may_switch
 
 __all__ = ["OutputIndex", "OperatorSettings", "PassCancelled", "PassResult", "reconcile", "run_pass"]
 
@@ -101,6 +112,8 @@ class OperatorSettings:
     # The operator's own namespace (the chart sets it from the pod's): where the cluster's measured constants are
     # kept (constants.py); unset, plans use the published fit and nothing is recorded.
     operator_namespace: str | None = os.environ.get(constants.NAMESPACE_ENV) or None
+    # Trial seconds per wall second for the measured trial's rules (server_metrics.TrialScrapes): 1 in a cluster.
+    trial_clock_scale: float = float(os.environ.get("TOKENMILL_TRIAL_CLOCK_SCALE", "1"))
 
 
 def now_utc() -> datetime:
@@ -408,6 +421,8 @@ def reconcile(kube: Kube, context: Context, output: OutputIndex, settings: Opera
         return blocked(base, "ChildRefused", f"{error}; the operator retries on every pass")
     if _newly_verified(context.previous, decision.status) and observed.window is not None:
         decision = _record_constants(kube, context, credentials, decision, observed.window, settings)
+    if context.spec.server.trial == "auto":
+        decision = _trial(context, credentials, decision, observed, output, settings)
     return with_retry_event(decision, observed.retry)
 
 
@@ -447,6 +462,8 @@ def _record_constants(kube: Kube, context: Context, credentials: dict[str, str] 
     generation = decision.status.planned_generation or context.generation
     switched_in = context.previous.layout_override.generation if context.previous.layout_override else None
     mode = switch_mode(context.spec.server.replan, switched_in, generation)
+    if mode == "auto" and not replan_may_switch(decision.status.trial):
+        mode = "suggest"
     found = replan_decision(plan, replanned, remaining, mode) if replanned is not None else None
     if found is None:
         return decision
@@ -463,6 +480,67 @@ def _record_constants(kube: Kube, context: Context, credentials: dict[str, str] 
         found = replace(found, action="suggest")
     kind = "Replanned" if mode == "auto" and found.action != "suggest" else "ReplanSuggested"
     return with_replan(decision, found, now_utc(), generation, kind)
+
+
+def _trial_measuring(context: Context, decision: Decision, observed: Observed, candidate: TrialCandidate) -> bool:
+    """The candidate runs: the previous pass's status already had its layout (so the runner Job's desired hash,
+    made from that status, is this layout's), that Job runs unchanged and the server is ready."""
+    job, server, before = observed.job, observed.server, context.previous.server_plan
+    return (before is not None and running_layout(before) == candidate.key and job is not None
+            and not (job.finished or job.deleting or job.suspended) and not decision.replace_job
+            and job.hash == observed.desired_job_hash and server is not None and server.is_ready)
+
+
+def _trial(context: Context, credentials: dict[str, str] | None, decision: Decision, observed: Observed,
+           output: OutputIndex, settings: OperatorSettings) -> Decision:
+    """spec.server.trial auto, one pass: begin the trial on the generation's plan, measure the candidate that runs,
+    and when trialling.advance says so switch the server to the next candidate (or to the winner) the way replan
+    auto switches: serverPlan pinned to that layout and status.layoutOverride, applied by the next passes."""
+    status = decision.status
+    plan = status.server_plan
+    generation = status.planned_generation or context.generation
+    if plan is None or status.phase != "Generating":
+        return decision
+    trial = status.trial
+    if trial is None or trial.generation != generation:
+        step = trialling.begin(plan, generation)
+    elif trial.phase != "Measuring":
+        return decision
+    else:
+        candidate = trial.candidates[trial.current]
+        if not _trial_measuring(context, decision, observed, candidate):
+            return decision
+        urls = _server_urls(context, plan) or []
+        targets = [settings.server_metrics_url] if settings.server_metrics_url else urls
+        points = observe_trial(output.trial, targets, (generation, trial.current), observed.now,
+                               settings.trial_clock_scale)
+        progress = status.progress
+        share = 1 - (progress.completed + progress.failed) / progress.total if progress.total else 1.0
+        step = trialling.advance(trial, running_layout(plan), points, trialling.remaining_tokens(plan, share))
+    update: dict[str, Any] = {"trial": step.trial}
+    conditions = status.conditions
+    if step.condition is not None:
+        conditions = set_condition(conditions, trialling.CONDITION, *step.condition, observed.now, context.generation)
+    events = [*decision.events, *([step.event] if step.event else [])]
+    if step.switch_to is not None:
+        target = step.switch_to
+        why = (step.condition[2] if step.condition else f"trial: switching to {target.layout}")
+        try:
+            pinned = make_plan(pinned_spec(context.spec, target.key), credentials, retry=OBSERVE_RETRY,
+                               node_driver_major=plan.cuda_driver_major, local=False)
+        except Exception as error:  # the model files: the switch is asked again on the next pass
+            logger.warning("%s/%s: cannot plan the trial's layout %s: %s", context.namespace, context.name,
+                           target.layout, error)
+            return decision
+        if running_layout(pinned) != target.key:
+            logger.warning("%s/%s: the trial's layout %s plans as %s: not run", context.namespace, context.name,
+                           target.layout, running_layout(pinned))
+            return decision
+        update["server_plan"] = trialling.trial_plan(pinned, plan, target, why)
+        update["layout_override"] = trialling.trial_override(step.trial, plan, target, why,
+                                                             observed.now.isoformat().replace("+00:00", "Z"))
+    update["conditions"] = conditions
+    return replace(decision, status=status.model_copy(update=update), events=events)
 
 
 # -------------------------------------------------------------------------------------------------- applying

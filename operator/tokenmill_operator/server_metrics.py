@@ -19,6 +19,8 @@ from datetime import datetime
 
 from tokenmill_runner.facts.refit import StepSample
 
+from .planner.trial import MetricPoint
+
 RUNNING = "sglang:num_running_reqs"
 QUEUED = "sglang:num_queue_reqs"
 THROUGHPUT = "sglang:gen_throughput"
@@ -134,3 +136,37 @@ class VerificationWindow:
             return None
         retracted = sum(max(0.0, self.last_retracted[r] - first) for r, first in self.first_retracted.items())
         return WindowFacts(self.opened, tuple(self.samples), int(retracted), statistics.median(self.queued))
+
+
+@dataclass
+class TrialScrapes:
+    """The scrapes of the trial's candidate being measured (status.trial: its planned generation and index), kept
+    in the operator's memory between passes as one whole-server series: a candidate's throughput is what all its
+    replicas generate, so layouts with different replica counts compare. A new candidate starts a new series; an
+    operator restart starts it again from its next scrape (status.trial keeps every finished measurement).
+
+    `clock_scale` counts each wall second as that many of the trial's seconds: 1 in a cluster; the e2e tests,
+    whose simulator runs faster than the wall clock, set it (TOKENMILL_TRIAL_CLOCK_SCALE) so the rules' minutes of
+    settling, windows and budgets (planner/trial.py, calibrated together) pass in seconds."""
+
+    key: tuple[int, int] | None = None
+    opened: datetime | None = None
+    points: list[MetricPoint] = field(default_factory=list)
+
+    def add(self, key: tuple[int, int], now: datetime, scrapes: list[Scrape | None],
+            clock_scale: float = 1.0) -> list[MetricPoint]:
+        """Fold one pass's scrapes (one per replica; None where one could not be read: the pass adds no point,
+        a sum over the replicas that answered would read as a slower layout)."""
+        if key != self.key:
+            self.key, self.opened, self.points = key, None, []
+        if not scrapes or any(s is None for s in scrapes):
+            return list(self.points)
+        found = [s for s in scrapes if s is not None]
+        if self.opened is None:
+            self.opened = now
+        if len(self.points) < MAX_SAMPLES:
+            self.points.append(MetricPoint(t=(now - self.opened).total_seconds() * clock_scale,
+                                           gen_throughput=sum(s.gen_throughput for s in found),
+                                           running=sum(s.running for s in found),
+                                           queued=sum(s.queued for s in found)))
+        return list(self.points)

@@ -11,7 +11,7 @@ from tokenmill_runner.spec.resource import SpecModel
 from .planner import ServerPlan
 
 CONDITION_TYPES = ("ServerReady", "Progressing", "Stalled", "Succeeded", "Failed", "Ready", "PlanVerified",
-                   "ReplanSuggested", "Replanned")
+                   "ReplanSuggested", "Replanned", "Trialled")
 Phase = Literal["Pending", "Queued", "StartingServer", "Generating", "Reporting", "Succeeded", "Failed",
                 "Suspended"]
 
@@ -135,6 +135,51 @@ class LayoutOverride(SpecModel):
                 f"{self.kv_cache_dtype}")
 
 
+class TrialCandidate(SpecModel):
+    """One layout of the measured trial (spec.server.trial auto) and what was measured on it."""
+
+    layout: str = Field(description="The layout, e.g. 1 x TP 8 + DP attention 4.")
+    replicas: int = Field(description="Server replicas.")
+    tensor_parallel: int = Field(description="GPUs per replica.")
+    attention_data_parallel: int = Field(1, description="DP attention groups per replica (1 = off).")
+    kv_cache_dtype: str = Field("auto", description="--kv-cache-dtype.")
+    predicted_eta_seconds: int = Field(0, description="The plan's ETA for the whole job on this layout.")
+    state: Literal["Pending", "Measuring", "Measured"] = Field("Pending", description="Where its measurement is.")
+    tokens_per_second: float | None = Field(None, description="Measured steady output tokens/s (the server's "
+                                          "gen_throughput summed over its replicas).")
+    tokens_per_second_low: float | None = Field(None, description="Low end of its 99 % interval.")
+    tokens_per_second_high: float | None = Field(None, description="High end of its 99 % interval.")
+    measured_seconds: int | None = Field(None, description="How long it was measured (from its first scrape).")
+    stop: str | None = Field(None, description="Why its measurement ended: ranked (told apart from the others), "
+                             "precise (the first one, within 2 %) or budget (its time spent; flagged).")
+    flagged: bool = Field(False, description="Stopped on its budget without being told apart from the others.")
+    message: str = Field("", description="Its steady-state detection's latest word while measured.")
+
+    @property
+    def key(self) -> tuple[int, int, int, str]:
+        return self.replicas, self.tensor_parallel, self.attention_data_parallel, self.kv_cache_dtype
+
+
+class TrialStatus(SpecModel):
+    """The measured trial (spec.server.trial auto): the candidates in order, the one measured now, and the result.
+    The operator's only memory of it: a restarted operator resumes from here (the candidate being measured is
+    measured again from its next scrape)."""
+
+    generation: int = Field(description="The planned generation it is for (status.plannedGeneration).")
+    phase: Literal["Measuring", "Done", "Skipped"] = Field(description="Measuring, Done (a winner), or Skipped "
+                                                           "(no trial pays for this job; see reason).")
+    candidates: list[TrialCandidate] = Field(default_factory=list, description="In the order they are measured, "
+                                             "the plan's pick first.")
+    current: int = Field(0, description="Index of the candidate being measured (while Measuring).")
+    measure_seconds: int = Field(0, description="Each candidate's time budget (trial.select).")
+    restart_seconds: int = Field(0, description="One restart in another layout (the plan's start-up model).")
+    budget_seconds: int = Field(0, description="What the trial may spend: 5 % of the predicted ETA.")
+    winner: str | None = Field(None, description="The measured fastest.")
+    continued_on: str | None = Field(None, description="The layout the run continues on (the winner, unless "
+                                     "switching to it does not pay its restart).")
+    reason: str = Field("", description="Why the trial was skipped, or how it concluded, with the figures.")
+
+
 class QueueStatus(SpecModel):
     """Where the run stands in Kueue (set when the resource has the kueue.x-k8s.io/queue-name label)."""
 
@@ -169,6 +214,8 @@ class DatasetGenerationStatus(SpecModel):
     layout_override: LayoutOverride | None = Field(
         None, description="The layout the operator switched to after measuring the plan (spec.server.replan auto); "
         "serverPlan is made for it. Cleared by a spec edit.")
+    trial: TrialStatus | None = Field(
+        None, description="The measured trial of the plan's closest layouts (spec.server.trial auto).")
     observation_failed_since: str | None = Field(
         None, description="Since when storage or the API server cannot be read (unset once they can).")
     server_starting_since: str | None = Field(

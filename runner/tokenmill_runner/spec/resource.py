@@ -419,6 +419,14 @@ class ServerSpec(SpecModel):
         "generation, and an edit of the spec plans from the spec again. suggest: it says so in the "
         "ReplanSuggested condition and an Event (setting spec.server.tensorParallel switches). off: no re-plan.",
     )
+    trial: Literal["auto", "off"] = Field(
+        "off", description="A measured trial for long jobs (docs/planning.md, 4d): auto: when the plan's closest "
+        "candidates cannot be told apart by its intervals and the trial fits in 5 % of the predicted ETA, the "
+        "operator runs them one after another (the server in each layout, the runner Job replaced, resuming from "
+        "what is committed), measures each one's steady throughput on SGLang's /metrics, and continues on the "
+        "fastest (status.trial, the Trialled condition and an Event). The trial counts as the generation's layout "
+        "switch: replan auto only suggests after it. off: no trial.",
+    )
     startup_timeout_seconds: int | None = Field(
         None, gt=0, le=MAX_TIMEOUT_SECONDS, description="How long a server may load weights before its startup probe "
         "fails it (at most a week); default: three times the plan's predicted load (weights, CUDA graphs, warmup), "
@@ -701,7 +709,7 @@ class DatasetGenerationSpec(SpecModel):
 
 # spec.server fields only the operator reads, after the server runs: editing them neither restarts the server nor
 # replaces the runner Job.
-OPERATOR_ONLY = ("verifyWindowSeconds", "replan")
+OPERATOR_ONLY = ("verifyWindowSeconds", "replan", "trial")
 
 
 def content_hash(payload: Any) -> str:
