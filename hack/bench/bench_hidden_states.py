@@ -5,7 +5,9 @@ Each size runs in a child process (its peak RSS read from wait4): committed shar
 written to a scratch store, a local HTTP server answers every capture request as SGLang 0.5.23 does (the states as
 JSON floats in one prefill block, the token ids echoed; the body is built once per process, so the server costs
 little), and generate/hidden_capture.py captures, checks and commits every sample; then each committed file is read
-back and digest-checked as an export reads it (store/hidden_states.read_states). The scratch store is removed.
+back and digest-checked as an export reads it (store/hidden_states.read_states); then the final-state pass SpecForge's
+layout adds (one layer) and `--format specforge-offline` (export/offline.py: one .ckpt per sample with both kinds)
+into a scratch destination. The scratch store is removed.
 Not a test. Defaults: 100 and 1,000 samples of 2,048 tokens at hidden 1,024 x 3 layers (bf16: 12.6 MB a sample,
 12.6 GB at the top).
 
@@ -30,7 +32,8 @@ import numpy as np, orjson
 from aiohttp import web
 from tokenmill_runner.facts.hidden_states import StateShape
 from tokenmill_runner.generate.hidden_capture import capture_dataset
-from tokenmill_runner.store.hidden_states import read_states, state_markers
+from tokenmill_runner.export.offline import export_specforge_offline
+from tokenmill_runner.store.hidden_states import FINAL, read_states, state_markers
 from tokenmill_runner.store.shards import ShardBuffer, commit_shard
 from tokenmill_runner.store.storage import LocalStorage
 
@@ -45,12 +48,16 @@ for start in range(0, samples, 64):
                          "output_ids": [(i * 7 + p) % 1000 for p in range(16)], "prompt_tokens": tokens - 16,
                          "completion_tokens": 16, "finish_reason": "length"}, 0.0)
     commit_shard(storage, "d", f"s{start:06d}", 0, content.take())
-states = orjson.dumps(((np.arange(tokens * shape.row_values) % 256 - 128) / 64.0).reshape(tokens, -1),
-                      option=orjson.OPT_SERIALIZE_NUMPY)
+def answer_states(layers):
+    values = (np.arange(tokens * layers * hidden) % 256 - 128) / 64.0
+    return orjson.dumps(values.reshape(tokens, -1), option=orjson.OPT_SERIALIZE_NUMPY)
+
+states, final_states = answer_states(3), answer_states(1)
 
 async def generate(request):
     body = orjson.loads(await request.read())
-    return web.Response(body=b'{"text":"","output_ids":[0],"meta_info":{"id":"x","hidden_states":[' + states
+    served = final_states if body["rid"].startswith("hs-final-") else states
+    return web.Response(body=b'{"text":"","output_ids":[0],"meta_info":{"id":"x","hidden_states":[' + served
                         + b'],"e2e_latency":0.0},"prompt_token_ids":' + orjson.dumps(body["input_ids"]) + b"}",
                         content_type="application/json")
 
@@ -66,16 +73,24 @@ async def main():
     summary = await capture_dataset(storage, "d", f"http://127.0.0.1:{port}", shape, chunked_prefill_tokens=1 << 20,
                                     concurrency=2)
     captured_s = time.perf_counter() - started
+    final = await capture_dataset(storage, "d", f"http://127.0.0.1:{port}", StateShape(1, hidden, "bfloat16"),
+                                  chunked_prefill_tokens=1 << 20, concurrency=2, kind=FINAL)
     await runner.cleanup()
     assert summary.captured == samples and not summary.failed, summary.failures
+    assert final.captured == samples and not final.failed, final.failures
     started = time.perf_counter()
     read = 0
     for marker in state_markers(storage, "d"):
         ids, values = read_states(storage, "d", marker)
         read += values.size * 2
     read_s = time.perf_counter() - started
+    started = time.perf_counter()
+    manifest = export_specforge_offline(storage, LocalStorage(root.parent / (root.name + "-export")), ["d"],
+                                        storage.root_uri, "bench")
+    export_s = time.perf_counter() - started
+    assert manifest["datasets"]["d"]["written"] == samples, manifest
     print(json.dumps({"state_bytes": summary.state_bytes, "capture_s": captured_s, "read_bytes": read,
-                      "read_s": read_s}))
+                      "read_s": read_s, "export_bytes": manifest["datasets"]["d"]["bytes"], "export_s": export_s}))
 
 asyncio.run(main())
 """
@@ -95,6 +110,7 @@ def run_size(samples: int, tokens: int, hidden: int, scratch: Path) -> dict[str,
         return figures
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(f"{folder}-export", ignore_errors=True)
 
 
 def main() -> None:
@@ -104,17 +120,19 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--scratch", type=Path, default=Path(tempfile.gettempdir()))
     args = parser.parse_args()
-    need = max(args.sizes) * args.tokens * 3 * args.hidden * 2
+    need = max(args.sizes) * args.tokens * (3 + 1) * args.hidden * 2 * 2  # both kinds, then the export's copy
     free = shutil.disk_usage(args.scratch).free
     if need * 1.1 > free:
         raise SystemExit(f"{args.scratch}: {free / 1e9:.1f} GB free, the largest size needs {need / 1e9:.1f} GB")
-    print(f"{'samples':>8} {'states GB':>10} {'capture MB/s':>13} {'read MB/s':>10} {'peak RSS MiB':>13} {'x first':>8}")
+    print(f"{'samples':>8} {'states GB':>10} {'capture MB/s':>13} {'read MB/s':>10} {'export MB/s':>12} "
+          f"{'peak RSS MiB':>13} {'x first':>8}")
     first = None
     for samples in args.sizes:
         f = run_size(samples, args.tokens, args.hidden, args.scratch)
         first = first or f["peak_rss_mib"]
         print(f"{samples:>8} {f['state_bytes'] / 1e9:>10.2f} {f['state_bytes'] / f['capture_s'] / 1e6:>13.1f} "
-              f"{f['read_bytes'] / f['read_s'] / 1e6:>10.1f} {f['peak_rss_mib']:>13.1f} "
+              f"{f['read_bytes'] / f['read_s'] / 1e6:>10.1f} {f['export_bytes'] / f['export_s'] / 1e6:>12.1f} "
+              f"{f['peak_rss_mib']:>13.1f} "
               f"{f['peak_rss_mib'] / first:>8.2f}", flush=True)
 
 

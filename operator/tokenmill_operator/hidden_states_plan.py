@@ -6,7 +6,15 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from tokenmill_runner.facts.hidden_states import NoRoomError, PlannedStates, check_room, plan_states, shape_from_config
+from tokenmill_runner.facts.hidden_states import (
+    NoRoomError,
+    PlannedStates,
+    StateShape,
+    check_room,
+    kinds_needed,
+    plan_states,
+    shape_from_config,
+)
 from tokenmill_runner.facts.workload import Workload
 from tokenmill_runner.spec.resource import DatasetGenerationSpec
 
@@ -25,7 +33,13 @@ def hidden_states_plan(spec: DatasetGenerationSpec, work: Workload, location: st
                                   spec.hidden_states.dtype)
     except ValueError as error:
         raise HiddenStatesPlanError(f"spec.hiddenStates: {error}") from None
-    planned = plan_states(shape, [(d.name, d.samples, d.prompt_tokens + d.mean_output()) for d in work.datasets])
+    loads = [(d.name, d.samples, d.prompt_tokens + d.mean_output()) for d in work.datasets]
+    planned = plan_states(shape, loads)
+    if "final" in kinds_needed(list(spec.hidden_states.layouts)):
+        # SpecForge's final state: one more file per sample, one layer wide (store/hidden_states.FINAL).
+        final = plan_states(StateShape(1, shape.hidden, shape.dtype), loads)
+        planned = PlannedStates(shape, {name: size + final.per_dataset[name] for name, size in
+                                        planned.per_dataset.items()}, planned.tokens)
     uri = spec.output.uri.removeprefix("file://")
     if "://" not in uri:
         folder = Path(uri).resolve()

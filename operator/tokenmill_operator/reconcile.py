@@ -22,6 +22,7 @@ import orjson
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
+from tokenmill_runner.facts.hidden_states import kinds_needed
 from tokenmill_runner.report.files import REPORT_DIR, write_report
 from tokenmill_runner.spec.resource import API_VERSION, KIND, DatasetGenerationSpec
 from tokenmill_runner.store.credentials import SECRET_KEYS
@@ -194,6 +195,14 @@ def plan_for(context: Context, credentials: dict[str, str] | None,
     current = _current_plan(context)
     if current is not None:
         return Planning(current)
+    states = context.spec.hidden_states
+    if states is not None and "final" in kinds_needed(list(states.layouts)):
+        # Its final states need the server relaunched without aux capture between two runner passes, which the
+        # operator does not orchestrate yet: refused before any GPU hour rather than left half-captured.
+        return Planning(None, error="spec.hiddenStates.layouts ['specforge']: SpecForge's final hidden state needs "
+                        "a second pass against the server relaunched with --enable-return-hidden-states, which "
+                        "the operator does not run yet; drop the layout (the aux states are captured and stored), "
+                        "or run both passes with `tokenmill run` (docs/export.md)")
     try:
         driver = None if context.spec.server.cuda_driver_major else node_driver()
         plan = make_plan(context.spec, credentials, retry=OBSERVE_RETRY, node_driver_major=driver, local=False,

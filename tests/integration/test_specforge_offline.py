@@ -7,6 +7,7 @@ layer or of the wrong kind shows."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -59,8 +60,14 @@ def two_passes(tmp_path: Path, demo_model: Path, aux_server, final_server, lines
     assert "--enable-return-hidden-states" in first.stderr
     storage = LocalStorage(out)
     assert len(captured_keys(storage, "d", AUX)) == lines and not captured_keys(storage, "d", FINAL)
+    report = json.loads((out / "report" / "report.json").read_text())
+    assert report["hidden_states"]["d"]["final"]["coverage"] == 0.0
+    assert "final_states_coverage" in {f["check"] for f in report["findings"]}
     second = run_cli(spec, out, final_server.url)
     assert second.returncode == 0, second.stderr[-2000:]
+    report = json.loads((out / "report" / "report.json").read_text())
+    assert report["hidden_states"]["d"]["coverage"] == report["hidden_states"]["d"]["final"]["coverage"] == 1.0
+    assert not [f for f in report["findings"] if f["check"].startswith(("hidden_states", "final_states"))]
     return spec, out
 
 

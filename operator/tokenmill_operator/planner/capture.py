@@ -56,10 +56,13 @@ class CaptureTime:
     forward_seconds: float  # the server's prefill forwards and decode steps (the step model)
     transfer_seconds: float  # the states' JSON through the runner workers at JSON_STATE_BYTES_PER_S each
     state_bytes: float
+    # SpecForge's final-state pass (facts/hidden_states.FINAL_PASS_LAYOUTS): the same requests again, after the
+    # server's relaunch, one layer of states each. It runs after this one, so its time adds.
+    final: CaptureTime | None = None
 
     @property
     def seconds(self) -> float:
-        return max(self.forward_seconds, self.transfer_seconds)
+        return max(self.forward_seconds, self.transfer_seconds) + (self.final.seconds if self.final else 0.0)
 
     @property
     def bound(self) -> str:

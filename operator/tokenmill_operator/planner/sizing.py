@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from tokenmill_runner.facts.hardware import Gpu
-from tokenmill_runner.facts.hidden_states import StateShape
+from tokenmill_runner.facts.hidden_states import StateShape, kinds_needed
 from tokenmill_runner.facts.intervals import interval
 from tokenmill_runner.facts.model_facts import ModelFacts
 from tokenmill_runner.facts.throughput import CALIBRATION, Calibration, Layout, StepModel, serving_tokens_per_second
@@ -248,8 +248,15 @@ class Context:
         if not per_token:
             return None
         loads = [CaptureLoad(d.name, d.samples, d.prompt_tokens + d.mean_output()) for d in self.work.datasets]
-        return capture_time(loads, per_token, self.spec.runner.parallelism, step.chunk_tokens, step.step_seconds,
-                            step.chunked_prefill_seconds)
+        aux = capture_time(loads, per_token, self.spec.runner.parallelism, step.chunk_tokens, step.step_seconds,
+                           step.chunked_prefill_seconds)
+        states = self.spec.hidden_states
+        if states is None or "final" not in kinds_needed(list(states.layouts)):
+            return aux
+        final_per_token = StateShape(1, self.model.hidden_size, states.dtype).bytes_per_token
+        # The relaunch between the passes is a server start, counted by the startup model like any other.
+        return replace(aux, final=capture_time(loads, final_per_token, self.spec.runner.parallelism,
+                                               step.chunk_tokens, step.step_seconds, step.chunked_prefill_seconds))
 
     @property
     def decides_memory(self) -> bool:

@@ -48,7 +48,11 @@ async def _served(server: str, api_key: str | None, wanted: ServedKind | None, w
     while True:
         info = (await discover(server, api_key, wait_s=wait_s)).info
         kind = served_kind(info)
-        if kind is not None and (wanted is None or kind == wanted):
+        if wanted is None:
+            # Facts that name neither flag (a server that is not started for states, or facts without the keys)
+            # get the aux pass: a server that refuses it fails each capture, recorded for --retry-failed.
+            return kind or "aux", info
+        if kind == wanted:
             return kind, info
         if loop.time() >= deadline:
             flags = " ".join(launch_flags(None, wanted or "aux"))

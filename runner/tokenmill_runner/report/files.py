@@ -45,19 +45,26 @@ def load_ledger(storage: Storage) -> Ledger:
 
 def _add_hidden_states(storage: Storage, ledger: Any, report: dict[str, Any]) -> None:
     """The hidden-state section and its findings, when the run asked for states (report/hidden_states.py)."""
-    from ..store.hidden_states import hidden_state_inputs
+    from ..facts.hidden_states import kinds_needed
+    from ..store.hidden_states import KINDS, hidden_state_inputs
     from .hidden_states import StateRecord, hidden_state_section
     from .validation import LEVELS
 
     spec = ledger.run.get("spec") if isinstance(ledger.run, dict) else None
     if not (isinstance(spec, dict) and spec.get("hiddenStates") is not None):
         return
+    layouts = spec["hiddenStates"].get("layouts") or []
     sections = {}
     for dataset in ledger.datasets:
-        expected, states, failed = hidden_state_inputs(storage, dataset.name)
-        records = [StateRecord(*state) for state in states]
-        sections[dataset.name], findings = hidden_state_section(dataset.name, expected, records, failed)
-        report["findings"].extend(findings)
+        for kind in kinds_needed(list(layouts)):
+            expected, states, failed = hidden_state_inputs(storage, dataset.name, KINDS[kind])
+            records = [StateRecord(*state) for state in states]
+            section, findings = hidden_state_section(dataset.name, expected, records, failed, kind)
+            if kind == "aux":
+                sections[dataset.name] = section
+            else:
+                sections[dataset.name]["final"] = section
+            report["findings"].extend(findings)
     report["hidden_states"] = sections
     report["verdict"] = max((f["level"] for f in report["findings"]), key=LEVELS.index, default="fail")
 

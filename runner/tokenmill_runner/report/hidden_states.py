@@ -18,9 +18,10 @@ class StateRecord:
 
 
 def hidden_state_section(dataset: str, expected: dict[SampleRef, int | None], states: Iterable[StateRecord],
-                         failed: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+                         failed: int, kind: str = "aux") -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """`expected`: every committed sample and its sequence length (prompt + output tokens; None where the marker
-    cannot tell, a multi-turn conversation)."""
+    cannot tell, a multi-turn conversation). `kind` "final": SpecForge's final-state pass, its own checks."""
+    check, what = ("hidden_states", "hidden states") if kind == "aux" else ("final_states", "final hidden states")
     covered: set[SampleRef] = set()
     total_bytes = 0
     misaligned: list[str] = []
@@ -41,13 +42,15 @@ def hidden_state_section(dataset: str, expected: dict[SampleRef, int | None], st
                "failed_captures": failed, "misaligned": len(misaligned), "uncounted": orphans}
     findings: list[dict[str, Any]] = []
     if misaligned:
-        findings.append(_finding("hidden_states_length", dataset, len(misaligned),
-                                 f"{dataset}: {len(misaligned)} samples' hidden states differ in length from their "
+        findings.append(_finding(f"{check}_length", dataset, len(misaligned),
+                                 f"{dataset}: {len(misaligned)} samples' {what} differ in length from their "
                                  f"sequence, e.g. {misaligned[0]}; a drafter would train on misaligned features"))
     if samples and len(covered) < samples:
-        findings.append(_finding("hidden_states_coverage", dataset, coverage,
-                                 f"{dataset}: {samples - len(covered)} of {samples} samples have no hidden states "
-                                 f"({failed} captures failed); rerun with --retry-failed"))
+        advice = ("rerun with --retry-failed" if kind == "aux" or failed else "run the final-state pass against the "
+                  "server relaunched with --enable-return-hidden-states")
+        findings.append(_finding(f"{check}_coverage", dataset, coverage,
+                                 f"{dataset}: {samples - len(covered)} of {samples} samples have no {what} "
+                                 f"({failed} captures failed); {advice}"))
     return section, findings
 
 
