@@ -7,43 +7,20 @@ environment and an unchanged one is reused. `reference_ids()` runs reference_ids
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
 import os
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
+
+from tests.venv_cache import cached_python, env_key
 
 HERE = Path(__file__).resolve().parent
 REQUIREMENTS = HERE / "requirements.txt"
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("TOKENMILL_CACHE", Path.home() / ".cache" / "tokenmill"))
-
-
-def env_key() -> str:
-    digest = hashlib.sha256(REQUIREMENTS.read_bytes() + sys.version.encode()).hexdigest()[:12]
-    return f"py{sys.version_info.major}{sys.version_info.minor}-{digest}"
-
-
 def reference_python() -> Path:
-    target = cache_root() / f"refenv-{env_key()}"
-    python = target / "bin" / "python"
-    ready = target / ".ready"
-    if ready.exists():
-        return python
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".refenv-{env_key()}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # parallel test workers build it once
-        if not ready.exists():
-            subprocess.run([sys.executable, "-m", "venv", "--clear", str(target)], check=True)
-            subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                            "-r", str(REQUIREMENTS)], check=True)
-            ready.write_text(env_key())
-    return python
+    return cached_python("refenv", env_key(REQUIREMENTS.read_bytes()), [["-r", str(REQUIREMENTS)]])
 
 
 def reference_ids(prompts: Path, fixtures: dict[str, dict]) -> dict:

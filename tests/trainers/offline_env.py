@@ -9,15 +9,14 @@ training step, as lists, so a test compares them with what the simulator served.
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
 import os
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from tests.venv_cache import cached_python, env_key
 
 HERE = Path(__file__).resolve().parent
 REQUIREMENTS = HERE / "requirements-offline.txt"
@@ -57,32 +56,9 @@ print(json.dumps(out))
 """
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("TOKENMILL_CACHE", Path.home() / ".cache" / "tokenmill"))
-
-
-def env_key() -> str:
-    digest = hashlib.sha256(REQUIREMENTS.read_bytes() + " ".join(TRAINERS).encode()
-                            + sys.version.encode()).hexdigest()[:12]
-    return f"py{sys.version_info.major}{sys.version_info.minor}-{digest}"
-
-
 def offline_python() -> Path:
-    target = cache_root() / f"trainers-offline-{env_key()}"
-    python = target / "bin" / "python"
-    ready = target / ".ready"
-    if ready.exists():
-        return python
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".trainers-offline-{env_key()}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # parallel test workers build it once
-        if not ready.exists():
-            pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-cache-dir"]
-            subprocess.run([sys.executable, "-m", "venv", "--clear", str(target)], check=True)
-            subprocess.run([*pip, "-r", str(REQUIREMENTS)], check=True)
-            subprocess.run([*pip, "--no-deps", *TRAINERS], check=True)
-            ready.write_text(env_key())
-    return python
+    return cached_python("trainers-offline", env_key(REQUIREMENTS.read_bytes(), " ".join(TRAINERS).encode()),
+                         [["--no-cache-dir", "-r", str(REQUIREMENTS)], ["--no-cache-dir", "--no-deps", *TRAINERS]])
 
 
 def _run(script: str, *args: str) -> list[dict[str, Any]]:

@@ -10,15 +10,14 @@ template, SF data/preprocessing.py:140-143) on pre-formatted texts and returns i
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
 import os
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from tests.venv_cache import cached_python, env_key
 
 HERE = Path(__file__).resolve().parent
 REQUIREMENTS = HERE / "requirements-specforge.txt"
@@ -37,30 +36,8 @@ else:
 """
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("TOKENMILL_CACHE", Path.home() / ".cache" / "tokenmill"))
-
-
-def env_key() -> str:
-    digest = hashlib.sha256(REQUIREMENTS.read_bytes() + sys.version.encode()).hexdigest()[:12]
-    return f"py{sys.version_info.major}{sys.version_info.minor}-{digest}"
-
-
 def specforge_python() -> Path:
-    target = cache_root() / f"specforge-{env_key()}"
-    python = target / "bin" / "python"
-    ready = target / ".ready"
-    if ready.exists():
-        return python
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".specforge-{env_key()}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # parallel test workers build it once
-        if not ready.exists():
-            subprocess.run([sys.executable, "-m", "venv", "--clear", str(target)], check=True)
-            subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                            "--no-deps", "-r", str(REQUIREMENTS)], check=True)
-            ready.write_text(env_key())
-    return python
+    return cached_python("specforge", env_key(REQUIREMENTS.read_bytes()), [["--no-deps", "-r", str(REQUIREMENTS)]])
 
 
 def read_prompts(path: Path, max_length: int = 1 << 20) -> dict[str, Any]:
