@@ -20,9 +20,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from ..store.hidden_states import AUX, FINAL, read_state_bytes, sample_key, state_markers
-from ..store.markers import markers_in_commit_order
-from ..store.shards import decode_rows
+from ..store.hidden_states import AUX, FINAL, committed_samples, read_state_bytes, sample_key, state_markers
 from ..store.storage import Storage
 from .ckpt import Tensor, write_ckpt
 from .units import units_from_row
@@ -66,33 +64,25 @@ def export_specforge_offline(source: Storage, destination: Storage, datasets: li
             aux, final = _markers(source, dataset, AUX), _markers(source, dataset, FINAL)
             counts: dict[str, Any] = {"samples": 0, "written": 0, "bytes": 0, "without_aux": 0,
                                       "without_final": 0, "refused": [], "missing": []}
-            seen: set[str] = set()
-            for marker in markers_in_commit_order(source, dataset):
-                if not marker.get("data"):
+            for key, row in committed_samples(source, dataset):
+                counts["samples"] += 1
+                if key not in aux or key not in final:
+                    counts["without_aux" if key not in aux else "without_final"] += 1
+                    if len(counts["missing"]) < MISSING_SHOWN:
+                        counts["missing"].append(row["sample_id"])
                     continue
-                for row in decode_rows(source.get(f"{dataset}/{marker['data']}")):
-                    key = sample_key(row["sample_id"], row.get("sample_index", 0))
-                    if key in seen:
-                        continue
-                    seen.add(key)
-                    counts["samples"] += 1
-                    if key not in aux or key not in final:
-                        counts["without_aux" if key not in aux else "without_final"] += 1
-                        if len(counts["missing"]) < MISSING_SHOWN:
-                            counts["missing"].append(row["sample_id"])
-                        continue
-                    try:
-                        tensors = sample_tensors(row, read_state_bytes(source, dataset, aux[key]),
-                                                 read_state_bytes(source, dataset, final[key]), aux[key]["dtype"])
-                    except ValueError as error:
-                        counts["refused"].append(f"sample {row['sample_id']!r}: {error}")
-                        continue
-                    path = spool / f"{key}.ckpt"
-                    size = write_ckpt(path, tensors)
-                    destination.put_file(f"{FOLDER}/{dataset}/{key}.ckpt", path)
-                    path.unlink(missing_ok=True)  # a local destination moves it in
-                    counts["written"] += 1
-                    counts["bytes"] += size
+                try:
+                    tensors = sample_tensors(row, read_state_bytes(source, dataset, aux[key]),
+                                             read_state_bytes(source, dataset, final[key]), aux[key]["dtype"])
+                except ValueError as error:
+                    counts["refused"].append(f"sample {row['sample_id']!r}: {error}")
+                    continue
+                path = spool / f"{key}.ckpt"
+                size = write_ckpt(path, tensors)
+                destination.put_file(f"{FOLDER}/{dataset}/{key}.ckpt", path)
+                path.unlink(missing_ok=True)  # a local destination moves it in
+                counts["written"] += 1
+                counts["bytes"] += size
             summary[dataset] = counts
     finally:
         shutil.rmtree(spool, ignore_errors=True)

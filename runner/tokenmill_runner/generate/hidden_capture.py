@@ -31,13 +31,12 @@ from ..store.hidden_states import (
     captured_keys,
     clear_failure,
     commit_states,
+    committed_samples,
     failed_keys,
     record_failure,
-    sample_key,
 )
 from ..store.lease import LeaseLost
-from ..store.markers import markers_in_commit_order
-from ..store.shards import Fence, decode_rows
+from ..store.shards import Fence
 from ..store.storage import Storage
 from .client import auth_headers
 
@@ -118,7 +117,6 @@ async def capture_dataset(storage: Storage, dataset: str, server: str, shape: St
     lost: list[LeaseLost] = []
     done = captured_keys(storage, dataset, kind)
     failed = failed_keys(storage, dataset, kind)
-    seen: set[str] = set()
     limit = asyncio.Semaphore(concurrency)
     # smg answers 415 to a body without its JSON content type (SGLang itself does not check).
     headers = {"Content-Type": "application/json", **auth_headers(api_key)}
@@ -181,26 +179,19 @@ async def capture_dataset(storage: Storage, dataset: str, server: str, shape: St
 
     try:
         async with httpx.AsyncClient(timeout=timeout_s, headers=headers) as client:
-            for marker in markers_in_commit_order(storage, dataset):
+            for key, row in committed_samples(storage, dataset, worker):
                 if lost:
                     break
-                if not marker.get("data") or (worker is not None and marker.get("worker") != worker):
+                if key in done or (key in failed and not retry_failed):
+                    summary.skipped += 1
                     continue
-                for row in decode_rows(storage.get(f"{dataset}/{marker['data']}")):
-                    key = sample_key(row["sample_id"], row.get("sample_index", 0))
-                    if key in seen:
-                        continue
-                    seen.add(key)
-                    if key in done or (key in failed and not retry_failed):
-                        summary.skipped += 1
-                        continue
-                    await limit.acquire()
-                    if lost:
-                        limit.release()
-                        break
-                    task = asyncio.create_task(one(client, row, key))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
+                await limit.acquire()
+                if lost:
+                    limit.release()
+                    break
+                task = asyncio.create_task(one(client, row, key))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
             results = await asyncio.gather(*tasks, return_exceptions=True)
             if not lost:
                 for result in results:

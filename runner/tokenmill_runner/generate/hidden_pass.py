@@ -25,6 +25,7 @@ from ..facts.hidden_states import (
 from ..render.pretokenize import local_model_folder
 from ..spec.config import RunnerConfig
 from ..store.hidden_states import KINDS, StateKind, captured_keys, hidden_state_inputs, sample_key
+from ..store.markers import markers_in_commit_order
 from ..store.shards import Fence
 from ..store.storage import LocalStorage, Storage
 from .discovery import discover
@@ -96,14 +97,14 @@ async def run_hidden_state_pass(config: RunnerConfig, storage: Storage, api_key:
 
 def pending_kinds(storage: Storage, datasets: list[str], layouts: list[str]) -> list[ServedKind]:
     """The kinds of states the spec's layouts need that some committed sample still lacks."""
-    pending: list[ServedKind] = []
-    for name in kinds_needed(layouts):
-        for dataset in datasets:
-            expected, _, _ = hidden_state_inputs(storage, dataset)
-            if {sample_key(sid, index) for sid, index in expected} - captured_keys(storage, dataset, KINDS[name]):
-                pending.append(name)
-                break
-    return pending
+    needed = kinds_needed(layouts)
+    pending: set[ServedKind] = set()
+    for dataset in datasets:
+        # The samples' keys from the shard markers once per dataset; each kind's committed keys are one listing.
+        keys = {sample_key(sid, index) for marker in markers_in_commit_order(storage, dataset)
+                for sid, index in zip(marker["samples"]["sample_id"], marker["samples"]["sample_index"], strict=True)}
+        pending.update(name for name in needed if keys - captured_keys(storage, dataset, KINDS[name]))
+    return [name for name in needed if name in pending]
 
 
 def _check_local_room(storage: Storage, datasets: list[str], shape: StateShape, kind: StateKind) -> None:

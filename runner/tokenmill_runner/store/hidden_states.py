@@ -195,6 +195,24 @@ def state_markers(storage: Storage, dataset: str, kind: StateKind = AUX) -> Iter
         yield orjson.loads(storage.get(name))
 
 
+def committed_samples(storage: Storage, dataset: str, worker: int | None = None
+                      ) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(sample key, row) of every committed row, once each, in commit order, one shard decoded at a time (those
+    `worker` committed, when given: the workers split the states as they split the samples)."""
+    from .markers import markers_in_commit_order
+    from .shards import decode_rows
+
+    seen: set[str] = set()
+    for marker in markers_in_commit_order(storage, dataset):
+        if not marker.get("data") or (worker is not None and marker.get("worker") != worker):
+            continue
+        for row in decode_rows(storage.get(f"{dataset}/{marker['data']}")):
+            key = sample_key(row["sample_id"], row.get("sample_index", 0))
+            if key not in seen:
+                seen.add(key)
+                yield key, row
+
+
 def read_state_bytes(storage: Storage, dataset: str, marker: dict[str, Any]
                      ) -> tuple[np.ndarray, bytes, tuple[int, ...]]:
     """token_ids [n], the states' raw bytes in the served dtype and their shape [n, layers, hidden], of one
