@@ -4,10 +4,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TYPE_CHECKING
+
+from tokenmill_runner.facts.hidden_states import ServedKind
 
 from .planner import ServerPlan
 from .server_metrics import WindowFacts
-from .status import DatasetGenerationStatus, DatasetProgress, Progress, ReportStatus, RetryStatus, RunStatus
+from .status import (
+    DatasetGenerationStatus,
+    DatasetProgress,
+    Progress,
+    ReportStatus,
+    RetryStatus,
+    RunStatus,
+    StatesPass,
+)
+
+if TYPE_CHECKING:  # a type only: the module that reads it does I/O, and this one is pure
+    from tokenmill_runner.store.capture_progress import CaptureProgress
 
 
 @dataclass(frozen=True)
@@ -18,10 +32,13 @@ class ServerState:
     problem_message: str | None = None
     copy_seconds: int | None = None  # observed: the weights' copy into a server pod (or the shared cache)
     load_seconds: int | None = None  # observed: SGLang's start until the pod was Ready
+    # The StatefulSet's controller has not caught up with its template, or still replaces pods of the old one: the
+    # pods that are ready may be the previous flags' (a layout switch, the next hidden-state pass).
+    rolling: bool = False
 
     @property
     def is_ready(self) -> bool:
-        return self.desired > 0 and self.ready >= self.desired
+        return self.desired > 0 and self.ready >= self.desired and not self.rolling
 
 
 @dataclass(frozen=True)
@@ -105,6 +122,9 @@ class Observed:
     queue: QueueState | None = None  # set when the run waits behind a Kueue LocalQueue
     window: WindowFacts | None = None  # the plan's verification window so far (server_metrics.py)
     verify_window_s: float = 600.0  # spec.server.verifyWindowSeconds
+    states_passes: tuple[ServedKind, ...] = ()  # the hidden-state passes the layouts need, when two (states_passes.py)
+    states_pass: StatesPass | None = None  # the one in progress
+    capture: CaptureProgress | None = None  # the runner's capture pass, while every sample is settled and it runs
 
 
 @dataclass(frozen=True)

@@ -134,14 +134,30 @@ def observe_server(kube: Kube, name: str, namespace: str) -> ServerState | None:
     if statefulset is None:
         return None
     desired = statefulset["spec"].get("replicas") or 0
-    ready = (statefulset.get("status") or {}).get("readyReplicas") or 0
+    status = statefulset.get("status") or {}
+    ready = status.get("readyReplicas") or 0
     pods = kube.list("v1", "Pod", namespace, names.selector_labels(name, names.SERVER_COMPONENT))
     copy, load = startup_times(pods)
+    rolling = statefulset_rolling(statefulset)
     for pod in pods:
         problem = pod_problem(pod)
         if problem:
-            return ServerState(desired, ready, *problem, copy_seconds=copy, load_seconds=load)
-    return ServerState(desired, ready, copy_seconds=copy, load_seconds=load)
+            return ServerState(desired, ready, *problem, copy_seconds=copy, load_seconds=load, rolling=rolling)
+    return ServerState(desired, ready, copy_seconds=copy, load_seconds=load, rolling=rolling)
+
+
+def statefulset_rolling(statefulset: dict[str, Any]) -> bool:
+    """Whether a template change has not reached every pod yet: the controller has not seen the newest spec
+    (status.observedGeneration), or some pods are still of the previous revision (currentRevision !=
+    updateRevision, or fewer updatedReplicas than wanted; apps/v1 StatefulSetStatus)."""
+    status = statefulset.get("status") or {}
+    generation = statefulset["metadata"].get("generation")
+    if generation is not None and (status.get("observedGeneration") or 0) < generation:
+        return True
+    update, current = status.get("updateRevision"), status.get("currentRevision")
+    desired = statefulset["spec"].get("replicas") or 0
+    return bool(update and current and update != current) or (
+        update is not None and (status.get("updatedReplicas") or 0) < desired)
 
 
 def _seconds(start: str | None, end: str | None) -> int | None:

@@ -12,6 +12,7 @@ import hashlib
 from dataclasses import replace
 from datetime import datetime
 
+from tokenmill_runner.facts.hidden_states import ServedKind
 from tokenmill_runner.progress import format_duration
 
 from . import names
@@ -19,6 +20,7 @@ from .facts import Decision, Event, JobState, Observed, ProgressFacts, QueueStat
 from .planner import ServerPlan
 from .planner.verify import TOLERANCE, Verification, layout_name, running_layout, verify
 from .planner.verify import Decision as Replan
+from .states_passes import next_pass
 from .status import (
     Condition,
     DatasetGenerationStatus,
@@ -201,6 +203,7 @@ def _base_status(observed: Observed, status: _Status, phase: str, message: str) 
         verification=previous.verification,
         layout_override=_kept_override(observed),
         trial=_kept_trial(observed),
+        states_pass=observed.states_pass,
     )
 
 
@@ -321,15 +324,29 @@ def _server_condition(observed: Observed, status: _Status) -> bool:
 def _stalled(observed: Observed) -> tuple[bool, str]:
     started = observed.job_started
     last = observed.progress.last_commit_time if observed.progress else None
-    reference = max((t for t in (started, last) if t is not None), default=None)
+    # The capture pass commits no shard; its workers' progress objects are its commits (store/capture_progress.py).
+    captured = observed.capture.last_progress if observed.capture else None
+    reference = max((t for t in (started, last, captured) if t is not None), default=None)
     if reference is None:
         return False, ""
     idle = (observed.now - reference).total_seconds()
     if idle < observed.stall_after_s:
         return False, ""
-    since = "the last commit" if last is not None and reference == last else "the runner started"
+    since = ("the last commit" if reference in (last, captured) else "the runner started")
     return True, (f"nothing committed for {format_duration(idle)} since {since} (window "
                   f"{format_duration(observed.stall_after_s)}): check the runner pods' logs and the server")
+
+
+def _capturing(observed: Observed) -> str | None:
+    """What the runner's hidden-state capture pass has done, while it runs (observed.capture), for the message."""
+    capture = observed.capture
+    if capture is None:
+        return None
+    kind = observed.states_pass.kind if observed.states_pass else "aux"
+    counts = capture.counts
+    committed = observed.progress.overall.completed if observed.progress else 0
+    return (f"capturing the {kind} hidden states: {counts.captured + counts.skipped:,}/{committed:,} samples, "
+            f"{counts.failed:,} failed, {counts.state_bytes / 1e9:,.2f} GB this pass ({capture.workers} workers)")
 
 
 # The server's start deadline when spec.server.startDeadlineSeconds is unset: this many times the plan's predicted
@@ -439,7 +456,7 @@ def _running(observed: Observed, status: _Status, replace_job: bool) -> Decision
     else:
         status.set("Stalled", "False", "Committing", "")
     overall, _ = _progress(observed)
-    message = f"generating: {overall.display or 'starting'}, ETA {overall.eta or 'unknown'}"
+    message = _capturing(observed) or f"generating: {overall.display or 'starting'}, ETA {overall.eta or 'unknown'}"
     if replacing:
         message = ("replacing the runner Job (what it depends on changed); the new one resumes from what is "
                    f"committed: {overall.display or 'nothing yet'}")
@@ -568,6 +585,9 @@ def _job_finished(observed: Observed, status: _Status, job: JobState) -> Decisio
     """The Job ended (every index done, or it failed). The ledger, not the Job, says whether the run is complete:
     workers that gave samples up exit 3, which fails their index, yet every sample has its final outcome."""
     if observed.progress is not None and observed.progress.settled_by(job.hash):
+        following = next_pass(observed.states_passes, observed.states_pass)
+        if following is not None:
+            return _next_states_pass(observed, status, following)
         status.set("Progressing", "True", "Reporting", "writing the validation report")
         return Decision(_base_status(observed, status, "Reporting", "writing the validation report"),
                         server_replicas=0, write_report=True)
@@ -591,6 +611,25 @@ def _job_finished(observed: Observed, status: _Status, job: JobState) -> Decisio
     return _failed(observed, status, "SamplesMissing",
                    f"the runner Job completed but {count} of {overall.total} samples have no outcome ({where}); "
                    f"check the runner logs, then run the missing samples again: {delete_job}")
+
+
+def _next_states_pass(observed: Observed, status: _Status, following: ServedKind) -> Decision:
+    """Every sample settled and its states of this pass captured: the server restarts for the next kind (its flags
+    follow status.statesPass) and the finished Job is replaced by one for that pass, which starts once the server
+    has rolled. Nothing is generated again: the new Job resumes from the ledger and captures only that kind."""
+    current = observed.states_pass
+    assert current is not None
+    plan = observed.plan or observed.previous.server_plan
+    replicas = plan.replicas * plan.nodes_per_replica if plan else 0
+    overall, _ = _progress(observed)
+    message = (f"{overall.display or 'every sample settled'}; the {current.kind} hidden states are captured: the "
+               f"server restarts for the {following} states and a new runner Job captures them")
+    status.set("Progressing", "True", "NextStatesPass", message)
+    status.set("Stalled", "False", "NextStatesPass", "")
+    decision = Decision(_base_status(observed, status, "Generating", message), server_replicas=replicas,
+                        replace_job=True, events=[Event("Normal", "StatesPass", message)])
+    decision.status.states_pass = current.model_copy(update={"kind": following, "since": _iso(observed.now)})
+    return decision
 
 
 def _delete_job(observed: Observed) -> str:

@@ -17,6 +17,7 @@ import yaml
 
 from tokenmill_runner.facts.hardware import GPU_RESOURCE as RESOURCE_BY_VENDOR
 from tokenmill_runner.facts.hardware import PRODUCT_LABEL_KEY
+from tokenmill_runner.facts.hidden_states import ServedKind
 from tokenmill_runner.facts.hidden_states import launch_flags as hidden_state_launch_flags
 from tokenmill_runner.facts.releases import HEALTH_CHECK_TIMEOUT_S, release, version_key
 from tokenmill_runner.spec.config import API_KEY_ENV
@@ -25,6 +26,7 @@ from tokenmill_runner.spec.resource import API_VERSION, KIND, OPERATOR_ONLY, Dat
 from . import cache, names
 from .planner import ServerPlan
 from .planner.attention import given_backend
+from .states_passes import passes_of
 
 # aws-cli image used by the init container that copies s3:// weights into the pod. The spec has no field for it.
 DEFAULT_MODEL_SYNC_IMAGE = cache.AWS_CLI_IMAGE
@@ -221,7 +223,7 @@ def server_service(name: str, namespace: str, owner: dict[str, Any], spec: Datas
 
 
 def sglang_args(name: str, spec: DatasetGenerationSpec, plan: ServerPlan, model_path: str,
-                tokenizer_path: str | None = None) -> list[str]:
+                tokenizer_path: str | None = None, states_kind: ServedKind = "aux") -> list[str]:
     """launch_server flags, extraArgs last so a user's flag wins (argparse keeps the last value).
 
     No --reasoning-parser and no --tool-call-parser: the runner sends input_ids to /generate and keeps the raw
@@ -251,8 +253,9 @@ def sglang_args(name: str, spec: DatasetGenerationSpec, plan: ServerPlan, model_
         # sampling_seed takes effect, at the price of batch-invariant kernels and the pytorch sampler.
         args += ["--enable-deterministic-inference"]
     if spec.hidden_states is not None:
-        # The aux capture the runner's hidden-state pass asks for (facts/hidden_states.py has the 0.5.23 source).
-        args += hidden_state_launch_flags(spec.hidden_states.layer_ids)
+        # The capture the runner's hidden-state pass asks for (facts/hidden_states.py has the 0.5.23 source): the
+        # aux layers, or the final state in the second pass of layouts that need it (states_passes.py).
+        args += hidden_state_launch_flags(spec.hidden_states.layer_ids, states_kind)
     if plan.attention_backend and given_backend(server.extra_args) is None:
         # Chosen by the planner for deterministic inference (planner/attention.py says why SGLang's own pick fails).
         args += ["--attention-backend", plan.attention_backend]
@@ -364,10 +367,10 @@ def _startup_budget(spec: DatasetGenerationSpec, plan: ServerPlan) -> int:
 
 
 def _server_container(name: str, namespace: str, spec: DatasetGenerationSpec, plan: ServerPlan,
-                      model: PodFiles, tokenizer: PodFiles | None) -> Manifest:
+                      model: PodFiles, tokenizer: PodFiles | None, states_kind: ServedKind) -> Manifest:
     server = spec.server
     multi_node = plan.nodes_per_replica > 1
-    args = sglang_args(name, spec, plan, model.path, tokenizer.path if tokenizer else None)
+    args = sglang_args(name, spec, plan, model.path, tokenizer.path if tokenizer else None, states_kind)
     if multi_node:
         script = multi_node_script(name, namespace, plan.nodes_per_replica, names.dist_port(server.port))
         command = ["bash", "-c", script, "sglang-launch"]  # "$@" in the script = args below
@@ -410,7 +413,7 @@ def _node_selector(spec: DatasetGenerationSpec, plan: ServerPlan) -> dict[str, s
 
 
 def _server_pod(name: str, namespace: str, spec: DatasetGenerationSpec, plan: ServerPlan,
-                node_root: str = cache.DEFAULT_NODE_ROOT) -> Manifest:
+                node_root: str, states_kind: ServedKind) -> Manifest:
     model, tokenizer = server_model_files(spec, plan, namespace, node_root)
     files = [model] + ([tokenizer] if tokenizer else [])
     pod_spec: Manifest = {
@@ -422,7 +425,7 @@ def _server_pod(name: str, namespace: str, spec: DatasetGenerationSpec, plan: Se
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         "terminationGracePeriodSeconds": 60,
         "tolerations": _tolerations(spec.server.tolerations, _gpu_resource(plan)),
-        "containers": [_server_container(name, namespace, spec, plan, model, tokenizer)],
+        "containers": [_server_container(name, namespace, spec, plan, model, tokenizer, states_kind)],
         "volumes": [
             # NCCL and PyTorch need far more than the 64 MiB default /dev/shm; tmpfs counts as pod memory.
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.server.shm_size}},
@@ -440,9 +443,9 @@ def _server_pod(name: str, namespace: str, spec: DatasetGenerationSpec, plan: Se
 
 def server_statefulset(name: str, namespace: str, owner: dict[str, Any], spec: DatasetGenerationSpec,
                        plan: ServerPlan, replicas: int | None = None,
-                       node_root: str = cache.DEFAULT_NODE_ROOT) -> Manifest:
+                       node_root: str = cache.DEFAULT_NODE_ROOT, states_kind: ServedKind = "aux") -> Manifest:
     """SGLang pods: plan.replicas × plan.nodes_per_replica of them, or `replicas` (0 to free the GPUs); a node-local
-    model cache lives under the operator's `node_root`."""
+    model cache lives under the operator's `node_root`; `states_kind` the hidden-state pass they serve."""
     count = plan.replicas * plan.nodes_per_replica if replicas is None else replicas
     return {
         "apiVersion": "apps/v1",
@@ -455,7 +458,7 @@ def server_statefulset(name: str, namespace: str, owner: dict[str, Any], spec: D
             # never is until the other ranks joined.
             "podManagementPolicy": "Parallel",
             "selector": {"matchLabels": names.selector_labels(name, names.SERVER_COMPONENT)},
-            "template": _server_pod(name, namespace, spec, plan, node_root),
+            "template": _server_pod(name, namespace, spec, plan, node_root, states_kind),
         },
     }
 
@@ -560,7 +563,7 @@ class RunnerIdentity:
 
 
 def runner_args(spec: DatasetGenerationSpec, server_urls: list[str], retry_failed: bool = False,
-                identity: RunnerIdentity | None = None) -> list[str]:
+                identity: RunnerIdentity | None = None, states_pass: str = "") -> list[str]:
     args = ["run", f"{CONFIG_MOUNT}/{SPEC_KEY}", "--out", spec.output.uri,
             "--workers", str(spec.runner.parallelism), "--metrics-port", str(RUNNER_METRICS_PORT),
             "--metrics-address", "0.0.0.0"]  # the pod's network; runner_network_policy admits only the scraper
@@ -572,19 +575,25 @@ def runner_args(spec: DatasetGenerationSpec, server_urls: list[str], retry_faile
         args += ["--s3-endpoint", spec.output.endpoint]
     if retry_failed or spec.runner.retry_failed:
         args += ["--retry-failed"]
+    if states_pass:
+        # Layouts captured in two passes: this Job captures one kind, waiting for the server to serve it, and
+        # exits 0 when done; the operator then starts the next pass (states_passes.py).
+        args += ["--states-pass", states_pass]
     return args
 
 
 def runner_job_hash(spec: DatasetGenerationSpec, server_urls: list[str], retry_token: str = "",
-                    layout: str = "") -> str:
+                    layout: str = "", states_pass: str = "") -> str:
     """The identity of a runner Job: a hash of everything its pods depend on (the spec document they read, their
     command line, their image). `suspend` is left out: suspending keeps the Job. When the hash changes, the operator
     replaces the Job; the new one resumes from what is committed. `layout` is the operator's layout switch
     (status.layoutOverride.token): its workers size their concurrency from the servers at start, so a switch that
     keeps the servers' count (TP 8 to TP 8 + DP attention) still needs a new Job. Left out when empty, so the Jobs
-    of runs without a switch keep their hash."""
+    of runs without a switch keep their hash; so is `states_pass` (the hidden-state pass of layouts that need two:
+    each pass is its own Job)."""
     return content_hash({"spec": spec.identity_document(), "servers": server_urls, "retry": retry_token,
-                         **({"layout": layout} if layout else {})})
+                         **({"layout": layout} if layout else {}),
+                         **({"statesPass": states_pass} if states_pass else {})})
 
 
 def _runner_env(name: str, spec: DatasetGenerationSpec) -> list[Manifest]:
@@ -620,12 +629,12 @@ def _pod_failure_policy() -> Manifest:
 
 
 def _runner_container(name: str, spec: DatasetGenerationSpec, image: str, server_urls: list[str],
-                      tokenizer: PodFiles, retry_failed: bool, identity: RunnerIdentity) -> Manifest:
+                      tokenizer: PodFiles, retry_failed: bool, identity: RunnerIdentity, states_pass: str) -> Manifest:
     container: Manifest = {
         "name": RUNNER_CONTAINER,
         "image": image,
         "command": ["tokenmill"],
-        "args": runner_args(spec, server_urls, retry_failed, identity),
+        "args": runner_args(spec, server_urls, retry_failed, identity, states_pass),
         "env": _runner_env(name, spec),
         "ports": [{"name": "metrics", "containerPort": RUNNER_METRICS_PORT, "protocol": "TCP"}],
         # The runner holds tokenized prompts of a bounded in-flight window plus one open shard per dataset:
@@ -650,7 +659,7 @@ def _runner_container(name: str, spec: DatasetGenerationSpec, image: str, server
 
 
 def _runner_pod(name: str, spec: DatasetGenerationSpec, image: str, server_urls: list[str],
-                retry_failed: bool, identity: RunnerIdentity) -> Manifest:
+                retry_failed: bool, identity: RunnerIdentity, states_pass: str) -> Manifest:
     tokenizer = runner_tokenizer_files(spec)
     return {
         "metadata": {"labels": names.labels(name, names.RUNNER_COMPONENT)},
@@ -667,7 +676,8 @@ def _runner_pod(name: str, spec: DatasetGenerationSpec, image: str, server_urls:
                 "fsGroup": RUNNER_UID,
                 "seccompProfile": {"type": "RuntimeDefault"},
             },
-            "containers": [_runner_container(name, spec, image, server_urls, tokenizer, retry_failed, identity)],
+            "containers": [_runner_container(name, spec, image, server_urls, tokenizer, retry_failed, identity,
+                                             states_pass)],
             "volumes": [
                 {"name": "config", "configMap": {"name": names.runner_configmap_name(name)}},
                 # No sizeLimit: S3 Parquet sources are spooled here whole (Parquet needs its footer first).
@@ -679,13 +689,15 @@ def _runner_pod(name: str, spec: DatasetGenerationSpec, image: str, server_urls:
 
 
 def runner_job(name: str, namespace: str, owner: dict[str, Any], spec: DatasetGenerationSpec, image: str,
-               server_urls: list[str], retry_token: str = "", layout: str = "") -> Manifest:
+               server_urls: list[str], retry_token: str = "", layout: str = "", states_pass: str | None = None) -> Manifest:
     """Indexed Job: worker i ($JOB_COMPLETION_INDEX) takes the samples whose id hashes to i. The servers' sizes
     reach the runner through the servers themselves (/server_info), not through the plan. A retry token (the
     handled tokenmill.io/retry-failed value) makes it run with --retry-failed; the Job carries its hash and what the
     run was started with as annotations."""
     workers = spec.runner.parallelism
-    job_hash = runner_job_hash(spec, server_urls, retry_token, layout)
+    if states_pass is None:  # `tokenmill plan`, Kueue's pod sets: the first pass
+        states_pass = next(iter(passes_of(spec)), "")
+    job_hash = runner_job_hash(spec, server_urls, retry_token, layout, states_pass)
     metadata = _metadata(names.runner_name(name), namespace, owner, names.labels(name, names.RUNNER_COMPONENT))
     metadata["annotations"] = {
         names.JOB_HASH_ANNOTATION: job_hash,
@@ -710,7 +722,7 @@ def runner_job(name: str, namespace: str, owner: dict[str, Any], spec: DatasetGe
             "suspend": spec.suspend,
             # No ttlSecondsAfterFinished: the operator reads the finished Job's status.
             "template": _runner_pod(name, spec, image, server_urls, bool(retry_token),
-                                    RunnerIdentity(owner["uid"], job_hash)),
+                                    RunnerIdentity(owner["uid"], job_hash), states_pass),
         },
     }
 

@@ -22,9 +22,10 @@ import orjson
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from tokenmill_runner.facts.hidden_states import kinds_needed
+from tokenmill_runner.facts.hidden_states import ServedKind
 from tokenmill_runner.report.files import REPORT_DIR, write_report
 from tokenmill_runner.spec.resource import API_VERSION, KIND, DatasetGenerationSpec
+from tokenmill_runner.store.capture_progress import read_capture_progress
 from tokenmill_runner.store.credentials import SECRET_KEYS
 from tokenmill_runner.store.lease import read_versioned
 from tokenmill_runner.store.lease_rules import LeaseError
@@ -76,6 +77,7 @@ from .planner.verify import (
     switched_plan,
 )
 from .server_metrics import WindowFacts
+from .states_passes import current_pass, passes_of, run_key
 from .status import DatasetGenerationStatus, ReportStatus, RunStatus, TrialCandidate, merge_patch
 from .trialling import replan_may_switch
 
@@ -195,14 +197,6 @@ def plan_for(context: Context, credentials: dict[str, str] | None,
     current = _current_plan(context)
     if current is not None:
         return Planning(current)
-    states = context.spec.hidden_states
-    if states is not None and "final" in kinds_needed(list(states.layouts)):
-        # Its final states need the server relaunched without aux capture between two runner passes, which the
-        # operator does not orchestrate yet: refused before any GPU hour rather than left half-captured.
-        return Planning(None, error="spec.hiddenStates.layouts ['specforge']: SpecForge's final hidden state needs "
-                        "a second pass against the server relaunched with --enable-return-hidden-states, which "
-                        "the operator does not run yet; drop the layout (the aux states are captured and stored), "
-                        "or run both passes with `tokenmill run` (docs/export.md)")
     try:
         driver = None if context.spec.server.cuda_driver_major else node_driver()
         plan = make_plan(context.spec, credentials, retry=OBSERVE_RETRY, node_driver_major=driver, local=False,
@@ -317,7 +311,11 @@ def _observed(context: Context, output: OutputIndex, storage: Storage, planning:
     retry = plan_retry(context.retry_request, previous.retry, given_up, now)
     urls = _server_urls(context, plan)
     layout = layout_token(previous, planning.generation)
-    desired_hash = manifests.runner_job_hash(spec, urls, retry.token, layout) if urls is not None else None
+    passes = passes_of(spec)
+    states = current_pass(previous, passes, run_key(planning.generation or previous.planned_generation, retry.token),
+                          now)
+    desired_hash = (manifests.runner_job_hash(spec, urls, retry.token, layout, states.kind if states else "")
+                    if urls is not None else None)
     ended_hash = job.hash if job is not None else (previous.run.job_hash if previous.run else None)
     # run.json is read only when an ended run's Job would change: what reopening then depends on.
     changed = ended and desired_hash is not None and ended_hash not in (None, desired_hash)
@@ -326,6 +324,11 @@ def _observed(context: Context, output: OutputIndex, storage: Storage, planning:
     if reopened:
         progress, run = observe_progress(storage, output, now, facts.job_started, stopped, full, expected)
     window = _window(context, output, planning, facts, urls, now, settings) if not ended else None
+    capture = None
+    if spec.hidden_states is not None and progress is not None and progress.settled and job is not None \
+            and not job.finished:
+        # Every sample settled and the Job still runs: it is capturing states, which commits no shard.
+        capture = read_capture_progress(storage, states.kind if states else "aux", facts.job_started)
     return Observed(
         generation=context.generation, now=now, suspended=spec.suspend, previous=previous, name=context.name,
         plan=plan, plan_error=planning.error, planned_generation=planning.generation, server=facts.server, job=job,
@@ -340,6 +343,7 @@ def _observed(context: Context, output: OutputIndex, storage: Storage, planning:
         foreign_output=_foreign_output(storage, output, run, spec, context.owner),
         queue=facts.queueing.state if facts.queueing else None,
         window=window, verify_window_s=float(spec.server.verify_window_seconds),
+        states_passes=passes, states_pass=states, capture=capture,
     )
 
 
@@ -586,7 +590,8 @@ def _ensure_shared_cache(kube: Kube, context: Context, plan: ServerPlan, setting
 
 
 def _ensure_children(kube: Kube, context: Context, plan: ServerPlan, settings: OperatorSettings,
-                     server_replicas: int, create_job: bool, retry_token: str, layout: str) -> None:
+                     server_replicas: int, create_job: bool, retry_token: str, layout: str,
+                     states_pass: ServedKind | None) -> None:
     owner = manifests.owner_reference(context.body)
     name, namespace, spec = context.name, context.namespace, context.spec
     kube.create_if_absent(manifests.api_key_secret(name, namespace, owner, secrets.token_urlsafe(32)))
@@ -595,7 +600,7 @@ def _ensure_children(kube: Kube, context: Context, plan: ServerPlan, settings: O
                                         settings.operator_namespace))
     kube.apply(manifests.runner_network_policy(name, namespace, owner, settings.scraper_namespace))
     kube.apply(manifests.server_statefulset(name, namespace, owner, spec, plan, server_replicas,
-                                            settings.node_cache_root))
+                                            settings.node_cache_root, states_pass or "aux"))
     crash_point("server-applied")
     if not create_job:
         return
@@ -603,7 +608,7 @@ def _ensure_children(kube: Kube, context: Context, plan: ServerPlan, settings: O
     kube.apply(manifests.runner_configmap(name, namespace, owner, spec))
     image = spec.runner.image or settings.runner_image
     urls = names.server_urls(name, namespace, spec.server.port, plan.replicas, plan.nodes_per_replica)
-    job = manifests.runner_job(name, namespace, owner, spec, image, urls, retry_token, layout)
+    job = manifests.runner_job(name, namespace, owner, spec, image, urls, retry_token, layout, states_pass or "")
     job["spec"]["template"]["metadata"].setdefault("labels", {}).update(settings.runner_pod_labels)
     kube.create_if_absent(job)
     crash_point("job-created")
@@ -632,8 +637,10 @@ def _apply(kube: Kube, context: Context, decision: Decision, plan: ServerPlan | 
         if not facts.cache_ready and decision.status.phase in ("Queued", "StartingServer", "Generating"):
             _ensure_shared_cache(kube, context, plan, settings)
         override = decision.status.layout_override  # the plan's, kept while it is this generation's
+        states = decision.status.states_pass
         _ensure_children(kube, context, plan, settings, decision.server_replicas if facts.cache_ready else 0,
-                         decision.create_job, retry_token, override.token if override is not None else "")
+                         decision.create_job, retry_token, override.token if override is not None else "",
+                         states.kind if states is not None else None)
     if job is None or decision.replace_job or job.finished or job.deleting:
         return
     if job.suspended != decision.suspend_job:

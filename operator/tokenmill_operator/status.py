@@ -180,6 +180,17 @@ class TrialStatus(SpecModel):
     reason: str = Field("", description="Why the trial was skipped, or how it concluded, with the figures.")
 
 
+class StatesPass(SpecModel):
+    """Which hidden-state pass the server and the runner Job are on, for layouts that need two (SpecForge's: the
+    aux layers, then the final state from a server relaunched without aux capture; facts/hidden_states.py). The
+    operator's only memory of it: kept for one planned generation and retry, so a spec edit or a retry that may
+    generate new samples starts again from the first pass, which captures only what is missing."""
+
+    kind: Literal["aux", "final"] = Field(description="The kind of states being captured now.")
+    run: str = Field(description="The planned generation and retry token it is for (generation:retry).")
+    since: str = Field(description="When this pass started (RFC 3339).")
+
+
 class QueueStatus(SpecModel):
     """Where the run stands in Kueue (set when the resource has the kueue.x-k8s.io/queue-name label)."""
 
@@ -216,6 +227,8 @@ class DatasetGenerationStatus(SpecModel):
         "serverPlan is made for it. Cleared by a spec edit.")
     trial: TrialStatus | None = Field(
         None, description="The measured trial of the plan's closest layouts (spec.server.trial auto).")
+    states_pass: StatesPass | None = Field(
+        None, description="The hidden-state pass in progress, for spec.hiddenStates.layouts that need two.")
     observation_failed_since: str | None = Field(
         None, description="Since when storage or the API server cannot be read (unset once they can).")
     server_starting_since: str | None = Field(

@@ -19,6 +19,7 @@ from tests.fake_clock import FakeClock
 from tokenmill_runner.facts.hidden_states import StateShape, default_eagle3_layer_ids
 from tokenmill_runner.generate.hidden_capture import CaptureError, capture_dataset, parse_states
 from tokenmill_runner.spec.resource import SpecError, parse_document
+from tokenmill_runner.store.capture_progress import read_capture_progress
 from tokenmill_runner.store.faults import FAULT_ENV
 from tokenmill_runner.store.hidden_states import STATES, captured_keys, read_states, sample_key, state_markers
 from tokenmill_runner.store.markers import read_markers
@@ -234,6 +235,12 @@ def test_tokenmill_run_captures_the_states_and_retry_failed_retries_failed_captu
     assert "4 captured, 0 already committed, 0 failed" in retried.stdout
     assert_every_sample_once_and_aligned(storage)
     assert not list((out / "d" / "hidden_errors").glob("*.json"))
+    # What the operator shows while a pass runs (store/capture_progress.py): the last pass's counts, as written.
+    found = read_capture_progress(storage, "aux")
+    assert found is not None and found.workers == 1
+    assert (found.counts.captured, found.counts.skipped, found.counts.failed) == (4, 0, 0)
+    assert found.counts.state_bytes == sum(m["tokens"] * m["layers"] * m["hidden"] * 2
+                                           for m in state_markers(storage, "d"))
 
 
 def test_tokenmill_run_captures_the_states_through_smg(tmp_path, demo_model):

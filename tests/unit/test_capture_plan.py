@@ -78,3 +78,33 @@ def test_the_plan_adds_the_capture_pass_to_the_eta_and_the_gpu_hours(kimi_files,
     assert prediction["gpuHours"] == pytest.approx(without["gpuHours"] + 8 * json_seconds / 3600, abs=0.11)
     assert math.isclose(prediction["interval"]["etaSecondsLow"] - without["interval"]["etaSecondsLow"],
                         round(json_seconds), abs_tol=1)
+
+
+def test_specforge_s_layout_adds_its_final_pass_and_the_server_s_restart_before_it(kimi_files, tmp_path,  # noqa: F811
+                                                                                     capsys: pytest.CaptureFixture[str]):
+    """layouts [specforge]: the final state comes from a second pass against the server relaunched for it
+    (states_passes.py), so the ETA holds a second capture pass and one more start-up; the restart shows in the
+    table. B5's weights are copied into each pod, and an emptyDir does not outlive the pod: the copy repeats."""
+    import yaml
+
+    spec = _with_hidden_states(tmp_path, "s3://bucket/out/", limit=1000)
+    document = yaml.safe_load(spec.read_text())
+    flags = ["--model-files", str(kimi_files), "--json", "--prompt-tokens", "300", "--output-tokens", "200"]
+    assert cli.main(["plan", str(spec), *flags]) == 0
+    aux_only = json.loads(capsys.readouterr().out)["plan"]["prediction"]
+    document["spec"]["hiddenStates"]["layouts"] = ["specforge"]
+    spec.write_text(yaml.safe_dump(document))
+    assert cli.main(["plan", str(spec), *flags]) == 0
+    plan = json.loads(capsys.readouterr().out)["plan"]
+    prediction, startup = plan["prediction"], plan["startup"]
+    assert aux_only["relaunchSeconds"] is None
+    restart = startup["copySeconds"] + startup["loadSeconds"]
+    assert "copied from S3 into every pod" in startup["source"] and prediction["relaunchSeconds"] == restart
+    final_json = 1000 * 500 * 7168 * 2 / (JSON_STATE_BYTES_PER_S * 4)  # one layer of states, the final one
+    assert prediction["captureSeconds"] == round(aux_only["captureSeconds"] + final_json)
+    assert prediction["etaSeconds"] == (restart + prediction["generationSeconds"] + prediction["captureSeconds"]
+                                        + restart)
+    assert prediction["gpuHours"] == pytest.approx(aux_only["gpuHours"] + 8 * (final_json + restart) / 3600, abs=0.11)
+    assert cli.main(["plan", str(spec), "--model-files", str(kimi_files), "--prompt-tokens", "300",
+                     "--output-tokens", "200"]) == 0
+    assert "restart between its passes" in capsys.readouterr().out

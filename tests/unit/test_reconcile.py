@@ -211,15 +211,3 @@ def test_a_checked_plan_keeps_its_refitted_constants_and_says_whether_another_la
     nowhere = ConfigMaps()
     assert _record_constants(nowhere, context_, None, decision, WindowFacts(now, samples, 0, 0.0),
                              OperatorSettings(operator_namespace=None)) is decision and not nowhere.objects
-
-
-def test_specforge_s_two_pass_layout_is_refused_by_the_operator_before_any_gpu_hour():
-    # The runner captures SpecForge's final states in a second pass against a relaunched server
-    # (tests/integration/test_specforge_offline.py); the operator does not relaunch it, so it says so up front.
-    base = context("s3://m/kimi/", 1)
-    document = {**base.body, "spec": {**base.body["spec"], "hiddenStates": {"layouts": ["specforge"]}}}
-    refused = plan_for(Context(body=document, name="r", namespace="ns", generation=1,
-                               spec=parse_document(document).spec, previous=DatasetGenerationStatus()), None)
-    assert refused.plan is None and refused.transient is None
-    assert refused.error and "hiddenStates.layouts ['specforge']" in refused.error
-    assert "tokenmill run" in refused.error

@@ -92,7 +92,8 @@ def render_plan(plan: ServerPlan) -> str:
                                      f"decode at the full batch), ETA {duration(p.eta_seconds)} for {p.samples:,} "
                                      f"samples, {p.gpu_hours:,.1f} GPU-hours"))
         if plan.startup and p.generation_seconds is not None:
-            rows.insert(2, ("ETA", describe(plan.startup, p.generation_seconds, p.capture_seconds)))
+            rows.insert(2, ("ETA", describe(plan.startup, p.generation_seconds, p.capture_seconds,
+                                            p.relaunch_seconds)))
         if p.interval:
             r = p.interval
             rows.insert(2, ("range", f"{r.output_tokens_per_second_low:,}-{r.output_tokens_per_second_high:,} output "

@@ -50,6 +50,10 @@ class Prediction(SpecModel):
     capture_seconds: int | None = Field(
         None, description="Of the ETA: the hidden-state capture pass after generation (spec.hiddenStates), the "
         "longer of its prefill forwards and its states' JSON through the runner (docs/planning.md); None without it.")
+    relaunch_seconds: int | None = Field(
+        None, description="Of the ETA: the server's restarts between hidden-state passes (layouts [specforge]: "
+        "relaunched for the final state), each a start-up without the copy when the weights are cached; None "
+        "without them.")
     capture_bound: str | None = Field(
         None, description="What bounds the capture pass: prefill (the server's forwards) or json (the states' text "
         "through the runner).")

@@ -254,7 +254,7 @@ class Context:
         if states is None or "final" not in kinds_needed(list(states.layouts)):
             return aux
         final_per_token = StateShape(1, self.model.hidden_size, states.dtype).bytes_per_token
-        # The relaunch between the passes is a server start, counted by the startup model like any other.
+        # The server's restart between the passes is a start-up, added with the others (planner/__init__.py).
         return replace(aux, final=capture_time(loads, final_per_token, self.spec.runner.parallelism,
                                                step.chunk_tokens, step.step_seconds, step.chunked_prefill_seconds))
 

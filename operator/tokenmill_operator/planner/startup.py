@@ -83,10 +83,20 @@ def startup_gpu_seconds(startup: StartupPlan) -> int:
     return startup.load_seconds + (startup.copy_seconds if startup.copy_holds_gpus else 0)
 
 
-def describe(startup: StartupPlan, generation_s: int, capture_s: int | None = None) -> str:
-    """copy + load + generation (+ the hidden-state capture pass), each on its own, for the plan's table."""
+def restart_seconds(spec: DatasetGenerationSpec, startup: StartupPlan) -> int:
+    """One more start of the same server (a new hidden-state pass): the load again, and the copy again only when it
+    goes into the pod itself (an emptyDir does not outlive its pod; a node or shared cache does)."""
+    copied_per_pod = spec.model.cache is None and not spec.model.path.startswith("pvc://")
+    return startup.load_seconds + (startup.copy_seconds if copied_per_pod else 0)
+
+
+def describe(startup: StartupPlan, generation_s: int, capture_s: int | None = None,
+             relaunch_s: int | None = None) -> str:
+    """copy + load + generation (+ the hidden-state capture pass and the restarts between its passes), each on its
+    own, for the plan's table."""
     copy = (f"copy {duration(startup.copy_seconds)} at {startup.copy_bytes_per_second / 1e6:,.0f} MB/s"
             if startup.copy_seconds else "no copy")
     return (f"{copy} ({startup.source}) + load {duration(startup.load_seconds)} at "
             f"{startup.load_bytes_per_second / 1e9:,.1f} GB/s per node with warmup + generation {duration(generation_s)}"
-            + (f" + hidden-state capture {duration(capture_s)}" if capture_s is not None else ""))
+            + (f" + hidden-state capture {duration(capture_s)}" if capture_s is not None else "")
+            + (f" + the server's restart between its passes {duration(relaunch_s)}" if relaunch_s else ""))

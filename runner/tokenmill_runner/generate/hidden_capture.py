@@ -25,6 +25,7 @@ import numpy as np
 import orjson
 
 from ..facts.hidden_states import CAPTURE_CONCURRENCY, StateShape, capture_request
+from ..store.capture_progress import CaptureCounts, ProgressBeat
 from ..store.hidden_states import (
     AUX,
     StateKind,
@@ -61,6 +62,9 @@ class CaptureSummary:
     failed: int = 0
     state_bytes: int = 0
     failures: list[str] = field(default_factory=list)
+
+    def counts(self) -> CaptureCounts:
+        return CaptureCounts(self.captured, self.skipped, self.failed, self.state_bytes)
 
 
 def parse_states(body: bytes, sequence: list[int], shape: StateShape, where: str) -> np.ndarray:
@@ -109,10 +113,12 @@ async def capture_dataset(storage: Storage, dataset: str, server: str, shape: St
                           concurrency: int = CAPTURE_CONCURRENCY,
                           retry_failed: bool = False, spool: Path | None = None,
                           timeout_s: float = 600.0, worker: int | None = None,
-                          fence: Fence | None = None, kind: StateKind = AUX) -> CaptureSummary:
+                          fence: Fence | None = None, kind: StateKind = AUX,
+                          beat: ProgressBeat | None = None) -> CaptureSummary:
     """Capture the states of every committed row of `dataset` that has none committed (those this worker
     committed, when `worker` is given: the workers split the pass as they split the samples). Raises LeaseLost
-    when `fence` can no longer prove the lease; nothing is committed after that."""
+    when `fence` can no longer prove the lease; nothing is committed after that. `beat` gets the counts as they
+    move (store/capture_progress.py: what the operator shows while the pass runs)."""
     summary = CaptureSummary()
     lost: list[LeaseLost] = []
     done = captured_keys(storage, dataset, kind)
@@ -126,6 +132,10 @@ async def capture_dataset(storage: Storage, dataset: str, server: str, shape: St
     writer = secrets.token_hex(4)
     loop = asyncio.get_running_loop()
     tasks: set[asyncio.Task[None]] = set()
+
+    async def heartbeat(final: bool = False) -> None:
+        if beat is not None and (document := beat.due(summary.counts(), final)) is not None:
+            await loop.run_in_executor(pool, beat.write, document)
 
     def give_up(error: LeaseLost) -> None:
         # What is in flight could only be refused at its marker: the server's time is not spent on it.
@@ -176,6 +186,7 @@ async def capture_dataset(storage: Storage, dataset: str, server: str, shape: St
             give_up(error)
         finally:
             limit.release()
+        await heartbeat()  # not in `finally`: a cancelled task writes nothing
 
     try:
         async with httpx.AsyncClient(timeout=timeout_s, headers=headers) as client:
@@ -184,6 +195,7 @@ async def capture_dataset(storage: Storage, dataset: str, server: str, shape: St
                     break
                 if key in done or (key in failed and not retry_failed):
                     summary.skipped += 1
+                    await heartbeat()
                     continue
                 await limit.acquire()
                 if lost:
@@ -193,6 +205,9 @@ async def capture_dataset(storage: Storage, dataset: str, server: str, shape: St
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             results = await asyncio.gather(*tasks, return_exceptions=True)
+            await heartbeat(final=True)
+            if beat is not None:
+                beat.finish(summary.counts())
             if not lost:
                 for result in results:
                     if isinstance(result, BaseException):

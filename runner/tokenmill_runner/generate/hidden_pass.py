@@ -24,6 +24,7 @@ from ..facts.hidden_states import (
 )
 from ..render.pretokenize import local_model_folder
 from ..spec.config import RunnerConfig
+from ..store.capture_progress import ProgressBeat
 from ..store.hidden_states import KINDS, StateKind, captured_keys, hidden_state_inputs, sample_key
 from ..store.markers import markers_in_commit_order
 from ..store.shards import Fence
@@ -80,11 +81,12 @@ async def run_hidden_state_pass(config: RunnerConfig, storage: Storage, api_key:
     chunk = chunk if isinstance(chunk, int) and chunk > 0 else DEFAULT_CHUNK
     _check_local_room(storage, [d.name for d in spec.datasets], shape, kind)
     total = CaptureSummary(kind=served)
+    beat = ProgressBeat(storage, served, config.worker_index)
     for dataset in spec.datasets:
         part = await capture_dataset(storage, dataset.name, server, shape, api_key=api_key,
                                      chunked_prefill_tokens=chunk, retry_failed=config.retry_failed,
                                      worker=config.worker_index if config.worker_count > 1 else None,
-                                     fence=fence, kind=kind)
+                                     fence=fence, kind=kind, beat=beat)
         total.captured += part.captured
         total.skipped += part.skipped
         total.failed += part.failed
