@@ -33,6 +33,7 @@ import numpy as np
 import orjson
 
 from ..facts.hidden_states import SAFETENSORS_DTYPE, StateShape
+from .bounded_get import get_bounded
 from .faults import points as fault_points
 from .shards import Fence, put_marker
 from .storage import Storage, StorageError
@@ -41,6 +42,9 @@ STATES = "hidden_states"
 STATE_COMMITS = "hidden_commits"
 STATE_ERRORS = "hidden_errors"
 MARKER_VERSION = 1
+# A state marker is a few hundred bytes (names, a digest, the shape); a reader takes no more than this of one.
+STATE_MARKER_BYTES = 64 * 1024
+_MARKER_FIELDS = frozenset({"sample_id", "sample_index", "file", "bytes", "sha256", "tokens", "dtype"})
 
 
 @dataclass(frozen=True)
@@ -191,8 +195,18 @@ def failed_keys(storage: Storage, dataset: str, kind: StateKind = AUX) -> set[st
 
 
 def state_markers(storage: Storage, dataset: str, kind: StateKind = AUX) -> Iterator[dict[str, Any]]:
+    """Every committed state marker of `dataset`, each read bounded (the operator's report reads them: a tenant's
+    runner wrote them) and refused by name when it is not one."""
     for name in storage.list(f"{dataset}/{kind.commits}/"):
-        yield orjson.loads(storage.get(name))
+        try:
+            marker = orjson.loads(get_bounded(storage, name, STATE_MARKER_BYTES))
+        except orjson.JSONDecodeError as error:
+            raise StorageError(f"{storage.uri(name)}: not a state marker ({error}); tokenmill writes it whole after "
+                               "its file, so it was changed since: delete it and run again to capture that sample") from error
+        if not isinstance(marker, dict) or not _MARKER_FIELDS <= marker.keys():
+            raise StorageError(f"{storage.uri(name)}: a state marker without {sorted(_MARKER_FIELDS)}; delete it and "
+                               "run again to capture that sample")
+        yield marker
 
 
 def committed_samples(storage: Storage, dataset: str, worker: int | None = None
@@ -217,7 +231,8 @@ def read_state_bytes(storage: Storage, dataset: str, marker: dict[str, Any]
                      ) -> tuple[np.ndarray, bytes, tuple[int, ...]]:
     """token_ids [n], the states' raw bytes in the served dtype and their shape [n, layers, hidden], of one
     committed sample, checked against its marker."""
-    data = storage.get(f"{dataset}/{marker['file']}")
+    # The marker says how large the file is: never read more (a replaced file could be any size).
+    data = get_bounded(storage, f"{dataset}/{marker['file']}", int(marker["bytes"]))
     if len(data) != marker["bytes"] or hashlib.sha256(data).hexdigest() != marker["sha256"]:
         raise StorageError(f"{dataset}/{marker['file']}: {len(data)} bytes whose digest differs from its marker's "
                            f"({marker['bytes']} bytes); the file was changed after it was committed")
