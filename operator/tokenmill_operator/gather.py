@@ -5,7 +5,7 @@ objects that let the next reader skip what they cover)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -317,13 +317,13 @@ def observe_progress(storage: Storage, output: OutputIndex, now: datetime, start
     return progress_facts(indexes, manifest, now, started, expected_output), manifest
 
 
-def observe_window(window: VerificationWindow, urls: list[str], planned_generation: int, now: datetime,
+def observe_window(window: VerificationWindow, urls: list[str], plan_key: Hashable, now: datetime,
                    read: Callable[[str], Scrape | None] = read_metrics) -> WindowFacts | None:
     """Scrape each replica's /metrics (its rank-0 pod; all at once, so replicas that do not answer cost one
     timeout, not one each) into the plan's verification window; what it saw so far."""
     with ThreadPoolExecutor(max_workers=min(16, max(1, len(urls))), thread_name_prefix="scrape") as pool:
         scrapes = list(pool.map(read, urls))
-    window.add(planned_generation, now, dict(enumerate(scrapes)))
+    window.add(plan_key, now, dict(enumerate(scrapes)))
     return window.facts()
 
 

@@ -223,11 +223,21 @@ def layout_token(previous: DatasetGenerationStatus, planned_generation: int | No
     return override.token if override is not None else ""
 
 
-def _kept_trial(observed: Observed) -> TrialStatus | None:
+def verification_key(previous: DatasetGenerationStatus, planned_generation: int | None) -> tuple[int, str]:
+    """What a verification checks: the planned generation, and the layout the operator switched it to (its token;
+    empty for the spec's plan). A switch is a plan of its own, checked in its own window."""
+    return planned_generation or previous.planned_generation, layout_token(previous, planned_generation)
+
+
+def kept_trial(previous: DatasetGenerationStatus, planned_generation: int | None) -> TrialStatus | None:
     """The trial stays with the plan it was made for, like the layout it switched to."""
-    trial = observed.previous.trial
-    planned = observed.planned_generation or observed.previous.planned_generation
+    trial = previous.trial
+    planned = planned_generation or previous.planned_generation
     return trial if trial is not None and trial.generation == planned else None
+
+
+def _kept_trial(observed: Observed) -> TrialStatus | None:
+    return kept_trial(observed.previous, observed.planned_generation)
 
 
 def _kept_override(observed: Observed) -> LayoutOverride | None:
@@ -488,27 +498,34 @@ def predicted_step_seconds(plan: ServerPlan) -> float | None:
 
 
 def _verification_status(result: Verification, samples: int, seconds: float, observed: Observed,
-                         planned: int) -> VerificationStatus:
+                         planned: int, layout: str) -> VerificationStatus:
     return VerificationStatus(
         verified=result.verified, predicted_batch=round(result.predicted_batch),
         observed_batch=round(result.observed_batch),
         predicted_step_milliseconds=f"{result.predicted_step_s * 1e3:.1f}",
         observed_step_milliseconds=f"{result.observed_step_s * 1e3:.1f}", samples=samples,
         retractions=result.retractions, queued=round(result.queued), window_seconds=round(seconds),
-        at=_iso(observed.now), planned_generation=planned)
+        at=_iso(observed.now), planned_generation=planned, layout=layout)
 
 
 def _verification(observed: Observed, status: _Status, events: list[Event]) -> VerificationStatus | None:
     """PlanVerified: Unknown while the window is open, then True (both the batch and the step within TOLERANCE of
     the plan's) or False with reason PlanOff, predicted and observed side by side, with one Event. Made once per
-    plan (its planned generation); the new status, or None to keep the previous one."""
+    plan (its planned generation) and again for a layout the operator switched it to; not while a trial measures
+    (its candidates are measured by the trial, and the layout it continues on is checked after); the new status, or
+    None to keep the previous one."""
     plan = observed.plan or observed.previous.server_plan
     predicted_step = predicted_step_seconds(plan) if plan is not None else None
     if plan is None or plan.prediction is None or predicted_step is None:
         return None
-    planned = observed.planned_generation or observed.previous.planned_generation
+    planned, layout = verification_key(observed.previous, observed.planned_generation)
     done = observed.previous.verification
-    if done is not None and done.planned_generation == planned:
+    if done is not None and done.covers(planned, layout):
+        return None
+    trial = _kept_trial(observed)
+    if trial is not None and trial.phase == "Measuring":
+        status.set("PlanVerified", "Unknown", "Verifying", "the trial measures its candidates first (status.trial); "
+                   "the layout it continues on is checked after")
         return None
     window = observed.window
     if window is None:
@@ -531,7 +548,7 @@ def _verification(observed: Observed, status: _Status, events: list[Event]) -> V
         status.set("PlanVerified", "False", "PlanOff", f"{message}: the plan is off by more than "
                    f"{TOLERANCE:.0%} on this cluster")
         events.append(Event("Warning", "PlanOff", message))
-    return _verification_status(result, len(window.samples), seconds, observed, planned)
+    return _verification_status(result, len(window.samples), seconds, observed, planned, layout)
 
 
 def with_replan(decision: Decision, replan: Replan, now: datetime, generation: int,

@@ -55,11 +55,13 @@ from .lifecycle import (
     cannot_observe,
     decide,
     identity_change,
+    kept_trial,
     layout_token,
     plan_retry,
     reopen,
     retry_value,
     set_condition,
+    verification_key,
     with_replan,
     with_retry_event,
     with_switch,
@@ -350,15 +352,17 @@ def _observed(context: Context, output: OutputIndex, storage: Storage, planning:
 def _window(context: Context, output: OutputIndex, planning: Planning, facts: Facts, urls: list[str] | None,
             now: datetime, settings: OperatorSettings) -> WindowFacts | None:
     """The plan's verification window, scraped while the server is ready and the runner Job runs, until the plan
-    is checked (status.verification for its planned generation)."""
+    is checked (status.verification for its planned generation and switched layout), and not while a trial
+    measures (lifecycle._verification)."""
     previous, job, server = context.previous, facts.job, facts.server
-    plan, planned = planning.plan, planning.generation or previous.planned_generation
-    done = previous.verification is not None and previous.verification.planned_generation == planned
+    plan, key = planning.plan, verification_key(previous, planning.generation)
+    done = previous.verification is not None and previous.verification.covers(*key)
+    trial = kept_trial(previous, planning.generation)
     if (plan is None or urls is None or done or job is None or job.finished or job.deleting or job.suspended
-            or server is None or not server.is_ready):
+            or server is None or not server.is_ready or (trial is not None and trial.phase == "Measuring")):
         return None
     targets = [settings.server_metrics_url] * len(urls) if settings.server_metrics_url else urls
-    return observe_window(output.window, targets, planned, now)
+    return observe_window(output.window, targets, key, now)
 
 
 def _foreign_output(storage: Storage, output: OutputIndex, run: RunManifest | None, spec: DatasetGenerationSpec,
@@ -441,7 +445,7 @@ def reconcile(kube: Kube, context: Context, output: OutputIndex, settings: Opera
 
 def _newly_verified(previous: DatasetGenerationStatus, status: DatasetGenerationStatus) -> bool:
     now, before = status.verification, previous.verification
-    return now is not None and (before is None or before.planned_generation != now.planned_generation)
+    return now is not None and (before is None or not before.covers(now.planned_generation, now.layout))
 
 
 def _record_constants(kube: Kube, context: Context, credentials: dict[str, str] | None, decision: Decision,

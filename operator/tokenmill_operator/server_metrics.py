@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -101,19 +102,21 @@ class WindowFacts:
 @dataclass
 class VerificationWindow:
     """The samples of one plan's first minutes, gathered pass by pass (one per replica per pass). A new plan (its
-    planned generation) starts a new window; an operator restart starts it again from its next scrape."""
+    planned generation, or the layout the operator switched it to) starts a new window; an operator restart starts
+    it again from its next scrape."""
 
-    planned_generation: int | None = None
+    plan_key: Hashable = None
     opened: datetime | None = None
     samples: list[StepSample] = field(default_factory=list)
     queued: list[float] = field(default_factory=list)
     first_retracted: dict[int, float] = field(default_factory=dict)  # per replica
     last_retracted: dict[int, float] = field(default_factory=dict)
 
-    def add(self, planned_generation: int, now: datetime, scrapes: dict[int, Scrape | None]) -> None:
-        """Fold one pass's scrapes (by replica index; None where the replica could not be read)."""
-        if planned_generation != self.planned_generation:
-            self.planned_generation, self.opened = planned_generation, None
+    def add(self, plan_key: Hashable, now: datetime, scrapes: dict[int, Scrape | None]) -> None:
+        """Fold one pass's scrapes (by replica index; None where the replica could not be read) into the window of
+        `plan_key` (what the plan is: its planned generation, and the layout it runs)."""
+        if plan_key != self.plan_key:
+            self.plan_key, self.opened = plan_key, None
             self.samples, self.queued = [], []
             self.first_retracted, self.last_retracted = {}, {}
         for replica, scrape in scrapes.items():

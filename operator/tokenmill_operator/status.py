@@ -105,6 +105,11 @@ class VerificationStatus(SpecModel):
     window_seconds: int = Field(description="How long the window lasted.")
     at: str = Field(description="When the check was made (RFC 3339).")
     planned_generation: int = Field(0, description="The plan checked: the .metadata.generation it was made for.")
+    layout: str = Field("", description="The layout checked when the operator switched it (status.layoutOverride, "
+                        "replan auto or a trial's winner); empty: the spec's plan. A switched layout is checked again.")
+
+    def covers(self, planned_generation: int, layout: str) -> bool:
+        return self.planned_generation == planned_generation and self.layout == layout
 
 
 class LayoutOverride(SpecModel):

@@ -215,3 +215,37 @@ def test_the_edge_reads_a_bounded_answer_and_gives_nothing_for_one_too_large_or_
         server.server_close()
     assert read_metrics(url, timeout_s=1) is None  # nothing listens there any more
     assert read_metrics("not a url") is None
+
+
+def test_a_layout_the_operator_switched_to_is_checked_again_in_its_own_window():
+    """replan auto (or a trial) switched the server: the switched layout's prediction is a plan of its own, so the
+    verification made for the spec's layout does not cover it; its own window checks it, once."""
+    from tokenmill_operator.status import LayoutOverride
+
+    first = decide(running(window_of(0.041)))
+    assert first.status.verification is not None and first.status.verification.layout == ""
+    override = LayoutOverride(generation=3, replicas=8, tensor_parallel=1, from_layout="2 x TP 4",
+                              to_layout="8 x TP 1", reason="r", current_eta_seconds=2, new_eta_seconds=1,
+                              gain_seconds=1, restart_seconds=1, margin_seconds=1, at="2026-11-29T12:00:00Z")
+    switched = first.status.model_copy(update={"layout_override": override})
+    waiting = decide(running(None, T0 + timedelta(minutes=20), previous=switched))
+    assert (condition(waiting).status, condition(waiting).reason) == ("Unknown", "Verifying")
+    checked = decide(running(window_of(0.06), T0 + timedelta(minutes=40), previous=switched))
+    assert (condition(checked).status, condition(checked).reason) == ("False", "PlanOff")
+    assert checked.status.verification is not None and checked.status.verification.layout == override.token
+    again = decide(running(window_of(0.041), T0 + timedelta(minutes=50), previous=checked.status))
+    assert again.status.verification == checked.status.verification, "checked once per layout"
+    assert not [e for e in again.events if e.reason.startswith("Plan")]
+
+
+def test_no_verification_while_a_trial_measures_its_candidates():
+    from tokenmill_operator.status import TrialStatus
+
+    measuring = DatasetGenerationStatus(planned_generation=3, server_plan=PLAN,
+                                        trial=TrialStatus(generation=3, phase="Measuring"))
+    decision = decide(running(window_of(0.041), previous=measuring))
+    assert (condition(decision).status, condition(decision).reason) == ("Unknown", "Verifying")
+    assert "the trial measures its candidates first" in condition(decision).message
+    assert decision.status.verification is None
+    done = measuring.model_copy(update={"trial": TrialStatus(generation=3, phase="Done")})
+    assert condition(decide(running(window_of(0.041), previous=done))).reason == "PlanVerified"
