@@ -142,3 +142,17 @@ def test_states_captured_without_the_layout_are_never_exported_as_speculators(tm
     assert refused.returncode != 0
     assert "layouts: [speculators]" in refused.stderr and "verifier_last_hidden_states" in refused.stderr
     assert not (tmp_path / "spec" / "export.json").exists()
+
+
+def test_tokenmill_run_refuses_the_layout_for_another_architecture_before_generating(tmp_path, demo_model):
+    """The demo model is a llama: its final norm takes no capture hook, so id L - 1 fails SGLang's first forward
+    (0.5.23 layers/logits_processor.py:920-951) and its post-norm state is not speculators' pre-norm one. The runner
+    reads config.json before the stream (generate/hidden_pass.refuse_unservable), so no sample is generated for
+    states that could not be captured."""
+    from tokenmill_runner.generate.summary import EXIT_USAGE
+
+    spec, out = run_spec(tmp_path, demo_model, 2, hiddenStates={"layouts": ["speculators"], "layerIds": LAYER_IDS})
+    refused = run_cli(spec, out, "http://127.0.0.1:9")  # never reached
+    assert refused.returncode == EXIT_USAGE, refused.stderr[-2000:]
+    assert "spec.hiddenStates: layouts 'speculators'" in refused.stderr and "GptOssForCausalLM" in refused.stderr
+    assert not (out / "d").exists()
