@@ -30,7 +30,7 @@ def hidden_states_plan(spec: DatasetGenerationSpec, work: Workload, location: st
         return None
     try:
         shape = shape_from_config(read_model_config(spec, None, location), spec.hidden_states.layer_ids,
-                                  spec.hidden_states.dtype)
+                                  spec.hidden_states.dtype, layouts=spec.hidden_states.layouts)
     except ValueError as error:
         raise HiddenStatesPlanError(f"spec.hiddenStates: {error}") from None
     loads = [(d.name, d.samples, d.prompt_tokens + d.mean_output()) for d in work.datasets]

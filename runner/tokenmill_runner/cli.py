@@ -315,7 +315,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
                             s3_endpoint=args.s3_endpoint, dest_s3_endpoint=args.dest_s3_endpoint,
                             per_conversation=args.per_conversation)
     manifest = export(request)
-    if manifest["format"] == "specforge-offline":
+    if manifest["format"] in ("specforge-offline", "speculators-offline"):
         from .export.offline import incomplete
         from .export.offline import summary_lines as offline_lines
 

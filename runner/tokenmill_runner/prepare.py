@@ -15,6 +15,7 @@ from .facts.server_info import ServerFacts, client_options, runnable_requests, s
 from .generate.client import GenerateClient, RetryPolicy, healthy_servers
 from .generate.conversation import unread_call_format
 from .generate.discovery import discover
+from .generate.hidden_pass import refuse_unservable
 from .generate.pipeline import TYPICAL_OUTPUT_SHARE, DatasetState, Runner
 from .generate.replica_health import HealthPolicy
 from .generate.sampling_defaults import apply_model_defaults, model_sampling_defaults
@@ -234,6 +235,7 @@ async def _prepare(config: RunnerConfig, api_key: str | None, storage: Storage, 
     spec = config.spec
     tokenizer_location = spec.model.tokenizer or spec.model.path
     folder = await asyncio.to_thread(local_model_folder, tokenizer_location, spec.output.endpoint)
+    refuse_unservable(spec, folder)
     tokenizer = await asyncio.to_thread(load_tokenizer, folder, spec.model.trust_remote_code)
     reasoning = spec.model.reasoning
     info = describe_tokenizer(tokenizer, tokenizer_location, reasoning.candidates(), spec.model.tool_call_token,

@@ -204,11 +204,12 @@ def test_hidden_states_are_refused_where_sglang_cannot_serve_them():
     document["spec"]["hiddenStates"] = {"layouts": ["parquet"]}
     with pytest.raises(SpecError, match="hiddenStates.layouts"):
         parse_document(document)
-    # speculators reads the target's pre-norm final state, which 0.5.23 returns only in place of the aux layers
-    # (layers/logits_processor.py:866-872): refused by name, with the trainer's own reader cited. SpecForge's
-    # post-norm one comes from a second pass (test_specforge_offline.py).
+    # speculators reads the target's pre-norm final state, which 0.5.23 serves only as gpt_oss's last explicit aux
+    # layer (id L - 1: models/gpt_oss.py:727-738, 1346-1352): without layerIds it is refused by name, and the
+    # planner checks the architecture (tests/unit/test_speculators_layout.py). SpecForge's post-norm one comes
+    # from a second pass (test_specforge_offline.py).
     document["spec"]["hiddenStates"] = {"layouts": ["speculators"]}
-    with pytest.raises(SpecError, match=r"hiddenStates.layouts\[0\] 'speculators'.*verifier_last_hidden_states"):
+    with pytest.raises(SpecError, match=r"hiddenStates.layouts 'speculators' needs explicit layerIds"):
         parse_document(document)
     document["spec"]["hiddenStates"] = {"layouts": ["specforge"]}
     assert parse_document(document).spec.hidden_states.layouts == ["specforge"]

@@ -278,3 +278,27 @@ def test_a_conversation_stopped_after_turn_0_is_exported_with_the_history_it_ans
     # Built from the whole source row, the source's later turns would sit around the answer: the ids differ.
     whole = check_conversation(tokenizer, unit, source, context)
     assert whole.mismatch is not None and whole.mismatch.reason != "trainer_loss_mask"
+
+
+def test_an_arrow_dataset_in_parts_loads_as_datasets_saved_it(tmp_path):
+    """export/writers.ArrowDatasetFiles writes the folder datasets' save_to_disk writes; load_from_disk (datasets
+    5.2.0 arrow_dataset.py) reads the parts state.json lists, in order, and the format it names (None here: the
+    torch format speculators-offline names needs torch, which tests/integration/test_speculators_offline.py has)."""
+    from datasets import load_from_disk
+
+    from tokenmill_runner.export.formats import SPECULATORS_COLUMNS
+    from tokenmill_runner.export.writers import ROW_GROUP_RECORDS, ArrowDatasetFiles
+    from tokenmill_runner.store.storage import LocalStorage
+
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    rows = [{"input_ids": list(range(i % 7 + 1)), "loss_mask": [0] * (i % 7) + [1], "seq_len": i % 7 + 1,
+             "dataset": "d", "sample_id": f"s{i}", "sample_index": 0} for i in range(2 * ROW_GROUP_RECORDS + 5)]
+    writer = ArrowDatasetFiles(LocalStorage(tmp_path / "dest"), spool, "dataset/", SPECULATORS_COLUMNS, 1)
+    assert [writer.write(row) for row in rows] == list(range(len(rows)))
+    files = writer.close("0123456789abcdef")
+    assert len(files) == 3 and [f.records for f in files] == [ROW_GROUP_RECORDS, ROW_GROUP_RECORDS, 5]
+    loaded = load_from_disk(str(tmp_path / "dest" / "dataset"))
+    assert loaded.to_list() == rows and loaded.features["input_ids"].feature.dtype == "int64"
+    empty = ArrowDatasetFiles(LocalStorage(tmp_path / "empty"), spool, "", SPECULATORS_COLUMNS, 1 << 20)
+    assert len(empty.close("0")) == 1 and len(load_from_disk(str(tmp_path / "empty"))) == 0

@@ -211,3 +211,17 @@ def test_a_checked_plan_keeps_its_refitted_constants_and_says_whether_another_la
     nowhere = ConfigMaps()
     assert _record_constants(nowhere, context_, None, decision, WindowFacts(now, samples, 0, 0.0),
                              OperatorSettings(operator_namespace=None)) is decision and not nowhere.objects
+
+
+def test_speculators_layout_on_a_target_that_cannot_serve_it_is_a_plan_error(model_files: ModelFiles):
+    # speculators' final state is the pre-norm residual; only gpt_oss's final norm takes a capture hook in 0.5.23
+    # (models/gpt_oss.py:711-738), so the operator refuses the layout for Kimi-K2.5 from its config.json before any
+    # GPU hour (tests/unit/test_speculators_layout.py has the architecture rules).
+    base = model_files.context(1)
+    states = {"layouts": ["speculators"], "layerIds": [1, 29, 57, 60]}
+    document = {**base.body, "spec": {**base.body["spec"], "hiddenStates": states}}
+    refused = plan_for(Context(body=document, name="r", namespace="ns", generation=1,
+                               spec=parse_document(document).spec, previous=DatasetGenerationStatus()), None)
+    assert refused.plan is None and refused.transient is None
+    assert refused.error and "spec.hiddenStates.layouts 'speculators'" in refused.error
+    assert "KimiK25ForConditionalGeneration" in refused.error

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tokenmill_runner.facts.hardware import Gpu, find, products
+from tokenmill_runner.facts.hidden_states import check_layer_ids, check_layouts
 from tokenmill_runner.facts.model_facts import ModelFacts
 from tokenmill_runner.facts.releases import (
     DEFAULT_RELEASE,
@@ -25,7 +26,7 @@ from tokenmill_runner.facts.releases import (
     release,
     release_of_image,
 )
-from tokenmill_runner.spec.resource import ServerSpec
+from tokenmill_runner.spec.resource import HiddenStatesSpec, ServerSpec
 
 from .plan import PlanError
 
@@ -174,6 +175,19 @@ def check_architecture(model: ModelFacts, serving: ServingRelease) -> None:
     raise PlanError(f"spec.server.image: {serving.source} does not register {model.architecture} (config.json "
                     f"architectures); it would fall back to the Transformers backend, which cannot serve this model: "
                     f"{fix}")
+
+
+def check_hidden_states(states: HiddenStatesSpec | None, model: ModelFacts) -> None:
+    """spec.hiddenStates against config.json (the spec alone knows neither the architecture nor L): the layer ids
+    SGLang accepts for this model, and the trainer layouts it can serve (facts/hidden_states.check_layouts)."""
+    if states is None:
+        return
+    try:
+        if states.layer_ids is not None:
+            check_layer_ids(states.layer_ids, model.num_layers)
+        check_layouts(states.layouts, states.layer_ids, model.architecture, model.num_layers)
+    except ValueError as error:
+        raise PlanError(f"spec.hiddenStates.{error}") from None
 
 
 def check_kv_cache_dtype(server: ServerSpec, serving: ServingRelease) -> None:

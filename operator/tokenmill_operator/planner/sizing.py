@@ -50,6 +50,7 @@ from .serving import (
     ServerImage,
     ServingRelease,
     check_architecture,
+    check_hidden_states,
     check_image,
     check_kv_cache_dtype,
     context_length,
@@ -697,6 +698,7 @@ def size_server(spec: DatasetGenerationSpec, model: ModelFacts, gpu_memory: int 
     serving = serving_release(server.model_copy(update={"image": image.image}))
     check_image(server, gpu, serving)
     check_architecture(model, serving)
+    check_hidden_states(spec.hidden_states, model)
     check_kv_cache_dtype(server, serving)
     attention = attention_backend(server, gpu, model, serving)
     memory = gpu_memory if gpu_memory is not None and server.gpu_memory_mib is None else gpu_memory_mib(server, gpu)

@@ -34,7 +34,12 @@ FINAL_LAYER_KEY = -1
 class StateCapture:
     """What the server was started with: the aux layer ids, or [FINAL_LAYER_KEY] for the final state."""
 
-    layer_ids: list[int]  # the explicit ids (the default resolved by facts.hidden_states.default_eagle3_layer_ids)
+    # The explicit ids (the default resolved by facts.hidden_states.default_eagle3_layer_ids), each keying its values.
+    # Id i is the output of layer i (boundary i + 1) on every model; on gpt_oss id L - 1 is boundary L, the input of
+    # the final norm (0.5.23 models/gpt_oss.py:711-738, 1344-1352), so its key tells speculators' final state apart.
+    # A model without that hook fails its first forward on id L - 1 (layers/logits_processor.py:920-951), which the
+    # simulator does not play: tokenmill refuses the layout for it before any request (facts/hidden_states.py).
+    layer_ids: list[int]
     hidden: int
     chunked_prefill_tokens: int
 

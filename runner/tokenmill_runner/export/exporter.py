@@ -369,15 +369,28 @@ def export(request: ExportRequest, stream: TextIO | None = None,
     destination = open_storage(request.dest_uri, request.dest_s3_endpoint or request.s3_endpoint)
     if destination.root_uri.rstrip("/") == source.root_uri.rstrip("/"):
         raise ExportError("the destination is the run's own output folder; export next to it")
-    prepare_destination(destination, request.overwrite)
-    if fmt.kind == "ckpt":
-        from .offline import export_specforge_offline
+    if fmt.kind == "arrow":
+        from .speculators_offline import SpeculatorsLayoutError, check_run_layout
 
+        try:
+            check_run_layout(run)  # before the destination is touched: an earlier export there stays whole
+        except SpeculatorsLayoutError as error:
+            raise ExportError(str(error)) from None
+    prepare_destination(destination, request.overwrite)
+    if fmt.kind in ("ckpt", "arrow"):
         f = request.filters
         if f.finish_reason or f.exclude_truncated or f.require_reasoning or f.exclude_findings:
             raise ExportError(f"--format {fmt.name} takes only --dataset among the filters: its features are every "
                               "captured sample's")
-        return export_specforge_offline(source, destination, datasets, source.root_uri, __version__)
+        if fmt.kind == "ckpt":
+            from .offline import export_specforge_offline
+
+            return export_specforge_offline(source, destination, datasets, source.root_uri, __version__)
+        from .speculators_offline import export_speculators_offline
+
+        with ExitStack() as stack:
+            return export_speculators_offline(source, destination, datasets, run, _spool_folder(destination, stack),
+                                              request.part_bytes, __version__)
     with ExitStack() as stack, ThreadPoolExecutor(max_workers=PREFETCH_SHARDS) as pool:
         spool = _spool_folder(destination, stack)
         text = text_side(request, fmt, run, spool, stack) if fmt.text else None

@@ -18,6 +18,9 @@ file:line, are in docs/export.md):
 - `specforge-offline`: SpecForge's offline EAGLE-3 features (`SF data/preprocessing.py:394-560`), one `.ckpt` per
   sample under features/<dataset>/ with `input_ids`, `loss_mask`, `hidden_state` (the final state) and
   `aux_hidden_state`, from the run's captured hidden states (export/offline.py).
+- `speculators-offline`: speculators' offline EAGLE-3 data (`SP train/data.py:147-335`, ArrowDataset): a
+  `datasets` save_to_disk folder under dataset/ with `input_ids`, `loss_mask` and `seq_len`, and beside it
+  hidden_states/hs_{i}.safetensors for row i, the run's stored states files as they are (export/speculators_offline.py).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from .units import GenerationUnit
 @dataclass(frozen=True)
 class ExportFormat:
     name: str
-    kind: Literal["jsonl", "parquet", "ckpt"]
+    kind: Literal["jsonl", "parquet", "ckpt", "arrow"]
     # A single file (SpecForge reads one path) or numbered parts under data/ (readers that take a folder).
     single_file: str | None
     part_prefix: str | None
@@ -66,6 +69,9 @@ FORMATS: dict[str, ExportFormat] = {f.name: f for f in (
     ExportFormat("specforge-offline", "ckpt", None, "features/", False,
                  "SpecForge 0.2.0 offline EAGLE-3 features (OfflineEagle3Dataset, .ckpt per sample)",
                  "data.hidden_states_path: {dest}/features (SpecForge reads every .ckpt under it, sorted)"),
+    ExportFormat("speculators-offline", "arrow", None, "dataset/", False,
+                 "speculators 0.9.0 offline EAGLE-3 data (ArrowDataset: load_from_disk + hidden_states/hs_{i})",
+                 "speculators train --data-path {dest}/dataset --on-missing raise ..."),
 )}
 
 
@@ -116,21 +122,43 @@ def hf_record(unit: GenerationUnit) -> dict[str, Any]:
     }
 
 
-def hf_features() -> dict[str, Any]:
-    """`datasets` Features.to_dict() of the hf columns, spelled so that datasets 3.x and 5.x both read it: lists as
-    `"_type": "Sequence"` (datasets >= 4 writes "List", which 3.6 rejects; 5.x still reads "Sequence",
-    datasets/features/features.py:1670-1672 in 5.2.0)."""
+def features(columns: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    """`datasets` Features.to_dict() of (name, Arrow type name) columns, spelled so that datasets 3.x and 5.x both
+    read it: lists as `"_type": "Sequence"` (datasets >= 4 writes "List", which 3.6 rejects; 5.x still reads
+    "Sequence", datasets/features/features.py:1670-1672 in 5.2.0)."""
     def feature(arrow: str) -> dict[str, Any]:
         if arrow.startswith("list<"):
             return {"feature": feature(arrow[len("list<"):-1]), "_type": "Sequence"}
         return {"dtype": arrow, "_type": "Value"}
 
-    return {name: feature(arrow) for name, arrow in HF_COLUMNS}
+    return {name: feature(arrow) for name, arrow in columns}
+
+
+def hf_features() -> dict[str, Any]:
+    return features(HF_COLUMNS)
+
+
+def schema_metadata(columns: tuple[tuple[str, str], ...]) -> bytes:
+    # What datasets' ArrowWriter stores under b"huggingface" (datasets/arrow_writer.py:640-649, 5.2.0).
+    return orjson.dumps({"info": {"features": features(columns)}})
 
 
 def hf_schema_metadata() -> bytes:
-    # What datasets' ArrowWriter stores under b"huggingface" (datasets/arrow_writer.py:640-649, 5.2.0).
-    return orjson.dumps({"info": {"features": hf_features()}})
+    return schema_metadata(HF_COLUMNS)
+
+
+# Columns of the speculators-offline dataset: what speculators prepare-data saves (input_ids and loss_mask as torch
+# longs, seq_len; SP data_generation/preprocessing.py:397-400) and where each row came from. ArrowDataset reads
+# input_ids, loss_mask and seq_len (SP train/data.py:225, 314-334); the others are never read.
+SPECULATORS_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("input_ids", "list<int64>"), ("loss_mask", "list<int64>"), ("seq_len", "int64"), ("dataset", "string"),
+    ("sample_id", "string"), ("sample_index", "int64"),
+)
+
+
+def speculators_row(unit: GenerationUnit) -> dict[str, Any]:
+    return {"input_ids": unit.input_ids, "loss_mask": unit.loss_mask, "seq_len": len(unit.input_ids),
+            "dataset": unit.dataset, "sample_id": unit.sample_id, "sample_index": unit.sample_index}
 
 
 def text_record(unit: GenerationUnit, text: str) -> dict[str, Any]:

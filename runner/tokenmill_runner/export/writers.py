@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..store.storage import Storage
-from .formats import HF_COLUMNS, ExportFormat, hf_schema_metadata
+from .formats import HF_COLUMNS, ExportFormat, features, hf_schema_metadata, schema_metadata
 from .manifest import WrittenFile
 
 logger = logging.getLogger(__name__)
@@ -156,3 +156,84 @@ class ParquetFiles:
         self._finish()
         return self.files
 
+
+
+class ArrowDatasetFiles:
+    """A `datasets` save_to_disk folder under `prefix`, written without `datasets`: Arrow IPC stream parts of
+    ROW_GROUP_RECORDS-row batches, then state.json and dataset_info.json naming them, which is all load_from_disk
+    reads (datasets/arrow_dataset.py, Dataset.load_from_disk, 5.2.0: the parts state.json lists, memory-mapped,
+    then `with_format` of its _format_* keys). Parts are published as they fill (part_bytes), so memory holds one
+    batch."""
+
+    def __init__(self, destination: Storage, spool: Path, prefix: str, columns: tuple[tuple[str, str], ...],
+                 part_bytes: int, format_type: str | None = None) -> None:
+        self.destination, self.spool, self.prefix, self.part_bytes = destination, spool, prefix, part_bytes
+        self.columns, self.format_type = columns, format_type
+        self.schema = pa.schema([(name, arrow_type(kind)) for name, kind in columns]).with_metadata(
+            {b"huggingface": schema_metadata(columns)})
+        self.files: list[WrittenFile] = []
+        self.rows = 0
+        self._pending: list[dict[str, Any]] = []
+        self._writer: pa.ipc.RecordBatchStreamWriter | None = None
+        self._sink: pa.OSFile | None = None
+        self._path: Path | None = None
+        self._records = 0
+        self._tokens = 0
+
+    def write(self, record: dict[str, Any]) -> int:
+        """Add a row; returns its index in the dataset."""
+        self._pending.append(record)
+        self._tokens += len(record.get("input_ids") or ())
+        self.rows += 1
+        if len(self._pending) >= ROW_GROUP_RECORDS:
+            self.flush()
+        return self.rows - 1
+
+    def _key(self, index: int) -> str:
+        # Not datasets' data-XXXXX-of-NNNNN: the count is known only at the end, and load_from_disk opens the names
+        # state.json lists, whatever they are.
+        return f"{self.prefix}data-{index:05d}.arrow"
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        batch = pa.RecordBatch.from_pylist(self._pending, schema=self.schema)
+        self._pending = []
+        writer, sink = self._open()
+        writer.write_batch(batch)
+        self._records += batch.num_rows
+        if sink.tell() >= self.part_bytes:
+            self._finish()
+
+    def _open(self) -> tuple[pa.ipc.RecordBatchStreamWriter, pa.OSFile]:
+        if self._writer is None or self._sink is None:
+            self._path = self.spool / self._key(len(self.files)).replace("/", "__")
+            self._sink = pa.OSFile(str(self._path), "wb")
+            self._writer = pa.ipc.new_stream(self._sink, self.schema)
+            self._records = 0
+        return self._writer, self._sink
+
+    def _finish(self) -> None:
+        if self._writer is None or self._sink is None or self._path is None:
+            return
+        self._writer.close()
+        self._sink.close()
+        self._writer = self._sink = None
+        self.files.append(publish(self.destination, self._key(len(self.files)), self._path, self._records,
+                                  self._tokens))
+        self._tokens = 0
+
+    def close(self, fingerprint: str) -> list[WrittenFile]:
+        """The last part (an empty one for a dataset of no rows, which load_from_disk still opens), then the two
+        JSON files, last, so a folder without them is never a dataset."""
+        self.flush()
+        if not self.files:
+            self._open()
+        self._finish()
+        state: dict[str, Any] = {"_data_files": [{"filename": f.path.removeprefix(self.prefix)} for f in self.files],
+                 "_fingerprint": fingerprint, "_format_columns": None, "_format_kwargs": {},
+                 "_format_type": self.format_type, "_output_all_columns": False, "_split": None}
+        info = {"citation": "", "description": "", "features": features(self.columns), "homepage": "", "license": ""}
+        for name, document in (("dataset_info.json", info), ("state.json", state)):
+            self.destination.put(f"{self.prefix}{name}", orjson.dumps(document, option=orjson.OPT_INDENT_2))
+        return self.files

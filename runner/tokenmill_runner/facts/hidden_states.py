@@ -24,6 +24,7 @@ Read from the 0.5.23 wheel (file:line in docs/sglang-release-facts.md, "Aux hidd
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from math import ceil
 from typing import Literal
@@ -63,6 +64,16 @@ TRAINER_LAYOUTS: dict[str, str] = {
 # server relaunched that way; FINAL_PASS_LAYOUTS are the layouts that need it.
 FINAL_PASS_LAYOUTS: frozenset[str] = frozenset({"specforge"})
 FINAL_STATE_WITH_AUX_FROM: str | None = None  # the first release that serves both in one request; none yet
+# speculators' final state is the one *before* the norm (its training applies the verifier's norm before lm_head,
+# models/eagle3/core.py:119-120, 251-252). A post-norm state cannot be turned back into it, but a model whose final
+# norm takes a capture hook for boundary L serves it as one more aux layer, in the same request: on gpt_oss an
+# explicit id i is boundary i + 1 (models/gpt_oss.py:1346-1352) and boundary L is the residual the final norm reads
+# (gpt_oss.py:727-738; layers/layer_boundary/residual/access.py:40-54), captured after the layers' boundaries in
+# forward order (gpt_oss.py:711-738, layers/aux_hidden_states.py:97-102). So id L - 1, last, is speculators'
+# hidden_states[:, -1] and the ids before it its [:, :-1] (speculators/train/data.py:325-334); no second pass.
+# minimax_m3 has the same hook (minimax_m3.py:1955-1964) but its id mapping is not read, so it is not listed.
+AUX_LAST_LAYOUTS: frozenset[str] = frozenset({"speculators"})
+PRE_NORM_FINAL_ARCHITECTURES: tuple[str, ...] = ("GptOssForCausalLM",)
 
 ServedKind = Literal["aux", "final"]
 
@@ -87,6 +98,45 @@ def default_eagle3_layer_ids(num_layers: int) -> list[int]:
     if num_layers < 4:
         raise ValueError(f"a model of {num_layers} layers has no EAGLE3 default capture (it needs at least 4)")
     return [1, num_layers // 2 - 1, num_layers - 4]
+
+
+def speculators_layer_ids(num_layers: int) -> list[int]:
+    """layerIds for speculators' layout on gpt_oss: the EAGLE3 default's layers, then id L - 1 (boundary L, the
+    residual the final norm reads)."""
+    return [*default_eagle3_layer_ids(num_layers), num_layers - 1]
+
+
+def check_aux_last_layer_ids(layout: str, layer_ids: list[int] | None) -> None:
+    """What the spec alone can check of an AUX_LAST_LAYOUTS layout: explicit, strictly ascending ids (the answer
+    holds them in forward order, whatever order they are given in: gpt_oss.py:711-738, so the last given must be
+    the last captured). The model's part is check_layouts."""
+    if layer_ids is None:
+        raise ValueError(f"layouts {layout!r} needs explicit layerIds ending with num_hidden_layers - 1 (the final "
+                         "norm's input): set layerIds: [1, L/2 - 1, L - 4, L - 1] for a target of L layers")
+    if any(b <= a for a, b in zip(layer_ids, layer_ids[1:], strict=False)):
+        raise ValueError(f"layouts {layout!r} needs layerIds in ascending order (SGLang answers them in forward "
+                         f"order and speculators reads the last as the final state), got {layer_ids}")
+
+
+def check_layouts(layouts: Sequence[str], layer_ids: list[int] | None, architecture: str | None,
+                  num_layers: int) -> None:
+    """The layouts against the model's config.json: speculators' pre-norm final state is served only by an
+    architecture whose final norm takes a capture hook, as the last id L - 1."""
+    for layout in layouts:
+        if layout not in AUX_LAST_LAYOUTS:
+            continue
+        check_aux_last_layer_ids(layout, layer_ids)
+        assert layer_ids is not None
+        if architecture not in PRE_NORM_FINAL_ARCHITECTURES:
+            raise ValueError(
+                f"layouts {layout!r}: {TRAINER_LAYOUTS[layout]}; SGLang 0.5.23 serves it only for "
+                f"{', '.join(PRE_NORM_FINAL_ARCHITECTURES)} (its final norm takes a capture hook), and this model is "
+                f"{architecture or 'of no named architecture'} (config.json architectures); drop the layout")
+        if layer_ids[-1] != num_layers - 1:
+            raise ValueError(
+                f"layouts {layout!r} needs the last of layerIds to be {num_layers - 1} (num_hidden_layers - 1: the "
+                f"final norm's input, speculators' verifier_last_hidden_states), got {layer_ids}; set layerIds: "
+                f"{speculators_layer_ids(num_layers)}")
 
 
 def check_layer_ids(layer_ids: list[int], num_layers: int) -> None:
@@ -137,9 +187,9 @@ class StateShape:
 
 
 def shape_from_config(config: dict[str, object], layer_ids: list[int] | None, dtype: str,
-                      kind: ServedKind = "aux") -> StateShape:
+                      kind: ServedKind = "aux", layouts: Sequence[str] = ()) -> StateShape:
     """The states' shape for a model's config.json (text_config for multimodal models) and the spec's layer ids;
-    the final state is one layer."""
+    the final state is one layer. Raises ValueError when the ids or the layouts do not fit the model."""
     nested = config.get("text_config")
     text = nested if isinstance(nested, dict) else config
     layers, hidden = text.get("num_hidden_layers"), text.get("hidden_size")
@@ -149,6 +199,8 @@ def shape_from_config(config: dict[str, object], layer_ids: list[int] | None, dt
         return StateShape(1, hidden, dtype)
     ids = layer_ids if layer_ids is not None else default_eagle3_layer_ids(layers)
     check_layer_ids(ids, layers)
+    names = config.get("architectures") or text.get("architectures")
+    check_layouts(layouts, layer_ids, names[0] if isinstance(names, list) and names else None, layers)
     return StateShape(len(ids), hidden, dtype)
 
 

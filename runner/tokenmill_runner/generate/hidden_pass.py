@@ -24,6 +24,7 @@ from ..facts.hidden_states import (
 )
 from ..render.pretokenize import local_model_folder
 from ..spec.config import RunnerConfig
+from ..spec.resource import DatasetGenerationSpec, SpecError
 from ..store.capture_progress import ProgressBeat
 from ..store.hidden_states import KINDS, StateKind, captured_keys, hidden_state_inputs, sample_key
 from ..store.markers import markers_in_commit_order
@@ -64,6 +65,26 @@ async def _served(server: str, api_key: str | None, wanted: ServedKind | None, w
         await asyncio.sleep(_KIND_POLL_S)
 
 
+def model_config(folder: str | None) -> dict[str, object]:
+    """The target's config.json beside its tokenizer; {} when there is none (shape_from_config then says so)."""
+    path = Path(folder) / "config.json" if folder else None
+    return json.loads(path.read_text()) if path is not None and path.exists() else {}
+
+
+def refuse_unservable(spec: DatasetGenerationSpec, folder: str | None) -> None:
+    """Before the stream: what the pass after it would refuse from config.json (layer ids past the model's layers, a
+    layout the architecture cannot serve), so no GPU time is spent generating samples whose states cannot be
+    captured. Without a config.json here the pass finds out later (the tokenizer may come from elsewhere)."""
+    states = spec.hidden_states
+    config = model_config(folder)
+    if states is None or not config:
+        return
+    try:
+        shape_from_config(config, states.layer_ids, states.dtype, layouts=states.layouts)
+    except ValueError as error:
+        raise SpecError(f"spec.hiddenStates: {error}") from None
+
+
 async def run_hidden_state_pass(config: RunnerConfig, storage: Storage, api_key: str | None,
                                 fence: Fence | None = None) -> CaptureSummary:
     """Capture every dataset's missing states of the kind the server serves (config.states_pass: that kind only);
@@ -75,8 +96,8 @@ async def run_hidden_state_pass(config: RunnerConfig, storage: Storage, api_key:
     kind = KINDS[served]
     folder = await asyncio.to_thread(local_model_folder, spec.model.tokenizer or spec.model.path,
                                      spec.output.endpoint)
-    model_config = json.loads((Path(folder) / "config.json").read_text()) if folder else {}
-    shape = shape_from_config(model_config, spec.hidden_states.layer_ids, spec.hidden_states.dtype, served)
+    shape = shape_from_config(model_config(folder), spec.hidden_states.layer_ids, spec.hidden_states.dtype, served,
+                              spec.hidden_states.layouts)
     chunk = info.get("chunked_prefill_size")
     chunk = chunk if isinstance(chunk, int) and chunk > 0 else DEFAULT_CHUNK
     _check_local_room(storage, [d.name for d in spec.datasets], shape, kind)

@@ -27,7 +27,14 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from ..facts.hidden_states import FINAL_PASS_LAYOUTS, FINAL_STATE_WITH_AUX_FROM, TRAINER_LAYOUTS, check_layer_ids
+from ..facts.hidden_states import (
+    AUX_LAST_LAYOUTS,
+    FINAL_PASS_LAYOUTS,
+    FINAL_STATE_WITH_AUX_FROM,
+    TRAINER_LAYOUTS,
+    check_aux_last_layer_ids,
+    check_layer_ids,
+)
 from ..facts.releases import (
     DEFAULT_IMAGE,
     DEFAULT_RELEASE,
@@ -592,8 +599,10 @@ class HiddenStatesSpec(SpecModel):
         description="Trainer layouts wanted besides tokenmill's own files (a safetensors file per sample: token_ids "
         "and the aux layers): specforge (SpecForge's offline .ckpt files, `tokenmill export --format "
         "specforge-offline`), whose final hidden state a second pass captures from the server relaunched with "
-        "--enable-return-hidden-states (the operator does it; docs/export.md); speculators (hidden_states/hs_{i}."
-        "safetensors) needs the pre-norm final state, which SGLang does not serve, and is refused.")
+        "--enable-return-hidden-states (the operator runs both passes; `tokenmill run` twice by hand); speculators (its Arrow "
+        "dataset and hidden_states/hs_{i}.safetensors, `tokenmill export --format speculators-offline`), whose "
+        "pre-norm final state SGLang 0.5.23 serves only for GptOssForCausalLM, as the last aux layer: set layerIds "
+        "[1, L/2-1, L-4, L-1] (L = num_hidden_layers; docs/export.md).")
 
     @field_validator("layer_ids")
     @classmethod
@@ -674,6 +683,14 @@ class DatasetGenerationSpec(SpecModel):
         for index, layout in enumerate(self.hidden_states.layouts):
             if layout in FINAL_PASS_LAYOUTS:
                 continue  # its final state comes from a second pass (facts/hidden_states.py)
+            if layout in AUX_LAST_LAYOUTS:
+                # Its final state is the last aux layer; the architecture and L are checked against config.json
+                # by the planner and the runner (facts/hidden_states.check_layouts).
+                try:
+                    check_aux_last_layer_ids(layout, self.hidden_states.layer_ids)
+                except ValueError as error:
+                    raise ValueError(f"hiddenStates.{error}") from None
+                continue
             if FINAL_STATE_WITH_AUX_FROM is None or version_key(facts.version) < version_key(FINAL_STATE_WITH_AUX_FROM):
                 raise ValueError(
                     f"hiddenStates.layouts[{index}] {layout!r}: {TRAINER_LAYOUTS[layout]}, and SGLang {facts.version} "

@@ -227,15 +227,19 @@ def committed_samples(storage: Storage, dataset: str, worker: int | None = None
                 yield key, row
 
 
-def read_state_bytes(storage: Storage, dataset: str, marker: dict[str, Any]
-                     ) -> tuple[np.ndarray, bytes, tuple[int, ...]]:
-    """token_ids [n], the states' raw bytes in the served dtype and their shape [n, layers, hidden], of one
-    committed sample, checked against its marker."""
+def read_state_file(storage: Storage, dataset: str, marker: dict[str, Any]) -> bytes:
+    """The whole safetensors file of one committed sample, checked against its marker."""
     # The marker says how large the file is: never read more (a replaced file could be any size).
     data = get_bounded(storage, f"{dataset}/{marker['file']}", int(marker["bytes"]))
     if len(data) != marker["bytes"] or hashlib.sha256(data).hexdigest() != marker["sha256"]:
         raise StorageError(f"{dataset}/{marker['file']}: {len(data)} bytes whose digest differs from its marker's "
                            f"({marker['bytes']} bytes); the file was changed after it was committed")
+    return data
+
+
+def parse_state_file(data: bytes) -> tuple[np.ndarray, bytes, tuple[int, ...]]:
+    """token_ids [n], the states' raw bytes in the served dtype and their shape [n, layers, hidden] of a file
+    commit_states wrote."""
     (length,) = struct.unpack("<Q", data[:8])
     header = json.loads(data[8:8 + length])
     base = 8 + length
@@ -243,6 +247,13 @@ def read_state_bytes(storage: Storage, dataset: str, marker: dict[str, Any]
     hs_start, hs_end = header["hidden_states"]["data_offsets"]
     token_ids = np.frombuffer(data[base + ids_start:base + ids_end], "<i8")
     return token_ids, data[base + hs_start:base + hs_end], tuple(header["hidden_states"]["shape"])
+
+
+def read_state_bytes(storage: Storage, dataset: str, marker: dict[str, Any]
+                     ) -> tuple[np.ndarray, bytes, tuple[int, ...]]:
+    """token_ids [n], the states' raw bytes in the served dtype and their shape [n, layers, hidden], of one
+    committed sample, checked against its marker."""
+    return parse_state_file(read_state_file(storage, dataset, marker))
 
 
 def read_states(storage: Storage, dataset: str, marker: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
