@@ -6,8 +6,9 @@ written to a scratch store, a local HTTP server answers every capture request as
 JSON floats in one prefill block, the token ids echoed; the body is built once per process, so the server costs
 little), and generate/hidden_capture.py captures, checks and commits every sample; then each committed file is read
 back and digest-checked as an export reads it (store/hidden_states.read_states); then the final-state pass SpecForge's
-layout adds (one layer) and `--format specforge-offline` (export/offline.py: one .ckpt per sample with both kinds)
-into a scratch destination. The scratch store is removed.
+layout adds (one layer), `--format specforge-offline` (export/offline.py: one .ckpt per sample with both kinds)
+and `--format speculators-offline` (export/speculators_offline.py: the Arrow rows and each aux file copied) into
+scratch destinations. The scratch store is removed.
 Not a test. Defaults: 100 and 1,000 samples of 2,048 tokens at hidden 1,024 x 3 layers (bf16: 12.6 MB a sample,
 12.6 GB at the top).
 
@@ -33,6 +34,7 @@ from aiohttp import web
 from tokenmill_runner.facts.hidden_states import StateShape
 from tokenmill_runner.generate.hidden_capture import capture_dataset
 from tokenmill_runner.export.offline import export_specforge_offline
+from tokenmill_runner.export.speculators_offline import export_speculators_offline
 from tokenmill_runner.store.hidden_states import FINAL, read_states, state_markers
 from tokenmill_runner.store.shards import ShardBuffer, commit_shard
 from tokenmill_runner.store.storage import LocalStorage
@@ -89,8 +91,18 @@ async def main():
                                         storage.root_uri, "bench")
     export_s = time.perf_counter() - started
     assert manifest["datasets"]["d"]["written"] == samples, manifest
+    # The aux file as speculators' layout stores it (its last layer the final state: layerIds ending at L - 1).
+    run = {"spec": {"hiddenStates": {"layouts": ["speculators"], "layerIds": [1, 3, 7]}}}
+    started = time.perf_counter()
+    spool = root.parent / (root.name + "-spool")
+    spool.mkdir()
+    speculators = export_speculators_offline(storage, LocalStorage(root.parent / (root.name + "-speculators")), ["d"],
+                                             run, spool, 256 << 20, "bench")
+    speculators_s = time.perf_counter() - started
+    assert speculators["datasets"]["d"]["written"] == samples, speculators
     print(json.dumps({"state_bytes": summary.state_bytes, "capture_s": captured_s, "read_bytes": read,
-                      "read_s": read_s, "export_bytes": manifest["datasets"]["d"]["bytes"], "export_s": export_s}))
+                      "read_s": read_s, "export_bytes": manifest["datasets"]["d"]["bytes"], "export_s": export_s,
+                      "speculators_bytes": speculators["datasets"]["d"]["bytes"], "speculators_s": speculators_s}))
 
 asyncio.run(main())
 """
@@ -110,7 +122,8 @@ def run_size(samples: int, tokens: int, hidden: int, scratch: Path) -> dict[str,
         return figures
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-        shutil.rmtree(f"{folder}-export", ignore_errors=True)
+        for suffix in ("-export", "-speculators", "-spool"):
+            shutil.rmtree(f"{folder}{suffix}", ignore_errors=True)
 
 
 def main() -> None:
@@ -120,18 +133,19 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--scratch", type=Path, default=Path(tempfile.gettempdir()))
     args = parser.parse_args()
-    need = max(args.sizes) * args.tokens * (3 + 1) * args.hidden * 2 * 2  # both kinds, then the export's copy
+    need = max(args.sizes) * args.tokens * (3 + 1) * args.hidden * 2 * 3  # both kinds, then the exports' copies
     free = shutil.disk_usage(args.scratch).free
     if need * 1.1 > free:
         raise SystemExit(f"{args.scratch}: {free / 1e9:.1f} GB free, the largest size needs {need / 1e9:.1f} GB")
-    print(f"{'samples':>8} {'states GB':>10} {'capture MB/s':>13} {'read MB/s':>10} {'export MB/s':>12} "
-          f"{'peak RSS MiB':>13} {'x first':>8}")
+    print(f"{'samples':>8} {'states GB':>10} {'capture MB/s':>13} {'read MB/s':>10} {'specforge MB/s':>15} "
+          f"{'speculators MB/s':>17} {'peak RSS MiB':>13} {'x first':>8}")
     first = None
     for samples in args.sizes:
         f = run_size(samples, args.tokens, args.hidden, args.scratch)
         first = first or f["peak_rss_mib"]
         print(f"{samples:>8} {f['state_bytes'] / 1e9:>10.2f} {f['state_bytes'] / f['capture_s'] / 1e6:>13.1f} "
-              f"{f['read_bytes'] / f['read_s'] / 1e6:>10.1f} {f['export_bytes'] / f['export_s'] / 1e6:>12.1f} "
+              f"{f['read_bytes'] / f['read_s'] / 1e6:>10.1f} {f['export_bytes'] / f['export_s'] / 1e6:>15.1f} "
+              f"{f['speculators_bytes'] / f['speculators_s'] / 1e6:>17.1f} "
               f"{f['peak_rss_mib']:>13.1f} "
               f"{f['peak_rss_mib'] / first:>8.2f}", flush=True)
 
