@@ -36,7 +36,7 @@ from ..facts.hidden_states import SAFETENSORS_DTYPE, StateShape
 from .bounded_get import get_bounded
 from .faults import points as fault_points
 from .shards import Fence, put_marker
-from .storage import Storage, StorageError
+from .storage import TMP_MARK, Storage, StorageError
 
 STATES = "hidden_states"
 STATE_COMMITS = "hidden_commits"
@@ -181,8 +181,16 @@ def clear_failure(storage: Storage, dataset: str, key: str, fence: Fence | None 
         storage.delete(error_key(dataset, key, kind))
 
 
+def _records_under(storage: Storage, prefix: str) -> Iterator[str]:
+    # Not the temporary files of an interrupted write: the local store writes a marker as `<key>.json.tmp-XXXX`
+    # beside it, then renames it (storage.write_atomic). The markers are written by parallel threads, so a kill at
+    # one commit can leave another's whole marker under its temporary name: counted, the resume wrote that sample's
+    # marker again and readers saw two markers of one sample (or, if cut short, one that does not parse).
+    return (name for name in storage.list(prefix) if TMP_MARK not in name.rsplit("/", 1)[-1])
+
+
 def _keys_under(storage: Storage, prefix: str) -> set[str]:
-    return {name.rsplit("/", 1)[-1].removesuffix(".json") for name in storage.list(prefix)}
+    return {name.rsplit("/", 1)[-1].removesuffix(".json") for name in _records_under(storage, prefix)}
 
 
 def captured_keys(storage: Storage, dataset: str, kind: StateKind = AUX) -> set[str]:
@@ -197,7 +205,7 @@ def failed_keys(storage: Storage, dataset: str, kind: StateKind = AUX) -> set[st
 def state_markers(storage: Storage, dataset: str, kind: StateKind = AUX) -> Iterator[dict[str, Any]]:
     """Every committed state marker of `dataset`, each read bounded (the operator's report reads them: a tenant's
     runner wrote them) and refused by name when it is not one."""
-    for name in storage.list(f"{dataset}/{kind.commits}/"):
+    for name in _records_under(storage, f"{dataset}/{kind.commits}/"):
         try:
             marker = orjson.loads(get_bounded(storage, name, STATE_MARKER_BYTES))
         except orjson.JSONDecodeError as error:
