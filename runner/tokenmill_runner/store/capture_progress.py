@@ -18,7 +18,7 @@ from datetime import datetime
 import orjson
 
 from .bounded_get import get_bounded
-from .storage import Storage, StorageError
+from .storage import TMP_MARK, Storage, StorageError
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +98,8 @@ def read_capture_progress(storage: Storage, kind: str, since: datetime | None = 
     for key in storage.list(progress_prefix(kind)):
         if workers >= MAX_WORKERS_READ:
             break
+        if TMP_MARK in key:  # a local put killed before its rename: not an object
+            continue
         try:
             document = orjson.loads(get_bounded(storage, key, MAX_PROGRESS_BYTES))
             counts = CaptureCounts(**{name: int(document[name]) for name in asdict(CaptureCounts())})
