@@ -157,8 +157,9 @@ def queue_state(queue: str, desired: Manifest, current: Manifest | None, queued:
                                   f"stopping the server and the runner, then Workload {name} is replaced and the run "
                                   f"queues in {queue}; it resumes from what is committed")
     if reshaped:
-        return QueueState(**common, message=f"the spec changed what the run needs: Workload {name} is replaced "
-                                            "once the run's pods are stopped, and the run queues again")
+        return QueueState(**common, message=f"what the run needs changed (a spec edit, or the operator's switch to "
+                                            f"another layout): Workload {name} is replaced once the run's pods are "
+                                            "stopped, and the run queues again; it resumes from what is committed")
     if evicted is not None and reserved:
         reason = evicted.get("reason", "Evicted")
         return QueueState(**common, evicted=True,

@@ -260,3 +260,29 @@ def test_an_operator_that_requires_a_queue_refuses_a_run_without_one():
     with pytest.raises(QueueRequired, match="kueue.x-k8s.io/queue-name=<LocalQueue>"):
         _queueing(Recorder({}), context, PLAN, required)  # its Workload given back: refused from now on
     assert OperatorSettings.__dataclass_fields__["require_queue"].default is False
+
+
+def test_a_layout_switch_queues_the_run_again_for_its_new_pods_and_a_states_pass_does_not():
+    """replan auto or a trial switches 1 x TP 8 to 8 x TP 1: other pods, other quota, so the admitted Workload is
+    outdated and the run queues again for the new layout (stopped first: Kueue's quota is given back only once the
+    pods are gone). The next hidden-state pass changes only SGLang's flags, which Kueue does not count."""
+    current = run_workload(parallelism=4)
+    current["status"] = {"conditions": [cond("QuotaReserved"), cond("Admitted")]}
+    switched = PLAN.model_copy(update={"replicas": 8, "tensor_parallel": 1, "gpus_per_node": 1})
+    desired = kueue.run_workload("b5", "team-a", OWNER, "gpu-queue", spec(parallelism=4), switched, "runner:1")
+    server = desired["spec"]["podSets"][0]
+    assert server["count"] == 8
+    assert server["template"]["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] == "1"
+    state = kueue.queue_state("gpu-queue", desired, current, [])
+    assert state.reshaped and not state.admitted and "switch to another layout" in state.message
+    decision = decide(observed(job=JobState(active=4), queue=state))
+    assert decision.server_replicas == 0 and decision.suspend_job, "stopped before the Workload is replaced"
+
+    from tokenmill_operator import manifests
+
+    document = yaml.safe_load(EXAMPLE.read_text())["spec"]
+    two_passes = DatasetGenerationSpec.model_validate({**document, "hiddenStates": {"layouts": ["specforge"]}})
+    aux, final = (manifests.server_statefulset("b5", "team-a", OWNER, two_passes, PLAN, states_kind=kind)["spec"]
+                  ["template"] for kind in ("aux", "final"))
+    assert aux["spec"]["containers"][0]["args"] != final["spec"]["containers"][0]["args"]
+    assert kueue.pod_set("server", 1, aux) == kueue.pod_set("server", 1, final)
