@@ -29,7 +29,7 @@ from .manifests import SERVER_CONTAINER
 from .observe import parse_time, progress_facts
 from .planner.serving import DRIVER_LABEL
 from .planner.trial import MetricPoint
-from .server_metrics import Scrape, TrialScrapes, VerificationWindow, WindowFacts
+from .server_metrics import Scrape, TrialScrapes, VerificationWindow, WindowFacts, combine
 from .sglang_metrics import read_metrics
 from .status import RunStatus
 
@@ -317,19 +317,25 @@ def observe_progress(storage: Storage, output: OutputIndex, now: datetime, start
     return progress_facts(indexes, manifest, now, started, expected_output), manifest
 
 
-def observe_window(window: VerificationWindow, urls: list[str], plan_key: Hashable, now: datetime,
+def scrape_replicas(urls: list[list[str]], read: Callable[[str], Scrape | None] = read_metrics) -> list[Scrape | None]:
+    """Per replica, its figures from the /metrics of its pods that host DP attention groups (names.metrics_urls: the
+    rank-0 pod, plus the other nodes of a multi-node DP attention replica), all read at once so pods that do not
+    answer cost one timeout, not one each; None for a replica any of whose pods could not be read."""
+    flat = [url for replica in urls for url in replica]
+    with ThreadPoolExecutor(max_workers=min(16, max(1, len(flat))), thread_name_prefix="scrape") as pool:
+        found = iter(list(pool.map(read, flat)))
+    return [combine([next(found) for _ in replica]) for replica in urls]
+
+
+def observe_window(window: VerificationWindow, urls: list[list[str]], plan_key: Hashable, now: datetime,
                    read: Callable[[str], Scrape | None] = read_metrics) -> WindowFacts | None:
-    """Scrape each replica's /metrics (its rank-0 pod; all at once, so replicas that do not answer cost one
-    timeout, not one each) into the plan's verification window; what it saw so far."""
-    with ThreadPoolExecutor(max_workers=min(16, max(1, len(urls))), thread_name_prefix="scrape") as pool:
-        scrapes = list(pool.map(read, urls))
-    window.add(plan_key, now, dict(enumerate(scrapes)))
+    """Scrape each replica (`scrape_replicas`) into the plan's verification window; what it saw so far."""
+    window.add(plan_key, now, dict(enumerate(scrape_replicas(urls, read))))
     return window.facts()
 
 
-def observe_trial(scrapes: TrialScrapes, urls: list[str], key: tuple[int, int], now: datetime, clock_scale: float,
-                  read: Callable[[str], Scrape | None] = read_metrics) -> list[MetricPoint]:
-    """Scrape every replica's /metrics (all at once) into the trial candidate's series; the series so far."""
-    with ThreadPoolExecutor(max_workers=min(16, max(1, len(urls))), thread_name_prefix="scrape") as pool:
-        found = list(pool.map(read, urls))
+def observe_trial(scrapes: TrialScrapes, urls: list[list[str]], key: tuple[int, int], now: datetime,
+                  clock_scale: float, read: Callable[[str], Scrape | None] = read_metrics) -> list[MetricPoint]:
+    """Scrape every replica (`scrape_replicas`) into the trial candidate's series; the series so far."""
+    found = scrape_replicas(urls, read)
     return scrapes.add(key, now, found, clock_scale)

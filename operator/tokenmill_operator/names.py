@@ -132,3 +132,33 @@ def server_urls(name: str, namespace: str, port: int, replicas: int, nodes_per_r
         f"http://{server_pod_host(name, namespace, index)}:{port}"
         for index in leader_indexes(replicas, nodes_per_replica)
     ]
+
+
+def reporting_node_ranks(tensor_parallel: int, nodes_per_replica: int, attention_data_parallel: int = 1) -> list[int]:
+    """Node ranks of a replica whose pods host a scheduler that writes the scheduler gauges: one per DP attention
+    group, its attention-TP rank 0 (SGLang 0.5.23 observability/metrics_collector.py:1361-1363).
+
+    Node k runs TP ranks [k·T/N, (k+1)·T/N) (entrypoints/engine.py:2045-2077, _calculate_rank_ranges without
+    pipeline parallelism; managers/data_parallel_controller.py:702-712 for the DP attention launch); TP rank r is in
+    group r // (T/D) at attention-TP rank r % (T/D) (runtime_context.py:73-92). So group g reports from TP rank
+    g·T/D, on node g·T/D // (T/N). Every node's schedulers write to that node's own Prometheus multiprocess
+    directory (utils/common.py:2825-2840, set on every node: entrypoints/engine.py:1155, 1940-1942), and a node of
+    rank >= 1 serves them on the HTTP port from its health server (entrypoints/engine.py:1234, 1279-1285;
+    utils/common.py:3624-3653; the same in 0.5.9: engine.py:1040-1054, utils/common.py:2656-2681): the rank-0 pod's
+    /metrics has node 0's groups only."""
+    nodes = max(1, nodes_per_replica)
+    groups = max(1, attention_data_parallel)
+    attn_tp = max(1, tensor_parallel // groups)
+    per_node = max(1, tensor_parallel // nodes)
+    return sorted({min(nodes - 1, group * attn_tp // per_node) for group in range(groups)})
+
+
+def metrics_urls(name: str, namespace: str, port: int, replicas: int, nodes_per_replica: int = 1,
+                 tensor_parallel: int = 1, attention_data_parallel: int = 1) -> list[list[str]]:
+    """Per replica, the base URLs whose /metrics together hold all its DP attention groups' scheduler gauges: its
+    pods of `reporting_node_ranks` (the rank-0 pod alone for a replica without DP attention or on one node)."""
+    ranks = reporting_node_ranks(tensor_parallel, nodes_per_replica, attention_data_parallel)
+    return [
+        [f"http://{server_pod_host(name, namespace, leader + rank)}:{port}" for rank in ranks]
+        for leader in leader_indexes(replicas, nodes_per_replica)
+    ]

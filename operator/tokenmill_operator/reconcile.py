@@ -293,6 +293,12 @@ def _server_urls(context: Context, plan: ServerPlan | None) -> list[str] | None:
                              plan.nodes_per_replica)
 
 
+def _metrics_urls(context: Context, plan: ServerPlan) -> list[list[str]]:
+    """Per replica, the pods whose /metrics hold its DP attention groups (names.metrics_urls)."""
+    return names.metrics_urls(context.name, context.namespace, context.spec.server.port, plan.replicas,
+                              plan.nodes_per_replica, plan.tensor_parallel, plan.attention_data_parallel)
+
+
 def _observed(context: Context, output: OutputIndex, storage: Storage, planning: Planning, facts: Facts,
               now: datetime, settings: OperatorSettings, stopped: Callable[[], bool]) -> Observed:
     spec, previous, job = context.spec, context.previous, facts.job
@@ -361,7 +367,8 @@ def _window(context: Context, output: OutputIndex, planning: Planning, facts: Fa
     if (plan is None or urls is None or done or job is None or job.finished or job.deleting or job.suspended
             or server is None or not server.is_ready or (trial is not None and trial.phase == "Measuring")):
         return None
-    targets = [settings.server_metrics_url] * len(urls) if settings.server_metrics_url else urls
+    targets = ([[settings.server_metrics_url]] * plan.replicas if settings.server_metrics_url
+               else _metrics_urls(context, plan))
     return observe_window(output.window, targets, key, now)
 
 
@@ -527,8 +534,8 @@ def _trial(context: Context, credentials: dict[str, str] | None, decision: Decis
         candidate = trial.candidates[trial.current]
         if not _trial_measuring(context, decision, observed, candidate):
             return decision
-        urls = _server_urls(context, plan) or []
-        targets = [settings.server_metrics_url] if settings.server_metrics_url else urls
+        # One whole-server series: TOKENMILL_SERVER_METRICS_URL, when set, is read once, not once per replica.
+        targets = [[settings.server_metrics_url]] if settings.server_metrics_url else _metrics_urls(context, plan)
         points = observe_trial(output.trial, targets, (generation, trial.current), observed.now,
                                settings.trial_clock_scale)
         progress = status.progress

@@ -8,11 +8,21 @@ every --decode-log-interval steps), `sglang:num_queue_reqs`, `sglang:num_used_to
 counter `sglang:num_retracted_requests_total` where the release has it. Each scheduler that reports (attn_tp_rank 0:
 one per DP attention group) has its own series; a replica's figures are their sums. All groups step together, so
 the replica's step is its running requests over its tokens per second: step = running / gen_throughput.
+
+A group is its `dp_rank` label (0.5.23 observability/metrics_collector.py:1382-1392, 0.5.9
+managers/scheduler_metrics_mixin.py:114-122: set whenever the scheduler has a DP rank; none without DP). With
+--enable-metrics-for-all-schedulers every attention-TP rank of a group writes the same group's figures (0.5.23
+metrics_collector.py:1361-1367, managers/scheduler_components/metrics_reporter.py:1072-1080: its own batch.reqs),
+so one series per group is kept, its lowest `tp_rank`'s; under priority scheduling the total is the series with
+priority="" (metrics_collector.py:1417-1429), the per-priority ones are skipped. A multi-node replica's groups are
+on the nodes their schedulers run on, each node's /metrics serving its own (names.reporting_node_ranks): `combine`
+adds the parts.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections.abc import Hashable
 from dataclasses import dataclass, field
@@ -32,6 +42,7 @@ WANTED = (RUNNING, QUEUED, THROUGHPUT, USED_TOKENS, RETRACTED)
 MAX_LINES = 100_000
 # Samples one window keeps (one per replica per pass: at a 15 s resync, ten minutes are 40 per replica).
 MAX_SAMPLES = 4096
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
 @dataclass(frozen=True)
@@ -43,6 +54,7 @@ class Scrape:
     gen_throughput: float
     used_tokens: float
     retracted_total: float | None = None  # None: the release has no such counter
+    groups: int = 1  # DP attention groups (distinct dp_rank) whose running requests it holds
 
     def sample(self) -> StepSample | None:
         """The (batch, step) pair of this scrape; None while nothing runs or no throughput is reported yet."""
@@ -60,10 +72,25 @@ def _value(text: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def _series_key(labels: str) -> tuple[str, int] | None:
+    """(group, tp rank) of a series from its label set: the group is its dp_rank ("" without DP). None for a
+    per-priority breakdown (priority="<int>"), which the total under priority="" already counts (0.5.23
+    observability/metrics_collector.py:1417-1429)."""
+    found = dict(_LABEL.findall(labels))
+    if found.get("priority", ""):
+        return None
+    try:
+        tp_rank = int(found.get("tp_rank", "0"))
+    except ValueError:
+        tp_rank = 0
+    return found.get("dp_rank", ""), tp_rank
+
+
 def parse_metrics(text: str) -> Scrape | None:
-    """The replica's figures from a Prometheus text exposition; None when it has no scheduler gauges (metrics
-    disabled, or not SGLang)."""
-    sums: dict[str, float] = {}
+    """The replica's figures from a Prometheus text exposition (one node's, for a multi-node replica: `combine`);
+    None when it has no scheduler gauges (metrics disabled, or not SGLang)."""
+    # Per metric, per group: (tp rank, value) of the lowest tp rank seen.
+    series: dict[str, dict[str, tuple[int, float]]] = {}
     for number, line in enumerate(text.splitlines()):
         if number >= MAX_LINES:
             break
@@ -75,15 +102,43 @@ def parse_metrics(text: str) -> Scrape | None:
         name = line[:name_end]
         if name not in WANTED:
             continue
-        rest = line[line.rfind("}") + 1:] if "{" in line[:name_end + 1] else line[name_end:]
+        labelled = "{" in line[:name_end + 1]
+        close = line.rfind("}") if labelled else -1
+        rest = line[close + 1:] if labelled else line[name_end:]
         fields = rest.split()
         value = _value(fields[0]) if fields else None
-        if value is not None:
-            sums[name] = sums.get(name, 0.0) + value
+        if value is None:
+            continue
+        key = _series_key(line[name_end + 1:close]) if labelled and close > name_end else ("", 0)
+        if key is None:
+            continue
+        group, tp_rank = key
+        kept = series.setdefault(name, {})
+        if group not in kept or tp_rank < kept[group][0]:
+            kept[group] = (tp_rank, value)
+    sums = {name: sum(value for _, value in groups.values()) for name, groups in series.items()}
     if RUNNING not in sums or THROUGHPUT not in sums:
         return None
     return Scrape(running=sums[RUNNING], queued=sums.get(QUEUED, 0.0), gen_throughput=sums[THROUGHPUT],
-                  used_tokens=sums.get(USED_TOKENS, 0.0), retracted_total=sums.get(RETRACTED))
+                  used_tokens=sums.get(USED_TOKENS, 0.0), retracted_total=sums.get(RETRACTED),
+                  groups=len(series[RUNNING]))
+
+
+def combine(parts: list[Scrape | None]) -> Scrape | None:
+    """One replica's figures from the scrapes of its nodes that host DP attention groups (names.metrics_urls): their
+    sums, each node holding its own groups. None when any part is missing: a sum over the nodes that answered
+    would read as a smaller batch at the same step."""
+    if not parts or any(p is None for p in parts):
+        return None
+    found = [p for p in parts if p is not None]
+    if len(found) == 1:
+        return found[0]
+    retracted = [p.retracted_total for p in found if p.retracted_total is not None]
+    return Scrape(running=sum(p.running for p in found), queued=sum(p.queued for p in found),
+                  gen_throughput=sum(p.gen_throughput for p in found),
+                  used_tokens=sum(p.used_tokens for p in found),
+                  retracted_total=sum(retracted) if len(retracted) == len(found) else None,
+                  groups=sum(p.groups for p in found))
 
 
 @dataclass(frozen=True)

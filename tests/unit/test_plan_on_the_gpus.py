@@ -8,11 +8,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from tokenmill_operator import names
 from tokenmill_operator.facts import JobState, Observed, ServerState
 from tokenmill_operator.gather import observe_window
 from tokenmill_operator.lifecycle import decide, predicted_step_seconds
 from tokenmill_operator.planner import Prediction, ServerPlan
-from tokenmill_operator.server_metrics import Scrape, VerificationWindow, WindowFacts, parse_metrics
+from tokenmill_operator.server_metrics import Scrape, VerificationWindow, WindowFacts, combine, parse_metrics
 from tokenmill_operator.status import DatasetGenerationStatus
 from tokenmill_runner.facts.refit import StepSample
 from tokenmill_runner.facts.releases import release
@@ -45,7 +46,8 @@ sglang:time_to_first_token_seconds_bucket{le="0.1",model_name="kimi"} 12.0
 
 def test_a_replicas_groups_are_summed_into_one_batch_and_step():
     scrape = parse_metrics(SGLANG_TEXT)
-    assert scrape == Scrape(running=128, queued=4, gen_throughput=3200, used_tokens=256000, retracted_total=3)
+    assert scrape == Scrape(running=128, queued=4, gen_throughput=3200, used_tokens=256000, retracted_total=3,
+                            groups=2)
     sample = scrape.sample()
     assert sample == StepSample(batch=128, context_tokens=2000, step_seconds=pytest.approx(0.04))
 
@@ -93,9 +95,100 @@ def test_the_window_opens_with_the_first_running_requests_and_counts_retractions
 def test_the_edge_scrapes_every_replica_into_the_window():
     answers = {"http://r0:30000": SGLANG_TEXT, "http://r1:30000": None}
     window = VerificationWindow()
-    facts = observe_window(window, list(answers), 4, T0,
+    facts = observe_window(window, [[url] for url in answers], 4, T0,
                            read=lambda url: parse_metrics(answers[url]) if answers[url] else None)
     assert facts is not None and [s.batch for s in facts.samples] == [128]
+
+
+# -- multi-node replicas: each node's /metrics holds its own DP attention groups -------------------------------
+
+
+def _sglang_reporting_nodes(tp: int, nnodes: int, dp: int) -> list[int]:
+    """SGLang 0.5.23's own placement, step by step: node k launches TP ranks [k·T/N, (k+1)·T/N)
+    (entrypoints/engine.py:2062-2077, managers/data_parallel_controller.py:702-712, pp 1); a TP rank's attention-TP
+    width is T/D and its attention-TP rank r % (T/D) (runtime_context.py:73-92); the scheduler at attention-TP rank
+    0 is the stats-logging one (observability/metrics_collector.py:1361-1366); its gauges go to its own node's
+    multiprocess directory (utils/common.py:2825-2840), served by that node's /metrics (node rank >= 1:
+    entrypoints/engine.py:1279-1285 -> utils/common.py:3651-3652)."""
+    tp_size_per_node = tp // nnodes
+    attn_tp_size = tp // dp
+    return [node for node in range(nnodes)
+            if any(rank % attn_tp_size == 0
+                   for rank in range(tp_size_per_node * node, tp_size_per_node * (node + 1)))]
+
+
+@pytest.mark.parametrize(("tp", "nnodes", "dp"), [(8, 1, 1), (8, 1, 4), (16, 2, 1), (16, 2, 2), (16, 2, 4),
+                                                  (16, 2, 16), (16, 4, 2), (32, 4, 4), (32, 4, 8), (24, 3, 3)])
+def test_the_nodes_that_report_a_replicas_groups_are_where_sglang_runs_their_schedulers(tp: int, nnodes: int,
+                                                                                       dp: int):
+    assert names.reporting_node_ranks(tp, nnodes, dp) == _sglang_reporting_nodes(tp, nnodes, dp)
+
+
+def test_a_multi_node_dp_attention_replica_is_read_from_every_node_that_hosts_a_group():
+    # 2 replicas of TP 16 over 2 nodes: pods 0-1 are replica 0, pods 2-3 replica 1.
+    host = "http://x-server-{}.x-server.ns.svc:30000"
+    assert names.metrics_urls("x", "ns", 30000, 2, 2, 16, 4) == [[host.format(0), host.format(1)],
+                                                                  [host.format(2), host.format(3)]]
+    # Without DP attention the one scheduler that reports is TP rank 0, on the rank-0 pod.
+    assert names.metrics_urls("x", "ns", 30000, 2, 2, 16, 1) == [[host.format(0)], [host.format(2)]]
+    # TP 16 + DP 2 over 4 nodes: group 1 reports from TP rank 8, node 2.
+    assert names.metrics_urls("x", "ns", 30000, 1, 4, 16, 2) == [[host.format(0), host.format(2)]]
+    # One node: the rank-0 pod, as the runner's URL.
+    assert names.metrics_urls("x", "ns", 30000, 2, 1, 8, 4) == [[u] for u in names.server_urls("x", "ns", 30000, 2)]
+
+
+def _node_text(groups: dict[int, tuple[int, float, float]]) -> str:
+    """One node's /metrics: per dp_rank, (tp_rank, running, gen_throughput)."""
+    lines = []
+    for dp_rank, (tp_rank, running, throughput) in groups.items():
+        labels = (f'dp_rank="{dp_rank}",engine_type="unified",model_name="kimi",moe_ep_rank="{tp_rank}",'
+                  f'pp_rank="0",tp_rank="{tp_rank}"')
+        lines += [f"sglang:num_running_reqs{{{labels}}} {running}", f"sglang:gen_throughput{{{labels}}} {throughput}",
+                  f"sglang:num_queue_reqs{{{labels}}} 1.0", f"sglang:num_used_tokens{{{labels}}} {running * 1000}",
+                  f"sglang:num_retracted_requests_total{{{labels}}} 1.0"]
+    return "\n".join(lines) + "\n"
+
+
+def test_a_multi_node_replicas_batch_and_step_are_summed_over_its_nodes():
+    # TP 16 + DP 4 over 2 nodes: groups 0, 1 on node 0 (TP ranks 0, 4), groups 2, 3 on node 1 (TP ranks 8, 12).
+    node0 = parse_metrics(_node_text({0: (0, 60, 1500), 1: (4, 68, 1700)}))
+    node1 = parse_metrics(_node_text({2: (8, 62, 1550), 3: (12, 66, 1650)}))
+    assert node0 is not None and node0.groups == 2 and node0.running == 128
+    replica = combine([node0, node1])
+    assert replica == Scrape(running=256, queued=4, gen_throughput=6400, used_tokens=256000, retracted_total=4,
+                             groups=4)
+    sample = replica.sample()
+    assert sample is not None and sample.batch == 256 and sample.step_seconds == pytest.approx(0.04)
+    # Read from the rank-0 pod only, the batch would be half, at the same step: the plan would read as off by 50 %.
+    assert node0.sample() == StepSample(batch=128, context_tokens=1000, step_seconds=pytest.approx(0.04))
+    assert combine([node0, None]) is None and combine([]) is None
+
+
+def test_a_replica_whose_other_node_does_not_answer_gives_no_sample_that_pass():
+    host = "http://x-server-{}.x-server.ns.svc:30000"
+    answers = {host.format(0): _node_text({0: (0, 60, 1500), 1: (4, 68, 1700)}),
+               host.format(1): _node_text({2: (8, 62, 1550), 3: (12, 66, 1650)}),
+               host.format(2): _node_text({0: (0, 50, 1250), 1: (4, 50, 1250)}), host.format(3): None}
+    window = VerificationWindow()
+    facts = observe_window(window, names.metrics_urls("x", "ns", 30000, 2, 2, 16, 4), 1, T0,
+                           read=lambda url: parse_metrics(answers[url]) if answers[url] else None)
+    assert facts is not None and [s.batch for s in facts.samples] == [256]
+
+
+def test_every_scheduler_reporting_or_a_priority_breakdown_counts_each_group_once():
+    # --enable-metrics-for-all-schedulers: attention-TP ranks 1-3 of each group write their group's figures too
+    # (0.5.23 observability/metrics_collector.py:1364-1367); priority scheduling adds per-priority series next to
+    # the total under priority="" (metrics_collector.py:1389-1390, 1417-1429).
+    text = _node_text({0: (0, 60, 1500), 1: (4, 68, 1700)})
+    duplicates = _node_text({0: (1, 60, 1500), 1: (5, 68, 1700)}) + _node_text({0: (3, 60, 1500)})
+    scrape = parse_metrics(duplicates + text)
+    assert scrape == parse_metrics(text) and scrape is not None and scrape.running == 128 and scrape.groups == 2
+    priority = ('sglang:num_running_reqs{model_name="kimi",priority="",tp_rank="0"} 40.0\n'
+                'sglang:num_running_reqs{model_name="kimi",priority="0",tp_rank="0"} 30.0\n'
+                'sglang:num_running_reqs{model_name="kimi",priority="5",tp_rank="0"} 10.0\n'
+                'sglang:gen_throughput{model_name="kimi",priority="",tp_rank="0"} 1000.0\n')
+    found = parse_metrics(priority)
+    assert found is not None and found.running == 40 and found.groups == 1
 
 
 # -- the decision --------------------------------------------------------------------------------------------
