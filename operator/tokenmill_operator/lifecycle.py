@@ -355,8 +355,10 @@ def _capturing(observed: Observed) -> str | None:
     kind = observed.states_pass.kind if observed.states_pass else "aux"
     counts = capture.counts
     committed = observed.progress.overall.completed if observed.progress else 0
+    eta = capture.eta_seconds(committed)
     return (f"capturing the {kind} hidden states: {counts.captured + counts.skipped:,}/{committed:,} samples, "
-            f"{counts.failed:,} failed, {counts.state_bytes / 1e9:,.2f} GB this pass ({capture.workers} workers)")
+            f"{counts.failed:,} failed, {counts.state_bytes / 1e9:,.2f} GB this pass ({capture.workers} workers), "
+            f"ETA {format_duration(eta) if eta is not None else 'unknown'}")
 
 
 # The server's start deadline when spec.server.startDeadlineSeconds is unset: this many times the plan's predicted

@@ -56,7 +56,7 @@ class ProgressBeat:
         self.storage, self.key = storage, f"{progress_prefix(kind)}worker-{worker:05d}.json"
         self.finished = CaptureCounts()  # the datasets this worker has passed
         self._every_s, self._clock = every_s, clock
-        self._next = clock()  # the first counts are written at once: the operator sees the pass start
+        self._started = self._next = clock()  # the first counts are written at once: the operator sees the pass
         self._written: CaptureCounts | None = None
 
     def due(self, current: CaptureCounts, final: bool = False) -> bytes | None:
@@ -66,8 +66,10 @@ class ProgressBeat:
         if counts == self._written or (not final and self._clock() < self._next):
             return None
         self._written = counts
-        self._next = self._clock() + self._every_s
-        return orjson.dumps(asdict(counts))
+        now = self._clock()
+        self._next = now + self._every_s
+        # The pass's own clock, not a wall time: the operator divides by it for the rate (an ETA), never compares it.
+        return orjson.dumps({**asdict(counts), "elapsed_s": round(now - self._started, 1)})
 
     def finish(self, part: CaptureCounts) -> None:
         self.finished = self.finished + part
@@ -88,13 +90,19 @@ class CaptureProgress:
     counts: CaptureCounts
     workers: int
     last_progress: datetime | None  # the newest object's LastModified: the last time any worker moved
+    samples_per_second: float = 0.0  # the workers' captures over their own time in the pass, summed
+
+    def eta_seconds(self, committed: int) -> float | None:
+        """Seconds until every committed sample has its states at the workers' rate so far (None before a rate)."""
+        left = committed - self.counts.captured - self.counts.skipped - self.counts.failed
+        return max(0.0, left) / self.samples_per_second if self.samples_per_second > 0 else None
 
 
 def read_capture_progress(storage: Storage, kind: str, since: datetime | None = None) -> CaptureProgress | None:
     """The workers' progress objects of `kind` written at or after `since` (the runner Job's start: an earlier
     pass's are not this one's), summed; None when there are none. Each is read bounded, and one that does not parse
     is skipped: a tenant's runner writes them, and they are only a display."""
-    total, workers, newest = CaptureCounts(), 0, None
+    total, workers, newest, rate = CaptureCounts(), 0, None, 0.0
     for key in storage.list(progress_prefix(kind)):
         if workers >= MAX_WORKERS_READ:
             break
@@ -103,6 +111,7 @@ def read_capture_progress(storage: Storage, kind: str, since: datetime | None = 
         try:
             document = orjson.loads(get_bounded(storage, key, MAX_PROGRESS_BYTES))
             counts = CaptureCounts(**{name: int(document[name]) for name in asdict(CaptureCounts())})
+            elapsed = float(document.get("elapsed_s") or 0.0)
             modified = storage.modified(key)
             if since is not None and (modified is None or modified < since):
                 continue
@@ -110,6 +119,8 @@ def read_capture_progress(storage: Storage, kind: str, since: datetime | None = 
             logger.warning("skipping the capture progress %s: %s", storage.uri(key), error)
             continue
         total, workers = total + counts, workers + 1
+        if elapsed > 0:
+            rate += counts.captured / elapsed
         if modified is not None and (newest is None or modified > newest):
             newest = modified
-    return CaptureProgress(total, workers, newest) if workers else None
+    return CaptureProgress(total, workers, newest, rate) if workers else None
