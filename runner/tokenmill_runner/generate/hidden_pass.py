@@ -25,6 +25,7 @@ from ..facts.hidden_states import (
 from ..render.pretokenize import local_model_folder
 from ..spec.config import RunnerConfig
 from ..spec.resource import DatasetGenerationSpec, SpecError
+from ..store.bounded_get import CONFIG_BYTES, get_bounded
 from ..store.capture_progress import ProgressBeat
 from ..store.hidden_states import KINDS, StateKind, captured_keys, hidden_state_inputs, sample_key
 from ..store.markers import markers_in_commit_order
@@ -66,9 +67,12 @@ async def _served(server: str, api_key: str | None, wanted: ServedKind | None, w
 
 
 def model_config(folder: str | None) -> dict[str, object]:
-    """The target's config.json beside its tokenizer; {} when there is none (shape_from_config then says so)."""
-    path = Path(folder) / "config.json" if folder else None
-    return json.loads(path.read_text()) if path is not None and path.exists() else {}
+    """The target's config.json beside its tokenizer, read bounded (the user's file); {} when there is none
+    (shape_from_config then says so)."""
+    if not folder or not (Path(folder) / "config.json").exists():
+        return {}
+    loaded: dict[str, object] = json.loads(get_bounded(LocalStorage(Path(folder)), "config.json", CONFIG_BYTES))
+    return loaded
 
 
 def refuse_unservable(spec: DatasetGenerationSpec, folder: str | None) -> None:
