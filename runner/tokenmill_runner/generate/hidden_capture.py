@@ -55,16 +55,11 @@ class CaptureError(ValueError):
 
 
 @dataclass
-class CaptureSummary:
-    kind: str = "aux"
-    captured: int = 0
-    skipped: int = 0  # already committed
-    failed: int = 0
-    state_bytes: int = 0
-    failures: list[str] = field(default_factory=list)
+class CaptureSummary(CaptureCounts):
+    """A pass's counts (what its progress objects carry) with the kind and the failures' messages."""
 
-    def counts(self) -> CaptureCounts:
-        return CaptureCounts(self.captured, self.skipped, self.failed, self.state_bytes)
+    kind: str = "aux"
+    failures: list[str] = field(default_factory=list)
 
 
 def parse_states(body: bytes, sequence: list[int], shape: StateShape, where: str) -> np.ndarray:
@@ -134,7 +129,7 @@ async def capture_dataset(storage: Storage, dataset: str, server: str, shape: St
     tasks: set[asyncio.Task[None]] = set()
 
     async def heartbeat(final: bool = False) -> None:
-        if beat is not None and (document := beat.due(summary.counts(), final)) is not None:
+        if beat is not None and (document := beat.due(summary, final)) is not None:
             await loop.run_in_executor(pool, beat.write, document)
 
     def give_up(error: LeaseLost) -> None:
@@ -207,7 +202,7 @@ async def capture_dataset(storage: Storage, dataset: str, server: str, shape: St
             results = await asyncio.gather(*tasks, return_exceptions=True)
             await heartbeat(final=True)
             if beat is not None:
-                beat.finish(summary.counts())
+                beat.finish(summary)
             if not lost:
                 for result in results:
                     if isinstance(result, BaseException):
