@@ -43,10 +43,6 @@ FOLDER = "features"
 MISSING_SHOWN = 20
 
 
-class OfflineExportError(RuntimeError):
-    """The run cannot give SpecForge's offline features; the message says what is missing and what to run."""
-
-
 def new_counts(kinds: tuple[StateKind, ...]) -> dict[str, Any]:
     """A dataset's counts in the manifest: samples, those written and their bytes, those without each kind."""
     return {"samples": 0, "written": 0, "bytes": 0, **{f"without_{kind.name}": 0 for kind in kinds},
