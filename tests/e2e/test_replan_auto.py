@@ -87,13 +87,14 @@ def _qwen_world(endpoint: str) -> dict[str, Any]:
     return fixture
 
 
-def _simulator(cluster, namespace: str, port: int, time_scale: float, step_time: TrueStep | None = None):
+def _simulator(cluster, namespace: str, port: int, time_scale: float, step_time: Any = None,
+               max_running_requests: int = 256):
     from tokenmill_sim.config import SimConfig
     from tokenmill_sim.server import SimServer
 
     secret = cluster.core.read_namespaced_secret(f"{NAME}-server-key", namespace)
     config = SimConfig(model_path=str(REPO / "examples" / "demo-model"), api_key=_b64(secret.data["api-key"]),
-                       context_length=262144, time_scale=time_scale, max_running_requests=256)
+                       context_length=262144, time_scale=time_scale, max_running_requests=max_running_requests)
     return SimServer(config, port=port, step_time=step_time)
 
 

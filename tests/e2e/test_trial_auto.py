@@ -25,10 +25,8 @@ from kubernetes import client as k8s
 
 from tokenmill_runner.facts.throughput import CALIBRATION, StepModel
 
-from .conftest import REPO
 from .operator_kit import (  # noqa: F401  (fixtures)
     NAME,
-    _b64,
     b5_resource,
     condition,
     crd,
@@ -50,6 +48,7 @@ from .test_replan_auto import (
     _held_pods_of,
     _job,
     _qwen_world,
+    _simulator,
     _slots,
     _stop,
 )
@@ -106,16 +105,6 @@ def _load(url: str, api_key: str, stop: threading.Event, in_flight: int) -> None
     stop.wait()
 
 
-def _sim(cluster, namespace: str, port: int, time_scale: float, step: WholeServer | None) -> Any:
-    from tokenmill_sim.config import SimConfig
-    from tokenmill_sim.server import SimServer
-
-    secret = cluster.core.read_namespaced_secret(f"{NAME}-server-key", namespace)
-    config = SimConfig(model_path=str(REPO / "examples" / "demo-model"), api_key=_b64(secret.data["api-key"]),
-                       context_length=262144, time_scale=time_scale, max_running_requests=SLOTS)
-    return SimServer(config, port=port, step_time=step)
-
-
 class PlayedServer:
     """Keeps one simulator on `port` for the StatefulSet's current layout, replacing it when the layout changes;
     `finish` swaps in a fast one for the rest of the run (what runs after the trial is not measured)."""
@@ -141,14 +130,15 @@ class PlayedServer:
             except k8s.ApiException:
                 layout = None
             if layout is not None and layout in self.steps and (not self.layouts or self.layouts[-1] != layout):
-                self._replace(_sim(self.cluster, self.namespace, self.port, TIME_SCALE, self.steps[layout]))
+                self._replace(_simulator(self.cluster, self.namespace, self.port, TIME_SCALE, self.steps[layout],
+                                         SLOTS))
                 self.layouts.append(layout)
             self.stop.wait(0.5)
 
     def finish(self) -> None:
         self.stop.set()
         self.thread.join(timeout=30)
-        self._replace(_sim(self.cluster, self.namespace, self.port, 5000.0, None))
+        self._replace(_simulator(self.cluster, self.namespace, self.port, 5000.0, None, SLOTS))
 
     def __enter__(self) -> PlayedServer:
         self.thread = threading.Thread(target=self._run, daemon=True)
