@@ -35,6 +35,7 @@ from .status import (
     TrialStatus,
     VerificationStatus,
 )
+from .trialling import sample_of
 
 __all__ = ["Decision", "Event", "JobState", "Observed", "ProgressFacts", "RetryDecision", "ServerState", "blocked",
            "cannot_observe", "decide", "identity_change", "plan_retry", "reopen", "set_condition"]
@@ -221,6 +222,13 @@ def layout_token(previous: DatasetGenerationStatus, planned_generation: int | No
     token, else empty."""
     override = kept_override(previous, planned_generation)
     return override.token if override is not None else ""
+
+
+def trial_sample_token(previous: DatasetGenerationStatus, planned_generation: int | None) -> str:
+    """The runner Job's share of the measured trial: the --trial-sample of the kept trial's candidate (its JSON),
+    else empty."""
+    sample = sample_of(kept_trial(previous, planned_generation))
+    return sample.token() if sample is not None else ""
 
 
 def verification_key(previous: DatasetGenerationStatus, planned_generation: int | None) -> tuple[int, str]:

@@ -563,7 +563,7 @@ class RunnerIdentity:
 
 
 def runner_args(spec: DatasetGenerationSpec, server_urls: list[str], retry_failed: bool = False,
-                identity: RunnerIdentity | None = None, states_pass: str = "") -> list[str]:
+                identity: RunnerIdentity | None = None, states_pass: str = "", trial_sample: str = "") -> list[str]:
     args = ["run", f"{CONFIG_MOUNT}/{SPEC_KEY}", "--out", spec.output.uri,
             "--workers", str(spec.runner.parallelism), "--metrics-port", str(RUNNER_METRICS_PORT),
             "--metrics-address", "0.0.0.0"]  # the pod's network; runner_network_policy admits only the scraper
@@ -579,21 +579,25 @@ def runner_args(spec: DatasetGenerationSpec, server_urls: list[str], retry_faile
         # Layouts captured in two passes: this Job captures one kind, waiting for the server to serve it, and
         # exits 0 when done; the operator then starts the next pass (states_passes.py).
         args += ["--states-pass", states_pass]
+    if trial_sample:
+        # The measured trial's candidate: its stratified sample of every dataset is sent first (trialling.sample_of).
+        args += ["--trial-sample", trial_sample]
     return args
 
 
 def runner_job_hash(spec: DatasetGenerationSpec, server_urls: list[str], retry_token: str = "",
-                    layout: str = "", states_pass: str = "") -> str:
+                    layout: str = "", states_pass: str = "", trial_sample: str = "") -> str:
     """The identity of a runner Job: a hash of everything its pods depend on (the spec document they read, their
     command line, their image). `suspend` is left out: suspending keeps the Job. When the hash changes, the operator
     replaces the Job; the new one resumes from what is committed. `layout` is the operator's layout switch
     (status.layoutOverride.token): its workers size their concurrency from the servers at start, so a switch that
     keeps the servers' count (TP 8 to TP 8 + DP attention) still needs a new Job. Left out when empty, so the Jobs
     of runs without a switch keep their hash; so is `states_pass` (the hidden-state pass of layouts that need two:
-    each pass is its own Job)."""
+    each pass is its own Job) and `trial_sample` (each trial candidate's Job sends its own sample first)."""
     return content_hash({"spec": spec.identity_document(), "servers": server_urls, "retry": retry_token,
                          **({"layout": layout} if layout else {}),
-                         **({"statesPass": states_pass} if states_pass else {})})
+                         **({"statesPass": states_pass} if states_pass else {}),
+                         **({"trialSample": trial_sample} if trial_sample else {})})
 
 
 def _runner_env(name: str, spec: DatasetGenerationSpec) -> list[Manifest]:
@@ -629,12 +633,13 @@ def _pod_failure_policy() -> Manifest:
 
 
 def _runner_container(name: str, spec: DatasetGenerationSpec, image: str, server_urls: list[str],
-                      tokenizer: PodFiles, retry_failed: bool, identity: RunnerIdentity, states_pass: str) -> Manifest:
+                      tokenizer: PodFiles, retry_failed: bool, identity: RunnerIdentity, states_pass: str,
+                      trial_sample: str) -> Manifest:
     container: Manifest = {
         "name": RUNNER_CONTAINER,
         "image": image,
         "command": ["tokenmill"],
-        "args": runner_args(spec, server_urls, retry_failed, identity, states_pass),
+        "args": runner_args(spec, server_urls, retry_failed, identity, states_pass, trial_sample),
         "env": _runner_env(name, spec),
         "ports": [{"name": "metrics", "containerPort": RUNNER_METRICS_PORT, "protocol": "TCP"}],
         # The runner holds tokenized prompts of a bounded in-flight window plus one open shard per dataset:
@@ -659,7 +664,7 @@ def _runner_container(name: str, spec: DatasetGenerationSpec, image: str, server
 
 
 def _runner_pod(name: str, spec: DatasetGenerationSpec, image: str, server_urls: list[str],
-                retry_failed: bool, identity: RunnerIdentity, states_pass: str) -> Manifest:
+                retry_failed: bool, identity: RunnerIdentity, states_pass: str, trial_sample: str) -> Manifest:
     tokenizer = runner_tokenizer_files(spec)
     return {
         "metadata": {"labels": names.labels(name, names.RUNNER_COMPONENT)},
@@ -677,7 +682,7 @@ def _runner_pod(name: str, spec: DatasetGenerationSpec, image: str, server_urls:
                 "seccompProfile": {"type": "RuntimeDefault"},
             },
             "containers": [_runner_container(name, spec, image, server_urls, tokenizer, retry_failed, identity,
-                                             states_pass)],
+                                             states_pass, trial_sample)],
             "volumes": [
                 {"name": "config", "configMap": {"name": names.runner_configmap_name(name)}},
                 # No sizeLimit: S3 Parquet sources are spooled here whole (Parquet needs its footer first).
@@ -689,7 +694,8 @@ def _runner_pod(name: str, spec: DatasetGenerationSpec, image: str, server_urls:
 
 
 def runner_job(name: str, namespace: str, owner: dict[str, Any], spec: DatasetGenerationSpec, image: str,
-               server_urls: list[str], retry_token: str = "", layout: str = "", states_pass: str | None = None) -> Manifest:
+               server_urls: list[str], retry_token: str = "", layout: str = "", states_pass: str | None = None,
+               trial_sample: str = "") -> Manifest:
     """Indexed Job: worker i ($JOB_COMPLETION_INDEX) takes the samples whose id hashes to i. The servers' sizes
     reach the runner through the servers themselves (/server_info), not through the plan. A retry token (the
     handled tokenmill.io/retry-failed value) makes it run with --retry-failed; the Job carries its hash and what the
@@ -697,7 +703,7 @@ def runner_job(name: str, namespace: str, owner: dict[str, Any], spec: DatasetGe
     workers = spec.runner.parallelism
     if states_pass is None:  # `tokenmill plan`, Kueue's pod sets: the first pass
         states_pass = next(iter(passes_of(spec)), "")
-    job_hash = runner_job_hash(spec, server_urls, retry_token, layout, states_pass)
+    job_hash = runner_job_hash(spec, server_urls, retry_token, layout, states_pass, trial_sample)
     metadata = _metadata(names.runner_name(name), namespace, owner, names.labels(name, names.RUNNER_COMPONENT))
     metadata["annotations"] = {
         names.JOB_HASH_ANNOTATION: job_hash,
@@ -722,7 +728,7 @@ def runner_job(name: str, namespace: str, owner: dict[str, Any], spec: DatasetGe
             "suspend": spec.suspend,
             # No ttlSecondsAfterFinished: the operator reads the finished Job's status.
             "template": _runner_pod(name, spec, image, server_urls, bool(retry_token),
-                                    RunnerIdentity(owner["uid"], job_hash), states_pass),
+                                    RunnerIdentity(owner["uid"], job_hash), states_pass, trial_sample),
         },
     }
 

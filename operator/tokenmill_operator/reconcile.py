@@ -61,6 +61,7 @@ from .lifecycle import (
     reopen,
     retry_value,
     set_condition,
+    trial_sample_token,
     verification_key,
     with_replan,
     with_retry_event,
@@ -322,7 +323,8 @@ def _observed(context: Context, output: OutputIndex, storage: Storage, planning:
     passes = passes_of(spec)
     states = current_pass(previous, passes, run_key(planning.generation or previous.planned_generation, retry.token),
                           now)
-    desired_hash = (manifests.runner_job_hash(spec, urls, retry.token, layout, states.kind if states else "")
+    desired_hash = (manifests.runner_job_hash(spec, urls, retry.token, layout, states.kind if states else "",
+                                              trial_sample_token(previous, planning.generation))
                     if urls is not None else None)
     ended_hash = job.hash if job is not None else (previous.run.job_hash if previous.run else None)
     # run.json is read only when an ended run's Job would change: what reopening then depends on.
@@ -602,7 +604,7 @@ def _ensure_shared_cache(kube: Kube, context: Context, plan: ServerPlan, setting
 
 def _ensure_children(kube: Kube, context: Context, plan: ServerPlan, settings: OperatorSettings,
                      server_replicas: int, create_job: bool, retry_token: str, layout: str,
-                     states_pass: ServedKind | None) -> None:
+                     states_pass: ServedKind | None, trial_sample: str) -> None:
     owner = manifests.owner_reference(context.body)
     name, namespace, spec = context.name, context.namespace, context.spec
     kube.create_if_absent(manifests.api_key_secret(name, namespace, owner, secrets.token_urlsafe(32)))
@@ -619,7 +621,8 @@ def _ensure_children(kube: Kube, context: Context, plan: ServerPlan, settings: O
     kube.apply(manifests.runner_configmap(name, namespace, owner, spec))
     image = spec.runner.image or settings.runner_image
     urls = names.server_urls(name, namespace, spec.server.port, plan.replicas, plan.nodes_per_replica)
-    job = manifests.runner_job(name, namespace, owner, spec, image, urls, retry_token, layout, states_pass or "")
+    job = manifests.runner_job(name, namespace, owner, spec, image, urls, retry_token, layout, states_pass or "",
+                               trial_sample)
     job["spec"]["template"]["metadata"].setdefault("labels", {}).update(settings.runner_pod_labels)
     kube.create_if_absent(job)
     crash_point("job-created")
@@ -649,9 +652,10 @@ def _apply(kube: Kube, context: Context, decision: Decision, plan: ServerPlan | 
             _ensure_shared_cache(kube, context, plan, settings)
         override = decision.status.layout_override  # the plan's, kept while it is this generation's
         states = decision.status.states_pass
+        sample = trialling.sample_of(decision.status.trial)
         _ensure_children(kube, context, plan, settings, decision.server_replicas if facts.cache_ready else 0,
                          decision.create_job, retry_token, override.token if override is not None else "",
-                         states.kind if states is not None else None)
+                         states.kind if states is not None else None, sample.token() if sample is not None else "")
     if job is None or decision.replace_job or job.finished or job.deleting:
         return
     if job.suspended != decision.suspend_job:

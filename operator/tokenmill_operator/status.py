@@ -179,6 +179,10 @@ class TrialStatus(SpecModel):
     measure_seconds: int = Field(0, description="Each candidate's time budget (trial.select).")
     restart_seconds: int = Field(0, description="One restart in another layout (the plan's start-up model).")
     budget_seconds: int = Field(0, description="What the trial may spend: 5 % of the predicted ETA.")
+    sample_prompts: int = Field(0, description="Rows each candidate's runner Job sends first: its own stratified "
+                                "sample of every dataset (0: none, the job's own next rows).")
+    sample_output_tokens: dict[str, int] = Field(default_factory=dict, description="The plan's mean output "
+                                                 "tokens per dataset, each dataset's weight in the samples.")
     winner: str | None = Field(None, description="The measured fastest.")
     continued_on: str | None = Field(None, description="The layout the run continues on (the winner, unless "
                                      "switching to it does not pay its restart).")

@@ -18,9 +18,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tokenmill_runner.spec.config import TrialSample
+
 from .facts import Event
 from .planner import ServerPlan
-from .planner.trial import MEASURE_S, Measurement, MetricPoint, Steady, conclude, plan_trial, should_stop, steady_state
+from .planner.trial import (
+    MEASURE_S,
+    Measurement,
+    MetricPoint,
+    Steady,
+    conclude,
+    plan_trial,
+    sample_prompts,
+    should_stop,
+    steady_state,
+)
 from .planner.verify import LayoutKey, layout_name, running_layout
 from .status import LayoutOverride, TrialCandidate, TrialStatus
 
@@ -58,9 +70,13 @@ def begin(plan: ServerPlan, generation: int, measure_s: float = MEASURE_S) -> Tr
     worthwhile = picked.worthwhile
     if worthwhile:
         candidates[0] = candidates[0].model_copy(update={"state": "Measuring"})
+    prediction = plan.prediction
     trial = TrialStatus(generation=generation, phase="Measuring" if worthwhile else "Skipped", candidates=candidates,
                         measure_seconds=round(picked.measure_s), restart_seconds=round(picked.restart_s),
-                        budget_seconds=round(picked.budget_s), reason=picked.reason)
+                        budget_seconds=round(picked.budget_s), reason=picked.reason,
+                        sample_prompts=sample_prompts(plan, picked.candidates, picked.measure_s) if worthwhile else 0,
+                        sample_output_tokens={d.name: d.mean_output_tokens for d in prediction.datasets}
+                        if worthwhile and prediction is not None else {})
     if not worthwhile:
         return TrialStep(trial, condition=("False", "NotWorthwhile", f"no trial: {picked.reason}"))
     names = " -> ".join(c.layout for c in candidates)
@@ -189,3 +205,17 @@ def remaining_tokens(plan: ServerPlan, remaining_share: float) -> float:
 def replan_may_switch(trial: TrialStatus | None) -> bool:
     """replan auto does not switch while a trial measures: a switch then would measure the wrong layout."""
     return trial is None or trial.phase != "Measuring"
+
+
+def sample_of(trial: TrialStatus | None) -> TrialSample | None:
+    """The stratified sample the runner Job sends first (its --trial-sample, part of its hash): the candidate being
+    measured's, and after the trial that of the last one measured while the run continues on it (its Job goes on:
+    no restart for a sample whose rows are done). None when the trial skipped or the run switched away."""
+    if trial is None or trial.sample_prompts <= 0 or trial.phase == "Skipped" or not trial.candidates:
+        return None
+    index = trial.current
+    if trial.phase == "Done" and trial.continued_on != trial.candidates[index].layout:
+        return None
+    return TrialSample(seed=str(trial.generation), candidate=index, candidates=len(trial.candidates),
+                       prompts=trial.sample_prompts,
+                       output_tokens={name: float(v) for name, v in trial.sample_output_tokens.items()})

@@ -26,7 +26,7 @@ from .generate.summary import (  # noqa: F401 - the exit codes are part of the C
     EXIT_USAGE,
 )
 from .render.pretokenize import offline_transformers
-from .spec.config import API_KEY_ENV, RunnerConfig
+from .spec.config import API_KEY_ENV, RunnerConfig, TrialSample
 from .spec.resource import DatasetGeneration, SpecError, load_spec_file
 from .store.lease import LeaseLost
 
@@ -71,6 +71,8 @@ def _add_run_parser(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--states-pass", choices=("aux", "final"),
                      help="capture only this kind of hidden states, waiting for the server to serve it (the "
                           "operator's passes; default: whichever the server serves)")
+    # Set by the operator's measured trial: this candidate's stratified sample is sent first (source/stratified.py).
+    run.add_argument("--trial-sample", type=_trial_sample, help=argparse.SUPPRESS)
     run.add_argument("--server-wait", type=float, default=1800.0, metavar="SECONDS",
                      help="how long to wait for the servers' /health")
     run.add_argument("--sim-time-scale", type=float, default=50.0,
@@ -177,6 +179,13 @@ def _add_plugin_parsers(commands: argparse._SubParsersAction) -> None:
         builtin_sim.add_missing_sim_server(commands)
 
 
+def _trial_sample(text: str) -> TrialSample:
+    try:
+        return TrialSample.parse(text)
+    except ValueError as error:  # pydantic's errors too: argparse would print only "invalid value"
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def runner_config(resource: DatasetGeneration, args: argparse.Namespace, servers: list[str]) -> RunnerConfig:
     spec = resource.spec
     if args.s3_endpoint:
@@ -190,7 +199,7 @@ def runner_config(resource: DatasetGeneration, args: argparse.Namespace, servers
         output_uri=args.out or spec.output.uri, worker_index=args.worker_index,
         worker_count=args.workers or spec.runner.parallelism, server_wait_s=args.server_wait,
         owner_uid=args.owner_uid, job_hash=args.job_hash, take_over=args.take_over,
-        states_pass=getattr(args, "states_pass", None),
+        states_pass=getattr(args, "states_pass", None), trial_sample=getattr(args, "trial_sample", None),
     )
 
 

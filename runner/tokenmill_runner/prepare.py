@@ -35,7 +35,8 @@ from .source.prompts import Prompt, RowError
 from .source.reader import SourceError, describe_source, source_format
 from .source.row_size import RowBound
 from .source.scan_cache import cached_scan
-from .spec.config import RunnerConfig
+from .source.stratified import SourceRows, first_lines
+from .spec.config import RunnerConfig, TrialSample
 from .spec.resource import MAX_CONCURRENCY, DatasetGenerationSpec, SpecError, content_hash
 from .store.index_store import CHECKPOINT_EVERY, open_index, write_checkpoint
 from .store.lease import LeaseHeld, LeaseKeeper, LeaseUnsupported, acquire, process_holder
@@ -95,6 +96,7 @@ def prepare_states(config: RunnerConfig, storage: Storage, model_defaults: dict[
     `clean` says which leftovers may be deleted (the lease's rule); None deletes none."""
     spec = config.spec
     states, layouts = [], {}
+    counted: list[SourceRows] = []
     for index, dataset in enumerate(spec.datasets):
         fmt = source_format(dataset.source, dataset.format, spec.output.endpoint)
         try:
@@ -106,6 +108,7 @@ def prepare_states(config: RunnerConfig, storage: Storage, model_defaults: dict[
         source = describe_source(dataset.source, spec.output.endpoint).model_copy(
             update={"content_hash": scan.content_hash})
         skipped = scan.skipped.mask(scan.lines) if scan.skipped is not None else None
+        counted.append(SourceRows(dataset.name, scan.rows, skipped))
         layouts[dataset.name] = DatasetLayout(
             rows=scan.rows, samples=dataset.samples, limit=dataset.limit, source=source,
             lines=scan.lines if skipped is not None else None,
@@ -135,9 +138,22 @@ def prepare_states(config: RunnerConfig, storage: Storage, model_defaults: dict[
             source_rows=scan.rows, last_line=scan.lines, worker_lines=scan.worker_lines(),
             buffer=ShardBuffer(spec.runner.shard_max_samples, spec.runner.shard_max_seconds),
         ))
+    if config.trial_sample is not None:
+        _take_trial_sample(config.trial_sample, states, counted)
     # Longest expected outputs first, so the run does not end on one long request with an idle GPU.
     states.sort(key=lambda state: -state.mean_output_expected())
     return states, layouts
+
+
+def _take_trial_sample(sample: TrialSample, states: list[DatasetState], sources: list[SourceRows]) -> None:
+    """The operator's measured trial: this candidate's rows go first (source/stratified.py)."""
+    lines = first_lines(sample.seed, sample.candidate, sample.candidates, sample.prompts, sample.output_tokens,
+                        sources)
+    for state in states:
+        state.first = lines[state.name]
+    counts = ", ".join(f"{name} {len(found)}" for name, found in lines.items() if found)
+    logger.info("trial sample of candidate %d of %d (seed %s): %d rows sent first (%s)", sample.candidate + 1,
+                sample.candidates, sample.seed, sum(len(found) for found in lines.values()), counts or "none")
 
 
 def spec_hash(spec: DatasetGenerationSpec) -> str:

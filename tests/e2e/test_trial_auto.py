@@ -7,8 +7,9 @@ Under kwok no container runs: the test plays the server as one simulator standin
 layout the StatefulSet has now (its step: a replica's true step at its share of the batch, TrueStep below),
 restarted on the same port whenever the StatefulSet's layout changes, with a steady load beside the runner (more
 requests than the simulator's slots, so the batch is full and requests queue, as the trial's warm-up rule wants).
-The first Job's workers are played during the first candidate and stopped at its switch, as a deleted pod's
-would be; the Job the trial continues on is played to the end. The simulator's clock runs TIME_SCALE times the wall
+Each candidate's Job carries its stratified sample (--trial-sample; the first Job, made before the trial began, is
+replaced by the first candidate's). The first candidate's workers are played during its measurement and stopped at
+its switch, as a deleted pod's would be; the Job the trial continues on is played to the end. The simulator's clock runs TIME_SCALE times the wall
 clock, and so does the trial's (TOKENMILL_TRIAL_CLOCK_SCALE), so the rules' minutes pass in seconds."""
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import pytest
 from kubernetes import client as k8s
 
 from tokenmill_runner.facts.throughput import CALIBRATION, StepModel
+from tokenmill_runner.spec.config import TrialSample
 
 from .operator_kit import (  # noqa: F401  (fixtures)
     NAME,
@@ -84,6 +86,12 @@ def _layout(cluster, namespace: str) -> tuple[int, int] | None:
         return None
     args = found.spec.template.spec.containers[0].args
     return found.spec.replicas, int(args[args.index("--tp-size") + 1])
+
+
+def _sample(job: k8s.V1Job) -> TrialSample | None:
+    """The stratified sample the Job's workers send first (--trial-sample), if any."""
+    args = job.spec.template.spec.containers[0].args
+    return TrialSample.parse(args[args.index("--trial-sample") + 1]) if "--trial-sample" in args else None
 
 
 def _load(url: str, api_key: str, stop: threading.Event, in_flight: int) -> None:
@@ -188,7 +196,12 @@ def test_the_trial_measures_each_close_layout_and_continues_on_the_fastest_with_
         assert model is not None
         steps[(replicas, tp)] = WholeServer(replace(model, calibration=TRUTH.calibration(CALIBRATION)), replicas)
 
-    first_job = cluster.wait_for(lambda: _job(cluster, namespace), "the first runner Job", timeout=60)
+    # The first candidate's Job sends its stratified sample first: a Job made before the trial began is replaced.
+    first_job = cluster.wait_for(lambda: job if (job := _job(cluster, namespace)) is not None and
+                                 _sample(job) is not None else None, "the first candidate's runner Job", timeout=90)
+    sample = _sample(first_job)
+    assert sample is not None and (sample.candidate, sample.candidates, sample.seed) == (0, 3, str(trial["generation"]))
+    assert sample.prompts == trial["samplePrompts"] > 0
     work = tmp_path / "pods"
     work.mkdir()
     load = threading.Event()
@@ -244,6 +257,12 @@ def test_the_trial_measures_each_close_layout_and_continues_on_the_fastest_with_
                 dsgen(cluster, namespace)["status"].get("trial", {}).get("phase") == "Done" else None
 
         last_job = cluster.wait_for(continued_job, "the runner Job on the layout the trial continued on", timeout=180)
+        # The run continues on the last candidate measured: its Job goes on, sample and all; on another it sends none.
+        last_sample = _sample(last_job)
+        if trial["continuedOn"] == trial["candidates"][-1]["layout"]:
+            assert last_sample is not None and last_sample.candidate == 2 and last_sample.seed == sample.seed
+        else:
+            assert last_sample is None
         pods = cluster.wait_for(lambda: _held_pods_of(cluster, namespace, last_job.metadata.uid, 2),
                                 "the last Job's two held runner pods", timeout=120)
         played.finish()

@@ -13,21 +13,16 @@ import pytest
 from tokenmill_operator.planner import model_facts, plan_server
 from tokenmill_operator.planner.trial import (
     BUDGET_SHARE,
-    MIN_PER_DATASET,
-    DatasetShare,
     Measurement,
     MetricPoint,
     Option,
     Steady,
-    allocate,
     conclude,
     measure,
-    mix,
     plan_trial,
     select,
     should_stop,
     steady_state,
-    stratify,
     warmup_end,
 )
 from tokenmill_operator.planner.verify import MARGIN_FLOOR_S
@@ -225,46 +220,6 @@ def test_the_seeds_job_plans_a_trial_of_its_dp_attention_layouts_and_a_short_job
     assert uncached.restart_s == plan.startup.seconds and len(uncached.candidates) == 2  # every start copies
     short = plan_trial(seeds_plan(100, cache=True))
     assert not short.worthwhile and "too short" in short.reason
-
-
-# --------------------------------------------------------------------------------------------------------------
-# The stratified sample
-
-
-DATASETS = [DatasetShare("B1_glaive", 11_000, 1_360), DatasetShare("B4_mixturethoughts", 11_000, 6_000),
-            DatasetShare("B5_openthoughts", 11_000, 7_500), DatasetShare("B8_sweagent", 40, 3_000),
-            DatasetShare("tiny", 5, 500)]
-
-
-def test_the_stratified_sample_covers_every_dataset_in_the_jobs_mix_and_is_deterministic():
-    candidates = ("dp4", "dp2", "dp8")
-    samples = stratify(DATASETS, candidates, per_candidate=300, seed=7)
-    counts = mix(samples)
-    for c in candidates:
-        assert set(counts[c]) == {d.name for d in DATASETS}, c
-        assert counts[c]["B8_sweagent"] >= MIN_PER_DATASET
-        assert counts[c]["tiny"] >= 1  # five rows for three candidates: one or more each
-    # The output tokens each dataset brings to the sample follow its share of the job's.
-    alloc = allocate(DATASETS, 300)
-    means = {d.name: d.mean_output_tokens for d in DATASETS}
-    job = {d.name: d.size * d.mean_output_tokens for d in DATASETS}
-    for big in ("B1_glaive", "B4_mixturethoughts", "B5_openthoughts"):
-        share_sample = alloc[big] * means[big] / sum(alloc[n] * means[n] for n in alloc)
-        share_job = job[big] / sum(job.values())
-        assert abs(share_sample - share_job) < 0.02, big
-    # Disjoint across candidates, and the same for the same seed.
-    rows = [set(samples[c]) for c in candidates]
-    assert not (rows[0] & rows[1]) and not (rows[0] & rows[2]) and not (rows[1] & rows[2])
-    assert stratify(DATASETS, candidates, 300, seed=7) == samples
-    assert stratify(DATASETS, candidates, 300, seed=8) != samples
-    assert all(0 <= i < next(d.size for d in DATASETS if d.name == n) for c in candidates for n, i in samples[c])
-
-
-@pytest.mark.parametrize("per_candidate", [1, 10, 1000])
-def test_allocation_floors_and_totals(per_candidate: int):
-    alloc = allocate(DATASETS, per_candidate)
-    assert all(alloc[d.name] >= min(MIN_PER_DATASET, d.size) for d in DATASETS)
-    assert sum(alloc.values()) >= per_candidate
 
 
 def test_margin_is_verify_decides():

@@ -24,20 +24,20 @@ The rules (docs/planning.md, "4d. A measured trial"):
    more restart (none when it is the one running) against staying, with decide's margin (5 % of the remaining time,
    at least 10 minutes). When the ranking against the running layout is flagged, the comparison takes the winner's
    low end against the running one's high end: an unresolved difference never pays a restart.
-4. The sample (`stratify`): each candidate sees its own prompts (disjoint, so nothing is generated twice), drawn
-   from every dataset so that the output tokens of each dataset's share of the sample are in proportion to its share
-   of the job's predicted output tokens (which makes the prompt counts proportional to the datasets' sizes), at least
-   MIN_PER_DATASET per dataset where it has them, in a seeded order that interleaves the datasets.
+4. The sample: each candidate is sent its own rows first, drawn from every dataset in proportion to the job's
+   predicted output tokens (tokenmill_runner/source/stratified.py: the runner draws them, since only it counts the
+   rows); `sample_prompts` sizes it to keep the batch full for the measuring time.
 """
 
 from __future__ import annotations
 
 import math
-import random
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
+
+from tokenmill_runner.spec.config import MAX_TRIAL_PROMPTS
 
 from .plan import ServerPlan
 from .startup import StartupPlan
@@ -425,65 +425,7 @@ def conclude(measurements: Sequence[Measurement], running: str, remaining_tokens
 
 
 # --------------------------------------------------------------------------------------------------------------
-# 4. The stratified sample.
-
-MIN_PER_DATASET = 3
-
-
-@dataclass(frozen=True)
-class DatasetShare:
-    """One dataset as the sample sees it: its prompts and its predicted mean output tokens."""
-
-    name: str
-    size: int
-    mean_output_tokens: float
-
-
-def allocate(datasets: Sequence[DatasetShare], per_candidate: int,
-             min_per_dataset: int = MIN_PER_DATASET) -> dict[str, int]:
-    """Prompts of each dataset in one candidate's sample: the sample's output tokens split as the job's predicted
-    output tokens are (so counts in proportion to the sizes), largest remainder, at least `min_per_dataset` where the
-    dataset has them. The floor can make the total exceed `per_candidate`."""
-    live = [d for d in datasets if d.size > 0]
-    tokens = {d.name: d.size * max(d.mean_output_tokens, 1.0) for d in live}
-    total_tokens = sum(tokens.values())
-    if not live or per_candidate <= 0 or total_tokens <= 0:
-        return {d.name: 0 for d in datasets}
-    # Sample output tokens for dataset i: share_i x T; prompts: that over its mean output.
-    raw = {d.name: tokens[d.name] / total_tokens / max(d.mean_output_tokens, 1.0) for d in live}
-    scale = per_candidate / sum(raw.values())
-    exact = {n: v * scale for n, v in raw.items()}
-    counts = {n: math.floor(v) for n, v in exact.items()}
-    for n in sorted(exact, key=lambda n: (counts[n] - exact[n], n))[:per_candidate - sum(counts.values())]:
-        counts[n] += 1
-    sizes = {d.name: d.size for d in live}
-    out = {d.name: 0 for d in datasets}
-    for n, c in counts.items():
-        out[n] = min(sizes[n], max(c, min_per_dataset))
-    return out
-
-
-def stratify(datasets: Sequence[DatasetShare], candidates: Sequence[str], per_candidate: int, seed: int = 0,
-             min_per_dataset: int = MIN_PER_DATASET) -> dict[str, list[tuple[str, int]]]:
-    """Rule 4: each candidate's (dataset, row index) prompts, in a seeded order interleaving the datasets. The
-    candidates' samples are disjoint; a dataset too small for all of them gives each an equal part of what it has."""
-    counts = allocate(datasets, per_candidate, min_per_dataset)
-    k = max(1, len(candidates))
-    samples: dict[str, list[tuple[str, int]]] = {c: [] for c in candidates}
-    for d in datasets:
-        want = counts.get(d.name, 0)
-        if want <= 0 or not candidates:
-            continue
-        each = min(want, d.size // k) if d.size >= k else 0
-        if each == 0 and d.size > 0:
-            each = 1  # fewer rows than candidates: the first ones get one each
-        rng = random.Random(f"{seed}:{d.name}")
-        rows = rng.sample(range(d.size), min(d.size, each * k))
-        for i, c in enumerate(candidates):
-            samples[c].extend((d.name, r) for r in rows[i * each:(i + 1) * each])
-    for i, c in enumerate(candidates):
-        random.Random(f"{seed}:order:{i}").shuffle(samples[c])
-    return samples
+# 4. The sample's size (the sample itself is the runner's: tokenmill_runner/source/stratified.py).
 
 
 def prompts_needed(batch: float, measure_s: float, requests_per_s: float, headroom: float = 1.5) -> int:
@@ -492,12 +434,22 @@ def prompts_needed(batch: float, measure_s: float, requests_per_s: float, headro
     return math.ceil(batch + headroom * measure_s * max(requests_per_s, 0.0))
 
 
-def mix(samples: Mapping[str, list[tuple[str, int]]]) -> dict[str, dict[str, int]]:
-    """Per candidate, prompts per dataset: the sample's composition, for the trial's report."""
-    out: dict[str, dict[str, int]] = {}
-    for c, rows in samples.items():
-        counts: dict[str, int] = {}
-        for name, _ in rows:
-            counts[name] = counts.get(name, 0) + 1
-        out[c] = counts
-    return out
+def sample_prompts(plan: ServerPlan, candidates: Sequence[str], measure_s: float) -> int:
+    """Rows of each candidate's sample: enough for the one among `candidates` that needs most (its batch over all
+    replicas, its requests per second at its decode rate over the job's mean output), at most MAX_TRIAL_PROMPTS.
+    Samples per prompt above 1 make each row more requests: headroom, not a shortfall."""
+    prediction = plan.prediction
+    if prediction is None or not prediction.datasets:
+        return 0
+    samples = sum(d.samples for d in prediction.datasets)
+    mean_output = sum(d.samples * d.mean_output_tokens for d in prediction.datasets) / max(samples, 1)
+    wanted = set(candidates)
+    needed = 0
+    for c in plan.candidates:
+        p = c.prediction
+        if p is None or layout_name(c.replicas, c.tensor_parallel, c.attention_data_parallel,
+                                    c.kv_cache_dtype) not in wanted:
+            continue
+        rate = p.decode_tokens_per_second / max(mean_output, 1.0)
+        needed = max(needed, prompts_needed(p.batch_per_replica * c.replicas, measure_s, rate))
+    return min(needed, MAX_TRIAL_PROMPTS)

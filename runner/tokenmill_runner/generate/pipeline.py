@@ -134,6 +134,9 @@ class DatasetState:
     source_rows: int | None = None  # rows of the source, every worker's (None: not scanned)
     last_line: int | None = None  # the highest line the source yields (None: not scanned)
     worker_lines: np.ndarray | None = None  # a bool per line of 1..last_line: this worker's slots' (None: every)
+    # The operator's measured trial: the lines of this candidate's sample, each with its position in the sample's
+    # order; they are sent before any other line (source/stratified.py).
+    first: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.commits is None:
@@ -315,29 +318,38 @@ class Runner:
 
     # -- producing -----------------------------------------------------------------------------------------
     async def _produce(self, queue: asyncio.Queue[Request]) -> None:
-        """Tokenized requests to the workers, longest expected output first within a bounded window
-        (`ordering.py`); the window holds the ids as 4-byte arrays, a third of a list's memory."""
-        window: LongestFirst[tuple[DatasetState, Prompt, array[int], int]] = LongestFirst(
-            window_size(self.concurrency))
+        """Tokenized requests to the workers: a trial candidate's sample first, in its order (it is read whole
+        first: a sample interleaves the datasets), then the rest longest expected output first within a bounded
+        window (`ordering.py`); the window holds the ids as 4-byte arrays, a third of a list's memory."""
 
         async def send(held: tuple[DatasetState, Prompt, array[int], int]) -> None:
             state, prompt, ids, index = held
             await queue.put((state, prompt, ids.tolist(), index))
 
-        async for held, expected in self._requests():
+        if any(state.first for state in self.states):
+            sample = [held async for held, _ in self._requests(first=True)]
+            for held in sorted(sample, key=lambda held: (held[0].first[held[1].line], held[3])):
+                await send(held)
+        window: LongestFirst[tuple[DatasetState, Prompt, array[int], int]] = LongestFirst(
+            window_size(self.concurrency))
+        async for held, expected in self._requests(first=False):
             if (released := window.push(held, expected)) is not None:
                 await send(released)
         for held in window.drain():
             await send(held)
 
-    async def _requests(self) -> AsyncIterator[tuple[tuple[DatasetState, Prompt, array[int], int], float]]:
+    async def _requests(self, first: bool) -> AsyncIterator[tuple[tuple[DatasetState, Prompt, array[int], int],
+                                                                  float]]:
         """Every open slot of every dataset in source order (datasets longest-expected first), with its prompt ids
-        and the output length expected from the row's earlier answer (else its prompt's length class)."""
+        and the output length expected from the row's earlier answer (else its prompt's length class): of the
+        trial sample's lines when `first`, else of the others."""
         for state in self.states:
+            if first and not state.first:
+                continue
             spec = state.spec
             fmt = source_format(spec.source, spec.format, self.config.spec.output.endpoint)
             rows = read_prompts(spec.source, fmt, self.config.spec.output.endpoint, spec.limit,
-                                wanted=partial(self._wanted, state), layout=spec.row_layout(),
+                                wanted=partial(self._wanted, state, first), layout=spec.row_layout(),
                                 bound=self.row_bound)
             while chunk := await asyncio.to_thread(_take, rows, READ_BATCH, READ_BATCH_CHARS):
                 self._count_settled_lines(state)
@@ -376,10 +388,13 @@ class Runner:
         assert isinstance(conversation, Conversation)  # rows that cannot start were dropped by _conversations
         return conversation.next_prompt()
 
-    def _wanted(self, state: DatasetState, line: int) -> bool:
-        """Before a row is parsed, in the reader's thread: False for another worker's line, and for a line whose
-        slots are all settled (noted for the loop to count as skipped: nothing of the state changes here)."""
+    def _wanted(self, state: DatasetState, first: bool, line: int) -> bool:
+        """Before a row is parsed, in the reader's thread: False for another worker's line, for a line of the other
+        reading (the trial sample's, or not), and for a line whose slots are all settled (noted for the loop to
+        count as skipped: nothing of the state changes here)."""
         if state.owned is not None and not state.owned.has(line):
+            return False
+        if (line in state.first) != first:
             return False
         if open_slots(state, line, self.config.retry_failed):
             return True

@@ -9,6 +9,41 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from .resource import DatasetGenerationSpec
 
 API_KEY_ENV = "TOKENMILL_API_KEY"
+# The most rows one trial candidate is sent first (held tokenized until sent: ~80 MB at 1,000 tokens a prompt).
+MAX_TRIAL_PROMPTS = 20_000
+TRIAL_SAMPLE_BYTES = 64 * 1024  # --trial-sample's JSON, bounded before it is parsed
+
+
+class TrialSample(BaseModel):
+    """One candidate's share of the operator's measured trial (--trial-sample, set by the operator): the rows of
+    its stratified sample are sent first (source/stratified.py). The same seed, count, rows and output lengths in
+    every Job of one trial give the candidates disjoint samples."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    seed: str = Field(min_length=1, max_length=64, description="The trial's seed (its planned generation).")
+    candidate: int = Field(ge=0, description="This Job's candidate, counted from 0.")
+    candidates: int = Field(ge=1, le=16, description="The trial's candidates.")
+    prompts: int = Field(ge=1, le=MAX_TRIAL_PROMPTS, description="Rows of each candidate's sample.")
+    output_tokens: dict[str, float] = Field(
+        default_factory=dict, alias="outputTokens", max_length=1024,
+        description="The plan's mean output tokens per dataset: each dataset's weight in the sample.")
+
+    @model_validator(mode="after")
+    def _candidate_in_range(self) -> TrialSample:
+        if self.candidate >= self.candidates:
+            raise ValueError(f"candidate {self.candidate} must be below the candidate count {self.candidates}")
+        return self
+
+    @classmethod
+    def parse(cls, text: str) -> TrialSample:
+        if len(text.encode()) > TRIAL_SAMPLE_BYTES:
+            raise ValueError(f"--trial-sample: {len(text.encode()):,} bytes, over the {TRIAL_SAMPLE_BYTES:,} allowed")
+        return cls.model_validate_json(text)
+
+    def token(self) -> str:
+        """What the runner Job's hash and command line carry."""
+        return self.model_dump_json(by_alias=True)
 
 
 class RunnerConfig(BaseModel):
@@ -38,6 +73,8 @@ class RunnerConfig(BaseModel):
     states_pass: Literal["aux", "final"] | None = Field(
         None, description="The hidden states this run captures (the operator's pass: it waits for the server to "
         "serve that kind); default: whichever the server serves.")
+    trial_sample: TrialSample | None = Field(
+        None, description="The operator's measured trial: this candidate's sample is sent first.")
 
     @model_validator(mode="after")
     def _index_in_range(self) -> RunnerConfig:
