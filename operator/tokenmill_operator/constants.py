@@ -34,6 +34,7 @@ from .planner.verify import (
     pinned_spec,
     plan_constants_key,
     read_constants,
+    running_layout,
 )
 
 logger = logging.getLogger(__name__)
@@ -90,7 +91,8 @@ def measure(spec: DatasetGenerationSpec, credentials: dict[str, str] | None, pla
     key = plan_constants_key(plan, facts.architecture)
     before = read_constants(stored, key) if plan.measured_constants == key else None
     base = before.calibration(CALIBRATION) if before is not None else CALIBRATION
-    step = plan_step_model(spec, facts, plan.cuda_driver_major, base)
+    # The layout running is the plan's, which after a switch (replan auto, a trial) is not the spec's own choice.
+    step = plan_step_model(pinned_spec(spec, running_layout(plan)), facts, plan.cuda_driver_major, base)
     if step is None:
         return None
     result = refit(step, samples)

@@ -18,7 +18,7 @@ from tokenmill_runner.progress import format_duration
 from . import names
 from .facts import Decision, Event, JobState, Observed, ProgressFacts, QueueState, RetryDecision, ServerState
 from .planner import ServerPlan
-from .planner.verify import TOLERANCE, Verification, layout_name, running_layout, verify
+from .planner.verify import TOLERANCE, PredictedStep, Verification, layout_name, running_layout, verify
 from .planner.verify import Decision as Replan
 from .states_passes import next_pass
 from .status import (
@@ -499,12 +499,14 @@ def _running(observed: Observed, status: _Status, replace_job: bool) -> Decision
 # ------------------------------------------------------------------------------------ the plan on the GPUs
 
 
-def predicted_step_seconds(plan: ServerPlan) -> float | None:
-    """The plan's decode step at its batch: a replica's batch over its share of the decode tokens/s."""
+def predicted_step(plan: ServerPlan) -> PredictedStep | None:
+    """The plan's decode step at its batch (a replica's batch over its share of the decode tokens/s), with the
+    context it is at and its slope in it (plans made before they were recorded: the step alone)."""
     prediction = plan.prediction
     if prediction is None or prediction.decode_tokens_per_second <= 0 or prediction.batch_per_replica <= 0:
         return None
-    return prediction.batch_per_replica * plan.replicas / prediction.decode_tokens_per_second
+    return PredictedStep(prediction.batch_per_replica * plan.replicas / prediction.decode_tokens_per_second,
+                         float(prediction.held_kv_tokens or 0), prediction.step_seconds_per_kv_token or 0.0)
 
 
 def _verification_status(result: Verification, samples: int, seconds: float, observed: Observed,
@@ -525,8 +527,8 @@ def _verification(observed: Observed, status: _Status, events: list[Event]) -> V
     (its candidates are measured by the trial, and the layout it continues on is checked after); the new status, or
     None to keep the previous one."""
     plan = observed.plan or observed.previous.server_plan
-    predicted_step = predicted_step_seconds(plan) if plan is not None else None
-    if plan is None or plan.prediction is None or predicted_step is None:
+    step = predicted_step(plan) if plan is not None else None
+    if plan is None or plan.prediction is None or step is None:
         return None
     planned, layout = verification_key(observed.previous, observed.planned_generation)
     done = observed.previous.verification
@@ -548,8 +550,7 @@ def _verification(observed: Observed, status: _Status, events: list[Event]) -> V
                    f"{len(window.samples)} samples of the server's batch and step over {format_duration(seconds)} of "
                    f"the {format_duration(observed.verify_window_s)} window (spec.server.verifyWindowSeconds)")
         return None
-    result = verify(window.samples, plan.prediction.batch_per_replica, predicted_step, window.retractions,
-                    window.queued)
+    result = verify(window.samples, plan.prediction.batch_per_replica, step, window.retractions, window.queued)
     message = result.condition()["message"]
     if result.verified:
         status.set("PlanVerified", "True", "PlanVerified", message)

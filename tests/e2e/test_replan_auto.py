@@ -3,6 +3,8 @@ model unlike the planner's (collectives 10x the published cost over the plan's N
 /metrics through the verification window, refits, finds that eight TP 1 replicas finish the remaining work sooner
 than the planned two TP 4 ones by more than the restart plus the margin, and switches: the server is rebuilt from
 that layout, the runner Job replaced, and the run completes with every slot committed exactly once across the switch.
+The switched layout is then checked in its own window (one TP 1 replica on the same truth): PlanVerified, its step
+compared at the context the server reports.
 
 Under kwok no container runs, so the test plays the runner pods (operator_kit.play_pod) and the server (the
 simulator on one port that TOKENMILL_SERVER_METRICS_URL and every --server point at). At the switch the old
@@ -123,6 +125,25 @@ def _ramp(url: str, api_key: str, stop: threading.Event, levels: tuple[int, ...]
         thread.join(timeout=60)
 
 
+def _load(url: str, api_key: str, stop: threading.Event, in_flight: int) -> None:
+    """`in_flight` requests at all times, each long (4,096 tokens: seconds of wall time even on the fastest layout),
+    so the client's own overhead never empties the simulator's queue and every candidate's batch stays full."""
+    body = {"input_ids": list(range(100, 400)), "sampling_params": {"max_new_tokens": 4096, "ignore_eos": True}}
+
+    def one() -> None:
+        with httpx.Client(base_url=url, timeout=600, headers={"Authorization": f"Bearer {api_key}"}) as client:
+            while not stop.is_set():
+                try:
+                    client.post("/generate", json=body)
+                except httpx.HTTPError:  # the simulator is being replaced for the next layout
+                    stop.wait(0.1)
+
+    threads = [threading.Thread(target=one, daemon=True) for _ in range(in_flight)]
+    for thread in threads:
+        thread.start()
+    stop.wait()
+
+
 class MetricsGate:
     """The server's /metrics as the operator reaches it (TOKENMILL_SERVER_METRICS_URL): unreachable (503) until
     opened, then the simulator's. The window opens with the first scrape that shows running requests, so the test
@@ -203,6 +224,8 @@ def _stop(processes: list[subprocess.Popen]) -> None:
 def test_auto_replan_switches_the_layout_on_the_measured_truth_and_every_slot_is_committed_once(
         cluster, namespace, operator, credentials, s3_world, tmp_path: Path):
     from tokenmill_operator.planner import model_facts, plan_step_model
+    from tokenmill_operator.planner.verify import pinned_spec
+    from tokenmill_operator.status import LayoutOverride
     from tokenmill_runner.spec.resource import parse_document
 
     fixture = _qwen_world(s3_world)
@@ -299,9 +322,53 @@ def test_auto_replan_switches_the_layout_on_the_measured_truth_and_every_slot_is
     runner_args = second_job.spec.template.spec.containers[0].args
     servers = [a for i, a in enumerate(runner_args) if i > 0 and runner_args[i - 1] == "--server"]
     assert len(servers) == 8
+    pods = cluster.wait_for(lambda: _held_pods_of(cluster, namespace, second_job.metadata.uid, 2),
+                            "the new Job's two held runner pods", timeout=120)
+
+    # The switched layout is a plan of its own: checked again in its own window. The simulator now stands for one
+    # of the eight TP 1 replicas on the same hidden truth, its slots the switched plan's batch, kept full by a load
+    # of twice that (the runner pods stay held meanwhile, so the Job runs and nothing of the 75 rows is measured).
+    switched = ServerPlan.model_validate(new_plan)
+    assert switched.prediction is not None
+    batch = switched.prediction.batch_per_replica
+    model = plan_step_model(pinned_spec(spec, (8, 1, 1, "auto")), facts, running.cuda_driver_major, CALIBRATION)
+    assert model is not None
+    one_replica = TrueStep(replace(model, calibration=TRUTH.calibration(CALIBRATION)))
+    load = threading.Event()
+    with _simulator(cluster, namespace, port, 10.0, one_replica, batch) as measured, \
+            MetricsGate(gate, measured.url) as metrics:
+        filler = threading.Thread(target=_load, args=(measured.url, measured.config.api_key, load, 2 * batch),
+                                  daemon=True)
+        filler.start()
+        metrics.open()
+        token = LayoutOverride.model_validate(override).token
+
+        def rechecked() -> dict[str, Any] | None:
+            obj = dsgen(cluster, namespace)
+            return obj if (obj["status"].get("verification") or {}).get("layout") == token else None
+
+        try:
+            checked = cluster.wait_for(rechecked, "the switched layout's verification", timeout=180)
+        finally:
+            load.set()
+            filler.join(timeout=60)
+    # The first window found the spec's plan off (collectives 10x); the switched plan, made with the constants that
+    # window measured, is verified on the same truth: batch and step within 15 %.
+    verification = checked["status"]["verification"]
+    assert verification["plannedGeneration"] == override["generation"]
+    verified = condition(checked, "PlanVerified")
+    assert verified is not None and (verified["status"], verified["reason"]) == ("True", "PlanVerified"), \
+        (verified, verification)
+    assert verification["verified"] and verification["predictedBatch"] == batch, verification
+    assert f"batch predicted {batch:,.0f}" in verified["message"], verified["message"]
+    events = cluster.kubectl("get", "events", "-n", namespace, "--field-selector",
+                             f"involvedObject.name={NAME}", "-o", "json").stdout
+    reasons = Counter(item["reason"] for item in json.loads(events)["items"])
+    assert reasons["PlanOff"] == 1 and reasons["PlanVerified"] == 1, reasons
+    # Switched once per generation: the second check does not switch again.
+    assert checked["status"]["layoutOverride"] == override
+
     with _simulator(cluster, namespace, port, time_scale=5000.0) as fast:
-        pods = cluster.wait_for(lambda: _held_pods_of(cluster, namespace, second_job.metadata.uid, 2),
-                                "the new Job's two held runner pods", timeout=120)
         new = [(pod, play_pod(cluster, namespace, pod, fast.url, work)) for pod in pods]
         for pod, process in new:
             code = process.wait(timeout=300)

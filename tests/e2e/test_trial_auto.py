@@ -49,6 +49,7 @@ from .test_replan_auto import (
     MetricsGate,
     _held_pods_of,
     _job,
+    _load,
     _qwen_world,
     _simulator,
     _slots,
@@ -92,25 +93,6 @@ def _sample(job: k8s.V1Job) -> TrialSample | None:
     """The stratified sample the Job's workers send first (--trial-sample), if any."""
     args = job.spec.template.spec.containers[0].args
     return TrialSample.parse(args[args.index("--trial-sample") + 1]) if "--trial-sample" in args else None
-
-
-def _load(url: str, api_key: str, stop: threading.Event, in_flight: int) -> None:
-    """`in_flight` requests at all times, each long (4,096 tokens: seconds of wall time even on the fastest layout),
-    so the client's own overhead never empties the simulator's queue and every candidate's batch stays full."""
-    body = {"input_ids": list(range(100, 400)), "sampling_params": {"max_new_tokens": 4096, "ignore_eos": True}}
-
-    def one() -> None:
-        with httpx.Client(base_url=url, timeout=600, headers={"Authorization": f"Bearer {api_key}"}) as client:
-            while not stop.is_set():
-                try:
-                    client.post("/generate", json=body)
-                except httpx.HTTPError:  # the simulator is being replaced for the next layout
-                    stop.wait(0.1)
-
-    threads = [threading.Thread(target=one, daemon=True) for _ in range(in_flight)]
-    for thread in threads:
-        thread.start()
-    stop.wait()
 
 
 class PlayedServer:

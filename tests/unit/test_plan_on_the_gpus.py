@@ -11,7 +11,7 @@ import pytest
 from tokenmill_operator import names
 from tokenmill_operator.facts import JobState, Observed, ServerState
 from tokenmill_operator.gather import observe_window
-from tokenmill_operator.lifecycle import decide, predicted_step_seconds
+from tokenmill_operator.lifecycle import decide, predicted_step
 from tokenmill_operator.planner import Prediction, ServerPlan
 from tokenmill_operator.server_metrics import Scrape, VerificationWindow, WindowFacts, combine, parse_metrics
 from tokenmill_operator.status import DatasetGenerationStatus
@@ -221,7 +221,10 @@ def condition(decision, type_="PlanVerified"):
 
 
 def test_the_plans_step_is_its_batch_over_a_replicas_decode_rate():
-    assert predicted_step_seconds(PLAN) == pytest.approx(128 * 2 / 6400)
+    step = predicted_step(PLAN)
+    assert step is not None and step.seconds == pytest.approx(128 * 2 / 6400)
+    # A plan stored before it recorded its context compares the step as it is.
+    assert step.at(1500) == step.seconds
 
 
 def test_while_the_window_is_open_the_check_is_unknown_and_says_how_far_it_got():

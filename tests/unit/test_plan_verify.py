@@ -17,6 +17,7 @@ from tokenmill_operator.planner.sizing import Option
 from tokenmill_operator.planner.verify import (
     MARGIN_FLOOR_S,
     WINDOW_S,
+    PredictedStep,
     constants_entry,
     constants_key,
     decide,
@@ -113,10 +114,11 @@ def test_the_plan_is_verified_when_the_server_runs_as_predicted_and_off_with_the
     step = plan_step()
     same = window(CALIBRATION)
     batch = max(s.batch for s in same)
-    ok = verify(same, batch, step.step_seconds(batch, same[-1].context_tokens))
+    ok = verify(same, batch, PredictedStep(step.step_seconds(batch, same[-1].context_tokens)))
     assert ok.verified and ok.condition()["type"] == "PlanVerified"
     slow = replace(CALIBRATION, collective_scale=6.0, dp_attention_layer_s=CALIBRATION.dp_attention_layer_s * 4)
-    off = verify(window(slow), batch, step.step_seconds(batch, same[-1].context_tokens), retractions=12)
+    off = verify(window(slow), batch, PredictedStep(step.step_seconds(batch, same[-1].context_tokens)),
+                 retractions=12)
     condition = off.condition()
     assert not off.verified and condition["type"] == "PlanOff"
     assert f"{off.predicted_step_s * 1e3:,.1f} ms" in condition["message"]
@@ -175,3 +177,25 @@ def test_refitted_constants_round_trip_through_the_clusters_configmap_and_bad_en
     assert read_constants({key: '{"expertSpeed": 1e9, "collectiveScale": 1, "dpScale": 1}'}, key) is None
     assert read_constants({key: "x" * 10_000}, key) is None
     assert read_constants(None, key) is None
+
+
+def test_the_step_is_compared_at_the_context_the_server_reports_not_the_jobs_average():
+    """A run's first minutes hold young requests: fewer KV tokens each than the job's average, so the step is
+    faster than the plan's at its own context. Compared there, a plan right about the hardware reads PlanOff;
+    at the reported context it is verified, and a slower truth is still off."""
+    step = plan_step()
+    # Kimi-K2.5's latent KV is small: its step moves with the context only at the seeds' long answers.
+    batch, held, young = 228, 12_000.0, 1500.0
+    samples = [StepSample(batch, young, step.step_seconds(batch, young)) for _ in range(20)]
+    at_held = step.step_seconds(batch, held)
+    assert at_held > 1.15 * samples[0].step_seconds  # the young batch runs well over 15 % faster
+    assert not verify(samples, batch, PredictedStep(at_held)).verified
+    slope = (step.step_seconds(batch, held + 600) - at_held) / 600
+    predicted = PredictedStep(at_held, held, slope)
+    checked = verify(samples, batch, predicted)
+    assert checked.verified and checked.predicted_step_s == pytest.approx(samples[0].step_seconds, rel=0.01)
+    assert "step at 1,500 KV tokens a request predicted" in checked.condition()["message"]
+    slow = replace(step, calibration=replace(CALIBRATION, moe_memory_efficiency=CALIBRATION.moe_memory_efficiency / 2,
+                                             quantized_moe_memory_efficiency=CALIBRATION.quantized_moe_memory_efficiency / 2))
+    truth = [StepSample(batch, young, slow.step_seconds(batch, young)) for _ in range(20)]
+    assert not verify(truth, batch, predicted).verified

@@ -64,6 +64,39 @@ def measured_on(collectives: float) -> constants.Measured:
     return found
 
 
+def test_after_a_switch_the_window_refits_the_layout_running_not_the_specs_own():
+    """The switched layout's own window (8 x TP 1, one GPU a replica: no collectives) is refitted on that layout's
+    step model. On the spec's (2 x TP 4) the same pairs would be read as slow experts and free collectives."""
+    first = measured_on(10.0)
+    switched = constants.plan_layout(SPEC, PLAN, first, (8, 1, 1, "auto"))
+    assert switched is not None and running_layout(switched) == (8, 1, 1, "auto")
+    one_gpu = plan_step_model(pinned_spec(SPEC, (8, 1, 1, "auto")), QWEN, PLAN.cuda_driver_major, CALIBRATION)
+    assert one_gpu is not None
+    slower = replace(one_gpu, calibration=Refit(0.8, 1.0, 1.0, 0, 0, 0, ()).calibration(CALIBRATION))
+    samples = [StepSample(b, 3000, slower.step_seconds(b, 3000)) for b in (1, 2, 4, 8, 16, 32, 64)]
+    found = constants.measure(SPEC, None, switched, samples, {}, read=lambda *_, **__: QWEN)
+    assert found is not None and found.result.fitted == ("experts",)
+    assert found.result.expert_speed == pytest.approx(0.8, rel=0.02) and found.result.error_after < 0.01
+    assert found.key != first.key  # one GPU a replica: its own entry, not the NVLink one's
+
+
+def test_a_refit_that_explains_the_window_worse_than_the_plan_is_not_kept():
+    """Pairs no multiplier of the model explains (steps jumping 0.5x to 5x the plan's from batch to batch, as a
+    noisy or mislabelled window would) leave the plan's constants, rather than a fit held at its floor (experts or
+    collectives at x0.05) that is then kept for the cluster's later plans."""
+    step = plan_step_model(SPEC, QWEN, PLAN.cuda_driver_major, CALIBRATION)
+    assert step is not None
+    jumps = (5, 3, 2, 3, 5, 0.5, 1)
+    odd = [StepSample(b, 3000, step.step_seconds(b, 3000) * m) for b, m in zip((1, 2, 4, 8, 16, 32, 64), jumps,
+                                                                              strict=True)]
+    from tokenmill_runner.facts.refit import refit
+
+    fit = refit(step, odd)
+    assert fit.fitted == () and (fit.expert_speed, fit.collective_scale) == (1.0, 1.0)
+    assert fit.error_after == fit.error_before > 0
+    assert constants.measure(SPEC, None, PLAN, odd, {}, read=lambda *_, **__: QWEN) is None
+
+
 def test_the_running_plan_is_two_tp4_replicas_and_the_window_refits_the_collectives():
     assert running_layout(PLAN) == (2, 4, 1, "auto")
     assert measured_on(10.0).result.collective_scale == pytest.approx(10.0, rel=0.01)

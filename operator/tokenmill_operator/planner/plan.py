@@ -58,6 +58,13 @@ class Prediction(SpecModel):
         None, description="What bounds the capture pass: prefill (the server's forwards) or json (the states' text "
         "through the runner).")
     batch_per_replica: int = Field(description="Requests one replica runs at once (KV cache, slots or concurrency).")
+    held_kv_tokens: int | None = Field(
+        None, description="KV tokens a running request holds on average over the job (prompt + E[o^2] / 2E[o]): "
+        "the context the decode step is predicted at.")
+    step_seconds_per_kv_token: float | None = Field(
+        None, description="How much a replica's decode step at its batch grows per KV token a request holds more "
+        "(its KV reads): the verification compares the step at the context SGLang reports, not at the job's "
+        "average, which the first minutes' young requests are below.")
     bound: str = Field(description="What limits a full decode step: memory, compute or overhead (floor, links).")
     samples: int = Field(description="Samples the ETA is for.")
     samples_assumed: bool = Field(False, description="True when a dataset without limit was counted as 10,000.")

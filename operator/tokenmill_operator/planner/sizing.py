@@ -186,6 +186,14 @@ class Option:
             return 0
         return round(self.replicas * step.decode_tokens_per_second(self.batch, held))
 
+    def step_slope(self, step: StepModel | None, held: float) -> float | None:
+        """d step / d context at the batch (seconds per KV token; the step is linear in it while memory-bound)."""
+        if step is None or not self.batch:
+            return None
+        delta = max(held, 1.0) * 0.1
+        slope = (step.step_seconds(self.batch, held + delta) - step.step_seconds(self.batch, held)) / delta
+        return float(f"{slope:.6g}")
+
     def prediction(self, step: StepModel | None, held: float, work: Workload) -> Prediction | None:
         if self.job is None:
             return None
@@ -207,7 +215,8 @@ class Option:
             capture_seconds=round(self.capture.seconds) if self.capture else None,
             capture_bound=self.capture.bound if self.capture else None,
             batch_per_replica=self.batch, bound=self.bound, samples=work.samples,
-            samples_assumed=not work.samples_known)
+            samples_assumed=not work.samples_known, held_kv_tokens=round(held) if step and self.batch else None,
+            step_seconds_per_kv_token=self.step_slope(step, held))
 
 
 @dataclass(frozen=True)

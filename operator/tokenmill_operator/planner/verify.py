@@ -51,28 +51,53 @@ class Verification:
     observed_step_s: float
     retractions: int
     queued: float
+    context_tokens: float | None = None  # the KV tokens per request the step was compared at (None: the plan's)
 
     def condition(self) -> dict[str, Any]:
         kind = "PlanVerified" if self.verified else "PlanOff"
+        at = f" at {self.context_tokens:,.0f} KV tokens a request" if self.context_tokens is not None else ""
         return {"type": kind, "status": "True", "reason": kind,
                 "message": (f"batch predicted {self.predicted_batch:,.0f}, observed {self.observed_batch:,.0f}; "
-                            f"step predicted {self.predicted_step_s * 1e3:,.1f} ms, observed "
+                            f"step{at} predicted {self.predicted_step_s * 1e3:,.1f} ms, observed "
                             f"{self.observed_step_s * 1e3:,.1f} ms; retractions {self.retractions:,}, queued "
                             f"{self.queued:,.0f} (tolerance {TOLERANCE:.0%})")}
 
 
-def verify(samples: Sequence[StepSample], predicted_batch: float, predicted_step: float, retractions: int = 0,
+@dataclass(frozen=True)
+class PredictedStep:
+    """The plan's decode step at its batch, at `held` KV tokens per request, and how it grows per KV token more
+    (0: not known, the step is taken as it is)."""
+
+    seconds: float
+    held: float = 0.0
+    per_token: float = 0.0
+
+    @property
+    def scales(self) -> bool:
+        return self.per_token > 0 and self.held > 0
+
+    def at(self, context_tokens: float) -> float:
+        if not self.scales or context_tokens <= 0:
+            return self.seconds
+        return max(self.seconds + self.per_token * (context_tokens - self.held), self.seconds * 0.05)
+
+
+def verify(samples: Sequence[StepSample], predicted_batch: float, predicted: PredictedStep, retractions: int = 0,
            queued: float = 0.0, window_batch_share: float = 0.5) -> Verification:
     """Compare the window's steady part (the samples at or above `window_batch_share` of the largest batch, past the
-    ramp) with the plan."""
+    ramp) with the plan: its batch, and its step at the context the server reported (a run's first minutes hold
+    younger requests than the job's average, so a step compared at the plan's context would look fast)."""
     if not samples:
         raise ValueError("no samples in the verification window")
     top = max(s.batch for s in samples)
     steady = [s for s in samples if s.batch >= window_batch_share * top]
     batch = statistics.median(s.batch for s in steady)
     step = statistics.median(s.step_seconds for s in steady)
+    context = statistics.median(s.context_tokens for s in steady)
+    predicted_step = predicted.at(context)
     ok = abs(batch / predicted_batch - 1) <= TOLERANCE and abs(step / predicted_step - 1) <= TOLERANCE
-    return Verification(ok, predicted_batch, batch, predicted_step, step, retractions, queued)
+    return Verification(ok, predicted_batch, batch, predicted_step, step, retractions, queued,
+                        context if predicted.scales else None)
 
 
 @dataclass(frozen=True)

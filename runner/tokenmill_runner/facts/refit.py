@@ -102,7 +102,12 @@ def refit(step: StepModel, samples: Sequence[StepSample]) -> Refit:
                    dp_scale=solved.get("dp", 1.0), samples=len(usable), error_before=_error(step, usable),
                    error_after=0.0, fitted=tuple(present))
     after = replace(step, calibration=fitted.calibration(step.calibration))
-    return replace(fitted, error_after=_error(after, usable))
+    error_after = _error(after, usable)
+    if error_after > fitted.error_before + 1e-9:
+        # The fit explains the pairs worse than the plan (a multiplier held at its floor, pairs the model's
+        # parts cannot tell apart): the plan's constants stay, rather than worse ones kept for the cluster.
+        return Refit(1.0, 1.0, 1.0, len(usable), fitted.error_before, fitted.error_before, ())
+    return replace(fitted, error_after=error_after)
 
 
 def refitted(step: StepModel, result: Refit) -> StepModel:
