@@ -100,18 +100,20 @@ def _simulator(cluster, namespace: str, port: int, time_scale: float, step_time:
     return SimServer(config, port=port, step_time=step_time)
 
 
-def _ramp(url: str, api_key: str, stop: threading.Event, levels: tuple[int, ...], hold_s: float) -> None:
+def _ramp(url: str, api_key: str, stop: threading.Event, levels: tuple[int, ...], hold_s: float,
+          max_new_tokens: int = 64) -> None:
     """Requests in flight rising 1, 2, 4, 8 (hold_s each): the distinct batches the refit needs to tell the
     collectives (linear in the batch) from the expert reads (saturating), as the unit tests' ramp."""
-    body = {"input_ids": list(range(100, 400)), "sampling_params": {"max_new_tokens": 64, "ignore_eos": True}}
+    body = {"input_ids": list(range(100, 400)),
+            "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True}}
 
     def one() -> None:
-        with httpx.Client(base_url=url, timeout=60, headers={"Authorization": f"Bearer {api_key}"}) as client:
+        with httpx.Client(base_url=url, timeout=600, headers={"Authorization": f"Bearer {api_key}"}) as client:
             while not stop.is_set():
                 try:
                     client.post("/generate", json=body)
-                except httpx.HTTPError:
-                    time.sleep(0.05)
+                except httpx.HTTPError:  # the simulator is being replaced for the next layout
+                    stop.wait(0.05)
 
     threads: list[threading.Thread] = []
     for level in levels:
@@ -120,28 +122,13 @@ def _ramp(url: str, api_key: str, stop: threading.Event, levels: tuple[int, ...]
             threads[-1].start()
         if stop.wait(hold_s):
             break
-    stop.wait()
-    for thread in threads:
-        thread.join(timeout=60)
+    stop.wait()  # the threads end at their next request once stopped
 
 
 def _load(url: str, api_key: str, stop: threading.Event, in_flight: int) -> None:
     """`in_flight` requests at all times, each long (4,096 tokens: seconds of wall time even on the fastest layout),
     so the client's own overhead never empties the simulator's queue and every candidate's batch stays full."""
-    body = {"input_ids": list(range(100, 400)), "sampling_params": {"max_new_tokens": 4096, "ignore_eos": True}}
-
-    def one() -> None:
-        with httpx.Client(base_url=url, timeout=600, headers={"Authorization": f"Bearer {api_key}"}) as client:
-            while not stop.is_set():
-                try:
-                    client.post("/generate", json=body)
-                except httpx.HTTPError:  # the simulator is being replaced for the next layout
-                    stop.wait(0.1)
-
-    threads = [threading.Thread(target=one, daemon=True) for _ in range(in_flight)]
-    for thread in threads:
-        thread.start()
-    stop.wait()
+    _ramp(url, api_key, stop, (in_flight,), 0.0, max_new_tokens=4096)
 
 
 class MetricsGate:
