@@ -248,7 +248,7 @@ def child_runner(uri: str, endpoint: str | None, source: str, worker: int, worke
     runner = SimpleNamespace(config=config, _settled_lines=[])
     wanted = Runner._wanted.__get__(runner)
     started = time.perf_counter()
-    first = next((item.line for item in read_prompts(source, "jsonl", wanted=lambda line: wanted(state, line))), None)
+    first = next((item.line for item in read_prompts(source, "jsonl", wanted=lambda line: wanted(state, False, line))), None)
     Runner._count_settled_lines.__get__(runner)(state)
     return {"startup": startup, "first_unsettled_line": first, "skipped": state.skipped,
             "to_first_unsettled_s": round(time.perf_counter() - started, 3), "markers": state.commits.markers}
