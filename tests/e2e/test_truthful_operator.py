@@ -68,8 +68,10 @@ def test_samples_lowered_over_a_run_killed_part_way_does_not_end_succeeded(clust
     # Review 1 on the API server: 75 prompts at samples 4, every worker killed after its 4th shard of 10 (at least
     # 160 of 300 slots committed, more than the 150 slots of samples 2), samples lowered to 2, and the new Job's
     # runners stop before generating anything (the server is gone). Counting outcomes said 160 >= 150: Succeeded.
+    # Shards close at 10 samples only (an hour's shardMaxSeconds, not the example's 60 s): in a loaded CI run the
+    # 4 killed workers' 16 markers once held 158 slots, a shard closed short by its timer.
     resource = b5_resource(namespace, s3_world, **{"datasets.0.samples": 4, "runner.shardMaxSamples": 10,
-                                                   "runner.outageBudgetSeconds": 1})
+                                                   "runner.shardMaxSeconds": 3600, "runner.outageBudgetSeconds": 1})
     cluster.apply(resource)
     first = started(cluster, namespace)
     with simulator_for(cluster, namespace) as simulator:
