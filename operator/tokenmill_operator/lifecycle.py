@@ -35,7 +35,7 @@ from .status import (
     TrialStatus,
     VerificationStatus,
 )
-from .trialling import sample_of
+from .trialling import sample_token
 
 __all__ = ["Decision", "Event", "JobState", "Observed", "ProgressFacts", "RetryDecision", "ServerState", "blocked",
            "cannot_observe", "decide", "identity_change", "plan_retry", "reopen", "set_condition"]
@@ -227,8 +227,7 @@ def layout_token(previous: DatasetGenerationStatus, planned_generation: int | No
 def trial_sample_token(previous: DatasetGenerationStatus, planned_generation: int | None) -> str:
     """The runner Job's share of the measured trial: the --trial-sample of the kept trial's candidate (its JSON),
     else empty."""
-    sample = sample_of(kept_trial(previous, planned_generation))
-    return sample.token() if sample is not None else ""
+    return sample_token(kept_trial(previous, planned_generation))
 
 
 def verification_key(previous: DatasetGenerationStatus, planned_generation: int | None) -> tuple[int, str]:

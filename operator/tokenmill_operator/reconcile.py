@@ -652,10 +652,9 @@ def _apply(kube: Kube, context: Context, decision: Decision, plan: ServerPlan | 
             _ensure_shared_cache(kube, context, plan, settings)
         override = decision.status.layout_override  # the plan's, kept while it is this generation's
         states = decision.status.states_pass
-        sample = trialling.sample_of(decision.status.trial)
         _ensure_children(kube, context, plan, settings, decision.server_replicas if facts.cache_ready else 0,
                          decision.create_job, retry_token, override.token if override is not None else "",
-                         states.kind if states is not None else None, sample.token() if sample is not None else "")
+                         states.kind if states is not None else None, trialling.sample_token(decision.status.trial))
     if job is None or decision.replace_job or job.finished or job.deleting:
         return
     if job.suspended != decision.suspend_job:

@@ -219,3 +219,9 @@ def sample_of(trial: TrialStatus | None) -> TrialSample | None:
     return TrialSample(seed=str(trial.generation), candidate=index, candidates=len(trial.candidates),
                        prompts=trial.sample_prompts,
                        output_tokens={name: float(v) for name, v in trial.sample_output_tokens.items()})
+
+
+def sample_token(trial: TrialStatus | None) -> str:
+    """sample_of as the runner Job's hash and command line carry it (its JSON), else empty."""
+    sample = sample_of(trial)
+    return sample.token() if sample is not None else ""
