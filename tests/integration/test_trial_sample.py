@@ -141,6 +141,6 @@ def test_each_candidate_sends_its_own_stratified_sample_first_and_every_slot_is_
     own = [row for row in second if row not in done]
     assert len(own) >= len(second) - 3 and later[:len(own)] == own, (later[:len(own)], own)
     # After its sample, each Job goes on with the job's own order: the long dataset's rows, then the short one's.
-    rest = [row for row in later[len(second):]]
+    rest = later[len(second):]
     assert rest and rest == sorted(rest, key=lambda row: row[0] != "long")
     assert 21 not in {line for name, line in order if name == "long"}  # the blank line is no row

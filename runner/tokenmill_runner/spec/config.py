@@ -37,8 +37,9 @@ class TrialSample(BaseModel):
 
     @classmethod
     def parse(cls, text: str) -> TrialSample:
-        if len(text.encode()) > TRIAL_SAMPLE_BYTES:
-            raise ValueError(f"--trial-sample: {len(text.encode()):,} bytes, over the {TRIAL_SAMPLE_BYTES:,} allowed")
+        size = len(text.encode())
+        if size > TRIAL_SAMPLE_BYTES:
+            raise ValueError(f"--trial-sample: {size:,} bytes, over the {TRIAL_SAMPLE_BYTES:,} allowed")
         return cls.model_validate_json(text)
 
     def token(self) -> str:
