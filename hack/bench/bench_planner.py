@@ -37,12 +37,10 @@ from tokenmill_runner.facts.calibration import (  # noqa: E402
     load_records,
     predict,
 )
-from tokenmill_runner.facts.intervals import class_table  # noqa: E402
 from tokenmill_runner.facts.throughput import CALIBRATION, Calibration  # noqa: E402
 
 RECORDS = REPO / "docs" / "throughput-calibration.yaml"
 MODELS = REPO / "tests" / "fixtures" / "models"
-INTERVALS = REPO / "runner" / "tokenmill_runner" / "facts" / "data" / "intervals.json"
 
 
 def fixture_models() -> dict[str, dict[str, Any]]:
@@ -90,6 +88,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "request_s": (1e-9, 20e-6),
     "dp_attention_layer_s": (1e-9, 500e-6),
     "collective_nvlink_s": (5e-6, 60e-6),
+    "gddr_step_speed": (0.5, 2.0),
 }
 FITTED = tuple(BOUNDS)
 
@@ -267,20 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loso", action="store_true", help="leave one source out: refit without it, predict it")
     parser.add_argument("--by", choices=("document", "publisher"), default="document", help="what a source is")
     parser.add_argument("--seeds", action="store_true", help="plan the seeds' job and compare with their run")
-    parser.add_argument("--intervals", action="store_true", help="write the held-out ratios per hardware class "
-                        "(runner/tokenmill_runner/facts/data/intervals.json), the planner's prediction intervals")
     args = parser.parse_args(argv)
     records = load_records(yaml.safe_load(RECORDS.read_text()), fixture_models())
-    if args.intervals:
-        held = [row for _, rows in leave_one_source_out(records, args.by) for row in rows]
-        table = class_table([(r.record.id, source_of(r.record, args.by), r.record.gpu, r.record.layout,
-                              1.0 / r.ratio) for r in held])
-        INTERVALS.write_text(json.dumps(table, indent=1) + "\n")
-        for name, entry in table["classes"].items():
-            ratios = entry["ratios"]
-            print(f"{name:<14} {len(ratios):>3} records, published/predicted {min(ratios):.2f}-{max(ratios):.2f}, "
-                  f"layouts {', '.join(entry['kinds'])}")
-        return 0
     if args.loso or args.seeds:
         print("\n\n".join(([loso_table(records, args.by)] if args.loso else [])
                           + ([seeds_case()] if args.seeds else [])))

@@ -19,6 +19,10 @@ LinkKind = Literal["nvlink", "xgmi", "pcie", "network"]
 
 GB = 1e9
 
+# Memory bandwidth that separates the two memory kinds: every HBM product the facts list is above, every GDDR one
+# below. The throughput model and its intervals treat the kinds apart (throughput.Calibration.gddr_step_speed).
+HBM_BANDWIDTH = 2e12  # bytes/s
+
 # Between the nodes of a replica when the scale-up domain ends at the node: one 400 Gb/s NIC per GPU (ConnectX-7
 # class InfiniBand or RoCE), the common build of GPU nodes for multi-node serving. An assumption, not a measurement.
 NETWORK_GBPS_PER_GPU = 50.0
@@ -60,6 +64,10 @@ class Gpu:
     pcie_bandwidth: float  # bytes/s per direction
     rocm_family: str | None = None  # SGLang's ROCm image family (mi30x, mi35x) for AMD products
     sources: tuple[str, ...] = ()
+
+    @property
+    def memory_kind(self) -> Literal["hbm", "gddr"]:
+        return "hbm" if self.memory_bandwidth >= HBM_BANDWIDTH else "gddr"
 
     @property
     def label_key(self) -> str:

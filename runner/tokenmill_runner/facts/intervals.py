@@ -1,20 +1,27 @@
-"""The range a prediction is expected in: the throughput model's errors on published records of the same hardware
-class, each record predicted with the constants refitted without its own source (leave one source out,
-hack/bench/bench_planner.py --intervals writes data/intervals.json). Pure.
+"""The range a prediction is expected in, built to contain the published figure at a stated coverage. Pure.
 
-A hardware class is the memory (HBM, or GDDR at under 2 TB/s) and the link tensor parallelism runs over, because
-the fit's errors are skewed by it: every RTX PRO 6000 record is under-predicted while large-batch decode on
-HBM/NVLink GPUs is over-predicted. The interval is the class's held-out ratios (published / predicted) from the
-smallest to the largest (few records: the extremes, not quantiles), around the point prediction. When no record
-of the class runs the layout's kind (DP attention, or plain TP) over that link, the interval is widened
-by half its log-spread on each side and says so: "DP attention over PCIe: unmeasured". With no record of the class at
-all, the whole set's errors stand in, widened the same way.
+The evidence is the throughput model's held-out errors: each fitted record of docs/throughput-calibration.yaml
+predicted with the constants refitted without its own source (leave one source out), as published / predicted,
+grouped by hardware class: the memory (HBM, or GDDR at under 2 TB/s) and the link tensor parallelism runs over
+(data/intervals.json, written by hack/bench/bench_intervals.py --write).
+
+The interval is a split-conformal one: for a stated coverage c (COVERAGE, 80 %) and n held-out ratios of the class,
+it runs from the k-th smallest to the m-th smallest, k = floor((n + 1)(1 - c) / 2) and m = ceil((n + 1)(1 + c) / 2),
+the ranks at which a new figure exchangeable with those n falls inside with probability at least c. A class with too
+few records for those ranks (k < 1 or m > n) takes every class's ratios instead, widened by half their log-spread on
+each side, and says so; so does a layout whose kind (DP attention, or plain TP) no record of the class measures
+over that link ("DP attention over PCIe: unmeasured").
+
+Whether the construction holds is measured, not assumed (`loso_coverage`): each public source is left out in turn,
+the intervals are rebuilt from the other sources' ratios, and the left-out source's ratios are checked against
+them. The share contained per class is stored beside the ratios and printed beside every interval.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -23,13 +30,13 @@ from typing import Any
 from .hardware import Gpu
 from .throughput import Layout
 
-HBM_BANDWIDTH = 2e12  # bytes/s: every HBM product the facts list is above, every GDDR one below
+COVERAGE = 0.8  # the share of published figures an interval is built to contain
 UNMEASURED_WIDEN = 0.5  # of the log-spread, added on each side
 KIND_NAMES = {"dp-attention": "DP attention", "tp": "TP", "single": "one GPU"}
 
 
 def hardware_class(gpu: Gpu) -> str:
-    return f"{'hbm' if gpu.memory_bandwidth >= HBM_BANDWIDTH else 'gddr'}-{gpu.scale_up.kind}"
+    return f"{gpu.memory_kind}-{gpu.scale_up.kind}"
 
 
 def layout_kind(layout: Layout) -> str:
@@ -43,6 +50,28 @@ class Interval:
     low: float  # multiplier on the predicted rate
     high: float
     basis: str
+    coverage: float = COVERAGE  # what the interval is built to contain
+    contained: int | None = None  # held-out figures of the class it contained when their source was left out
+    tested: int | None = None  # of how many
+
+    @property
+    def measured(self) -> str:
+        """'contained 23 of 27 held-out figures (85 %)', or '' when the table carries no measurement."""
+        if not self.tested or self.contained is None:
+            return ""
+        return (f"contained {self.contained} of {self.tested} held-out figures "
+                f"({self.contained / self.tested:.0%})")
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """One fitted record predicted without its own source: its published / predicted ratio."""
+
+    record: str
+    source: str
+    gpu: Gpu
+    layout: Layout
+    ratio: float
 
 
 @cache
@@ -51,38 +80,84 @@ def _table() -> dict[str, Any]:
     return table
 
 
-def interval(gpu: Gpu, layout: Layout, table: dict[str, Any] | None = None) -> Interval:
+def conformal_bounds(logs: Sequence[float], coverage: float) -> tuple[float, float] | None:
+    """The split-conformal ranks of `logs` for a two-sided interval at `coverage`, or None when there are too
+    few values for them."""
+    n = len(logs)
+    # The ranks are whole numbers computed in floats: 10 x 0.9 is 9.000000000000002, whose ceiling is not 9.
+    low_rank = math.floor((n + 1) * (1 - coverage) / 2 + 1e-9)
+    high_rank = math.ceil((n + 1) * (1 + coverage) / 2 - 1e-9)
+    if low_rank < 1 or high_rank > n:
+        return None
+    ordered = sorted(logs)
+    return ordered[low_rank - 1], ordered[high_rank - 1]
+
+
+def interval(gpu: Gpu, layout: Layout, table: dict[str, Any] | None = None,
+             coverage: float | None = None) -> Interval:
     """The range of the published/predicted ratio for a layout on this GPU."""
     data = table if table is not None else _table()
+    target = coverage if coverage is not None else data.get("coverage", COVERAGE)
     cls = hardware_class(gpu)
     kind = layout_kind(layout)
     entry = data["classes"].get(cls)
-    ratios = entry["ratios"] if entry else [r for e in data["classes"].values() for r in e["ratios"]]
-    logs = [math.log(r) for r in ratios]
-    low, high = min(logs), max(logs)
-    # The interval always holds the point itself: a class all under-predicted still may not be.
-    low, high = min(low, 0.0), max(high, 0.0)
-    measured = bool(entry) and kind in entry["kinds"]
+    every = [math.log(r) for e in data["classes"].values() for r in e["ratios"]]
+    own = [math.log(r) for r in entry["ratios"]] if entry else []
+    bounds = conformal_bounds(own, target)
     link = "PCIe" if gpu.scale_up.kind == "pcie" else gpu.scale_up.kind
-    basis = (f"{len(ratios)} held-out records of {cls if entry else 'every class'} "
-             f"({', '.join(sorted(entry['sources'])) if entry else 'no record of ' + cls}), each predicted with the "
-             f"constants refitted without its source")
-    if not measured and kind != "single":
+    widen = False
+    if bounds is not None:
+        basis = (f"{len(own)} held-out records of {cls} ({', '.join(sorted(entry['sources']))}), each predicted "
+                 "with the constants refitted without its source")
+    else:
+        widen = True
+        pooled = conformal_bounds(every, target) or (min(every), max(every))
+        bounds = pooled
+        basis = (f"{len(own)} held-out records of {cls}, too few for a {target:.0%} interval: the {len(every)} of "
+                 "every class, widened by half their spread on each side")
+    low, high = min(bounds[0], 0.0), max(bounds[1], 0.0)  # the interval always holds the point itself
+    if entry is None or (kind not in entry["kinds"] and kind != "single"):
+        widen = True
+        basis += f"; {KIND_NAMES[kind]} over {link}: unmeasured, widened by half the spread on each side"
+    if widen:
         spread = (high - low) * UNMEASURED_WIDEN
         low, high = low - spread, high + spread
-        basis += f"; {KIND_NAMES[kind]} over {link}: unmeasured, widened by half the spread on each side"
-    return Interval(math.exp(low), math.exp(high), basis)
+    measured = (entry or {}).get("coverage") or {}
+    return Interval(math.exp(low), math.exp(high), basis, target, measured.get("contained"), measured.get("tested"))
 
 
-def class_table(rows: list[tuple[str, str, Gpu, Layout, float]]) -> dict[str, Any]:
-    """data/intervals.json from held-out rows (record id, source, GPU, layout, published / predicted)."""
+def class_table(rows: Sequence[HeldOut], coverage: float = COVERAGE) -> dict[str, Any]:
+    """data/intervals.json from held-out rows (without the coverage measurement: `with_coverage` adds it)."""
     classes: dict[str, dict[str, Any]] = {}
-    for ident, source, gpu, layout, ratio in sorted(rows, key=lambda r: r[0]):
-        entry = classes.setdefault(hardware_class(gpu), {"records": [], "ratios": [], "kinds": [], "sources": []})
-        entry["records"].append(ident)
-        entry["ratios"].append(round(ratio, 4))
-        if layout_kind(layout) not in entry["kinds"]:
-            entry["kinds"].append(layout_kind(layout))
-        if source not in entry["sources"]:
-            entry["sources"].append(source)
-    return {"generated_by": "hack/bench/bench_planner.py --intervals", "classes": classes}
+    for row in sorted(rows, key=lambda r: r.record):
+        entry = classes.setdefault(hardware_class(row.gpu), {"records": [], "ratios": [], "kinds": [], "sources": []})
+        entry["records"].append(row.record)
+        entry["ratios"].append(round(row.ratio, 4))
+        if layout_kind(row.layout) not in entry["kinds"]:
+            entry["kinds"].append(layout_kind(row.layout))
+        if row.source not in entry["sources"]:
+            entry["sources"].append(row.source)
+    return {"generated_by": "hack/bench/bench_intervals.py --write", "coverage": coverage, "classes": classes}
+
+
+def loso_coverage(rows: Sequence[HeldOut], coverage: float = COVERAGE) -> dict[str, tuple[int, int]]:
+    """Per hardware class, (contained, tested): each source left out in turn, its held-out ratios checked against
+    the intervals the other sources' ratios give."""
+    result: dict[str, list[int]] = {}
+    for source in sorted({row.source for row in rows}):
+        table = class_table([row for row in rows if row.source != source], coverage)
+        for row in rows:
+            if row.source != source:
+                continue
+            found = interval(row.gpu, row.layout, table, coverage)
+            counts = result.setdefault(hardware_class(row.gpu), [0, 0])
+            counts[0] += found.low <= row.ratio <= found.high
+            counts[1] += 1
+    return {cls: (inside, tested) for cls, (inside, tested) in result.items()}
+
+
+def with_coverage(table: dict[str, Any], measured: dict[str, tuple[int, int]]) -> dict[str, Any]:
+    """The table with each class's measured coverage beside its ratios."""
+    classes = {cls: {**entry, "coverage": {"contained": measured[cls][0], "tested": measured[cls][1]}}
+               if cls in measured else entry for cls, entry in table["classes"].items()}
+    return {**table, "classes": classes}

@@ -51,22 +51,28 @@ class Layout:
 class Calibration:
     """The fitted constants (hack/bench/bench_planner.py --fit; values and errors in docs/throughput.md)."""
 
-    memory_efficiency: float = 0.90  # share of the spec-sheet bandwidth dense reads (weights, KV) reach
-    moe_memory_efficiency: float = 0.586  # the same for 16-bit routed experts: fused MoE kernels, few tokens each
-    quantized_moe_memory_efficiency: float = 0.409  # for fp8/int4/fp4 experts, dequantized inside the MoE kernel
+    memory_efficiency: float = 0.774  # share of the spec-sheet bandwidth dense reads (weights, KV) reach
+    moe_memory_efficiency: float = 0.469  # the same for 16-bit routed experts: fused MoE kernels, few tokens each
+    quantized_moe_memory_efficiency: float = 0.411  # for fp8/int4/fp4 experts, dequantized inside the MoE kernel
     compute_efficiency: float = 0.75  # share of the dense tensor peak decode GEMMs reach
-    prefill_efficiency: float = 0.284  # share of the peak a prefill forward reaches (attention, chunking, launches)
+    prefill_efficiency: float = 0.290  # share of the peak a prefill forward reaches (attention, chunking, launches)
     layer_floor_s: float = 5e-6  # per layer and forward: kernel launches and small ops that no batch amortizes
-    mla_layer_floor_s: float = 5.8e-6  # more per MLA layer: its low-rank projections and rope are more kernels
-    step_floor_s: float = 1.07e-3  # per forward: scheduling and sampling of the batch as a whole
+    mla_layer_floor_s: float = 17.6e-6  # more per MLA layer: its low-rank projections and rope are more kernels
+    step_floor_s: float = 2.41e-3  # per forward: scheduling and sampling of the batch as a whole
     request_s: float = 0.0  # per running request, per layer and step: the fit finds none beyond the KV reads
-    dp_attention_layer_s: float = 108e-6  # per layer and step with DP attention: the gather/scatter around MoE
+    dp_attention_layer_s: float = 135e-6  # per layer and step with DP attention: the gather/scatter around MoE
     # Fixed latency of one all-reduce (or gather/scatter) of a decode step's small message, by link. NVLink's is
     # fitted (it carries most of the per-layer floor of a TP 8 server); Infinity Fabric has no record and takes
     # NVLink's; PCIe and the network between nodes have no record that constrains them: set a little above.
-    collective_nvlink_s: float = 48.7e-6
+    collective_nvlink_s: float = 26.6e-6
     collective_pcie_s: float = 60e-6
     collective_network_s: float = 50e-6
+    # GDDR cards (RTX PRO 6000: GDDR7 over PCIe) run a whole step this many times faster than the efficiencies fitted
+    # mostly on HBM GPUs predict from their spec sheet: every record on them was under-predicted (held out: 1.2-2.9x)
+    # while the HBM efficiency sat at its upper bound to meet them halfway. A class term, fitted on both of the
+    # sources that measure these cards; the records cannot split it into GDDR7's share of its bandwidth and the
+    # sm120 kernels' share of their peaks.
+    gddr_step_speed: float = 1.31
     # A measured correction of every collective's time (latency and bytes alike) on the cluster's link: 1 until a
     # run's first minutes refit it (facts/refit.py); the published records fix no PCIe figure.
     collective_scale: float = 1.0
@@ -175,6 +181,10 @@ class StepModel:
     chunk: int | None = None  # the per-group prefill chunk the plan sets; None: SGLang's tier default // groups
 
     @property
+    def _speed(self) -> float:
+        return self.calibration.gddr_step_speed if self.gpu.memory_kind == "gddr" else 1.0
+
+    @property
     def link(self) -> Link:
         span = self.layout.tp if self.nodes == 1 else max(self.layout.tp, self.gpu.scale_up_domain + 1)
         return self.gpu.link(span)
@@ -194,7 +204,7 @@ class StepModel:
         routed = weights.routed / self.layout.tp * experts_touched(self.model, tokens)
         moe = cal.moe_memory_efficiency if self.model.routed_bits >= 16 else cal.quantized_moe_memory_efficiency
         return ((dense + kv_bytes) / (cal.memory_efficiency * self.gpu.memory_bandwidth)
-                + routed / (moe * self.gpu.memory_bandwidth))
+                + routed / (moe * self.gpu.memory_bandwidth)) / self._speed
 
     def _gemm_flops(self, tokens: float) -> float:
         return 2.0 * self.model.active_params_per_token() * tokens / self.layout.tp
@@ -209,7 +219,7 @@ class StepModel:
         attention = _attention_flops_per_token(self.model, context_tokens) * batch / self.layout.tp
         cal = self.calibration
         return (self._gemm_flops(batch) / (cal.compute_efficiency * self.gpu.flops(self.model.compute_dtype))
-                + attention / (cal.compute_efficiency * self.gpu.flops("bf16")))
+                + attention / (cal.compute_efficiency * self.gpu.flops("bf16"))) / self._speed
 
     def _fixed_seconds(self, tokens: float) -> float:
         cal = self.calibration
@@ -218,11 +228,12 @@ class StepModel:
             per_layer += cal.mla_layer_floor_s
         if self.layout.attention_dp > 1:
             per_layer += cal.dp_attention_layer_s
-        return cal.step_floor_s + self.model.num_layers * per_layer
+        return (cal.step_floor_s + self.model.num_layers * per_layer) / self._speed
 
     def overhead_seconds(self, batch: float) -> float:
         per_group = batch / self.layout.attention_dp
-        return self._fixed_seconds(batch) + self.calibration.request_s * per_group * self.model.num_layers
+        return (self._fixed_seconds(batch)
+                + self.calibration.request_s * per_group * self.model.num_layers / self._speed)
 
     def step_seconds(self, batch: float, context_tokens: float) -> float:
         """One decode step with `batch` running requests holding `context_tokens` tokens each on average."""
@@ -240,12 +251,12 @@ class StepModel:
         dense = weights.attention / self.layout.attention_tp + (weights.dense + weights.lm_head) / self.layout.tp
         routed = weights.routed / self.layout.tp * experts_touched(self.model, batch)
         moe = cal.moe_memory_efficiency if self.model.routed_bits >= 16 else cal.quantized_moe_memory_efficiency
-        layers = self.model.num_layers
-        collectives = layers * _collectives(self.layout, self.link, batch, self.model, cal)
-        dp = layers * cal.dp_attention_layer_s if self.layout.attention_dp > 1 else 0.0
+        layers, speed = self.model.num_layers, self._speed
+        collectives = layers * _collectives(self.layout, self.link, batch, self.model, cal) / speed
+        dp = (layers * cal.dp_attention_layer_s if self.layout.attention_dp > 1 else 0.0) / speed
         fixed = self.overhead_seconds(batch) - collectives - dp
-        return StepParts(dense=(dense + kv) / (cal.memory_efficiency * self.gpu.memory_bandwidth),
-                         experts=routed / (moe * self.gpu.memory_bandwidth),
+        return StepParts(dense=(dense + kv) / (cal.memory_efficiency * self.gpu.memory_bandwidth) / speed,
+                         experts=routed / (moe * self.gpu.memory_bandwidth) / speed,
                          compute=self.compute_seconds(batch, context_tokens), collectives=collectives, dp=dp,
                          fixed=fixed)
 
@@ -258,7 +269,7 @@ class StepModel:
         tokens = max(tokens, 1.0)
         cal = self.calibration
         attention = _attention_flops_per_token(self.model, prompt_tokens / 2) * tokens / self.layout.tp
-        compute = (self._gemm_flops(tokens) + attention) / (cal.prefill_efficiency
+        compute = (self._gemm_flops(tokens) + attention) / (cal.prefill_efficiency * self._speed
                                                            * self.gpu.flops(self.model.compute_dtype))
         return max(self._read_seconds(tokens, 0.0), compute) + self._fixed_seconds(tokens)
 

@@ -651,6 +651,24 @@ class ResumableBody(io.RawIOBase):
         response = self.storage.get_object(self.key, self.offset, self.etag)
         self._body = response["Body"]
 
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.offset
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        """Move to a byte of the object: the body is reopened there with a ranged GET pinned to the first answer's
+        ETag (a planner's look at parts of a large source, a Parquet footer), never read through."""
+        target = {io.SEEK_SET: offset, io.SEEK_CUR: self.offset + offset, io.SEEK_END: self.size + offset}[whence]
+        target = max(0, target)
+        if target != self.offset:
+            self._close_body()
+            self.offset = target
+            if target < self.size:
+                self._body = self.storage.get_object(self.key, target, self.etag)["Body"]
+        return self.offset
+
     def _close_body(self) -> None:
         try:
             self._body.close()
