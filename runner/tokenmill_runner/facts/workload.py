@@ -1,10 +1,12 @@
 """What a job asks of a server: the samples, their prompt and output lengths, and how long a server layout takes
 to finish them, the draining tail included. Pure.
 
-Prompt lengths come from a bounded sample of each dataset's rows, tokenized at plan time (`LengthSample`, built by
-the plan's edge, operator/tokenmill_operator/workload_sample.py); without one, PROMPT_TOKENS_ESTIMATE stands in.
+Each dataset's rows are counted at plan time within a bound, or estimated past it (source/survey.py), and said
+which (`DatasetLoad.rows_how`); SAMPLES_ASSUMED stands in only where the source cannot be read, with why. Prompt
+lengths come from a bounded sample of each dataset's rows, tokenized at plan time (`LengthSample`, built by the
+plan's edge in the operator); without one, PROMPT_TOKENS_ESTIMATE stands in, again with why (`prompt_why`).
 Output lengths come from the sampled rows' earlier answers (the assistant turns being regenerated) when at least
-MIN_ANSWERS of them carry one; otherwise, unless a fixed length is given, each dataset's outputs follow the seeds'
+MIN_ANSWERS of them carry one, or when the sample is the whole dataset and most of its rows carry one; otherwise, unless a fixed length is given, each dataset's outputs follow the seeds'
 shape (DESIGN.md "Throughput: the tail decides the makespan": median ~470, p90 ~3,700, mean ~1,360 and 3 % at a
 10,240 cap): a log-normal with that median and p90, cut at the dataset's maxNewTokens (the cut share finishes with
 `length`). The tail matters twice: a long request holds its KV for a long time, so the requests running at any
@@ -36,7 +38,7 @@ SEEDS_SIGMA = math.log(SEEDS_P90_OUTPUT / SEEDS_MEDIAN_OUTPUT) / _Z90
 
 # Prompts are unknown before tokenizing: a flat estimate (the seeds' datasets averaged ~75 to ~1,130 tokens).
 PROMPT_TOKENS_ESTIMATE = 512
-# A dataset without `limit` has an unknown number of rows at plan time; ETAs assume this many.
+# A dataset whose source cannot be read at plan time (and has no `limit`) is counted as this many rows.
 SAMPLES_ASSUMED = 10_000
 # Earlier answers a sample needs before their lengths stand for the dataset's outputs: fewer leave the seeds' shape.
 MIN_ANSWERS = 50
@@ -69,6 +71,11 @@ class LengthSample:
     rows: int
     prompt_tokens: tuple[int, ...]
     answer_tokens: tuple[int, ...] = ()
+    whole: bool = False  # the sample holds every row of the dataset (a small source read to its end)
+    # No tokenizer was loaded (the operator never loads one): prompt_tokens are estimated from characters, and
+    # prompt_token_bounds are upper bounds (UTF-8 bytes and the template's tokens) the context length is sized from.
+    estimated: bool = False
+    prompt_token_bounds: tuple[int, ...] = ()
 
     @property
     def mean_prompt(self) -> int:
@@ -76,7 +83,8 @@ class LengthSample:
 
     @property
     def longest_prompt(self) -> int:
-        return max(self.prompt_tokens, default=0)
+        """The longest prompt in tokens; without a tokenizer, the longest bound (never less than the tokens)."""
+        return max(self.prompt_token_bounds or self.prompt_tokens, default=0)
 
     def describe(self) -> str:
         if not self.prompt_tokens:
@@ -84,6 +92,10 @@ class LengthSample:
         q = quantiles(self.prompt_tokens, 100)
         answers = (f"; {len(self.answer_tokens):,} earlier answers, median {quantiles(self.answer_tokens, 100)[50]:,}"
                    if self.answer_tokens else "; no earlier answers")
+        if self.estimated:
+            return (f"{len(self.prompt_tokens):,} rows read, no tokenizer: prompt mean ~{self.mean_prompt:,} tokens "
+                    f"from characters (4 a token), median ~{q[50]:,}, p90 ~{q[90]:,}, longest at most "
+                    f"{self.longest_prompt:,} (its bytes){answers}")
         return (f"{len(self.prompt_tokens):,} rows tokenized: prompt mean {self.mean_prompt:,}, median {q[50]:,}, "
                 f"p90 {q[90]:,}, max {self.longest_prompt:,}{answers}")
 
@@ -94,11 +106,19 @@ class DatasetLoad:
 
     name: str
     samples: int
-    samples_known: bool  # False: no `limit`, SAMPLES_ASSUMED stands in
+    samples_known: bool  # False: neither a limit nor a count of the source's rows (SAMPLES_ASSUMED, or an estimate)
     max_new_tokens: int
     prompt_tokens: int = PROMPT_TOKENS_ESTIMATE
     output_tokens: int | None = None  # a fixed output length (tokenmill plan --output-tokens), else the seeds' shape
     sample: LengthSample | None = None  # the dataset's tokenized sample, when the plan read one
+    # How the rows were found: "counted: 80 rows", "estimated: ~1.2M rows from ...", "the limit", or why they are
+    # assumed ("assumed: cannot read s3://...: ..."). None: nobody looked (a fixed workload, an old caller).
+    rows_how: str | None = None
+    prompt_why: str | None = None  # why the prompt lengths are the flat estimate, when no sample was tokenized
+
+    @property
+    def rows_estimated(self) -> bool:
+        return bool(self.rows_how and self.rows_how.startswith("estimated"))
 
     @property
     def prompt_sampled(self) -> bool:
@@ -111,7 +131,12 @@ class DatasetLoad:
 
     @property
     def outputs_from_answers(self) -> bool:
-        return self.output_tokens is None and self.sample is not None and len(self.sample.answer_tokens) >= MIN_ANSWERS
+        """Earlier answers stand for the outputs when there are enough of them, or when the sample is the whole
+        (small) dataset and most of its rows carry one: then they are not a sample but the answers themselves."""
+        if self.output_tokens is not None or self.sample is None or not self.sample.answer_tokens:
+            return False
+        answers = len(self.sample.answer_tokens)
+        return answers >= MIN_ANSWERS or (self.sample.whole and 2 * answers >= self.sample.rows)
 
     @property
     def longest_prompt(self) -> int:

@@ -13,7 +13,7 @@ import hashlib
 import io
 import re
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -28,20 +28,23 @@ FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".jsonl.gz")
 SHARD_FOLDERS = ("", "data/")  # where a dataset folder keeps its shards, in the order they are looked for
 
 
-def _folder_storage(source: str, endpoint: str | None) -> Storage | None:
+def _folder_storage(source: str, endpoint: str | None, credentials: Mapping[str, str] | None = None,
+                    region: str | None = None) -> Storage | None:
     """The storage rooted at the source when it names a folder, else None."""
     if source.lower().endswith(FILE_SUFFIXES):
         return None
     if source.startswith("s3://"):
-        return open_storage(source.rstrip("/") + "/", endpoint)
+        return open_storage(source.rstrip("/") + "/", endpoint, region, credentials)
     local = Path(source.removeprefix("file://"))
     return open_storage(str(local), endpoint) if local.is_dir() else None
 
 
-def parquet_shards(source: str, endpoint: str | None = None) -> list[str] | None:
+def parquet_shards(source: str, endpoint: str | None = None, credentials: Mapping[str, str] | None = None,
+                   region: str | None = None) -> list[str] | None:
     """The shard keys (relative to the folder, in name order) when `source` is a dataset folder, else None. A folder
-    without shards is an error that says where tokenmill looked."""
-    storage = _folder_storage(source, endpoint)
+    without shards is an error that says where tokenmill looked. `credentials` read another account's store (the
+    operator's plan reads a tenant's sources with the tenant's Secret); the default is the environment's."""
+    storage = _folder_storage(source, endpoint, credentials, region)
     if storage is None:
         return None
     for folder in SHARD_FOLDERS:
@@ -54,10 +57,12 @@ def parquet_shards(source: str, endpoint: str | None = None) -> list[str] | None
     raise FileNotFoundError(f"{source}: a folder without *.parquet or data/*.parquet shards")
 
 
-def source_format(source: str, declared: str = "auto", endpoint: str | None = None) -> str:
+def source_format(source: str, declared: str = "auto", endpoint: str | None = None,
+                  credentials: Mapping[str, str] | None = None, region: str | None = None) -> str:
     if declared != "auto":
         return declared
-    if source.rstrip("/").lower().endswith(".parquet") or parquet_shards(source, endpoint) is not None:
+    if (source.rstrip("/").lower().endswith(".parquet")
+            or parquet_shards(source, endpoint, credentials, region) is not None):
         return "parquet"
     return "jsonl"
 

@@ -24,7 +24,7 @@ import io
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -105,9 +105,17 @@ def _size(handle: IO[bytes]) -> int | None:
         return None
 
 
-def _open(source: str, endpoint: str | None) -> IO[bytes]:
-    parent, name = split_uri(source)
-    return open_storage(parent, endpoint).open_read(name)
+@dataclass(frozen=True)
+class _Store:
+    """Where the sources are read from: the endpoint, and another account's credentials when given."""
+
+    endpoint: str | None
+    credentials: Mapping[str, str] | None = None
+    region: str | None = None
+
+    def open(self, source: str) -> IO[bytes]:
+        parent, name = split_uri(source)
+        return open_storage(parent, self.endpoint, self.region, self.credentials).open_read(name)
 
 
 @dataclass
@@ -145,10 +153,10 @@ def _read_lines(stream: Any, budget: int, limit: int | None, first_line: int, th
     return stretch
 
 
-def _jsonl(source: str, endpoint: str | None, limit: int | None, bounds: SurveyBounds, max_line: int,
+def _jsonl(source: str, store: _Store, limit: int | None, bounds: SurveyBounds, max_line: int,
            deadline: Callable[[], bool]) -> tuple[int, bool, str, list[tuple[int, bytes]]]:
     thinning = _Thinning(bounds.sample_rows)
-    with _open(source, endpoint) as handle:
+    with store.open(source) as handle:
         size = _size(handle)
         head = handle.peek(4)[:4] if hasattr(handle, "peek") else b""
         compressed = head.startswith((GZIP_MAGIC, ZSTD_MAGIC))
@@ -192,17 +200,17 @@ def _jsonl(source: str, endpoint: str | None, limit: int | None, bounds: SurveyB
                 f"read in {index + 1} stretches spread over {size / 1e6:,.1f} MB", thinning.sample())
 
 
-def _parquet(source: str, endpoint: str | None, limit: int | None, bounds: SurveyBounds, bound: RowBound | None,
+def _parquet(source: str, store: _Store, limit: int | None, bounds: SurveyBounds, bound: RowBound | None,
              deadline: Callable[[], bool]) -> tuple[int, bool, str, list[tuple[int, Any]]]:
     from .parquet_rows import OversizeRow, bounded_rows, open_parquet
 
-    shards = parquet_shards(source, endpoint)
+    shards = parquet_shards(source, store.endpoint, store.credentials, store.region)
     files = [source] if shards is None else [f"{source.rstrip('/')}/{shard}" for shard in shards]
     thinning_rows: list[tuple[int, Any]] = []
     total = 0
     read_bytes = 0
     for path in files:
-        with _open(path, endpoint) as handle:
+        with store.open(path) as handle:
             parquet = open_parquet(handle)
             rows = parquet.file.metadata.num_rows
             if read_bytes < bounds.max_bytes and len(thinning_rows) < bounds.sample_rows and not deadline():
@@ -222,18 +230,21 @@ def _parquet(source: str, endpoint: str | None, limit: int | None, bounds: Surve
 def survey_source(source: str, fmt: str, endpoint: str | None = None, limit: int | None = None,
                   layout: RowLayout = DEFAULT_LAYOUT, bound: RowBound | None = None,
                   bounds: SurveyBounds = SurveyBounds(),
-                  clock: Callable[[], float] = time.monotonic) -> SourceSurvey:
-    """The dataset's rows (its limit applied) and a sample of its prompts, within `bounds`."""
+                  clock: Callable[[], float] = time.monotonic, credentials: Mapping[str, str] | None = None,
+                  region: str | None = None) -> SourceSurvey:
+    """The dataset's rows (its limit applied) and a sample of its prompts, within `bounds`. `credentials` read
+    another account's store (the operator reads a tenant's sources with the tenant's Secret)."""
     started = clock()
+    store = _Store(endpoint, credentials, region)
 
     def deadline() -> bool:
         return clock() - started >= bounds.seconds
 
     max_line = bound.max_bytes if bound is not None else RowBound.of(None).max_bytes
     if fmt == "parquet":
-        rows, exact, how, raw_rows = _parquet(source, endpoint, limit, bounds, bound, deadline)
+        rows, exact, how, raw_rows = _parquet(source, store, limit, bounds, bound, deadline)
     else:
-        rows, exact, how, raw_rows = _jsonl(source, endpoint, limit, bounds, max_line, deadline)
+        rows, exact, how, raw_rows = _jsonl(source, store, limit, bounds, max_line, deadline)
     if not exact and limit is not None and rows >= limit:
         rows, how = limit, f"the limit, {limit:,} rows ({how})"
     sample: list[Prompt] = []
