@@ -4,11 +4,12 @@ to finish them, the draining tail included. Pure.
 Each dataset's rows are counted at plan time within a bound, or estimated past it (source/survey.py), and said
 which (`DatasetLoad.rows_how`); SAMPLES_ASSUMED stands in only where the source cannot be read, with why. Prompt
 lengths come from a bounded sample of each dataset's rows, tokenized at plan time (`LengthSample`, built by the
-plan's edge in the operator); without one, PROMPT_TOKENS_ESTIMATE stands in, again with why (`prompt_why`).
-Output lengths come from the sampled rows' earlier answers (the assistant turns being regenerated) when at least
-MIN_ANSWERS of them carry one, or when the sample is the whole dataset and most of its rows carry one; otherwise, unless a fixed length is given, each dataset's outputs follow the seeds'
-shape (DESIGN.md "Throughput: the tail decides the makespan": median ~470, p90 ~3,700, mean ~1,360 and 3 % at a
-10,240 cap): a log-normal with that median and p90, cut at the dataset's maxNewTokens (the cut share finishes with
+plan's edge, operator/tokenmill_operator/observe/workload_sample.py); without one, PROMPT_TOKENS_ESTIMATE stands
+in, again with why (`prompt_why`). Output lengths come from the sampled rows' earlier answers (the assistant turns
+being regenerated) when at least MIN_ANSWERS of them carry one, or when the sample is the whole dataset and most of
+its rows carry one; otherwise, unless a fixed length is given, each dataset's outputs follow the seeds' shape
+(DESIGN.md "Throughput: the tail decides the makespan": median ~470, p90 ~3,700, mean ~1,360 and 3 % at a 10,240
+cap): a log-normal with that median and p90, cut at the dataset's maxNewTokens (the cut share finishes with
 `length`). The tail matters twice: a long request holds its KV for a long time, so the requests running at any
 moment are longer than the average one (the batch the KV cache holds is smaller), and the last minutes of a job
 are a few long requests on an otherwise idle server.
