@@ -9,17 +9,20 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import replace
 
 import orjson
 import yaml
 
-from tokenmill_runner.spec.resource import SpecError, load_spec_file
+from tokenmill_runner.facts.workload import Workload
+from tokenmill_runner.source.survey import SurveyBounds
+from tokenmill_runner.spec.resource import DatasetGenerationSpec, SpecError, load_spec_file
 
 from .decide import cache, kueue, manifests, names
-from .decide.planner import render_plan, workload
+from .decide.planner import model_facts, plan_server, render_plan, workload
 from .observe.hidden_states_plan import HiddenStatesPlanError, hidden_states_plan, render_hidden_states
-from .observe.model_files import make_plan
-from .observe.workload_sample import sampled_workload
+from .observe.model_files import files_or_known
+from .observe.workload_sample import SurveyReader, surveyed_workload
 
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
 
@@ -31,24 +34,36 @@ def register(commands: argparse._SubParsersAction) -> None:
     plan.add_argument("--s3-endpoint", metavar="URL", help="S3 endpoint for the model files")
     plan.add_argument("--runner-image", default="ghcr.io/tokenmill/tokenmill-runner:0.1.0", help="runner image to show")
     plan.add_argument("--model-files", metavar="DIR|S3", help="read config.json and model.safetensors.index.json "
-                      "from here instead of spec.model.path (plan before the weights are uploaded)")
+                      "from here instead of spec.model.path (plan before the weights are uploaded; without it and "
+                      "without the files, the facts tokenmill ships for the model are used when it knows it)")
     plan.add_argument("--node-cache-root", metavar="DIR",
                       default=os.environ.get(cache.NODE_ROOT_ENV) or cache.DEFAULT_NODE_ROOT,
                       help="the operator's node-local model cache folder (its TOKENMILL_NODE_CACHE_ROOT; default "
                            f"{cache.DEFAULT_NODE_ROOT})")
     plan.add_argument("--gpu-product", metavar="NAME", help="plan for this GPU product instead of "
                       "spec.server.gpuProduct (e.g. RTX-PRO-6000, H200, MI300X)")
-    plan.add_argument("--sample-rows", type=_positive, metavar="N", help="tokenize up to N rows of each dataset "
-                      "(streamed from its source) for its prompt lengths and earlier answers' lengths, instead of the "
-                      "flat 512-token estimate; also sets --context-length to what the job needs")
-    plan.add_argument("--tokenizer", metavar="DIR|S3", help="the tokenizer for --sample-rows (default: "
+    plan.add_argument("--sample-rows", type=_positive, metavar="N", default=SurveyBounds().sample_rows,
+                      help="rows of each dataset tokenized for its prompt and earlier answers' lengths, spread over "
+                      "the source (default %(default)s); every source's rows are counted too, exactly within "
+                      f"{SurveyBounds().max_bytes // 2**20} MiB read, else estimated from the bytes a row takes")
+    plan.add_argument("--tokenizer", metavar="DIR|S3", help="the tokenizer for the prompts' lengths (default: "
                       "spec.model.tokenizer, else spec.model.path)")
+    plan.add_argument("--source", action="append", default=[], metavar="DATASET=FILE", type=_source,
+                      help="read this dataset's rows from a local copy instead of its source (plan before the data "
+                      "is uploaded, or without the store's credentials); repeatable")
     fixed = plan.add_argument_group("a fixed workload instead of the estimate (the seeds' length shape per dataset)")
     fixed.add_argument("--prompt-tokens", type=_positive, metavar="N", help="every prompt is N tokens")
     fixed.add_argument("--output-tokens", type=_positive, metavar="N", help="every output is N tokens (capped at the "
                        "dataset's maxNewTokens)")
     fixed.add_argument("--concurrency", type=_positive, metavar="N", help="N requests in flight over all servers")
     plan.set_defaults(handler=run)
+
+
+def _source(text: str) -> tuple[str, str]:
+    name, _, path = text.partition("=")
+    if not name or not path:
+        raise argparse.ArgumentTypeError(f"expected DATASET=FILE, got {text!r}")
+    return name, path
 
 
 def _positive(text: str) -> int:
@@ -86,6 +101,27 @@ def objects(resource, plan, runner_image: str, node_root: str = cache.DEFAULT_NO
     ]
 
 
+def surveyed(spec: DatasetGenerationSpec, args: argparse.Namespace) -> Workload:
+    """The job as its sources say it is (observe/workload_sample.py): rows counted, prompts tokenized."""
+    local = dict(args.source)
+    unknown = sorted(set(local) - {d.name for d in spec.datasets})
+    if unknown:
+        raise SpecError(f"--source names no dataset of the spec: {', '.join(unknown)} (its datasets: "
+                        f"{', '.join(d.name for d in spec.datasets)})")
+    read = spec.model_copy(update={"datasets": [d.model_copy(update={"source": local.get(d.name, d.source)})
+                                                for d in spec.datasets]})
+    reader = SurveyReader(endpoint=spec.output.endpoint, region=spec.output.region,
+                          bounds=replace(SurveyBounds(), sample_rows=args.sample_rows),
+                          hint="give the store's credentials (AWS_ACCESS_KEY_ID ...) or --s3-endpoint, or "
+                               "--source DATASET=FILE to plan from a local copy")
+    location = args.tokenizer or spec.model.tokenizer or spec.model.path
+    tokenizer_hint = replace(reader, hint="give --tokenizer DIR|S3 to count tokens instead")
+    work = surveyed_workload(read, workload(read), location, tokenizer_hint if local else reader)
+    # The plan's datasets keep the spec's sources (the objects it prints name them); only the counts came from
+    # the local copies.
+    return work
+
+
 def run(args: argparse.Namespace) -> int:
     resource = load_spec_file(args.spec)
     spec = resource.spec
@@ -94,14 +130,18 @@ def run(args: argparse.Namespace) -> int:
     if args.gpu_product:
         spec = spec.model_copy(update={"server": spec.server.model_copy(update={"gpu_product": args.gpu_product})})
     resource = resource.model_copy(update={"spec": spec})
+    if spec.server.gpu_product is None and spec.server.gpu_memory_mib is None:
+        raise SpecError("GPU memory unknown: give --gpu-product NAME (e.g. --gpu-product NVIDIA-H200, RTX-PRO-6000, "
+                        "MI300X) or set spec.server.gpuProduct (or spec.server.gpuMemoryMib)")
+    config, weight_bytes, known_note = files_or_known(spec, args.model_files)
     fixed = args.prompt_tokens or args.output_tokens or args.concurrency
-    work = workload(spec, args.prompt_tokens, args.output_tokens, args.concurrency) if fixed else None
-    if args.sample_rows:
-        location = args.tokenizer or spec.model.tokenizer or spec.model.path
-        work = sampled_workload(spec, work or workload(spec), location, args.sample_rows)
-    plan = make_plan(spec, credentials=None, work=work, location=args.model_files)
+    work = (workload(spec, args.prompt_tokens, args.output_tokens, args.concurrency) if fixed
+            else surveyed(spec, args))
+    plan = plan_server(spec, model_facts(config, weight_bytes), work=work)
+    if known_note:
+        plan = plan.model_copy(update={"reasoning": [known_note, *plan.reasoning]})
     try:
-        states = hidden_states_plan(spec, work or workload(spec), args.model_files)
+        states = hidden_states_plan(spec, work, config)
     except HiddenStatesPlanError as error:
         sys.stderr.write(f"error: {error}\n")
         return 2

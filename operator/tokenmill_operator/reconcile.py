@@ -19,6 +19,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
+from tokenmill_runner.facts.workload import Workload
 from tokenmill_runner.spec.resource import API_VERSION, KIND, DatasetGenerationSpec
 from tokenmill_runner.store.capture_progress import read_capture_progress
 from tokenmill_runner.store.lease import read_versioned
@@ -49,7 +50,7 @@ from .decide.lifecycle import (
     with_retry_event,
     with_switch,
 )
-from .decide.planner import PlanError, ServerPlan
+from .decide.planner import PlanError, ServerPlan, workload
 from .decide.planner.verify import (
     CONFIGMAP_NAME,
     pinned_spec,
@@ -84,6 +85,7 @@ from .observe.gather import (
     observe_window,
 )
 from .observe.model_files import make_plan
+from .observe.workload_sample import operator_reader, surveyed_workload
 
 __all__ = ["OutputIndex", "OperatorSettings", "PassCancelled", "PassResult", "reconcile", "run_pass"]
 
@@ -115,9 +117,24 @@ def _current_plan(context: Context) -> ServerPlan | None:
     return previous.server_plan if planned == context.generation else None
 
 
+def job_workload(context: Context, credentials: dict[str, str] | None, output: OutputIndex | None) -> Workload:
+    """The job as its sources say it is: read once per planned generation within the operator's bounds
+    (observe/workload_sample.operator_reader), then kept in the resource's index (`output`) for the trial's and
+    the re-plan's plans."""
+    generation = context.generation
+    found = output.workloads.get(generation) if output is not None else None
+    if found is None:
+        spec = context.spec
+        found = surveyed_workload(spec, workload(spec), None, operator_reader(spec, credentials, OBSERVE_RETRY))
+        if output is not None:
+            output.workloads = {generation: found}
+    return found
+
+
 def plan_for(context: Context, credentials: dict[str, str] | None,
              node_driver: Callable[[], int | None] = lambda: None,
-             measured: Callable[[], dict[str, str]] = dict) -> Planning:
+             measured: Callable[[], dict[str, str]] = dict,
+             work: Callable[[], Workload | None] = lambda: None) -> Planning:
     """The plan of this generation: kept from the status, or made now (node_driver reads the GPU nodes' NVIDIA
     driver branch then, `measured` the cluster's measured constants: the operator's ConfigMap). A spec edit that
     cannot be planned because the model files cannot be read keeps the server on its previous plan until they can."""
@@ -126,8 +143,8 @@ def plan_for(context: Context, credentials: dict[str, str] | None,
         return Planning(current)
     try:
         driver = None if context.spec.server.cuda_driver_major else node_driver()
-        plan = make_plan(context.spec, credentials, retry=OBSERVE_RETRY, node_driver_major=driver, local=False,
-                         constants=lambda key: read_constants(measured(), key))
+        plan = make_plan(context.spec, credentials, work(), retry=OBSERVE_RETRY, node_driver_major=driver,
+                         local=False, constants=lambda key: read_constants(measured(), key))
     except (PlanError, LookupError, ValueError) as error:
         return Planning(None, error=str(error))
     except Exception as error:  # storage: unreachable, slow, denied or missing; say where and retry
@@ -315,7 +332,8 @@ def reconcile(kube: Kube, context: Context, output: OutputIndex, settings: Opera
     if credentials is not None and (refused := policy.credentials_refusal(spec, credentials)):
         return blocked(base, "NotAllowed", refused)
     planning = plan_for(context, credentials, lambda: node_driver_major(kube, spec.server),
-                        lambda: constants_read.read_data(kube, settings.operator_namespace))
+                        lambda: constants_read.read_data(kube, settings.operator_namespace),
+                        lambda: job_workload(context, credentials, output))
     if planning.transient:
         return cannot_observe(base, planning.transient)
     try:
@@ -352,7 +370,7 @@ def reconcile(kube: Kube, context: Context, output: OutputIndex, settings: Opera
     except ChildRefused as error:  # said in the status (and an Event), retried every pass
         return blocked(base, "ChildRefused", f"{error}; the operator retries on every pass")
     if _newly_verified(context.previous, decision.status) and observed.window is not None:
-        decision = _record_constants(kube, context, credentials, decision, observed.window, settings)
+        decision = _record_constants(kube, context, credentials, decision, observed.window, settings, output)
     if context.spec.server.trial == "auto":
         decision = _trial(context, credentials, decision, observed, output, settings)
     return with_retry_event(decision, observed.retry)
@@ -364,7 +382,7 @@ def _newly_verified(previous: DatasetGenerationStatus, status: DatasetGeneration
 
 
 def _record_constants(kube: Kube, context: Context, credentials: dict[str, str] | None, decision: Decision,
-                      window: WindowFacts, settings: OperatorSettings) -> Decision:
+                      window: WindowFacts, settings: OperatorSettings, output: OutputIndex | None = None) -> Decision:
     """Refit the plan's constants on the window's samples and keep them for the cluster's later plans (once per
     checked plan; a failure is logged and changes nothing else)."""
     namespace, plan = settings.operator_namespace, decision.status.server_plan
@@ -384,7 +402,7 @@ def _record_constants(kube: Kube, context: Context, credentials: dict[str, str] 
     if context.spec.server.replan == "off":
         return decision
     try:
-        replanned = constants.replan(context.spec, plan, measured)
+        replanned = constants.replan(context.spec, plan, measured, job_workload(context, credentials, output))
     except (PlanError, LookupError, ValueError) as error:
         logger.warning("%s/%s: cannot re-plan with the measured constants: %s", context.namespace, context.name,
                        error)
@@ -401,7 +419,8 @@ def _record_constants(kube: Kube, context: Context, credentials: dict[str, str] 
         return decision
     if found.action == "switch" and found.layout is not None:
         try:
-            pinned = constants.plan_layout(context.spec, plan, measured, found.layout)
+            pinned = constants.plan_layout(context.spec, plan, measured, found.layout,
+                                           job_workload(context, credentials, output))
         except (PlanError, LookupError, ValueError) as error:
             logger.warning("%s/%s: cannot plan the layout %s: %s", context.namespace, context.name, found.best, error)
             pinned = None
@@ -458,7 +477,8 @@ def _trial(context: Context, credentials: dict[str, str] | None, decision: Decis
         target = step.switch_to
         why = (step.condition[2] if step.condition else f"trial: switching to {target.layout}")
         try:
-            pinned = make_plan(pinned_spec(context.spec, target.key), credentials, retry=OBSERVE_RETRY,
+            pinned = make_plan(pinned_spec(context.spec, target.key), credentials,
+                               job_workload(context, credentials, output), retry=OBSERVE_RETRY,
                                node_driver_major=plan.cuda_driver_major, local=False)
         except Exception as error:  # the model files: the switch is asked again on the next pass
             logger.warning("%s/%s: cannot plan the trial's layout %s: %s", context.namespace, context.name,

@@ -336,19 +336,6 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-# A reader that closed the pipe (`tokenmill plan ... | head`): exit as a program the shell's SIGPIPE ended does
-# (`git log | head` answers 141 too), without a traceback or an error line for what is a normal end of a pipeline.
-EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
-
-
-def _reader_gone() -> int:
-    # Python flushes stdout again at exit and would raise once more: point it at /dev/null first.
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
-    return EXIT_BROKEN_PIPE
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _setup_logging(args.verbose)
@@ -360,8 +347,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    except BrokenPipeError:
-        return _reader_gone()
     except LeaseLost as error:
         print(f"error: lease lost: {error}. This run committed nothing after that (a write already under way "
               "counts for nobody: the run that took over sealed this one's commits); what it committed before "

@@ -1,6 +1,6 @@
-"""`tokenmill plan --sample-rows`: each dataset's prompts tokenized from a bounded sample of its rows (a real
-tokenizer fixture), its outputs from the rows' earlier answers where they carry them, per-dataset finish times,
-the --context-length the job needs, and the prediction's range."""
+"""`tokenmill plan` reads the job from its sources: each dataset's rows counted, its prompts tokenized from a bounded
+sample of its rows (a real tokenizer fixture), its outputs from the rows' earlier answers where they carry them,
+per-dataset finish times, the --context-length the job needs, and the prediction's range."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from tokenmill_operator.decide.planner import workload
-from tokenmill_operator.observe.workload_sample import sampled_workload
+from tokenmill_operator.observe.workload_sample import SurveyReader, surveyed_workload
+from tokenmill_runner.source.survey import SurveyBounds
 from tokenmill_runner import cli
 from tokenmill_runner.spec.resource import load_spec_file
 
@@ -53,9 +54,10 @@ def job(tmp_path: Path) -> Path:
 
 def test_the_sample_is_bounded_and_gives_each_dataset_its_own_lengths(job: Path):
     spec = load_spec_file(str(job)).spec
-    sampled = sampled_workload(spec, workload(spec), str(QWEN3), rows=100)
+    sampled = surveyed_workload(spec, workload(spec), str(QWEN3), SurveyReader(bounds=SurveyBounds(sample_rows=100)))
     short, long = sampled.datasets
-    assert short.sample is not None and short.sample.rows == 100  # 400 rows in the source, 100 read
+    assert (short.samples, long.samples) == (400, 120)  # every row counted, the limit above them
+    assert short.sample is not None and short.sample.rows == 100  # 400 rows in the source, 100 tokenized
     assert long.sample is not None and long.sample.rows == 100
     assert 10 < short.prompt_tokens < 60 < 600 < long.prompt_tokens
     assert short.outputs_from_answers and not long.outputs_from_answers

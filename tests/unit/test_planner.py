@@ -412,10 +412,12 @@ def test_samples_per_prompt_multiply_the_requests_the_plan_predicts():
     assert four.prediction.eta_seconds > one.prediction.eta_seconds  # (the plan may fill a larger batch)
 
 
-def test_datasets_without_limit_are_counted_as_assumed():
+def test_datasets_whose_source_was_not_read_are_counted_as_assumed_and_say_so():
     plan = plan_server(make_spec({"gpuProduct": H200}, [{"name": "d", "source": "d.jsonl"}]), facts("kimi-k2.5"))
     assert plan.prediction and plan.prediction.samples == 10000 and plan.prediction.samples_assumed
-    assert any("without limit" in line for line in plan.reasoning)
+    (dataset,) = plan.prediction.datasets
+    assert (dataset.samples_source, dataset.samples_how) == ("assumed", "assumed: the source was not read")
+    assert any("could not be read" in line for line in plan.reasoning)
 
 
 # ---------------------------------------------------------------------------------------------------------------

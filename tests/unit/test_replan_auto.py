@@ -104,11 +104,11 @@ def test_the_running_plan_is_two_tp4_replicas_and_the_window_refits_the_collecti
 
 
 @pytest.mark.parametrize(("collectives", "share", "action"), [
-    (10.0, 1.0, "switch"),  # 12,345 s left on 2 x TP 4, 5,876 s on 8 x TP 1: gain 6,469 s > 364 s + 617 s
-    (10.0, 0.2, "switch"),  # 2,469 s against 1,175 s: gain 1,294 s > 364 s + 600 s
-    (5.0, 0.5, "switch"),  # 3,956 s against 2,938 s: gain 1,018 s > 964 s
-    (5.0, 0.2, "stay"),  # the same speed-up on a fifth of the work: 407 s < 964 s
-    (3.0, 1.0, "stay"),  # 6,138 s against 5,876 s: the restart is not paid back
+    (10.0, 1.0, "switch"),  # 9,762 s left on 2 x TP 4, 7,285 s on 8 x TP 1: gain 2,477 s > 364 s + 600 s
+    (20.0, 0.2, "switch"),  # 3,046 s against 1,457 s: gain 1,589 s > 364 s + 600 s
+    (10.0, 0.5, "switch"),  # 4,881 s against 3,642 s: gain 1,239 s > 964 s
+    (10.0, 0.2, "stay"),  # the same speed-up on a fifth of the work: 495 s < 964 s
+    (3.0, 1.0, "stay"),  # 5,934 s against 6,277 s on 4 x TP 2, the best other: nothing to pay the restart
     (1.0, 1.0, "stay"),  # as published: the plan's own choice stays the fastest
 ])
 def test_auto_switches_when_and_only_when_the_gain_beats_the_restart_and_the_margin(collectives: float,
@@ -169,13 +169,13 @@ def test_a_switch_records_the_layout_the_reason_the_gain_and_its_generation_with
     assert override is not None and override.generation == 3
     assert (override.replicas, override.tensor_parallel, override.attention_data_parallel) == (8, 1, 1)
     assert (override.from_layout, override.to_layout) == ("2 x TP 4", "8 x TP 1")
-    assert override.current_eta_seconds == 9876 and override.new_eta_seconds == 4701
-    assert override.gain_seconds == 5175 and override.restart_seconds == 364 and override.margin_seconds == 600
+    assert override.current_eta_seconds == 7810 and override.new_eta_seconds == 5828
+    assert override.gain_seconds == 1982 and override.restart_seconds == 364 and override.margin_seconds == 600
     assert after.status.server_plan.replicas == 8 and after.status.server_plan.tensor_parallel == 1
     (condition,) = after.status.conditions
     assert (condition.type, condition.status, condition.reason) == ("Replanned", "True", "FasterLayoutMeasured")
-    assert condition.message.startswith("switched from 2 x TP 4 to 8 x TP 1: remaining ETA 1.31 h against 2.74 h "
-                                        "now; gain 1.44 h beats the restart 6 min + margin 10 min")
+    assert condition.message.startswith("switched from 2 x TP 4 to 8 x TP 1: remaining ETA 1.62 h against 2.17 h "
+                                        "now; gain 0.55 h beats the restart 6 min + margin 10 min")
     assert "resumes from what is committed" in condition.message and condition.observed_generation == 3
     assert [(e.type, e.reason, e.message) for e in after.events] == [("Normal", "Replanned", condition.message)]
     assert base.status.layout_override is None and base.status.server_plan is PLAN  # pure: nothing changed
@@ -230,7 +230,7 @@ def test_staying_under_auto_is_said_in_the_replanned_condition():
     stays = with_replan(base, found, NOW, 3, "Replanned")
     (condition,) = stays.status.conditions
     assert (condition.type, condition.status, condition.reason) == ("Replanned", "False", "CurrentLayoutFastest")
-    assert "8 x TP 1" in condition.message and not stays.events
+    assert "4 x TP 2" in condition.message and not stays.events
 
 
 def test_replan_accepts_auto_suggest_and_off():

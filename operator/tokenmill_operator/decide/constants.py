@@ -62,22 +62,24 @@ def plan_with_constants(spec: DatasetGenerationSpec, facts: ModelFacts, work: Wo
     return measured.model_copy(update={"measured_constants": key})
 
 
-def replan(spec: DatasetGenerationSpec, plan: ServerPlan, measured: Measured) -> ServerPlan | None:
-    """The plan made again from the measured constants: every layout's ETA on the measured hardware."""
+def replan(spec: DatasetGenerationSpec, plan: ServerPlan, measured: Measured,
+           work: Workload | None = None) -> ServerPlan | None:
+    """The plan made again from the measured constants: every layout's ETA on the measured hardware, for the job
+    the plan was made for (`work`, as read from its sources)."""
     if measured.facts is None:
         return None
-    return plan_with_constants(spec, measured.facts, node_driver_major=plan.cuda_driver_major,
+    return plan_with_constants(spec, measured.facts, work, node_driver_major=plan.cuda_driver_major,
                                constants=lambda key: measured.result if key == measured.key else None)
 
 
 def plan_layout(spec: DatasetGenerationSpec, plan: ServerPlan, measured: Measured,
-                layout: LayoutKey) -> ServerPlan | None:
+                layout: LayoutKey, work: Workload | None = None) -> ServerPlan | None:
     """The plan of one layout (the re-plan's best, verify.pinned_spec) on the measured constants: what the server
     switches to under spec.server.replan auto. The constants are applied as measured, not looked up by the pinned
     plan's own key: a layout on fewer GPUs may have another link (one GPU: none), and the re-plan compared every
     layout on the same constants."""
     if measured.facts is None:
         return None
-    pinned = plan_server(pinned_spec(spec, layout), measured.facts, node_driver_major=plan.cuda_driver_major,
-                         calibration=measured.result.calibration(CALIBRATION))
+    pinned = plan_server(pinned_spec(spec, layout), measured.facts, work=work,
+                         node_driver_major=plan.cuda_driver_major, calibration=measured.result.calibration(CALIBRATION))
     return pinned.model_copy(update={"measured_constants": measured.key})

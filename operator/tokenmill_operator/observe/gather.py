@@ -15,6 +15,7 @@ import orjson
 from kubernetes.client.exceptions import ApiException
 
 from tokenmill_runner.facts.hardware import find
+from tokenmill_runner.facts.workload import Workload
 from tokenmill_runner.spec.resource import ServerSpec
 from tokenmill_runner.store.commit_index import DatasetIndex
 from tokenmill_runner.store.index_store import CHECKPOINT_EVERY, catch_up, load_index, write_checkpoint
@@ -72,6 +73,10 @@ class OutputIndex:
     window: VerificationWindow = field(default_factory=VerificationWindow)
     # The scrapes of the trial's candidate being measured (server_metrics.TrialScrapes).
     trial: TrialScrapes = field(default_factory=TrialScrapes)
+    # The job as its sources say it is (observe/workload_sample.py), by planned generation: read once, so the plans
+    # of a trial's candidates and of a re-plan are made on the job the first plan was (a restarted operator reads
+    # it again, within the same bounds).
+    workloads: dict[int, Workload] = field(default_factory=dict)
 
     def follow(self, storage: Storage, totals: dict[str, int], now: datetime, full: bool = False,
                stopped: Callable[[], bool] = never, samples: dict[str, int] | None = None) -> dict[str, DatasetIndex]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 from tokenmill_runner.facts.hidden_states import (
     NoRoomError,
@@ -18,18 +19,17 @@ from tokenmill_runner.facts.hidden_states import (
 from tokenmill_runner.facts.workload import Workload
 from tokenmill_runner.spec.resource import DatasetGenerationSpec
 
-from .model_files import read_model_config
-
 
 class HiddenStatesPlanError(ValueError):
     """The states cannot be planned or stored as the spec asks."""
 
 
-def hidden_states_plan(spec: DatasetGenerationSpec, work: Workload, location: str | None) -> PlannedStates | None:
+def hidden_states_plan(spec: DatasetGenerationSpec, work: Workload, config: dict[str, Any]) -> PlannedStates | None:
+    """The states' bytes for the job, from the model's config.json (read once by the caller)."""
     if spec.hidden_states is None:
         return None
     try:
-        shape = shape_from_config(read_model_config(spec, None, location), spec.hidden_states.layer_ids,
+        shape = shape_from_config(config, spec.hidden_states.layer_ids,
                                   spec.hidden_states.dtype, layouts=spec.hidden_states.layouts)
     except ValueError as error:
         raise HiddenStatesPlanError(f"spec.hiddenStates: {error}") from None

@@ -5,13 +5,15 @@ cluster libraries and the reconcile pass reuses the same reading."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import orjson
 
+from tokenmill_runner.facts.known_models import known_model, known_names
 from tokenmill_runner.facts.workload import Workload
 from tokenmill_runner.spec.resource import DatasetGenerationSpec
 from tokenmill_runner.store.bounded_get import CONFIG_BYTES, WEIGHT_INDEX_BYTES, get_bounded
-from tokenmill_runner.store.storage import StorageRetry, open_storage
+from tokenmill_runner.store.storage import StorageError, StorageRetry, open_storage
 
 from ..decide.constants import Constants, plan_with_constants
 from ..decide.planner import ModelFacts, PlanError, ServerPlan, model_facts
@@ -36,16 +38,8 @@ def model_files_location(spec: DatasetGenerationSpec, local: bool = True) -> str
     )
 
 
-def read_model_config(spec: DatasetGenerationSpec, credentials: dict[str, str] | None,
-                      location: str | None = None) -> dict:
-    """config.json of the model, from where make_plan reads it."""
-    output = spec.output
-    storage = open_storage(location or model_files_location(spec), output.endpoint, output.region, credentials)
-    return orjson.loads(storage.get("config.json"))
-
-
-def read_model_facts(spec: DatasetGenerationSpec, credentials: dict[str, str] | None, location: str | None = None,
-                     retry: StorageRetry | None = None, local: bool = True) -> ModelFacts:
+def read_model_files(spec: DatasetGenerationSpec, credentials: dict[str, str] | None, location: str | None = None,
+                     retry: StorageRetry | None = None, local: bool = True) -> tuple[dict[str, Any], int]:
     """config.json (bounded) and the weight size (spec.model.weightBytes, else the safetensors index)."""
     output = spec.output
     storage = open_storage(location or model_files_location(spec, local), output.endpoint, output.region, credentials,
@@ -56,7 +50,33 @@ def read_model_facts(spec: DatasetGenerationSpec, credentials: dict[str, str] | 
         weight_bytes = orjson.loads(get_bounded(storage, "model.safetensors.index.json", WEIGHT_INDEX_BYTES))["metadata"]["total_size"]
     if weight_bytes is None:
         raise PlanError(f"no model.safetensors.index.json at {storage.root_uri}: set spec.model.weightBytes")
-    return model_facts(config, weight_bytes)
+    return config, int(weight_bytes)
+
+
+def read_model_facts(spec: DatasetGenerationSpec, credentials: dict[str, str] | None, location: str | None = None,
+                     retry: StorageRetry | None = None, local: bool = True) -> ModelFacts:
+    return model_facts(*read_model_files(spec, credentials, location, retry, local))
+
+
+def files_or_known(spec: DatasetGenerationSpec, location: str | None) -> tuple[dict[str, Any], int, str | None]:
+    """`tokenmill plan`'s model files: read from `location` (--model-files) or the spec, else, for a model tokenmill
+    ships facts for (facts/known_models.py), those facts and a line saying so and why (the third value; None when
+    the files were read). An unknown model whose files cannot be read is an error naming --model-files."""
+    try:
+        config, weight_bytes = read_model_files(spec, None, location)
+        return config, weight_bytes, None
+    except (StorageError, PlanError, OSError) as error:
+        why = str(error)
+        if location is None and (known := known_model(spec.model.path, spec.model.tokenizer)) is not None:
+            weight_bytes = spec.model.weight_bytes or known.weight_bytes
+            return known.config, weight_bytes, (
+                f"model facts: built in for {known.describe()} (the model's own files were not read: {why}; give "
+                "--model-files DIR|S3 to plan from them)")
+        where = location or spec.model.path
+        raise PlanError(f"cannot read the model's config.json and weight size from {where}: {why}. Give "
+                        "--model-files DIR|S3 (a folder or S3 prefix with config.json and "
+                        "model.safetensors.index.json) and, for S3, credentials (AWS_ACCESS_KEY_ID ...) or "
+                        f"--s3-endpoint; tokenmill ships facts for {', '.join(known_names())}") from None
 
 
 def make_plan(spec: DatasetGenerationSpec, credentials: dict[str, str] | None,

@@ -107,7 +107,7 @@ def interval(gpu: Gpu, layout: Layout, table: dict[str, Any] | None = None,
     link = "PCIe" if gpu.scale_up.kind == "pcie" else gpu.scale_up.kind
     widen = False
     if bounds is not None:
-        basis = (f"{len(own)} held-out records of {cls} ({', '.join(sorted(entry['sources']))}), each predicted "
+        basis = (f"{len(own)} held-out records of {cls} from {len(entry['sources'])} sources, each predicted "
                  "with the constants refitted without its source")
     else:
         widen = True

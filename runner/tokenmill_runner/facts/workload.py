@@ -118,8 +118,23 @@ class DatasetLoad:
     prompt_why: str | None = None  # why the prompt lengths are the flat estimate, when no sample was tokenized
 
     @property
-    def rows_estimated(self) -> bool:
-        return bool(self.rows_how and self.rows_how.startswith("estimated"))
+    def rows_source(self) -> str:
+        """counted, estimated, limit (the spec's limit, the source not read) or assumed."""
+        how = self.rows_how or ""
+        for source in ("counted", "estimated", "assumed"):
+            if how.startswith(source):
+                return source
+        if how.startswith("the limit") or (not how and self.samples_known):
+            return "limit"
+        return "assumed"
+
+    @property
+    def prompt_source(self) -> str:
+        """sampled (tokenized), estimated (from characters, no tokenizer) or assumed (the flat estimate)."""
+        sample = self._sampled
+        if sample is None:
+            return "assumed"
+        return "estimated" if sample.estimated else "sampled"
 
     @property
     def prompt_sampled(self) -> bool:
@@ -188,6 +203,11 @@ class Workload:
     @property
     def samples_known(self) -> bool:
         return all(d.samples_known for d in self.datasets)
+
+    @property
+    def samples_assumed(self) -> bool:
+        """Some dataset is counted as SAMPLES_ASSUMED: its source could not be read and it has no limit."""
+        return any(d.rows_source == "assumed" for d in self.datasets)
 
     def output_tokens(self) -> float:
         return sum(d.samples * d.mean_output() for d in self.datasets)

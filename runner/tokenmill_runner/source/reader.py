@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..store.manifest import SourceIdentity
-from ..store.storage import Storage, open_storage, split_uri
+from ..store.storage import Storage, StorageRetry, open_storage, split_uri
 from .adapters import DEFAULT_LAYOUT, RowLayout
 from .prompts import Prompt, RowError, parse_line
 from .row_size import RowBound, prompt_size
@@ -29,22 +29,23 @@ SHARD_FOLDERS = ("", "data/")  # where a dataset folder keeps its shards, in the
 
 
 def _folder_storage(source: str, endpoint: str | None, credentials: Mapping[str, str] | None = None,
-                    region: str | None = None) -> Storage | None:
+                    region: str | None = None, retry: StorageRetry | None = None) -> Storage | None:
     """The storage rooted at the source when it names a folder, else None."""
     if source.lower().endswith(FILE_SUFFIXES):
         return None
     if source.startswith("s3://"):
-        return open_storage(source.rstrip("/") + "/", endpoint, region, credentials)
+        return open_storage(source.rstrip("/") + "/", endpoint, region, credentials, retry)
     local = Path(source.removeprefix("file://"))
     return open_storage(str(local), endpoint) if local.is_dir() else None
 
 
 def parquet_shards(source: str, endpoint: str | None = None, credentials: Mapping[str, str] | None = None,
-                   region: str | None = None) -> list[str] | None:
+                   region: str | None = None, retry: StorageRetry | None = None) -> list[str] | None:
     """The shard keys (relative to the folder, in name order) when `source` is a dataset folder, else None. A folder
     without shards is an error that says where tokenmill looked. `credentials` read another account's store (the
-    operator's plan reads a tenant's sources with the tenant's Secret); the default is the environment's."""
-    storage = _folder_storage(source, endpoint, credentials, region)
+    operator's plan reads a tenant's sources with the tenant's Secret, its retries short); the default is the
+    environment's."""
+    storage = _folder_storage(source, endpoint, credentials, region, retry)
     if storage is None:
         return None
     for folder in SHARD_FOLDERS:
@@ -58,11 +59,12 @@ def parquet_shards(source: str, endpoint: str | None = None, credentials: Mappin
 
 
 def source_format(source: str, declared: str = "auto", endpoint: str | None = None,
-                  credentials: Mapping[str, str] | None = None, region: str | None = None) -> str:
+                  credentials: Mapping[str, str] | None = None, region: str | None = None,
+                  retry: StorageRetry | None = None) -> str:
     if declared != "auto":
         return declared
     if (source.rstrip("/").lower().endswith(".parquet")
-            or parquet_shards(source, endpoint, credentials, region) is not None):
+            or parquet_shards(source, endpoint, credentials, region, retry) is not None):
         return "parquet"
     return "jsonl"
 

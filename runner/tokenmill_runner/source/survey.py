@@ -21,14 +21,13 @@ count itself never parses JSON.
 from __future__ import annotations
 
 import io
-import math
 import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
-from ..store.storage import open_storage, split_uri
+from ..store.storage import StorageRetry, open_storage, split_uri
 from .adapters import DEFAULT_LAYOUT, RowLayout
 from .prompts import Prompt, RowError, parse_line
 from .reader import GZIP_MAGIC, UTF8_BOM, ZSTD_MAGIC, HashingReader, _decompressed, _skip_rest, parquet_shards
@@ -90,8 +89,11 @@ class _Thinning:
         self.seen += 1
 
     def sample(self) -> list[tuple[int, bytes]]:
-        step = max(1, math.ceil(len(self.items) / self.keep))
-        return self.items[::step]
+        """`keep` of the held items, evenly spaced (all of them when there are no more)."""
+        held = len(self.items)
+        if held <= self.keep:
+            return list(self.items)
+        return [self.items[i * held // self.keep] for i in range(self.keep)]
 
 
 def _size(handle: IO[bytes]) -> int | None:
@@ -112,10 +114,11 @@ class _Store:
     endpoint: str | None
     credentials: Mapping[str, str] | None = None
     region: str | None = None
+    retry: StorageRetry | None = None
 
     def open(self, source: str) -> IO[bytes]:
         parent, name = split_uri(source)
-        return open_storage(parent, self.endpoint, self.region, self.credentials).open_read(name)
+        return open_storage(parent, self.endpoint, self.region, self.credentials, self.retry).open_read(name)
 
 
 @dataclass
@@ -204,7 +207,7 @@ def _parquet(source: str, store: _Store, limit: int | None, bounds: SurveyBounds
              deadline: Callable[[], bool]) -> tuple[int, bool, str, list[tuple[int, Any]]]:
     from .parquet_rows import OversizeRow, bounded_rows, open_parquet
 
-    shards = parquet_shards(source, store.endpoint, store.credentials, store.region)
+    shards = parquet_shards(source, store.endpoint, store.credentials, store.region, store.retry)
     files = [source] if shards is None else [f"{source.rstrip('/')}/{shard}" for shard in shards]
     thinning_rows: list[tuple[int, Any]] = []
     total = 0
@@ -231,11 +234,12 @@ def survey_source(source: str, fmt: str, endpoint: str | None = None, limit: int
                   layout: RowLayout = DEFAULT_LAYOUT, bound: RowBound | None = None,
                   bounds: SurveyBounds = SurveyBounds(),
                   clock: Callable[[], float] = time.monotonic, credentials: Mapping[str, str] | None = None,
-                  region: str | None = None) -> SourceSurvey:
+                  region: str | None = None, retry: StorageRetry | None = None) -> SourceSurvey:
     """The dataset's rows (its limit applied) and a sample of its prompts, within `bounds`. `credentials` read
-    another account's store (the operator reads a tenant's sources with the tenant's Secret)."""
+    another account's store (the operator reads a tenant's sources with the tenant's Secret), `retry` bounds how
+    long a failing store is retried (the operator's passes keep it short)."""
     started = clock()
-    store = _Store(endpoint, credentials, region)
+    store = _Store(endpoint, credentials, region, retry)
 
     def deadline() -> bool:
         return clock() - started >= bounds.seconds

@@ -9,9 +9,7 @@ by `tokenmill plan` and stored in the resource's status.
 from __future__ import annotations
 
 import logging
-import math
 
-from tokenmill_runner.facts.hidden_states import kinds_needed
 from tokenmill_runner.facts.throughput import CALIBRATION, Calibration, StepModel
 from tokenmill_runner.facts.workload import Workload
 from tokenmill_runner.spec.resource import DatasetGenerationSpec
@@ -21,7 +19,7 @@ from .memory import kv_bytes_per_token_per_rank, sglang_default_mem_fraction
 from .model import ModelFacts, model_facts
 from .plan import Candidate, MemoryTerm, PlanError, Prediction, ServerPlan
 from .sizing import MIN_BATCH_REQUESTS, size_server, workload
-from .startup import StartupPlan, predict_startup, restart_seconds, startup_gpu_seconds
+from .startup import StartupPlan, predict_startup
 
 __all__ = ["MIN_BATCH_REQUESTS", "Candidate", "MemoryTerm", "ModelFacts", "PlanError", "Prediction", "ServerPlan",
            "StartupPlan",
@@ -56,39 +54,7 @@ def plan_step_model(spec: DatasetGenerationSpec, model: ModelFacts, node_driver_
     return sizing.step_model(sizing.chosen)
 
 
-def _started(prediction: Prediction | None, startup: StartupPlan, gpus: int, restarts: int = 0,
-             restart_s: int = 0) -> Prediction | None:
-    """The prediction with the start-up added, and the server's `restarts` between hidden-state passes: to the ETA,
-    and to the GPU-hours while the pods hold their GPUs (a restart holds them: the StatefulSet keeps its pods)."""
-    if prediction is None or prediction.generation_seconds is not None:
-        return prediction
-    busy = prediction.eta_seconds  # generation and the capture pass after it
-    relaunch = restarts * restart_s
-    started = startup.seconds + relaunch
-    held = busy + startup_gpu_seconds(startup) + relaunch
-    interval = prediction.interval
-    if interval is not None:
-        interval = interval.model_copy(update={"eta_seconds_low": interval.eta_seconds_low + started,
-                                               "eta_seconds_high": interval.eta_seconds_high + started})
-    return prediction.model_copy(update={"generation_seconds": busy - (prediction.capture_seconds or 0),
-                                         "relaunch_seconds": relaunch or None,
-                                         "eta_seconds": busy + started,
-                                         "gpu_hours": round(held * gpus / 3600, 1), "interval": interval})
-
-
 def with_startup(plan: ServerPlan, spec: DatasetGenerationSpec) -> ServerPlan:
-    """The plan with the weights' copy and load predicted and counted in every layout's ETA and GPU-hours (the
-    layout choice stays on generation: every layout copies the same bytes)."""
-    # One server start per hidden-state pass after the first (the operator's states_passes.py).
-    restarts = len(kinds_needed(list(spec.hidden_states.layouts))) - 1 if spec.hidden_states else 0
-
-    def started(prediction: Prediction | None, startup: StartupPlan, gpus: int) -> Prediction | None:
-        return _started(prediction, startup, gpus, restarts, restart_seconds(spec, startup))
-
-    startup = predict_startup(spec, plan.weight_bytes, plan.nodes_per_replica)
-    candidates = [c.model_copy(update={"prediction": started(c.prediction, predict_startup(
-        spec, plan.weight_bytes, math.ceil(c.tensor_parallel / plan.gpus_per_node)), c.gpus)})
-        for c in plan.candidates]
-    gpus = plan.replicas * plan.tensor_parallel
-    return plan.model_copy(update={"startup": startup, "prediction": started(plan.prediction, startup, gpus),
-                                   "candidates": candidates})
+    """The plan with its start-up (the weights' copy and load) described; every layout's ETA and GPU-hours already
+    count it (sizing.Option.eta)."""
+    return plan.model_copy(update={"startup": predict_startup(spec, plan.weight_bytes, plan.nodes_per_replica)})

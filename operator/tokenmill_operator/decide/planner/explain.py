@@ -96,14 +96,17 @@ def render_plan(plan: ServerPlan) -> str:
                                             p.relaunch_seconds)))
         if p.interval:
             r = p.interval
+            built = f"{r.coverage:.0%} interval" if r.coverage else "interval"
+            held = f"; {r.measured} when each public source was left out" if r.measured else ""
             rows.insert(2, ("range", f"{r.output_tokens_per_second_low:,}-{r.output_tokens_per_second_high:,} output "
                                      f"tokens/s, ETA {duration(r.eta_seconds_low)}-{duration(r.eta_seconds_high)} "
-                                     f"({r.basis})"))
+                                     f"({built}{held}; {r.basis})"))
     width = max(len(name) for name, _ in rows)
     lines = [f"{name.ljust(width)}  {value}" for name, value in rows]
     if plan.prediction and plan.prediction.datasets:
         lines += ["", "datasets (in the order the runner sends them):"]
-        lines += [f"  {d.name}: {d.samples:,} samples, prompts {d.prompt_tokens:,} tokens ({d.prompt_source}), "
+        lines += [f"  {d.name}: {d.samples:,} samples ({d.samples_how or d.samples_source}), prompts "
+                  f"{d.prompt_tokens:,} tokens ({d.prompt_source}{f': {d.prompt_why}' if d.prompt_why else ''}), "
                   f"outputs {d.mean_output_tokens:,} ({d.output_source}), done {duration(d.done_seconds)} into "
                   f"generation" for d in plan.prediction.datasets]
     table = ["", "layouts considered (* = chosen):", *(f"  {line}" for line in candidate_table(plan))]
@@ -174,9 +177,10 @@ def _job_line(sizing: Sizing) -> str:
         if d.outputs_from_answers and d.output_tokens is None:
             shape = (f"outputs like the sampled rows' earlier answers cut at maxNewTokens {d.max_new_tokens:,}: mean "
                      f"{d.mean_output():,.0f}, {d.capped_share():.1%} at the cap")
-        count_text = f"{d.samples:,}" if d.samples_known else f"{d.samples:,} (no limit: assumed)"
+        how = d.rows_how or ("its limit" if d.samples_known else "assumed")
+        count_text = f"{d.samples:,} ({how})"
         prompts = (f"prompts from a sample ({d.sample.describe()})" if d.prompt_sampled and d.sample else
-                   f"{d.prompt_tokens:,}-token prompts (assumed: no sample read)")
+                   f"{d.prompt_tokens:,}-token prompts (assumed: {d.prompt_why or 'no sample read'})")
         parts.append(f"{d.name} {count_text} samples, {prompts}, {shape}")
     concurrency = f"; runner concurrency {work.concurrency:,}" if work.concurrency else ""
     return (f"job: {'; '.join(parts)}{concurrency}. A running request holds {work.held:,.0f} tokens on average "
@@ -230,7 +234,7 @@ def _choice_lines(sizing: Sizing) -> list[str]:
         runnable = [o for o in sizing.options if o.choosable and o.job]
         others = sorted((o for o in runnable if o is not chosen), key=lambda o: o.eta)[:2]
         if others:
-            lines.append("rule: the smallest predicted ETA; next: " + "; ".join(
+            lines.append("rule: the smallest predicted ETA (start-up included); next: " + "; ".join(
                 f"{_layout_text(o)} {duration(round(o.eta))} ({o.eta / chosen.eta - 1:+.0%})" for o in others))
     else:
         lines.append(f"rule: the smallest TP whose KV cache holds {MIN_BATCH_REQUESTS} running requests")
@@ -399,8 +403,11 @@ def _kv_dtype_lines(sizing: Sizing) -> list[str]:
     fp8 = [o for o in sizing.options if not o.eligible and o.runs and o.job and o.layout == chosen.layout]
     if fp8 and chosen.job and fp8[0].job:
         shorter = 1 - fp8[0].eta / chosen.eta
-        lines.append(f"option: kvCacheDtype {FP8_OPTION} would halve the cache per token (batch {fp8[0].batch:,} "
-                     f"instead of {chosen.batch:,}, ETA {shorter:.0%} shorter) at some risk to output fidelity; not "
+        batch = (f"batch {fp8[0].batch:,} instead of {chosen.batch:,}" if fp8[0].batch != chosen.batch else
+                 f"the same batch of {chosen.batch:,}: the running-request cap binds, not the cache; only the KV "
+                 "reads shrink")
+        lines.append(f"option: kvCacheDtype {FP8_OPTION} would halve the cache per token ({batch}; ETA "
+                     f"{duration(round(fp8[0].eta))}, {shorter:.0%} shorter) at some risk to output fidelity; not "
                      f"applied, set spec.server.kvCacheDtype to use it")
     elif chosen.batch < MIN_BATCH_REQUESTS:
         lines.append(f"option: kvCacheDtype {FP8_OPTION} would halve the cache per token; not applied, set "
@@ -424,9 +431,11 @@ def _prediction_lines(sizing: Sizing) -> list[str]:
         f"{memory * 1e3:,.1f} ms, compute {compute * 1e3:,.1f} ms) + fixed costs {fixed * 1e3:,.1f} ms (layer floors, "
         f"collectives; bound by {chosen.bound}) = {prediction.decode_tokens_per_second:,} tokens/s over "
         f"{count(chosen.replicas, 'replica')}; with prefill and the draining tail the job averages "
-        f"{prediction.output_tokens_per_second:,} output tokens/s: ETA {duration(prediction.eta_seconds)} for "
+        f"{prediction.output_tokens_per_second:,} output tokens/s: generation {duration(round(chosen.job.seconds))}"
+        + (f" + hidden-state capture {duration(round(chosen.capture.seconds))}" if chosen.capture else "")
+        + f" + start-up {duration(round(chosen.startup_s))} = ETA {duration(prediction.eta_seconds)} for "
         f"{prediction.samples:,} samples, {prediction.gpu_hours:,.1f} GPU-hours (throughput model calibrated on "
-        f"published SGLang measurements, docs/throughput.md)",
+        f"published measurements, docs/throughput.md)",
     ]
     if chosen.capture is not None:
         lines.append(_capture_line(sizing, chosen.capture, step))
@@ -439,8 +448,8 @@ def _prediction_lines(sizing: Sizing) -> list[str]:
         lines.append(f"note: tensor parallelism runs over PCIe ({step.link.bandwidth / 1e9:,.0f} GB/s per direction, "
                      f"no NVLink): every layer's all-reduces cross it, which the prediction includes")
     if prediction.samples_assumed:
-        lines.append("note: a dataset without limit is counted as 10,000 samples for the ETA (tokens/s do not depend "
-                     "on it)")
+        lines.append("note: a dataset whose source could not be read (and that has no limit) is counted as 10,000 "
+                     "samples for the ETA (tokens/s do not depend on it); its line above says why")
     return lines
 
 

@@ -15,9 +15,16 @@ class DatasetEta(SpecModel):
     """One dataset's share of the prediction: its lengths and when its last sample is done."""
 
     name: str = Field(description="The dataset.")
-    samples: int = Field(description="Samples (limit x samples per prompt, or the assumed count).")
+    samples: int = Field(description="Samples: the source's rows (its limit applied) x samples per prompt.")
+    samples_source: str = Field("assumed", description="counted (every row read), estimated (from the bytes a row "
+                                "takes, past the plan's read bound), limit (spec's limit, the source not read), or "
+                                "assumed (10,000: the source could not be read).")
+    samples_how: str | None = Field(None, description="How the rows were counted or estimated, or why they are "
+                                    "assumed.")
     prompt_tokens: int = Field(description="Mean prompt tokens.")
-    prompt_source: str = Field(description="sampled (rows tokenized at plan time) or assumed (the flat estimate).")
+    prompt_source: str = Field(description="sampled (rows tokenized at plan time), estimated (from the sampled rows' "
+                               "characters, no tokenizer), or assumed (the flat estimate).")
+    prompt_why: str | None = Field(None, description="Why the prompt lengths are estimated or assumed.")
     mean_output_tokens: int = Field(description="Mean output tokens the ETA assumes.")
     output_source: str = Field(description="earlier answers (the sampled rows'), fixed, or seeds' shape.")
     done_seconds: int = Field(description="Seconds from the first request until its last sample is done.")
@@ -32,6 +39,10 @@ class PredictionRange(SpecModel):
     eta_seconds_low: int = Field(description="ETA at the high end of the rate.")
     eta_seconds_high: int = Field(description="ETA at the low end of the rate.")
     basis: str = Field(description="Which records the interval comes from, and why it is widened.")
+    coverage: float | None = Field(None, description="The share of published figures the interval is built to "
+                                   "contain (0.8).")
+    measured: str | None = Field(None, description="How often such an interval contained the published figure when "
+                                 "each public source was left out in turn (hack/bench/bench_intervals.py).")
 
 
 class Prediction(SpecModel):
@@ -67,7 +78,8 @@ class Prediction(SpecModel):
         "average, which the first minutes' young requests are below.")
     bound: str = Field(description="What limits a full decode step: memory, compute or overhead (floor, links).")
     samples: int = Field(description="Samples the ETA is for.")
-    samples_assumed: bool = Field(False, description="True when a dataset without limit was counted as 10,000.")
+    samples_assumed: bool = Field(False, description="True when a dataset whose source could not be read (and that "
+                                  "has no limit) was counted as 10,000.")
     interval: PredictionRange | None = Field(None, description="The range the prediction is expected in.")
     datasets: list[DatasetEta] = Field(default_factory=list, description="Per dataset: lengths and finish time.")
 

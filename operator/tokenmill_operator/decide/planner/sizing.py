@@ -59,6 +59,7 @@ from .serving import (
     server_image,
     serving_release,
 )
+from .startup import predict_startup, restart_seconds, startup_gpu_seconds
 from .units import gib
 
 # --------------------------------------------------------------------------------------------------------------
@@ -99,6 +100,7 @@ def workload(spec: DatasetGenerationSpec, prompt_tokens: int | None = None, outp
             # n samples per prompt are n requests each (the prompt's prefix is cached, the outputs are not).
             name=dataset.name, samples=(dataset.limit or SAMPLES_ASSUMED) * dataset.samples,
             samples_known=dataset.limit is not None,
+            rows_how=None if dataset.limit is not None else "assumed: the source was not read",
             max_new_tokens=cap, prompt_tokens=prompt_tokens or PROMPT_TOKENS_ESTIMATE,
             output_tokens=output_tokens))
     runner = spec.runner.concurrency
@@ -157,6 +159,11 @@ class Option:
     job: JobTime | None = None
     capture: CaptureTime | None = None  # the hidden-state pass after the stream (spec.hiddenStates)
     bound: str = ""
+    # The server's start-up (the weights' copy and load) and its relaunches between hidden-state passes: part of
+    # the ETA, so every figure a plan shows (its headline, its reasoning, its table) is the same one.
+    startup_s: float = 0.0
+    startup_held_s: float = 0.0  # of it, the seconds the pods hold their GPUs
+    relaunch_s: float = 0.0
 
     @property
     def gpus(self) -> int:
@@ -171,15 +178,21 @@ class Option:
         return self.runs and self.eligible and self.not_allowed is None and self.batch > 0
 
     @property
-    def eta(self) -> float:
-        """Generation plus the capture pass: the GPUs are held through both, so both decide the layout."""
+    def busy(self) -> float:
+        """Generation plus the capture pass."""
         if self.job is None:
             return math.inf
         return self.job.seconds + (self.capture.seconds if self.capture else 0.0)
 
     @property
+    def eta(self) -> float:
+        """Start-up, generation, the capture pass and the relaunches between passes: the ETA every line of a plan
+        quotes, and what decides the layout (a layout over more nodes starts differently)."""
+        return self.startup_s + self.busy
+
+    @property
     def gpu_hours(self) -> float:
-        return self.eta * self.gpus / 3600
+        return (self.startup_held_s + self.busy) * self.gpus / 3600
 
     def decode_tokens_per_second(self, step: StepModel | None, held: float) -> int:
         if step is None or not self.batch:
@@ -204,18 +217,20 @@ class Option:
             output = ("fixed" if d.output_tokens is not None else "earlier answers" if d.outputs_from_answers
                       else "seeds' shape")
             datasets.append(DatasetEta(
-                name=name, samples=d.samples, prompt_tokens=d.prompt_tokens,
-                prompt_source="sampled" if d.prompt_sampled else "assumed", mean_output_tokens=round(d.mean_output()),
+                name=name, samples=d.samples, samples_source=d.rows_source, samples_how=d.rows_how,
+                prompt_tokens=d.prompt_tokens, prompt_source=d.prompt_source, prompt_why=d.prompt_why,
+                mean_output_tokens=round(d.mean_output()),
                 output_source=output, done_seconds=round(seconds)))
         return Prediction(
             datasets=datasets,
             decode_tokens_per_second=self.decode_tokens_per_second(step, held),
             output_tokens_per_second=round(self.replicas * self.job.output_tokens / self.job.seconds),
             eta_seconds=round(self.eta), gpu_hours=round(self.gpu_hours, 1),
+            generation_seconds=round(self.job.seconds), relaunch_seconds=round(self.relaunch_s) or None,
             capture_seconds=round(self.capture.seconds) if self.capture else None,
             capture_bound=self.capture.bound if self.capture else None,
             batch_per_replica=self.batch, bound=self.bound, samples=work.samples,
-            samples_assumed=not work.samples_known, held_kv_tokens=round(held) if step and self.batch else None,
+            samples_assumed=work.samples_assumed, held_kv_tokens=round(held) if step and self.batch else None,
             step_seconds_per_kv_token=self.step_slope(step, held))
 
 
@@ -244,6 +259,12 @@ class Context:
         if states is None:
             return 0
         return len(states.layer_ids) if states.layer_ids is not None else EAGLE3_LAYERS
+
+    @property
+    def restarts(self) -> int:
+        """Server starts after the first: one per hidden-state pass after the first (decide/states_passes.py)."""
+        states = self.spec.hidden_states
+        return len(kinds_needed(list(states.layouts))) - 1 if states else 0
 
     @property
     def capture_bytes_per_token(self) -> int:
@@ -447,7 +468,11 @@ def evaluate(ctx: Context, layout: Layout, kv_dtype: str, replicas: int, eligibl
         return option
     job = job_time(ctx.work, replicas, batch, lambda b: step.step_seconds(b, ctx.held),
                    step.chunked_prefill_seconds)
-    return replace(option, job=job, capture=ctx.capture(step), bound=step.bound(batch, ctx.held))
+    startup = predict_startup(ctx.spec, ctx.model.weight_bytes, nodes)
+    relaunch = ctx.restarts * restart_seconds(ctx.spec, startup)
+    return replace(option, job=job, capture=ctx.capture(step), bound=step.bound(batch, ctx.held),
+                   startup_s=startup.seconds + relaunch, startup_held_s=startup_gpu_seconds(startup) + relaunch,
+                   relaunch_s=relaunch)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -593,13 +618,15 @@ class Sizing:
             return prediction
         found = interval(self.ctx.gpu, option.layout)
         rate = prediction.output_tokens_per_second
-        # The interval is the throughput model's error on generation; the capture pass is added as predicted.
-        capture = prediction.capture_seconds or 0
-        generation = prediction.eta_seconds - capture
+        # The interval is the throughput model's error on generation; the start-up and the capture pass are added
+        # as predicted.
+        generation = prediction.generation_seconds or 0
+        fixed = prediction.eta_seconds - generation
         return prediction.model_copy(update={"interval": PredictionRange(
             output_tokens_per_second_low=round(rate * found.low), output_tokens_per_second_high=round(rate * found.high),
-            eta_seconds_low=round(generation / found.high) + capture,
-            eta_seconds_high=round(generation / found.low) + capture, basis=found.basis)})
+            eta_seconds_low=round(generation / found.high) + fixed,
+            eta_seconds_high=round(generation / found.low) + fixed, basis=found.basis, coverage=found.coverage,
+            measured=found.measured or None)})
 
     def candidate(self, option: Option, note: str) -> Candidate:
         prediction = self.ranged(option)
