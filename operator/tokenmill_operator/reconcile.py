@@ -53,6 +53,8 @@ from .decide.lifecycle import (
 from .decide.planner import PlanError, ServerPlan, workload
 from .decide.planner.verify import (
     CONFIGMAP_NAME,
+    LayoutKey,
+    layout_name,
     pinned_spec,
     read_constants,
     replan_decision,
@@ -64,7 +66,7 @@ from .decide.progress import foreign_run, would_generate
 from .decide.server_metrics import WindowFacts
 from .decide.settings import REQUIRE_QUEUE_ENV, OperatorSettings
 from .decide.states_passes import current_pass, passes_of, run_key
-from .decide.status import DatasetGenerationStatus, RunStatus, TrialCandidate
+from .decide.status import DatasetGenerationStatus, LayoutOverride, RunStatus, TrialCandidate
 from .decide.trialling import replan_may_switch
 from .faults import crash_point
 from .kube import ChildRefused, Kube, KubeUnavailable
@@ -256,7 +258,7 @@ def _observed(context: Context, output: OutputIndex, storage: Storage, planning:
     reopened = reopen(previous, retry, desired_hash, ended_hash, growing)
     if reopened:
         progress, run = observe_progress(storage, output, now, facts.job_started, stopped, full, expected)
-    window = _window(context, output, planning, facts, urls, now, settings) if not ended else None
+    window = _window(context, output, planning, facts, urls, now, settings, desired_hash) if not ended else None
     capture = None
     if spec.hidden_states is not None and progress is not None and progress.settled and job is not None \
             and not job.finished:
@@ -281,10 +283,13 @@ def _observed(context: Context, output: OutputIndex, storage: Storage, planning:
 
 
 def _window(context: Context, output: OutputIndex, planning: Planning, facts: Facts, urls: list[str] | None,
-            now: datetime, settings: OperatorSettings) -> WindowFacts | None:
+            now: datetime, settings: OperatorSettings, desired_hash: str | None = None) -> WindowFacts | None:
     """The plan's verification window, scraped while the server is ready and the runner Job runs, until the plan
     is checked (status.verification for its planned generation and switched layout), and not while a trial
-    measures (lifecycle._verification)."""
+    measures (lifecycle._verification). Only this layout's own pods and Job feed it: right after a switch (replan
+    auto, a trial's conclusion) the StatefulSet and the Job are still the old layout's for a pass, and their
+    figures would decide the new plan's check (review-f9665d2.md bug 5); so the Job must be the desired one and the
+    server as many pods as the plan runs."""
     previous, job, server = context.previous, facts.job, facts.server
     plan, key = planning.plan, verification_key(previous, planning.generation)
     done = previous.verification is not None and previous.verification.covers(*key)
@@ -292,6 +297,8 @@ def _window(context: Context, output: OutputIndex, planning: Planning, facts: Fa
     if (plan is None or urls is None or done or job is None or job.finished or job.deleting or job.suspended
             or server is None or not server.is_ready or (trial is not None and trial.phase == "Measuring")):
         return None
+    if job.hash not in (None, desired_hash) or server.desired != plan.replicas * plan.nodes_per_replica:
+        return None  # a Job without a recorded hash predates layout switches: it is the only layout there was
     targets = ([[settings.server_metrics_url]] * plan.replicas if settings.server_metrics_url
                else _metrics_urls(context, plan))
     return observe_window(output.window, targets, key, now)
@@ -371,7 +378,9 @@ def reconcile(kube: Kube, context: Context, output: OutputIndex, settings: Opera
         return blocked(base, "ChildRefused", f"{error}; the operator retries on every pass")
     if _newly_verified(context.previous, decision.status) and observed.window is not None:
         decision = _record_constants(kube, context, credentials, decision, observed.window, settings, output)
-    if context.spec.server.trial == "auto":
+    if decision.switch_not_started:
+        decision = _leave_switch(context, credentials, decision, observed, output)
+    elif context.spec.server.trial == "auto":
         decision = _trial(context, credentials, decision, observed, output, settings)
     return with_retry_event(decision, observed.retry)
 
@@ -465,9 +474,41 @@ def _trial(context: Context, credentials: dict[str, str] | None, decision: Decis
         targets = [[settings.server_metrics_url]] if settings.server_metrics_url else _metrics_urls(context, plan)
         points = observe_trial(output.trial, targets, (generation, trial.current), observed.now,
                                settings.trial_clock_scale)
-        progress = status.progress
-        share = 1 - (progress.completed + progress.failed) / progress.total if progress.total else 1.0
-        step = trialling.advance(trial, running_layout(plan), points, trialling.remaining_tokens(plan, share))
+        step = trialling.advance(trial, running_layout(plan), points, _remaining(plan, status))
+    return _apply_trial_step(context, credentials, decision, observed, output, step)
+
+
+def _remaining(plan: ServerPlan, status: DatasetGenerationStatus) -> float:
+    progress = status.progress
+    share = 1 - (progress.completed + progress.failed) / progress.total if progress.total else 1.0
+    return trialling.remaining_tokens(plan, share)
+
+
+def _pinned(context: Context, credentials: dict[str, str] | None, output: OutputIndex, plan: ServerPlan,
+            key: LayoutKey, what: str) -> ServerPlan | None:
+    """The plan of one layout (the spec pinned to it, the job as read for this generation), or None when it cannot
+    be made now (the model files: asked again on the next pass) or does not plan as that layout."""
+    try:
+        pinned = make_plan(pinned_spec(context.spec, key), credentials, job_workload(context, credentials, output),
+                           retry=OBSERVE_RETRY, node_driver_major=plan.cuda_driver_major, local=False)
+    except Exception as error:  # the model files: the switch is asked again on the next pass
+        logger.warning("%s/%s: cannot plan %s %s: %s", context.namespace, context.name, what, layout_name(*key),
+                       error)
+        return None
+    if running_layout(pinned) != key:
+        logger.warning("%s/%s: %s %s plans as %s: not run", context.namespace, context.name, what, layout_name(*key),
+                       running_layout(pinned))
+        return None
+    return pinned
+
+
+def _apply_trial_step(context: Context, credentials: dict[str, str] | None, decision: Decision,
+                      observed: Observed, output: OutputIndex, step: trialling.TrialStep) -> Decision:
+    """A trial step in status: its trial, its Trialled condition and Event, and when it switches, serverPlan pinned
+    to the layout and status.layoutOverride (applied by the next passes)."""
+    status = decision.status
+    plan = status.server_plan
+    assert plan is not None
     update: dict[str, Any] = {"trial": step.trial}
     conditions = status.conditions
     if step.condition is not None:
@@ -476,23 +517,54 @@ def _trial(context: Context, credentials: dict[str, str] | None, decision: Decis
     if step.switch_to is not None:
         target = step.switch_to
         why = (step.condition[2] if step.condition else f"trial: switching to {target.layout}")
-        try:
-            pinned = make_plan(pinned_spec(context.spec, target.key), credentials,
-                               job_workload(context, credentials, output), retry=OBSERVE_RETRY,
-                               node_driver_major=plan.cuda_driver_major, local=False)
-        except Exception as error:  # the model files: the switch is asked again on the next pass
-            logger.warning("%s/%s: cannot plan the trial's layout %s: %s", context.namespace, context.name,
-                           target.layout, error)
-            return decision
-        if running_layout(pinned) != target.key:
-            logger.warning("%s/%s: the trial's layout %s plans as %s: not run", context.namespace, context.name,
-                           target.layout, running_layout(pinned))
+        pinned = _pinned(context, credentials, output, plan, target.key, "the trial's layout")
+        if pinned is None:
             return decision
         update["server_plan"] = trialling.trial_plan(pinned, plan, target, why)
         update["layout_override"] = trialling.trial_override(step.trial, plan, target, why,
                                                              observed.now.isoformat().replace("+00:00", "Z"))
     update["conditions"] = conditions
     return replace(decision, status=status.model_copy(update=update), events=events)
+
+
+def _leave_switch(context: Context, credentials: dict[str, str] | None, decision: Decision, observed: Observed,
+                  output: OutputIndex) -> Decision:
+    """The layout the operator switched to did not start within its budget (decision.switch_not_started): a trial
+    drops that candidate and moves on (trialling.drop_unstarted); a replan (or a trial's last switch) goes back to
+    the layout it came from, once, with the figures in the Replanned condition and a Warning Event."""
+    status, why = decision.status, decision.switch_not_started
+    plan, override, trial = status.server_plan, status.layout_override, status.trial
+    if plan is None or override is None or why is None:
+        return decision
+    if trial is not None and trial.phase == "Measuring" and trial.candidates[trial.current].key == running_layout(
+            plan):
+        return _apply_trial_step(context, credentials, decision, observed, output,
+                                 trialling.drop_unstarted(trial, why, _remaining(plan, status)))
+    back = override.from_key
+    if back is None:  # a status from before the field: the run's own start deadline decides
+        return decision
+    pinned = _pinned(context, credentials, output, plan, back, "the layout switched from,")
+    if pinned is None:
+        return decision
+    message = (f"{why}: back to {override.from_layout}, the layout it was switched from (the server restarts as "
+               f"{override.from_layout} and the runner Job resumes from what is committed; no other switch in this "
+               "generation)")
+    replicas, tp, dp, kv = back
+    revert = LayoutOverride(
+        generation=override.generation, replicas=replicas, tensor_parallel=tp, attention_data_parallel=dp,
+        kv_cache_dtype=kv, from_layout=override.to_layout, to_layout=override.from_layout, reason=message,
+        current_eta_seconds=override.new_eta_seconds, new_eta_seconds=override.current_eta_seconds, gain_seconds=0,
+        restart_seconds=override.restart_seconds, margin_seconds=0, at=observed.now.isoformat().replace("+00:00", "Z"),
+        from_replicas=override.replicas, from_tensor_parallel=override.tensor_parallel,
+        from_attention_data_parallel=override.attention_data_parallel, from_kv_cache_dtype=override.kv_cache_dtype,
+        reverted=True)
+    lead = f"returned by the operator to the layout it switched from: {message}"
+    conditions = set_condition(status.conditions, "Replanned", "False", "SwitchNotStarted", message, observed.now,
+                               context.generation)
+    updated = status.model_copy(update={
+        "server_plan": pinned.model_copy(update={"reasoning": [lead, *pinned.reasoning]}),
+        "layout_override": revert, "conditions": conditions})
+    return replace(decision, status=updated, events=[*decision.events, Event("Warning", "Replanned", message)])
 
 
 # ---------------------------------------------------------------------------------------------- one whole pass

@@ -12,8 +12,8 @@ import yaml
 
 from tokenmill_operator.decide.planner import workload
 from tokenmill_operator.observe.workload_sample import SurveyReader, surveyed_workload
-from tokenmill_runner.source.survey import SurveyBounds
 from tokenmill_runner import cli
+from tokenmill_runner.source.survey import SurveyBounds
 from tokenmill_runner.spec.resource import load_spec_file
 
 REPO = Path(__file__).resolve().parents[2]

@@ -42,12 +42,14 @@ def steady(rate: float, until: float = 300.0, seed: int = 0, noise: float = 0.01
     return [MetricPoint(t, rate * (1 + rng.uniform(-noise, noise)), 100.0, 20.0) for t in range(0, int(until) + 1, 5)]
 
 
-def until_stop(trial: TrialStatus, running, points: list[MetricPoint]):
-    """advance() scrape by scrape, as the operator's passes call it, until the step moves on."""
+def until_stop(trial: TrialStatus, running, points: list[MetricPoint], remaining_tokens: float = 1e9):
+    """advance() scrape by scrape, as the operator's passes call it (each pass's trial status the next one's), until
+    the step moves on."""
     for i in range(1, len(points) + 1):
-        step = advance(trial, running, points[:i], remaining_tokens=1e9)
+        step = advance(trial, running, points[:i], remaining_tokens=remaining_tokens)
         if step.trial.current != trial.current or step.trial.phase != trial.phase:
             return step
+        trial = step.trial
     return step
 
 
@@ -118,9 +120,10 @@ def test_the_last_one_measured_winning_needs_no_restart_and_a_restart_that_does_
 def test_nothing_steady_is_measured_to_its_budget_and_the_run_stays():
     trial = begin(seeds_plan(11_000), generation=1).trial
     trial = trial.model_copy(update={"candidates": trial.candidates[:2]})
-    draining = [MetricPoint(t, 1000.0, 100.0, 0.0) for t in range(0, trial.measure_seconds + 10, 5)]  # never full
+    # Never full; each candidate measured a second budget (the trial's budget allows it), then ranked on nothing.
+    draining = [MetricPoint(t, 1000.0, 100.0, 0.0) for t in range(0, 2 * trial.measure_seconds + 10, 5)]
     first = until_stop(trial, trial.candidates[0].key, draining).trial
-    assert first.candidates[0].stop == "budget" and first.candidates[0].flagged
+    assert first.candidates[0].stop == "budget" and first.candidates[0].flagged and first.candidates[0].extended
     assert first.candidates[0].tokens_per_second is None
     done = until_stop(first, first.candidates[1].key, draining)
     assert done.trial.phase == "Done" and done.condition is not None and done.condition[:2] == ("False",

@@ -157,6 +157,9 @@ class Decision:
     replace_job: bool = False  # delete the runner Job (its pods first); the next pass creates the new one
     write_report: bool = False
     events: list[Event] = field(default_factory=list)
+    # The layout the operator switched to (replan auto, a trial) did not start within its budget: why, with the
+    # figures. The pass leaves it (a trial drops the candidate; a replan goes back to the layout it came from).
+    switch_not_started: str | None = None
 
 
 @dataclass

@@ -391,6 +391,46 @@ def server_start_deadline(observed: Observed) -> float:
                MIN_SERVER_START_S)
 
 
+# A layout the operator switched to (replan auto, a trial step) gets its own start budget: 3x the start-up its plan
+# predicts for a restart, at least 10 minutes. Past it the run leaves that layout (a trial drops the candidate, a
+# replan goes back where it came from) instead of failing whole; the run's own deadline applies only if leaving it
+# cannot be done either (SWITCH_GRACE budgets later).
+MIN_SWITCH_START_S = 600.0
+SWITCH_GRACE = 2
+
+
+def switch_start_budget(restart_s: float) -> float:
+    return max(SERVER_START_FACTOR * restart_s, MIN_SWITCH_START_S)
+
+
+def _switch_starting(observed: Observed) -> tuple[LayoutOverride, float] | None:
+    """The switch being started (not a return from one), and the seconds its server has been starting."""
+    override = _kept_override(observed)
+    server = observed.server
+    since = observed.previous.server_starting_since
+    if override is None or override.reverted or not since or (server is not None and server.is_ready):
+        return None
+    if observed.job is not None and not observed.job.deleting:
+        return None  # a Job runs: the server was ready since the switch
+    return override, (observed.now - _parse_iso(since)).total_seconds()
+
+
+def switch_not_started(observed: Observed) -> str | None:
+    """Why the run leaves the layout it was switched to: it did not start within its budget (with the figures),
+    or None."""
+    found = _switch_starting(observed)
+    if found is None:
+        return None
+    override, waited = found
+    budget = switch_start_budget(override.restart_seconds)
+    if waited < budget:
+        return None
+    return (f"{override.to_layout} did not start in {format_duration(waited)} (its budget "
+            f"{format_duration(budget)}: {SERVER_START_FACTOR}x its predicted start-up "
+            f"{format_duration(override.restart_seconds)}, at least {format_duration(MIN_SWITCH_START_S)}): "
+            f"{_server_not_ready(observed)}")
+
+
 def _starting_since(observed: Observed) -> datetime:
     since = observed.previous.server_starting_since
     return _parse_iso(since) if since else observed.now
@@ -445,6 +485,9 @@ def _server_cannot_start(observed: Observed) -> str | None:
     since = observed.previous.server_starting_since
     if (server is not None and server.is_ready) or not since:
         return None
+    switching = _switch_starting(observed)
+    if switching is not None and switching[1] < SWITCH_GRACE * switch_start_budget(switching[0].restart_seconds):
+        return None  # a switched layout that does not start is left (switch_not_started), not the whole run failed
     waited = (observed.now - _parse_iso(since)).total_seconds()
     deadline = server_start_deadline(observed)
     if waited < deadline:
@@ -596,11 +639,14 @@ def with_switch(decision: Decision, replan: Replan, running: ServerPlan, switche
                "Job is replaced: it resumes from what is committed (once per spec generation; edit the spec to plan "
                "from it again)")
     replicas, tp, dp, kv = running_layout(switched)
+    from_replicas, from_tp, from_dp, from_kv = running_layout(running)
     override = LayoutOverride(
         generation=generation, replicas=replicas, tensor_parallel=tp, attention_data_parallel=dp, kv_cache_dtype=kv,
         from_layout=before, to_layout=replan.best, reason=message, current_eta_seconds=round(replan.current_eta_s),
         new_eta_seconds=round(replan.best_eta_s), gain_seconds=round(replan.gain_s),
-        restart_seconds=round(replan.restart_s), margin_seconds=round(replan.margin_s), at=_iso(now))
+        restart_seconds=round(replan.restart_s), margin_seconds=round(replan.margin_s), at=_iso(now),
+        from_replicas=from_replicas, from_tensor_parallel=from_tp, from_attention_data_parallel=from_dp,
+        from_kv_cache_dtype=from_kv)
     conditions = set_condition(decision.status.conditions, "Replanned", "True", "FasterLayoutMeasured", message,
                                now, generation)
     status = decision.status.model_copy(update={"conditions": conditions, "server_plan": switched,
@@ -723,7 +769,10 @@ def decide(observed: Observed) -> Decision:
     server_cannot_start = _server_cannot_start(observed)
     if server_cannot_start:
         return _failed(observed, status, "ServerCannotStart", server_cannot_start)
-    return _running(observed, status, replace_job)
+    running = _running(observed, status, replace_job)
+    if (leave := switch_not_started(observed)) is not None:
+        return replace(running, switch_not_started=leave)
+    return running
 
 
 def _cache_lock_failed(observed: Observed) -> str | None:

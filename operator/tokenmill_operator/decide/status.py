@@ -131,6 +131,21 @@ class LayoutOverride(SpecModel):
     restart_seconds: int = Field(description="The restart it pays: the plan's start-up (copy, load, warm-up).")
     margin_seconds: int = Field(description="The margin the gain had to beat on top of the restart.")
     at: str = Field(description="When the operator switched (RFC 3339).")
+    # The layout switched from, as a key: where the run goes back to when the switched one does not start.
+    from_replicas: int | None = Field(None, description="Server replicas of the layout switched from.")
+    from_tensor_parallel: int | None = Field(None, description="GPUs per replica of the layout switched from.")
+    from_attention_data_parallel: int | None = Field(None, description="DP attention groups of the layout switched "
+                                                      "from.")
+    from_kv_cache_dtype: str | None = Field(None, description="--kv-cache-dtype of the layout switched from.")
+    reverted: bool = Field(False, description="This override returns to the previous layout because the one "
+                           "switched to did not start within its budget (reason says which and why).")
+
+    @property
+    def from_key(self) -> tuple[int, int, int, str] | None:
+        if self.from_replicas is None or self.from_tensor_parallel is None:
+            return None
+        return (self.from_replicas, self.from_tensor_parallel, self.from_attention_data_parallel or 1,
+                self.from_kv_cache_dtype or "auto")
 
     @property
     def token(self) -> str:
@@ -149,14 +164,18 @@ class TrialCandidate(SpecModel):
     attention_data_parallel: int = Field(1, description="DP attention groups per replica (1 = off).")
     kv_cache_dtype: str = Field("auto", description="--kv-cache-dtype.")
     predicted_eta_seconds: int = Field(0, description="The plan's ETA for the whole job on this layout.")
-    state: Literal["Pending", "Measuring", "Measured"] = Field("Pending", description="Where its measurement is.")
+    state: Literal["Pending", "Measuring", "Measured", "NotStarted"] = Field(
+        "Pending", description="Where its measurement is; NotStarted: dropped, its server did not start within its "
+        "budget (message says why).")
     tokens_per_second: float | None = Field(None, description="Measured steady output tokens/s (the server's "
                                           "gen_throughput summed over its replicas).")
     tokens_per_second_low: float | None = Field(None, description="Low end of its 99 % interval.")
     tokens_per_second_high: float | None = Field(None, description="High end of its 99 % interval.")
     measured_seconds: int | None = Field(None, description="How long it was measured (from its first scrape).")
     stop: str | None = Field(None, description="Why its measurement ended: ranked (told apart from the others), "
-                             "precise (the first one, within 2 %) or budget (its time spent; flagged).")
+                             "precise (the first one, within 2 %), budget (its time spent; flagged) or not started.")
+    extended: bool = Field(False, description="Measured for a second budget because it had not reached a steady "
+                           "state in its first and the trial's budget allowed it.")
     flagged: bool = Field(False, description="Stopped on its budget without being told apart from the others.")
     message: str = Field("", description="Its steady-state detection's latest word while measured.")
 

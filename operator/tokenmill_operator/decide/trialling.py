@@ -16,7 +16,7 @@ mid-trial measures that candidate again from its next scrape (its time budget co
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tokenmill_runner.spec.config import TrialSample
 
@@ -83,6 +83,11 @@ def begin(plan: ServerPlan, generation: int, measure_s: float = MEASURE_S) -> Tr
     return TrialStep(trial, condition=("Unknown", "Measuring", f"measuring {names}: {picked.reason}"))
 
 
+def _spent(trial: TrialStatus) -> float:
+    """Seconds the trial has spent: every candidate's measuring time and one restart per switch so far."""
+    return sum(c.measured_seconds or 0 for c in trial.candidates) + trial.current * trial.restart_seconds
+
+
 def _measurement(c: TrialCandidate, budget_s: float) -> Measurement:
     """A finished candidate as the rules take it back from status."""
     if c.tokens_per_second is None:
@@ -113,12 +118,21 @@ def advance(trial: TrialStatus, running: LayoutKey, points: Sequence[MetricPoint
     if running != current.key:
         # The switch this status asked for is not what serverPlan runs (it always is: both are one status write).
         return TrialStep(trial, switch_to=current)
-    budget = float(trial.measure_seconds)
+    budget = float(trial.measure_seconds) * (2 if current.extended else 1)
     elapsed = points[-1].t - points[0].t if points else 0.0
     now = Measurement(current.layout, steady_state(points, cap), elapsed, budget)
-    done = [_measurement(c, budget) for c in trial.candidates[:index]]
+    done = [_measurement(c, float(trial.measure_seconds)) for c in trial.candidates[:index] if c.state == "Measured"]
     stop = should_stop(now, done)
     candidates = list(trial.candidates)
+    if stop == "budget" and not now.steady.found and not current.extended and (
+            _spent(trial) + elapsed + trial.measure_seconds <= trial.budget_seconds):
+        # Not steady yet and the trial can afford it: measured for a second budget rather than ranked on nothing.
+        candidates[index] = current.model_copy(update={"extended": True, "message": now.steady.reason})
+        message = (f"{current.layout}: no steady state in {elapsed:,.0f} s ({now.steady.reason}); measured "
+                   f"{trial.measure_seconds:,} s more (the trial has spent {_spent(trial) + elapsed:,.0f} s of its "
+                   f"{trial.budget_seconds:,} s)")
+        return TrialStep(trial.model_copy(update={"candidates": candidates}),
+                         condition=("Unknown", "Measuring", message))
     if stop == "continue":
         candidates[index] = current.model_copy(update={"state": "Measuring", "message": now.steady.reason})
         message = (f"measuring {current.layout} (candidate {index + 1} of {len(candidates)}, {elapsed:,.0f} s of "
@@ -139,29 +153,75 @@ def advance(trial: TrialStatus, running: LayoutKey, points: Sequence[MetricPoint
         message = f"{_figures(_measurement(measured, budget))} ({stop}); switching to {following.layout}"
         return TrialStep(trial.model_copy(update={"candidates": candidates, "current": index + 1}),
                          switch_to=following, condition=("Unknown", "Measuring", message))
-    measurements = [_measurement(c, budget) for c in candidates]
-    result = conclude(measurements, current.layout, remaining_tokens, float(trial.restart_seconds))
+    return _concluded(trial, candidates, current.layout, remaining_tokens)
+
+
+def _concluded(trial: TrialStatus, candidates: list[TrialCandidate], last: str, remaining_tokens: float) -> TrialStep:
+    """The trial's end: the measured fastest, and the layout the run continues on (rule 3), with the figures."""
+    budget = float(trial.measure_seconds)
+    running = next((c for c in candidates if c.layout == last), None)
+    started = running is not None and running.state != "NotStarted"
+    measurements = [_measurement(c, budget) for c in candidates if c.state != "NotStarted"]
+    dropped = [c for c in candidates if c.state == "NotStarted"]
+    result = conclude(measurements, last if started else "", remaining_tokens, float(trial.restart_seconds))
     target = result.continue_on
-    figures = "; ".join(_figures(m) for m in measurements)
+    figures = "; ".join([*(_figures(m) for m in measurements),
+                         *(f"{c.layout}: dropped, {c.message}" for c in dropped)])
+    first = candidates[0].layout  # the plan's pick: it ran before the trial switched away
     if not result.ranking:
+        target = last if started else first
         status, reason = "False", "NoSteadyState"
-        outcome = f"no candidate reached a steady state: the run continues on {target}"
+        outcome = (f"no candidate reached a steady state: the run continues on {target}" if started else
+                   f"no candidate reached a steady state and {last} did not start: the run goes back to {first}, "
+                   "the plan's pick")
+    elif result.back_to_measured:
+        status, reason = "True", "BackToMeasured"
+        winner = next(m for m in measurements if m.name == result.winner)
+        why = (f"{last} reached no steady state to compare" if started else f"{last} did not start")
+        outcome = (f"{why}: the run goes back to {result.winner}, measured fastest at {winner.steady.throughput:,.1f} "
+                   f"tok/s [{winner.steady.low:,.1f}, {winner.steady.high:,.1f}] (one more restart)")
     elif target == result.winner:
         status, reason = "True", "FastestMeasured"
         outcome = f"{result.winner} measured fastest{' (not told apart from the runner-up)' if result.flagged else ''}"
-        outcome += f": the run continues on it{'' if target == current.layout else ' (one more restart)'}"
+        outcome += f": the run continues on it{'' if target == last and started else ' (one more restart)'}"
     else:
         status, reason = "True", "SwitchDoesNotPay"
         d = result.decision
-        why = (f" (remaining {d.best_eta_s / 3600:,.2f} h + restart {d.restart_s / 60:,.0f} min against "
-               f"{d.current_eta_s / 3600:,.2f} h, margin {d.margin_s / 60:,.0f} min)" if d is not None else "")
-        outcome = f"{result.winner} measured fastest, but switching back to it does not pay{why}: the run stays on {target}"
+        assert d is not None  # conclude decides whenever the running layout was measured and is not the winner
+        outcome = (f"{result.winner} measured fastest, but switching back to it does not pay (remaining "
+                   f"{d.best_eta_s / 3600:,.2f} h + restart {d.restart_s / 60:,.0f} min against "
+                   f"{d.current_eta_s / 3600:,.2f} h, margin {d.margin_s / 60:,.0f} min): the run stays on {target}")
     message = f"{outcome}. {figures}"
-    finished = trial.model_copy(update={"candidates": candidates, "phase": "Done", "winner": result.winner,
+    finished = trial.model_copy(update={"candidates": candidates, "phase": "Done", "winner": result.winner or target,
                                         "continued_on": target, "reason": message})
-    switch = next((c for c in candidates if c.layout == target), None) if target != current.layout else None
+    switch = next((c for c in candidates if c.layout == target), None) if target != last or not started else None
     return TrialStep(finished, switch_to=switch, condition=(status, reason, message),
                      event=Event("Normal", CONDITION, f"trial: {message}"))
+
+
+def drop_unstarted(trial: TrialStatus, why: str, remaining_tokens: float) -> TrialStep:
+    """The candidate being measured did not start within its budget (`why`, lifecycle.switch_not_started): it is
+    dropped with the figures, and the trial moves on to the next candidate, or concludes on what it measured (back
+    to the best measured, else to the plan's pick, which ran before the trial switched away): never the whole run
+    failed for a layout the trial chose to try (review-f9665d2.md bug 7)."""
+    if trial.phase != "Measuring":
+        return TrialStep(trial)
+    index = trial.current
+    candidates = list(trial.candidates)
+    dropped = candidates[index].model_copy(update={"state": "NotStarted", "stop": "not started", "message": why,
+                                                   "tokens_per_second": None, "tokens_per_second_low": None,
+                                                   "tokens_per_second_high": None})
+    candidates[index] = dropped
+    if index + 1 < len(candidates):
+        following = candidates[index + 1].model_copy(update={"state": "Measuring"})
+        candidates[index + 1] = following
+        message = f"{dropped.layout} dropped: {why}; switching to {following.layout}"
+        return TrialStep(trial.model_copy(update={"candidates": candidates, "current": index + 1}),
+                         switch_to=following, condition=("Unknown", "Measuring", message),
+                         event=Event("Warning", CONDITION, f"trial: {message}"))
+    step = _concluded(trial, candidates, dropped.layout, remaining_tokens)
+    event = Event("Warning", CONDITION, step.event.message if step.event else f"trial: {dropped.layout} dropped")
+    return replace(step, event=event)
 
 
 def trial_plan(pinned: ServerPlan, original: ServerPlan, candidate: TrialCandidate, step: str) -> ServerPlan:
@@ -183,13 +243,15 @@ def trial_override(trial: TrialStatus, running: ServerPlan, candidate: TrialCand
     re-plan)."""
     before = next((c for c in trial.candidates if c.key == running_layout(running)), None)
     current_eta = before.predicted_eta_seconds if before is not None else 0
+    from_replicas, from_tp, from_dp, from_kv = running_layout(running)
     return LayoutOverride(
         generation=trial.generation, replicas=candidate.replicas, tensor_parallel=candidate.tensor_parallel,
         attention_data_parallel=candidate.attention_data_parallel, kv_cache_dtype=candidate.kv_cache_dtype,
         from_layout=layout_name(*running_layout(running)), to_layout=candidate.layout, reason=reason,
         current_eta_seconds=current_eta, new_eta_seconds=candidate.predicted_eta_seconds,
         gain_seconds=current_eta - candidate.predicted_eta_seconds, restart_seconds=trial.restart_seconds,
-        margin_seconds=0, at=at)
+        margin_seconds=0, at=at, from_replicas=from_replicas, from_tensor_parallel=from_tp,
+        from_attention_data_parallel=from_dp, from_kv_cache_dtype=from_kv)
 
 
 def remaining_tokens(plan: ServerPlan, remaining_share: float) -> float:

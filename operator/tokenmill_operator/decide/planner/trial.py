@@ -391,9 +391,14 @@ class TrialResult:
     decision: Decision | None
     running: str
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # The running layout has no steady state (unmeasured): the run goes back to the measured winner, since staying
+    # would be deciding on no figures at all (review-f9665d2.md bug 6).
+    back_to_measured: bool = False
 
     @property
     def continue_on(self) -> str:
+        if self.back_to_measured:
+            return self.winner
         return self.winner if self.decision is not None and self.decision.action != "stay" else self.running
 
 
@@ -410,8 +415,11 @@ def conclude(measurements: Sequence[Measurement], running: str, remaining_tokens
     notes = [f"{m.name}: {m.steady.throughput:,.0f} tok/s [{m.steady.low:,.0f}, {m.steady.high:,.0f}]"
              + (" (budget spent, unranked)" if m.flagged else "") for m in ranked]
     stay = next((m for m in found if m.name == running), None)
-    if stay is None or winner.name == running:
+    if winner.name == running:
         return TrialResult(tuple(m.name for m in ranked), winner.name, flagged, None, running, tuple(notes))
+    if stay is None:
+        return TrialResult(tuple(m.name for m in ranked), winner.name, flagged, None, running, tuple(notes),
+                           back_to_measured=True)
     unresolved = not _separated(winner.steady, stay.steady)
     stay_rate = stay.steady.high if unresolved else stay.steady.throughput
     win_rate = winner.steady.low if unresolved else winner.steady.throughput
