@@ -17,6 +17,7 @@ import yaml
 from tokenmill_runner.facts.workload import Workload
 from tokenmill_runner.source.survey import SurveyBounds
 from tokenmill_runner.spec.resource import DatasetGenerationSpec, SpecError, load_spec_file
+from tokenmill_runner.store.storage import StorageRetry
 
 from .decide import cache, kueue, manifests, names
 from .decide.planner import model_facts, plan_server, render_plan, workload
@@ -25,6 +26,9 @@ from .observe.model_files import files_or_known
 from .observe.workload_sample import SurveyReader, surveyed_workload
 
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
+# A plan is a look before anything runs: a store that does not answer is said (and the plan goes on without what
+# it holds) within seconds, not after the run's 10-minute retry budget.
+PLAN_RETRY = StorageRetry(budget_s=5.0)
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -111,7 +115,7 @@ def surveyed(spec: DatasetGenerationSpec, args: argparse.Namespace) -> Workload:
     read = spec.model_copy(update={"datasets": [d.model_copy(update={"source": local.get(d.name, d.source)})
                                                 for d in spec.datasets]})
     reader = SurveyReader(endpoint=spec.output.endpoint, region=spec.output.region,
-                          bounds=replace(SurveyBounds(), sample_rows=args.sample_rows),
+                          bounds=replace(SurveyBounds(), sample_rows=args.sample_rows), retry=PLAN_RETRY,
                           hint="give the store's credentials (AWS_ACCESS_KEY_ID ...) or --s3-endpoint, or "
                                "--source DATASET=FILE to plan from a local copy")
     location = args.tokenizer or spec.model.tokenizer or spec.model.path
@@ -133,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     if spec.server.gpu_product is None and spec.server.gpu_memory_mib is None:
         raise SpecError("GPU memory unknown: give --gpu-product NAME (e.g. --gpu-product NVIDIA-H200, RTX-PRO-6000, "
                         "MI300X) or set spec.server.gpuProduct (or spec.server.gpuMemoryMib)")
-    config, weight_bytes, known_note = files_or_known(spec, args.model_files)
+    config, weight_bytes, known_note = files_or_known(spec, args.model_files, PLAN_RETRY)
     fixed = args.prompt_tokens or args.output_tokens or args.concurrency
     work = (workload(spec, args.prompt_tokens, args.output_tokens, args.concurrency) if fixed
             else surveyed(spec, args))

@@ -1,10 +1,13 @@
 """`tokenmill plan` for the examples and the seeds' hardware: the candidate table, the prediction in --json, and
 the fixed-workload flags. The model files are the Kimi-K2.5 fixture written as a model folder (config.json and
-the safetensors index), read through --model-files as a user does before the weights are uploaded."""
+the safetensors index), read through --model-files as a user does before the weights are uploaded; without them,
+offline, every example still plans (the facts tokenmill ships for its models, the sources it can read counted and
+sampled, the others said to be assumed and why), and each error names the flag that gets past it."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -22,6 +25,15 @@ def kimi_files(tmp_path: Path) -> Path:
     index = {"metadata": {"total_size": data["weight_bytes"]}, "weight_map": {}}
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
     return tmp_path
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on a laptop without the store's credentials: the examples' s3:// model and sources cannot be read."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
 
 
 def plan(capsys: pytest.CaptureFixture[str], *args: str) -> str:
@@ -101,3 +113,80 @@ def test_a_local_output_without_room_for_the_states_is_refused(kimi_files: Path,
     assert cli.main(["plan", str(spec), "--model-files", str(kimi_files)]) == 2
     error = capsys.readouterr().err
     assert "spec.hiddenStates" in error and "GB free but the hidden states need" in error
+
+
+def plan_json(capsys: pytest.CaptureFixture[str], example: str, *args: str) -> dict:
+    assert cli.main(["plan", str(REPO / "examples" / example), "--json", *args]) == 0
+    return json.loads(capsys.readouterr().out)["plan"]
+
+
+def test_every_example_plans_offline_with_what_its_sources_say(capsys: pytest.CaptureFixture[str]):
+    # The demo: local sources, counted and tokenized with the demo model's template; the context is the job's.
+    demo = plan_json(capsys, "demo.yaml")
+    datasets = {d["name"]: d for d in demo["prediction"]["datasets"]}
+    rows = {"B1_glaive": 80, "B5_openthoughts": 75, "B8_sweagent": 63, "M1_tool_conversations": 48,
+            "C1_sharegpt": 30 * 2}  # C1 asks 2 samples a prompt
+    assert {name: d["samples"] for name, d in datasets.items()} == rows
+    assert {d["samplesSource"] for d in datasets.values()} == {"counted"}
+    assert {d["promptSource"] for d in datasets.values()} == {"sampled"}
+    assert datasets["B8_sweagent"]["promptTokens"] > 10 * datasets["C1_sharegpt"]["promptTokens"]
+    assert demo["prediction"]["samples"] == sum(rows.values()) and not demo["prediction"]["samplesAssumed"]
+    assert demo["contextLength"] <= 32768  # prompt + the largest maxNewTokens, not the default 262,144
+    # The cluster examples: their models' facts ship with tokenmill; their S3 sources cannot be read here.
+    for example, model in (("b5-openthoughts.yaml", "moonshotai/Kimi-K2.5"), ("chat-samples.yaml", "Qwen/Qwen3-8B")):
+        found = plan_json(capsys, example)
+        assert found["reasoning"][0].startswith(f"model facts: built in for {model}: config ")
+        assert "give --model-files DIR|S3" in found["reasoning"][0]
+        for d in found["prediction"]["datasets"]:
+            assert d["samplesSource"] in ("limit", "assumed") and d["promptSource"] == "assumed"
+            why = d["samplesHow"] if d["samplesSource"] == "assumed" else d["promptWhy"]
+            assert "Unable to locate credentials" in why and "--source DATASET=FILE" in why
+
+
+def test_a_local_copy_of_a_source_is_counted_and_sampled(capsys: pytest.CaptureFixture[str]):
+    local = REPO / "examples" / "prompts" / "reasoning.jsonl"
+    found = plan_json(capsys, "b5-openthoughts.yaml", "--source", f"B5_openthoughts={local}")
+    (dataset,) = found["prediction"]["datasets"]
+    assert (dataset["samples"], dataset["samplesSource"]) == (75, "counted")
+    # Kimi's tokenizer is on S3 too: the prompts are estimated from their characters, and the context sized from
+    # their bytes (an upper bound on their tokens), which says so.
+    assert dataset["promptSource"] == "estimated" and "give --tokenizer DIR|S3" in dataset["promptWhy"]
+    assert found["contextLength"] < 65536
+
+
+def test_one_eta_everywhere(capsys: pytest.CaptureFixture[str]):
+    assert cli.main(["plan", str(REPO / "examples" / "demo.yaml")]) == 0
+    out = capsys.readouterr().out
+    headline = next(line for line in out.splitlines() if line.startswith("predicted "))
+    eta = headline.split("ETA ")[1].split(" for ")[0]
+    prediction = next(line for line in out.splitlines() if line.startswith("  - prediction: "))
+    assert f"= ETA {eta} for " in prediction
+    chosen = next(line for line in out.splitlines() if line.strip().startswith("*"))
+    assert f"  {eta}  " in chosen
+    rule = next(line for line in out.splitlines() if line.startswith("  - rule: the smallest predicted ETA"))
+    others = re.findall(r"(\d+[dhm] \d+[hms]) \([+-]\d+%\)", rule)
+    table = [line for line in out.splitlines() if " x TP" in line and not line.strip().startswith("*")]
+    assert others and all(any(f"  {found}  " in line for line in table) for found in others), (rule, table)
+
+
+def test_errors_name_the_flag_that_gets_past_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    import yaml
+
+    document = yaml.safe_load((REPO / "examples" / "demo.yaml").read_text())
+    del document["spec"]["server"]
+    document["spec"]["model"]["path"] = str(REPO / "examples" / "demo-model")
+    for dataset in document["spec"]["datasets"]:
+        dataset["source"] = str(REPO / "examples" / dataset["source"])
+    no_gpu = tmp_path / "no-gpu.yaml"
+    no_gpu.write_text(yaml.safe_dump(document))
+    assert cli.main(["plan", str(no_gpu)]) == 2
+    assert "--gpu-product" in capsys.readouterr().err
+    assert cli.main(["plan", str(no_gpu), "--gpu-product", "H200"]) == 0
+    capsys.readouterr()
+    unknown = yaml.safe_load(B5.read_text())
+    unknown["spec"]["model"]["path"] = "s3://models/someone/Unknown-70B/"
+    path = tmp_path / "unknown.yaml"
+    path.write_text(yaml.safe_dump(unknown))
+    assert cli.main(["plan", str(path)]) != 0
+    error = capsys.readouterr().err
+    assert "--model-files DIR|S3" in error and "moonshotai/Kimi-K2.5" in error

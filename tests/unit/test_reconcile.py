@@ -228,3 +228,38 @@ def test_speculators_layout_on_a_target_that_cannot_serve_it_is_a_plan_error(mod
     assert refused.plan is None and refused.transient is None
     assert refused.error and "spec.hiddenStates.layouts 'speculators'" in refused.error
     assert "KimiK25ForConditionalGeneration" in refused.error
+
+
+def test_the_operator_plans_the_job_its_sources_hold_within_its_bounds(model_files: ModelFiles, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch):
+    """At plan time the operator reads the tenant's sources from S3 (its credentials, its short retries): rows
+    counted within its byte bound and estimated past it, prompt lengths from the rows' characters (it never loads a
+    tenant's tokenizer), the context from their bytes; a source outside S3 is not read and says why."""
+    from tokenmill_operator.observe import workload_sample
+    from tokenmill_operator.observe.gather import OutputIndex
+    from tokenmill_operator.reconcile import job_workload
+    from tokenmill_runner.source.survey import SurveyBounds
+
+    bucket = model_files.uri.split("/")[2]
+    sources = open_storage(f"s3://{bucket}/prompts/", model_files.endpoint)
+    row = json.dumps({"messages": [{"role": "user", "content": "x" * 400}]}) + "\n"
+    sources.put("small.jsonl", (row * 50).encode())
+    sources.put("large.jsonl", (row * 4000).encode())
+    (tmp_path / "local.jsonl").write_text(row)
+    monkeypatch.setattr(workload_sample, "OPERATOR_BOUNDS", SurveyBounds(max_bytes=200_000, sample_rows=100))
+    base = model_files.context(2)
+    document = {**base.body, "spec": {**base.body["spec"], "sampling": {"maxNewTokens": 4096}, "datasets": [
+        {"name": "small", "source": f"s3://{bucket}/prompts/small.jsonl"},
+        {"name": "large", "source": f"s3://{bucket}/prompts/large.jsonl"},
+        {"name": "local", "source": str(tmp_path / "local.jsonl")}]}}
+    ctx = Context(body=document, name="r", namespace="ns", generation=2, spec=parse_document(document).spec,
+                  previous=DatasetGenerationStatus())
+    index = OutputIndex()
+    planning = plan_for(ctx, None, work=lambda: job_workload(ctx, None, index))
+    assert planning.plan is not None and planning.plan.prediction is not None
+    found = {d.name: d for d in planning.plan.prediction.datasets}
+    assert (found["small"].samples, found["small"].samples_source) == (50, "counted")
+    assert found["large"].samples_source == "estimated" and 3000 <= found["large"].samples <= 5000
+    assert found["small"].prompt_source == "estimated" and "no tokenizer" in found["small"].prompt_why
+    assert found["local"].samples_source == "assumed" and "reads sources only from S3" in found["local"].samples_how
+    assert index.workloads[2].datasets[0].samples == 50  # kept for the trial's and the re-plan's plans

@@ -58,12 +58,13 @@ def read_model_facts(spec: DatasetGenerationSpec, credentials: dict[str, str] | 
     return model_facts(*read_model_files(spec, credentials, location, retry, local))
 
 
-def files_or_known(spec: DatasetGenerationSpec, location: str | None) -> tuple[dict[str, Any], int, str | None]:
+def files_or_known(spec: DatasetGenerationSpec, location: str | None,
+                   retry: StorageRetry | None = None) -> tuple[dict[str, Any], int, str | None]:
     """`tokenmill plan`'s model files: read from `location` (--model-files) or the spec, else, for a model tokenmill
     ships facts for (facts/known_models.py), those facts and a line saying so and why (the third value; None when
     the files were read). An unknown model whose files cannot be read is an error naming --model-files."""
     try:
-        config, weight_bytes = read_model_files(spec, None, location)
+        config, weight_bytes = read_model_files(spec, None, location, retry)
         return config, weight_bytes, None
     except (StorageError, PlanError, OSError) as error:
         why = str(error)

@@ -141,7 +141,7 @@ def _tokenizer(spec: DatasetGenerationSpec, location: str | None, reader: Survey
     if not location:
         return None, "no tokenizer location (spec.model.tokenizer or spec.model.path)"
     try:
-        folder = local_model_folder(location, reader.endpoint)
+        folder = local_model_folder(location, reader.endpoint, reader.retry)
         return load_tokenizer(folder, spec.model.trust_remote_code), None
     except Exception as error:  # noqa: BLE001 - any failure to load leaves the estimate, with why
         return None, f"tokenizer at {location} not read ({_short(error)}){reader.hint and '; ' + reader.hint}"

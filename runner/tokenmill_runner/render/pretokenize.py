@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..source.prompts import Prompt, RowError
-from ..store.storage import open_storage, write_atomic
+from ..store.storage import StorageRetry, open_storage, write_atomic
 from .content_format import flatten, template_content_format
 from .tokenizer_info import TokenizerInfo
 from .tokenizers_compat import SPEC_ALLOWS_REMOTE_CODE, TokenizerError, is_fast, load_folder_tokenizer
@@ -39,13 +39,13 @@ def cache_root() -> Path:
     return Path(os.environ.get("TOKENMILL_CACHE", Path.home() / ".cache" / "tokenmill"))
 
 
-def fetch_tokenizer_files(uri: str, endpoint: str | None = None) -> Path:
+def fetch_tokenizer_files(uri: str, endpoint: str | None = None, retry: StorageRetry | None = None) -> Path:
     """Copy the tokenizer and config files (never the weights) of an s3:// model prefix into the local cache.
 
     Each file is written atomically (a temporary name, then a rename), and a cached file whose size differs from
     the object's (cut short by an older tokenmill, or changed in the store) is fetched again, so a run killed
     mid-copy never leaves a truncated tokenizer behind for the next one."""
-    storage = open_storage(uri, endpoint)
+    storage = open_storage(uri, endpoint, retry=retry)
     target = cache_root() / "tokenizers" / hashlib.sha256(storage.root_uri.encode()).hexdigest()[:16]
     copied = 0
     for key, size in storage.list_sizes(""):
@@ -64,9 +64,9 @@ def fetch_tokenizer_files(uri: str, endpoint: str | None = None) -> Path:
     return target
 
 
-def local_model_folder(location: str, endpoint: str | None = None) -> str:
+def local_model_folder(location: str, endpoint: str | None = None, retry: StorageRetry | None = None) -> str:
     if location.startswith("s3://"):
-        return str(fetch_tokenizer_files(location, endpoint))
+        return str(fetch_tokenizer_files(location, endpoint, retry))
     if location.startswith("pvc://"):
         raise TokenizerError(
             f"{location}: a PVC is only reachable inside the cluster; for a local run set spec.model.tokenizer "
