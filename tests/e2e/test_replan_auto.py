@@ -19,6 +19,7 @@ import subprocess
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -28,6 +29,7 @@ import httpx
 import pytest
 from kubernetes import client as k8s
 
+from tests.faults.s3_proxy import FOREVER, Rule, S3FaultProxy
 from tokenmill_runner.facts.refit import Refit
 from tokenmill_runner.facts.throughput import CALIBRATION, StepModel
 from tokenmill_runner.store.markers import read_markers
@@ -208,8 +210,19 @@ def _stop(processes: list[subprocess.Popen]) -> None:
             process.wait()
 
 
+@pytest.fixture
+def source_denied(s3_world: str) -> Iterator[str]:
+    """The S3 endpoint the operator is given: it answers 403 to reads of the prompts (everything else passes), so
+    the plan cannot count the 75-row source and plans the dataset's limit, saying why; the played runner pods are
+    given the store itself (play_pod's s3_endpoint). A long planned job on a short run: what a trial and a switch
+    need to pay, without generating that long job."""
+    with S3FaultProxy(s3_world) as proxy:
+        proxy.add(Rule("status", method="GET", path=r"/tokenmill-data/prompts/", status=403, times=FOREVER))
+        yield proxy.url
+
+
 def test_auto_replan_switches_the_layout_on_the_measured_truth_and_every_slot_is_committed_once(
-        cluster, namespace, operator, credentials, s3_world, tmp_path: Path):
+        cluster, namespace, operator, credentials, s3_world, source_denied, tmp_path: Path):
     from tokenmill_operator.decide.planner import model_facts, plan_step_model
     from tokenmill_operator.decide.planner.verify import pinned_spec
     from tokenmill_operator.decide.status import LayoutOverride
@@ -221,9 +234,10 @@ def test_auto_replan_switches_the_layout_on_the_measured_truth_and_every_slot_is
     operator.env["TOKENMILL_SERVER_METRICS_URL"] = f"http://127.0.0.1:{gate}"
     operator.env["TOKENMILL_OPERATOR_NAMESPACE"] = namespace
     operator.start()
-    # The plan's job is 100,000 samples (the limit; the source has 75 rows), so its remaining ETA is hours and a
-    # faster layout pays the restart: the switch is decided on the plan's figures, the run is the 75 rows.
-    resource = b5_resource(namespace, s3_world, **{
+    # The plan's job is 100,000 samples (the limit: the operator is denied the 75-row source, so it plans the
+    # limit and says why), so its remaining ETA is hours and a faster layout pays the restart: the switch is decided
+    # on the plan's figures; the played runners read the store directly, so the run is the 75 rows.
+    resource = b5_resource(namespace, source_denied, **{
         "model.path": f"s3://models/{QWEN_PREFIX}", "server.replan": "auto", "server.verifyWindowSeconds": 8,
         "datasets.0.limit": 100_000, "runner.parallelism": 2, "runner.shardMaxSamples": 4,
         "runner.shardMaxSeconds": 1})
@@ -251,7 +265,7 @@ def test_auto_replan_switches_the_layout_on_the_measured_truth_and_every_slot_is
     with slow, MetricsGate(gate, slow.url) as metrics:
         pods = cluster.wait_for(lambda: _held_pods_of(cluster, namespace, first_job.metadata.uid, 2),
                                 "the first Job's two held runner pods", timeout=90)
-        old = [play_pod(cluster, namespace, pod, slow.url, work) for pod in pods]
+        old = [play_pod(cluster, namespace, pod, slow.url, work, s3_world) for pod in pods]
         try:
             # The old layout's workers commit a first part; then the window opens (the server's /metrics becomes
             # reachable) on the ramp's batches with the workers still running.
@@ -356,7 +370,7 @@ def test_auto_replan_switches_the_layout_on_the_measured_truth_and_every_slot_is
     assert checked["status"]["layoutOverride"] == override
 
     with _simulator(cluster, namespace, port, time_scale=5000.0) as fast:
-        new = [(pod, play_pod(cluster, namespace, pod, fast.url, work)) for pod in pods]
+        new = [(pod, play_pod(cluster, namespace, pod, fast.url, work, s3_world)) for pod in pods]
         for pod, process in new:
             code = process.wait(timeout=300)
             assert code == 0, (work / f"{pod.metadata.name}.log").read_text()[-3000:]

@@ -54,6 +54,7 @@ from .test_replan_auto import (
     _simulator,
     _slots,
     _stop,
+    source_denied,
 )
 
 pytestmark = pytest.mark.e2e
@@ -144,7 +145,7 @@ class PlayedServer:
 
 
 def test_the_trial_measures_each_close_layout_and_continues_on_the_fastest_with_every_slot_once(
-        cluster, namespace, operator, credentials, s3_world, tmp_path: Path):
+        cluster, namespace, operator, credentials, s3_world, source_denied, tmp_path: Path):
     from tokenmill_operator.decide.planner import ServerPlan, model_facts, plan_step_model
     from tokenmill_operator.decide.planner.verify import pinned_spec
     from tokenmill_runner.spec.resource import parse_document
@@ -155,9 +156,10 @@ def test_the_trial_measures_each_close_layout_and_continues_on_the_fastest_with_
     operator.env["TOKENMILL_SERVER_METRICS_URL"] = f"http://127.0.0.1:{gate}"
     operator.env["TOKENMILL_TRIAL_CLOCK_SCALE"] = str(TIME_SCALE)
     operator.start()
-    # A job of 1,000,000 samples (the limit; the source has 75 rows) is planned at 41,507 s, so 5 % of it pays for
-    # two alternatives; the run itself is the 75 rows.
-    resource = b5_resource(namespace, s3_world, **{
+    # A job of 1,000,000 samples is planned (the limit: the operator is denied the 75-row source, so it plans the
+    # limit and says why), so 5 % of it pays for two alternatives; the played runners read the store directly: the
+    # run itself is the 75 rows.
+    resource = b5_resource(namespace, source_denied, **{
         "model.path": f"s3://models/{QWEN_PREFIX}", "server.trial": "auto", "server.replan": "off",
         "datasets.0.limit": 1_000_000, "runner.parallelism": 2, "runner.shardMaxSamples": 4,
         "runner.shardMaxSeconds": 1})
@@ -193,7 +195,7 @@ def test_the_trial_measures_each_close_layout_and_continues_on_the_fastest_with_
         api_key = played.server.config.api_key
         pods = cluster.wait_for(lambda: _held_pods_of(cluster, namespace, first_job.metadata.uid, 2),
                                 "the first Job's two held runner pods", timeout=90)
-        old = [play_pod(cluster, namespace, pod, played.server.url, work) for pod in pods]
+        old = [play_pod(cluster, namespace, pod, played.server.url, work, s3_world) for pod in pods]
         ramp = threading.Thread(target=_load, args=(f"http://127.0.0.1:{port}", api_key, load, 2 * SLOTS),
                                 daemon=True)
         try:
@@ -248,7 +250,7 @@ def test_the_trial_measures_each_close_layout_and_continues_on_the_fastest_with_
         pods = cluster.wait_for(lambda: _held_pods_of(cluster, namespace, last_job.metadata.uid, 2),
                                 "the last Job's two held runner pods", timeout=120)
         played.finish()
-        new = [(pod, play_pod(cluster, namespace, pod, played.server.url, work)) for pod in pods]
+        new = [(pod, play_pod(cluster, namespace, pod, played.server.url, work, s3_world)) for pod in pods]
         for pod, process in new:
             code = process.wait(timeout=300)
             assert code == 0, (work / f"{pod.metadata.name}.log").read_text()[-3000:]

@@ -36,8 +36,9 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 ACTIONS = ("status", "delay", "reset_request", "reset_response")
-REASONS = {500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
-CODES = {500: "InternalError", 503: "SlowDown"}
+REASONS = {403: "Forbidden", 500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable",
+           504: "Gateway Timeout"}
+CODES = {403: "AccessDenied", 500: "InternalError", 503: "SlowDown"}
 FOREVER = 1 << 62  # a rule's `times` that never runs out
 
 
