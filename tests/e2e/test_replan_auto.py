@@ -234,12 +234,13 @@ def test_auto_replan_switches_the_layout_on_the_measured_truth_and_every_slot_is
     operator.env["TOKENMILL_SERVER_METRICS_URL"] = f"http://127.0.0.1:{gate}"
     operator.env["TOKENMILL_OPERATOR_NAMESPACE"] = namespace
     operator.start()
-    # The plan's job is 100,000 samples (the limit: the operator is denied the 75-row source, so it plans the
-    # limit and says why), so its remaining ETA is hours and a faster layout pays the restart: the switch is decided
-    # on the plan's figures; the played runners read the store directly, so the run is the 75 rows.
+    # The plan's job is 1,000,000 samples (the limit: the operator is denied the 75-row source, so it plans the
+    # limit and says why), so its remaining ETA is hours even when most of the 75 rows are done before the window
+    # closes (on a loaded machine they can be), and a faster layout pays the restart: the switch is decided on the
+    # plan's figures; the played runners read the store directly, so the run is the 75 rows.
     resource = b5_resource(namespace, source_denied, **{
         "model.path": f"s3://models/{QWEN_PREFIX}", "server.replan": "auto", "server.verifyWindowSeconds": 8,
-        "datasets.0.limit": 100_000, "runner.parallelism": 2, "runner.shardMaxSamples": 4,
+        "datasets.0.limit": 1_000_000, "runner.parallelism": 2, "runner.shardMaxSamples": 4,
         "runner.shardMaxSeconds": 1})
     spec = parse_document(resource).spec
     cluster.apply(resource)
