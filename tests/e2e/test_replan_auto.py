@@ -19,7 +19,7 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -138,8 +138,10 @@ class MetricsGate:
     opened, then the simulator's. The window opens with the first scrape that shows running requests, so the test
     decides when it starts: after the old layout's workers committed a first part."""
 
-    def __init__(self, port: int, target: str) -> None:
-        self.port, self.target, self.opened = port, target, threading.Event()
+    def __init__(self, port: int, target: str, serves: Callable[[], bool] = lambda: True) -> None:
+        """`serves`: whether the pods this target stands for still exist (asked per scrape): a layout's simulator
+        must not answer for the pods of the layout the operator switched to."""
+        self.port, self.target, self.opened, self.serves = port, target, threading.Event(), serves
 
     def open(self) -> None:
         self.opened.set()
@@ -150,7 +152,7 @@ class MetricsGate:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
                 body, code = b"", 503
-                if gate.opened.is_set():
+                if gate.opened.is_set() and gate.serves():
                     answer = httpx.get(gate.target + self.path, timeout=5)
                     body, code = answer.content, answer.status_code
                 self.send_response(code)
@@ -263,7 +265,11 @@ def test_auto_replan_switches_the_layout_on_the_measured_truth_and_every_slot_is
     # Simulated time runs 10x the wall clock: the old layout's runners commit some of the 75 samples before and
     # inside the window, not all of them.
     slow = _simulator(cluster, namespace, port, time_scale=10.0, step_time=truth)
-    with slow, MetricsGate(gate, slow.url) as metrics:
+    def old_pods() -> bool:  # the 2 x TP 4 StatefulSet: gone once the operator rolls it to the switched layout
+        found = cluster.api(k8s.AppsV1Api).read_namespaced_stateful_set(f"{NAME}-server", namespace)
+        return found.spec.replicas == 2
+
+    with slow, MetricsGate(gate, slow.url, old_pods) as metrics:
         pods = cluster.wait_for(lambda: _held_pods_of(cluster, namespace, first_job.metadata.uid, 2),
                                 "the first Job's two held runner pods", timeout=90)
         old = [play_pod(cluster, namespace, pod, slow.url, work, s3_world) for pod in pods]
@@ -342,6 +348,12 @@ def test_auto_replan_switches_the_layout_on_the_measured_truth_and_every_slot_is
         filler = threading.Thread(target=_load, args=(measured.url, measured.config.api_key, load, 2 * batch),
                                   daemon=True)
         filler.start()
+        # The window opens once the filler holds the batch full: on a loaded machine its 306 threads take a while,
+        # and a window opened on their ramp reads a smaller batch than the layout runs.
+        from tokenmill_operator.observe.sglang_metrics import read_metrics
+
+        cluster.wait_for(lambda: (lambda s: s is not None and s.running >= batch and s.queued > 0 or None)(
+            read_metrics(measured.url)), f"the switched layout's batch of {batch} full", timeout=120)
         metrics.open()
         token = LayoutOverride.model_validate(override).token
 
