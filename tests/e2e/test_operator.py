@@ -39,8 +39,12 @@ def test_b5_example_runs_to_succeeded(cluster, namespace, operator, credentials,
     args = statefulset.spec.template.spec.containers[0].args
     flat = " ".join(args)
     for flag in ("--tp-size 8", "--host 0.0.0.0", "--enable-metrics", "--trust-remote-code",
-                 "--mem-fraction-static", "--context-length 262144", "--max-running-requests"):
+                 "--mem-fraction-static", "--context-length", "--max-running-requests"):
         assert flag in flat, (flag, args)
+    # The operator read the 75-row source at plan time: the context is what the job needs (its longest prompt's
+    # bytes, twice, + maxNewTokens 32,768), not Kimi-K2.5's 262,144.
+    context = int(args[args.index("--context-length") + 1])
+    assert 32768 < context < 65536, context
     assert "--reasoning-parser" not in flat
     limits = statefulset.spec.template.spec.containers[0].resources.limits
     assert limits["nvidia.com/gpu"] == "8"
