@@ -25,6 +25,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import orjson
+
 from tokenmill_runner.facts.workload import LengthSample, Workload
 from tokenmill_runner.generate.ordering import earlier_answer_chars
 from tokenmill_runner.render.pretokenize import PromptEncoder, load_tokenizer, local_model_folder
@@ -93,8 +95,6 @@ def _answer_text(messages: list[dict[str, Any]]) -> str:
 
 
 def _prompt_text(prompt: Prompt) -> str:
-    import orjson
-
     return orjson.dumps([prompt.messages, prompt.tools]).decode()
 
 
