@@ -147,13 +147,24 @@ def advance(trial: TrialStatus, running: LayoutKey, points: Sequence[MetricPoint
         "tokens_per_second_low": round(s.low, 1) if s.found else None,
         "tokens_per_second_high": round(s.high, 1) if s.found else None})
     candidates[index] = measured
+    return _after(trial, candidates, f"{_figures(_measurement(measured, budget))} ({stop})", remaining_tokens)
+
+
+def _after(trial: TrialStatus, candidates: list[TrialCandidate], said: str, remaining_tokens: float,
+           warning: bool = False) -> TrialStep:
+    """The current candidate is done (`said`: its figures): the next one is switched to, or the trial concludes."""
+    index = trial.current
     if index + 1 < len(candidates):
         following = candidates[index + 1].model_copy(update={"state": "Measuring"})
         candidates[index + 1] = following
-        message = f"{_figures(_measurement(measured, budget))} ({stop}); switching to {following.layout}"
+        message = f"{said}; switching to {following.layout}"
         return TrialStep(trial.model_copy(update={"candidates": candidates, "current": index + 1}),
-                         switch_to=following, condition=("Unknown", "Measuring", message))
-    return _concluded(trial, candidates, current.layout, remaining_tokens)
+                         switch_to=following, condition=("Unknown", "Measuring", message),
+                         event=Event("Warning", CONDITION, f"trial: {message}") if warning else None)
+    step = _concluded(trial, candidates, candidates[index].layout, remaining_tokens)
+    if warning and step.event is not None:
+        return replace(step, event=Event("Warning", CONDITION, step.event.message))
+    return step
 
 
 def _concluded(trial: TrialStatus, candidates: list[TrialCandidate], last: str, remaining_tokens: float) -> TrialStep:
@@ -212,16 +223,7 @@ def drop_unstarted(trial: TrialStatus, why: str, remaining_tokens: float) -> Tri
                                                    "tokens_per_second": None, "tokens_per_second_low": None,
                                                    "tokens_per_second_high": None})
     candidates[index] = dropped
-    if index + 1 < len(candidates):
-        following = candidates[index + 1].model_copy(update={"state": "Measuring"})
-        candidates[index + 1] = following
-        message = f"{dropped.layout} dropped: {why}; switching to {following.layout}"
-        return TrialStep(trial.model_copy(update={"candidates": candidates, "current": index + 1}),
-                         switch_to=following, condition=("Unknown", "Measuring", message),
-                         event=Event("Warning", CONDITION, f"trial: {message}"))
-    step = _concluded(trial, candidates, dropped.layout, remaining_tokens)
-    event = Event("Warning", CONDITION, step.event.message if step.event else f"trial: {dropped.layout} dropped")
-    return replace(step, event=event)
+    return _after(trial, candidates, f"{dropped.layout} dropped: {why}", remaining_tokens, warning=True)
 
 
 def trial_plan(pinned: ServerPlan, original: ServerPlan, candidate: TrialCandidate, step: str) -> ServerPlan:
