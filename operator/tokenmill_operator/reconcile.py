@@ -32,6 +32,7 @@ from .act.children import apply_decision, apply_queueing
 from .act.report import write_report_status
 from .act.status import write_status
 from .decide import cache, constants, kueue, manifests, names, policy, trialling
+from .decide.constants import plan_with_constants
 from .decide.facts import Context, Decision, Event, Facts, Observed, Queueing, ServerState
 from .decide.lifecycle import (
     blocked,
@@ -86,7 +87,7 @@ from .observe.gather import (
     observe_trial,
     observe_window,
 )
-from .observe.model_files import make_plan
+from .observe.model_files import make_plan, read_model_facts
 from .observe.workload_sample import operator_reader, surveyed_workload
 
 __all__ = ["OutputIndex", "OperatorSettings", "PassCancelled", "PassResult", "reconcile", "run_pass"]
@@ -145,8 +146,9 @@ def plan_for(context: Context, credentials: dict[str, str] | None,
         return Planning(current)
     try:
         driver = None if context.spec.server.cuda_driver_major else node_driver()
-        plan = make_plan(context.spec, credentials, work(), retry=OBSERVE_RETRY, node_driver_major=driver,
-                         local=False, constants=lambda key: read_constants(measured(), key))
+        # The model files first: a store that does not answer is said at once, not after the sources' reads too.
+        facts = read_model_facts(context.spec, credentials, retry=OBSERVE_RETRY, local=False)
+        plan = plan_with_constants(context.spec, facts, work(), driver, lambda key: read_constants(measured(), key))
     except (PlanError, LookupError, ValueError) as error:
         return Planning(None, error=str(error))
     except Exception as error:  # storage: unreachable, slow, denied or missing; say where and retry
