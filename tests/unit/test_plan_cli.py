@@ -34,6 +34,10 @@ def offline(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    import boto3
+
+    # boto3's default session keeps the credentials it found for an earlier test's S3 server.
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
 
 
 def plan(capsys: pytest.CaptureFixture[str], *args: str) -> str:
