@@ -53,7 +53,6 @@ from .decide.planner import PlanError, ServerPlan
 from .decide.planner.verify import (
     CONFIGMAP_NAME,
     pinned_spec,
-    read_constants,
     replan_decision,
     running_layout,
     switch_mode,
@@ -68,6 +67,7 @@ from .decide.trialling import replan_may_switch
 from .faults import crash_point
 from .kube import ChildRefused, Kube, KubeUnavailable
 from .observe import constants as constants_read
+from .observe import deadline
 from .observe.access import OBSERVE_RETRY, storage_for, tenant_credentials
 from .observe.gather import (
     KueueMissing,
@@ -82,6 +82,7 @@ from .observe.gather import (
     observe_server,
     observe_trial,
     observe_window,
+    server_node_products,
 )
 from .observe.model_files import make_plan
 
@@ -127,7 +128,7 @@ def plan_for(context: Context, credentials: dict[str, str] | None,
     try:
         driver = None if context.spec.server.cuda_driver_major else node_driver()
         plan = make_plan(context.spec, credentials, retry=OBSERVE_RETRY, node_driver_major=driver, local=False,
-                         constants=lambda key: read_constants(measured(), key))
+                         constants=lambda key: constants.stored(measured(), context.namespace, key))
     except (PlanError, LookupError, ValueError) as error:
         return Planning(None, error=str(error))
     except Exception as error:  # storage: unreachable, slow, denied or missing; say where and retry
@@ -166,10 +167,14 @@ def _queueing(kube: Kube, context: Context, plan: ServerPlan | None, settings: O
                                  settings.node_cache_root)
     state, current = observe_queue(kube, context.name, context.namespace, in_queue, desired)
     if queue is None:
-        if not state.exists:  # given back: the run is outside Kueue from now on
-            if settings.require_queue:
-                raise QueueRequired(queue_required_message(context.name))
-            return None
+        if not state.exists:
+            # Given back. A run that was queued stays stopped rather than start again outside Kueue, whatever
+            # requireQueue says (security-f9665d2.md W2: removing the label ran it again uncounted).
+            raise QueueRequired(queue_required_message(context.name) if settings.require_queue else
+                                f"DatasetGeneration {context.name} was queued through Kueue (LocalQueue {in_queue}) "
+                                f"and its label was removed: it stays stopped, never runs outside its queue; add "
+                                f"the label {kueue.QUEUE_LABEL}=<LocalQueue> back, or create the run anew to run it "
+                                "without Kueue")
         state = kueue.left(state)
     return Queueing(desired, current, state)
 
@@ -372,14 +377,21 @@ def _record_constants(kube: Kube, context: Context, credentials: dict[str, str] 
         return decision
     try:
         stored = constants_read.read_data(kube, namespace)
-        measured = constants_read.measure(context.spec, credentials, plan, window.samples, stored, OBSERVE_RETRY)
+        measured = constants_read.measure(context.spec, credentials, plan, window.samples, stored, OBSERVE_RETRY,
+                                          namespace=context.namespace)
         if measured is None:
             return decision
-        constants_write.write_entry(kube, namespace, measured)
+        evidence = constants.Evidence(
+            image=plan.image or context.spec.server.image, planned_product=plan.gpu_product,
+            node_products=server_node_products(kube, context.name, context.namespace, plan.gpu_vendor),
+            window_s=window.seconds(now_utc()), samples=len(window.samples))
+        refused = constants.promotion_refusal(measured, evidence, settings.trusted_images)
+        keys = constants_write.write_entry(kube, namespace, measured, context.namespace, cluster=refused is None)
     except (*UNOBSERVABLE, PlanError, LookupError, ValueError, ApiException) as error:
         logger.warning("%s/%s: the measured constants were not recorded: %s", context.namespace, context.name, error)
         return decision
-    message = f"{measured.describe()}: kept in ConfigMap {namespace}/{CONFIGMAP_NAME} as {measured.key}"
+    message = (f"{measured.describe()}: kept in ConfigMap {namespace}/{CONFIGMAP_NAME} as {' and '.join(keys)}"
+               + (f" (for this namespace only: {refused})" if refused else ""))
     decision = replace(decision, events=[*decision.events, Event("Normal", "ConstantsMeasured", message)])
     if context.spec.server.replan == "off":
         return decision
@@ -514,7 +526,14 @@ def settled(body: dict[str, Any], previous: DatasetGenerationStatus) -> bool:
 def run_pass(kube: Kube, name: str, namespace: str, uid: str, output: OutputIndex, settings: OperatorSettings,
              stopped: Callable[[], bool] = never) -> PassResult | None:
     """Read the resource afresh (a queued pass never acts on an old copy), reconcile it and write its status.
-    None when it is gone or being deleted."""
+    None when it is gone or being deleted. Its reads of the tenant's store and pods end by the pass's deadline and
+    budget (settings.pass_deadline_s, pass_read_bytes); its own calls to the API server are not cut."""
+    with deadline.pass_scope(settings.pass_deadline_s, f"the pass of {namespace}/{name}", settings.pass_read_bytes):
+        return _run_pass(kube, name, namespace, uid, output, settings, stopped)
+
+
+def _run_pass(kube: Kube, name: str, namespace: str, uid: str, output: OutputIndex, settings: OperatorSettings,
+              stopped: Callable[[], bool]) -> PassResult | None:
     body = kube.get(API_VERSION, KIND, name, namespace)
     if body is None or body["metadata"].get("uid") != uid or body["metadata"].get("deletionTimestamp"):
         return None
@@ -528,10 +547,34 @@ def run_pass(kube: Kube, name: str, namespace: str, uid: str, output: OutputInde
         spec = valid
         if settled(body, previous):
             return PassResult(body, Decision(previous, server_replicas=None), spec)
+        refused = kept_plan_refusal(previous, valid, settings, output)
+        if refused:  # planned anew, as for a new generation; the edited plan is never applied
+            logger.warning("%s/%s: %s; planning anew", namespace, name, refused)
+            previous = previous.model_copy(update={"server_plan": None, "planned_generation": None,
+                                                   "layout_override": None})
         context = Context(body=body, name=name, namespace=namespace,
                           generation=body["metadata"].get("generation", 0), spec=valid, previous=previous)
         decision = reconcile(kube, context, output, settings, stopped)
+        if refused:
+            decision = replace(decision, events=[*decision.events, Event("Warning", "StatusPlanRefused",
+                                                                          f"{refused}: planned anew")])
     if stopped():
         raise PassCancelled
     write_status(kube, body, decision.status)
+    plan = decision.status.server_plan
+    output.plan_grants = policy.plan_grants(plan) if plan is not None else None
     return PassResult(body, decision, spec)
+
+
+def kept_plan_refusal(previous: DatasetGenerationStatus, spec: DatasetGenerationSpec, settings: OperatorSettings,
+                      output: OutputIndex) -> str | None:
+    """Why status.serverPlan may not be kept, or None. It grants an image and GPUs, and status is open to whoever
+    may patch datasetgenerations/status (security-f9665d2.md W1): it must be what this operator last wrote there
+    (once it wrote one since it started) and what the planner could have chosen for the spec under the policy."""
+    plan = previous.server_plan
+    if plan is None:
+        return None
+    if output.plan_grants is not None and policy.plan_grants(plan) != output.plan_grants:
+        return ("status.serverPlan grants another image, GPU or pod layout than this operator last wrote there: the "
+                "status was edited")
+    return policy.plan_refusal(plan, spec, settings.tenant_policy)

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 from kubernetes.client.exceptions import ApiException
 
-from tokenmill_runner.facts.hardware import find
+from tokenmill_runner.facts.hardware import PRODUCT_LABEL_KEY, find
 from tokenmill_runner.spec.resource import ServerSpec
 from tokenmill_runner.store.commit_index import DatasetIndex
 from tokenmill_runner.store.index_store import CHECKPOINT_EVERY, catch_up, load_index, write_checkpoint
@@ -31,6 +31,7 @@ from ..decide.progress import parse_time, progress_facts
 from ..decide.server_metrics import Scrape, TrialScrapes, VerificationWindow, WindowFacts, combine
 from ..decide.status import RunStatus
 from ..kube import ApiNotServed, Kube, KubeUnavailable
+from . import deadline
 from .sglang_metrics import read_metrics
 
 # The init containers that copy the weights into a server pod (manifests.py, cache.py).
@@ -72,6 +73,8 @@ class OutputIndex:
     window: VerificationWindow = field(default_factory=VerificationWindow)
     # The scrapes of the trial's candidate being measured (server_metrics.TrialScrapes).
     trial: TrialScrapes = field(default_factory=TrialScrapes)
+    # What the plan this operator last wrote to status grants (policy.plan_grants): a status edited since is refused.
+    plan_grants: tuple[object, ...] | None = None
 
     def follow(self, storage: Storage, totals: dict[str, int], now: datetime, full: bool = False,
                stopped: Callable[[], bool] = never, samples: dict[str, int] | None = None) -> dict[str, DatasetIndex]:
@@ -144,6 +147,18 @@ def observe_server(kube: Kube, name: str, namespace: str) -> ServerState | None:
         if problem:
             return ServerState(desired, ready, *problem, copy_seconds=copy, load_seconds=load, rolling=rolling)
     return ServerState(desired, ready, copy_seconds=copy, load_seconds=load, rolling=rolling)
+
+
+def server_node_products(kube: Kube, name: str, namespace: str, vendor: str) -> tuple[str | None, ...]:
+    """The GPU product label of the node each server pod runs on, as the node says (not as the spec claims): what a
+    cluster-wide measured constant is keyed by (decide/constants.promotion_refusal)."""
+    label = PRODUCT_LABEL_KEY.get(vendor, PRODUCT_LABEL_KEY["nvidia"])  # type: ignore[call-overload]
+    products: list[str | None] = []
+    for pod in kube.list("v1", "Pod", namespace, names.selector_labels(name, names.SERVER_COMPONENT)):
+        node_name = (pod.get("spec") or {}).get("nodeName")
+        node = kube.get("v1", "Node", node_name, None) if node_name else None
+        products.append(((node or {}).get("metadata") or {}).get("labels", {}).get(label) if node else None)
+    return tuple(products)
 
 
 def statefulset_rolling(statefulset: dict[str, Any]) -> bool:
@@ -323,7 +338,7 @@ def scrape_replicas(urls: list[list[str]], read: Callable[[str], Scrape | None] 
     answer cost one timeout, not one each; None for a replica any of whose pods could not be read."""
     flat = [url for replica in urls for url in replica]
     with ThreadPoolExecutor(max_workers=min(16, max(1, len(flat))), thread_name_prefix="scrape") as pool:
-        found = iter(list(pool.map(read, flat)))
+        found = iter(list(pool.map(deadline.carry(read), flat)))  # each read within the pass's deadline
     return [combine([next(found) for _ in replica]) for replica in urls]
 
 

@@ -683,12 +683,33 @@ def _is_missing(error: Exception) -> bool:
     return _error_code(error) in MISSING_CODES
 
 
+class ReadCutOff(Exception):
+    """An operation its caller stopped on purpose (the operator closes the connections of a read past its deadline):
+    not a failure of the store, so never retried. botocore wraps it (HTTPClientError); `cut_off` finds it."""
+
+
+def cut_off(error: BaseException | None) -> bool:
+    """Whether `error` is, or was caused by, a ReadCutOff (through chained exceptions and botocore's wrapping)."""
+    for _ in range(8):
+        if error is None:
+            return False
+        if isinstance(error, ReadCutOff):
+            return True
+        wrapped = getattr(error, "kwargs", None)
+        inner = wrapped.get("error") if isinstance(wrapped, dict) else None
+        error = inner if isinstance(inner, BaseException) else (error.__cause__ or error.__context__)
+    return False
+
+
 def is_transient(error: BaseException) -> bool:
     """Whether a later attempt of the same S3 operation can succeed: connection errors, resets and timeouts,
-    truncated bodies, 5xx and throttling. Not: a missing object, denied access, TLS certificate errors."""
+    truncated bodies, 5xx and throttling. Not: a missing object, denied access, TLS certificate errors, an operation
+    its caller cut off."""
     from botocore import exceptions as boto
     from urllib3 import exceptions as urllib3
 
+    if cut_off(error):
+        return False
     if isinstance(error, boto.SSLError | urllib3.SSLError):
         return False
     if isinstance(error, boto.HTTPClientError | boto.ConnectionError | boto.IncompleteReadError):
