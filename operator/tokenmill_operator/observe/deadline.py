@@ -48,9 +48,7 @@ class Scope:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.what, self.parent, self.budget_bytes, self.clock = what, parent, budget_bytes, clock
         self.seconds = seconds
-        self.ends = clock() + seconds
-        if parent is not None:
-            self.ends = min(self.ends, parent.ends)
+        self.ends = clock() + seconds  # an enclosing scope's deadline, if sooner, is its own to enforce
         self.spent = 0
         self.expired = False
         self._sockets: set[tuple[int, int]] = set()
