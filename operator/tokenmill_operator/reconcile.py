@@ -280,8 +280,8 @@ def _window(context: Context, output: OutputIndex, planning: Planning, facts: Fa
     if (plan is None or urls is None or done or job is None or job.finished or job.deleting or job.suspended
             or server is None or not server.is_ready or (trial is not None and trial.phase == "Measuring")):
         return None
-    targets = ([[settings.server_metrics_url]] * plan.replicas if settings.server_metrics_url
-               else _metrics_urls(context, plan))
+    targets = ([[settings.metrics_url_of(context.namespace, context.name)]] * plan.replicas
+               if settings.server_metrics_url else _metrics_urls(context, plan))
     return observe_window(output.window, targets, key, now)
 
 
@@ -455,7 +455,8 @@ def _trial(context: Context, credentials: dict[str, str] | None, decision: Decis
         if not _trial_measuring(context, decision, observed, candidate):
             return decision
         # One whole-server series: TOKENMILL_SERVER_METRICS_URL, when set, is read once, not once per replica.
-        targets = [[settings.server_metrics_url]] if settings.server_metrics_url else _metrics_urls(context, plan)
+        targets = ([[settings.metrics_url_of(context.namespace, context.name)]] if settings.server_metrics_url
+                   else _metrics_urls(context, plan))
         points = observe_trial(output.trial, targets, (generation, trial.current), observed.now,
                                settings.trial_clock_scale)
         progress = status.progress

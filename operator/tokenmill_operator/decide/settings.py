@@ -32,7 +32,8 @@ class OperatorSettings:
     node_cache_root: str = field(default_factory=lambda: cache.node_root(
         os.environ.get(cache.NODE_ROOT_ENV) or cache.DEFAULT_NODE_ROOT))
     # Where every server replica's /metrics is read instead of its rank-0 pod (the e2e tests under kwok, where no
-    # server container runs, point it at the simulator); unset in a cluster.
+    # server container runs, point it at the simulator; `{namespace}` and `{name}` in it become the resource's);
+    # unset in a cluster.
     server_metrics_url: str | None = os.environ.get("TOKENMILL_SERVER_METRICS_URL") or None
     # The operator's own namespace (the chart sets it from the pod's): where the cluster's measured constants are
     # kept (observe/constants.py); unset, plans use the published fit and nothing is recorded.
@@ -48,3 +49,7 @@ class OperatorSettings:
     # (decide/constants.py); none: each namespace learns only from its own.
     trusted_images: tuple[str, ...] = field(default_factory=lambda: tuple(
         part.strip() for part in os.environ.get(TRUSTED_IMAGES_ENV, "").split(",") if part.strip()))
+
+    def metrics_url_of(self, namespace: str, name: str) -> str:
+        """server_metrics_url for one resource."""
+        return (self.server_metrics_url or "").replace("{namespace}", namespace).replace("{name}", name)
