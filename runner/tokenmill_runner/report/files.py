@@ -7,6 +7,7 @@ from typing import Any
 
 import orjson
 
+from ..store.ledger import DatasetLedger, LedgerBudget
 from ..store.manifest import RunManifest, read_manifest
 from ..store.markers import datasets_with_commits, markers_in_commit_order
 from ..store.shards import missing_files, stored_files
@@ -29,12 +30,14 @@ def load_ledger(storage: Storage) -> Ledger:
     names = manifest.dataset_names
     extra = sorted(set(datasets_with_commits(storage)) - set(names))
     datasets = []
+    budget = LedgerBudget()  # one for the run: its markers set how much the report allocates only up to the bound
     for name in names + extra:
         layout = manifest.datasets.get(name)  # the current layout: its lines x samples per prompt
-        ledger = DatasetSamples(name, lines=layout.last_line if layout else None,
-                                per_prompt=layout.samples if layout else 1,
-                                within=layout.within() if layout else None,
-                                no_layout=NO_LAYOUT if recorded is None else None)
+        lines, per_prompt = (layout.last_line, layout.samples) if layout else (None, 1)
+        ledger = DatasetSamples(name, lines=lines, per_prompt=per_prompt,
+                                within=layout.within_bits() if layout else None,
+                                no_layout=NO_LAYOUT if recorded is None else None,
+                                ledger=DatasetLedger(name, lines or 0, per_prompt, budget))
         stored = stored_files(storage, name)
         for marker in markers_in_commit_order(storage, name):  # streamed: one pass, a window of markers in memory
             ledger.check_files(marker, missing_files(marker, stored))

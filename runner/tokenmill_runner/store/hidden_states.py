@@ -222,13 +222,13 @@ def committed_samples(storage: Storage, dataset: str, worker: int | None = None
     """(sample key, row) of every committed row, once each, in commit order, one shard decoded at a time (those
     `worker` committed, when given: the workers split the states as they split the samples)."""
     from .markers import markers_in_commit_order
-    from .shards import decode_rows
+    from .shards import read_shard
 
     seen: set[str] = set()
     for marker in markers_in_commit_order(storage, dataset):
         if not marker.get("data") or (worker is not None and marker.get("worker") != worker):
             continue
-        for row in decode_rows(storage.get(f"{dataset}/{marker['data']}")):
+        for row in read_shard(storage, f"{dataset}/{marker['data']}"):
             key = sample_key(row["sample_id"], row.get("sample_index", 0))
             if key not in seen:
                 seen.add(key)
