@@ -49,8 +49,8 @@ def load_ledger(storage: Storage) -> Ledger:
 def _add_hidden_states(storage: Storage, ledger: Any, report: dict[str, Any]) -> None:
     """The hidden-state section and its findings, when the run asked for states (report/hidden_states.py)."""
     from ..facts.hidden_states import kinds_needed
-    from ..store.hidden_states import KINDS, hidden_state_inputs
-    from .hidden_states import StateRecord, hidden_state_section
+    from ..store.hidden_states import KINDS, expected_lengths, failed_keys, state_records
+    from .hidden_states import hidden_state_section
     from .validation import LEVELS
 
     spec = ledger.run.get("spec") if isinstance(ledger.run, dict) else None
@@ -59,10 +59,11 @@ def _add_hidden_states(storage: Storage, ledger: Any, report: dict[str, Any]) ->
     layouts = spec["hiddenStates"].get("layouts") or []
     sections = {}
     for dataset in ledger.datasets:
+        keys, lengths = expected_lengths(storage, dataset.name)
         for kind in kinds_needed(list(layouts)):
-            expected, states, failed = hidden_state_inputs(storage, dataset.name, KINDS[kind])
-            records = [StateRecord(*state) for state in states]
-            section, findings = hidden_state_section(dataset.name, expected, records, failed, kind)
+            failed = len(failed_keys(storage, dataset.name, KINDS[kind]))
+            section, findings = hidden_state_section(dataset.name, keys, lengths,
+                                                     state_records(storage, dataset.name, KINDS[kind]), failed, kind)
             if kind == "aux":
                 sections[dataset.name] = section
             else:
