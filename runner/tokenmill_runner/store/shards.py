@@ -168,6 +168,7 @@ def shard_rows(spool: IO[bytes], where: str) -> Iterator[dict[str, Any]]:
     except (pa.ArrowException, OSError) as error:
         raise StorageError(f"{where} is not a readable Parquet file ({error}); it was changed after it was "
                            "committed: remove its commit marker and run again to generate its samples") from None
+    _check_columns(parquet.file.schema_arrow, where)
     for number, row in enumerate(bounded_rows(parquet, SHARD_ROW_BYTES)):
         if isinstance(row, OversizeRow):
             why = row.reason or f"{row.size} bytes, over the {SHARD_ROW_BYTES} a committed row may have"
@@ -177,6 +178,25 @@ def shard_rows(spool: IO[bytes], where: str) -> Iterator[dict[str, Any]]:
             for name in MULTI_TURN_FIELDS:
                 row.pop(name, None)
         yield row
+
+
+# The columns every shard tokenmill wrote has, and their types (sample_index: in shards since markers version 2): a
+# file without them is refused before a row is read.
+CORE_COLUMNS = ("sample_id", "line", "sample_index", "prompt_ids", "output_ids")
+
+
+def _check_columns(schema: pa.Schema, where: str) -> None:
+    for name in CORE_COLUMNS:
+        index = schema.get_field_index(name)
+        found = schema.field(index).type if index >= 0 else None
+        if found is None and name == "sample_index":
+            continue
+        if isinstance(found, pa.DictionaryType):  # text read as a dictionary (parquet_rows.open_parquet)
+            found = found.value_type
+        if found != ROW_SCHEMA.field(name).type:
+            raise StorageError(f"{where} is not a shard tokenmill wrote: its column {name} is "
+                               f"{'missing' if found is None else found}, not {ROW_SCHEMA.field(name).type}; remove "
+                               "its commit marker and run again to generate its samples")
 
 
 def fetch_shard(storage: Storage, key: str, folder: str | None = None) -> IO[bytes]:
