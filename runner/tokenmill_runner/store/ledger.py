@@ -512,8 +512,8 @@ class DatasetLedger:
         operator and `tokenmill run` alike. The layout is the lines of 1..`lines` that `within` keeps, x sample
         indices 0..`samples`-1: a JSONL source's blank lines yield no row, so they are no slot
         (`manifest.DatasetLayout.within_bits`); a worker's layout is the lines it owns. `within` is a bool per line,
-        or (dtype uint8) a bit per line, little-endian, line 1 first; lines past its end are kept; None keeps every
-        line. Counted a chunk of lines at a time, from the bits: memory does not follow `lines`."""
+        or (dtype uint8) a bit per line, little-endian, line 1 first (the padding of its last byte is part of it:
+        `manifest.decode_bits`); lines past its end are kept; None keeps every line. Counted a chunk of lines at a time, from the bits: memory does not follow `lines`."""
         lines = max(lines, 0)
         held = min(lines, -(-self._size // self.samples_per_prompt))  # lines the ledger knows anything of
         shared = min(samples, self.samples_per_prompt)  # sample indices that can have an outcome

@@ -207,14 +207,14 @@ class LocalStorage:
     def _open_regular(self, key: str) -> IO[bytes]:
         """The file of `key` opened for reading, refused unless it is a regular file: a FIFO never ends and a
         device (a symlink to /dev/zero) is any size."""
-        try:
-            handle = self._path(key).open("rb")
+        try:  # O_NONBLOCK: opening a FIFO would wait for a writer (it means nothing to a regular file)
+            fd = os.open(self._path(key), os.O_RDONLY | os.O_NONBLOCK)
         except FileNotFoundError:
             raise StorageError(f"{self.uri(key)} does not exist") from None
-        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-            handle.close()
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
             raise StorageError(f"{self.uri(key)} is not a regular file; tokenmill writes only regular files: remove it")
-        return handle
+        return os.fdopen(fd, "rb")
 
     def put(self, key: str, data: bytes, budget_s: float | None = None) -> None:
         write_atomic(self._path(key), data)
