@@ -29,19 +29,26 @@ ROOT = Path(__file__).resolve().parents[2]
 # A child that imports numpy, pyarrow and pydantic starts near 100 MB (the CLI with its libraries near 200 MB); the
 # unbounded readers of f9665d2 passed 500 MB on every case below, most of them gigabytes.
 KILL_KB = 450 * 1024
-# What the operator's pass reads of a tenant's output, through the runner's store modules (gather.observe_progress:
-# read_manifest, then per dataset load_index, catch_up and the layout's completeness).
+# What the operator's pass reads of a tenant's output: its own observe_progress (run.json, then per dataset its
+# checkpoint, the markers it lacks and the layout's completeness, through the runner's store modules).
 OBSERVE = """
 import sys
-from tokenmill_runner.store.index_store import catch_up, load_index
-from tokenmill_runner.store.manifest import read_manifest
+from datetime import UTC, datetime
 from tokenmill_runner.store.storage import LocalStorage
-storage = LocalStorage(sys.argv[1])
-manifest = read_manifest(storage)
-for name, layout in manifest.datasets.items():
-    index = load_index(storage, name, layout.last_line, layout.samples)
-    catch_up(storage, index, full=True)
-    print(layout.completeness(index.ledger))
+try:
+    from tokenmill_operator.observe.gather import OutputIndex, observe_progress
+except ImportError:  # before the operator's layers (f9665d2)
+    from tokenmill_operator.gather import OutputIndex, observe_progress
+facts, _ = observe_progress(LocalStorage(sys.argv[1]), OutputIndex(), datetime.now(UTC), None)
+print(facts.overall.model_dump() if facts else None)
+"""
+# What `tokenmill run` resuming reads of its output (prepare.py): per dataset its checkpoint and every marker.
+RESUME = """
+import sys
+from tokenmill_runner.store.index_store import open_index
+from tokenmill_runner.store.storage import LocalStorage
+index, _ = open_index(LocalStorage(sys.argv[1]), "d", 100)
+print("markers", index.markers)
 """
 
 
@@ -115,21 +122,25 @@ def test_a_16_mib_run_json_of_empty_objects_is_refused_before_it_is_parsed(tmp_p
 # ------------------------------------------------------------------------------------------ B6: inflation
 
 
-def test_a_forged_checkpoint_is_not_inflated_past_what_the_layout_can_hold(tmp_path):
-    """f9665d2: a 1 MiB checkpoint of zeros (its digest anyone can compute) inflated whole, 2.1 GB; here 256 MiB."""
+def test_a_forged_checkpoint_is_refused_by_the_operator_and_not_inflated_by_a_runner(tmp_path):
+    """f9665d2: a 1 MiB checkpoint of zeros (its digest anyone can compute) inflated whole, 2.1 GB in the operator
+    and 2.2 GB in a resuming `tokenmill run`; here 256 MiB. The operator keys its own checkpoints' digests, so it
+    refuses the forged one unread; a runner inflates it no further than its layout can hold."""
     out = tmp_path / "out"
     storage = LocalStorage(out)
     storage.put("run.json", b'{"datasets": {"d": {"rows": 100}}}')
     payload = zeros_payload(256 << 20)
     header = {"version": 1, "dataset": "d", "arrays": [{"name": "rows", "dtype": "|u1", "count": 256 << 20}],
               "raw_bytes": 256 << 20}
-    storage.put("d/index/zzzz-9999999999-w000-ffffffff.ckpt", packed("checkpoint", header, payload))
-    code, peak_kb, killed, stderr = observe(out, tmp_path)
-    print(f"forged checkpoint of {len(payload)} bytes: exit {code}, peak {peak_kb} kB")
-    assert not killed and peak_kb < KILL_KB and code == 0, (peak_kb, stderr[-2000:])
-    assert "says it inflates to 268435456 bytes, over the 1051276 this reader inflates" in stderr
-    assert "Completeness(lines=100" in subprocess.run([sys.executable, "-c", OBSERVE, str(out)], capture_output=True,
-                                                      text=True, timeout=120, cwd=ROOT).stdout, "markers folded"
+    for writer in ("operator", "w000"):
+        storage.put(f"d/index/zzzz-9999999999-{writer}-ffffffff.ckpt", packed("checkpoint", header, payload))
+    for script, message in ((OBSERVE, "digest does not match its content (a torn or altered object, or one written "
+                                      "without this reader's key)"),
+                            (RESUME, "says it inflates to 268435456 bytes, over the 1051276 this reader inflates")):
+        code, peak_kb, killed, stderr = peak([sys.executable, "-c", script, str(out)], tmp_path)
+        print(f"forged checkpoint of {len(payload)} bytes: exit {code}, peak {peak_kb} kB")
+        assert not killed and peak_kb < KILL_KB and code == 0, (peak_kb, stderr[-2000:])
+        assert message in stderr, stderr[-2000:]
 
 
 def test_a_forged_source_scan_is_not_inflated_past_its_bound(tmp_path):
