@@ -175,7 +175,9 @@ def _env_of(cluster: Cluster, namespace: str, container: k8s.V1Container) -> dic
             env[var.name] = var.value
         elif var.value_from and var.value_from.secret_key_ref:
             ref = var.value_from.secret_key_ref
-            env[var.name] = _b64(cluster.core.read_namespaced_secret(ref.name, namespace).data[ref.key])
+            data = cluster.core.read_namespaced_secret(ref.name, namespace).data or {}
+            if ref.key in data or not ref.optional:  # the kubelet leaves out an optional key the Secret lacks
+                env[var.name] = _b64(data[ref.key])
     return env
 
 
