@@ -74,6 +74,7 @@ def test_shared_volume_pods_mount_the_filled_claim_read_only_and_check_its_marke
                                                                   "readOnly": True}}
     [check] = pod["initContainers"]
     assert check["name"] == "verify-model-cache" and digest in check["command"][2]
+    assert check["securityContext"]["runAsNonRoot"] and check["securityContext"]["runAsUser"] == cache.SYNC_UID  # W8
     sglang = pod["containers"][0]
     assert sglang["args"][sglang["args"].index("--model-path") + 1] == f"/models/{digest}/model"
     assert {"name": "models", "mountPath": "/models", "readOnly": True} in sglang["volumeMounts"]

@@ -166,7 +166,11 @@ def test_extra_args_may_not_set_or_abbreviate_a_managed_flag(arg):
 @pytest.mark.parametrize("uri", ["s3://b/runs/a/../../escaped/", "s3://b/runs/b%2F..%2Fc/", "s3://b/./x/",
                                  "s3://b/runs\\x/",
                                  # accepted on a87e82b (security-a87e82b.md W14): '..' once decoded, an empty segment
-                                 "s3://b/runs/%2e%2e/x/", "s3://b/runs/%2E%2E/x/", "s3://b/runs//x/", "s3://b//x/"])
+                                 "s3://b/runs/%2e%2e/x/", "s3://b/runs/%2E%2E/x/", "s3://b/runs//x/", "s3://b//x/",
+                                 # accepted on f9665d2 (security-f9665d2.md W12): '..' decoded twice, a NUL, one-dot
+                                 # leaders ('..' under NFKC)
+                                 "s3://b/runs/%252e%252e/x/", "s3://b/runs/x%00/", "s3://b/runs/\u2024\u2024/x/",
+                                 "s3://b/runs/x\x00/", "s3://b/runs/\tx/"])
 def test_an_s3_output_prefix_cannot_name_a_way_out_of_itself(uri):
     from pydantic import ValidationError
 

@@ -312,7 +312,9 @@ def shared_server_files(digest: str, mount: str, volume: str) -> ServerFiles:
     check = {"name": "verify-model-cache", "image": AWS_CLI_IMAGE, "command": ["sh", "-c", script],
              "volumeMounts": [{"name": volume, "mountPath": mount, "readOnly": True}],
              "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}},
-             "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+             # It only reads what the fill (SYNC_UID) wrote: no root needed (security-f9665d2.md W8).
+             "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                                 "runAsNonRoot": True, "runAsUser": SYNC_UID, "runAsGroup": SYNC_UID},
              "terminationMessagePolicy": "FallbackToLogsOnError"}
     volumes = [{"name": volume, "persistentVolumeClaim": {"claimName": claim_name(digest), "readOnly": True}}]
     mounts = [{"name": volume, "mountPath": mount, "readOnly": True}]

@@ -88,9 +88,11 @@ def _checked(value: str | None, name: str, ok: Callable[[float], bool], expected
 DecimalString = Annotated[str, BeforeValidator(_number_to_string), AfterValidator(_parse_decimal)]
 FractionString = Annotated[str, BeforeValidator(_number_to_string), AfterValidator(_fraction)]
 
-# S3 stores keys literally, but a store or proxy that normalises dot segments, decodes %2F or %2E (%2e%2e is '..'
-# once decoded) or collapses '//' would write elsewhere.
-S3_PREFIX_ESCAPE = re.compile(r"/\.{1,2}(?:/|$)|%2[fFeE]|\\|[^:/]//")
+# S3 stores keys literally, but a store or proxy that normalises dot segments, decodes percent-encoding (%2e%2e is
+# '..' once decoded, %252e%252e once decoded twice), normalises Unicode ('\u2024\u2024', one-dot leaders, is '..'
+# under NFKC) or collapses '//' would write elsewhere: no '%', nothing outside printable ASCII, no NUL
+# (security-f9665d2.md W12).
+S3_PREFIX_ESCAPE = re.compile(r"/\.{1,2}(?:/|$)|%|\\|[^:/]//|[^ -~]")
 
 # Upper bounds of the integer fields (docs/security.md): a spec asking for more is a typo or an attack, and each
 # bound says what it protects. The CRD carries the same numbers (tokenmill_operator.crd; tests/unit/test_crd.py
@@ -570,8 +572,9 @@ class OutputSpec(SpecModel):
         if "://" in value and not value.startswith(("s3://", "file://")):
             raise ValueError(f"output uri {value!r}: use s3://bucket/prefix/ or a local folder")
         if value.startswith("s3://") and S3_PREFIX_ESCAPE.search(value):
-            raise ValueError(f"output uri {value!r}: a '.' or '..' segment, an empty segment ('//'), or an encoded "
-                             "slash or dot (%2F, %2E) could leave the prefix on a store or proxy that normalises "
+            raise ValueError(f"output uri {value!r}: a '.' or '..' segment, an empty segment ('//'), a '%' "
+                             "(encoded slash or dot: %2F, %2E) or a character outside printable ASCII could leave "
+                             "the prefix on a store or proxy that normalises "
                              "keys; name the prefix plainly")
         return value
 
