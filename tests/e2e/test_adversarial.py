@@ -16,7 +16,6 @@ attacker's own S3 endpoint is a socket that answers one byte at a time.
 from __future__ import annotations
 
 import secrets
-import socket
 import sys
 import threading
 import time
@@ -40,6 +39,7 @@ from tokenmill_runner.facts.throughput import CALIBRATION
 from tokenmill_runner.spec.resource import parse_document
 from tokenmill_runner.store.storage import s3_client
 
+from ..hostile_endpoint import Endpoint, trickle
 from .conftest import Cluster, _release_finalizers
 from .operator_kit import (  # noqa: F401  (fixtures)
     GROUP_VERSION,
@@ -60,37 +60,6 @@ RSS_LIMIT = 512 * 1024 * 1024
 # What the attacker's fake SGLang reports: the planner's step on expert reads 5x slower than any H200's.
 POISON = Refit(0.2, 1.0, 1.0, samples=0, error_before=0, error_after=0, fitted=())
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
-
-
-class Trickle:
-    """The attacker's S3 endpoint: every request answered 200 with a large Content-Length, then a byte a second."""
-
-    def __init__(self) -> None:
-        self.connections = 0
-        self.closed = 0
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            self.connections += 1
-            threading.Thread(target=self._trickle, args=(conn,), daemon=True).start()
-
-    def _trickle(self, conn: socket.socket) -> None:
-        with conn:
-            try:
-                conn.recv(65536)
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n")
-                for _ in range(600):
-                    conn.sendall(b"{")
-                    time.sleep(1)
-            except OSError:
-                self.closed += 1
 
 
 @dataclass
@@ -160,7 +129,7 @@ class World:
     ops: str
     operator: Operator
     metrics: Metrics
-    trickle: Trickle
+    trickle: Endpoint  # the attacker's S3 endpoint: each request answered a byte a second
     s3: str
     victim_plan: dict[str, Any]
 
@@ -268,7 +237,7 @@ def world(cluster: Cluster, crd: None, s3_world: str, tmp_path_factory: pytest.T
     _secret(cluster, attacker, "s3-evil", AWS_CONFIG_FILE="/models/team-a/evil.cfg", PYTHONPATH="/models/team-a")
     _qwen_world(s3_world)
     _forged_outputs(s3_world, attacker)
-    metrics, trickle = Metrics(), Trickle()
+    metrics, slow_store = Metrics(), Endpoint(lambda conn, _: trickle(conn, seconds=600, every=1.0))
     server = metrics.start()
     log = tmp_path_factory.mktemp("adversarial") / "operator.log"
     operator = Operator(cluster, f"{attacker},{victim}", log)
@@ -282,7 +251,7 @@ def world(cluster: Cluster, crd: None, s3_world: str, tmp_path_factory: pytest.T
         cluster.apply(victim_resource)
         planned = cluster.wait_for(lambda: (dsgen(cluster, victim, "victim").get("status") or {}).get("serverPlan"),
                                    "the victim's plan", timeout=120)
-        made = World(cluster, attacker, victim, ops, operator, metrics, trickle, s3_world, planned)
+        made = World(cluster, attacker, victim, ops, operator, metrics, slow_store, s3_world, planned)
         assert made.ask_victim() < PACE_S, "the victim's pace before any attack"
         metrics.answers.update({
             (attacker, "slow-metrics-0"): "trickle", (attacker, "slow-metrics-1"): "trickle",
@@ -294,7 +263,7 @@ def world(cluster: Cluster, crd: None, s3_world: str, tmp_path_factory: pytest.T
         operator.stop()
         print(operator.tail(12000), file=sys.stderr)
         server.shutdown()
-        trickle.listener.close()
+        slow_store.close()
         for namespace in (attacker, victim, ops):
             _release_finalizers(cluster, namespace)
             cluster.core.delete_namespace(namespace, propagation_policy="Background")
@@ -308,13 +277,13 @@ def wait_attacker(world: World, name: str, what: str, test: Any, timeout: float 
 def test_a_trickling_store_stalls_only_its_own_namespace(world: World):
     slow = [f"slow-s3-{i}" for i in range(4)]
     world.attack(*slow)
-    world.cluster.wait_for(lambda: world.trickle.connections >= 2, "the attacker's reads of its trickling store")
+    world.cluster.wait_for(lambda: len(world.trickle.requests) >= 2, "the attacker's reads of its trickling store")
     assert world.ask_victim() < PACE_S
     # The attacker's own passes end at their deadline, their connections closed: said in its status.
     refused = wait_attacker(world, "slow-s3-0", "slow-s3-0 ObservationFailed past its deadline", lambda s: "past its "
                             "deadline" in ((condition({"status": s}, "Ready") or {}).get("message") or ""))
     assert (condition({"status": refused}, "Ready") or {}).get("reason") == "ObservationFailed"
-    world.cluster.wait_for(lambda: world.trickle.closed >= 1, "the trickled connection closed by the operator")
+    assert world.trickle.closed.wait(60), "the trickled connection closed by the operator"
     world.victim_unchanged()
     world.retreat(*slow)
 
