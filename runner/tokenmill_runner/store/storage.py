@@ -128,6 +128,34 @@ class S3Location:
         return cls(bucket, prefix + "/" if prefix else "")
 
 
+def _process_umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (os.umask both sets and returns it, and
+    another thread creating a file in between would get the wrong mode)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+# The mode open() gives a new file (0666 less the umask): temporary files are created 0600, and a file renamed into
+# place keeps that, so a report on a shared file system would be readable by its writer alone. Every local write
+# goes through `publish_mode`, so outputs are as readable as any file this user creates (0644 under umask 022).
+FILE_MODE = 0o666 & ~_process_umask()
+
+
+def publish_mode(target: int | Path) -> None:
+    """Give a finished temporary file (an open descriptor or a path) the mode a new file of this process has."""
+    if isinstance(target, int):
+        os.fchmod(target, FILE_MODE)
+    else:
+        os.chmod(target, FILE_MODE)
+
+
 def fsync_dir(folder: Path) -> None:
     """Make a rename or a new entry in `folder` durable: without it a power loss can forget the entry."""
     fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
@@ -154,6 +182,7 @@ def write_atomic(path: Path, data: bytes) -> None:
     make_dirs(path.parent)
     fd, tmp = tempfile.mkstemp(prefix=path.name + TMP_MARK, dir=path.parent)
     try:
+        publish_mode(fd)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
@@ -205,6 +234,7 @@ class LocalStorage:
         make_dirs(path.parent)
         fd, tmp = tempfile.mkstemp(prefix=path.name + TMP_MARK, dir=path.parent)
         try:
+            publish_mode(fd)
             with os.fdopen(fd, "wb") as handle:
                 handle.write(data)
                 handle.flush()
@@ -260,6 +290,7 @@ class LocalStorage:
         try:
             with open(path, "rb") as source:
                 os.fsync(source.fileno())
+                publish_mode(source.fileno())
             os.replace(path, target)
             fsync_dir(target.parent)
             return
@@ -267,6 +298,7 @@ class LocalStorage:
             pass  # another file system: copy to a temporary name beside the target, then rename
         fd, tmp = tempfile.mkstemp(prefix=target.name + TMP_MARK, dir=target.parent)
         try:
+            publish_mode(fd)
             with os.fdopen(fd, "wb") as handle, open(path, "rb") as source:
                 shutil.copyfileobj(source, handle, COPY_CHUNK)
                 handle.flush()
