@@ -55,10 +55,13 @@ Auto = Literal["auto"]
 
 
 def _number_to_string(value: Any) -> Any:
-    # Kubernetes manifests keep fractions as strings (floats do not round-trip through every YAML/JSON tool);
-    # accept a bare number from a hand-written spec and store it the Kubernetes way.
+    """Refuse a bare number where the resource keeps a decimal as a string. Users write `temperature: 0.6`, but the
+    CRD types these fields as strings (the Kubernetes API conventions keep decimals out of floats, and a structural
+    schema cannot say "a number or a string" without dropping the type altogether), so `kubectl apply` refuses the
+    number: `tokenmill run` refuses it too, at once and with the fix, so one spec works on both paths."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return repr(float(value))
+        raise ValueError(f"write the number as a quoted string, \"{value}\" (not {value}): a DatasetGeneration keeps "
+                         "decimals as strings, the Kubernetes way, and the CRD refuses a bare number")
     return value
 
 
