@@ -26,6 +26,7 @@ import orjson
 
 from ..generate.conversation import start
 from ..progress import ThroughputMeter
+from ..report.files import require_run_output
 from ..source.adapters import DEFAULT_LAYOUT, RowLayout
 from ..source.prompts import Prompt, RowError
 from ..spec.resource import DatasetSpec
@@ -359,12 +360,10 @@ def export(request: ExportRequest, stream: TextIO | None = None,
 
     fmt = export_format(request.format)
     source = open_storage(request.source_uri, request.s3_endpoint)
-    if not source.exists(RUN_METADATA):
-        raise ExportError(f"{source.uri(RUN_METADATA)} does not exist: {request.source_uri} is not a tokenmill "
-                          "run's output")
+    require_run_output(source, manifest_needed=True)
     run = orjson.loads(source.get(RUN_METADATA))
     datasets = select_datasets(run_datasets(source, run), request.filters.datasets)
-    excluded = _excluded(source, datasets, request.filters)
+    excluded, unfinished = _judged(source, datasets, request.filters)
     datasets = [name for name in datasets if name not in excluded]
     destination = open_storage(request.dest_uri, request.dest_s3_endpoint or request.s3_endpoint)
     if destination.root_uri.rstrip("/") == source.root_uri.rstrip("/"):
@@ -376,12 +375,17 @@ def export(request: ExportRequest, stream: TextIO | None = None,
             check_run_layout(run)  # before the destination is touched: an earlier export there stays whole
         except SpeculatorsLayoutError as error:
             raise ExportError(str(error)) from None
+    if fmt.kind == "ckpt" and not (run.get("spec") or {}).get("hiddenStates"):
+        raise ExportError("--format specforge-offline: the run's spec sets no hiddenStates, so it captured no hidden "
+                          "states to export; add spec.hiddenStates and run it (docs/export.md), or export a token "
+                          "format (specforge, hf, speculators)")
+    f = request.filters
+    if fmt.kind in ("ckpt", "arrow") and (f.finish_reason or f.exclude_truncated or f.require_reasoning
+                                          or f.exclude_findings):
+        raise ExportError(f"--format {fmt.name} takes only --dataset among the filters: its features are every "
+                          "captured sample's")
     prepare_destination(destination, request.overwrite)
     if fmt.kind in ("ckpt", "arrow"):
-        f = request.filters
-        if f.finish_reason or f.exclude_truncated or f.require_reasoning or f.exclude_findings:
-            raise ExportError(f"--format {fmt.name} takes only --dataset among the filters: its features are every "
-                              "captured sample's")
         if fmt.kind == "ckpt":
             from .offline import export_specforge_offline
 
@@ -407,20 +411,30 @@ def export(request: ExportRequest, stream: TextIO | None = None,
         progress.update(exporter.done, exporter.written, exporter.mismatched, final=True)
         manifest = build_manifest(fmt, source.root_uri, destination.root_uri, run, request.options(), excluded,
                                   exporter.counts, files, mismatch_files[0] if mismatch_files else None,
-                                  datetime.now(UTC), __version__)
+                                  datetime.now(UTC), __version__, unfinished)
         destination.put(MANIFEST, orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
     return manifest
 
 
-def _excluded(source: Storage, datasets: list[str], filters: ExportFilters) -> dict[str, list[str]]:
-    if filters.exclude_findings is None:
-        return {}
+def _judged(source: Storage, datasets: list[str], filters: ExportFilters) -> tuple[dict[str, list[str]],
+                                                                                 dict[str, str]]:
+    """What the run's ledger says of the datasets to export, from one fold of its markers: those the report's
+    findings exclude (--exclude-findings), with the findings, and those whose run is not finished, with how much of
+    the layout has no outcome (the export then holds what is committed so far, and says so)."""
     from ..report.files import load_ledger
     from ..report.validation import build_report
 
-    findings = build_report(load_ledger(source))["findings"]
+    ledger = load_ledger(source)
+    unfinished = {}
+    for dataset in ledger.datasets:
+        completeness = dataset.completeness() if dataset.name in datasets else None
+        if completeness is not None and not completeness.settled:
+            unfinished[dataset.name] = completeness.describe_missing()
+    if filters.exclude_findings is None:
+        return {}, unfinished
+    findings = build_report(ledger)["findings"]
     return {name: messages for name, messages in excluded_by_findings(findings, filters.exclude_findings).items()
-            if name in datasets}
+            if name in datasets}, unfinished
 
 
 def _export_dataset(exporter: Exporter, source: Storage, dataset: str, shard_keys: list[str],

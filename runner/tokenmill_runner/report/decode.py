@@ -14,9 +14,11 @@ from typing import Any
 import orjson
 
 from ..render.pretokenize import flag_allows_remote_code, load_tokenizer, local_model_folder
+from ..store.manifest import MANIFEST
 from ..store.markers import read_markers
 from ..store.shards import decode_rows
 from ..store.storage import Storage
+from .files import require_run_output
 
 ROLE_LABELS = {"tool_declare": "tools", "system": "system", "user": "user", "assistant": "assistant",
                "tool": "tool result"}
@@ -216,7 +218,8 @@ def inspect_samples(storage: Storage, selection: Selection, datasets: list[str] 
                     endpoint: str | None = None, trust_remote_code: bool = False) -> str:
     """Decode the selected samples of a run with the tokenizer recorded in its run.json; its own code runs only
     with `trust_remote_code` (the command's flag, never run.json's)."""
-    run = orjson.loads(storage.get("run.json"))
+    require_run_output(storage, manifest_needed=True)
+    run = orjson.loads(storage.get(MANIFEST))
     names = datasets or [d["name"] for d in run["spec"]["datasets"]]
     rows = select_rows(storage, names, selection)
     if not rows:

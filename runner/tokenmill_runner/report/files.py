@@ -7,7 +7,7 @@ from typing import Any
 
 import orjson
 
-from ..store.manifest import RunManifest, read_manifest
+from ..store.manifest import MANIFEST, RunManifest, read_manifest
 from ..store.markers import datasets_with_commits, markers_in_commit_order
 from ..store.shards import missing_files, stored_files
 from ..store.storage import Storage
@@ -21,6 +21,20 @@ REPORT_DIR = "report"
 # a whole whose size nobody recorded. The report says so rather than have another worker write a layout: a report of
 # an output written by an older release, or by workers that all died before worker 0 started, is judged the same.
 NO_LAYOUT = "run.json missing: worker 0 never recorded the layout"
+
+
+class NotARunOutput(LookupError):
+    """The URI holds no run (a mistyped path): report, inspect and export refuse it before writing anything."""
+
+
+def require_run_output(storage: Storage, manifest_needed: bool = False) -> None:
+    """Refuse a URI that is no run's output: no run.json and (unless `manifest_needed`) no commit marker either. A
+    report of it would create the folder and print FAIL with no reason; tokenmill exits 2 instead, as for any bad
+    argument."""
+    if storage.exists(MANIFEST) or (not manifest_needed and datasets_with_commits(storage)):
+        return
+    raise NotARunOutput(f"{storage.root_uri} is not a tokenmill run's output: it has no {MANIFEST}"
+                        f"{'' if manifest_needed else ' and no commit markers'}; check the path (nothing was written)")
 
 
 def load_ledger(storage: Storage) -> Ledger:
