@@ -16,6 +16,7 @@ from . import logs
 from .generate import builtin_sim
 from .generate.results import ServersUnavailable
 from .generate.summary import (  # noqa: F401 - the exit codes are part of the CLI's contract (the operator uses them)
+    EXIT_BROKEN_PIPE,
     EXIT_FAILED,
     EXIT_GIVEN_UP,
     EXIT_INTERRUPTED,
@@ -25,7 +26,6 @@ from .generate.summary import (  # noqa: F401 - the exit codes are part of the C
     EXIT_SERVERS_UNAVAILABLE,
     EXIT_STATES_PENDING,
     EXIT_USAGE,
-    EXIT_BROKEN_PIPE,
     EXIT_VERDICT,
     exit_code_table,
 )
@@ -347,10 +347,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from .store.storage import open_storage
-
     from .report.files import require_run_output
     from .report.validation import LEVELS
+    from .store.storage import open_storage
 
     storage = open_storage(args.uri, args.s3_endpoint)
     require_run_output(storage)
