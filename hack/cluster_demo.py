@@ -19,7 +19,9 @@ See docs/operator.md, "On a laptop".
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -76,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from moto.server import ThreadedMotoServer
 
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's server logs every request
     os.environ.update(S3_ENV)
     port = free_port()
     s3 = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
@@ -112,14 +115,15 @@ def main(argv: list[str] | None = None) -> int:
         say(f"kubectl -n {namespace} describe dsgen {NAME}   # conditions and events; make cluster-down removes "
             "the cluster")
         if args.keep:
-            say("keeping the operator, S3 and the simulator's output until Ctrl-C")
+            say("keeping the operator and S3 until Ctrl-C")
             while True:
                 time.sleep(3600)
+        shutil.rmtree(work, ignore_errors=True)  # the runner pods' logs; kept when the demo fails
         return 0
     except KeyboardInterrupt:
         return 130
     except Exception:
-        say(f"failed; the operator's log ends:\n{operator.tail(3000)}")
+        say(f"failed (logs in {work}); the operator's log ends:\n{operator.tail(3000)}")
         try:
             say(f"status: {dsgen(cluster, namespace).get('status')}")
         except Exception as error:  # noqa: BLE001 - the first failure is the one to see
