@@ -194,7 +194,8 @@ def test_report_files_one_png_per_dataset(crafted, tmp_path):
     commit_rows(crafted, "second", [make_row("second", i, 100 + i, 512, reasoning=5) for i in range(50)])
     crafted.put("run.json", orjson.dumps(run_json(["glaive", "second"])))
     report, written = write_report(crafted)
-    assert sorted(p.rsplit("/", 1)[-1] for p in written) == ["glaive.png", "report.json", "report.md", "second.png"]
+    assert sorted(p.rsplit("/", 1)[-1] for p in written) == ["glaive.png", "report.json", "report.md", "second.png",
+                                                             "vocabulary.png"]
     for name in ("glaive", "second"):
         assert png_size(crafted.get(f"report/{name}.png")) == (1400, 560)
     stored = orjson.loads(crafted.get("report/report.json"))
