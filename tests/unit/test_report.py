@@ -202,6 +202,7 @@ def test_report_files_one_png_per_dataset(crafted, tmp_path):
     assert stored["schema"] == "tokenmill.report/v1" and stored["verdict"] == report["verdict"]
     markdown = crafted.get("report/report.md").decode()
     assert "| glaive | 400 |" in markdown and "![glaive.png](glaive.png)" in markdown
+    assert png_size(crafted.get("report/vocabulary.png")) == (1400, 560) and "## Draft vocabulary coverage" in markdown
     assert report["overall"]["completion_tokens"]["count"] == 450
 
 

@@ -129,12 +129,18 @@ def _add_mix(storage: Storage, ledger: Ledger, report: dict[str, Any],
     return written
 
 
-def write_report(storage: Storage, checks: PromptChecks | None = None) -> tuple[dict[str, Any], list[str]]:
-    """Compute the report from the commit markers and write report.json, report.md and the PNGs (one per dataset
-    and the vocabulary coverage); with `checks`, read the prompt sources for the mix's duplicates and overlap."""
-    from .markdown import render
-    from .plots import coverage_png, dataset_png
+@dataclass
+class Computed:
+    """A report computed from a run's markers and counts, before its files are drawn and written."""
 
+    report: dict[str, Any]
+    ledger: Ledger
+    frequencies: dict[str, TokenFrequencies]  # per dataset, in spec order
+    files: list[str]  # the .jsonl files the mix wrote under report/
+
+
+def compute_report(storage: Storage, checks: PromptChecks | None = None) -> Computed:
+    """report.json's content: the validation report, the hidden states, the vocabulary coverage and the mix."""
     counted: dict[str, list[CountedShard]] = {}
     ledger = load_ledger(storage, counted)
     report = build_report(ledger)
@@ -142,8 +148,19 @@ def write_report(storage: Storage, checks: PromptChecks | None = None) -> tuple[
     frequencies = {d.name: accumulate(storage, counted.get(d.name, [])) for d in ledger.datasets}
     report["vocabulary"] = vocabulary_section(frequencies)
     files = _add_mix(storage, ledger, report, frequencies, checks)
+    return Computed(report, ledger, frequencies, files)
+
+
+def write_report(storage: Storage, checks: PromptChecks | None = None) -> tuple[dict[str, Any], list[str]]:
+    """Compute the report from the commit markers and write report.json, report.md and the PNGs (one per dataset
+    and the vocabulary coverage); with `checks`, read the prompt sources for the mix's duplicates and overlap."""
+    from .markdown import render
+    from .plots import coverage_png, dataset_png
+
+    computed = compute_report(storage, checks)
+    report, frequencies = computed.report, computed.frequencies
     images = []
-    for dataset in ledger.datasets:
+    for dataset in computed.ledger.datasets:
         caps = report["datasets"][dataset.name]["truncated"]["caps"]
         storage.put(f"{REPORT_DIR}/{dataset.name}.png", dataset_png(dataset.name, dataset, caps))
         images.append(f"{dataset.name}.png")
@@ -154,5 +171,6 @@ def write_report(storage: Storage, checks: PromptChecks | None = None) -> tuple[
     images.append(COVERAGE_PNG)
     storage.put(f"{REPORT_DIR}/report.json", orjson.dumps(report, option=orjson.OPT_INDENT_2))
     storage.put(f"{REPORT_DIR}/report.md", render(report, images).encode())
-    written = [storage.uri(f"{REPORT_DIR}/{name}") for name in ("report.json", "report.md", *images, *files)]
+    written = [storage.uri(f"{REPORT_DIR}/{name}") for name in ("report.json", "report.md", *images,
+                                                                 *computed.files)]
     return report, written
