@@ -299,7 +299,7 @@ def _print_report(storage, checks=None) -> None:
     from .report.files import write_report
     from .report.markdown import summary
 
-    report, written = write_report(storage, checks)
+    report, written = write_report(storage, checks, recount_rows=True)
     print()
     print(summary(report))
     print("report files:")

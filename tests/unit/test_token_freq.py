@@ -175,3 +175,35 @@ def test_weights_scale_a_dataset_s_counts_in_the_mix_and_keep_first_appearance_a
     assert as_counter(mix) == Counter({1: 1, 2: 5, 3: 3}) and mix.seen().tolist() == [1, 2, 3]
     half = mixed({"a": a, "b": b}, {"a": 0.5})
     assert half.counts.dtype.kind == "f" and half.counts[2] == pytest.approx(2.0)
+
+
+def test_the_operator_s_report_reads_no_shard_and_names_the_shards_it_could_not_count(tmp_path):
+    from tests.unit.counting_storage import CountingStorage
+
+    storage = CountingStorage(tmp_path)
+    rng = np.random.default_rng(13)
+    commit(storage, "d", "w000-aaaa-000001", [row("d", line, rng) for line in range(1, 21)], 1)
+    commit(storage, "d", "w001-bbbb-000001", [row("d", line, rng) for line in (5, 30)], 2)  # slot 5 twice
+    storage.put("run.json", orjson.dumps({"name": "op", "spec": {"datasets": [{"name": "d"}]}, "tokenizer": {}}))
+    storage.reset()
+    section = compute_report(storage).report["vocabulary"]  # as the operator computes it: recount_rows off
+    assert not [key for key in storage.gets if "/shards/" in key], "a tenant's shards are never read"
+    assert section["exact"] is False and section["datasets"]["d"]["shards_not_counted"] == 1
+    assert "Not counted: d 1 shards" in render(compute_report(storage).report, [])
+    exact = compute_report(storage, recount_rows=True).report["vocabulary"]
+    assert exact["exact"] and exact["datasets"]["d"]["loss_tokens"] == sum(recount(storage, "d")[0].values())
+
+
+def test_a_counts_file_that_would_inflate_past_its_cap_is_refused_unread():
+    from tokenmill_runner.store.packed import PackError, pack, unpack
+    from tokenmill_runner.store.token_counts import COUNTS_BYTES, KIND
+
+    bomb = pack(KIND, {"rule": "x"}, {"ids": np.zeros(COUNTS_BYTES // 4 + 1, dtype="<i4")})
+    assert len(bomb) < COUNTS_BYTES // 100  # a few hundred KB that would inflate past the cap
+    with pytest.raises(PackError, match=f"over the {COUNTS_BYTES}"):
+        unpack(KIND, bomb, max_raw=COUNTS_BYTES)
+    # A header that lies about its size: the payload is inflated no further than the header says, then refused.
+    header_end = bomb.index(b'"raw_bytes":') + len(b'"raw_bytes":')
+    liar = bomb[:header_end] + bomb[header_end:].replace(str(COUNTS_BYTES + 4).encode(), b"1024", 1)
+    with pytest.raises(PackError):
+        unpack(KIND, liar, max_raw=COUNTS_BYTES)

@@ -139,25 +139,33 @@ class Computed:
     files: list[str]  # the .jsonl files the mix wrote under report/
 
 
-def compute_report(storage: Storage, checks: PromptChecks | None = None) -> Computed:
-    """report.json's content: the validation report, the hidden states, the vocabulary coverage and the mix."""
+def compute_report(storage: Storage, checks: PromptChecks | None = None, recount_rows: bool = False) -> Computed:
+    """report.json's content: the validation report, the hidden states, the vocabulary coverage and the mix.
+    `recount_rows`: count a shard whose counts file cannot be used (a slot committed twice, a marker older than the
+    counts) from its rows. Off where the operator reports: it reads no tenant's shard (docs/security.md); such
+    shards are then named in the vocabulary section as not counted."""
     counted: dict[str, list[CountedShard]] = {}
     ledger = load_ledger(storage, counted)
     report = build_report(ledger)
     _add_hidden_states(storage, ledger, report)
-    frequencies = {d.name: accumulate(storage, counted.get(d.name, [])) for d in ledger.datasets}
-    report["vocabulary"] = vocabulary_section(frequencies)
+    frequencies, uncounted = {}, {}
+    for dataset in ledger.datasets:
+        frequencies[dataset.name], uncounted[dataset.name] = accumulate(storage, counted.get(dataset.name, []),
+                                                                         recount_rows=recount_rows)
+    report["vocabulary"] = vocabulary_section(frequencies, uncounted=uncounted)
     files = _add_mix(storage, ledger, report, frequencies, checks)
     return Computed(report, ledger, frequencies, files)
 
 
-def write_report(storage: Storage, checks: PromptChecks | None = None) -> tuple[dict[str, Any], list[str]]:
+def write_report(storage: Storage, checks: PromptChecks | None = None,
+                 recount_rows: bool = False) -> tuple[dict[str, Any], list[str]]:
     """Compute the report from the commit markers and write report.json, report.md and the PNGs (one per dataset
-    and the vocabulary coverage); with `checks`, read the prompt sources for the mix's duplicates and overlap."""
+    and the vocabulary coverage); with `checks`, read the prompt sources for the mix's duplicates and overlap;
+    `recount_rows` as in `compute_report` (the runner's own commands recount; the operator does not)."""
     from .markdown import render
     from .plots import coverage_png, dataset_png
 
-    computed = compute_report(storage, checks)
+    computed = compute_report(storage, checks, recount_rows)
     report, frequencies = computed.report, computed.frequencies
     images = []
     for dataset in computed.ledger.datasets:

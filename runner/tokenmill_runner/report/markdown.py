@@ -125,12 +125,17 @@ def vocabulary_lines(report: dict[str, Any]) -> list[str]:
     rows = [[name, *row(d)] for name, d in section["datasets"].items()]
     if len(rows) > 1:
         rows.append(["**mix**", *row(section["mix"])])
+    missing = {name: d["shards_not_counted"] for name, d in section["datasets"].items()
+               if d.get("shards_not_counted")}
+    note = ([f"Not counted: {', '.join(f'{name} {n} shards' for name, n in missing.items())} (a slot committed "
+             "twice, or markers older than the counts): `tokenmill report URI` recounts them from their rows.", ""]
+            if missing else [])
     return ["## Draft vocabulary coverage", "",
             "Share of the loss tokens (every generated id, the stop token included) that the K most frequent ids "
             "cover: the ceiling a draft vocabulary of K ids puts on acceptance. `tokenmill export --format vocab` "
             "writes the maps.", "",
             *table(["dataset", "loss tokens", "distinct ids", *(f"top {int(k):,}" for k in sizes),
-                    *(f"ids for {float(share):.1%}" for share in shares)], rows)]
+                    *(f"ids for {float(share):.1%}" for share in shares)], rows), *note]
 
 
 def mix_lines(report: dict[str, Any]) -> list[str]:

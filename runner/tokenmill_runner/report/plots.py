@@ -55,15 +55,19 @@ def _reasoning_scatter(ax: Any, samples: DatasetSamples) -> None:
     ax.set_ylabel("answer tokens (after it, log)")
 
 
+def _png(figure: Any) -> bytes:
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=DPI)
+    return buffer.getvalue()
+
+
 def dataset_png(name: str, samples: DatasetSamples, caps: list[int]) -> bytes:
     figure, (left, right) = plt.subplots(1, 2, figsize=(WIDTH_PX / DPI, HEIGHT_PX / DPI), dpi=DPI)
     try:
         _histogram(left, name, samples.completions, caps)
         _reasoning_scatter(right, samples)
-        figure.tight_layout()
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format="png", dpi=DPI)
-        return buffer.getvalue()
+        return _png(figure)
     finally:
         plt.close(figure)
 
@@ -87,9 +91,6 @@ def coverage_png(curves: dict[str, tuple[np.ndarray, np.ndarray]], sizes: list[i
         ax.set_ylabel("share of loss tokens")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(loc="best", fontsize=9)
-        figure.tight_layout()
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format="png", dpi=DPI)
-        return buffer.getvalue()
+        return _png(figure)
     finally:
         plt.close(figure)

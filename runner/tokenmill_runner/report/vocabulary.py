@@ -34,8 +34,12 @@ def frequency_figures(counts: TokenFrequencies, sizes: Sequence[int] = REPORT_SI
             "ids_for_share": {str(share): ids for share, ids in counts.ids_for(SHARES).items()}}
 
 
-def vocabulary_section(frequencies: Mapping[str, TokenFrequencies],
-                       sizes: Sequence[int] = REPORT_SIZES) -> dict[str, Any]:
-    return {"rule": RULE, "sizes": list(sizes),
-            "datasets": {name: frequency_figures(counts, sizes) for name, counts in frequencies.items()},
+def vocabulary_section(frequencies: Mapping[str, TokenFrequencies], sizes: Sequence[int] = REPORT_SIZES,
+                       uncounted: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """`uncounted`: per dataset, shards left out (the operator's report recounts no shard from its rows: a slot
+    committed twice, or markers written before the counts); the figures are then of the shards counted."""
+    uncounted = uncounted or {}
+    return {"rule": RULE, "sizes": list(sizes), "exact": not any(uncounted.values()),
+            "datasets": {name: {**frequency_figures(counts, sizes), "shards_not_counted": uncounted.get(name, 0)}
+                         for name, counts in frequencies.items()},
             "mix": {"datasets": list(frequencies), **frequency_figures(mixed(frequencies), sizes)}}

@@ -82,7 +82,7 @@ def encode_counts(dataset: str, shard_id: str, rows: int, counts: ShardCounts) -
 
 def decode_counts(data: bytes, where: str) -> ShardCounts:
     try:
-        header, arrays = unpack(KIND, data)
+        header, arrays = unpack(KIND, data, max_raw=COUNTS_BYTES)
     except PackError as error:
         raise StorageError(f"{where}: {error}") from None
     if header.get("rule") != RULE:
@@ -132,7 +132,9 @@ def recount(storage: Storage, shard: CountedShard) -> ShardCounts:
     return count_table(table)
 
 
-def read_shard_counts(storage: Storage, shard: CountedShard) -> ShardCounts:
+def read_shard_counts(storage: Storage, shard: CountedShard, recount_rows: bool = True) -> ShardCounts | None:
+    """A shard's counts: its counts file, or its rows recounted (None: they would have to be, and `recount_rows` is
+    off: the operator reads no tenant's shard, docs/security.md)."""
     if shard.from_file:
         key = f"{shard.dataset}/{shard.counts}"
         try:
@@ -140,6 +142,8 @@ def read_shard_counts(storage: Storage, shard: CountedShard) -> ShardCounts:
         except StorageError as error:
             # A file gone or unreadable costs a read of the shard, never a wrong count.
             logger.warning("%s; recounting shard %s from its rows", error, shard.shard_id)
+    if not recount_rows:
+        return None
     try:
         return recount(storage, shard)
     except StorageError as error:
@@ -149,24 +153,29 @@ def read_shard_counts(storage: Storage, shard: CountedShard) -> ShardCounts:
         return ShardCounts.empty()
 
 
-def iter_shard_counts(storage: Storage, shards: Iterable[CountedShard],
-                      threads: int = READ_THREADS) -> Iterator[ShardCounts]:
-    """Each shard's counts, in the order given, read `threads` at a time (a bounded window ahead)."""
+def iter_shard_counts(storage: Storage, shards: Iterable[CountedShard], threads: int = READ_THREADS,
+                      recount_rows: bool = True) -> Iterator[ShardCounts | None]:
+    """Each shard's counts (`read_shard_counts`), in the order given, read `threads` at a time (a bounded window)."""
     with ThreadPoolExecutor(max_workers=threads) as pool:
-        window: deque[Future[ShardCounts]] = deque()
+        window: deque[Future[ShardCounts | None]] = deque()
         for shard in shards:
-            window.append(pool.submit(read_shard_counts, storage, shard))
+            window.append(pool.submit(read_shard_counts, storage, shard, recount_rows))
             if len(window) >= 2 * threads:
                 yield window.popleft().result()
         while window:
             yield window.popleft().result()
 
 
-def accumulate(storage: Storage, shards: Iterable[CountedShard], threads: int = READ_THREADS) -> TokenFrequencies:
-    frequencies = TokenFrequencies()
-    for counts in iter_shard_counts(storage, shards, threads):
-        frequencies.add(counts)
-    return frequencies
+def accumulate(storage: Storage, shards: Iterable[CountedShard], threads: int = READ_THREADS,
+               recount_rows: bool = True) -> tuple[TokenFrequencies, int]:
+    """The shards' counts merged in order, and how many shards were left uncounted (`recount_rows` off)."""
+    frequencies, uncounted = TokenFrequencies(), 0
+    for counts in iter_shard_counts(storage, shards, threads, recount_rows):
+        if counts is None:
+            uncounted += 1
+        else:
+            frequencies.add(counts)
+    return frequencies, uncounted
 
 
 def counted_shards(storage: Storage, dataset: str,
@@ -183,4 +192,4 @@ def counted_shards(storage: Storage, dataset: str,
 def dataset_frequencies(storage: Storage, dataset: str,
                         left_out: Callable[[int, int], bool] | None = None) -> TokenFrequencies:
     """A dataset's loss-token frequencies over its committed slots (`left_out` slots excepted)."""
-    return accumulate(storage, counted_shards(storage, dataset, left_out))
+    return accumulate(storage, counted_shards(storage, dataset, left_out))[0]
