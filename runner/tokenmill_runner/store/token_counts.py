@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..stats.token_freq import ShardCounts, TokenFrequencies, count_units
@@ -62,14 +63,23 @@ def _list_values(column: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 def count_table(table: pa.Table) -> ShardCounts:
-    """The loss-token counts of a shard's rows: each single-turn row's output ids, each turn's of a conversation."""
+    """The loss-token counts of a shard's rows: each single-turn row's output ids, each turn's of a conversation (its
+    turns' `output_ids`, never their prompt ids, are read)."""
+    outputs, output_offsets = _list_values(table.column("output_ids"))
     turns = table.column("turns") if "turns" in table.column_names else None
     if turns is None or turns.null_count == len(table):
-        return count_units(*_list_values(table.column("output_ids")))
-    pieces: list[np.ndarray] = []
-    for output, conversation in zip(table.column("output_ids").to_pylist(), turns.to_pylist(), strict=True):
-        for ids in ([turn["output_ids"] for turn in conversation] if conversation else [output]):
-            pieces.append(np.asarray(ids or [], dtype=np.int64))
+        return count_units(outputs, output_offsets)
+    conversations = turns.combine_chunks()
+    is_conversation = np.asarray(conversations.is_valid())
+    turn_offsets = np.asarray(conversations.offsets, dtype=np.int64)
+    turn_outputs, turn_output_offsets = _list_values(pc.struct_field(conversations.values, "output_ids"))
+    pieces: list[np.ndarray] = []  # one per unit, in order: a row's output, or each of its turns' outputs
+    for index in range(len(table)):
+        if is_conversation[index]:
+            for turn in range(turn_offsets[index], turn_offsets[index + 1]):
+                pieces.append(turn_outputs[turn_output_offsets[turn]:turn_output_offsets[turn + 1]])
+        else:
+            pieces.append(outputs[output_offsets[index]:output_offsets[index + 1]])
     offsets = np.concatenate([[0], np.cumsum([piece.size for piece in pieces])]).astype(np.int64)
     return count_units(np.concatenate(pieces) if pieces else np.empty(0, np.int64), offsets)
 
