@@ -52,7 +52,8 @@ def run(tmp_path: Path) -> tuple[LocalStorage, Path]:
         datasets.append({"name": name, "source": str(source)})
         rows = [{"sample_id": f"{name}-{line}", "dataset": name, "line": line, "sample_index": 0,
                  "prompt_ids": [1, 2], "output_ids": rng.integers(0, 300, size=20 + line).tolist(),
-                 "prompt_tokens": 2, "completion_tokens": 20 + line, "finish_reason": "stop"}
+                 "prompt_tokens": 2, "completion_tokens": 20 + line,
+                 "finish_reason": "length" if (name, line) == ("d2", 2) else "stop"}
                 for line in range(1, len(texts) + 1)]
         commit_shard(storage, name, "w000-aaaa-000001", 0, ShardContent(rows, []))
     storage.put("run.json", orjson.dumps({"name": "mix", "spec": {"datasets": datasets},
@@ -116,3 +117,10 @@ def test_export_leaves_overlapping_prompts_out_of_the_records_and_of_the_vocabul
         assert as_counter(kept) == expected
         assert vocab["datasets"][name]["loss_tokens"] == sum(expected.values())
     assert vocab["target_vocab_size"] == 300 and vocab["target_vocab_size_from"].startswith("the tokenizer")
+    # A unit filter recounts from the rows the units a token export writes: d2's truncated line 2 is left out too.
+    truncated = export(ExportRequest(str(storage.root), str(tmp_path / "vocab2"), "vocab",
+                                     ExportFilters(eval_files=(str(evals),), exclude_truncated=True),
+                                     draft_vocab_sizes=(100,)))
+    expected, _ = recount(storage, "d2", left_out_lines={2, 3})
+    assert truncated["datasets"]["d2"]["loss_tokens"] == sum(expected.values())
+    assert truncated["datasets"]["d2"]["left_out"] == {"eval_overlap": 1, "truncated": 1}

@@ -4,7 +4,9 @@ The counts are the committed shards' own (store/token_counts.py: written with ea
 that count, a shard recounted from its rows where a slot was committed twice), so no sample is read again unless a
 filter asks: a unit filter (--finish-reason, --exclude-truncated, --require-reasoning) recounts every shard from its
 rows, through the same generation units and validity rule the token exports write; --exclude-eval-overlap recounts
-only the shards holding an overlapping prompt. Datasets are merged in spec order, each count times its --weight.
+only the shards holding an overlapping prompt; --per-conversation counts from the rows too (a conversation is then one
+record, which changes the order SpecForge meets ids in). Datasets are merged in spec order, each count times its
+--weight.
 
 Files, at the top of DEST (one set per --draft-vocab-size N):
 
@@ -142,8 +144,12 @@ def export_vocab(request: ExportRequest, source: Storage, destination: Storage, 
     left_out: dict[str, dict[str, int]] = {}
     for name in datasets:
         lines = overlapping.get(name, set())
-        if request.filters.per_unit:
-            per_dataset[name], left_out[name] = unit_frequencies(rows(name), request, vocab_size, lines)
+        # --per-conversation: SpecForge meets a conversation's ids as one record, so the order they first appear in
+        # (its tie order) is the units' own, counted from the rows.
+        if request.filters.per_unit or request.per_conversation:
+            # the token exports' validity rule: ids within the tokenizer's vocabulary (exporter.Exporter.add_unit)
+            per_dataset[name], left_out[name] = unit_frequencies(rows(name), request,
+                                                                 (run.get("tokenizer") or {}).get("vocab_size"), lines)
         else:
             per_dataset[name] = dataset_frequencies(source, name, _in(lines) if lines else None)
             left_out[name] = {"eval_overlap_lines": len(lines)} if lines else {}
