@@ -110,6 +110,12 @@ def _add_report_parser(commands: argparse._SubParsersAction) -> None:
     report.add_argument("--output", choices=("text", "json"), default="text",
                         help="text: the verdict, findings and table; json: report.json on stdout (default: text)")
     report.add_argument("--s3-endpoint", metavar="URL", type=http_url, help="S3 endpoint for S3-compatible stores")
+    report.add_argument("--mix", action="store_true",
+                        help="read the prompt sources run.json names: prompts repeated within and across datasets")
+    report.add_argument("--eval", action="append", metavar="FILE.jsonl",
+                        help="an evaluation set (JSON lines of prompts): list the prompts that share a run of "
+                             "--ngram words with it (repeat; implies --mix)")
+    report.add_argument("--ngram", type=int, default=13, help="words in a run that counts as overlap (default 13)")
     report.set_defaults(handler=_cmd_report)
 
 
@@ -133,6 +139,17 @@ def _add_inspect_parser(commands: argparse._SubParsersAction) -> None:
     inspect.add_argument("--trust-remote-code", action="store_true", help=TRUST_HELP)
     inspect.add_argument("--s3-endpoint", metavar="URL", type=http_url, help="S3 endpoint for S3-compatible stores")
     inspect.set_defaults(handler=_cmd_inspect)
+
+
+def _weight(text: str) -> tuple[str, float]:
+    name, _, value = text.partition("=")
+    try:
+        weight = float(value)
+    except ValueError:
+        weight = 0.0
+    if not name or weight <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: write DATASET=WEIGHT with a positive weight")
+    return name, int(weight) if weight.is_integer() else weight
 
 
 def _add_export_parser(commands: argparse._SubParsersAction) -> None:
@@ -164,6 +181,16 @@ def _add_export_parser(commands: argparse._SubParsersAction) -> None:
     export.add_argument("--specforge-template", choices=sorted(SPECFORGE_TEMPLATES), metavar="NAME",
                         help="specforge-conversations: SpecForge's data.chat_template you will train with "
                              f"({', '.join(sorted(SPECFORGE_TEMPLATES))})")
+    export.add_argument("--exclude-eval-overlap", action="append", metavar="FILE.jsonl",
+                        help="leave out prompts sharing a run of --ngram words with this evaluation set (JSON lines "
+                             "of prompts; repeat), as tokenmill report --eval finds them")
+    export.add_argument("--ngram", type=int, default=13, help="words in a run that counts as overlap (default 13)")
+    export.add_argument("--draft-vocab-size", type=int, action="append", metavar="N",
+                        help="vocab: a draft vocabulary size to write maps for (repeat; default 32000)")
+    export.add_argument("--weight", action="append", metavar="DATASET=W", type=_weight,
+                        help="vocab: count DATASET W times in the mix (default 1: the run's own proportions)")
+    export.add_argument("--target-vocab-size", type=int, metavar="N",
+                        help="vocab: the target's vocabulary size (default: its config.json vocab_size)")
     export.add_argument("--tokenizer", help="text formats: tokenizer folder (default: the one recorded in run.json)")
     export.add_argument("--trust-remote-code", action="store_true", help=TRUST_HELP)
     export.add_argument("--overwrite", action="store_true", help="replace an earlier export in DEST")
@@ -306,12 +333,12 @@ async def _run_async(config: RunnerConfig) -> int:
     return code
 
 
-def _print_report(storage, as_json: bool = False) -> str:
+def _print_report(storage, checks=None, as_json: bool = False) -> str:
     """Write the report's files and print it; returns the verdict."""
     from .report.files import write_report
     from .report.markdown import summary
 
-    report, written = write_report(storage)
+    report, written = write_report(storage, checks, recount_rows=True)
     if as_json:
         import orjson
 
@@ -347,13 +374,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from .report.files import require_run_output
+    from .report.files import PromptChecks, require_run_output
     from .report.validation import LEVELS
     from .store.storage import open_storage
 
     storage = open_storage(args.uri, args.s3_endpoint)
     require_run_output(storage)
-    verdict = _print_report(storage, as_json=args.output == "json")
+    checks = (PromptChecks(tuple(args.eval or ()), args.ngram, args.s3_endpoint) if args.mix or args.eval
+              else None)
+    verdict = _print_report(storage, checks, as_json=args.output == "json")
     if args.fail_on != "never" and LEVELS.index(verdict) >= LEVELS.index(args.fail_on):
         print(f"error: the report's verdict is {verdict.upper()} (--fail-on {args.fail_on}); its findings say why",
               file=sys.stderr)
@@ -381,16 +410,23 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     filters = ExportFilters(datasets=tuple(args.dataset) if args.dataset else None, finish_reason=args.finish_reason,
                             exclude_truncated=args.exclude_truncated, require_reasoning=args.require_reasoning,
-                            exclude_findings=args.exclude_findings)
+                            exclude_findings=args.exclude_findings,
+                            eval_files=tuple(args.exclude_eval_overlap or ()), ngram=args.ngram)
     request = ExportRequest(args.uri, args.dest, args.format, filters, keep_mismatched=args.keep_mismatched,
                             overwrite=args.overwrite, tokenizer=args.tokenizer,
                             trust_remote_code=args.trust_remote_code,
                             specforge_template=args.specforge_template, part_bytes=args.part_size_mb * 1024 * 1024,
                             s3_endpoint=args.s3_endpoint, dest_s3_endpoint=args.dest_s3_endpoint,
-                            per_conversation=args.per_conversation)
+                            per_conversation=args.per_conversation,
+                            draft_vocab_sizes=tuple(args.draft_vocab_size or (32000,)),
+                            weights=tuple(args.weight or ()), target_vocab_size=args.target_vocab_size)
     manifest = export(request)
     offline = manifest["format"] in ("specforge-offline", "speculators-offline")
-    if offline:
+    if manifest["format"] == "vocab":
+        from .export.vocab import summary_lines as vocab_lines
+
+        lines, count = vocab_lines(manifest), len(manifest["files"])
+    elif offline:
         from .export.offline import incomplete, written
         from .export.offline import summary_lines as offline_lines
 

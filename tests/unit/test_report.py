@@ -194,13 +194,15 @@ def test_report_files_one_png_per_dataset(crafted, tmp_path):
     commit_rows(crafted, "second", [make_row("second", i, 100 + i, 512, reasoning=5) for i in range(50)])
     crafted.put("run.json", orjson.dumps(run_json(["glaive", "second"])))
     report, written = write_report(crafted)
-    assert sorted(p.rsplit("/", 1)[-1] for p in written) == ["glaive.png", "report.json", "report.md", "second.png"]
+    assert sorted(p.rsplit("/", 1)[-1] for p in written) == ["glaive.png", "report.json", "report.md", "second.png",
+                                                             "vocabulary.png"]
     for name in ("glaive", "second"):
         assert png_size(crafted.get(f"report/{name}.png")) == (1400, 560)
     stored = orjson.loads(crafted.get("report/report.json"))
     assert stored["schema"] == "tokenmill.report/v1" and stored["verdict"] == report["verdict"]
     markdown = crafted.get("report/report.md").decode()
     assert "| glaive | 400 |" in markdown and "![glaive.png](glaive.png)" in markdown
+    assert png_size(crafted.get("report/vocabulary.png")) == (1400, 560) and "## Draft vocabulary coverage" in markdown
     assert report["overall"]["completion_tokens"]["count"] == 450
 
 

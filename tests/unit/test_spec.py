@@ -64,6 +64,9 @@ def test_default_max_new_tokens_is_not_sglangs_128():
         ({"datasets": [{"name": "a", "source": "x", "input": {"fields": {"prompt_col": "q"}}}]},
          "spec.datasets[0].input.fields.prompt_col"),
         ({"seed": -1}, "spec.seed"),
+        # SpecForge 0.2.0 reads .ckpt tensors as stored: no reader of fp8 states.
+        ({"hiddenStates": {"storage": "fp8", "layouts": ["specforge"]}}, "no FP8 reader"),
+        ({"hiddenStates": {"storage": "int4"}}, "spec.hiddenStates.storage"),
     ],
 )
 def test_bad_specs_name_the_field(update, fragment):

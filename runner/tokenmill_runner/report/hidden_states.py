@@ -1,5 +1,6 @@
-"""The report's hidden-state section: coverage (samples with states / committed samples), bytes, and a `fail`
-finding when a sample's states do not have one row per token of its sequence, or samples lack states. Pure."""
+"""The report's hidden-state section: coverage (samples with states / committed samples), bytes (as stored: fp8 states
+are about half of bf16's) and the stored dtypes, and a `fail` finding when a sample's states do not have one row per
+token of its sequence, or samples lack states. Pure."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ class StateRecord:
     sample: SampleRef
     tokens: int
     bytes: int
+    dtype: str = ""  # as stored (the marker's dtype: the served one, or float8_e4m3fn)
 
 
 def hidden_state_section(dataset: str, expected: dict[SampleRef, int | None], states: Iterable[StateRecord],
@@ -23,7 +25,8 @@ def hidden_state_section(dataset: str, expected: dict[SampleRef, int | None], st
     cannot tell, a multi-turn conversation). `kind` "final": SpecForge's final-state pass, its own checks."""
     check, what = ("hidden_states", "hidden states") if kind == "aux" else ("final_states", "final hidden states")
     covered: set[SampleRef] = set()
-    total_bytes = 0
+    total_bytes = total_tokens = 0
+    dtypes: set[str] = set()
     misaligned: list[str] = []
     orphans = 0
     for record in states:
@@ -32,6 +35,8 @@ def hidden_state_section(dataset: str, expected: dict[SampleRef, int | None], st
             continue
         covered.add(record.sample)
         total_bytes += record.bytes
+        total_tokens += record.tokens
+        dtypes.add(record.dtype)
         length = expected[record.sample]
         if length is not None and length != record.tokens:
             misaligned.append(f"{record.sample[0]} (index {record.sample[1]}): {record.tokens} states for "
@@ -39,6 +44,7 @@ def hidden_state_section(dataset: str, expected: dict[SampleRef, int | None], st
     samples = len(expected)
     coverage = len(covered) / samples if samples else None
     section = {"samples": samples, "with_states": len(covered), "coverage": coverage, "bytes": total_bytes,
+               "dtypes": sorted(dtypes - {""}), "bytes_per_token": total_bytes / total_tokens if total_tokens else None,
                "failed_captures": failed, "misaligned": len(misaligned), "uncounted": orphans}
     findings: list[dict[str, Any]] = []
     if misaligned:

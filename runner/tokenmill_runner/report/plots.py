@@ -80,6 +80,13 @@ def _reasoning_scatter(ax: Any, samples: DatasetSamples) -> None:
     ax.set_ylabel("answer tokens (after it, log)")
 
 
+def _png(figure: Any) -> bytes:
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=DPI)
+    return buffer.getvalue()
+
+
 def dataset_figure(name: str, samples: DatasetSamples, caps: list[int]) -> Any:
     """The figure of one dataset (the caller closes it): the length histogram, then the reasoning scatter."""
     figure, (left, right) = plt.subplots(1, 2, figsize=(WIDTH_PX / DPI, HEIGHT_PX / DPI), dpi=DPI)
@@ -92,8 +99,30 @@ def dataset_figure(name: str, samples: DatasetSamples, caps: list[int]) -> Any:
 def dataset_png(name: str, samples: DatasetSamples, caps: list[int]) -> bytes:
     figure = dataset_figure(name, samples, caps)
     try:
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format="png", dpi=DPI)
-        return buffer.getvalue()
+        return _png(figure)
+    finally:
+        plt.close(figure)
+
+
+def coverage_png(curves: dict[str, tuple[np.ndarray, np.ndarray]], sizes: list[int]) -> bytes:
+    """The coverage curve: the share of loss tokens the K most frequent ids cover, one line per dataset and one for
+    the mix, the draft vocabulary sizes marked."""
+    figure, ax = plt.subplots(figsize=(WIDTH_PX / DPI, HEIGHT_PX / DPI), dpi=DPI)
+    try:
+        for name, (ks, shares) in curves.items():
+            if ks.size:
+                ax.plot(ks, shares, linewidth=2.5 if name == "mix" else 1.2, label=name,
+                        color="#333333" if name == "mix" else None)
+        for size in sizes:
+            ax.axvline(size, color="#c00000", linestyle=":", linewidth=1)
+            ax.text(size, 0.02, f" {size:,}", color="#c00000", fontsize=8, rotation=90, va="bottom")
+        ax.set_xscale("log")
+        ax.set_ylim(0, 1.01)
+        ax.set_title("draft vocabulary coverage: share of loss tokens the top K ids cover")
+        ax.set_xlabel("K, the most frequent ids (log scale)")
+        ax.set_ylabel("share of loss tokens")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(loc="best", fontsize=9)
+        return _png(figure)
     finally:
         plt.close(figure)

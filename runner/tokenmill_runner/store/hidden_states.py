@@ -1,6 +1,8 @@
 """Each committed sample's hidden states in a companion file, committed under the shards' marker protocol.
 
-    <dataset>/hidden_states/<key>.safetensors   token_ids [n] int64, hidden_states [n, layers, hidden] (served dtype)
+    <dataset>/hidden_states/<key>.safetensors   token_ids [n] int64, hidden_states [n, layers, hidden] (served dtype;
+                                                with spec.hiddenStates.storage fp8: float8_e4m3fn, and beside it
+                                                hidden_states_scales [n, 1, 1] float32, hs-connectors' layout, fp8.py)
     <dataset>/hidden_commits/<key>.json         the marker: file, bytes, sha256, tokens, shape; written last
     <dataset>/hidden_errors/<key>.json          a capture that failed (retried with --retry-failed)
 
@@ -14,7 +16,7 @@ it). The marker and the failure record are written through the shards' fence (sh
 no longer prove it holds the output's lease gets LeaseLost instead of writing them, as for a shard's marker. The key is a digest of (sample id, sample index), so a resume and a second writer address the same objects and a
 sample is captured once. One sample's states are written at a time, row block by row block, so memory stays at one
 sample's size. The safetensors layout (an 8-byte little-endian header length, a JSON header, the raw tensors) is
-written directly because the states are bf16, which numpy cannot name.
+written directly because the states are bf16 or fp8, which numpy cannot name.
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ from typing import Any
 import numpy as np
 import orjson
 
-from ..facts.hidden_states import SAFETENSORS_DTYPE, StateShape
+from ..facts.hidden_states import FP8_DTYPE, SAFETENSORS_DTYPE, StateShape
 from .bounded_get import get_bounded
 from .faults import points as fault_points
+from .fp8 import SCALES, dequantize, quantize
 from .shards import Fence, put_marker
 from .storage import TMP_MARK, Storage, StorageError
 
@@ -104,12 +107,15 @@ def from_dtype_bytes(data: bytes, dtype: str) -> np.ndarray:
 
 def _header(tokens: int, shape: StateShape, metadata: dict[str, str]) -> bytes:
     ids_bytes = 8 * tokens
-    header = {
+    values_end = ids_bytes + shape.value_bytes(tokens)
+    header: dict[str, Any] = {
         "token_ids": {"dtype": "I64", "shape": [tokens], "data_offsets": [0, ids_bytes]},
-        "hidden_states": {"dtype": SAFETENSORS_DTYPE[shape.dtype], "shape": [tokens, shape.layers, shape.hidden],
-                          "data_offsets": [ids_bytes, ids_bytes + shape.state_bytes(tokens)]},
-        "__metadata__": metadata,
+        "hidden_states": {"dtype": SAFETENSORS_DTYPE[shape.stored_dtype],
+                          "shape": [tokens, shape.layers, shape.hidden], "data_offsets": [ids_bytes, values_end]},
     }
+    if shape.storage == "fp8":
+        header[SCALES] = {"dtype": "F32", "shape": [tokens, 1, 1], "data_offsets": [values_end, values_end + 4 * tokens]}
+    header["__metadata__"] = metadata
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # the spec's alignment of the data that follows
     return struct.pack("<Q", len(text)) + text
@@ -146,8 +152,17 @@ def commit_states(storage: Storage, dataset: str, sample_id: str, sample_index: 
                 out.write(chunk)
                 digest.update(chunk)
             step = _BLOCK_ROWS * shape.row_values
+            scales = []
             for start in range(0, values.size, step):
-                chunk = to_dtype_bytes(values[start:start + step], shape.dtype)
+                if shape.storage == "fp8":
+                    codes, block_scales = quantize(values[start:start + step].reshape(-1, shape.row_values))
+                    chunk = codes.tobytes()
+                    scales.append(block_scales.astype("<f4").tobytes())
+                else:
+                    chunk = to_dtype_bytes(values[start:start + step], shape.dtype)
+                out.write(chunk)
+                digest.update(chunk)
+            for chunk in scales:  # fp8: the scales' tensor follows the values'
                 out.write(chunk)
                 digest.update(chunk)
             size = out.tell()
@@ -159,7 +174,7 @@ def commit_states(storage: Storage, dataset: str, sample_id: str, sample_index: 
         path.unlink(missing_ok=True)
     marker = {"version": MARKER_VERSION, "dataset": dataset, "sample_id": sample_id, "sample_index": sample_index,
               "file": f"{kind.states}/{key}.safetensors", "bytes": size, "sha256": digest.hexdigest(), "tokens": tokens,
-              "layers": shape.layers, "hidden": shape.hidden, "dtype": shape.dtype}
+              "layers": shape.layers, "hidden": shape.hidden, "dtype": shape.stored_dtype, "served_dtype": shape.dtype}
     faults.before(kind.marker_step, marker_key(dataset, key, kind))
     put_marker(storage, marker_key(dataset, key, kind), orjson.dumps(marker), fence)
     faults.after(kind.marker_step, marker_key(dataset, key, kind))
@@ -245,16 +260,22 @@ def read_state_file(storage: Storage, dataset: str, marker: dict[str, Any]) -> b
     return data
 
 
-def parse_state_file(data: bytes) -> tuple[np.ndarray, bytes, tuple[int, ...]]:
-    """token_ids [n], the states' raw bytes in the served dtype and their shape [n, layers, hidden] of a file
-    commit_states wrote."""
+def _tensors(data: bytes) -> tuple[dict[str, Any], int]:
     (length,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + length])
-    base = 8 + length
-    ids_start, ids_end = header["token_ids"]["data_offsets"]
-    hs_start, hs_end = header["hidden_states"]["data_offsets"]
-    token_ids = np.frombuffer(data[base + ids_start:base + ids_end], "<i8")
-    return token_ids, data[base + hs_start:base + hs_end], tuple(header["hidden_states"]["shape"])
+    return json.loads(data[8:8 + length]), 8 + length
+
+
+def _tensor_bytes(data: bytes, header: dict[str, Any], base: int, name: str) -> bytes:
+    start, end = header[name]["data_offsets"]
+    return data[base + start:base + end]
+
+
+def parse_state_file(data: bytes) -> tuple[np.ndarray, bytes, tuple[int, ...]]:
+    """token_ids [n], the states' raw bytes in the stored dtype and their shape [n, layers, hidden] of a file
+    commit_states wrote."""
+    header, base = _tensors(data)
+    token_ids = np.frombuffer(_tensor_bytes(data, header, base, "token_ids"), "<i8")
+    return token_ids, _tensor_bytes(data, header, base, "hidden_states"), tuple(header["hidden_states"]["shape"])
 
 
 def read_state_bytes(storage: Storage, dataset: str, marker: dict[str, Any]
@@ -265,16 +286,22 @@ def read_state_bytes(storage: Storage, dataset: str, marker: dict[str, Any]
 
 
 def read_states(storage: Storage, dataset: str, marker: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-    """token_ids [n] and states [n, layers, hidden] (float64) of one committed sample, checked against its marker."""
-    token_ids, raw, shape = read_state_bytes(storage, dataset, marker)
+    """token_ids [n] and states [n, layers, hidden] (float64) of one committed sample, checked against its marker;
+    fp8 states as hs-connectors' FP8Transfer hands them to the trainer (bf16 values, fp8.dequantize)."""
+    data = read_state_file(storage, dataset, marker)
+    token_ids, raw, shape = parse_state_file(data)
+    if marker["dtype"] == FP8_DTYPE:
+        header, base = _tensors(data)
+        scales = np.frombuffer(_tensor_bytes(data, header, base, SCALES), "<f4")
+        return token_ids, dequantize(np.frombuffer(raw, np.uint8).reshape(shape), scales)
     return token_ids, from_dtype_bytes(raw, marker["dtype"]).reshape(shape)
 
 
 def hidden_state_inputs(storage: Storage, dataset: str, kind: StateKind = AUX
-                        ) -> tuple[dict[tuple[str, int], int | None], list[tuple[tuple[str, int], int, int]], int]:
+                        ) -> tuple[dict[tuple[str, int], int | None], list[tuple[tuple[str, int], int, int, str]], int]:
     """What the report's hidden-state section reads: every committed sample with its sequence length (from the
     shard markers; None for a conversation, whose states cover its last turn), the state markers, and the failed
-    captures still recorded: (sample, tokens, bytes) per state marker."""
+    captures still recorded: (sample, tokens, bytes, stored dtype) per state marker."""
     from .markers import markers_in_commit_order
 
     expected: dict[tuple[str, int], int | None] = {}
@@ -285,6 +312,6 @@ def hidden_state_inputs(storage: Storage, dataset: str, kind: StateKind = AUX
                 samples["sample_id"], samples["sample_index"], samples["prompt_tokens"],
                 samples["completion_tokens"], turns, strict=True):
             expected[(sid, index)] = None if turn_count is not None else prompt + completion
-    records = [((m["sample_id"], m["sample_index"]), m["tokens"], m["bytes"])
+    records = [((m["sample_id"], m["sample_index"]), m["tokens"], m["bytes"], str(m["dtype"]))
                for m in state_markers(storage, dataset, kind)]
     return expected, records, len(failed_keys(storage, dataset, kind))

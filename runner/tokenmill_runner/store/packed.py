@@ -38,7 +38,9 @@ def pack(kind: str, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> by
     return _magic(kind) + len(encoded).to_bytes(8, "little") + encoded + payload
 
 
-def unpack(kind: str, data: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+def unpack(kind: str, data: bytes, max_raw: int | None = None) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The header and arrays of an object `pack` wrote; `max_raw` bounds what its payload may decompress to (an
+    object anyone could write is refused by its header, never inflated past that)."""
     magic = _magic(kind)
     if not data.startswith(magic) or len(data) < len(magic) + 8:
         raise PackError(f"not a tokenmill {kind}")
@@ -53,12 +55,15 @@ def unpack(kind: str, data: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray
     payload = data[start + length:]
     if header.get("digest") != _digest(header, payload):
         raise PackError(f"{kind} digest does not match its content (a torn or altered object)")
-    return header, _arrays(kind, header, payload)
+    raw_bytes = header.get("raw_bytes")
+    if max_raw is not None and (not isinstance(raw_bytes, int) or raw_bytes > max_raw):
+        raise PackError(f"{kind} holds {raw_bytes} bytes, over the {max_raw} such an object may have")
+    return header, _arrays(kind, header, payload, max_raw)
 
 
-def _arrays(kind: str, header: dict[str, Any], payload: bytes) -> dict[str, np.ndarray]:
+def _arrays(kind: str, header: dict[str, Any], payload: bytes, max_raw: int | None = None) -> dict[str, np.ndarray]:
     try:
-        raw = zlib.decompress(payload)
+        raw = zlib.decompressobj().decompress(payload, max_raw + 1) if max_raw is not None else zlib.decompress(payload)
     except zlib.error as error:
         raise PackError(f"{kind} payload does not decompress ({error})") from None
     if len(raw) != header.get("raw_bytes"):

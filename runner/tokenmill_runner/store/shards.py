@@ -3,12 +3,13 @@
 Layout under the output root, per dataset:
     <dataset>/shards/<shard_id>.parquet          rows (zstd Parquet)
     <dataset>/errors/<shard_id>.jsonl            per-sample errors recorded with this commit
+    <dataset>/token_counts/<shard_id>.bin        the rows' loss-token counts (`token_counts.py`)
     <dataset>/commits/<time>-<shard_id>.json     the commit marker, written last; named by the time it was written
                                                  (`marker_names.py`) so readers list only what is new
     <dataset>/index/<...>.ckpt                   checkpoints of the folded markers (`checkpoints.py`)
 
-A shard exists for readers only once its marker exists: data first, then errors, then the marker (each write
-atomic). The marker lists each sample's slot and id with the per-sample lengths and flags the report needs, so
+A shard exists for readers only once its marker exists: data first, then errors, then the counts, then the marker
+(each write atomic). The marker lists each sample's slot and id with the per-sample lengths and flags the report needs, so
 progress and reports never scan the shards. Files without a marker are leftovers of a killed worker; that worker
 deletes them on restart, and no cleaner deletes another run's unmarked file while its marker may still come
 (`lease_rules.CleanRule`). Before the marker a writer proves it still holds the output's lease (`fence`), and the
@@ -38,6 +39,7 @@ from .ledger import COMMITS, ERRORS, SHARDS, DatasetLedger, ShardContent, build_
 from .marker_names import marker_name, shard_id_of
 from .markers import READ_THREADS, iter_markers, list_commits, marker_keys, markers_in_commit_order
 from .storage import TMP_MARK, Storage, StorageError
+from .token_counts import COUNTS, MARKER_FIELD, count_table, counts_name, encode_counts
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +140,10 @@ class ShardBuffer:
 
 
 def encode_rows(rows: list[dict[str, Any]]) -> bytes:
-    table = pa.Table.from_pylist(rows, schema=ROW_SCHEMA)
+    return _encode_table(pa.Table.from_pylist(rows, schema=ROW_SCHEMA))
+
+
+def _encode_table(table: pa.Table) -> bytes:
     sink = io.BytesIO()
     pq.write_table(table, sink, compression="zstd")
     return sink.getvalue()
@@ -175,18 +180,24 @@ class Fence:
 def commit_shard(storage: Storage, dataset: str, shard_id: str, worker: int, content: ShardContent,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC),
                  fence: Fence | None = None) -> dict[str, Any]:
-    """Write data, then errors, then the marker. A crash before the marker leaves only ignorable leftovers. The
-    marker is named by the time just before its PUT, which is also its committed_at."""
+    """Write data, then errors, then the rows' loss-token counts, then the marker. A crash before the marker leaves
+    only ignorable leftovers. The marker is named by the time just before its PUT, which is also its committed_at."""
     faults = fault_points()
     data_bytes = 0
-    if content.rows:
-        data = encode_rows(content.rows)
+    table = pa.Table.from_pylist(content.rows, schema=ROW_SCHEMA) if content.rows else None
+    if table is not None:
+        data = _encode_table(table)
         data_bytes = len(data)
         _write_step(storage, faults, "data", f"{dataset}/{SHARDS}/{shard_id}.parquet", data)
     if content.errors:
         _write_step(storage, faults, "errors", f"{dataset}/{ERRORS}/{shard_id}.jsonl", encode_errors(content.errors))
+    if table is not None:
+        counts = encode_counts(dataset, shard_id, table.num_rows, count_table(table))
+        _write_step(storage, faults, "counts", f"{dataset}/{counts_name(shard_id)}", counts)
     at = clock()
     marker = build_marker(dataset, shard_id, worker, content, data_bytes, committed_at=at)
+    if table is not None:
+        marker[MARKER_FIELD] = counts_name(shard_id)
     key = f"{dataset}/{COMMITS}/{marker_name(at, shard_id)}"
     faults.before("marker", key)
     put_marker(storage, key, orjson.dumps(marker), fence)
@@ -243,7 +254,7 @@ def missing_files(marker: dict[str, Any], stored: set[str]) -> list[str]:
 
 def leftovers(storage: Storage, dataset: str, worker: int | None = None,
               committed: Callable[[str], bool] | None = None, strays: Iterable[str] | None = None) -> Iterator[str]:
-    """Data and error files without a commit marker, and temporary files of interrupted writes (of one worker, or
+    """Data, error and counts files without a commit marker, and temporary files of interrupted writes (of one worker, or
     of all when worker is None). `committed(shard_id)` says whether a shard's marker exists (a reader's index,
     `DatasetIndex.knows`, after a full catch-up) and `strays` are the non-marker files that catch-up met in the
     commits folder; without them both come from listing the markers here."""
@@ -252,7 +263,7 @@ def leftovers(storage: Storage, dataset: str, worker: int | None = None,
         names = {entry.shard_id for entry in entries if entry.is_marker}
         committed, strays = names.__contains__, [entry.key for entry in entries if not entry.is_marker]
     prefix = "" if worker is None else f"w{worker:03d}-"
-    for folder in (SHARDS, ERRORS):
+    for folder in (SHARDS, ERRORS, COUNTS):
         for key in storage.list(f"{dataset}/{folder}/{prefix}"):
             if TMP_MARK in key or not committed(shard_id_of(key)):
                 yield key
