@@ -21,7 +21,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any, TextIO
 
 import orjson
 
@@ -31,8 +31,9 @@ from ..report.files import require_run_output
 from ..source.adapters import DEFAULT_LAYOUT, RowLayout
 from ..source.prompts import Prompt, RowError
 from ..spec.resource import DatasetSpec
+from ..store.manifest import read_manifest
 from ..store.markers import datasets_with_commits, markers_in_commit_order
-from ..store.shards import decode_rows, stored_files
+from ..store.shards import fetch_shard, shard_rows, stored_files
 from ..store.storage import TMP_MARK, LocalStorage, Storage, StorageError, open_storage
 from .filters import ExportFilters, excluded_by_findings, select_datasets
 from .formats import FORMATS, ExportFormat, hf_record, specforge_record, speculators_record
@@ -181,14 +182,25 @@ def committed_shards(source: Storage, dataset: str) -> Shards:
 
 
 def committed_rows(source: Storage, keys: list[str], pool: ThreadPoolExecutor) -> Iterator[dict[str, Any]]:
-    """Rows of the given shards, in order, a few shards fetched ahead."""
-    pending: deque[Future[bytes]] = deque()
-    for key in keys:
-        pending.append(pool.submit(source.get, key))
-        if len(pending) > PREFETCH_SHARDS:
-            yield from decode_rows(pending.popleft().result())
-    while pending:
-        yield from decode_rows(pending.popleft().result())
+    """Rows of the given shards, in order, a few shards fetched ahead (to temporary files, each bounded) and read as
+    every reader reads shards (`shards.shard_rows`)."""
+    pending: deque[tuple[str, Future[IO[bytes]]]] = deque()
+
+    def rows(key: str, fetched: Future[IO[bytes]]) -> Iterator[dict[str, Any]]:
+        with fetched.result() as spool:
+            yield from shard_rows(spool, source.uri(key))
+
+    try:
+        for key in keys:
+            pending.append((key, pool.submit(fetch_shard, source, key)))
+            if len(pending) > PREFETCH_SHARDS:
+                yield from rows(*pending.popleft())
+        while pending:
+            yield from rows(*pending.popleft())
+    finally:
+        for _, fetched in pending:  # an export stopped part-way: the fetched copies are removed
+            if not fetched.cancel() and fetched.exception() is None:
+                fetched.result().close()
 
 
 # --- the text formats' tokenizer side --------------------------------------------------------------------------
@@ -371,7 +383,11 @@ def export(request: ExportRequest, stream: TextIO | None = None,
     fmt = export_format(request.format)
     source = open_storage(request.source_uri, request.s3_endpoint)
     require_run_output(source, manifest_needed=True)
-    run = orjson.loads(source.get(RUN_METADATA))
+    recorded = read_manifest(source)  # bounded and checked, as the report and the operator read it
+    if recorded is None:
+        raise ExportError(f"{source.uri(RUN_METADATA)} does not exist: {request.source_uri} is not a tokenmill "
+                          "run's output")
+    run = recorded.model_dump(mode="json", exclude_none=True)
     datasets = select_datasets(run_datasets(source, run), request.filters.datasets)
     excluded, unfinished = _judged(source, datasets, request.filters)
     datasets = [name for name in datasets if name not in excluded]

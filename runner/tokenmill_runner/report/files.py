@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from ..stats.token_freq import REPORT_SIZES, TokenFrequencies
+from ..store.ledger import DatasetLedger, LedgerBudget
 from ..store.manifest import MANIFEST, RunManifest, read_manifest
 from ..store.markers import datasets_with_commits, markers_in_commit_order
 from ..store.shards import missing_files, stored_files
@@ -53,12 +54,14 @@ def load_ledger(storage: Storage, counted: dict[str, list[CountedShard]] | None 
     names = manifest.dataset_names
     extra = sorted(set(datasets_with_commits(storage)) - set(names))
     datasets = []
+    budget = LedgerBudget()  # one for the run: its markers set how much the report allocates only up to the bound
     for name in names + extra:
         layout = manifest.datasets.get(name)  # the current layout: its lines x samples per prompt
-        ledger = DatasetSamples(name, lines=layout.last_line if layout else None,
-                                per_prompt=layout.samples if layout else 1,
-                                within=layout.within() if layout else None,
-                                no_layout=NO_LAYOUT if recorded is None else None)
+        lines, per_prompt = (layout.last_line, layout.samples) if layout else (None, 1)
+        ledger = DatasetSamples(name, lines=lines, per_prompt=per_prompt,
+                                within=layout.within_bits() if layout else None,
+                                no_layout=NO_LAYOUT if recorded is None else None,
+                                ledger=DatasetLedger(name, lines or 0, per_prompt, budget))
         stored = stored_files(storage, name)
         shards = counted.setdefault(name, []) if counted is not None else None
         for marker in markers_in_commit_order(storage, name):  # streamed: one pass, a window of markers in memory
@@ -74,8 +77,8 @@ def load_ledger(storage: Storage, counted: dict[str, list[CountedShard]] | None 
 def _add_hidden_states(storage: Storage, ledger: Any, report: dict[str, Any]) -> None:
     """The hidden-state section and its findings, when the run asked for states (report/hidden_states.py)."""
     from ..facts.hidden_states import kinds_needed
-    from ..store.hidden_states import KINDS, hidden_state_inputs
-    from .hidden_states import StateRecord, hidden_state_section
+    from ..store.hidden_states import KINDS, expected_lengths, failed_keys, state_records
+    from .hidden_states import hidden_state_section
     from .validation import LEVELS
 
     spec = ledger.run.get("spec") if isinstance(ledger.run, dict) else None
@@ -84,10 +87,11 @@ def _add_hidden_states(storage: Storage, ledger: Any, report: dict[str, Any]) ->
     layouts = spec["hiddenStates"].get("layouts") or []
     sections = {}
     for dataset in ledger.datasets:
+        keys, lengths = expected_lengths(storage, dataset.name)
         for kind in kinds_needed(list(layouts)):
-            expected, states, failed = hidden_state_inputs(storage, dataset.name, KINDS[kind])
-            records = [StateRecord(*state) for state in states]
-            section, findings = hidden_state_section(dataset.name, expected, records, failed, kind)
+            failed = len(failed_keys(storage, dataset.name, KINDS[kind]))
+            section, findings = hidden_state_section(dataset.name, keys, lengths,
+                                                     state_records(storage, dataset.name, KINDS[kind]), failed, kind)
             if kind == "aux":
                 sections[dataset.name] = section
             else:

@@ -125,7 +125,8 @@ class DatasetSamples:
     name: str
     lines: int | None = None  # source lines of the current layout (run.json), when known: completeness is checked
     per_prompt: int = 1  # samples per prompt of the current layout (spec.datasets[].samples)
-    within: np.ndarray | None = None  # a bool per line of 1..lines: a slot's line (None: every one; blank lines not)
+    # a bit (or bool) per line of 1..lines: a slot's line (None: every one; blank lines not); DatasetLedger.completeness
+    within: np.ndarray | None = None
     no_layout: str | None = None  # why completeness cannot be judged although samples are committed (no run.json)
     ledger: DatasetLedger | None = None
     duplicate_rows: int = 0  # rows of slots that already had one: committed twice (two writers)

@@ -47,6 +47,7 @@ from ..facts.releases import (
     version_key,
 )
 from ..source.adapters import RowLayout
+from ..store.bounds import DATASET_NAME, MAX_DATASETS
 
 API_VERSION: Final = "tokenmill.io/v1alpha1"
 KIND: Final = "DatasetGeneration"
@@ -93,7 +94,6 @@ FractionString = Annotated[str, BeforeValidator(_number_to_string), AfterValidat
 # S3 stores keys literally, but a store or proxy that normalises dot segments, decodes %2F or %2E (%2e%2e is '..'
 # once decoded) or collapses '//' would write elsewhere.
 S3_PREFIX_ESCAPE = re.compile(r"/\.{1,2}(?:/|$)|%2[fFeE]|\\|[^:/]//")
-DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")  # whole name (fullmatch): "$" lets "ok\n" through
 
 # Upper bounds of the integer fields (docs/security.md): a spec asking for more is a typo or an attack, and each
 # bound says what it protects. The CRD carries the same numbers (tokenmill_operator.crd; tests/unit/test_crd.py
@@ -658,7 +658,9 @@ class DatasetGenerationSpec(SpecModel):
         description="Chat template arguments for every dataset, passed to the model's chat template (and its "
         "remote code) when prompts are tokenized; recorded in run.json.",
     )
-    datasets: list[DatasetSpec] = Field(min_length=1, description="The prompt datasets, processed as one stream.")
+    datasets: list[DatasetSpec] = Field(min_length=1, max_length=MAX_DATASETS, description="The prompt datasets, "
+                                        "processed as one stream (at most 64: each is a folder, a ledger and a "
+                                        "report section in every reader of the output).")
     runner: RunnerSpec = Field(default_factory=RunnerSpec, description="The runner workers.")
     output: OutputSpec = Field(description="Where the shards and the report go.")
     validation: ValidationSpec = Field(

@@ -36,6 +36,7 @@ import orjson
 
 from ..facts.hidden_states import FP8_DTYPE, SAFETENSORS_DTYPE, StateShape
 from .bounded_get import get_bounded
+from .bounds import OverBound
 from .faults import points as fault_points
 from .fp8 import SCALES, dequantize, quantize
 from .shards import Fence, put_marker
@@ -237,13 +238,13 @@ def committed_samples(storage: Storage, dataset: str, worker: int | None = None
     """(sample key, row) of every committed row, once each, in commit order, one shard decoded at a time (those
     `worker` committed, when given: the workers split the states as they split the samples)."""
     from .markers import markers_in_commit_order
-    from .shards import decode_rows
+    from .shards import read_shard
 
     seen: set[str] = set()
     for marker in markers_in_commit_order(storage, dataset):
         if not marker.get("data") or (worker is not None and marker.get("worker") != worker):
             continue
-        for row in decode_rows(storage.get(f"{dataset}/{marker['data']}")):
+        for row in read_shard(storage, f"{dataset}/{marker['data']}"):
             key = sample_key(row["sample_id"], row.get("sample_index", 0))
             if key not in seen:
                 seen.add(key)
@@ -297,21 +298,50 @@ def read_states(storage: Storage, dataset: str, marker: dict[str, Any]) -> tuple
     return token_ids, from_dtype_bytes(raw, marker["dtype"]).reshape(shape)
 
 
-def hidden_state_inputs(storage: Storage, dataset: str, kind: StateKind = AUX
-                        ) -> tuple[dict[tuple[str, int], int | None], list[tuple[tuple[str, int], int, int, str]], int]:
-    """What the report's hidden-state section reads: every committed sample with its sequence length (from the
-    shard markers; None for a conversation, whose states cover its last turn), the state markers, and the failed
-    captures still recorded: (sample, tokens, bytes, stored dtype) per state marker."""
+# Committed samples the hidden-state report and the capture pass's room check hold at once, 16 bytes each (a key's
+# 64-bit head and a length): a sample's states are megabytes, so 4 million of them is petabytes of states. A dataset
+# whose markers name more (780,000 ids in each of four markers took the operator's report to 1.46 GB:
+# security-f9665d2.md B5) is refused by name.
+MAX_STATE_SAMPLES = 1 << 22
+
+
+def state_key(key: str) -> int:
+    """The 64-bit head of a `sample_key`: how the report matches committed samples and their states."""
+    return int(key[:16], 16)
+
+
+def expected_lengths(storage: Storage, dataset: str) -> tuple[np.ndarray, np.ndarray]:
+    """Every committed sample of `dataset` (sorted `state_key`s of its sample keys) and its sequence length (prompt
+    + output tokens; -1 for a conversation, whose states cover its last turn), from the shard markers, the last
+    marker naming a sample winning. OverBound past MAX_STATE_SAMPLES samples, before more are held."""
     from .markers import markers_in_commit_order
 
-    expected: dict[tuple[str, int], int | None] = {}
+    keys: list[np.ndarray] = []
+    lengths: list[np.ndarray] = []
+    held = 0
     for marker in markers_in_commit_order(storage, dataset):
         samples = marker["samples"]
-        turns = samples.get("turn_count") or [None] * len(samples["sample_id"])
-        for sid, index, prompt, completion, turn_count in zip(
-                samples["sample_id"], samples["sample_index"], samples["prompt_tokens"],
-                samples["completion_tokens"], turns, strict=True):
-            expected[(sid, index)] = None if turn_count is not None else prompt + completion
-    records = [((m["sample_id"], m["sample_index"]), m["tokens"], m["bytes"], str(m["dtype"]))
-               for m in state_markers(storage, dataset, kind)]
-    return expected, records, len(failed_keys(storage, dataset, kind))
+        ids = samples["sample_id"]
+        held += len(ids)
+        if held > MAX_STATE_SAMPLES:
+            raise OverBound(f"{dataset}: the commit markers name over {MAX_STATE_SAMPLES} samples, more than a "
+                            "hidden-state report holds (each sample's states are megabytes): split the run, or the "
+                            "markers were not written by tokenmill")
+        turns = samples.get("turn_count") or [None] * len(ids)
+        keys.append(np.fromiter((state_key(sample_key(sid, index)) for sid, index in
+                                 zip(ids, samples["sample_index"], strict=True)), dtype=np.uint64, count=len(ids)))
+        lengths.append(np.fromiter((-1 if turn is not None else prompt + completion for prompt, completion, turn in
+                                    zip(samples["prompt_tokens"], samples["completion_tokens"], turns, strict=True)),
+                                   dtype=np.int64, count=len(ids)))
+    every = np.concatenate(keys[::-1]) if keys else np.empty(0, np.uint64)  # the last marker's first
+    unique, first = np.unique(every, return_index=True)
+    return unique, (np.concatenate(lengths[::-1])[first] if keys else np.empty(0, np.int64))
+
+
+def state_records(storage: Storage, dataset: str, kind: StateKind = AUX
+                  ) -> Iterator[tuple[str, int, int, int, str]]:
+    """(label, state_key, tokens, bytes, stored dtype) of each committed state marker, streamed."""
+    for marker in state_markers(storage, dataset, kind):
+        label = f"{marker['sample_id']} (index {marker['sample_index']})"
+        yield label, state_key(sample_key(str(marker["sample_id"]), int(marker["sample_index"]))), \
+            int(marker["tokens"]), int(marker["bytes"]), str(marker["dtype"])

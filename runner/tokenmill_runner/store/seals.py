@@ -17,15 +17,20 @@ generate. Markers listed before the seal are in it, so no reader counts a slot t
 from __future__ import annotations
 
 import logging
+import re
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 import orjson
 
-from .bounded_get import get_bounded
+from .bounded_get import ObjectTooLarge, get_bounded
+from .bounds import OverBound, check_values
+from .commit_index import shard_hash
 from .ledger import COMMITS, ERRORS, SHARDS
 from .marker_names import is_marker_name, shard_id_of, token_of
 from .storage import PreconditionFailed, Storage
@@ -34,13 +39,23 @@ logger = logging.getLogger(__name__)
 
 SEALS = "seals"
 SUFFIX = ".json"
-# A shard id is about 32 bytes; a million shards of one run in one dataset is far past any real run (88,000 prompts
-# in shards of 64 are 1,375). Anyone who can write the output can write a seal, so nothing larger is read.
-SEAL_BYTES = 64 * 1024 * 1024
+# A seal lists one run token's markers in one dataset, about 31 bytes each: 4 MiB is 135,000 shards of one worker's
+# run (35 million samples at 256 a shard; the run this product comes from committed 1,375 shards in all). Anyone who
+# can write the output can write a seal, so nothing larger is read (64 MiB seals held for ever took the operator
+# to 2.5 GB: security-f9665d2.md B7).
+SEAL_BYTES = 4 * 1024 * 1024
+# A takeover seals each run token of the holder it replaces (at most runner.parallelism, 256) in each dataset; a
+# dataset's seals folder holds at most this many, and this many bytes of them, before its listing is refused.
+MAX_SEALS = 4096
+SEALS_BYTES = 64 * 1024 * 1024
+# Parsed seals kept by a process (8 bytes per shard id), least recently used dropped first: the operator reads the
+# seals of every resource it serves, and a resource's may be gone.
+CACHE_BYTES = 16 * 1024 * 1024
+_TOKEN = re.compile(r"[0-9A-Za-z]{1,64}")
 
 
-class SealError(ValueError):
-    """A seal file that is not one tokenmill wrote."""
+class SealError(OverBound):
+    """A seal file that is not one tokenmill wrote, or a seals folder past its bounds."""
 
 
 def seal_key(dataset: str, token: str) -> str:
@@ -51,13 +66,19 @@ def encode_seal(token: str, shards: Iterable[str], by: str, at: datetime) -> byt
     return orjson.dumps({"token": token, "shards": sorted(shards), "by": by, "at": at.isoformat()})
 
 
-def decode_seal(data: bytes, key: str) -> tuple[str, frozenset[str]]:
+def decode_seal(data: bytes, key: str) -> tuple[str, np.ndarray]:
+    """(token, the sorted 64-bit hashes of the shard ids it keeps) of a seal; every shard id must be of its token."""
     try:
+        check_values(data, SEAL_BYTES // 8, key)
         raw = orjson.loads(data)
-        shards = raw["shards"]
-        if not isinstance(shards, list) or not all(isinstance(shard, str) for shard in shards):
-            raise TypeError("shards is not a list of shard ids")
-        return str(raw["token"]), frozenset(shards)
+        token, shards = raw["token"], raw["shards"]
+        if not isinstance(token, str) or not _TOKEN.fullmatch(token):
+            raise TypeError("token is not a run token")
+        if not isinstance(shards, list) or not all(isinstance(shard, str) and token_of(shard) == token
+                                                   for shard in shards):
+            raise TypeError(f"shards is not a list of shard ids of run token {token}")
+        hashes = np.unique(np.fromiter((shard_hash(shard) for shard in shards), dtype=np.uint64, count=len(shards)))
+        return token, hashes
     except (ValueError, KeyError, TypeError) as error:
         raise SealError(f"{key} is not a seal tokenmill wrote ({type(error).__name__}: {error}); a seal is only "
                         "ever created, so it was written by hand: put back the original or remove the output's "
@@ -66,9 +87,10 @@ def decode_seal(data: bytes, key: str) -> tuple[str, frozenset[str]]:
 
 @dataclass(frozen=True)
 class Seals:
-    """A dataset's seals: per sealed run token, the shard ids of its markers that count."""
+    """A dataset's seals: per sealed run token, the (sorted 64-bit hashes of the) shard ids of its markers that
+    count. A hash, not the id: 8 bytes a shard; two ids of one token collide with probability ~n^2/2^65."""
 
-    sealed: dict[str, frozenset[str]] = field(default_factory=dict)
+    sealed: dict[str, np.ndarray] = field(default_factory=dict)
 
     def counts(self, shard_id: str) -> bool:
         """Whether a marker of this shard counts: its token is not sealed, or its seal names it."""
@@ -76,27 +98,68 @@ class Seals:
             return True
         token = token_of(shard_id)
         kept = self.sealed.get(token) if token is not None else None
-        return kept is None or shard_id in kept
+        if kept is None:
+            return True
+        key = np.uint64(shard_hash(shard_id))
+        at = int(np.searchsorted(kept, key))
+        return at < kept.size and kept[at] == key
 
 
-# Seals are only ever created, never replaced: each is read once per process and store.
-_read: dict[str, tuple[str, frozenset[str]]] = {}
-_read_lock = threading.Lock()
+class _SealCache:
+    """Parsed seals by URI, at most CACHE_BYTES of them, least recently used dropped first. Seals are only ever
+    created, never replaced; a seal removed and written again by hand is read again once it is dropped."""
+
+    def __init__(self, max_bytes: int = CACHE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._held = 0
+        self._seals: OrderedDict[str, tuple[str, np.ndarray]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, uri: str) -> tuple[str, np.ndarray] | None:
+        with self._lock:
+            found = self._seals.get(uri)
+            if found is not None:
+                self._seals.move_to_end(uri)
+            return found
+
+    def put(self, uri: str, seal: tuple[str, np.ndarray]) -> None:
+        with self._lock:
+            if uri in self._seals or seal[1].nbytes > self.max_bytes:
+                return
+            self._seals[uri] = seal
+            self._held += seal[1].nbytes
+            while self._held > self.max_bytes:
+                _, dropped = self._seals.popitem(last=False)
+                self._held -= dropped[1].nbytes
+
+    @property
+    def held(self) -> int:
+        return self._held
+
+
+_cache = _SealCache()
 
 
 def read_seals(storage: Storage, dataset: str) -> Seals:
-    """The dataset's seals (one listing of its seals folder; each seal read once per process)."""
-    sealed: dict[str, frozenset[str]] = {}
-    for key in storage.list(f"{dataset}/{SEALS}/"):
-        if not key.endswith(SUFFIX):
-            continue  # a temporary file of a seal being written
+    """The dataset's seals (one listing of its seals folder; each seal read once while it stays in the cache), the
+    folder's count and bytes bounded before any is read."""
+    folder = f"{dataset}/{SEALS}/"
+    listed = [(key, size) for key, size in storage.list_sizes(folder) if key.endswith(SUFFIX)]  # not a seal's temp file
+    if len(listed) > MAX_SEALS or sum(size for _, size in listed) > SEALS_BYTES:
+        raise SealError(f"{storage.uri(folder)} holds {len(listed)} seals of {sum(size for _, size in listed)} "
+                        f"bytes, past the {MAX_SEALS} seals and {SEALS_BYTES} bytes a dataset's seals may have (each "
+                        "takeover writes one per run token it seals); seals this many were not written by tokenmill: "
+                        "remove the ones it did not write")
+    sealed: dict[str, np.ndarray] = {}
+    for key, _ in listed:
         uri = storage.uri(key)
-        with _read_lock:
-            known = _read.get(uri)
+        known = _cache.get(uri)
         if known is None:
-            known = decode_seal(get_bounded(storage, key, SEAL_BYTES), uri)
-            with _read_lock:
-                _read[uri] = known
+            try:
+                known = decode_seal(get_bounded(storage, key, SEAL_BYTES), uri)
+            except ObjectTooLarge as error:  # said as a seal's bound, with what to do
+                raise SealError(f"{error}; a seal lists one run token's shard ids: remove it") from None
+            _cache.put(uri, known)
         sealed[known[0]] = known[1]
     return Seals(sealed)
 

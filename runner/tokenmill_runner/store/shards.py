@@ -26,18 +26,20 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import IO, Any
 
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .bounded_get import spool_bounded
+from .bounds import OverBound
 from .faults import FaultPoints
 from .faults import points as fault_points
 from .lease_rules import CleanRule
 from .ledger import COMMITS, ERRORS, SHARDS, DatasetLedger, ShardContent, build_marker
 from .marker_names import marker_name, shard_id_of
-from .markers import READ_THREADS, iter_markers, list_commits, marker_keys, markers_in_commit_order
+from .markers import READ_THREADS, iter_markers, list_commits, marker_entries, markers_in_commit_order
 from .storage import TMP_MARK, Storage, StorageError
 from .token_counts import COUNTS, MARKER_FIELD, count_table, counts_name, encode_counts
 
@@ -150,16 +152,73 @@ def _encode_table(table: pa.Table) -> bytes:
 
 
 MULTI_TURN_FIELDS = ("turns", "turn_count", "stop_reason", "stop_detail")
+# A committed shard is rows of token ids: at most runner.shardMaxSamples (16384) rows, each well under SHARD_ROW_BYTES.
+# Whoever writes the output writes its shards too, so `inspect`, `export` and the capture pass read them as a source
+# is read (store/parquet_rows.py: only tokenmill's columns, a byte budget, rows sized from the Arrow buffers) and
+# never more of a file than SHARD_BYTES: a 5.5 KB shard decoded to 1.43 GB, a sparse 8 GiB one was read whole
+# (security-f9665d2.md B9).
+SHARD_BYTES = 4 * 1024 * 1024 * 1024
+# A row's bytes as parquet_rows counts them (8 per token id): 8 million tokens of prompt and output, past any context.
+SHARD_ROW_BYTES = 64 * 1024 * 1024
 
 
-def decode_rows(data: bytes) -> list[dict[str, Any]]:
-    """The rows of a shard; a single-turn row reads back without the (null) multi-turn columns."""
-    rows = pq.read_table(io.BytesIO(data)).to_pylist()
-    for row in rows:
+def shard_rows(spool: IO[bytes], where: str) -> Iterator[dict[str, Any]]:
+    """The rows of a shard file, read through the bounded Parquet reader (ROW_SCHEMA's columns only); a single-turn
+    row reads back without the (null) multi-turn columns. OverBound for a row over SHARD_ROW_BYTES or a decompression
+    bomb, naming the shard and the row."""
+    from .parquet_rows import OversizeRow, bounded_rows, open_parquet
+
+    try:
+        parquet = open_parquet(spool, ROW_SCHEMA.names)
+    except (pa.ArrowException, OSError) as error:
+        raise StorageError(f"{where} is not a readable Parquet file ({error}); it was changed after it was "
+                           "committed: remove its commit marker and run again to generate its samples") from None
+    _check_columns(parquet.file.schema_arrow, where)
+    for number, row in enumerate(bounded_rows(parquet, SHARD_ROW_BYTES)):
+        if isinstance(row, OversizeRow):
+            why = row.reason or f"{row.size} bytes, over the {SHARD_ROW_BYTES} a committed row may have"
+            raise OverBound(f"{where}, row {number}: {why}; tokenmill never wrote it: remove the shard's commit marker "
+                            "and run again to generate its samples")
         if row.get("turns") is None:
             for name in MULTI_TURN_FIELDS:
                 row.pop(name, None)
-    return rows
+        yield row
+
+
+# The columns every shard tokenmill wrote has, and their types (sample_index: in shards since markers version 2): a
+# file without them is refused before a row is read.
+CORE_COLUMNS = ("sample_id", "line", "sample_index", "prompt_ids", "output_ids")
+
+
+def _check_columns(schema: pa.Schema, where: str) -> None:
+    for name in CORE_COLUMNS:
+        index = schema.get_field_index(name)
+        found = schema.field(index).type if index >= 0 else None
+        if found is None and name == "sample_index":
+            continue
+        if isinstance(found, pa.DictionaryType):  # text read as a dictionary (parquet_rows.open_parquet)
+            found = found.value_type
+        if found != ROW_SCHEMA.field(name).type:
+            raise StorageError(f"{where} is not a shard tokenmill wrote: its column {name} is "
+                               f"{'missing' if found is None else found}, not {ROW_SCHEMA.field(name).type}; remove "
+                               "its commit marker and run again to generate its samples")
+
+
+def fetch_shard(storage: Storage, key: str, folder: str | None = None) -> IO[bytes]:
+    """A committed shard copied to a temporary file (at most SHARD_BYTES; closing it removes it), for `shard_rows`."""
+    return spool_bounded(storage, key, SHARD_BYTES, folder)
+
+
+def read_shard(storage: Storage, key: str) -> Iterator[dict[str, Any]]:
+    """The rows of the committed shard at `key`, streamed (`fetch_shard`, then `shard_rows`): how every reader of an
+    output's shards reads them."""
+    with fetch_shard(storage, key) as spool:
+        yield from shard_rows(spool, storage.uri(key))
+
+
+def decode_rows(data: bytes) -> list[dict[str, Any]]:
+    """The rows of a shard's bytes (for tests: readers use `read_shard`)."""
+    return list(shard_rows(io.BytesIO(data), "shard"))
 
 
 def encode_errors(errors: list[dict[str, Any]]) -> bytes:
@@ -236,7 +295,7 @@ def _write_step(storage: Storage, faults: FaultPoints, step: str, key: str, data
 
 def read_ledger(storage: Storage, dataset: str, rows: int = 0, threads: int = READ_THREADS) -> DatasetLedger:
     """A dataset's ledger folded from its commit markers as they are read (none is kept in memory)."""
-    return DatasetLedger(dataset, rows).fold_all(iter_markers(storage, marker_keys(storage, dataset), threads))
+    return DatasetLedger(dataset, rows).fold_all(iter_markers(storage, marker_entries(storage, dataset), threads))
 
 
 def stored_files(storage: Storage, dataset: str) -> set[str]:
@@ -294,4 +353,4 @@ def read_committed_rows(storage: Storage, dataset: str) -> Iterator[dict[str, An
     progress), streamed: a window of markers and one shard in memory."""
     for marker in markers_in_commit_order(storage, dataset):
         if marker["data"]:
-            yield from decode_rows(storage.get(f"{dataset}/{marker['data']}"))
+            yield from read_shard(storage, f"{dataset}/{marker['data']}")

@@ -21,6 +21,7 @@ import logging
 import os
 import random
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -222,7 +223,27 @@ class LocalStorage:
         self.root_uri = str(self.root)
 
     def _path(self, key: str) -> Path:
-        return self.root / key
+        """The file of `key`, refused unless it lies inside the root: keys come from files someone else wrote too (a
+        dataset name in run.json made `tokenmill report` write `report/../../../escape/pwned.png`), and a symlink
+        inside the output may point anywhere."""
+        path = self.root / key
+        if key.startswith("/") or ".." in key.split("/") or not path.resolve().is_relative_to(self.root):
+            raise StorageError(f"{key!r} is not a key inside {self.root_uri} (a '..' segment, an absolute path or a "
+                               "symlink out of it); tokenmill never names one: the file naming it was not written by "
+                               "tokenmill")
+        return path
+
+    def _open_regular(self, key: str) -> IO[bytes]:
+        """The file of `key` opened for reading, refused unless it is a regular file: a FIFO never ends and a
+        device (a symlink to /dev/zero) is any size."""
+        try:  # O_NONBLOCK: opening a FIFO would wait for a writer (it means nothing to a regular file)
+            fd = os.open(self._path(key), os.O_RDONLY | os.O_NONBLOCK)
+        except FileNotFoundError:
+            raise StorageError(f"{self.uri(key)} does not exist") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise StorageError(f"{self.uri(key)} is not a regular file; tokenmill writes only regular files: remove it")
+        return os.fdopen(fd, "rb")
 
     def put(self, key: str, data: bytes, budget_s: float | None = None) -> None:
         write_atomic(self._path(key), data)
@@ -264,15 +285,18 @@ class LocalStorage:
         return local_version(data)
 
     def get_versioned(self, key: str, limit: int) -> tuple[bytes, str] | None:
-        path = self._path(key)
+        if not self._path(key).exists():
+            return None
         try:
-            with path.open("rb") as handle:
+            with self._open_regular(key) as handle:
                 size = os.fstat(handle.fileno()).st_size
                 if size > limit:
                     raise TooLarge(f"{self.uri(key)} is {size} bytes, over the {limit} this reader reads")
                 data = handle.read(limit + 1)
-        except FileNotFoundError:
-            return None
+        except StorageError:
+            if not self._path(key).exists():  # removed since
+                return None
+            raise
         if len(data) > limit:
             raise TooLarge(f"{self.uri(key)} is over the {limit} bytes this reader reads")
         return data, local_version(data)
@@ -310,16 +334,11 @@ class LocalStorage:
         fsync_dir(target.parent)
 
     def get(self, key: str) -> bytes:
-        try:
-            return self._path(key).read_bytes()
-        except FileNotFoundError:
-            raise StorageError(f"{self.uri(key)} does not exist") from None
+        with self._open_regular(key) as handle:
+            return handle.read()
 
     def open_read(self, key: str) -> IO[bytes]:
-        try:
-            return self._path(key).open("rb")
-        except FileNotFoundError:
-            raise StorageError(f"{self.uri(key)} does not exist") from None
+        return self._open_regular(key)
 
     def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[str]:
         for key, _ in self.list_sizes(prefix, start_after):
@@ -360,7 +379,7 @@ class LocalStorage:
         return self._path(key).is_file()
 
     def uri(self, key: str) -> str:
-        return str(self._path(key))
+        return str(self.root / key)
 
 
 class S3Storage:
