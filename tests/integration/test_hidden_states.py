@@ -324,7 +324,7 @@ def test_two_writers_capturing_the_same_run_leave_one_aligned_file_per_sample(tm
 
 
 def test_a_capture_pass_whose_lease_is_lost_commits_nothing_more_and_raises_lease_lost(tmp_path, demo_model, sim):
-    # Issue 28: the state markers answer to the output's lease like the shards' markers (store/shards.put_marker).
+    # Issue 28: the state markers answer to the output's lease like the shards' markers (store/ownership.put_record).
     import threading
 
     from tokenmill_runner.store.hidden_states import failed_keys
