@@ -369,7 +369,7 @@ def test_the_lease_is_never_given_up_while_a_record_write_is_in_flight(tmp_path)
     # Review, suspected: a run that failed (CommitFailed, LeaseLost) released its lease while commit threads still
     # ran; the next run took it at once and deleted their data as a finished run's leftovers.
     storage = LocalStorage(tmp_path)
-    short = LeaseTimes(stale_s=2.0)  # a margin of 0.5 s: how long close() waits for a write in flight
+    short = LeaseTimes(stale_s=1.0)  # a margin of 0.25 s: how long close() waits for a write in flight
     clock = FakeClock()
     keeper = LeaseKeeper(storage, take(storage, times=short, clock=clock), times=short, clock=clock, every_s=3600)
     entered, finish = threading.Event(), threading.Event()
