@@ -161,7 +161,9 @@ def test_a_slow_renewal_cannot_overwrite_a_take_over(proxy, s3_endpoint, s3_buck
     # the taken-over writer went on, the opposite of what docs/reliability.md promises.
     spec, out = output(s3_endpoint, s3_bucket, tmp_path)
     slow = proxy.add(Rule("delay", method="PUT", path=r"/runs/one/lease\.json", skip=2, delay_s=8.0))
-    taken = start(spec, proxy.url, tmp_path, "taken")
+    # Slow answers: on a loaded machine the taker's start-up took 30 s, and a writer at scale 20 had finished (and
+    # released the lease) before the taker looked; this one is still writing when any taker arrives.
+    taken = start(spec, proxy.url, tmp_path, "taken", scale="5")
     proxy.wait_fired("delay", timeout=120)  # its second renewal is on its way, slowly
     taker = start(spec, s3_endpoint, tmp_path, "taker", "--take-over", scale="2000")
     code, stderr = finish(taker)

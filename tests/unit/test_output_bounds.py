@@ -258,7 +258,7 @@ def test_runners_and_the_operator_each_keep_their_own_newest_checkpoints(tmp_pat
 
 
 def seal(storage: LocalStorage, token: str, shards_: list[str]) -> None:
-    storage.put(seals.seal_key("d", token), seals.encode_seal(token, shards_, "x", T0))
+    storage.put(seals.seal_key("d", token), seals.encode_seal(token, {"commits": shards_}, "x", T0))
 
 
 def test_a_seal_is_read_within_its_byte_cap_and_names_only_its_tokens_shards(tmp_path, monkeypatch):
@@ -266,14 +266,14 @@ def test_a_seal_is_read_within_its_byte_cap_and_names_only_its_tokens_shards(tmp
     seal(storage, "aaaa", ["w000-aaaa-000001"])
     size = (tmp_path / "d" / "seals" / "aaaa.json").stat().st_size
     monkeypatch.setattr(seals, "SEAL_BYTES", size)
-    assert seals.read_seals(storage, "d").counts("w000-aaaa-000001")
+    assert seals.read_seals(storage, "d").counts("commits", "w000-aaaa-000001")
     monkeypatch.setattr(seals, "_cache", seals._SealCache())
     monkeypatch.setattr(seals, "SEAL_BYTES", size - 1)
     with pytest.raises(seals.SealError, match=f"is over the {size - 1} bytes such an object may have"):
         seals.read_seals(storage, "d")
     seal(storage, "bbbb", ["w000-aaaa-000002"])
     monkeypatch.setattr(seals, "SEAL_BYTES", 4096)
-    with pytest.raises(seals.SealError, match="shards is not a list of shard ids of run token bbbb"):
+    with pytest.raises(seals.SealError, match="names is not a map of folders to lists of names of run token bbbb"):
         seals.read_seals(storage, "d")
 
 

@@ -36,7 +36,7 @@ RELEASE_ENV = "TOKENMILL_FAULT_RELEASE"
 # counts: a shard's loss-token counts (store/token_counts.py), after its errors; states and states-marker: a
 # sample's aux hidden-state file and its marker, final-states and final-marker the same
 # for its final state (store/hidden_states.py); lease: a renewal;
-# fenced: a commit record's PUT after its lease proof (shards.put_marker).
+# fenced: a commit record's PUT after its lease proof (ownership.put_record).
 STEPS = ("data", "errors", "counts", "marker", "states", "states-marker", "final-states", "final-marker", "lease",
          "fenced")
 _RULE = re.compile(rf"(kill|pause|stall)-(before|after):({'|'.join(STEPS)}):([1-9][0-9]*)")

@@ -13,7 +13,8 @@ A shard exists for readers only once its marker exists: data first, then errors,
 progress and reports never scan the shards. Files without a marker are leftovers of a killed worker; that worker
 deletes them on restart, and no cleaner deletes another run's unmarked file while its marker may still come
 (`lease_rules.CleanRule`). Before the marker a writer proves it still holds the output's lease (`fence`), and the
-marker's write retries only within the lease's margin, each attempt after a new proof. `faults.py` can kill the
+marker's write retries only within the lease's margin, each attempt after a new proof (`ownership.put_record`, the
+one rule every artifact is written under). `faults.py` can kill the
 process at each step of a commit, for the tests.
 """
 
@@ -22,7 +23,6 @@ from __future__ import annotations
 import io
 import logging
 import secrets
-import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -40,6 +40,7 @@ from .lease_rules import CleanRule
 from .ledger import COMMITS, ERRORS, SHARDS, DatasetLedger, ShardContent, build_marker
 from .marker_names import marker_name, shard_id_of
 from .markers import READ_THREADS, iter_markers, list_commits, marker_entries, markers_in_commit_order
+from .ownership import Fence, put_record
 from .storage import TMP_MARK, Storage, StorageError
 from .token_counts import COUNTS, MARKER_FIELD, count_table, counts_name, encode_counts
 
@@ -225,17 +226,6 @@ def encode_errors(errors: list[dict[str, Any]]) -> bytes:
     return b"".join(orjson.dumps(record) + b"\n" for record in errors)
 
 
-@dataclass(frozen=True)
-class Fence:
-    """What a commit's marker write answers to: `prove()` raises unless the writer still holds the output's lease
-    (`LeaseKeeper.fence`); one write retries for at most `attempt_s`, and new proofs and writes go on for
-    `patience_s` of failures in all (the store's retry budget)."""
-
-    prove: Callable[[], None]
-    attempt_s: float
-    patience_s: float
-
-
 def commit_shard(storage: Storage, dataset: str, shard_id: str, worker: int, content: ShardContent,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC),
                  fence: Fence | None = None) -> dict[str, Any]:
@@ -259,32 +249,9 @@ def commit_shard(storage: Storage, dataset: str, shard_id: str, worker: int, con
         marker[MARKER_FIELD] = counts_name(shard_id)
     key = f"{dataset}/{COMMITS}/{marker_name(at, shard_id)}"
     faults.before("marker", key)
-    put_marker(storage, key, orjson.dumps(marker), fence)
+    put_record(storage, key, orjson.dumps(marker), fence)
     faults.after("marker", key)
     return marker
-
-
-def put_marker(storage: Storage, key: str, data: bytes, fence: Fence | None) -> None:
-    """Write a commit record, proving the lease first when fenced. Every record that makes work count (a shard's
-    marker, a sample's state marker or failure record) goes through here, so no writer that lost the output's lease
-    can make anything count."""
-    if fence is None:
-        storage.put(key, data)
-        return
-    started = time.monotonic()
-    while True:
-        fence.prove()  # between the data write and this one, the lease may have been lost: LeaseLost
-        # A writer stopped here (SIGSTOP, a PUT held in flight) lands this record after the proof expired: a taker
-        # seals its run token first, so it counts for nobody (seals.py).
-        fault_points().before("fenced", key)
-        try:
-            storage.put(key, data, budget_s=fence.attempt_s)
-            return
-        except StorageError:
-            if time.monotonic() - started >= fence.patience_s:
-                raise
-            logger.warning("marker %s not written within %.0f s; proving the lease again before the next try",
-                           storage.uri(key), fence.attempt_s)
 
 
 def _write_step(storage: Storage, faults: FaultPoints, step: str, key: str, data: bytes) -> None:

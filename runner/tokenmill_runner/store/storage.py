@@ -463,8 +463,10 @@ class S3Storage:
             raise StorageError(f"cannot write {self.uri(key)}: {error}") from error
 
     def get_versioned(self, key: str, limit: int) -> tuple[bytes, str] | None:
-        # A small object others replace often (the lease, renewed by every worker of a run): a new version between
-        # the HEAD and the pinned GET is read again, never reported as a failure.
+        # A small object others replace often (the lease, renewed by every worker of a run): one GET, whose body and
+        # ETag are one version however often it is replaced (a HEAD first raced the renewals: under 24 workers its
+        # version was gone by the GET eight times in a row). A resume mid-body is pinned to that ETag; a new version
+        # then is read again, never reported as a failure.
         for _ in range(VERSIONED_READ_TRIES - 1):
             try:
                 return self._get_versioned_once(key, limit)
@@ -485,19 +487,16 @@ class S3Storage:
             raise StorageError(f"cannot look up {self.uri(key)}: {error}") from error
 
     def _get_versioned_once(self, key: str, limit: int) -> tuple[bytes, str] | None:
-        head = self._head(key)
-        if head is None:
-            return None
-        size = int(head.get("ContentLength", 0))
-        if size > limit:
-            raise TooLarge(f"{self.uri(key)} is {size} bytes, over the {limit} this reader reads")
         try:
-            response = self.get_object(key, etag=head.get("ETag"))
+            response = self.get_object(key)
         except StorageError as error:
             if "does not exist" in str(error):
                 return None
             raise
+        size = int(response.get("ContentLength", 0))
         with io.BufferedReader(ResumableBody(self, key, response), buffer_size=READ_BUFFER) as body:
+            if size > limit:  # refused from the answer's head: its body is closed unread
+                raise TooLarge(f"{self.uri(key)} is {size} bytes, over the {limit} this reader reads")
             data = body.read(limit + 1)
         if len(data) > limit:
             raise TooLarge(f"{self.uri(key)} is over the {limit} bytes this reader reads")
