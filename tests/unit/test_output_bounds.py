@@ -296,13 +296,13 @@ def test_a_datasets_seals_are_bounded_in_number_and_bytes_before_any_is_read(tmp
 
 def test_parsed_seals_are_cached_within_a_byte_budget_least_recently_used_first():
     cache = seals._SealCache(max_bytes=16)  # two seals of one shard id (8 bytes each)
-    one = np.array([1], dtype=np.uint64)
+    one = {"commits": np.array([1], dtype=np.uint64)}
     cache.put("a", ("a", one))
     cache.put("b", ("b", one))
     assert cache.get("a") is not None and cache.held == 16  # a is now the most recently used
     cache.put("c", ("c", one))
     assert cache.get("b") is None and cache.get("a") is not None and cache.get("c") is not None and cache.held == 16
-    cache.put("huge", ("h", np.zeros(3, dtype=np.uint64)))  # larger than the whole budget: never kept
+    cache.put("huge", ("h", {"commits": np.zeros(3, dtype=np.uint64)}))  # larger than the whole budget: never kept
     assert cache.get("huge") is None and cache.held == 16
 
 

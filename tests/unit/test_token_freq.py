@@ -86,7 +86,7 @@ def test_a_counts_file_without_its_marker_is_a_leftover_and_a_sealed_token_s_lat
     commit(storage, "d", "w000-aaaa-000001", [row("d", line, rng) for line in range(1, 11)], 1)
     # A taker sealed token aaaa with shard 1; aaaa's next marker landed after the seal: it counts for nobody, and
     # neither does its counts file, whatever it says.
-    storage.put_new(seal_key("d", "aaaa"), encode_seal("aaaa", ["w000-aaaa-000001"], "host:1:bbbb", T0))
+    storage.put_new(seal_key("d", "aaaa"), encode_seal("aaaa", {"commits": ["w000-aaaa-000001"]}, "host:1:bbbb", T0))
     late = commit(storage, "d", "w000-aaaa-000002", [row("d", line, rng) for line in range(11, 21)], 2)
     assert f"d/{late['token_counts']}" in set(leftovers(storage, "d")), "its worker's cleaner removes it"
     counted = assert_counts_equal_the_recount(storage, "d")
