@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -254,6 +255,13 @@ async def prepare(config: RunnerConfig, api_key: str | None) -> Runner:
         raise
 
 
+def _fenced(keeper: LeaseKeeper, write: Callable[..., object], *args: object) -> None:
+    """A write of the output's one description (run.json) under the lease's fence: a worker 0 taken over while it
+    was under way never replaces the taker's (store/ownership.py)."""
+    with keeper.writing():
+        write(*args)
+
+
 async def _prepare(config: RunnerConfig, api_key: str | None, storage: Storage, recorded: RunManifest | None,
                    metrics: RunnerMetrics, keeper: LeaseKeeper, token: str) -> Runner:
     spec = config.spec
@@ -277,7 +285,8 @@ async def _prepare(config: RunnerConfig, api_key: str | None, storage: Storage, 
     if config.worker_index == 0:  # the layout is recorded before any shard of it is committed
         configured = spec.server.context_length
         early = configured if isinstance(configured, int) else info.model_context_length
-        await asyncio.to_thread(write_manifest, storage, run_manifest(config, info, early, layouts, recorded))
+        await asyncio.to_thread(_fenced, keeper, write_manifest, storage,
+                                run_manifest(config, info, early, layouts, recorded))
     healthy = await healthy_servers(config.servers, config.server_wait_s, api_key)
     endpoints = await asyncio.gather(*(discover(url, api_key, config.server_wait_s) for url in healthy))
     facts = [endpoint.facts for endpoint in endpoints]
@@ -291,7 +300,7 @@ async def _prepare(config: RunnerConfig, api_key: str | None, storage: Storage, 
                     "reproducible without it")
     if config.worker_index == 0:
         manifest = run_manifest(config, info, context_length, layouts, recorded, send_seed)
-        await asyncio.to_thread(write_manifest, storage, manifest)
+        await asyncio.to_thread(_fenced, keeper, write_manifest, storage, manifest)
     client = GenerateClient(
         config.servers, api_key=api_key, concurrency=concurrency,
         retry=RetryPolicy(max_attempts=spec.runner.max_attempts),

@@ -171,7 +171,7 @@ def test_a_64_mib_seal_is_refused_unread(tmp_path):
             seal.write(ids + b",")
         seal.write(b'"w000-aaaa-999999"]}')
     storage.put("d/commits/w000-aaaa-000001.json", orjson.dumps({"samples": {}, "failed": {}}))
-    assert_refused(observe(out, tmp_path), "is over the 4194304 bytes such an object may have")
+    assert_refused(observe(out, tmp_path), "is over the 16777216 bytes such an object may have")
 
 
 # ------------------------------------------------------------------------------------- B8: unused columns

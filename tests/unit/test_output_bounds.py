@@ -258,7 +258,7 @@ def test_runners_and_the_operator_each_keep_their_own_newest_checkpoints(tmp_pat
 
 
 def seal(storage: LocalStorage, token: str, shards_: list[str]) -> None:
-    storage.put(seals.seal_key("d", token), seals.encode_seal(token, shards_, "x", T0))
+    storage.put(seals.seal_key("d", token), seals.encode_seal(token, {"commits": shards_}, "x", T0))
 
 
 def test_a_seal_is_read_within_its_byte_cap_and_names_only_its_tokens_shards(tmp_path, monkeypatch):
@@ -266,14 +266,14 @@ def test_a_seal_is_read_within_its_byte_cap_and_names_only_its_tokens_shards(tmp
     seal(storage, "aaaa", ["w000-aaaa-000001"])
     size = (tmp_path / "d" / "seals" / "aaaa.json").stat().st_size
     monkeypatch.setattr(seals, "SEAL_BYTES", size)
-    assert seals.read_seals(storage, "d").counts("w000-aaaa-000001")
+    assert seals.read_seals(storage, "d").counts("commits", "w000-aaaa-000001")
     monkeypatch.setattr(seals, "_cache", seals._SealCache())
     monkeypatch.setattr(seals, "SEAL_BYTES", size - 1)
     with pytest.raises(seals.SealError, match=f"is over the {size - 1} bytes such an object may have"):
         seals.read_seals(storage, "d")
     seal(storage, "bbbb", ["w000-aaaa-000002"])
     monkeypatch.setattr(seals, "SEAL_BYTES", 4096)
-    with pytest.raises(seals.SealError, match="shards is not a list of shard ids of run token bbbb"):
+    with pytest.raises(seals.SealError, match="names is not a map of folders to lists of names of run token bbbb"):
         seals.read_seals(storage, "d")
 
 
@@ -296,13 +296,13 @@ def test_a_datasets_seals_are_bounded_in_number_and_bytes_before_any_is_read(tmp
 
 def test_parsed_seals_are_cached_within_a_byte_budget_least_recently_used_first():
     cache = seals._SealCache(max_bytes=16)  # two seals of one shard id (8 bytes each)
-    one = np.array([1], dtype=np.uint64)
+    one = {"commits": np.array([1], dtype=np.uint64)}
     cache.put("a", ("a", one))
     cache.put("b", ("b", one))
     assert cache.get("a") is not None and cache.held == 16  # a is now the most recently used
     cache.put("c", ("c", one))
     assert cache.get("b") is None and cache.get("a") is not None and cache.get("c") is not None and cache.held == 16
-    cache.put("huge", ("h", np.zeros(3, dtype=np.uint64)))  # larger than the whole budget: never kept
+    cache.put("huge", ("h", {"commits": np.zeros(3, dtype=np.uint64)}))  # larger than the whole budget: never kept
     assert cache.get("huge") is None and cache.held == 16
 
 

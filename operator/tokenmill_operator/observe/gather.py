@@ -22,7 +22,7 @@ from tokenmill_runner.facts.hardware import PRODUCT_LABEL_KEY, find
 from tokenmill_runner.spec.resource import ServerSpec
 from tokenmill_runner.store.checkpoints import OPERATOR_WRITER, Signer
 from tokenmill_runner.store.commit_index import DatasetIndex
-from tokenmill_runner.store.index_store import CHECKPOINT_EVERY, catch_up, load_index, write_checkpoint
+from tokenmill_runner.store.index_store import CHECKPOINT_EVERY, load_index, refresh, write_checkpoint
 from tokenmill_runner.store.lease_rules import LeaseWatch
 from tokenmill_runner.store.ledger import LedgerBudget
 from tokenmill_runner.store.manifest import RunManifest, read_manifest
@@ -125,7 +125,10 @@ class OutputIndex:
             else:
                 index.ledger.widen(per_prompt)
                 index.ledger.reserve(rows * index.ledger.samples_per_prompt)
-            catch_up(storage, index, full=full, check=check, now=now)
+            # A marker this index folded may since have been sealed away (a takeover's seal written after it
+            # landed): refresh folds every marker again then, as the runner does, so nothing counts it.
+            index, _ = refresh(storage, index, full=full, check=check, now=now, rows=rows)
+            self.datasets[name] = index
             self._checkpoint(storage, index, now)
         self.datasets = {name: index for name, index in self.datasets.items() if name in totals}
         if full:

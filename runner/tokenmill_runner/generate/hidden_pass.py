@@ -103,7 +103,7 @@ async def run_hidden_state_pass(config: RunnerConfig, storage: Storage, api_key:
     folder = await asyncio.to_thread(local_model_folder, spec.model.tokenizer or spec.model.path,
                                      spec.output.endpoint)
     shape = shape_from_config(model_config(folder), spec.hidden_states.layer_ids, spec.hidden_states.dtype, served,
-                              spec.hidden_states.layouts)
+                              spec.hidden_states.layouts, spec.hidden_states.storage)
     chunk = info.get("chunked_prefill_size")
     chunk = chunk if isinstance(chunk, int) and chunk > 0 else DEFAULT_CHUNK
     _check_local_room(storage, [d.name for d in spec.datasets], shape, kind)

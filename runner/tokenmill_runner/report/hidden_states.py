@@ -10,18 +10,19 @@ import numpy as np
 
 
 def hidden_state_section(dataset: str, keys: np.ndarray, lengths: np.ndarray,
-                         states: Iterable[tuple[str, int, int, int]], failed: int,
+                         states: Iterable[tuple[str, int, int, int, str]], failed: int,
                          kind: str = "aux") -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """`keys`, `lengths`: every committed sample (sorted 64-bit keys) and its sequence length (prompt + output
-    tokens; -1 where the marker cannot tell, a multi-turn conversation). `states`: (label, key, tokens, bytes) of
-    each state marker, streamed. `kind` "final": SpecForge's final-state pass, its own checks. Memory: a byte per
+    tokens; -1 where the marker cannot tell, a multi-turn conversation). `states`: (label, key, tokens, bytes, stored
+    dtype: the served one, or float8_e4m3fn) of each state marker, streamed. `kind` "final": SpecForge's final-state pass, its own checks. Memory: a byte per
     committed sample, whatever the states."""
     check, what = ("hidden_states", "hidden states") if kind == "aux" else ("final_states", "final hidden states")
     covered = np.zeros(keys.size, dtype=bool)
-    total_bytes = 0
+    total_bytes = total_tokens = 0
+    dtypes: set[str] = set()
     misaligned, example = 0, ""
     orphans = 0
-    for label, key, tokens, size in states:
+    for label, key, tokens, size, dtype in states:
         at = int(np.searchsorted(keys, np.uint64(key)))
         if at >= keys.size or int(keys[at]) != key:
             orphans += 1  # a sample the fold no longer counts (e.g. a duplicate): not coverage
@@ -30,6 +31,8 @@ def hidden_state_section(dataset: str, keys: np.ndarray, lengths: np.ndarray,
             continue
         covered[at] = True
         total_bytes += size
+        total_tokens += tokens
+        dtypes.add(dtype)
         length = int(lengths[at])
         if length >= 0 and length != tokens:
             misaligned += 1
@@ -37,6 +40,7 @@ def hidden_state_section(dataset: str, keys: np.ndarray, lengths: np.ndarray,
     samples, with_states = int(keys.size), int(covered.sum())
     coverage = with_states / samples if samples else None
     section = {"samples": samples, "with_states": with_states, "coverage": coverage, "bytes": total_bytes,
+               "dtypes": sorted(dtypes - {""}), "bytes_per_token": total_bytes / total_tokens if total_tokens else None,
                "failed_captures": failed, "misaligned": misaligned, "uncounted": orphans}
     findings: list[dict[str, Any]] = []
     if misaligned:

@@ -183,7 +183,8 @@ class DatasetSamples:
         room = DANGLING_NAMED - len(self.dangling)
         self.dangling.extend(f"{self.name}/{name}" for name in missing[:max(room, 0)])
 
-    def add_marker(self, marker: dict[str, Any]) -> None:
+    def add_marker(self, marker: dict[str, Any]) -> np.ndarray:
+        """Fold a marker in; returns the positions of its rows that counted (their slot's first row)."""
         assert self.ledger is not None
         taken = self.ledger.fold(marker)
         self.errors = Counter(self.ledger.final_failures())
@@ -191,7 +192,7 @@ class DatasetSamples:
         count = len(samples.get("line") or [])
         self.duplicate_rows += count - int(taken.size)
         if not taken.size:
-            return
+            return taken
         if taken.size == count:  # every row is new (the usual case): no copy
             columns = {name: _column(samples, name, count) for name in (*SAMPLE_COLUMNS, *EXTRA_COLUMNS,
                                                                         *SERVER_COLUMNS)}
@@ -205,6 +206,7 @@ class DatasetSamples:
         self._add_reasoning(columns)
         self._add_counts(columns)
         self.latency.add([math.nan if v is None else v for v in columns["latency_s"]])
+        return taken
 
     def _add_server_accounting(self, s: dict[str, list[Any]]) -> None:
         for cached, sent, prompt, disagreements in zip(s["cached_tokens"], s["sent_prompt_tokens"],

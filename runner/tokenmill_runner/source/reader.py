@@ -54,6 +54,20 @@ def parquet_shards(source: str, endpoint: str | None = None) -> list[str] | None
     raise FileNotFoundError(f"{source}: a folder without *.parquet or data/*.parquet shards")
 
 
+def source_problem(source: str, endpoint: str | None = None) -> str | None:
+    """Why the source cannot be read, found with one look before anything starts (a file that does not exist, a
+    folder without shards), or None."""
+    try:
+        if parquet_shards(source, endpoint) is not None:
+            return None
+    except FileNotFoundError as error:
+        return str(error)
+    parent, name = split_uri(source)
+    if not name or not open_storage(parent, endpoint).exists(name):
+        return f"{source} does not exist"
+    return None
+
+
 def source_format(source: str, declared: str = "auto", endpoint: str | None = None) -> str:
     if declared != "auto":
         return declared

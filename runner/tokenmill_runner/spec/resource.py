@@ -56,10 +56,13 @@ Auto = Literal["auto"]
 
 
 def _number_to_string(value: Any) -> Any:
-    # Kubernetes manifests keep fractions as strings (floats do not round-trip through every YAML/JSON tool);
-    # accept a bare number from a hand-written spec and store it the Kubernetes way.
+    """Refuse a bare number where the resource keeps a decimal as a string. Users write `temperature: 0.6`, but the
+    CRD types these fields as strings (the Kubernetes API conventions keep decimals out of floats, and a structural
+    schema cannot say "a number or a string" without dropping the type altogether), so `kubectl apply` refuses the
+    number: `tokenmill run` refuses it too, at once and with the fix, so one spec works on both paths."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return repr(float(value))
+        raise ValueError(f"write the number as a quoted string, \"{value}\" (not {value}): a DatasetGeneration keeps "
+                         "decimals as strings, the Kubernetes way, and the CRD refuses a bare number")
     return value
 
 
@@ -596,7 +599,12 @@ class HiddenStatesSpec(SpecModel):
         "of layers 2, L/2 and L-3, i.e. the outputs of layers 1, L/2-1, L-4).")
     dtype: Literal["bfloat16", "float16", "float32"] = Field(
         "bfloat16", description="The dtype the target serves (its config.json torch_dtype); states are stored in it "
-        "exactly as served.")
+        "exactly as served unless storage is fp8.")
+    storage: Literal["served", "fp8"] = Field(
+        "served", description="How the states are stored: served (bit-exact in dtype) or fp8 (hs-connectors 0.9.0's "
+        "fp8 layout: float8_e4m3fn values with one float32 scale per token, hidden_states_scales, in the same file; "
+        "about half of bf16's bytes; speculators trains on it with --hidden-states-backend fp8). Not with the "
+        "specforge layout: SpecForge 0.2.0 reads its .ckpt tensors as stored and has no FP8 reader.")
     layouts: list[ExportLayout] = Field(
         default_factory=list, max_length=2,
         description="Trainer layouts wanted besides tokenmill's own files (a safetensors file per sample: token_ids "
@@ -620,6 +628,14 @@ class HiddenStatesSpec(SpecModel):
         if len(set(value)) != len(value):
             raise ValueError(f"layouts {value} name a layout twice")
         return value
+
+    @model_validator(mode="after")
+    def _fp8_readers(self) -> HiddenStatesSpec:
+        if self.storage == "fp8" and "specforge" in self.layouts:
+            raise ValueError("storage fp8 cannot serve layouts [specforge]: SpecForge 0.2.0 reads its .ckpt tensors as "
+                             "stored (specforge/data/preprocessing.py:643-666) and has no FP8 reader; store served "
+                             "or drop the layout")
+        return self
 
 
 class ValidationSpec(SpecModel):

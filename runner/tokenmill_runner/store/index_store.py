@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -30,6 +31,7 @@ from .commit_index import DatasetIndex
 from .ledger import DatasetLedger, LedgerBudget
 from .marker_names import MAX_CLOCK_SKEW, horizon, time_key
 from .markers import READ_THREADS, commits_prefix, decode_marker, iter_keyed, list_commits
+from .ownership import Fence
 from .storage import Storage, StorageError
 
 logger = logging.getLogger(__name__)
@@ -105,19 +107,28 @@ def catch_up(storage: Storage, index: DatasetIndex, full: bool = False, check: C
     return result
 
 
+def refresh(storage: Storage, index: DatasetIndex, full: bool = False, check: Callable[[], None] | None = None,
+            now: datetime | None = None, rows: int = 0) -> tuple[DatasetIndex, CatchUp]:
+    """`catch_up`, and when the index had folded a marker its seal drops (a checkpoint or an earlier pass folded it
+    between a takeover's listing and its seal's write: it counts a marker nobody else does), a new index folded from
+    every marker instead. Every reader that keeps an index (the runner, the operator) refreshes it here, so none
+    counts a sealed-away marker."""
+    caught = catch_up(storage, index, full=full, check=check, now=now)
+    if caught.tainted:
+        logger.warning("%s: the index counts a marker that landed after its run token was sealed; folding every "
+                       "marker again", index.name)
+        ledger = index.ledger
+        index = DatasetIndex(DatasetLedger(index.name, rows, ledger.samples_per_prompt, ledger.budget))
+        caught = catch_up(storage, index, full=True, check=check, now=now)
+    return index, caught
+
+
 def open_index(storage: Storage, dataset: str, rows: int = 0, samples_per_prompt: int = 1,
                budget: LedgerBudget | None = None) -> tuple[DatasetIndex, CatchUp]:
     """The dataset's index from its newest checkpoint plus every marker that checkpoint lacks (a full listing: a
     runner must not miss a committed slot, however late its marker's PUT finished)."""
-    index = load_index(storage, dataset, rows, samples_per_prompt, budget=budget)
-    caught = catch_up(storage, index, full=True)
-    if caught.tainted:
-        # Folded between a takeover's listing and its seal's write: the checkpoint counts a marker nobody else
-        # does. Every marker is folded again instead.
-        logger.warning("%s: the checkpoint counts a marker that landed after its run token was sealed; folding every "
-                       "marker again", dataset)
-        index = DatasetIndex(DatasetLedger(dataset, rows, samples_per_prompt, budget))
-        caught = catch_up(storage, index, full=True)
+    index, caught = refresh(storage, load_index(storage, dataset, rows, samples_per_prompt, budget=budget), full=True,
+                            rows=rows)
     if caught.late:
         logger.warning("%s: %d commit markers of a taken-over run landed after it was sealed; they count for nobody "
                        "and their slots are generated again", dataset, caught.late)
@@ -131,8 +142,10 @@ def take_checkpoint(index: DatasetIndex, writer: str, now: datetime | None = Non
     return taken
 
 
-def put_checkpoint(storage: Storage, dataset: str, taken: Snapshot, key: bytes = b"") -> str | None:
-    """Write a snapshot as a new checkpoint (its digest keyed with `key`), then remove this dataset's checkpoints
+def put_checkpoint(storage: Storage, dataset: str, taken: Snapshot, key: bytes = b"",
+                   fence: Fence | None = None) -> str | None:
+    """Write a snapshot as a new checkpoint (its digest keyed with `key`; under the writer's fence, when it has one:
+    store/ownership.py), then remove this dataset's checkpoints
     older than the newest few. None when it inflates past what any reader takes (checkpoints.RAW_BYTES): readers
     then fold the markers, as without one."""
     if taken.raw_bytes > RAW_BYTES:
@@ -141,7 +154,8 @@ def put_checkpoint(storage: Storage, dataset: str, taken: Snapshot, key: bytes =
                        RAW_BYTES)
         return None
     name = f"{dataset}/{INDEX}/{taken.name}"
-    storage.put(name, taken.encode(key))
+    with fence.proof() if fence is not None else nullcontext():
+        storage.put(name, taken.encode(key))
     logger.info("%s: wrote checkpoint %s (%d markers)", dataset, storage.uri(name), taken.header["markers"])
     _prune(storage, dataset, name)
     return name

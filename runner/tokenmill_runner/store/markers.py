@@ -1,6 +1,7 @@
-"""The markers of a dataset, in commit order, from a checkpoint on: the one listing of a dataset's commits folder and
-the reads of the markers in it. The runner (catch-up, leftovers), the report, export, inspect and the operator (through
-`index_store`) all list and read markers here, so they agree on what a marker is and in which order they came.
+"""The markers of a dataset, in commit order, from a checkpoint on: the one listing of a dataset's records folders
+(its commits, its samples' state markers and failure records) and the reads of the markers in it. The runner
+(catch-up, leftovers, the capture pass), the report, export, inspect and the operator (through `index_store`) all list
+and read records here, so they agree on what a record is, which ones count and in which order they came.
 """
 
 from __future__ import annotations
@@ -35,34 +36,44 @@ def commits_prefix(dataset: str) -> str:
 
 @dataclass(frozen=True)
 class Listed:
-    """One entry of a dataset's commits folder: a marker (its time key, None for an old-style name, and its shard
-    id), a late marker (one of a sealed run token that its seal does not name: it counts for nobody, `seals.py`),
-    or a stray (a temporary file of an interrupted write, or anything else that is not a marker)."""
+    """One entry of a records folder: a record (its time key, None for a name without one, and its name's stem: a
+    shard id, or a sample key with the writer's token), a late record (one of a sealed run token that its seal does
+    not name: it counts for nobody, `seals.py`), or a stray (a temporary file of an interrupted write, or anything
+    else that is not a record)."""
 
     key: str
     time: str | None = None
-    shard_id: str | None = None
+    stem: str | None = None
     late: bool = False
     size: int = 0  # bytes, as listed
 
     @property
+    def shard_id(self) -> str | None:
+        return self.stem
+
+    @property
     def is_marker(self) -> bool:
-        return self.shard_id is not None and not self.late
+        return self.stem is not None and not self.late
 
 
-def list_commits(storage: Storage, dataset: str, start: str | None = None) -> Iterator[Listed]:
-    """The one listing of a dataset's commits folder (after `start`, a key, when given), each entry classified.
-    Every reader of markers (catch-up, commit order, leftovers) goes through it, so they agree on what a marker is
-    and which markers count."""
-    prefix = commits_prefix(dataset)
+def list_records(storage: Storage, dataset: str, folder: str, start: str | None = None) -> Iterator[Listed]:
+    """The one listing of a dataset's records folder (commit markers, state markers, failure records; after
+    `start`, a key, when given), each entry classified by the seals. Every reader of records goes through it, so
+    they agree on what a record is and which ones count (store/ownership.py)."""
+    prefix = f"{dataset}/{folder}/"
     seals = read_seals(storage, dataset)
     for key, size in storage.list_sizes(prefix, start):
         name = key[len(prefix):]
         if "/" in name or not is_marker_name(name):
             yield Listed(key, size=size)
         else:
-            time, shard_id = split_marker_name(name)
-            yield Listed(key, time, shard_id, late=not seals.counts(shard_id), size=size)
+            time, stem = split_marker_name(name)
+            yield Listed(key, time, stem, late=not seals.counts(folder, stem), size=size)
+
+
+def list_commits(storage: Storage, dataset: str, start: str | None = None) -> Iterator[Listed]:
+    """The one listing of a dataset's commits folder (catch-up, commit order, leftovers)."""
+    return list_records(storage, dataset, COMMITS, start)
 
 
 def iter_keyed(storage: Storage, entries: Iterable[tuple[str, int]],

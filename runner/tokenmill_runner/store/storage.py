@@ -129,6 +129,34 @@ class S3Location:
         return cls(bucket, prefix + "/" if prefix else "")
 
 
+def _process_umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (os.umask both sets and returns it, and
+    another thread creating a file in between would get the wrong mode)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+# The mode open() gives a new file (0666 less the umask): temporary files are created 0600, and a file renamed into
+# place keeps that, so a report on a shared file system would be readable by its writer alone. Every local write
+# goes through `publish_mode`, so outputs are as readable as any file this user creates (0644 under umask 022).
+FILE_MODE = 0o666 & ~_process_umask()
+
+
+def publish_mode(target: int | Path) -> None:
+    """Give a finished temporary file (an open descriptor or a path) the mode a new file of this process has."""
+    if isinstance(target, int):
+        os.fchmod(target, FILE_MODE)
+    else:
+        os.chmod(target, FILE_MODE)
+
+
 def fsync_dir(folder: Path) -> None:
     """Make a rename or a new entry in `folder` durable: without it a power loss can forget the entry."""
     fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
@@ -155,6 +183,7 @@ def write_atomic(path: Path, data: bytes) -> None:
     make_dirs(path.parent)
     fd, tmp = tempfile.mkstemp(prefix=path.name + TMP_MARK, dir=path.parent)
     try:
+        publish_mode(fd)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
@@ -226,6 +255,7 @@ class LocalStorage:
         make_dirs(path.parent)
         fd, tmp = tempfile.mkstemp(prefix=path.name + TMP_MARK, dir=path.parent)
         try:
+            publish_mode(fd)
             with os.fdopen(fd, "wb") as handle:
                 handle.write(data)
                 handle.flush()
@@ -284,6 +314,7 @@ class LocalStorage:
         try:
             with open(path, "rb") as source:
                 os.fsync(source.fileno())
+                publish_mode(source.fileno())
             os.replace(path, target)
             fsync_dir(target.parent)
             return
@@ -291,6 +322,7 @@ class LocalStorage:
             pass  # another file system: copy to a temporary name beside the target, then rename
         fd, tmp = tempfile.mkstemp(prefix=target.name + TMP_MARK, dir=target.parent)
         try:
+            publish_mode(fd)
             with os.fdopen(fd, "wb") as handle, open(path, "rb") as source:
                 shutil.copyfileobj(source, handle, COPY_CHUNK)
                 handle.flush()
@@ -431,8 +463,10 @@ class S3Storage:
             raise StorageError(f"cannot write {self.uri(key)}: {error}") from error
 
     def get_versioned(self, key: str, limit: int) -> tuple[bytes, str] | None:
-        # A small object others replace often (the lease, renewed by every worker of a run): a new version between
-        # the HEAD and the pinned GET is read again, never reported as a failure.
+        # A small object others replace often (the lease, renewed by every worker of a run): one GET, whose body and
+        # ETag are one version however often it is replaced (a HEAD first raced the renewals: under 24 workers its
+        # version was gone by the GET eight times in a row). A resume mid-body is pinned to that ETag; a new version
+        # then is read again, never reported as a failure.
         for _ in range(VERSIONED_READ_TRIES - 1):
             try:
                 return self._get_versioned_once(key, limit)
@@ -453,19 +487,16 @@ class S3Storage:
             raise StorageError(f"cannot look up {self.uri(key)}: {error}") from error
 
     def _get_versioned_once(self, key: str, limit: int) -> tuple[bytes, str] | None:
-        head = self._head(key)
-        if head is None:
-            return None
-        size = int(head.get("ContentLength", 0))
-        if size > limit:
-            raise TooLarge(f"{self.uri(key)} is {size} bytes, over the {limit} this reader reads")
         try:
-            response = self.get_object(key, etag=head.get("ETag"))
+            response = self.get_object(key)
         except StorageError as error:
             if "does not exist" in str(error):
                 return None
             raise
+        size = int(response.get("ContentLength", 0))
         with io.BufferedReader(ResumableBody(self, key, response), buffer_size=READ_BUFFER) as body:
+            if size > limit:  # refused from the answer's head: its body is closed unread
+                raise TooLarge(f"{self.uri(key)} is {size} bytes, over the {limit} this reader reads")
             data = body.read(limit + 1)
         if len(data) > limit:
             raise TooLarge(f"{self.uri(key)} is over the {limit} bytes this reader reads")
