@@ -17,6 +17,7 @@ from tokenmill_runner.store.storage import StorageError, StorageRetry, open_stor
 
 from ..decide.constants import Constants, plan_with_constants
 from ..decide.planner import ModelFacts, PlanError, ServerPlan, model_facts
+from .tenant_store import TenantStorage
 
 
 def model_files_location(spec: DatasetGenerationSpec, local: bool = True) -> str:
@@ -42,8 +43,8 @@ def read_model_files(spec: DatasetGenerationSpec, credentials: dict[str, str] | 
                      retry: StorageRetry | None = None, local: bool = True) -> tuple[dict[str, Any], int]:
     """config.json (bounded) and the weight size (spec.model.weightBytes, else the safetensors index)."""
     output = spec.output
-    storage = open_storage(location or model_files_location(spec, local), output.endpoint, output.region, credentials,
-                           retry)
+    storage = TenantStorage(open_storage(location or model_files_location(spec, local), output.endpoint,
+                                         output.region, credentials, retry))
     config = orjson.loads(get_bounded(storage, "config.json", CONFIG_BYTES))
     weight_bytes = spec.model.weight_bytes
     if weight_bytes is None and storage.exists("model.safetensors.index.json"):
