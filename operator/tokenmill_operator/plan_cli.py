@@ -17,7 +17,7 @@ import yaml
 from tokenmill_runner.facts.workload import Workload
 from tokenmill_runner.source.survey import SurveyBounds
 from tokenmill_runner.spec.resource import DatasetGenerationSpec, SpecError, load_spec_file
-from tokenmill_runner.store.storage import StorageRetry
+from tokenmill_runner.store.storage import StorageRetry, open_storage
 
 from .decide import cache, kueue, manifests, names
 from .decide.planner import model_facts, plan_server, render_plan, workload
@@ -114,7 +114,9 @@ def surveyed(spec: DatasetGenerationSpec, args: argparse.Namespace) -> Workload:
                         f"{', '.join(d.name for d in spec.datasets)})")
     read = spec.model_copy(update={"datasets": [d.model_copy(update={"source": local.get(d.name, d.source)})
                                                 for d in spec.datasets]})
-    reader = SurveyReader(endpoint=spec.output.endpoint, region=spec.output.region,
+    output = spec.output
+    reader = SurveyReader(endpoint=output.endpoint,
+                          opener=lambda uri: open_storage(uri, output.endpoint, output.region, None, PLAN_RETRY),
                           bounds=replace(SurveyBounds(), sample_rows=args.sample_rows), retry=PLAN_RETRY,
                           hint="give the store's credentials (AWS_ACCESS_KEY_ID ...) or --s3-endpoint, or "
                                "--source DATASET=FILE to plan from a local copy")

@@ -31,11 +31,13 @@ from tokenmill_runner.facts.workload import LengthSample, Workload
 from tokenmill_runner.generate.ordering import earlier_answer_chars
 from tokenmill_runner.render.pretokenize import PromptEncoder, load_tokenizer, local_model_folder
 from tokenmill_runner.source.prompts import Prompt
-from tokenmill_runner.source.reader import SourceError, source_format
+from tokenmill_runner.source.reader import SourceError, StoreOpener, source_format
 from tokenmill_runner.source.row_size import RowBound
 from tokenmill_runner.source.survey import SourceSurvey, SurveyBounds, survey_source
 from tokenmill_runner.spec.resource import DatasetGenerationSpec
-from tokenmill_runner.store.storage import StorageError, StorageRetry
+from tokenmill_runner.store.storage import Storage, StorageError, StorageRetry, open_storage
+
+from .tenant_store import TenantStorage
 
 logger = logging.getLogger(__name__)
 
@@ -57,13 +59,12 @@ class SurveyReader:
     """How a plan may reach the sources and the tokenizer."""
 
     endpoint: str | None = None
-    region: str | None = None
-    credentials: Mapping[str, str] | None = None
+    opener: StoreOpener | None = None  # the stores the sources are in (the operator's: the tenant's, bounded)
     local: bool = True  # local files too (tokenmill plan); the operator reads S3 only
     tokenize: bool = True  # load the model's tokenizer (tokenmill plan); the operator never does
     seconds: float = PLAN_SECONDS
     bounds: SurveyBounds = field(default_factory=SurveyBounds)
-    retry: StorageRetry | None = None
+    retry: StorageRetry | None = None  # the tokenizer's reads (tokenmill plan's short budget)
     # What a user can do when a source cannot be read, appended to the why (tokenmill plan names its flags).
     hint: str = ""
 
@@ -168,12 +169,10 @@ def surveyed_workload(spec: DatasetGenerationSpec, work: Workload, tokenizer_loc
         survey: SourceSurvey | None = None
         if why is None:
             try:
-                fmt = source_format(dataset.source, dataset.format, reader.endpoint, reader.credentials,
-                                    reader.region, reader.retry)
+                fmt = source_format(dataset.source, dataset.format, reader.endpoint, reader.opener)
                 survey = survey_source(dataset.source, fmt, reader.endpoint, dataset.limit, dataset.row_layout(),
                                        bound, replace(reader.bounds, seconds=min(reader.bounds.seconds, left)),
-                                       clock, credentials=reader.credentials, region=reader.region,
-                                       retry=reader.retry)
+                                       clock, opener=reader.opener)
             except (SourceError, StorageError, OSError, ValueError) as error:
                 said = _short(error)
                 said = said if dataset.source in said else f"cannot read {dataset.source}: {said}"
@@ -218,6 +217,12 @@ def _unreadable(source: str, reader: SurveyReader, seconds_left: float) -> str |
 def operator_reader(spec: DatasetGenerationSpec, credentials: Mapping[str, str] | None,
                     retry: StorageRetry | None) -> SurveyReader:
     """How the operator reads a tenant's sources at plan time: S3 only, with the tenant's credentials and the
-    operator's short retries, no tokenizer, within OPERATOR_SECONDS for every dataset together."""
-    return SurveyReader(endpoint=spec.output.endpoint, region=spec.output.region, credentials=credentials,
-                        local=False, tokenize=False, seconds=OPERATOR_SECONDS, bounds=OPERATOR_BOUNDS, retry=retry)
+    operator's short retries, every call under the pass's read deadline and byte budget (tenant_store.py), no
+    tokenizer, within OPERATOR_SECONDS for every dataset together."""
+    output = spec.output
+
+    def opener(uri: str) -> Storage:
+        return TenantStorage(open_storage(uri, output.endpoint, output.region, credentials, retry))
+
+    return SurveyReader(endpoint=output.endpoint, opener=opener, local=False, tokenize=False,
+                        seconds=OPERATOR_SECONDS, bounds=OPERATOR_BOUNDS)

@@ -13,13 +13,13 @@ import hashlib
 import io
 import re
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from ..store.manifest import SourceIdentity
-from ..store.storage import Storage, StorageRetry, open_storage, split_uri
+from ..store.storage import Storage, open_storage, split_uri
 from .adapters import DEFAULT_LAYOUT, RowLayout
 from .prompts import Prompt, RowError, parse_line
 from .row_size import RowBound, prompt_size
@@ -28,24 +28,26 @@ FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".jsonl.gz")
 SHARD_FOLDERS = ("", "data/")  # where a dataset folder keeps its shards, in the order they are looked for
 
 
-def _folder_storage(source: str, endpoint: str | None, credentials: Mapping[str, str] | None = None,
-                    region: str | None = None, retry: StorageRetry | None = None) -> Storage | None:
+# Opens the store rooted at a URI: another account's (the operator reads a tenant's sources with the tenant's
+# Secret, each call under its deadline), where the default, open_storage with the endpoint, is the environment's.
+StoreOpener = Callable[[str], Storage]
+
+
+def _folder_storage(source: str, endpoint: str | None, opener: StoreOpener | None = None) -> Storage | None:
     """The storage rooted at the source when it names a folder, else None."""
     if source.lower().endswith(FILE_SUFFIXES):
         return None
     if source.startswith("s3://"):
-        return open_storage(source.rstrip("/") + "/", endpoint, region, credentials, retry)
+        prefix = source.rstrip("/") + "/"
+        return opener(prefix) if opener is not None else open_storage(prefix, endpoint)
     local = Path(source.removeprefix("file://"))
     return open_storage(str(local), endpoint) if local.is_dir() else None
 
 
-def parquet_shards(source: str, endpoint: str | None = None, credentials: Mapping[str, str] | None = None,
-                   region: str | None = None, retry: StorageRetry | None = None) -> list[str] | None:
+def parquet_shards(source: str, endpoint: str | None = None, opener: StoreOpener | None = None) -> list[str] | None:
     """The shard keys (relative to the folder, in name order) when `source` is a dataset folder, else None. A folder
-    without shards is an error that says where tokenmill looked. `credentials` read another account's store (the
-    operator's plan reads a tenant's sources with the tenant's Secret, its retries short); the default is the
-    environment's."""
-    storage = _folder_storage(source, endpoint, credentials, region, retry)
+    without shards is an error that says where tokenmill looked."""
+    storage = _folder_storage(source, endpoint, opener)
     if storage is None:
         return None
     for folder in SHARD_FOLDERS:
@@ -73,12 +75,10 @@ def source_problem(source: str, endpoint: str | None = None) -> str | None:
 
 
 def source_format(source: str, declared: str = "auto", endpoint: str | None = None,
-                  credentials: Mapping[str, str] | None = None, region: str | None = None,
-                  retry: StorageRetry | None = None) -> str:
+                  opener: StoreOpener | None = None) -> str:
     if declared != "auto":
         return declared
-    if (source.rstrip("/").lower().endswith(".parquet")
-            or parquet_shards(source, endpoint, credentials, region, retry) is not None):
+    if source.rstrip("/").lower().endswith(".parquet") or parquet_shards(source, endpoint, opener) is not None:
         return "parquet"
     return "jsonl"
 

@@ -23,14 +23,24 @@ from __future__ import annotations
 import io
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any
 
-from ..store.storage import StorageRetry, open_storage, split_uri
+from ..store.storage import open_storage, split_uri
 from .adapters import DEFAULT_LAYOUT, RowLayout
 from .prompts import Prompt, RowError, parse_line
-from .reader import GZIP_MAGIC, UTF8_BOM, ZSTD_MAGIC, HashingReader, _decompressed, _skip_rest, parquet_shards
+from .reader import (
+    GZIP_MAGIC,
+    UTF8_BOM,
+    ZSTD_MAGIC,
+    HashingReader,
+    StoreOpener,
+    _decompressed,
+    _parquet_file,
+    _skip_rest,
+    parquet_shards,
+)
 from .row_size import RowBound, prompt_size
 
 SURVEY_BYTES = 64 * 1024 * 1024
@@ -107,18 +117,49 @@ def _size(handle: IO[bytes]) -> int | None:
         return None
 
 
+class _Raw(io.RawIOBase):
+    """A store's body (its own reads bounded, e.g. the operator's TenantStorage) as raw bytes under a buffered
+    reader, so lines, peeks and seeks go through its read, never around it."""
+
+    def __init__(self, body: Any) -> None:
+        super().__init__()
+        self._body = body
+        self.size = _size(body)  # what _size reads of the buffered reader over it
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self._body.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+    def seekable(self) -> bool:
+        return bool(getattr(self._body, "seekable", lambda: False)())
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return int(self._body.seek(offset, whence))
+
+    def tell(self) -> int:
+        return int(self._body.tell())
+
+    def close(self) -> None:
+        self._body.close()
+        super().close()
+
+
 @dataclass(frozen=True)
 class _Store:
-    """Where the sources are read from: the endpoint, and another account's credentials when given."""
+    """Where the sources are read from: the endpoint, or the stores `opener` opens (another account's)."""
 
     endpoint: str | None
-    credentials: Mapping[str, str] | None = None
-    region: str | None = None
-    retry: StorageRetry | None = None
+    opener: StoreOpener | None = None
 
     def open(self, source: str) -> IO[bytes]:
         parent, name = split_uri(source)
-        return open_storage(parent, self.endpoint, self.region, self.credentials, self.retry).open_read(name)
+        if self.opener is None:
+            return open_storage(parent, self.endpoint).open_read(name)
+        return io.BufferedReader(_Raw(self.opener(parent).open_read(name)), buffer_size=READ_AHEAD)
 
 
 @dataclass
@@ -203,18 +244,18 @@ def _jsonl(source: str, store: _Store, limit: int | None, bounds: SurveyBounds, 
                 f"read in {index + 1} stretches spread over {size / 1e6:,.1f} MB", thinning.sample())
 
 
-def _parquet(source: str, store: _Store, limit: int | None, bounds: SurveyBounds, bound: RowBound | None,
+def _parquet(source: str, store: _Store, columns: tuple[str, ...], limit: int | None, bounds: SurveyBounds, bound: RowBound | None,
              deadline: Callable[[], bool]) -> tuple[int, bool, str, list[tuple[int, Any]]]:
-    from .parquet_rows import OversizeRow, bounded_rows, open_parquet
+    from ..store.parquet_rows import OversizeRow, bounded_rows
 
-    shards = parquet_shards(source, store.endpoint, store.credentials, store.region, store.retry)
+    shards = parquet_shards(source, store.endpoint, store.opener)
     files = [source] if shards is None else [f"{source.rstrip('/')}/{shard}" for shard in shards]
     thinning_rows: list[tuple[int, Any]] = []
     total = 0
     read_bytes = 0
     for path in files:
         with store.open(path) as handle:
-            parquet = open_parquet(handle)
+            parquet = _parquet_file(path, handle, columns)
             rows = parquet.file.metadata.num_rows
             if read_bytes < bounds.max_bytes and len(thinning_rows) < bounds.sample_rows and not deadline():
                 budget = min(bounds.max_bytes - read_bytes, 32 * 1024 * 1024)
@@ -233,20 +274,18 @@ def _parquet(source: str, store: _Store, limit: int | None, bounds: SurveyBounds
 def survey_source(source: str, fmt: str, endpoint: str | None = None, limit: int | None = None,
                   layout: RowLayout = DEFAULT_LAYOUT, bound: RowBound | None = None,
                   bounds: SurveyBounds = SurveyBounds(),
-                  clock: Callable[[], float] = time.monotonic, credentials: Mapping[str, str] | None = None,
-                  region: str | None = None, retry: StorageRetry | None = None) -> SourceSurvey:
-    """The dataset's rows (its limit applied) and a sample of its prompts, within `bounds`. `credentials` read
-    another account's store (the operator reads a tenant's sources with the tenant's Secret), `retry` bounds how
-    long a failing store is retried (the operator's passes keep it short)."""
+                  clock: Callable[[], float] = time.monotonic, opener: StoreOpener | None = None) -> SourceSurvey:
+    """The dataset's rows (its limit applied) and a sample of its prompts, within `bounds`. `opener` opens the
+    stores the sources are in (the operator's: the tenant's credentials, each call under its deadline)."""
     started = clock()
-    store = _Store(endpoint, credentials, region, retry)
+    store = _Store(endpoint, opener)
 
     def deadline() -> bool:
         return clock() - started >= bounds.seconds
 
     max_line = bound.max_bytes if bound is not None else RowBound.of(None).max_bytes
     if fmt == "parquet":
-        rows, exact, how, raw_rows = _parquet(source, store, limit, bounds, bound, deadline)
+        rows, exact, how, raw_rows = _parquet(source, store, layout.columns(), limit, bounds, bound, deadline)
     else:
         rows, exact, how, raw_rows = _jsonl(source, store, limit, bounds, max_line, deadline)
     if not exact and limit is not None and rows >= limit:
