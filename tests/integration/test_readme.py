@@ -98,6 +98,10 @@ RUN: list[tuple[str, int, str]] = [
     ("tokenmill inspect out/demo --sample fc-0014 --json", EXIT_OK, r"^\[$"),
     ("tokenmill inspect out/demo --dataset B8_sweagent --sample swe-0007", EXIT_OK,
      r"^══ B8_sweagent · sample swe-0007 "),
+    ("tokenmill export out/demo --format vocab out/demo-vocab --draft-vocab-size 512", EXIT_OK,
+     r"^target vocabulary: \d+ "),
+    # my-eval.jsonl holds one of the demo's prompts: the overlap is found, a warning and not a failure.
+    ("tokenmill report out/demo --eval my-eval.jsonl", EXIT_OK, r"^Report verdict: WARN$"),
     # Offline: no store answers (plan must not need one for the models the examples name).
     ("tokenmill plan examples/b5-openthoughts.yaml", EXIT_OK, r"."),
     ("tokenmill plan b5.yaml", EXIT_OK, r"."),
@@ -108,6 +112,8 @@ RUN: list[tuple[str, int, str]] = [
     (f"tokenmill inspect {B5_URI} --random 3 --trust-remote-code", EXIT_OK, r"^══ B5_openthoughts · sample "),
     (f"tokenmill export {B5_URI} --format specforge s3://tokenmill-data/exports/b5/", EXIT_OK,
      r"^dataset +units +written"),
+    (f"tokenmill export {B5_URI} --format vocab s3://tokenmill-data/exports/b5-vocab/ --draft-vocab-size 32000",
+     EXIT_OK, r"^target vocabulary: \d+ "),
     # docs/running.md's own spec: a user's my-spec.yaml (six prompts of the demo model), first on the built-in
     # simulator, then resumed through two servers and a gateway, and once more into S3 (moto for minio).
     ("tokenmill run my-spec.yaml", EXIT_OK, r"^dataset +slots "),
@@ -274,11 +280,13 @@ def servers(fresh: Path, demo_model: Path, s3_endpoint: str) -> Iterator[dict[st
 
 
 def write_user_files(fresh: Path) -> None:
-    """b5.yaml is the README's ten lines; my-spec.yaml a user's own small spec, as docs/running.md assumes one."""
+    """b5.yaml is the README's ten lines; my-spec.yaml a user's own small spec, as docs/running.md assumes one;
+    my-eval.jsonl an evaluation set holding one of the demo's prompts."""
     readme = (REPO / "README.md").read_text()
     (fresh / "b5.yaml").write_text(re.search(r"```yaml\n(.*?)```", readme, flags=re.S).group(1))
     rows = (REPO / "examples" / "prompts" / "function_calling.jsonl").read_bytes().splitlines(keepends=True)[:6]
     (fresh / "mine.jsonl").write_bytes(b"".join(rows))
+    (fresh / "my-eval.jsonl").write_bytes(rows[0])
     (fresh / "my-spec.yaml").write_text(yaml.safe_dump({
         "apiVersion": "tokenmill.io/v1alpha1", "kind": "DatasetGeneration", "metadata": {"name": "mine"},
         "spec": {"model": {"path": "./examples/demo-model"}, "sampling": {"maxNewTokens": 2048},
@@ -316,6 +324,9 @@ def run_documented(command: str, fresh: Path, servers: dict[str, str], monkeypat
             env.setenv("AWS_ENDPOINT_URL_S3", servers["s3"])
         if command == "tokenmill run b5.yaml --server http://gpu-host:30000":
             args = ["run", "b5.yaml", "--server", servers["kimi"]]
+        if args[:2] == ["export", B5_URI] and "vocab" in args:
+            # The Kimi fixture's vocabulary is 2,256 ids (the model's, 163,840): a draft size that fits it.
+            args[args.index("--draft-vocab-size") + 1] = "1024"
         return tokenmill(*args, cwd=fresh)
 
 
