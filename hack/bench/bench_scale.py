@@ -77,9 +77,12 @@ def write_source(path: Path, samples: int) -> None:
                 for i in range(start + 1, min(start + 100_000, samples) + 1)))
 
 
-def build_marker(number: int, lines: range, at: datetime, worker: int) -> tuple[str, bytes]:
-    """A marker as the runner writes it (ledger.build_marker's layout), with plausible lengths."""
+def build_marker(number: int, lines: range, at: datetime, worker: int) -> tuple[str, bytes, str, bytes]:
+    """A marker as the runner writes it (ledger.build_marker's layout), with plausible lengths, and the shard's
+    token-counts file it names (store/token_counts.py: what the report reads instead of the shard)."""
+    from tokenmill_runner.stats.token_freq import ShardCounts
     from tokenmill_runner.store.marker_names import marker_name
+    from tokenmill_runner.store.token_counts import counts_name, encode_counts
 
     rng = np.random.default_rng(number)
     n = len(lines)
@@ -99,8 +102,14 @@ def build_marker(number: int, lines: range, at: datetime, worker: int) -> tuple[
     marker = {"version": 2, "dataset": DATASET, "shard_id": shard_id, "worker": worker,
               "committed_at": at.isoformat(), "data": f"shards/{shard_id}.parquet", "data_bytes": 1,
               "errors": None, "samples": samples,
-              "failed": {"line": [], "sample_index": [], "sample_id": [], "reason": []}}
-    return f"{DATASET}/commits/{marker_name(at, shard_id)}", orjson.dumps(marker)
+              "failed": {"line": [], "sample_index": [], "sample_id": [], "reason": []},
+              "token_counts": counts_name(shard_id)}
+    ids = np.unique(rng.integers(0, 163_840, 256))
+    counts = np.bincount(rng.integers(0, ids.size, int(done.sum())), minlength=ids.size)
+    keep = counts > 0
+    tokens = ShardCounts(ids[keep], counts[keep], rng.integers(0, n, int(keep.sum())))
+    return (f"{DATASET}/commits/{marker_name(at, shard_id)}", orjson.dumps(marker),
+            f"{DATASET}/{counts_name(shard_id)}", encode_counts(DATASET, shard_id, n, tokens))
 
 
 def markers_of(samples: int) -> int:
@@ -120,8 +129,9 @@ def _synth_part(uri: str, endpoint: str | None, samples: int, numbers: list[int]
     def one(number: int) -> None:
         lines = range(number * PER_MARKER + 1, min((number + 1) * PER_MARKER, samples) + 1)
         worker = number % 64
-        key, data = build_marker(number, lines, marker_time(number, total, samples), worker)
+        key, data, counts_key, counts = build_marker(number, lines, marker_time(number, total, samples), worker)
         storage.put(f"{DATASET}/shards/w{worker:03d}-{worker:016x}-{number:06d}.parquet", b"-")
+        storage.put(counts_key, counts)
         storage.put(key, data)
 
     with ThreadPoolExecutor(16) as pool:
@@ -175,7 +185,9 @@ def steady_markers(uri: str, endpoint: str | None, samples: int, at: datetime, t
     def one(i: int) -> None:
         number = first + i % max(total - first, 1)
         lines = range(number * PER_MARKER + 1, min((number + 1) * PER_MARKER, samples) + 1)
-        key, data = build_marker(1_000_000 * tag + number, lines, at + timedelta(milliseconds=i), 63 - i % 64)
+        key, data, counts_key, counts = build_marker(1_000_000 * tag + number, lines, at + timedelta(milliseconds=i),
+                                                     63 - i % 64)
+        storage.put(counts_key, counts)
         storage.put(key, data)
 
     with ThreadPoolExecutor(16) as pool:

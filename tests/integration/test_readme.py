@@ -182,8 +182,10 @@ def fresh(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def demo(fresh: Path) -> subprocess.CompletedProcess[str]:
     """`make demo` with this environment as its venv: the install is taken as done (-o), the rest runs as written."""
     venv = VENV_BIN.parent
+    # As a user's shell runs it: under `make test` the inherited MAKELEVEL would add "make[1]: Entering directory".
+    env = {key: value for key, value in os.environ.items() if key not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
     return subprocess.run(["make", "-o", f"{venv}/.installed-runtime", "-o", f"{venv}/bin/python", "demo",
-                           f"VENV={venv}"], cwd=fresh, capture_output=True, text=True, timeout=600)
+                           f"VENV={venv}"], cwd=fresh, capture_output=True, text=True, timeout=600, env=env)
 
 
 def test_make_demo_passes_and_sglang_counts_reasoning_as_the_demo_does(fresh, demo, tokenizer) -> None:

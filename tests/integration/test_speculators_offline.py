@@ -158,10 +158,11 @@ def test_fp8_states_are_hs_connectors_files_that_speculators_reads_through_its_f
     rows = rows_by_key(storage, "d")
     markers = {m["sample_id"]: m for m in state_markers(storage, "d")}
     pairs = []
-    for key, row in rows.items():
+    for row in rows.values():
         sequence = row["prompt_ids"] + row["output_ids"]
-        pairs.append((str(out / "d" / "hidden_states" / f"{key}.safetensors"), expected(sequence, LAYER_IDS).tolist()))
         marker = markers[row["sample_id"]]
+        # The file is the one its marker names (token-named: store/ownership.py), never one derived from the key.
+        pairs.append((str(out / "d" / marker["file"]), expected(sequence, LAYER_IDS).tolist()))
         fp8, bf16 = (StateShape(len(LAYER_IDS), 1024, "bfloat16", storage) for storage in ("fp8", "bfloat16"))
         assert (marker["dtype"], marker["served_dtype"]) == ("float8_e4m3fn", "bfloat16")
         assert fp8.file_bytes(len(sequence)) - 1024 < marker["bytes"] <= fp8.file_bytes(len(sequence))

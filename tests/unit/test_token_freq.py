@@ -98,6 +98,20 @@ def test_a_counts_file_without_its_marker_is_a_leftover_and_a_sealed_token_s_lat
     assert as_counter(dataset_frequencies(storage, "d")) == only_first
 
 
+def test_a_shard_truncated_on_disk_is_counted_as_gone_and_the_report_still_runs(tmp_path):
+    """A shard whose file is cut to a byte (a disk filled, a hand edit) and whose counts file is gone: the report
+    counts the other shards and runs to its end (before: ArrowInvalid from pyarrow ended `tokenmill report`)."""
+    storage = LocalStorage(tmp_path)
+    rng = np.random.default_rng(7)
+    commit(storage, "d", "w000-aaaa-000001", [row("d", line, rng) for line in range(1, 11)], 1)
+    whole = dataset_frequencies(storage, "d").total
+    cut = commit(storage, "d", "w000-aaaa-000002", [row("d", line, rng) for line in range(11, 21)], 2)
+    storage.delete(f"d/{cut['token_counts']}")
+    storage.put(f"d/{cut['data']}", b"-")
+    assert dataset_frequencies(storage, "d").total == whole
+    assert compute_report(storage).report["datasets"]["d"]["samples"] == 20
+
+
 def top_k(counts: Counter[int], k: int) -> int:
     return int(np.sort(np.fromiter(counts.values(), dtype=np.int64))[::-1][:k].sum())
 

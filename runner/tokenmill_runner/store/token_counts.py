@@ -136,7 +136,13 @@ def counted_shard(dataset: str, marker: dict[str, Any], taken: np.ndarray,
 
 def recount(storage: Storage, shard: CountedShard) -> ShardCounts:
     """Count a shard's rows (those in `shard.rows`) from its data file."""
-    table = pq.read_table(io.BytesIO(storage.get(f"{shard.dataset}/{shard.data}")), columns=COUNTED_COLUMNS)
+    key = f"{shard.dataset}/{shard.data}"
+    try:
+        table = pq.read_table(io.BytesIO(storage.get(key)), columns=COUNTED_COLUMNS)
+    except (pa.ArrowException, OSError) as error:
+        # A truncated or foreign file is a shard nobody can read: counted as one that is gone, not a crash.
+        raise StorageError(f"{storage.uri(key)} is not a readable Parquet shard ({type(error).__name__}: {error})") \
+            from None
     if shard.rows is not None:
         table = table.take(pa.array(shard.rows))
     return count_table(table)
