@@ -228,9 +228,12 @@ def test_tokenmill_run_captures_the_states_and_retry_failed_retries_failed_captu
     assert "0 captured, 0 already committed, 4 failed" in first.stdout
     storage = LocalStorage(out)
     assert captured_keys(storage, "d") == set()
-    # A resume leaves failed captures alone; --retry-failed captures them.
+    # A resume leaves failed captures alone, counted apart from what is committed, and says how to retry them
+    # (f9665d2 called them "already committed" and advised relaunching a server that already had the flags);
+    # --retry-failed captures them.
     again = run_cli(spec, out, sim.url)
-    assert "0 captured, 4 already committed, 0 failed" in again.stdout
+    assert "0 captured, 0 already committed, 0 failed, 4 failed before" in again.stdout
+    assert again.returncode == EXIT_GIVEN_UP and "--retry-failed" in again.stderr, again.stderr[-2000:]
     retried = run_cli(spec, out, sim.url, None, "--retry-failed")
     assert retried.returncode == 0, retried.stderr[-2000:]
     assert "4 captured, 0 already committed, 0 failed" in retried.stdout

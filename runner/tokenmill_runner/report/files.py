@@ -43,30 +43,44 @@ def load_ledger(storage: Storage) -> Ledger:
     return Ledger(storage.root_uri, manifest.model_dump(mode="json", exclude_none=True), datasets)
 
 
-def _add_hidden_states(storage: Storage, ledger: Any, report: dict[str, Any]) -> None:
-    """The hidden-state section and its findings, when the run asked for states (report/hidden_states.py)."""
+def _add_completion(storage: Storage, ledger: Any, report: dict[str, Any]) -> None:
+    """The hidden-state section and its findings, when the run asked for states (report/hidden_states.py), and the
+    run's completion (store/completion.py: every slot settled and every artifact present): a report whose run is not
+    complete never passes."""
     from ..facts.hidden_states import kinds_needed
-    from ..store.hidden_states import KINDS, hidden_state_inputs
-    from .hidden_states import StateRecord, hidden_state_section
+    from ..store.completion import Completion
+    from ..store.hidden_states import KINDS, state_coverage
+    from .hidden_states import hidden_state_section
     from .validation import LEVELS
 
     spec = ledger.run.get("spec") if isinstance(ledger.run, dict) else None
-    if not (isinstance(spec, dict) and spec.get("hiddenStates") is not None):
-        return
-    layouts = spec["hiddenStates"].get("layouts") or []
-    sections = {}
-    for dataset in ledger.datasets:
-        for kind in kinds_needed(list(layouts)):
-            expected, states, failed = hidden_state_inputs(storage, dataset.name, KINDS[kind])
-            records = [StateRecord(*state) for state in states]
-            section, findings = hidden_state_section(dataset.name, expected, records, failed, kind)
-            if kind == "aux":
-                sections[dataset.name] = section
-            else:
-                sections[dataset.name]["final"] = section
-            report["findings"].extend(findings)
-    report["hidden_states"] = sections
-    report["verdict"] = max((f["level"] for f in report["findings"]), key=LEVELS.index, default="fail")
+    states = spec.get("hiddenStates") if isinstance(spec, dict) else None
+    kinds: dict[str, Any] = {}
+    if states is not None:
+        sections: dict[str, Any] = {}
+        for dataset in ledger.datasets:
+            for kind in kinds_needed(list(states.get("layouts") or [])):
+                found, size = state_coverage(storage, dataset.name, KINDS[kind], read_markers=True)
+                kinds[kind] = kinds[kind] + found if kind in kinds else found
+                section, findings = hidden_state_section(dataset.name, found, size)
+                if kind == "aux":
+                    sections[dataset.name] = section
+                else:
+                    sections[dataset.name]["final"] = section
+                report["findings"].extend(findings)
+        report["hidden_states"] = sections
+    overall = report["overall"]
+    unsettled = overall["without_outcome"]
+    if unsettled is None:  # no layout recorded: whether it is complete cannot be told (a finding says why)
+        report["completion"] = None
+    else:
+        completion = Completion(unsettled, overall["given_up"], tuple(kinds.values()))
+        report["completion"] = {"verdict": completion.verdict, "unsettled": completion.unsettled,
+                                "given_up": completion.given_up, "states_missing": completion.states_missing,
+                                "states_failed": completion.states_failed, "message": completion.describe()}
+    verdict = max((f["level"] for f in report["findings"]), key=LEVELS.index, default="fail")
+    complete = report["completion"] is not None and report["completion"]["verdict"] == "complete"
+    report["verdict"] = verdict if complete else "fail"
 
 
 def write_report(storage: Storage) -> tuple[dict[str, Any], list[str]]:
@@ -76,7 +90,7 @@ def write_report(storage: Storage) -> tuple[dict[str, Any], list[str]]:
 
     ledger = load_ledger(storage)
     report = build_report(ledger)
-    _add_hidden_states(storage, ledger, report)
+    _add_completion(storage, ledger, report)
     images = []
     for dataset in ledger.datasets:
         caps = report["datasets"][dataset.name]["truncated"]["caps"]

@@ -1,56 +1,42 @@
 """The report's hidden-state section: coverage (samples with states / committed samples), bytes, and a `fail`
-finding when a sample's states do not have one row per token of its sequence, or samples lack states. Pure."""
+finding when a sample's states do not have one row per token of its sequence, or samples lack states. The counts
+are store/completion.py's (the one definition of done the exit code and the operator read too). Pure."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
-SampleRef = tuple[str, int]  # (sample id, sample index)
+from ..store.completion import StateCoverage
 
 
-@dataclass(frozen=True)
-class StateRecord:
-    sample: SampleRef
-    tokens: int
-    bytes: int
-
-
-def hidden_state_section(dataset: str, expected: dict[SampleRef, int | None], states: Iterable[StateRecord],
-                         failed: int, kind: str = "aux") -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """`expected`: every committed sample and its sequence length (prompt + output tokens; None where the marker
-    cannot tell, a multi-turn conversation). `kind` "final": SpecForge's final-state pass, its own checks."""
+def hidden_state_section(dataset: str, found: StateCoverage, state_bytes: int
+                         ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """`found`: one kind's coverage of the dataset's committed samples; `state_bytes`: their files' bytes. The
+    kind "final" is SpecForge's final-state pass, with its own checks."""
+    kind = found.kind
     check, what = ("hidden_states", "hidden states") if kind == "aux" else ("final_states", "final hidden states")
-    covered: set[SampleRef] = set()
-    total_bytes = 0
-    misaligned: list[str] = []
-    orphans = 0
-    for record in states:
-        if record.sample not in expected:
-            orphans += 1  # a sample the fold no longer counts (e.g. a duplicate): not coverage
-            continue
-        covered.add(record.sample)
-        total_bytes += record.bytes
-        length = expected[record.sample]
-        if length is not None and length != record.tokens:
-            misaligned.append(f"{record.sample[0]} (index {record.sample[1]}): {record.tokens} states for "
-                              f"{length} tokens")
-    samples = len(expected)
-    coverage = len(covered) / samples if samples else None
-    section = {"samples": samples, "with_states": len(covered), "coverage": coverage, "bytes": total_bytes,
-               "failed_captures": failed, "misaligned": len(misaligned), "uncounted": orphans}
+    section = {"samples": found.samples, "with_states": found.captured, "coverage": found.coverage,
+               "bytes": state_bytes, "failed_captures": found.failed, "missing": found.missing,
+               "misaligned": found.misaligned, "uncounted": found.uncounted}
     findings: list[dict[str, Any]] = []
-    if misaligned:
-        findings.append(_finding(f"{check}_length", dataset, len(misaligned),
-                                 f"{dataset}: {len(misaligned)} samples' {what} differ in length from their "
-                                 f"sequence, e.g. {misaligned[0]}; a drafter would train on misaligned features"))
-    if samples and len(covered) < samples:
-        advice = ("rerun with --retry-failed" if kind == "aux" or failed else "run the final-state pass against the "
-                  "server relaunched with --enable-return-hidden-states")
-        findings.append(_finding(f"{check}_coverage", dataset, coverage,
-                                 f"{dataset}: {samples - len(covered)} of {samples} samples have no {what} "
-                                 f"({failed} captures failed); {advice}"))
+    if found.misaligned:
+        findings.append(_finding(f"{check}_length", dataset, found.misaligned,
+                                 f"{dataset}: {found.misaligned} samples' {what} differ in length from their "
+                                 f"sequence, e.g. {found.examples[0]}; a drafter would train on misaligned features "
+                                 "(delete those state markers and run again to capture them anew)"))
+    lacking = found.failed + found.missing
+    if lacking:
+        advice = []
+        if found.failed:
+            advice.append(f"{found.failed} captures failed: rerun with --retry-failed (on a cluster: the retry "
+                          "annotation)")
+        if found.missing:
+            advice.append(f"{found.missing} were never captured: " + (
+                "run again (the capture pass captures what is missing)" if kind == "aux" else
+                "run the final-state pass against the server relaunched with --enable-return-hidden-states"))
+        findings.append(_finding(f"{check}_coverage", dataset, found.coverage,
+                                 f"{dataset}: {lacking} of {found.samples} samples have no {what}; "
+                                 + "; ".join(advice)))
     return section, findings
 
 

@@ -24,7 +24,7 @@ import json
 import os
 import struct
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,9 +34,11 @@ import orjson
 
 from ..facts.hidden_states import SAFETENSORS_DTYPE, StateShape
 from .bounded_get import get_bounded
+from .completion import StateCoverage, coverage
 from .faults import points as fault_points
 from .shards import Fence, put_marker
 from .storage import TMP_MARK, Storage, StorageError
+from .work_split import WHOLE, WorkShare
 
 STATES = "hidden_states"
 STATE_COMMITS = "hidden_commits"
@@ -217,20 +219,24 @@ def state_markers(storage: Storage, dataset: str, kind: StateKind = AUX) -> Iter
         yield marker
 
 
-def committed_samples(storage: Storage, dataset: str, worker: int | None = None
+def committed_samples(storage: Storage, dataset: str, share: WorkShare = WHOLE
                       ) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(sample key, row) of every committed row, once each, in commit order, one shard decoded at a time (those
-    `worker` committed, when given: the workers split the states as they split the samples)."""
+    """(sample key, row) of every committed row `share` owns (work_split.py: by the current worker count, whoever
+    committed it), once each, in commit order, one shard decoded at a time; a shard none of whose samples the share
+    owns (the marker lists them) is not read."""
     from .markers import markers_in_commit_order
     from .shards import decode_rows
 
     seen: set[str] = set()
     for marker in markers_in_commit_order(storage, dataset):
-        if not marker.get("data") or (worker is not None and marker.get("worker") != worker):
+        samples = marker.get("samples") or {}
+        if not marker.get("data") or not any(
+                share.owns(sid, line) for sid, line in zip(samples.get("sample_id") or [], samples.get("line") or [],
+                                                           strict=False)):
             continue
         for row in decode_rows(storage.get(f"{dataset}/{marker['data']}")):
             key = sample_key(row["sample_id"], row.get("sample_index", 0))
-            if key not in seen:
+            if key not in seen and share.owns(row["sample_id"], row.get("line", 0)):
                 seen.add(key)
                 yield key, row
 
@@ -270,21 +276,49 @@ def read_states(storage: Storage, dataset: str, marker: dict[str, Any]) -> tuple
     return token_ids, from_dtype_bytes(raw, marker["dtype"]).reshape(shape)
 
 
-def hidden_state_inputs(storage: Storage, dataset: str, kind: StateKind = AUX
-                        ) -> tuple[dict[tuple[str, int], int | None], list[tuple[tuple[str, int], int, int]], int]:
-    """What the report's hidden-state section reads: every committed sample with its sequence length (from the
-    shard markers; None for a conversation, whose states cover its last turn), the state markers, and the failed
-    captures still recorded: (sample, tokens, bytes) per state marker."""
+SampleRef = tuple[str, int]  # (sample id, sample index)
+
+
+def committed_refs(storage: Storage, dataset: str, share: WorkShare = WHOLE) -> dict[SampleRef, int | None]:
+    """Every committed sample `share` owns (work_split.py) with its sequence length, from the shard markers (None
+    for a conversation, whose states cover its last turn)."""
     from .markers import markers_in_commit_order
 
-    expected: dict[tuple[str, int], int | None] = {}
+    expected: dict[SampleRef, int | None] = {}
     for marker in markers_in_commit_order(storage, dataset):
         samples = marker["samples"]
         turns = samples.get("turn_count") or [None] * len(samples["sample_id"])
-        for sid, index, prompt, completion, turn_count in zip(
-                samples["sample_id"], samples["sample_index"], samples["prompt_tokens"],
+        lines = samples.get("line") or [0] * len(samples["sample_id"])
+        for sid, index, line, prompt, completion, turn_count in zip(
+                samples["sample_id"], samples["sample_index"], lines, samples["prompt_tokens"],
                 samples["completion_tokens"], turns, strict=True):
-            expected[(sid, index)] = None if turn_count is not None else prompt + completion
-    records = [((m["sample_id"], m["sample_index"]), m["tokens"], m["bytes"])
-               for m in state_markers(storage, dataset, kind)]
-    return expected, records, len(failed_keys(storage, dataset, kind))
+            if share.owns(sid, line):
+                expected[(sid, index)] = None if turn_count is not None else prompt + completion
+    return expected
+
+
+def state_coverage(storage: Storage, dataset: str, kind: StateKind = AUX, share: WorkShare = WHOLE,
+                   read_markers: bool = False) -> tuple[StateCoverage, int]:
+    """One kind's states over the committed samples of `dataset` that `share` owns (store/completion.py), and the
+    bytes of their files. `read_markers` reads every state marker (its token count: alignment, and its bytes); else
+    the markers are only listed (the runner's and the operator's check: a capture was aligned when committed)."""
+    expected = committed_refs(storage, dataset, share)
+    by_key = {sample_key(*ref): ref for ref in expected}
+    size = 0
+    states: list[tuple[Hashable, int | None]] = []
+    if read_markers:
+        for marker in state_markers(storage, dataset, kind):
+            ref = (marker["sample_id"], marker["sample_index"])
+            states.append((ref, marker["tokens"]))
+            size += marker["bytes"] if ref in expected else 0
+    else:
+        states = [(by_key.get(key, key), None) for key in captured_keys(storage, dataset, kind)]
+    failed = {by_key.get(key, key) for key in failed_keys(storage, dataset, kind)}
+    found = coverage(kind.name, dict(expected), states, failed, _describe)
+    return found, size
+
+
+def _describe(sample: Hashable) -> str:
+    if isinstance(sample, tuple) and len(sample) == 2:
+        return f"{sample[0]} (index {sample[1]})"
+    return str(sample)
