@@ -277,7 +277,7 @@ async def _states_pass(config: RunnerConfig, runner: Runner, summary: RunSummary
           f"{captured.failed} failed, {captured.failed_before} failed before, {captured.state_bytes} bytes")
     layouts = list(states.layouts)
     done = share_completion(summary, share_coverage(runner.storage, [d.name for d in config.spec.datasets], layouts,
-                                                    config.share))
+                                                    config.share, config.states_pass))
     code = exit_code(summary, done, captured.kind)
     if done.states_failed:
         print(f"hidden states: {done.describe()}; {RETRY_HINT}", file=sys.stderr)

@@ -15,8 +15,11 @@ import orjson
 from kubernetes.client.exceptions import ApiException
 
 from tokenmill_runner.facts.hardware import find
+from tokenmill_runner.facts.hidden_states import kinds_needed
 from tokenmill_runner.spec.resource import ServerSpec
 from tokenmill_runner.store.commit_index import DatasetIndex
+from tokenmill_runner.store.completion import Completion, StateCoverage
+from tokenmill_runner.store.hidden_states import KINDS, state_coverage
 from tokenmill_runner.store.index_store import CHECKPOINT_EVERY, catch_up, load_index, write_checkpoint
 from tokenmill_runner.store.lease_rules import LeaseWatch
 from tokenmill_runner.store.manifest import RunManifest, read_manifest
@@ -315,6 +318,17 @@ def observe_progress(storage: Storage, output: OutputIndex, now: datetime, start
     samples = {name: layout.samples for name, layout in manifest.datasets.items()}
     indexes = output.follow(storage, lines, now, full, stopped, samples)
     return progress_facts(indexes, manifest, now, started, expected_output), manifest
+
+
+def states_completion(storage: Storage, datasets: list[str], layouts: list[str], given_up: int) -> Completion:
+    """What a settled run lacks (store/completion.py): each kind of hidden states the layouts need over every
+    committed sample, the state markers listed (not read: the report reads them), with the given-up samples."""
+    kinds: dict[str, StateCoverage] = {}
+    for kind in kinds_needed(layouts):
+        for dataset in datasets:
+            found, _ = state_coverage(storage, dataset, KINDS[kind])
+            kinds[kind] = kinds[kind] + found if kind in kinds else found
+    return Completion(0, given_up, tuple(kinds.values()))
 
 
 def scrape_replicas(urls: list[list[str]], read: Callable[[str], Scrape | None] = read_metrics) -> list[Scrape | None]:

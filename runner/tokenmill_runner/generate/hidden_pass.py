@@ -142,12 +142,16 @@ async def run_hidden_state_pass(config: RunnerConfig, storage: Storage, client: 
     return total
 
 
-def share_coverage(storage: Storage, datasets: list[str], layouts: Sequence[str], share: WorkShare
-                   ) -> tuple[StateCoverage, ...]:
-    """Each kind of states the spec's layouts need, over the committed samples `share` owns (store/completion.py;
-    the markers listed, not read)."""
+def share_coverage(storage: Storage, datasets: list[str], layouts: Sequence[str], share: WorkShare,
+                   through: ServedKind | None = None) -> tuple[StateCoverage, ...]:
+    """Each kind of states the spec's layouts need (up to `through`, the operator's pass: the passes after it are
+    the operator's to run), over the committed samples `share` owns (store/completion.py; the markers listed, not
+    read)."""
+    needed = kinds_needed(list(layouts))
+    if through is not None:
+        needed = needed[:needed.index(through) + 1]
     kinds: dict[str, StateCoverage] = {}
-    for name in kinds_needed(list(layouts)):
+    for name in needed:
         for dataset in datasets:
             found, _ = state_coverage(storage, dataset, KINDS[name], share)
             kinds[name] = kinds[name] + found if name in kinds else found

@@ -77,7 +77,8 @@ def _add_completion(storage: Storage, ledger: Any, report: dict[str, Any]) -> No
         completion = Completion(unsettled, overall["given_up"], tuple(kinds.values()))
         report["completion"] = {"verdict": completion.verdict, "unsettled": completion.unsettled,
                                 "given_up": completion.given_up, "states_missing": completion.states_missing,
-                                "states_failed": completion.states_failed, "message": completion.describe()}
+                                "states_failed": completion.states_failed, "retryable": completion.retryable,
+                                "message": completion.describe()}
     verdict = max((f["level"] for f in report["findings"]), key=LEVELS.index, default="fail")
     complete = report["completion"] is not None and report["completion"]["verdict"] == "complete"
     report["verdict"] = verdict if complete else "fail"
