@@ -84,14 +84,21 @@ def _add_completion(storage: Storage, ledger: Any, report: dict[str, Any]) -> No
     report["verdict"] = verdict if complete else "fail"
 
 
+def full_report(storage: Storage) -> tuple[dict[str, Any], Ledger]:
+    """The report of what is committed, its hidden states and the run's completion included, and the ledger it was
+    computed from; nothing written."""
+    ledger = load_ledger(storage)
+    report = build_report(ledger)
+    _add_completion(storage, ledger, report)
+    return report, ledger
+
+
 def write_report(storage: Storage) -> tuple[dict[str, Any], list[str]]:
     """Compute the report from the commit markers and write report.json, report.md and one PNG per dataset."""
     from .markdown import render
     from .plots import dataset_png
 
-    ledger = load_ledger(storage)
-    report = build_report(ledger)
-    _add_completion(storage, ledger, report)
+    report, ledger = full_report(storage)
     images = []
     for dataset in ledger.datasets:
         caps = report["datasets"][dataset.name]["truncated"]["caps"]
