@@ -82,9 +82,11 @@ def small_model(folder: Path) -> Path:
 
 
 def listed(out: Path, dataset: str, folder: str) -> set[str]:
-    """The keys of the records in a folder, by a listing (a temporary file of an interrupted write is none)."""
+    """The sample keys the records in a folder name (each record says its sample; a temporary file of an
+    interrupted write is none)."""
     root = out / dataset / folder
-    return {path.name.removesuffix(".json") for path in root.glob("*.json")} if root.is_dir() else set()
+    records = (json.loads(path.read_text()) for path in root.glob("*.json")) if root.is_dir() else iter(())
+    return {sample_key(record["sample_id"], record["sample_index"]) for record in records}
 
 
 class ComposedModel(LifecycleModel):
