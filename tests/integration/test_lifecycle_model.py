@@ -57,7 +57,7 @@ def test_the_lease_s_races_and_edited_sources_as_model_steps_keep_every_invarian
     model._assert_settled("the last run to the end")
 
 
-COMPOSED_BUDGET_S = 120.0  # the seeded draw starts no runner Job after this many seconds
+COMPOSED_BUDGET_S = 90.0  # the seeded draw starts no runner Job after this many seconds
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +125,7 @@ def test_a_seeded_draw_of_workers_passes_and_faults_keeps_the_three_rules(compos
     before = Counter(Counts.steps)
     try:
         case = ComposedModel.TestCase
-        case.settings = settings(max_examples=4, stateful_step_count=6, deadline=None, derandomize=True,
+        case.settings = settings(max_examples=8, stateful_step_count=6, deadline=None, derandomize=True,
                                  suppress_health_check=list(HealthCheck), database=None)
         case().runTest()
     finally:
