@@ -35,14 +35,18 @@ SHAPE = StateShape(len(LAYERS), HIDDEN, "bfloat16")
 CHUNK = 48  # small prefill chunks, so an answer spans several
 
 
-@pytest.fixture
-def sim(demo_model: Path):
+def sim_server(demo_model: Path, **config: Any):
+    """The simulator for these tests: fast, small prefill chunks (an answer spans several), `config` its flags."""
     from tokenmill_sim.config import SimConfig
     from tokenmill_sim.server import SimServer
 
-    config = SimConfig(model_path=str(demo_model), time_scale=5000.0, max_running_requests=32,
-                       enable_return_aux_hidden_states=True, chunked_prefill_size=CHUNK)
-    with SimServer(config) as server:
+    return SimServer(SimConfig(model_path=str(demo_model), time_scale=5000.0, max_running_requests=32,
+                               chunked_prefill_size=CHUNK, **config))
+
+
+@pytest.fixture
+def sim(demo_model: Path):
+    with sim_server(demo_model, enable_return_aux_hidden_states=True) as server:
         yield server
 
 

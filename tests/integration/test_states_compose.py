@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -21,17 +20,9 @@ from tokenmill_runner.store.faults import FAULT_ENV, RELEASE_ENV
 from tokenmill_runner.store.hidden_states import AUX, FINAL, captured_keys, failed_keys
 from tokenmill_runner.store.storage import LocalStorage
 
-from .test_hidden_states import CHUNK, rows_by_key, run_spec
+from .test_hidden_states import rows_by_key, run_spec, sim_server
 
 LINES = 12
-
-
-def sim_server(demo_model: Path, **config: Any):
-    from tokenmill_sim.config import SimConfig
-    from tokenmill_sim.server import SimServer
-
-    return SimServer(SimConfig(model_path=str(demo_model), time_scale=5000.0, max_running_requests=32,
-                               chunked_prefill_size=CHUNK, **config))
 
 
 @pytest.fixture
