@@ -194,11 +194,11 @@ RULES: dict[Path_, list[dict[str, str]]] = {
                               "output.uri must be s3://bucket/prefix/ (a local folder works only with "
                               "`tokenmill run`)"),
                         # spec/resource.py S3_PREFIX_ESCAPE, in RE2.
-                        _rule("!self.matches('/[.][.]?(/|$)') && !self.matches('%2[fFeE]') && "
-                              "!self.contains('\\\\') && !self.matches('[^:/]//')",
-                              "output.uri must not hold '.' or '..' segments, an empty segment ('//') or an encoded "
-                              "slash or dot (%2F, %2E): a store or proxy that normalises keys would write outside "
-                              "the prefix")],
+                        _rule("!self.matches('/[.][.]?(/|$)') && !self.contains('%') && "
+                              "!self.contains('\\\\') && !self.matches('[^:/]//') && !self.matches('[^ -~]')",
+                              "output.uri must not hold '.' or '..' segments, an empty segment ('//'), a '%' (an "
+                              "encoded slash or dot: %2F, %2E) or a character outside printable ASCII: a store or "
+                              "proxy that normalises keys would write outside the prefix")],
     # In a cluster the model is on S3, a PVC or the Hugging Face hub: a local path would name a folder of the
     # operator's own filesystem (model_files.model_files_location never looks at one).
     **{("model", field): [_rule("self.startsWith('s3://') || self.startsWith('pvc://') || "

@@ -56,7 +56,9 @@ def _done(key: Key, result: PassResult | None) -> None:
     events.post(result.body, result.decision.events)
 
 
-SCHEDULER = PassScheduler(_pass, _done)
+# Reconcile threads, and how many of them one namespace's passes may hold at once (passes.FairSlots).
+SCHEDULER = PassScheduler(_pass, _done, int(os.environ.get("TOKENMILL_PASS_WORKERS", "8")),
+                          int(os.environ.get("TOKENMILL_PASSES_PER_NAMESPACE", "2")))
 
 
 def _namespaced(namespace: str | None, name: str) -> str:

@@ -100,7 +100,7 @@ class Kube:
             raise
         return True
 
-    def get(self, api_version: str, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
+    def get(self, api_version: str, kind: str, name: str, namespace: str | None) -> dict[str, Any] | None:
         """The object, None when it does not exist; KubeUnavailable when the API server cannot tell."""
         try:
             return self._resource(api_version, kind).get(name=name, namespace=namespace,

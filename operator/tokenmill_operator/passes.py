@@ -8,6 +8,12 @@ to write. Run inside a handler, it held the finalizer, the StatefulSet (the GPUs
 after `kubectl delete`. Here a handler returns at once; passes run in threads, never two for one resource at once
 (requests that arrive meanwhile are folded into one more pass), and a deleted resource's pass stops at its next
 step (`stopped()`).
+
+The threads serve every tenant. A pass whose tenant's store or pods answer slowly holds its thread until its
+deadline (observe/deadline.py), so threads are handed out fairly (`FairSlots`): round-robin across namespaces, and
+never more than `per_namespace` at once to one namespace, so a slow or hostile tenant delays only its own passes
+(security-f9665d2.md B3: four resources whose endpoint trickled held all four threads, and no other tenant's pass ran
+for minutes).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -25,11 +32,75 @@ Key = tuple[str, str, str]  # namespace, name, uid
 Stopped = Callable[[], bool]
 
 
+WORKERS = 8
+PER_NAMESPACE = 2
+
+
+class FairSlots:
+    """`workers` slots, given out round-robin across the namespaces that wait, at most `per_namespace` at once to
+    one namespace (fewer than all of them, so one namespace never holds every slot)."""
+
+    def __init__(self, workers: int = WORKERS, per_namespace: int = PER_NAMESPACE) -> None:
+        self.workers = max(1, workers)
+        self.per_namespace = max(1, min(per_namespace, self.workers - 1 or 1))
+        self._free = self.workers
+        self._running: Counter[str] = Counter()
+        self._waiting: dict[str, deque[asyncio.Future[None]]] = {}  # in turn order: the next namespace first
+
+    def running(self, namespace: str) -> int:
+        return self._running[namespace]
+
+    async def acquire(self, namespace: str) -> None:
+        if self._free > 0 and self._running[namespace] < self.per_namespace and namespace not in self._waiting:
+            self._take(namespace)
+            return
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(namespace, deque()).append(granted)
+        try:
+            await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():  # granted as it was cancelled: hand it on
+                self.release(namespace)
+            else:
+                queue = self._waiting.get(namespace)
+                if queue is not None and granted in queue:
+                    queue.remove(granted)
+                    if not queue:
+                        del self._waiting[namespace]
+            raise
+
+    def release(self, namespace: str) -> None:
+        self._running[namespace] -= 1
+        if self._running[namespace] <= 0:
+            del self._running[namespace]
+        self._free += 1
+        self._dispatch()
+
+    def _take(self, namespace: str) -> None:
+        self._running[namespace] += 1
+        self._free -= 1
+
+    def _dispatch(self) -> None:
+        while self._free > 0:
+            namespace = next((ns for ns in self._waiting if self._running[ns] < self.per_namespace), None)
+            if namespace is None:
+                return
+            queue = self._waiting.pop(namespace)
+            granted = queue.popleft()
+            if queue:
+                self._waiting[namespace] = queue  # to the back of the turn order
+            if granted.cancelled():
+                continue
+            self._take(namespace)
+            granted.set_result(None)
+
+
 class PassScheduler:
     def __init__(self, run: Callable[[Key, Stopped], Any], done: Callable[[Key, Any], None],
-                 max_workers: int = 4) -> None:
+                 max_workers: int = WORKERS, per_namespace: int = PER_NAMESPACE) -> None:
         self._run, self._done = run, done
-        self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="reconcile")
+        self._slots = FairSlots(max_workers, per_namespace)
+        self._executor = ThreadPoolExecutor(max_workers=self._slots.workers, thread_name_prefix="reconcile")
         self._running: dict[Key, asyncio.Task[None]] = {}
         self._again: set[Key] = set()
         self._deleted: set[str] = set()
@@ -61,6 +132,7 @@ class PassScheduler:
             while True:
                 self._again.discard(key)
                 context = contextvars.copy_context()
+                await self._slots.acquire(key[0])
                 try:
                     result = await loop.run_in_executor(self._executor, context.run, self._run, key,
                                                         self.stopped(key[2]))
@@ -68,6 +140,8 @@ class PassScheduler:
                     logger.exception("reconcile pass of %s/%s failed", key[0], key[1])
                 else:
                     self._done(key, result)
+                finally:
+                    self._slots.release(key[0])
                 if key not in self._again or key[2] in self._deleted:
                     return
         finally:

@@ -20,9 +20,11 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from tokenmill_runner.spec.resource import API_VERSION, KIND, DatasetGenerationSpec
+from tokenmill_runner.store.bounds import OverBound
 from tokenmill_runner.store.capture_progress import read_capture_progress
 from tokenmill_runner.store.lease import read_versioned
 from tokenmill_runner.store.lease_rules import LeaseError
+from tokenmill_runner.store.ledger import MarkerError
 from tokenmill_runner.store.manifest import ManifestError, Owner, RunManifest, read_manifest
 from tokenmill_runner.store.storage import Storage, StorageError
 
@@ -53,7 +55,6 @@ from .decide.planner import PlanError, ServerPlan
 from .decide.planner.verify import (
     CONFIGMAP_NAME,
     pinned_spec,
-    read_constants,
     replan_decision,
     running_layout,
     switch_mode,
@@ -68,6 +69,7 @@ from .decide.trialling import replan_may_switch
 from .faults import crash_point
 from .kube import ChildRefused, Kube, KubeUnavailable
 from .observe import constants as constants_read
+from .observe import deadline
 from .observe.access import OBSERVE_RETRY, storage_for, tenant_credentials
 from .observe.gather import (
     KueueMissing,
@@ -82,6 +84,7 @@ from .observe.gather import (
     observe_server,
     observe_trial,
     observe_window,
+    server_node_products,
     states_completion,
 )
 from .observe.model_files import make_plan
@@ -92,7 +95,9 @@ logger = logging.getLogger(__name__)
 
 # What a pass may meet while reading storage or the API server that says nothing about the run itself. (A
 # programming error is not one of them: it fails the pass loudly instead of reading as ObservationFailed forever.)
-UNOBSERVABLE = (StorageError, KubeUnavailable, OSError, ManifestError)
+# OverBound and MarkerError: a tenant's output past a reader's bounds, or a marker tokenmill never wrote: said in the
+# status (ObservationFailed, naming the object and the bound), the pass ends, and every other resource's go on.
+UNOBSERVABLE = (StorageError, KubeUnavailable, OSError, ManifestError, OverBound, MarkerError)
 
 
 def now_utc() -> datetime:
@@ -128,7 +133,7 @@ def plan_for(context: Context, credentials: dict[str, str] | None,
     try:
         driver = None if context.spec.server.cuda_driver_major else node_driver()
         plan = make_plan(context.spec, credentials, retry=OBSERVE_RETRY, node_driver_major=driver, local=False,
-                         constants=lambda key: read_constants(measured(), key))
+                         constants=lambda key: constants.stored(measured(), context.namespace, key))
     except (PlanError, LookupError, ValueError) as error:
         return Planning(None, error=str(error))
     except Exception as error:  # storage: unreachable, slow, denied or missing; say where and retry
@@ -167,10 +172,14 @@ def _queueing(kube: Kube, context: Context, plan: ServerPlan | None, settings: O
                                  settings.node_cache_root)
     state, current = observe_queue(kube, context.name, context.namespace, in_queue, desired)
     if queue is None:
-        if not state.exists:  # given back: the run is outside Kueue from now on
-            if settings.require_queue:
-                raise QueueRequired(queue_required_message(context.name))
-            return None
+        if not state.exists:
+            # Given back. A run that was queued stays stopped rather than start again outside Kueue, whatever
+            # requireQueue says (security-f9665d2.md W2: removing the label ran it again uncounted).
+            raise QueueRequired(queue_required_message(context.name) if settings.require_queue else
+                                f"DatasetGeneration {context.name} was queued through Kueue (LocalQueue {in_queue}) "
+                                f"and its label was removed: it stays stopped, never runs outside its queue; add "
+                                f"the label {kueue.QUEUE_LABEL}=<LocalQueue> back, or create the run anew to run it "
+                                "without Kueue")
         state = kueue.left(state)
     return Queueing(desired, current, state)
 
@@ -284,8 +293,8 @@ def _window(context: Context, output: OutputIndex, planning: Planning, facts: Fa
     if (plan is None or urls is None or done or job is None or job.finished or job.deleting or job.suspended
             or server is None or not server.is_ready or (trial is not None and trial.phase == "Measuring")):
         return None
-    targets = ([[settings.server_metrics_url]] * plan.replicas if settings.server_metrics_url
-               else _metrics_urls(context, plan))
+    targets = ([[settings.metrics_url_of(context.namespace, context.name)]] * plan.replicas
+               if settings.server_metrics_url else _metrics_urls(context, plan))
     return observe_window(output.window, targets, key, now)
 
 
@@ -381,14 +390,21 @@ def _record_constants(kube: Kube, context: Context, credentials: dict[str, str] 
         return decision
     try:
         stored = constants_read.read_data(kube, namespace)
-        measured = constants_read.measure(context.spec, credentials, plan, window.samples, stored, OBSERVE_RETRY)
+        measured = constants_read.measure(context.spec, credentials, plan, window.samples, stored, OBSERVE_RETRY,
+                                          namespace=context.namespace)
         if measured is None:
             return decision
-        constants_write.write_entry(kube, namespace, measured)
+        evidence = constants.Evidence(
+            image=plan.image or context.spec.server.image, planned_product=plan.gpu_product,
+            node_products=server_node_products(kube, context.name, context.namespace, plan.gpu_vendor),
+            window_s=window.seconds(now_utc()), samples=len(window.samples))
+        refused = constants.promotion_refusal(measured, evidence, settings.trusted_images)
+        keys = constants_write.write_entry(kube, namespace, measured, context.namespace, cluster=refused is None)
     except (*UNOBSERVABLE, PlanError, LookupError, ValueError, ApiException) as error:
         logger.warning("%s/%s: the measured constants were not recorded: %s", context.namespace, context.name, error)
         return decision
-    message = f"{measured.describe()}: kept in ConfigMap {namespace}/{CONFIGMAP_NAME} as {measured.key}"
+    message = (f"{measured.describe()}: kept in ConfigMap {namespace}/{CONFIGMAP_NAME} as {' and '.join(keys)}"
+               + (f" (for this namespace only: {refused})" if refused else ""))
     decision = replace(decision, events=[*decision.events, Event("Normal", "ConstantsMeasured", message)])
     if context.spec.server.replan == "off":
         return decision
@@ -452,7 +468,8 @@ def _trial(context: Context, credentials: dict[str, str] | None, decision: Decis
         if not _trial_measuring(context, decision, observed, candidate):
             return decision
         # One whole-server series: TOKENMILL_SERVER_METRICS_URL, when set, is read once, not once per replica.
-        targets = [[settings.server_metrics_url]] if settings.server_metrics_url else _metrics_urls(context, plan)
+        targets = ([[settings.metrics_url_of(context.namespace, context.name)]] if settings.server_metrics_url
+                   else _metrics_urls(context, plan))
         points = observe_trial(output.trial, targets, (generation, trial.current), observed.now,
                                settings.trial_clock_scale)
         progress = status.progress
@@ -523,7 +540,14 @@ def settled(body: dict[str, Any], previous: DatasetGenerationStatus) -> bool:
 def run_pass(kube: Kube, name: str, namespace: str, uid: str, output: OutputIndex, settings: OperatorSettings,
              stopped: Callable[[], bool] = never) -> PassResult | None:
     """Read the resource afresh (a queued pass never acts on an old copy), reconcile it and write its status.
-    None when it is gone or being deleted."""
+    None when it is gone or being deleted. Its reads of the tenant's store and pods end by the pass's deadline and
+    budget (settings.pass_deadline_s, pass_read_bytes); its own calls to the API server are not cut."""
+    with deadline.pass_scope(settings.pass_deadline_s, f"the pass of {namespace}/{name}", settings.pass_read_bytes):
+        return _run_pass(kube, name, namespace, uid, output, settings, stopped)
+
+
+def _run_pass(kube: Kube, name: str, namespace: str, uid: str, output: OutputIndex, settings: OperatorSettings,
+              stopped: Callable[[], bool]) -> PassResult | None:
     body = kube.get(API_VERSION, KIND, name, namespace)
     if body is None or body["metadata"].get("uid") != uid or body["metadata"].get("deletionTimestamp"):
         return None
@@ -537,10 +561,34 @@ def run_pass(kube: Kube, name: str, namespace: str, uid: str, output: OutputInde
         spec = valid
         if settled(body, previous):
             return PassResult(body, Decision(previous, server_replicas=None), spec)
+        refused = kept_plan_refusal(previous, valid, settings, output)
+        if refused:  # planned anew, as for a new generation; the edited plan is never applied
+            logger.warning("%s/%s: %s; planning anew", namespace, name, refused)
+            previous = previous.model_copy(update={"server_plan": None, "planned_generation": None,
+                                                   "layout_override": None})
         context = Context(body=body, name=name, namespace=namespace,
                           generation=body["metadata"].get("generation", 0), spec=valid, previous=previous)
         decision = reconcile(kube, context, output, settings, stopped)
+        if refused:
+            decision = replace(decision, events=[*decision.events, Event("Warning", "StatusPlanRefused",
+                                                                          f"{refused}: planned anew")])
     if stopped():
         raise PassCancelled
     write_status(kube, body, decision.status)
+    plan = decision.status.server_plan
+    output.plan_grants = policy.plan_grants(plan) if plan is not None else None
     return PassResult(body, decision, spec)
+
+
+def kept_plan_refusal(previous: DatasetGenerationStatus, spec: DatasetGenerationSpec, settings: OperatorSettings,
+                      output: OutputIndex) -> str | None:
+    """Why status.serverPlan may not be kept, or None. It grants an image and GPUs, and status is open to whoever
+    may patch datasetgenerations/status (security-f9665d2.md W1): it must be what this operator last wrote there
+    (once it wrote one since it started) and what the planner could have chosen for the spec under the policy."""
+    plan = previous.server_plan
+    if plan is None:
+        return None
+    if output.plan_grants is not None and policy.plan_grants(plan) != output.plan_grants:
+        return ("status.serverPlan grants another image, GPU or pod layout than this operator last wrote there: the "
+                "status was edited")
+    return policy.plan_refusal(plan, spec, settings.tenant_policy)

@@ -44,7 +44,12 @@ def crd(cluster: Cluster) -> None:
 
 @pytest.fixture(scope="session")
 def s3_world(s3_endpoint: str) -> str:
-    """A model prefix with Kimi-K2.5's config.json and the demo tokenizer, and the B5 prompts."""
+    return seed_b5_world(s3_endpoint)
+
+
+def seed_b5_world(s3_endpoint: str) -> str:
+    """A model prefix with Kimi-K2.5's config.json and the demo tokenizer, and the B5 prompts (also what
+    `make cluster-demo` serves from its S3 server, hack/cluster_demo.py)."""
     s3 = s3_client(s3_endpoint)
     for bucket in ("models", "tokenmill-data"):
         s3.create_bucket(Bucket=bucket)
@@ -175,7 +180,9 @@ def _env_of(cluster: Cluster, namespace: str, container: k8s.V1Container) -> dic
             env[var.name] = var.value
         elif var.value_from and var.value_from.secret_key_ref:
             ref = var.value_from.secret_key_ref
-            env[var.name] = _b64(cluster.core.read_namespaced_secret(ref.name, namespace).data[ref.key])
+            data = cluster.core.read_namespaced_secret(ref.name, namespace).data or {}
+            if ref.key in data or not ref.optional:  # the kubelet leaves out an optional key the Secret lacks
+                env[var.name] = _b64(data[ref.key])
     return env
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 from kubernetes import client as k8s
 
+from tokenmill_operator.decide import cache
+
 from .conftest import HOLD_LABEL, Cluster
 from .operator_kit import (  # noqa: F401  (fixtures)
     NAME,
@@ -118,7 +120,9 @@ def test_node_local_cache_fills_in_the_server_pod_under_the_lock(cluster, namesp
     [fill] = pod.spec.init_containers
     script = fill.command[2]
     assert fill.name == "fill-node-cache" and 'mkdir "$lock"' in script and "aws s3 sync" in script
-    assert f"/models/{namespace}/" in script
+    # The fill mounts only this namespace's folder of the root, as this namespace's own uid (security-f9665d2.md B1).
+    assert [(m.mount_path, m.sub_path) for m in fill.volume_mounts] == [("/models", namespace)]
+    assert fill.security_context.run_as_user == cache.namespace_uid(namespace) and not fill.env_from
     # SGLang (the tenant's image, as root) mounts only this namespace's copy of its own digest, read-only.
     [mount] = [m for m in pod.spec.containers[0].volume_mounts if m.name == "models"]
     assert mount.read_only and mount.sub_path.startswith(f"{namespace}/")

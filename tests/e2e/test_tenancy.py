@@ -44,6 +44,10 @@ OUT_OF_BOUNDS = [
     # accepted on a87e82b (security-a87e82b.md W14)
     ("output.uri", "s3://tokenmill-data/runs/%2e%2e/x/", "must not hold '.' or '..' segments"),
     ("output.uri", "s3://tokenmill-data/runs//x/", "must not hold '.' or '..' segments"),
+    # accepted on f9665d2 (security-f9665d2.md W12): '..' decoded twice, a NUL, '..' under NFKC
+    ("output.uri", "s3://tokenmill-data/runs/%252e%252e/x/", "must not hold '.' or '..' segments"),
+    ("output.uri", "s3://tokenmill-data/runs/x%00/", "must not hold '.' or '..' segments"),
+    ("output.uri", "s3://tokenmill-data/runs/\u2024\u2024/x/", "must not hold '.' or '..' segments"),
     # A local model path would name the operator's own folders (W10); only S3, a PVC or a hub id in a cluster.
     ("model.path", "/etc", "spec.model.path must be s3://bucket/prefix/"),
     ("model.path", "../../proc/self", "spec.model.path must be s3://bucket/prefix/"),

@@ -42,7 +42,7 @@ from tokenmill_operator.decide.states_passes import passes_of
 from tokenmill_operator.decide.status import DatasetGenerationStatus, StatesPass
 from tokenmill_operator.observe.gather import observe_progress, states_completion
 from tokenmill_runner.facts.hidden_states import kinds_needed
-from tokenmill_runner.report.files import full_report
+from tokenmill_runner.report.files import compute_report
 from tokenmill_runner.spec.resource import load_spec_file
 from tokenmill_runner.store.hidden_states import sample_key
 from tokenmill_runner.store.ledger import RETRYABLE_REASONS
@@ -363,7 +363,8 @@ class ComposedModel(LifecycleModel):
     def a_report_that_passes_means_the_run_is_complete(self) -> None:
         if not (self.out / "run.json").exists():
             return
-        report, ledger = full_report(self.storage)
+        computed = compute_report(self.storage)
+        report, ledger = computed.report, computed.ledger
         if report["verdict"] != "fail":
             states = (ledger.run.get("spec") or {}).get("hiddenStates")  # what the run recorded, not the next edit
             lacking = self._lacking(kinds=kinds_needed(list(states.get("layouts") or [])) if states else [],

@@ -3,23 +3,29 @@ verdict the exit code, the report and the operator read."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tokenmill_runner.store.completion import Completion, StateCoverage, combine, coverage
 
-EXPECTED = {("a", 0): 10, ("b", 0): 12, ("c", 0): None, ("d", 0): 8}
+# Committed samples a, b, c, d as sorted 64-bit keys (store/hidden_states.state_key) and their lengths (-1: a
+# conversation, whose length the marker cannot tell).
+A, B, C, D, GONE = 10, 20, 30, 40, 99
+KEYS, LENGTHS = np.array([A, B, C, D], dtype=np.uint64), np.array([10, 12, -1, 8], dtype=np.int64)
 
 
 def test_coverage_counts_each_committed_sample_once_by_what_it_has():
-    found = coverage("aux", EXPECTED, [(("a", 0), 10), (("b", 0), 11), (("c", 0), 99), (("gone", 0), 5)],
-                     failed={("a", 0), ("d", 0), ("other", 0)}, describe=lambda ref: ref[0])
+    states = [("a", A, 10, 100, "bfloat16"), ("b", B, 11, 110, "bfloat16"), ("c", C, 99, 990, "bfloat16"),
+              ("gone", GONE, 5, 50, "bfloat16"), ("a again", A, 10, 100, "bfloat16")]
+    found = coverage("aux", KEYS, LENGTHS, states, failed=np.array([A, D, 77], dtype=np.uint64))
     # a: states (its stale failure record does not count); b: misaligned; c: a conversation, any length; d: failed.
     assert (found.samples, found.captured, found.misaligned, found.failed, found.missing, found.uncounted) == \
         (4, 2, 1, 1, 0, 1)
     assert found.examples == ("b: 11 states for 12 tokens",) and not found.complete
-    # Listed, not read (tokens None): counted as captured.
-    listed = coverage("aux", EXPECTED, [(("a", 0), None), (("b", 0), None)], failed=())
-    assert (listed.captured, listed.missing) == (2, 2)
+    assert (found.state_bytes, found.state_tokens, found.dtypes) == (1200, 120, ("bfloat16",)), "each sample once"
+    # Listed, not read (tokens None): counted as captured, never misaligned.
+    listed = coverage("aux", KEYS, LENGTHS, [("", A, None, 0, ""), ("", B, None, 0, "")], np.empty(0, np.uint64))
+    assert (listed.captured, listed.missing, listed.misaligned) == (2, 2, 0)
 
 
 @pytest.mark.parametrize(("completion", "verdict", "retryable"), [

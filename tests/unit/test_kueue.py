@@ -229,9 +229,11 @@ def _removed_label_context(queue_status):
 def test_removing_the_label_keeps_the_workload_until_the_pods_are_gone():
     # security-a87e82b.md B5: on a87e82b the Workload was deleted in the same pass (reconcile.py:399) while the
     # server kept its GPUs, so Kueue counted them free.
+    import pytest
+
     from tokenmill_operator.act.children import apply_queueing
     from tokenmill_operator.decide.settings import OperatorSettings
-    from tokenmill_operator.reconcile import _queueing
+    from tokenmill_operator.reconcile import QueueRequired, _queueing
 
     admitted = run_workload()
     admitted["status"] = {"conditions": [cond("QuotaReserved"), cond("Admitted")]}
@@ -249,7 +251,10 @@ def test_removing_the_label_keeps_the_workload_until_the_pods_are_gone():
     del kube.objects[("Pod", "b5-server-0")]
     apply_queueing(kube, context, decision, _queueing(kube, context, PLAN, OperatorSettings()), T0)
     assert kube.writes == [("delete", "Workload", "b5-run")]
-    assert _queueing(kube, context, PLAN, OperatorSettings()) is None, "then the run is outside Kueue"
+    # security-f9665d2.md W2: on f9665d2 the run was outside Kueue from then on, and its next pass started it again
+    # uncounted. It stays stopped instead, requireQueue or not, and says how to run it again.
+    with pytest.raises(QueueRequired, match="was queued through Kueue .*kueue.x-k8s.io/queue-name=<LocalQueue>"):
+        _queueing(kube, context, PLAN, OperatorSettings())
 
 
 def test_an_operator_that_requires_a_queue_refuses_a_run_without_one():

@@ -351,7 +351,9 @@ def test_s3_model_is_synced_by_an_init_container():
     assert init["image"] == manifests.DEFAULT_MODEL_SYNC_IMAGE
     assert init["command"][:5] == ["aws", "s3", "sync", "s3://models/kimi-k2.5/", "/models/model"]
     assert flag(init["command"], "--endpoint-url") == "http://minio.storage:9000"
-    assert init["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
+    assert "envFrom" not in init, "only the AWS keys of the Secret, by reference (security-f9665d2.md B1)"
+    assert {e["name"]: e["valueFrom"]["secretKeyRef"]["key"] for e in init["env"] if "valueFrom" in e} == {
+        k: k for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")}
     assert {"name": "models", "mountPath": "/models"} in init["volumeMounts"]
     assert init["securityContext"]["runAsNonRoot"] is True and init["securityContext"]["runAsUser"] != 0
     assert flag(container(sts)["args"], "--model-path") == "/models/model"

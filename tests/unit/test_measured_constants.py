@@ -50,11 +50,19 @@ def window_on(truth: Refit, base: Refit | None = None) -> list[StepSample]:
 
 
 class ConfigMaps:
-    """The API server's ConfigMaps as the operator sees them (create, get, merge patch of data)."""
+    """The API server's ConfigMaps as the operator sees them (create, get, merge patch of data), and the server
+    pods and their nodes (`pods`: pod name -> (node name, the node's GPU product label)) the refit ran on."""
 
-    def __init__(self, forbidden: bool = False) -> None:
-        self.objects: dict[tuple[str, str], dict] = {}
+    def __init__(self, forbidden: bool = False, pods: dict[str, tuple[str, str]] | None = None) -> None:
+        self.objects: dict[tuple[str | None, str], dict] = {}
         self.forbidden = forbidden
+        for pod, (node, product) in (pods or {}).items():
+            self.objects[("pods", pod)] = {"metadata": {"name": pod}, "spec": {"nodeName": node}}
+            self.objects[(None, node)] = {"metadata": {"name": node, "labels": {"nvidia.com/gpu.product": product}}}
+
+    def list(self, api_version: str, kind: str, namespace: str | None, selector: dict) -> list[dict]:
+        assert kind == "Pod" and selector["app.kubernetes.io/component"] == "server"
+        return [obj for (where, _), obj in self.objects.items() if where == "pods"]
 
     def create_if_absent(self, manifest: dict) -> bool:
         key = (manifest["metadata"]["namespace"], manifest["metadata"]["name"])
@@ -63,7 +71,7 @@ class ConfigMaps:
         self.objects[key] = json.loads(json.dumps(manifest))
         return True
 
-    def get(self, api_version: str, kind: str, name: str, namespace: str) -> dict | None:
+    def get(self, api_version: str, kind: str, name: str, namespace: str | None) -> dict | None:
         if self.forbidden:
             raise ApiException(status=403, reason="Forbidden")
         return self.objects.get((namespace, name))
@@ -96,16 +104,18 @@ def test_the_next_plan_on_that_cluster_starts_from_the_measured_constants():
     measured = constants_read.measure(SPEC, None, plan, window_on(TRUTH), {}, read=lambda *_, **__: KIMI)
     assert measured is not None
     kube = ConfigMaps()
-    constants_write.write_entry(kube, "tokenmill-system", measured)
+    assert constants_write.write_entry(kube, "tokenmill-system", measured, "team-a") == [f"ns.team-a.{measured.key}"]
     data = constants_read.read_data(kube, "tokenmill-system")
-    again = plan_with_constants(SPEC, KIMI, constants=lambda key: read_constants(data, key))
+    again = plan_with_constants(SPEC, KIMI, constants=lambda key: constants.stored(data, "team-a", key))
     assert again.measured_constants == measured.key
     expected = plan_server(SPEC, KIMI, calibration=measured.result.calibration(CALIBRATION))
     assert again.prediction == expected.prediction and again.prediction != plan.prediction
-    # Another GPU (another key) keeps the published fit.
+    # Another GPU (another key) keeps the published fit; so does another namespace (security-f9665d2.md B2).
     h200 = SPEC.model_copy(update={"server": SPEC.server.model_copy(update={"gpu_product": "NVIDIA-H200"})})
-    other = plan_with_constants(h200, KIMI, constants=lambda key: read_constants(data, key))
+    other = plan_with_constants(h200, KIMI, constants=lambda key: constants.stored(data, "team-a", key))
     assert other.measured_constants is None
+    elsewhere = plan_with_constants(SPEC, KIMI, constants=lambda key: constants.stored(data, "team-b", key))
+    assert elsewhere.measured_constants is None and elsewhere.prediction == plan.prediction
 
 
 def test_a_plan_that_started_from_measurements_is_refitted_relative_to_them():
@@ -130,12 +140,13 @@ def test_writing_one_key_keeps_the_others_and_the_configmap_is_the_operators():
     kube = ConfigMaps()
     first = constants.Measured("a.pcie.0.5.23.X", TRUTH)
     second = constants.Measured("b.nvlink.0.5.23.Y", replace(TRUTH, collective_scale=1.1))
-    constants_write.write_entry(kube, "ops", first)
-    constants_write.write_entry(kube, "ops", second)
+    constants_write.write_entry(kube, "ops", first, "team-a")
+    constants_write.write_entry(kube, "ops", second, "team-a", cluster=True)
     stored = kube.objects[("ops", CONFIGMAP_NAME)]
-    assert set(stored["data"]) == {first.key, second.key}
+    assert set(stored["data"]) == {f"ns.team-a.{first.key}", f"ns.team-a.{second.key}", f"cluster.{second.key}"}
     assert stored["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "tokenmill-operator"
-    assert read_constants(stored["data"], second.key).collective_scale == pytest.approx(1.1)
+    assert constants.stored(stored["data"], "team-b", second.key).collective_scale == pytest.approx(1.1)
+    assert constants.stored(stored["data"], "team-b", first.key) is None
 
 
 def test_a_configmap_the_operator_may_not_read_or_no_namespace_means_the_published_fit():
@@ -216,3 +227,43 @@ def test_replan_is_suggest_by_default_and_off_or_auto_on_request():
     assert parse_document(document).spec.server.replan == "off"
     document["spec"]["server"]["replan"] = "auto"  # tests/unit/test_replan_auto.py
     assert parse_document(document).spec.server.replan == "auto"
+
+
+# -- Nothing shared is keyed by what a tenant claims (security-f9665d2.md B2) --------------------------------------
+POISON = Refit(expert_speed=1.0, collective_scale=19.9998, dp_scale=1.0, samples=9, error_before=0, error_after=0,
+               fitted=("collectives",))
+HONEST = Refit(expert_speed=1.1, collective_scale=1.3, dp_scale=1.0, samples=40, error_before=0, error_after=0,
+               fitted=("experts", "collectives"))
+TRUSTED = ("lmsysorg/sglang:",)
+
+
+def evidence(**changes) -> constants.Evidence:
+    base = dict(image="lmsysorg/sglang:v0.5.23", planned_product="NVIDIA-H200",
+                node_products=("NVIDIA-H200", "NVIDIA-H200"), window_s=600.0, samples=20)
+    return constants.Evidence(**{**base, **changes})
+
+
+def test_a_trusted_run_on_its_real_hardware_over_a_full_window_may_write_the_cluster_entry():
+    assert constants.promotion_refusal(constants.Measured("k", HONEST), evidence(), TRUSTED) is None
+
+
+@pytest.mark.parametrize(("changes", "trusted", "result", "why"), [
+    ({}, (), HONEST, "no server image is trusted"),  # the default: each namespace learns only from its own runs
+    ({"image": "attacker.example/fake-sglang:1"}, TRUSTED, HONEST, "not among the trusted ones"),
+    ({"node_products": ("NVIDIA-L4",)}, TRUSTED, HONEST, "nodes labelled NVIDIA-L4"),  # B2's nodeSelector
+    ({"node_products": ("NVIDIA-H200", None)}, TRUSTED, HONEST, "not all NVIDIA-H200"),
+    ({"node_products": ()}, TRUSTED, HONEST, "labelled none"),
+    ({"window_s": 599.0}, TRUSTED, HONEST, "under the 600 s"),  # verifyWindowSeconds may be 1
+    ({"samples": 19}, TRUSTED, HONEST, "20 samples"),
+    ({}, TRUSTED, POISON, "collective scale is x20.00"),  # B2's entry
+    ({}, TRUSTED, replace(HONEST, expert_speed=2.01), "expert speed is x2.01"),
+    ({}, TRUSTED, replace(HONEST, dp_scale=0.49), "DP attention overhead is x0.49"),
+])
+def test_a_cluster_entry_is_refused_past_each_bound(changes, trusted, result, why):
+    refused = constants.promotion_refusal(constants.Measured("k", result), evidence(**changes), trusted)
+    assert refused is not None and why in refused
+
+
+def test_the_band_holds_at_its_edges():
+    for edge in (replace(HONEST, expert_speed=2.0), replace(HONEST, dp_scale=0.5)):
+        assert constants.promotion_refusal(constants.Measured("k", edge), evidence(), TRUSTED) is None

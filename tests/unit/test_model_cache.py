@@ -74,6 +74,7 @@ def test_shared_volume_pods_mount_the_filled_claim_read_only_and_check_its_marke
                                                                   "readOnly": True}}
     [check] = pod["initContainers"]
     assert check["name"] == "verify-model-cache" and digest in check["command"][2]
+    assert check["securityContext"]["runAsNonRoot"] and check["securityContext"]["runAsUser"] == cache.SYNC_UID  # W8
     sglang = pod["containers"][0]
     assert sglang["args"][sglang["args"].index("--model-path") + 1] == f"/models/{digest}/model"
     assert {"name": "models", "mountPath": "/models", "readOnly": True} in sglang["volumeMounts"]
@@ -86,8 +87,17 @@ def test_node_local_pods_fill_their_node_folder_then_read_it_only():
     assert models["hostPath"] == {"path": cache.DEFAULT_NODE_ROOT, "type": "DirectoryOrCreate"}
     [fill] = pod["initContainers"]
     assert fill["name"] == "fill-node-cache" and "aws s3 sync" in fill["command"][2]
-    assert f"/models/team-a/{digest}/model" in fill["command"][2]
-    assert fill["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
+    assert f"/models/{digest}/model" in fill["command"][2]
+    # security-f9665d2.md B1: the fill had the tenant's whole Secret as its environment (AWS_CONFIG_FILE named a
+    # plugin the CLI loaded) and the whole node root mounted writable, as one uid for every namespace.
+    assert "envFrom" not in fill
+    assert {e["name"]: e.get("value") or e["valueFrom"]["secretKeyRef"] for e in fill["env"]} == {
+        "HOME": "/tmp", "AWS_CONFIG_FILE": "/dev/null", "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+        "AWS_ACCESS_KEY_ID": {"name": "s3-creds", "key": "AWS_ACCESS_KEY_ID"},
+        "AWS_SECRET_ACCESS_KEY": {"name": "s3-creds", "key": "AWS_SECRET_ACCESS_KEY"},
+        "AWS_SESSION_TOKEN": {"name": "s3-creds", "key": "AWS_SESSION_TOKEN", "optional": True}}
+    assert fill["volumeMounts"] == [{"name": "models", "mountPath": "/models", "subPath": "team-a"}]
+    assert fill["securityContext"]["runAsUser"] == cache.namespace_uid("team-a") != cache.SYNC_UID
     # The tenant's image sees its own namespace's copy of its own digest, read-only, and nothing else of the node.
     sglang = pod["containers"][0]
     assert [m for m in sglang["volumeMounts"] if m["name"] == "models"] == [
@@ -115,11 +125,15 @@ def test_the_node_local_root_is_the_operators_setting_not_the_tenants():
 
 def test_namespaces_never_share_a_node_local_copy():
     s = spec({"mode": "nodeLocal"})
-    mounts = {}
+    mounts, fills, uids = {}, {}, {}
     for namespace in ("team-a", "team-b"):
         pod = manifests.server_statefulset("b5", namespace, OWNER, s, PLAN)["spec"]["template"]["spec"]
         [mounts[namespace]] = [m["subPath"] for m in pod["containers"][0]["volumeMounts"] if m["name"] == "models"]
+        [fill] = pod["initContainers"]
+        [fills[namespace]] = [m["subPath"] for m in fill["volumeMounts"]]
+        uids[namespace] = fill["securityContext"]["runAsUser"]
     assert mounts["team-a"].startswith("team-a/") and mounts["team-b"].startswith("team-b/")
+    assert fills == {"team-a": "team-a", "team-b": "team-b"} and uids["team-a"] != uids["team-b"]
 
 
 def test_one_claim_and_one_fill_job_per_digest_without_owner():
@@ -144,7 +158,7 @@ def fake_aws(tmp_path: Path) -> dict[str, str]:
     bin_dir.mkdir()
     aws = bin_dir / "aws"
     aws.write_text('#!/bin/sh\necho "$4" >> "$COPIES"\nsleep "${FAKE_SLEEP:-0.3}"\n'
-                   'echo weights > "$5/model.safetensors"\nexit "${FAKE_EXIT:-0}"\n')
+                   'echo weights > "$4/model.safetensors"\nexit "${FAKE_EXIT:-0}"\n')
     aws.chmod(0o755)
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "COPIES": str(tmp_path / "copies")}
 
@@ -213,8 +227,31 @@ def test_the_server_refuses_a_volume_without_the_marker(tmp_path):
     refused = subprocess.run(["sh", "-c", script], capture_output=True, text=True)
     assert refused.returncode == 1 and "refusing to serve a half-filled copy" in refused.stderr
     (tmp_path / DIGEST).mkdir()
-    (tmp_path / DIGEST / cache.MARKER).write_text(DIGEST)
-    assert subprocess.run(["sh", "-c", script]).returncode == 0
+    (tmp_path / DIGEST / cache.MARKER).write_text(DIGEST)  # a marker alone, with no recorded content, is not enough
+    assert subprocess.run(["sh", "-c", script], capture_output=True).returncode == 1
+
+
+def test_a_copy_changed_after_its_fill_is_refused_by_the_content_it_recorded(tmp_path, fake_aws):
+    # security-f9665d2.md B1: another namespace's fill rewrote team-b's weights and planted files, and team-b's
+    # check, which read only the marker, still passed.
+    root = tmp_path / "nvme"
+    assert fill(root, fake_aws).wait(timeout=30) == 0
+    verify = cache.verify_script(str(root), DIGEST, cache.fill_job_name(DIGEST))
+    assert subprocess.run(["sh", "-c", verify]).returncode == 0
+    assert fill(root, fake_aws).wait(timeout=30) == 0 and copies(fake_aws) == 1  # the next pod checks, no copy
+    weights = root / DIGEST / "model" / "model.safetensors"
+    original = weights.read_bytes()
+    for tamper, undo in ((lambda: weights.write_bytes(original.upper()), lambda: weights.write_bytes(original)),
+                         (lambda: (root / DIGEST / "model" / "evil.py").write_text("import os\n"),
+                          lambda: (root / DIGEST / "model" / "evil.py").unlink()),
+                         (lambda: weights.unlink(), lambda: weights.write_bytes(original))):
+        tamper()
+        for script in (["sh", "-c", verify], None):
+            done = (subprocess.run(script, capture_output=True, text=True) if script else
+                    subprocess.CompletedProcess([], fill(root, fake_aws).wait(timeout=30), "", ""))
+            assert done.returncode == 1, tamper
+        undo()
+    assert subprocess.run(["sh", "-c", verify]).returncode == 0
 
 
 # --------------------------------------------------------------------------- the fill as the pod's user (uid 65532)
@@ -239,16 +276,26 @@ def node_disk():
     shutil.rmtree(top)
 
 
-def as_pod_user(script: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
-    """sh running the script as the fill container does: uid and gid SYNC_UID, no capability."""
-    return subprocess.run(["setpriv", f"--reuid={cache.SYNC_UID}", f"--regid={cache.SYNC_UID}", "--clear-groups",
-                           "sh", "-c", script], env=env, capture_output=True, text=True, timeout=timeout)
+def pod_user(namespace: str) -> list[str]:
+    """setpriv as the fill container of `namespace` runs: its namespace's uid, gid SYNC_UID, no capability."""
+    return ["setpriv", f"--reuid={cache.namespace_uid(namespace)}", f"--regid={cache.SYNC_UID}", "--clear-groups"]
+
+
+def as_pod_user(script: str, env: dict[str, str], namespace: str = "team-a",
+                timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([*pod_user(namespace), "sh", "-c", script], env=env, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def node_fill(root: Path, namespace: str, wait_s: int = cache.LOCK_WAIT_FLOOR_S) -> str:
-    """The script a server pod of `namespace` runs, rendered by the operator, with the node's root at `root`."""
+    """The script a server pod of `namespace` runs, rendered by the operator, with the node's root at `root`: its
+    subPath mount is `root/namespace`, which the kubelet makes (root's, with the root's mode) when it is missing."""
     node = cache.NodeCache(str(root), namespace, wait_s)
-    _, _, _, [fill] = cache.node_local_server_files(spec({"mode": "nodeLocal"}), node, DIGEST, str(root), "models")
+    folder = root / namespace
+    if not folder.exists():
+        folder.mkdir()
+        folder.chmod(root.stat().st_mode & 0o7777)
+    _, _, _, [fill] = cache.node_local_server_files(spec({"mode": "nodeLocal"}), node, DIGEST, str(folder), "models")
     return fill["command"][2].replace("sleep 5", "sleep 1")
 
 
@@ -256,9 +303,9 @@ def test_a_fill_never_skips_its_own_namespaces_credential_check(node_disk):
     top, env = node_disk
     root = top / "nvme"
     root.mkdir()
-    os.chown(root, cache.SYNC_UID, cache.SYNC_UID)  # as docs/cluster.md tells the administrator
+    root.chmod(0o1777)  # as docs/cluster.md tells the administrator: every namespace's fill may make its folder
     # Tenant B fills the digest with B's Secret; tenant A names the same weights with A's own Secret, which S3 refuses.
-    assert as_pod_user(node_fill(root, "team-b"), env).returncode == 0
+    assert as_pod_user(node_fill(root, "team-b"), env, "team-b").returncode == 0
     assert (root / "team-b" / DIGEST / cache.MARKER).read_text() == DIGEST
     tenant_a = as_pod_user(node_fill(root, "team-a"), {**env, "FAKE_EXIT": "1"})
     assert tenant_a.returncode == 1 and "AccessDenied" in tenant_a.stderr  # main found B's marker and exited 0
@@ -272,7 +319,8 @@ def test_a_fill_that_cannot_take_its_lock_fails_at_once_saying_why(node_disk):
     root.mkdir(mode=0o755)  # what hostPath DirectoryOrCreate makes: root's, 0755
     refused = as_pod_user(node_fill(root, "team-a"), env, timeout=30)  # main waited here for ever, silently
     assert refused.returncode == cache.LOCK_FAILED_EXIT
-    assert f"cannot take the model cache lock {root}/team-a/{DIGEST}.lock as uid {cache.SYNC_UID}" in refused.stderr
+    uid = cache.namespace_uid("team-a")
+    assert f"cannot take the model cache lock {root}/team-a/{DIGEST}.lock as uid {uid}" in refused.stderr
     assert "root:root 755" in refused.stderr and "writable by this user" in refused.stderr
 
 
@@ -281,9 +329,8 @@ def test_a_fill_waits_for_another_pods_copy_only_within_its_bound(node_disk):
     root = top / "nvme"
     (root / "team-a" / f"{DIGEST}.lock").mkdir(parents=True)  # another pod's, refreshed below as its heartbeat does
     for folder in (root, root / "team-a", root / "team-a" / f"{DIGEST}.lock"):
-        os.chown(folder, cache.SYNC_UID, cache.SYNC_UID)
-    waiter = subprocess.Popen(["setpriv", f"--reuid={cache.SYNC_UID}", f"--regid={cache.SYNC_UID}",
-                               "--clear-groups", "sh", "-c", node_fill(root, "team-a", wait_s=2)], env=env,
+        os.chown(folder, cache.namespace_uid("team-a"), cache.SYNC_UID)
+    waiter = subprocess.Popen([*pod_user("team-a"), "sh", "-c", node_fill(root, "team-a", wait_s=2)], env=env,
                               stderr=subprocess.PIPE, text=True)
     while waiter.poll() is None:
         os.utime(root / "team-a" / f"{DIGEST}.lock")
@@ -321,3 +368,64 @@ def test_the_operator_ends_the_run_when_a_fill_cannot_take_its_lock_and_gives_th
     # Another exit (an S3 error the next try may not meet) is not the lock's verdict: the kubelet retries it.
     pod["status"]["initContainerStatuses"][0]["lastState"]["terminated"]["exitCode"] = 1
     assert pod_problem(pod) is None
+
+
+def kubelet_env(container: dict, secret: dict[str, str]) -> dict[str, str]:
+    """The environment the kubelet gives `container` from the tenant's Secret: envFrom takes every key, an env entry
+    (a value, or one key by secretKeyRef; an optional one the Secret lacks is left out) sets or overrides one."""
+    env = {}
+    for source in container.get("envFrom", []):
+        if "secretRef" in source:
+            env.update(secret)
+    for var in container.get("env", []):
+        if "value" in var:
+            env[var["name"]] = var["value"]
+        elif (ref := var["valueFrom"]["secretKeyRef"])["key"] in secret:
+            env[var["name"]] = secret[ref["key"]]
+        else:
+            assert ref.get("optional"), f"{var['name']}: a required key the Secret lacks"
+    return env
+
+
+# aws-cli's start-up as it concerns plugins (v2 awscli/clidriver.py create_clidriver -> awscli/plugin.py
+# load_plugins; v1 the same without cli_legacy_plugin_path): the [plugins] of $AWS_CONFIG_FILE are imported, from
+# cli_legacy_plugin_path or PYTHONPATH. Then the copy, as the fake aws above does it.
+AWS_STAND_IN = '''#!/usr/bin/env python3
+import configparser, importlib, os, sys
+config = configparser.ConfigParser()
+config.read(os.environ.get("AWS_CONFIG_FILE") or os.path.expanduser("~/.aws/config"))
+if config.has_section("plugins"):
+    plugins = dict(config.items("plugins"))
+    if "cli_legacy_plugin_path" in plugins:
+        sys.path.append(plugins.pop("cli_legacy_plugin_path"))
+    for module in plugins.values():
+        importlib.import_module(module)
+open(os.path.join(sys.argv[4], "model.safetensors"), "w").write("weights")
+'''
+
+
+def test_the_fill_runs_no_code_the_tenants_secret_or_copy_names(tmp_path):
+    # security-f9665d2.md B1: a Secret holding AWS_CONFIG_FILE pointed at a config file of the tenant's own earlier
+    # copy, whose [plugins] made aws-cli import the tenant's module inside the fill.
+    evil = tmp_path / "team-a-copy"
+    evil.mkdir()
+    (evil / "evil.py").write_text(f"open({str(tmp_path / 'PWNED')!r}, 'w').write('tenant code ran in the fill')\n")
+    (evil / "evil.cfg").write_text(f"[plugins]\ncli_legacy_plugin_path = {evil}\nevil = evil\n")
+    secret = {"AWS_ACCESS_KEY_ID": "AKIATENANT", "AWS_SECRET_ACCESS_KEY": "secret",
+              "AWS_CONFIG_FILE": str(evil / "evil.cfg"), "PYTHONPATH": str(evil)}
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "aws").write_text(AWS_STAND_IN)
+    (bin_dir / "aws").chmod(0o755)
+    root = tmp_path / "nvme"
+    root.mkdir()
+    node = cache.NodeCache(str(root), "team-a")
+    _, _, _, [fill_container] = cache.node_local_server_files(spec({"mode": "nodeLocal"}), node, DIGEST, str(root),
+                                                              "models")
+    env = {**kubelet_env(fill_container, secret), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    assert env["AWS_CONFIG_FILE"] == "/dev/null" and "PYTHONPATH" not in env
+    with (tmp_path / "stderr").open("w") as stderr:  # a file: the heartbeat's sleep would hold a pipe open
+        done = subprocess.run(fill_container["command"], env=env, stdout=subprocess.DEVNULL, stderr=stderr, timeout=60)
+    assert done.returncode == 0, (tmp_path / "stderr").read_text()
+    assert not (tmp_path / "PWNED").exists(), "the tenant's plugin ran inside the fill"
+    assert (root / DIGEST / cache.MARKER).read_text() == DIGEST

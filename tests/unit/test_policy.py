@@ -4,6 +4,8 @@ buckets and endpoints; images and Secrets limited when a list is set (docs/secur
 from __future__ import annotations
 
 import base64
+import json
+from pathlib import Path
 
 import pytest
 
@@ -142,3 +144,47 @@ def test_the_operators_log_keeps_credential_libraries_quiet_and_redacts_signatur
                                "Authorization": "AWS4-HMAC-SHA256 Credential=AKIATEAMB/2026"},), None)
     handler.filters[0].filter(record)
     assert "TOKEN-abc" not in record.getMessage() and "AKIATEAMB" not in record.getMessage()
+
+
+def server_spec(**server):
+    document = {"apiVersion": "tokenmill.io/v1alpha1", "kind": "DatasetGeneration", "metadata": {"name": "t"},
+                "spec": {"model": {"path": "s3://models/kimi/"}, "server": server,
+                         "datasets": [{"name": "a", "source": "s3://p/a.jsonl"}],
+                         "output": {"uri": "s3://b/o/", "credentialsSecret": "s3"}}}
+    return parse_document(document).spec
+
+
+def test_a_node_selector_naming_another_gpu_than_gpu_product_is_refused():
+    # security-f9665d2.md B2: gpuProduct NVIDIA-H200 with nodeSelector nvidia.com/gpu.product NVIDIA-L4 measured an
+    # L4 and kept it as the H200's constants.
+    lying = refusal(server_spec(gpuProduct="NVIDIA-H200", nodeSelector={"nvidia.com/gpu.product": "NVIDIA-L4"}),
+                    TenantPolicy())
+    assert lying and "nvidia.com/gpu.product='NVIDIA-L4'" in lying and "'NVIDIA-H200'" in lying
+    unnamed = refusal(server_spec(nodeSelector={"amd.com/gpu.product-name": "AMD_Instinct_MI300X_OAM"}),
+                      TenantPolicy())
+    assert unnamed and "spec.server.gpuProduct says None" in unnamed
+    same = server_spec(gpuProduct="NVIDIA-H200", nodeSelector={"nvidia.com/gpu.product": "NVIDIA-H200", "pool": "a"})
+    assert refusal(same, TenantPolicy()) is None
+    assert refusal(server_spec(gpuProduct="NVIDIA-H200", nodeSelector={"pool": "gpu"}), TenantPolicy()) is None
+
+
+def test_a_plan_read_back_from_status_is_held_to_the_spec_and_the_policy():
+    # security-f9665d2.md W1: a status patch setting serverPlan.image=attacker.example/evil:1 and replicas=64 was
+    # applied as the StatefulSet's image and replicas.
+    from tokenmill_operator.decide.planner import model_facts, plan_server
+    from tokenmill_operator.decide.policy import plan_refusal
+
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "models" / "kimi-k2.5.json"
+    data = json.loads(fixture.read_text())
+    spec_ = server_spec(gpuProduct="NVIDIA-H200", replicas=1)
+    plan = plan_server(spec_, model_facts(data["config"], data["weight_bytes"]))
+    allowed = TenantPolicy(allowed_images=("lmsysorg/sglang:",))
+    assert plan_refusal(plan, spec_, allowed) is None
+    for change, why in (({"image": "attacker.example/evil:1"}, "neither spec.server.image"),
+                        ({"replicas": 64}, "replicas 64, and spec.server.replicas is 1"),
+                        ({"gpus_per_node": 16}, "gpusPerNode 16 is over"),
+                        ({"gpu_product": "NVIDIA-B200"}, "gpuProduct 'NVIDIA-B200'")):
+        refused = plan_refusal(plan.model_copy(update=change), spec_, allowed)
+        assert refused and why in refused, change
+    only = TenantPolicy(allowed_images=("ghcr.io/tokenmill/",))
+    assert "not among the images" in plan_refusal(plan, spec_, only)

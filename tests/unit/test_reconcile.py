@@ -159,12 +159,15 @@ def test_a_plan_starts_from_the_clusters_measured_constants_read_from_the_operat
     assert published.plan is not None and published.plan.measured_constants is None
     key = "NVIDIA-H200.nvlink.0.5.23.KimiK25ForConditionalGeneration"
     slow = Refit(0.7, 3.0, 1.0, samples=40, error_before=0.3, error_after=0.01, fitted=("experts", "collectives"))
-    measured = plan_for(model_files.context(1), None, measured=lambda: {key: constants_entry(slow)})
-    assert measured.plan is not None and measured.plan.measured_constants == key
-    assert measured.plan.prediction.eta_seconds > published.plan.prediction.eta_seconds
-    # Entries of other hardware are not this plan's.
-    other = plan_for(model_files.context(1), None, measured=lambda: {"NVIDIA-H100.nvlink.x.y": constants_entry(slow)})
-    assert other.plan.measured_constants is None
+    for entry in (f"cluster.{key}", f"ns.ns.{key}"):  # the trusted cluster-wide entry, or the namespace's own
+        measured = plan_for(model_files.context(1), None, measured=lambda entry=entry: {entry: constants_entry(slow)})
+        assert measured.plan is not None and measured.plan.measured_constants == key
+        assert measured.plan.prediction.eta_seconds > published.plan.prediction.eta_seconds
+    # Entries of other hardware are not this plan's; another namespace's are not this namespace's (B2); the bare
+    # key of f9665d2, which any tenant could write, is read by no one.
+    for entry in ("cluster.NVIDIA-H100.nvlink.x.y", f"ns.team-b.{key}", key):
+        other = plan_for(model_files.context(1), None, measured=lambda entry=entry: {entry: constants_entry(slow)})
+        assert other.plan.measured_constants is None, entry
 
 
 def test_a_checked_plan_keeps_its_refitted_constants_and_says_whether_another_layout_wins(model_files: ModelFiles):
@@ -199,11 +202,18 @@ def test_a_checked_plan_keeps_its_refitted_constants_and_says_whether_another_la
     after = _record_constants(kube, context_, None, decision, WindowFacts(now, samples, 0, 0.0),
                               OperatorSettings(operator_namespace="tokenmill-system"))
     stored = kube.objects[("tokenmill-system", CONFIGMAP_NAME)]["data"]
-    (key,) = stored
-    assert key == f"NVIDIA-H200.{plan.interconnect}.{plan.sglang_version}.KimiK25ForConditionalGeneration"
+    (key,) = stored  # this namespace's only: no image is trusted for the cluster's (B2)
+    assert key == f"ns.ns.NVIDIA-H200.{plan.interconnect}.{plan.sglang_version}.KimiK25ForConditionalGeneration"
     assert read_constants(stored, key).collective_scale == pytest.approx(2.0, rel=0.1)
     measured = [e for e in after.events if e.reason == "ConstantsMeasured"]
     assert len(measured) == 1 and f"ConfigMap tokenmill-system/{CONFIGMAP_NAME}" in measured[0].message
+    assert "for this namespace only: no server image is trusted" in measured[0].message
+    # A trusted image whose pods ran on L4 nodes writes nothing for the cluster either: the nodes are read.
+    on_l4 = ConfigMaps(pods={"r-server-0": ("gpu-l4-0", "NVIDIA-L4")})
+    trusting = OperatorSettings(operator_namespace="ops", trusted_images=("lmsysorg/sglang:",))
+    l4 = _record_constants(on_l4, context_, None, decision, WindowFacts(now, samples, 0, 0.0), trusting)
+    assert list(on_l4.objects[("ops", CONFIGMAP_NAME)]["data"]) == [key]
+    assert "nodes labelled NVIDIA-L4" in next(e for e in l4.events if e.reason == "ConstantsMeasured").message
     replan = next(c for c in after.status.conditions if c.type == "ReplanSuggested")
     assert replan.reason in ("FasterLayoutMeasured", "CurrentLayoutFastest") and "h" in replan.message
     # replan: off keeps the constants and suggests nothing; no operator namespace: nothing is written at all.

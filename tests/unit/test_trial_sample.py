@@ -159,6 +159,9 @@ def plan_spec():
     ('{"seed": "1", "candidate": 0, "candidates": 3, "prompts": 10, "extra": 1}', "extra"),
     ("not json", "JSON"),
     ('{"seed": "' + "x" * 70_000 + '"}', "over the 65,536 allowed"),
+    # security-f9665d2.md W7: accepted on f9665d2, then `first_lines` failed converting NaN to an integer.
+    *((f'{{"seed": "1", "candidate": 0, "candidates": 1, "prompts": 1, "outputTokens": {{"B1": {value}}}}}',
+       "outputTokens") for value in ("NaN", "Infinity", "1e308", "16777217", "-1")),
 ])
 def test_a_malformed_trial_sample_is_refused_on_the_command_line_naming_what(text: str, says: str, capsys):
     with pytest.raises(SystemExit) as exited:

@@ -9,14 +9,23 @@ per pod, per restart, per replica). With one, a copy is made once per model dige
   server pod checks the digest marker in an init container, so a half-filled volume is never served.
 * nodeLocal: a host folder per namespace and digest on each node (`<root>/<namespace>/<digest>`, the root being the
   administrator's operator setting, never the tenant's), filled by the first server pod of that namespace that lands
-  there while the others wait on a lock, and checked against the marker before SGLang starts. The fill container
-  (the operator's aws-cli image and script) mounts the root; SGLang's container, which runs the tenant's image as
-  root, mounts only its own digest's folder (a subPath), so it never sees another namespace's weights. A namespace
-  never reuses another's copy: each fills its own with its own Secret, so S3 checks every tenant's credentials.
+  there while the others wait on a lock, and checked before SGLang starts. The fill container (the operator's aws-cli
+  image and script) mounts only its namespace's folder (a subPath) and runs as that namespace's own user
+  (`namespace_uid`); SGLang's container, which runs the tenant's image as root, mounts only its own digest's folder,
+  read-only, so neither sees another namespace's weights. A namespace never reuses another's copy: each fills its
+  own with its own Secret, so S3 checks every tenant's credentials.
 
-The marker (`<digest>/.tokenmill-digest`) is written, by rename, only after `aws s3 sync` exited 0, and removed
-before a copy starts: a folder without it is incomplete whatever it holds. `aws s3 sync` skips the files already
-copied, so a failed fill is retried (the Job's next pod, or the next server pod) without starting over.
+The fill gets nothing it does not need (security-f9665d2.md B1: a tenant's Secret as its whole environment set
+AWS_CONFIG_FILE to a file whose aws-cli plugin ran the tenant's code there, with every namespace's folder mounted
+writable): the three AWS keys by secretKeyRef, never the Secret's other keys, and the CLI's config files pointed at
+/dev/null.
+
+When `aws s3 sync` exited 0 the fill records a content hash (`<digest>/.tokenmill-content`: sha256 of every file,
+by name), then the marker (`<digest>/.tokenmill-digest`), by rename; the marker is removed before a copy starts, so a
+folder without it is incomplete whatever it holds. Before SGLang starts, the copy is checked against the recorded
+hash: every file listed and unchanged, none added (this reads the weights once more at every pod start). `aws s3
+sync` skips the files already copied, so a failed fill is retried (the Job's next pod, or the next server pod)
+without starting over.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ from . import names
 # aws-cli image of the copy; pinned (not `latest`) so a restarted pod runs the same copier. Its entrypoint is `aws`.
 AWS_CLI_IMAGE = "amazon/aws-cli:2.27.0"
 MARKER = ".tokenmill-digest"
+CONTENT = ".tokenmill-content"  # sha256sum of every file of the copy, written by the fill before the marker
 MODEL_FOLDER = "model"
 CACHE_MOUNT = "/cache"
 DIGEST_LABEL = "tokenmill.io/model-digest"
@@ -111,14 +121,35 @@ def s3_sync_command(location: str, target: str, spec: DatasetGenerationSpec,
     return command
 
 
-SYNC_UID = 65532  # the conventional "nonroot" user: the model copy runs as no user the image knows
+SYNC_UID = 65532  # the conventional "nonroot" user: the model copy runs as no user the image knows; every fill's group
+# A node-local fill's user: one per namespace, in a range no image's users reach (below 2^31).
+NAMESPACE_UID_BASE = 1_000_000
+NAMESPACE_UID_SPAN = 1 << 30
+# The keys of the credentials Secret the copy gets, each by secretKeyRef (the session token only when present).
+AWS_KEYS = (("AWS_ACCESS_KEY_ID", False), ("AWS_SECRET_ACCESS_KEY", False), ("AWS_SESSION_TOKEN", True))
+# aws-cli reads these files, and loads plugins they name (v2 clidriver.create_clidriver -> load_plugins): never a
+# file the tenant's Secret or copy chose.
+AWS_FILES = ("AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE")
 
 
-def aws_container(name: str, command: list[str], mounts: list[Manifest], spec: DatasetGenerationSpec) -> Manifest:
-    """A container of the aws-cli image with the output's region and credentials (from the Secret, never inline)."""
-    env = [{"name": "HOME", "value": "/tmp"}]
+def namespace_uid(namespace: str) -> int:
+    """The node-local fill's user for `namespace`: its own, so files one namespace's fill wrote are not another's
+    to write (hostPath volumes have no fsGroup)."""
+    return NAMESPACE_UID_BASE + int(hashlib.sha256(namespace.encode()).hexdigest()[:12], 16) % NAMESPACE_UID_SPAN
+
+
+def aws_container(name: str, command: list[str], mounts: list[Manifest], spec: DatasetGenerationSpec,
+                  uid: int = SYNC_UID) -> Manifest:
+    """A container of the aws-cli image with the output's region and the Secret's AWS keys (by reference, never
+    inline, and nothing else of the Secret), running as `uid` in the group SYNC_UID."""
+    env: list[Manifest] = [{"name": "HOME", "value": "/tmp"}, *({"name": name, "value": "/dev/null"}
+                                                                for name in AWS_FILES)]
     if spec.output.region:
         env += [{"name": "AWS_DEFAULT_REGION", "value": spec.output.region}]
+    if spec.output.credentials_secret:
+        env += [{"name": key, "valueFrom": {"secretKeyRef": {"name": spec.output.credentials_secret, "key": key,
+                                                             **({"optional": True} if optional else {})}}}
+                for key, optional in AWS_KEYS]
     container: Manifest = {
         "name": name,
         "image": AWS_CLI_IMAGE,
@@ -129,11 +160,9 @@ def aws_container(name: str, command: list[str], mounts: list[Manifest], spec: D
         # The aws-cli image defaults to root, which copying files into a volume does not need (a node-local cache
         # folder must be writable by SYNC_UID: docs/cluster.md).
         "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-                            "runAsNonRoot": True, "runAsUser": SYNC_UID, "runAsGroup": SYNC_UID},
+                            "runAsNonRoot": True, "runAsUser": uid, "runAsGroup": SYNC_UID},
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-    if spec.output.credentials_secret:
-        container["envFrom"] = [{"secretRef": {"name": spec.output.credentials_secret}}]
     return container
 
 
@@ -179,18 +208,34 @@ def fill_script(root: str, digest: str, copy: list[str], stale_s: int = LOCK_STA
         f"  mkdir -p {shlex.quote(cached_model_path(root, digest))}",
         f"  echo \"tokenmill: copying the weights of digest {digest} into $folder\" >&2",
         "  " + " ".join(shlex.quote(part) for part in copy),
+        f"  {record_content('$folder')}",
         f"  printf %s {digest} > \"$marker.tmp\" && mv \"$marker.tmp\" \"$marker\"",
         "fi",
         f"ready || {{ echo \"tokenmill: $marker does not name digest {digest}: refusing a half-filled copy\" >&2; "
         "exit 1; }",
+        content_check("$folder"),
     ])
+
+
+def record_content(folder: str) -> str:
+    """sh: the copy's content hash, every file of it by name (written by rename, before the marker)."""
+    return (f"( cd \"{folder}\" && find {MODEL_FOLDER} -type f -print0 | LC_ALL=C sort -z | xargs -0 -r sha256sum ) "
+            f"> \"{folder}/{CONTENT}.tmp\" && mv \"{folder}/{CONTENT}.tmp\" \"{folder}/{CONTENT}\"")
+
+
+def content_check(folder: str) -> str:
+    """sh: exit 1 unless the copy is what its fill recorded: every listed file unchanged, and no file added."""
+    return (f"( cd \"{folder}\" && [ -s {CONTENT} ] && sha256sum --quiet --strict -c {CONTENT} >/dev/null && "
+            f"[ \"$(find {MODEL_FOLDER} -type f | wc -l)\" -eq \"$(wc -l < {CONTENT})\" ] ) || "
+            f"{{ echo \"tokenmill: the copy in {folder} is not what its fill recorded ({CONTENT}): a file changed, is "
+            "missing or was added; refusing to serve it (delete the folder to copy again)\" >&2; exit 1; }")
 
 
 def verify_script(root: str, digest: str, fill_job: str) -> str:
     marker = f"{root}/{digest}/{MARKER}"
     return (f"[ \"$(cat {marker} 2>/dev/null)\" = {digest} ] || {{ echo \"tokenmill: {marker} does not name digest "
             f"{digest}: the volume is not filled (Job {fill_job}); refusing to serve a half-filled copy\" >&2; "
-            "exit 1; }")
+            f"exit 1; }}\n{content_check(f'{root}/{digest}')}")
 
 
 # ------------------------------------------------------------------------------------------- shared volume
@@ -267,7 +312,9 @@ def shared_server_files(digest: str, mount: str, volume: str) -> ServerFiles:
     check = {"name": "verify-model-cache", "image": AWS_CLI_IMAGE, "command": ["sh", "-c", script],
              "volumeMounts": [{"name": volume, "mountPath": mount, "readOnly": True}],
              "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}},
-             "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+             # It only reads what the fill (SYNC_UID) wrote: no root needed (security-f9665d2.md W8).
+             "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                                 "runAsNonRoot": True, "runAsUser": SYNC_UID, "runAsGroup": SYNC_UID},
              "terminationMessagePolicy": "FallbackToLogsOnError"}
     volumes = [{"name": volume, "persistentVolumeClaim": {"claimName": claim_name(digest), "readOnly": True}}]
     mounts = [{"name": volume, "mountPath": mount, "readOnly": True}]
@@ -285,12 +332,13 @@ def node_folder(namespace: str, digest: str) -> str:
 def node_local_server_files(spec: DatasetGenerationSpec, node: NodeCache, digest: str, mount: str,
                             volume: str) -> ServerFiles:
     """(model path, volumes, mounts, init containers) of a server pod that fills its node's folder if needed. The
-    fill mounts the root (it makes the namespace's folder and the lock beside the copy); SGLang mounts only the
-    copy (subPath), read-only."""
-    fill_root = f"{mount}/{node.namespace}"
-    sync = s3_sync_command(spec.model.path, cached_model_path(fill_root, digest), spec)
-    script = fill_script(fill_root, digest, sync, wait_s=node.wait_s)
-    fill = aws_container(NODE_FILL_CONTAINER, ["sh", "-c", script], [{"name": volume, "mountPath": mount}], spec)
+    fill mounts only its namespace's folder (subPath; the kubelet makes it, with the root's mode) and makes the lock
+    beside the copy; SGLang mounts only the copy (subPath), read-only."""
+    sync = s3_sync_command(spec.model.path, cached_model_path(mount, digest), spec)
+    script = fill_script(mount, digest, sync, wait_s=node.wait_s)
+    fill = aws_container(NODE_FILL_CONTAINER, ["sh", "-c", script],
+                         [{"name": volume, "mountPath": mount, "subPath": node.namespace}], spec,
+                         uid=namespace_uid(node.namespace))
     volumes = [{"name": volume, "hostPath": {"path": node.root, "type": "DirectoryOrCreate"}}]
     mounts = [{"name": volume, "mountPath": mount, "subPath": node_folder(node.namespace, digest), "readOnly": True}]
     return f"{mount}/{MODEL_FOLDER}", volumes, mounts, [fill]

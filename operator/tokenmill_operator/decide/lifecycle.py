@@ -763,7 +763,7 @@ def _cache_lock_failed(observed: Observed) -> str | None:
     if server is None or server.problem_reason != "ModelCacheLockFailed":
         return None
     return (f"{server.problem_message}. The server was scaled to zero to give the GPUs back. The node-local cache "
-            "folder is the operator's setting (docs/cluster.md): its administrator makes it writable by uid 65532 on "
+            "folder is the operator's setting (docs/cluster.md): its administrator makes it with mode 1777 on "
             "every GPU node; then change this resource's spec, or re-create it, to start again")
 
 

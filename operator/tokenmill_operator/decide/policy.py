@@ -13,8 +13,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from tokenmill_runner.facts.hardware import PRODUCT_LABEL_KEY, find
 from tokenmill_runner.spec.resource import DatasetGenerationSpec
 from tokenmill_runner.store.credentials import ANONYMOUS_KEY, asks_anonymous, missing_keys
+
+from .planner import ServerPlan
+from .planner.serving import planned_images
 
 AMBIENT_BUCKETS_ENV = "TOKENMILL_AMBIENT_S3_BUCKETS"
 AMBIENT_ENDPOINTS_ENV = "TOKENMILL_AMBIENT_S3_ENDPOINTS"
@@ -113,9 +117,59 @@ def secret_refusal(spec: DatasetGenerationSpec, policy: TenantPolicy) -> str | N
             f"({', '.join(policy.allowed_secrets)}; {ALLOWED_SECRETS_ENV}, chart value operator.policy.allowedSecrets)")
 
 
+def node_selector_refusal(spec: DatasetGenerationSpec, policy: TenantPolicy) -> str | None:
+    """A nodeSelector naming a GPU product (its node label) other than spec.server.gpuProduct: the plan, and the key
+    its measured constants are kept under, would say one product while the pods run on another (security-f9665d2.md
+    B2: an L4 run measured as H200 poisoned the H200 constants)."""
+    server = spec.server
+    for key, value in server.node_selector.items():
+        if key not in PRODUCT_LABEL_KEY.values():
+            continue
+        gpu = find(server.gpu_product) if server.gpu_product else None
+        if server.gpu_product is None or value not in {server.gpu_product, gpu.label if gpu else None}:
+            return (f"spec.server.nodeSelector {key}={value!r} names the GPU the pods run on, and spec.server."
+                    f"gpuProduct says {server.gpu_product!r}: the plan is made for gpuProduct, so set it to the "
+                    f"product and remove {key} from nodeSelector (the operator selects the nodes by it)")
+    return None
+
+
 def refusal(spec: DatasetGenerationSpec, policy: TenantPolicy) -> str | None:
     """The first reason the operator will not act on this resource at all, or None."""
-    for check in (ambient_refusal, image_refusal, secret_refusal):
+    for check in (ambient_refusal, image_refusal, secret_refusal, node_selector_refusal):
         if why := check(spec, policy):
             return why
+    return None
+
+
+def plan_grants(plan: ServerPlan) -> tuple[object, ...]:
+    """What a plan grants the tenant, as the children render it: the image, the GPUs, their product and the pods."""
+    return (plan.image, plan.gpu_product, plan.gpu_vendor, plan.gpus_per_node, plan.replicas, plan.nodes_per_replica,
+            plan.tensor_parallel, plan.attention_data_parallel)
+
+
+def plan_refusal(plan: ServerPlan, spec: DatasetGenerationSpec, policy: TenantPolicy) -> str | None:
+    """Why a plan read back from status.serverPlan may not be applied, or None. Status is written by the operator
+    but is also open to whoever may patch datasetgenerations/status (security-f9665d2.md W1: a patched image and 64
+    replicas were applied): it is held to what the planner could have chosen for this spec and to the policy."""
+    server = spec.server
+    image = plan.image or server.image
+    if image not in planned_images(server):
+        return (f"status.serverPlan.image {image!r} is neither spec.server.image {server.image!r} nor its CUDA 12 "
+                "variant: the status was edited")
+    if policy.allowed_images and not any(image_allowed(image, prefix) for prefix in policy.allowed_images):
+        return f"status.serverPlan.image {image!r} is not among the images this operator runs"
+    gpu = find(server.gpu_product) if server.gpu_product else None
+    if server.gpu_product is not None and plan.gpu_product not in (server.gpu_product, gpu.label if gpu else None):
+        return (f"status.serverPlan.gpuProduct {plan.gpu_product!r} is not spec.server.gpuProduct "
+                f"{server.gpu_product!r}")
+    if plan.gpus_per_node > server.gpus_per_node:
+        return (f"status.serverPlan.gpusPerNode {plan.gpus_per_node} is over spec.server.gpusPerNode "
+                f"{server.gpus_per_node}")
+    for field, fixed, planned in (("replicas", server.replicas, plan.replicas),
+                                  ("nodes", server.nodes, plan.nodes_per_replica),
+                                  ("tensorParallel", server.tensor_parallel, plan.tensor_parallel),
+                                  ("attentionDataParallel", server.attention_data_parallel,
+                                   plan.attention_data_parallel)):
+        if isinstance(fixed, int) and planned != fixed:
+            return f"status.serverPlan has {field} {planned}, and spec.server.{field} is {fixed}"
     return None

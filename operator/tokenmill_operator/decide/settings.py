@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from . import cache, policy
-from .constants import NAMESPACE_ENV
+from .constants import NAMESPACE_ENV, TRUSTED_IMAGES_ENV
 
 REQUIRE_QUEUE_ENV = "TOKENMILL_REQUIRE_QUEUE"
 
@@ -32,10 +32,24 @@ class OperatorSettings:
     node_cache_root: str = field(default_factory=lambda: cache.node_root(
         os.environ.get(cache.NODE_ROOT_ENV) or cache.DEFAULT_NODE_ROOT))
     # Where every server replica's /metrics is read instead of its rank-0 pod (the e2e tests under kwok, where no
-    # server container runs, point it at the simulator); unset in a cluster.
+    # server container runs, point it at the simulator; `{namespace}` and `{name}` in it become the resource's);
+    # unset in a cluster.
     server_metrics_url: str | None = os.environ.get("TOKENMILL_SERVER_METRICS_URL") or None
     # The operator's own namespace (the chart sets it from the pod's): where the cluster's measured constants are
     # kept (observe/constants.py); unset, plans use the published fit and nothing is recorded.
     operator_namespace: str | None = os.environ.get(NAMESPACE_ENV) or None
     # Trial seconds per wall second for the measured trial's rules (server_metrics.TrialScrapes): 1 in a cluster.
     trial_clock_scale: float = float(os.environ.get("TOKENMILL_TRIAL_CLOCK_SCALE", "1"))
+    # One pass's wall-clock deadline and the bytes it may read from a tenant's store and pods (observe/deadline.py,
+    # observe/tenant_store.py): past either, its reads stop and it reports ObservationFailed; the next pass goes on
+    # from where the output's index got to.
+    pass_deadline_s: float = float(os.environ.get("TOKENMILL_PASS_DEADLINE_SECONDS", "300"))
+    pass_read_bytes: int = int(os.environ.get("TOKENMILL_PASS_READ_BYTES", str(2 << 30)))
+    # Server image prefixes whose verified runs may write the measured constants every namespace starts from
+    # (decide/constants.py); none: each namespace learns only from its own.
+    trusted_images: tuple[str, ...] = field(default_factory=lambda: tuple(
+        part.strip() for part in os.environ.get(TRUSTED_IMAGES_ENV, "").split(",") if part.strip()))
+
+    def metrics_url_of(self, namespace: str, name: str) -> str:
+        """server_metrics_url for one resource."""
+        return (self.server_metrics_url or "").replace("{namespace}", namespace).replace("{name}", name)

@@ -1,5 +1,5 @@
 """How a pass reaches a tenant's store: the credentials Secret's S3 keys, and the store opened with the pass's short
-retry budget."""
+retry budget, every call under a read deadline and the pass's budget (tenant_store.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from tokenmill_runner.store.credentials import SECRET_KEYS
 from tokenmill_runner.store.storage import Storage, StorageRetry, open_storage
 
 from ..kube import Kube
+from .tenant_store import TenantStorage
 
 # A pass gives up on a store that keeps failing after this long and says ObservationFailed; the next pass tries
 # again. The runner's long budget (storage.py, 600 s) would hold a pass, and the resource's status, for minutes.
@@ -22,4 +23,4 @@ def tenant_credentials(kube: Kube, spec: DatasetGenerationSpec, namespace: str) 
 
 
 def storage_for(uri: str, spec: DatasetGenerationSpec, credentials: dict[str, str] | None) -> Storage:
-    return open_storage(uri, spec.output.endpoint, spec.output.region, credentials, OBSERVE_RETRY)
+    return TenantStorage(open_storage(uri, spec.output.endpoint, spec.output.region, credentials, OBSERVE_RETRY))

@@ -19,14 +19,13 @@ from tokenmill_runner.facts.throughput import CALIBRATION
 from tokenmill_runner.spec.resource import DatasetGenerationSpec
 from tokenmill_runner.store.storage import StorageRetry
 
-from ..decide.constants import Measured
+from ..decide.constants import Measured, stored
 from ..decide.planner import ModelFacts, ServerPlan, plan_step_model
 from ..decide.planner.verify import (
     CONFIGMAP_NAME,
     combined,
     pinned_spec,
     plan_constants_key,
-    read_constants,
     running_layout,
 )
 from ..kube import Kube, KubeUnavailable
@@ -48,13 +47,14 @@ def read_data(kube: Kube, namespace: str | None) -> dict[str, str]:
 
 
 def measure(spec: DatasetGenerationSpec, credentials: dict[str, str] | None, plan: ServerPlan,
-            samples: Sequence[StepSample], stored: dict[str, str], retry: StorageRetry | None = None,
-            read: Callable[..., ModelFacts] = read_model_facts) -> Measured | None:
-    """Refit the plan's step model on the window's samples (the model's facts read again: `read`); None when the
-    samples cannot move any constant (too few distinct batches)."""
+            samples: Sequence[StepSample], data: dict[str, str], retry: StorageRetry | None = None,
+            read: Callable[..., ModelFacts] = read_model_facts, namespace: str = "") -> Measured | None:
+    """Refit the plan's step model on the window's samples (the model's facts read again: `read`), on top of the
+    constants the plan of `namespace` started from; None when the samples cannot move any constant (too few
+    distinct batches)."""
     facts = read(spec, credentials, retry=retry, local=False)
     key = plan_constants_key(plan, facts.architecture)
-    before = read_constants(stored, key) if plan.measured_constants == key else None
+    before = stored(data, namespace, key) if plan.measured_constants == key else None
     base = before.calibration(CALIBRATION) if before is not None else CALIBRATION
     # The layout running is the plan's, which after a switch (replan auto, a trial) is not the spec's own choice.
     step = plan_step_model(pinned_spec(spec, running_layout(plan)), facts, plan.cuda_driver_major, base)

@@ -4,7 +4,11 @@ objects that let the next reader skip what they cover)."""
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import logging
+import os
+import secrets
 from collections.abc import Callable, Hashable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -14,14 +18,15 @@ from typing import Any
 import orjson
 from kubernetes.client.exceptions import ApiException
 
-from tokenmill_runner.facts.hardware import find
-from tokenmill_runner.facts.hidden_states import kinds_needed
+from tokenmill_runner.facts.hardware import PRODUCT_LABEL_KEY, find
 from tokenmill_runner.spec.resource import ServerSpec
+from tokenmill_runner.store.checkpoints import OPERATOR_WRITER, Signer
 from tokenmill_runner.store.commit_index import DatasetIndex
-from tokenmill_runner.store.completion import Completion, StateCoverage
-from tokenmill_runner.store.hidden_states import KINDS, state_coverage
-from tokenmill_runner.store.index_store import CHECKPOINT_EVERY, catch_up, load_index, write_checkpoint
+from tokenmill_runner.store.completion import Completion
+from tokenmill_runner.store.hidden_states import kinds_coverage
+from tokenmill_runner.store.index_store import CHECKPOINT_EVERY, load_index, refresh, write_checkpoint
 from tokenmill_runner.store.lease_rules import LeaseWatch
+from tokenmill_runner.store.ledger import LedgerBudget
 from tokenmill_runner.store.manifest import RunManifest, read_manifest
 from tokenmill_runner.store.storage import Storage, StorageError
 
@@ -34,6 +39,7 @@ from ..decide.progress import parse_time, progress_facts
 from ..decide.server_metrics import Scrape, TrialScrapes, VerificationWindow, WindowFacts, combine
 from ..decide.status import RunStatus
 from ..kube import ApiNotServed, Kube, KubeUnavailable
+from . import deadline
 from .sglang_metrics import read_metrics
 
 # The init containers that copy the weights into a server pod (manifests.py, cache.py).
@@ -46,7 +52,24 @@ LOCK_FAILED = "ModelCacheLockFailed"
 # was chosen; a full listing of the names (no GETs but for such stragglers) catches it this often, and before any
 # decision that ends a run.
 FULL_LISTING_EVERY = timedelta(minutes=10)
-CHECKPOINT_WRITER = "operator"
+CHECKPOINT_WRITER = OPERATOR_WRITER
+# The secret the operator keys its checkpoints' digests with (the chart's `<release>-checkpoint-key` Secret): a
+# tenant writes whatever it likes into its own output, checkpoints included, so the operator starts only from
+# checkpoints it wrote itself (a forged one inflated to 2.1 GB: security-f9665d2.md B6).
+CHECKPOINT_KEY_ENV = "TOKENMILL_CHECKPOINT_KEY"
+
+
+@functools.cache
+def checkpoint_signer() -> Signer:
+    """The operator's checkpoints: named `operator`, keyed with $TOKENMILL_CHECKPOINT_KEY. Without it, a key of this
+    process only: its checkpoints still skip what they cover while it runs, and a restart folds every marker once."""
+    configured = os.environ.get(CHECKPOINT_KEY_ENV, "")
+    if not configured:
+        logger.warning("%s is not set: checkpoints are keyed for this process only, so after a restart each output's "
+                       "markers are folded from the start once", CHECKPOINT_KEY_ENV)
+    key = configured.encode() if configured else secrets.token_bytes(32)
+    return Signer(hashlib.blake2b(key, digest_size=64).digest(), CHECKPOINT_WRITER)
+
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +98,11 @@ class OutputIndex:
     window: VerificationWindow = field(default_factory=VerificationWindow)
     # The scrapes of the trial's candidate being measured (server_metrics.TrialScrapes).
     trial: TrialScrapes = field(default_factory=TrialScrapes)
+    # What the plan this operator last wrote to status grants (policy.plan_grants): a status edited since is refused.
+    plan_grants: tuple[object, ...] | None = None
+    # What the indexes' ledgers may hold together (store/bounds.LEDGER_BYTES), whatever the output's run.json and
+    # markers say: one tenant's output never sizes the operator's memory past it.
+    budget: LedgerBudget = field(default_factory=LedgerBudget)
 
     def follow(self, storage: Storage, totals: dict[str, int], now: datetime, full: bool = False,
                stopped: Callable[[], bool] = never, samples: dict[str, int] | None = None) -> dict[str, DatasetIndex]:
@@ -82,6 +110,7 @@ class OutputIndex:
         still only for markers not folded yet)."""
         if self.output != storage.root_uri:
             self.datasets, self.output, self.last_full_listing = {}, storage.root_uri, now
+            self.budget = LedgerBudget()
         full = full or self.last_full_listing is None or now - self.last_full_listing >= FULL_LISTING_EVERY
 
         def check() -> None:
@@ -93,11 +122,15 @@ class OutputIndex:
             per_prompt = (samples or {}).get(name, 1)  # spec.datasets[].samples: slots per source row
             index = self.datasets.get(name)
             if index is None:
-                index = self.datasets[name] = load_index(storage, name, rows, per_prompt)
+                index = self.datasets[name] = load_index(storage, name, rows, per_prompt, checkpoint_signer(),
+                                                               self.budget)
             else:
                 index.ledger.widen(per_prompt)
                 index.ledger.reserve(rows * index.ledger.samples_per_prompt)
-            catch_up(storage, index, full=full, check=check, now=now)
+            # A marker this index folded may since have been sealed away (a takeover's seal written after it
+            # landed): refresh folds every marker again then, as the runner does, so nothing counts it.
+            index, _ = refresh(storage, index, full=full, check=check, now=now, rows=rows)
+            self.datasets[name] = index
             self._checkpoint(storage, index, now)
         self.datasets = {name: index for name, index in self.datasets.items() if name in totals}
         if full:
@@ -109,7 +142,7 @@ class OutputIndex:
         if index.since_checkpoint < CHECKPOINT_EVERY:
             return
         try:
-            write_checkpoint(storage, index, CHECKPOINT_WRITER, now)
+            write_checkpoint(storage, index, CHECKPOINT_WRITER, now, checkpoint_signer().key)
         except StorageError as error:  # the next reader reads more markers; nothing is wrong
             logger.warning("%s: could not write a checkpoint: %s", index.name, error)
 
@@ -147,6 +180,18 @@ def observe_server(kube: Kube, name: str, namespace: str) -> ServerState | None:
         if problem:
             return ServerState(desired, ready, *problem, copy_seconds=copy, load_seconds=load, rolling=rolling)
     return ServerState(desired, ready, copy_seconds=copy, load_seconds=load, rolling=rolling)
+
+
+def server_node_products(kube: Kube, name: str, namespace: str, vendor: str) -> tuple[str | None, ...]:
+    """The GPU product label of the node each server pod runs on, as the node says (not as the spec claims): what a
+    cluster-wide measured constant is keyed by (decide/constants.promotion_refusal)."""
+    label = PRODUCT_LABEL_KEY.get(vendor, PRODUCT_LABEL_KEY["nvidia"])  # type: ignore[call-overload]
+    products: list[str | None] = []
+    for pod in kube.list("v1", "Pod", namespace, names.selector_labels(name, names.SERVER_COMPONENT)):
+        node_name = (pod.get("spec") or {}).get("nodeName")
+        node = kube.get("v1", "Node", node_name, None) if node_name else None
+        products.append(((node or {}).get("metadata") or {}).get("labels", {}).get(label) if node else None)
+    return tuple(products)
 
 
 def statefulset_rolling(statefulset: dict[str, Any]) -> bool:
@@ -323,12 +368,7 @@ def observe_progress(storage: Storage, output: OutputIndex, now: datetime, start
 def states_completion(storage: Storage, datasets: list[str], layouts: list[str], given_up: int) -> Completion:
     """What a settled run lacks (store/completion.py): each kind of hidden states the layouts need over every
     committed sample, the state markers listed (not read: the report reads them), with the given-up samples."""
-    kinds: dict[str, StateCoverage] = {}
-    for kind in kinds_needed(layouts):
-        for dataset in datasets:
-            found, _ = state_coverage(storage, dataset, KINDS[kind])
-            kinds[kind] = kinds[kind] + found if kind in kinds else found
-    return Completion(0, given_up, tuple(kinds.values()))
+    return Completion(0, given_up, kinds_coverage(storage, datasets, layouts))
 
 
 def scrape_replicas(urls: list[list[str]], read: Callable[[str], Scrape | None] = read_metrics) -> list[Scrape | None]:
@@ -337,7 +377,7 @@ def scrape_replicas(urls: list[list[str]], read: Callable[[str], Scrape | None] 
     answer cost one timeout, not one each; None for a replica any of whose pods could not be read."""
     flat = [url for replica in urls for url in replica]
     with ThreadPoolExecutor(max_workers=min(16, max(1, len(flat))), thread_name_prefix="scrape") as pool:
-        found = iter(list(pool.map(read, flat)))
+        found = iter(list(pool.map(deadline.carry(read), flat)))  # each read within the pass's deadline
     return [combine([next(found) for _ in replica]) for replica in urls]
 
 

@@ -15,6 +15,7 @@ from tokenmill_runner.store.storage import StorageRetry, open_storage
 
 from ..decide.constants import Constants, plan_with_constants
 from ..decide.planner import ModelFacts, PlanError, ServerPlan, model_facts
+from .tenant_store import TenantStorage
 
 
 def model_files_location(spec: DatasetGenerationSpec, local: bool = True) -> str:
@@ -40,16 +41,17 @@ def read_model_config(spec: DatasetGenerationSpec, credentials: dict[str, str] |
                       location: str | None = None) -> dict:
     """config.json of the model, from where make_plan reads it."""
     output = spec.output
-    storage = open_storage(location or model_files_location(spec), output.endpoint, output.region, credentials)
-    return orjson.loads(storage.get("config.json"))
+    storage = TenantStorage(open_storage(location or model_files_location(spec), output.endpoint, output.region,
+                                         credentials))
+    return orjson.loads(get_bounded(storage, "config.json", CONFIG_BYTES))
 
 
 def read_model_facts(spec: DatasetGenerationSpec, credentials: dict[str, str] | None, location: str | None = None,
                      retry: StorageRetry | None = None, local: bool = True) -> ModelFacts:
     """config.json (bounded) and the weight size (spec.model.weightBytes, else the safetensors index)."""
     output = spec.output
-    storage = open_storage(location or model_files_location(spec, local), output.endpoint, output.region, credentials,
-                           retry)
+    storage = TenantStorage(open_storage(location or model_files_location(spec, local), output.endpoint,
+                                         output.region, credentials, retry))
     config = orjson.loads(get_bounded(storage, "config.json", CONFIG_BYTES))
     weight_bytes = spec.model.weight_bytes
     if weight_bytes is None and storage.exists("model.safetensors.index.json"):

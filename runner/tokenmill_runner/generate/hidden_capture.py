@@ -32,6 +32,7 @@ from ..store.hidden_states import (
     AUX,
     StateKind,
     captured_keys,
+    clean_state_leftovers,
     clear_failure,
     commit_states,
     committed_samples,
@@ -39,7 +40,7 @@ from ..store.hidden_states import (
     record_failure,
 )
 from ..store.lease import LeaseLost
-from ..store.shards import Fence
+from ..store.shards import Fence, new_run_token
 from ..store.storage import Storage
 from ..store.work_split import WHOLE, WorkShare
 from .client import GenerateClient, ServerFatalError
@@ -158,6 +159,9 @@ async def capture_dataset(storage: Storage, dataset: str, servers: GenerateClien
     client = servers
     summary = CaptureSummary()
     stopped: list[BaseException] = []
+    fence = fence or Fence.unleased(new_run_token())  # without a lease, this call is a writer of its own
+    if share.index == 0:  # one worker of the pass removes what killed or taken-over writers left unmarked
+        await asyncio.to_thread(clean_state_leftovers, storage, dataset, kind, fence)
     done = captured_keys(storage, dataset, kind)
     failed = failed_keys(storage, dataset, kind)
     limit = asyncio.Semaphore(concurrency)
@@ -206,7 +210,7 @@ async def capture_dataset(storage: Storage, dataset: str, servers: GenerateClien
                 # In the pool: the fence may wait for a late renewal, which must not stall the other answers.
                 await loop.run_in_executor(
                     pool, lambda: commit_states(storage, dataset, row["sample_id"], row.get("sample_index", 0),
-                                                sequence, result, shape, spool, fence, kind))
+                                                sequence, result, shape, fence, spool, kind))
                 del result
                 if key in failed:
                     await loop.run_in_executor(pool, clear_failure, storage, dataset, key, fence, kind)
@@ -253,6 +257,6 @@ async def capture_dataset(storage: Storage, dataset: str, servers: GenerateClien
     return summary
 
 
-def _record(storage: Storage, dataset: str, row: dict[str, Any], reason: str, fence: Fence | None,
+def _record(storage: Storage, dataset: str, row: dict[str, Any], reason: str, fence: Fence,
             kind: StateKind) -> None:
     record_failure(storage, dataset, row["sample_id"], row.get("sample_index", 0), reason, fence, kind)

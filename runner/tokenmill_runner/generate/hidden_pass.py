@@ -15,11 +15,12 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
 from ..facts.hidden_states import (
     ServedKind,
     StateShape,
     check_room,
-    kinds_needed,
     launch_flags,
     served_kind,
     shape_from_config,
@@ -30,8 +31,7 @@ from ..spec.config import RunnerConfig
 from ..spec.resource import DatasetGenerationSpec, SpecError
 from ..store.bounded_get import CONFIG_BYTES, get_bounded
 from ..store.capture_progress import ProgressBeat
-from ..store.completion import StateCoverage
-from ..store.hidden_states import KINDS, StateKind, captured_keys, committed_refs, sample_key, state_coverage
+from ..store.hidden_states import KINDS, StateKind, captured_keys, expected_lengths, state_keys
 from ..store.shards import Fence
 from ..store.storage import LocalStorage, Storage
 from ..store.work_split import WorkShare
@@ -120,7 +120,7 @@ async def run_hidden_state_pass(config: RunnerConfig, storage: Storage, client: 
     folder = await asyncio.to_thread(local_model_folder, spec.model.tokenizer or spec.model.path,
                                      spec.output.endpoint)
     shape = shape_from_config(model_config(folder), spec.hidden_states.layer_ids, spec.hidden_states.dtype, served,
-                              spec.hidden_states.layouts)
+                              spec.hidden_states.layouts, spec.hidden_states.storage)
     chunk = info.get("chunked_prefill_size")
     chunk = chunk if isinstance(chunk, int) and chunk > 0 else DEFAULT_CHUNK
     _check_local_room(storage, [d.name for d in spec.datasets], shape, kind, config.share)
@@ -142,22 +142,6 @@ async def run_hidden_state_pass(config: RunnerConfig, storage: Storage, client: 
     return total
 
 
-def share_coverage(storage: Storage, datasets: list[str], layouts: Sequence[str], share: WorkShare,
-                   through: ServedKind | None = None) -> tuple[StateCoverage, ...]:
-    """Each kind of states the spec's layouts need (up to `through`, the operator's pass: the passes after it are
-    the operator's to run), over the committed samples `share` owns (store/completion.py; the markers listed, not
-    read)."""
-    needed = kinds_needed(list(layouts))
-    if through is not None:
-        needed = needed[:needed.index(through) + 1]
-    kinds: dict[str, StateCoverage] = {}
-    for name in needed:
-        for dataset in datasets:
-            found, _ = state_coverage(storage, dataset, KINDS[name], share)
-            kinds[name] = kinds[name] + found if name in kinds else found
-    return tuple(kinds.values())
-
-
 def _check_local_room(storage: Storage, datasets: list[str], shape: StateShape, kind: StateKind,
                       share: WorkShare) -> None:
     """Refuse the pass before any request when a local output cannot hold the files still to be written (their
@@ -166,8 +150,7 @@ def _check_local_room(storage: Storage, datasets: list[str], shape: StateShape, 
         return
     needed = 0
     for dataset in datasets:
-        expected = committed_refs(storage, dataset, share)
-        done = captured_keys(storage, dataset, kind)
-        needed += sum(shape.file_bytes(tokens) for (sid, index), tokens in expected.items()
-                      if tokens is not None and sample_key(sid, index) not in done)
+        keys, lengths = expected_lengths(storage, dataset, share)
+        done = np.isin(keys, state_keys(captured_keys(storage, dataset, kind)))
+        needed += sum(shape.file_bytes(int(tokens)) for tokens in lengths[~done & (lengths >= 0)].tolist())
     check_room(needed, shutil.disk_usage(storage.root).free, f"the output {storage.root_uri}")

@@ -1,23 +1,32 @@
 """The report's hidden-state section: coverage (samples with states / committed samples), bytes, and a `fail`
 finding when a sample's states do not have one row per token of its sequence, or samples lack states. The counts
-are store/completion.py's (the one definition of done the exit code and the operator read too). Pure."""
+are store/completion.py's `coverage` (the one definition of done the exit code and the operator read too). Pure."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
-from ..store.completion import StateCoverage
+import numpy as np
+
+from ..store.completion import StateCoverage, StateRecord, coverage
 
 
-def hidden_state_section(dataset: str, found: StateCoverage, state_bytes: int
-                         ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """`found`: one kind's coverage of the dataset's committed samples; `state_bytes`: their files' bytes. The
-    kind "final" is SpecForge's final-state pass, with its own checks."""
-    kind = found.kind
+def hidden_state_section(dataset: str, keys: np.ndarray, lengths: np.ndarray, states: Iterable[StateRecord],
+                         failed: np.ndarray, kind: str = "aux"
+                         ) -> tuple[dict[str, Any], list[dict[str, Any]], StateCoverage]:
+    """`keys`, `lengths`: every committed sample (sorted 64-bit keys) and its sequence length (prompt + output
+    tokens; -1 where the marker cannot tell, a multi-turn conversation). `states`: (label, key, tokens, bytes, stored
+    dtype: the served one, or float8_e4m3fn) of each state marker, streamed; `failed`: the keys of the recorded
+    capture failures. `kind` "final": SpecForge's final-state pass, its own checks. Memory: a byte per committed
+    sample, whatever the states."""
     check, what = ("hidden_states", "hidden states") if kind == "aux" else ("final_states", "final hidden states")
+    found = coverage(kind, keys, lengths, states, failed)
     section = {"samples": found.samples, "with_states": found.captured, "coverage": found.coverage,
-               "bytes": state_bytes, "failed_captures": found.failed, "missing": found.missing,
-               "misaligned": found.misaligned, "uncounted": found.uncounted}
+               "bytes": found.state_bytes, "dtypes": list(found.dtypes),
+               "bytes_per_token": found.state_bytes / found.state_tokens if found.state_tokens else None,
+               "failed_captures": found.failed, "missing": found.missing, "misaligned": found.misaligned,
+               "uncounted": found.uncounted}
     findings: list[dict[str, Any]] = []
     if found.misaligned:
         findings.append(_finding(f"{check}_length", dataset, found.misaligned,
@@ -37,7 +46,7 @@ def hidden_state_section(dataset: str, found: StateCoverage, state_bytes: int
         findings.append(_finding(f"{check}_coverage", dataset, found.coverage,
                                  f"{dataset}: {lacking} of {found.samples} samples have no {what}; "
                                  + "; ".join(advice)))
-    return section, findings
+    return section, findings, found
 
 
 def _finding(check: str, dataset: str, value: Any, message: str) -> dict[str, Any]:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..facts.hidden_states import kinds_needed
 from ..store.work_split import WorkShare
-from .resource import DatasetGenerationSpec
+from .resource import MAX_TOKENS, DatasetGenerationSpec
 
 API_KEY_ENV = "TOKENMILL_API_KEY"
 # The most rows one trial candidate is sent first (held tokenized until sent: ~80 MB at 1,000 tokens a prompt).
@@ -27,7 +27,9 @@ class TrialSample(BaseModel):
     candidate: int = Field(ge=0, description="This Job's candidate, counted from 0.")
     candidates: int = Field(ge=1, le=16, description="The trial's candidates.")
     prompts: int = Field(ge=1, le=MAX_TRIAL_PROMPTS, description="Rows of each candidate's sample.")
-    output_tokens: dict[str, float] = Field(
+    # Finite and at most MAX_TOKENS: NaN, Infinity and 1e308 passed and crashed the runner later
+    # (security-f9665d2.md W7).
+    output_tokens: dict[str, Annotated[float, Field(ge=0, le=MAX_TOKENS, allow_inf_nan=False)]] = Field(
         default_factory=dict, alias="outputTokens", max_length=1024,
         description="The plan's mean output tokens per dataset: each dataset's weight in the sample.")
 

@@ -22,9 +22,11 @@ The verdict has three values, each with one remedy:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
+
+import numpy as np
 
 Verdict = Literal["pending", "given_up", "complete"]
 EXAMPLES = 3  # misaligned samples named in a message
@@ -41,6 +43,9 @@ class StateCoverage:
     misaligned: int = 0  # with one whose length differs from the sample's tokens
     uncounted: int = 0  # state files of samples the ledger does not count (e.g. a slot of an earlier layout)
     examples: tuple[str, ...] = ()  # the first misaligned samples, described
+    state_bytes: int = 0  # the counted state files' bytes, and the tokens they hold (0 where only listed)
+    state_tokens: int = 0
+    dtypes: tuple[str, ...] = ()  # the dtypes they are stored in
 
     @property
     def missing(self) -> int:
@@ -60,31 +65,49 @@ class StateCoverage:
             raise ValueError(f"cannot add {other.kind} states to {self.kind} states")
         return StateCoverage(self.kind, self.samples + other.samples, self.captured + other.captured,
                              self.failed + other.failed, self.misaligned + other.misaligned,
-                             self.uncounted + other.uncounted, (self.examples + other.examples)[:EXAMPLES])
+                             self.uncounted + other.uncounted, (self.examples + other.examples)[:EXAMPLES],
+                             self.state_bytes + other.state_bytes, self.state_tokens + other.state_tokens,
+                             tuple(sorted(set(self.dtypes) | set(other.dtypes))))
 
 
-def coverage(kind: str, expected: Mapping[Hashable, int | None], states: Iterable[tuple[Hashable, int | None]],
-             failed: Collection[Hashable], describe: Callable[[Hashable], str] = str) -> StateCoverage:
-    """`expected`: every committed sample of the scope and its sequence length (prompt + output tokens; None where
-    it cannot be told, a multi-turn conversation); `states`: (sample, tokens) per committed state marker (tokens
-    None: the marker was listed, not read); `failed`: samples whose capture is recorded as failed. A sample with
-    states counts as captured or misaligned whatever else is recorded for it."""
-    covered: set[Hashable] = set()
-    misaligned: list[str] = []
-    uncounted = 0
-    for sample, tokens in states:
-        if sample not in expected:
-            uncounted += 1
+# One committed state marker as a coverage reads it: (label, sample key, tokens, bytes, stored dtype); tokens None
+# where the marker was listed, not read.
+StateRecord = tuple[str, int, "int | None", int, str]
+
+
+def coverage(kind: str, keys: np.ndarray, lengths: np.ndarray, states: Iterable[StateRecord],
+             failed: np.ndarray) -> StateCoverage:
+    """`keys`, `lengths`: every committed sample of the scope (sorted 64-bit keys, store/hidden_states.state_key)
+    and its sequence length (prompt + output tokens; -1 where it cannot be told, a multi-turn conversation);
+    `states`: each committed state marker, streamed; `failed`: the keys whose capture is recorded as failed. A sample
+    with states counts as captured or misaligned whatever else is recorded for it (its first marker only). Memory: a
+    byte per committed sample, whatever the states."""
+    covered = np.zeros(keys.size, dtype=bool)
+    misaligned = np.zeros(keys.size, dtype=bool)
+    examples: list[str] = []
+    uncounted = state_bytes = state_tokens = 0
+    dtypes: set[str] = set()
+    for label, key, tokens, size, dtype in states:
+        at = int(np.searchsorted(keys, np.uint64(key)))
+        if at >= keys.size or int(keys[at]) != key:
+            uncounted += 1  # a sample the ledger does not count (a slot of an earlier layout, a duplicate)
             continue
-        if sample in covered:
+        if covered[at]:
             continue
-        length = expected[sample]
-        if tokens is not None and length is not None and tokens != length:
-            misaligned.append(f"{describe(sample)}: {tokens} states for {length} tokens")
-        covered.add(sample)
-    without = sum(1 for sample in failed if sample in expected and sample not in covered)
-    return StateCoverage(kind, len(expected), len(covered) - len(misaligned), without, len(misaligned), uncounted,
-                         tuple(misaligned[:EXAMPLES]))
+        covered[at] = True
+        state_bytes += size
+        state_tokens += tokens or 0
+        if dtype:
+            dtypes.add(dtype)
+        length = int(lengths[at])
+        if tokens is not None and length >= 0 and tokens != length:
+            misaligned[at] = True
+            if len(examples) < EXAMPLES:
+                examples.append(f"{label}: {tokens} states for {length} tokens")
+    recorded = np.isin(keys, failed) & ~covered
+    return StateCoverage(kind, int(keys.size), int(covered.sum() - misaligned.sum()), int(recorded.sum()),
+                         int(misaligned.sum()), uncounted, tuple(examples), state_bytes, state_tokens,
+                         tuple(sorted(dtypes)))
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,18 @@ def _cuda12_fallback(server: ServerSpec, facts: Release) -> str | None:
     return None
 
 
+def planned_images(server: ServerSpec) -> set[str]:
+    """Every image `server_image` may choose for this spec: spec.server.image, or its CUDA 12 fallback (a plan read
+    back from status is held to these, policy.plan_refusal)."""
+    images = {server.image}
+    version = server.release_version()
+    try:
+        fallback = _cuda12_fallback(server, release(version)) if version else None
+    except UnknownReleaseError:
+        fallback = None
+    return images | ({fallback} if fallback else set())
+
+
 def server_image(server: ServerSpec, gpu: Gpu | None, node_driver_major: int | None = None) -> ServerImage:
     """spec.server.image, unless the GPU nodes' NVIDIA driver cannot run the CUDA it was built with: then a -cu129
     image that it can (SGLang's own CUDA 12 tags), or a refusal with the reason, before any GPU is allocated (the
