@@ -6,8 +6,9 @@ beside a live one, retries (the operator's annotation: --retry-failed), and a wo
 another owner takes the output over. Every process is the real `tokenmill run`; the operator's decisions are its real
 `decide` over what its real gather functions read.
 
-The invariants are docs/reliability.md's three rules, checked against a recount made straight from the store (marker
-files and listings), not through the code under test:
+The invariants are docs/reliability.md's three rules, checked against a recount made from the store (the records
+through the one listing that applies the seals, each slot's owner from the source's lines), not through the exit
+codes, the report or the decisions under test:
 - ownership: no slot has two rows, no marker names a missing file (the parent's invariants), and no state marker names
   a file that is missing or of another size;
 - one split: after a Job none of whose workers died, every slot is settled and every committed sample has the states
@@ -44,10 +45,11 @@ from tokenmill_operator.observe.gather import observe_progress, states_completio
 from tokenmill_runner.facts.hidden_states import kinds_needed
 from tokenmill_runner.report.files import compute_report
 from tokenmill_runner.spec.resource import load_spec_file
-from tokenmill_runner.store.hidden_states import sample_key
+from tokenmill_runner.store.hidden_states import KINDS, captured_keys, failed_keys, sample_key, state_markers
 from tokenmill_runner.store.ledger import RETRYABLE_REASONS
 from tokenmill_runner.store.manifest import read_manifest
 from tokenmill_runner.store.markers import read_markers
+from tokenmill_runner.store.storage import LocalStorage
 from tokenmill_runner.store.work_split import WorkShare
 
 from .lifecycle_model import (
@@ -61,9 +63,6 @@ from .lifecycle_model import (
 )
 
 DEAD = "http://127.0.0.1:9"  # nothing listens: a replica that is down for the whole Job
-# (commits folder, failure records folder, files folder) per kind of states (store/hidden_states.py's layout).
-FOLDERS = {"aux": ("hidden_commits", "hidden_errors", "hidden_states"),
-           "final": ("final_commits", "final_errors", "final_states")}
 JOB_FAULTS = [None, "kill-after:data:1", "kill-before:marker:2", "kill-after:marker:1", "kill-before:states:1",
               "kill-after:states:2", "kill-before:states-marker:1", "kill-before:final-states:1",
               "kill-after:final-marker:1"]
@@ -81,12 +80,11 @@ def small_model(folder: Path) -> Path:
     return folder
 
 
-def listed(out: Path, dataset: str, folder: str) -> set[str]:
-    """The sample keys the records in a folder name (each record says its sample; a temporary file of an
-    interrupted write is none)."""
-    root = out / dataset / folder
-    records = (json.loads(path.read_text()) for path in root.glob("*.json")) if root.is_dir() else iter(())
-    return {sample_key(record["sample_id"], record["sample_index"]) for record in records}
+def listed(storage: LocalStorage, dataset: str, kind: str, failures: bool = False) -> set[str]:
+    """The sample keys with a counted state marker (or failure record) of `kind`: through the one listing that
+    applies the seals (a taken-over writer's late record counts for nobody), as the parent's recount reads shard
+    markers through `read_markers`."""
+    return (failed_keys if failures else captured_keys)(storage, dataset, KINDS[kind])
 
 
 class ComposedModel(LifecycleModel):
@@ -207,9 +205,8 @@ class ComposedModel(LifecycleModel):
             owned = {key for (line, _), key in rows.items()
                      if share is None or share.owner(ids.get(line), line) == share.index}
             for kind in kinds if kinds is not None else self._kinds():
-                commits, errors, _ = FOLDERS[kind]
-                have = listed(self.out, name, commits) | (listed(self.out, name, errors) if failed_states_count
-                                                          else set())
+                have = listed(self.storage, name, kind) | (listed(self.storage, name, kind, failures=True)
+                                                           if failed_states_count else set())
                 lacking += [f"{name} {key[:8]}: no {kind} states" for key in sorted(owned - have)]
         return lacking
 
@@ -353,11 +350,10 @@ class ComposedModel(LifecycleModel):
     @invariant()
     def no_state_marker_names_a_missing_or_other_file(self) -> None:
         for name in ("a", "b"):
-            for commits, _, _ in FOLDERS.values():
-                for path in (self.out / name / commits).glob("*.json"):
-                    marker = json.loads(path.read_text())
+            for kind in KINDS.values():
+                for marker in state_markers(self.storage, name, kind):  # the counted ones, one per sample
                     file = self.out / name / marker["file"]
-                    assert file.is_file() and file.stat().st_size == marker["bytes"], f"{path}: {file} is not it"
+                    assert file.is_file() and file.stat().st_size == marker["bytes"], f"{name}: {file} is not it"
 
     @invariant()
     def a_report_that_passes_means_the_run_is_complete(self) -> None:

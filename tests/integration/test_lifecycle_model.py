@@ -93,8 +93,8 @@ def test_workers_passes_and_replicas_in_a_fixed_order_keep_the_three_rules(compo
     # one of 2 beside a dead replica (bugs 2, 4, 10); more samples per prompt and SpecForge's layout: the aux pass
     # against a server that answers 503 and drops connections (bug 4), the operator moving to the final pass only
     # once every aux state is in, a final-pass worker killed after a marker, then a final pass run with
-    # --retry-failed that generates nothing (bug 3), the report and the operator's verdict; a marker in flight while
-    # another owner takes the output over.
+    # --retry-failed that generates nothing (bug 3), the report and the operator's verdict; worker 0 of 2 with a
+    # marker in flight while another owner takes the output over (bug 1: every worker's token sealed).
     model = ComposedModel()
     before = Counter(Counts.steps)
     steps = [model.start, lambda: model.ask_for_states("aux"),
@@ -104,14 +104,14 @@ def test_workers_passes_and_replicas_in_a_fixed_order_keep_the_three_rules(compo
              lambda: model.run_job(2, 0, None, "flaky", None),
              lambda: model.run_job(2, 1, "kill-after:final-marker:1", "dead+live", None),
              lambda: model.run_job(1, 0, None, "one", "spec"),
-             lambda: model.marker_in_flight_taken_over(1)]
+             lambda: model.marker_in_flight_taken_over(2)]
     for step in steps:
         step()
         check(model)
     reached = Counts.steps - before
     assert reached["operator:next_pass"] == 1 and reached["job:1w:final:one:none"] == 1, reached
     assert reached["operator:Succeeded"] + reached["operator:Failed"] >= 1, reached
-    assert reached["marker_in_flight_taken_over:1w"] == 1, reached
+    assert reached["marker_in_flight_taken_over:2w"] == 1, reached
 
 
 def test_a_seeded_draw_of_workers_passes_and_faults_keeps_the_three_rules(composed_sims) -> None:
