@@ -4,7 +4,11 @@ every kill point, operator restarts, outages, a second writer and replaced sourc
 ledger, manifest, report and operator decisions. Prints how many steps of each kind and how many distinct states
 it explored, and fails loudly on the first broken invariant (with hypothesis' shrunk reproduction). Not a test.
 
-    .venv/bin/python hack/bench/bench_lifecycle_model.py [--examples 20] [--steps 25] [--seed 0]
+    .venv/bin/python hack/bench/bench_lifecycle_model.py [--examples 20] [--steps 25] [--seed 0] [--composed]
+
+--composed runs tests/integration/composed_model.py instead: a DatasetGeneration's Jobs of 1 to 4 workers, both
+hidden-state passes, dead and flaky replicas, a marker in flight taken over (docs/reliability.md, "One definition of
+done").
 """
 
 from __future__ import annotations
@@ -12,7 +16,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
+from tempfile import TemporaryDirectory
 
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
@@ -28,16 +34,34 @@ def main() -> int:
     parser.add_argument("--examples", type=int, default=20)
     parser.add_argument("--steps", type=int, default=25)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--composed", action="store_true", help="the DatasetGeneration model (composed_model.py)")
     args = parser.parse_args()
 
     from tokenmill_sim.config import SimConfig
     from tokenmill_sim.server import SimServer
 
     started = time.monotonic()
-    with SimServer(SimConfig(model_path=str(MODEL), time_scale=5000.0, max_running_requests=32,
-                             seed=args.seed)) as server:
-        LifecycleModel.server_url = server.url
-        run_state_machine_as_test(LifecycleModel, settings=settings(
+    machine: type[LifecycleModel] = LifecycleModel
+    with ExitStack() as stack:
+        if args.composed:
+            from tests.integration.composed_model import ComposedModel, small_model
+
+            model = ComposedModel.model_path = small_model(Path(stack.enter_context(TemporaryDirectory())) / "m")
+
+            def sim(**flags: object) -> str:
+                config = SimConfig(model_path=str(model), time_scale=5000.0, max_running_requests=32,
+                                   chunked_prefill_size=256, seed=args.seed, **flags)  # type: ignore[arg-type]
+                return stack.enter_context(SimServer(config)).url
+
+            ComposedModel.aux_url = LifecycleModel.server_url = sim(enable_return_aux_hidden_states=True)
+            ComposedModel.final_url = sim(enable_return_hidden_states=True)
+            ComposedModel.flaky_url = sim(enable_return_aux_hidden_states=True, fault_503_rate=0.2,
+                                          fault_reset_rate=0.05)
+            machine = ComposedModel
+        else:
+            LifecycleModel.server_url = stack.enter_context(SimServer(SimConfig(
+                model_path=str(MODEL), time_scale=5000.0, max_running_requests=32, seed=args.seed))).url
+        run_state_machine_as_test(machine, settings=settings(
             max_examples=args.examples, stateful_step_count=args.steps, deadline=None, database=None,
             suppress_health_check=list(HealthCheck), derandomize=args.seed == 0))
     elapsed = time.monotonic() - started

@@ -89,6 +89,7 @@ from .observe.gather import (
     observe_trial,
     observe_window,
     server_node_products,
+    states_completion,
 )
 from .observe.model_files import make_plan, read_model_facts
 from .observe.workload_sample import operator_reader, surveyed_workload
@@ -254,7 +255,9 @@ def _observed(context: Context, output: OutputIndex, storage: Storage, planning:
     if progress is not None and progress.settled and job is not None and job.finished and not full:
         progress, run = observe_progress(storage, output, now, facts.job_started, stopped, True, expected)
     given_up = (progress.overall if progress else previous.progress).given_up
-    retry = plan_retry(context.retry_request, previous.retry, given_up, now)
+    # An ended run's report says what a retry runs again: given-up samples, failed and missing captures.
+    retryable = max(given_up, previous.report.retryable) if ended and previous.report is not None else given_up
+    retry = plan_retry(context.retry_request, previous.retry, retryable, now)
     urls = _server_urls(context, plan)
     layout = layout_token(previous, planning.generation)
     passes = passes_of(spec)
@@ -276,6 +279,12 @@ def _observed(context: Context, output: OutputIndex, storage: Storage, planning:
             and not job.finished:
         # Every sample settled and the Job still runs: it is capturing states, which commits no shard.
         capture = read_capture_progress(storage, states.kind if states else "aux", facts.job_started)
+    completion = None
+    if spec.hidden_states is not None and progress is not None and job is not None and job.finished \
+            and progress.settled_by(job.hash) and run is not None:
+        # The Job ended with every sample settled: whether its pass's states are all there decides the next pass.
+        completion = states_completion(storage, run.dataset_names, list(spec.hidden_states.layouts),
+                                       progress.overall.given_up)
     return Observed(
         generation=context.generation, now=now, suspended=spec.suspend, previous=previous, name=context.name,
         plan=plan, plan_error=planning.error, planned_generation=planning.generation, server=facts.server, job=job,
@@ -290,7 +299,7 @@ def _observed(context: Context, output: OutputIndex, storage: Storage, planning:
         foreign_output=_foreign_output(storage, output, run, spec, context.owner),
         queue=facts.queueing.state if facts.queueing else None,
         window=window, verify_window_s=float(spec.server.verify_window_seconds),
-        states_passes=passes, states_pass=states, capture=capture,
+        states_passes=passes, states_pass=states, capture=capture, completion=completion,
     )
 
 

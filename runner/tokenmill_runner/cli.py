@@ -11,6 +11,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from contextlib import ExitStack
+from typing import TYPE_CHECKING
 
 from . import logs
 from .generate import builtin_sim
@@ -34,6 +35,10 @@ from .report.files import NotARunOutput
 from .spec.config import API_KEY_ENV, RunnerConfig, TrialSample
 from .spec.resource import DatasetGeneration, SpecError, load_spec_file
 from .store.lease import LeaseLost
+
+if TYPE_CHECKING:
+    from .generate.pipeline import Runner
+    from .generate.summary import RunSummary
 
 logger = logging.getLogger("tokenmill")
 
@@ -292,8 +297,8 @@ async def _run_async(config: RunnerConfig) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, runner.request_stop)
-    # The capture pass commits after the stream: it keeps the stream's lease and proves it at each of its markers;
-    # the lease is proven once more after the last of them, and given up only then.
+    # The capture pass commits after the stream: it keeps the stream's lease (it proves it at each of its markers)
+    # and its client; the lease is proven once more after the last of them, and given up only then.
     summary = await runner.run(keep_lease=True)
     try:
         for line in iter_summary_lines(summary):
@@ -302,38 +307,61 @@ async def _run_async(config: RunnerConfig) -> int:
         if code in (EXIT_INTERRUPTED, EXIT_SERVERS_UNAVAILABLE):
             return code
         if config.spec.hidden_states is not None:
-            from .facts.hidden_states import NoRoomError, launch_flags
-            from .generate.hidden_pass import StatesNotServed, pending_kinds, run_hidden_state_pass
-
-            try:
-                captured = await run_hidden_state_pass(config, runner.storage, os.environ.get(API_KEY_ENV),
-                                                       runner.fence)
-            except NoRoomError as error:
-                print(f"error: hidden states: {error}", file=sys.stderr)
-                return EXIT_GIVEN_UP
-            except StatesNotServed as error:
-                print(f"error: hidden states: {error}", file=sys.stderr)
-                return EXIT_SERVERS_UNAVAILABLE
-            print(f"hidden states ({captured.kind}): {captured.captured} captured, {captured.skipped} already "
-                  f"committed, {captured.failed} failed, {captured.state_bytes} bytes")
-            if captured.failed and code == 0:
-                code = EXIT_GIVEN_UP  # a run whose states are incomplete never ends looking like success
-            pending = [] if config.states_pass else pending_kinds(
-                runner.storage, [d.name for d in config.spec.datasets], list(config.spec.hidden_states.layouts))
-            if pending and code == 0:
-                # The operator runs each pass itself (--states-pass); a person is told what to relaunch.
-                flags = " ".join(launch_flags(config.spec.hidden_states.layer_ids, pending[0]))
-                print(f"hidden states: the {', '.join(pending)} states are still to capture "
-                      f"(hiddenStates.layouts {list(config.spec.hidden_states.layouts)}): restart the server with "
-                      f"{flags} (and none of the other pass's flags) and run again", file=sys.stderr)
-                code = EXIT_STATES_PENDING
+            code = await _states_pass(config, runner, summary)
         # Bug 8 of the f9665d2 review: a run taken over while its last marker was in flight exited 0. Its lease is
         # proven once more after every record landed, or the run exits 6 and writes no report.
         runner.confirm_lease()
     finally:
+        await runner.client.aclose()
         runner.release_lease()
     if config.worker_count == 1:  # with several workers the operator reports once all are done
         _print_report(runner.storage)
+    return code
+
+
+async def _states_pass(config: RunnerConfig, runner: Runner, summary: RunSummary) -> int:
+    """The hidden-state pass over this worker's share, then the exit code from what the share still lacks
+    (store/completion.py): a worker judges its own share, never the others'."""
+    from .facts.hidden_states import NoRoomError, launch_flags
+    from .generate.hidden_pass import StatesNotServed, run_hidden_state_pass
+    from .generate.results import ServersUnavailable
+    from .generate.summary import RETRY_HINT, exit_code, share_completion
+    from .store.hidden_states import kinds_coverage
+
+    states = config.spec.hidden_states
+    assert states is not None
+    try:
+        captured = await run_hidden_state_pass(config, runner.storage, runner.client, os.environ.get(API_KEY_ENV),
+                                               runner.fence)
+    except NoRoomError as error:
+        print(f"error: hidden states: {error}", file=sys.stderr)
+        return EXIT_GIVEN_UP
+    except StatesNotServed as error:
+        print(f"error: hidden states: {error}", file=sys.stderr)
+        return EXIT_SERVERS_UNAVAILABLE
+    except ServersUnavailable as error:
+        print(f"stopped: hidden states: {error}. Nothing was written off; run again (a restarted Job pod does) to "
+              "continue once a server is up", file=sys.stderr)
+        return EXIT_SERVERS_UNAVAILABLE
+    print(f"hidden states ({captured.kind}): {captured.captured} captured, {captured.skipped} already committed, "
+          f"{captured.failed} failed, {captured.failed_before} failed before, {captured.state_bytes} bytes")
+    layouts = list(states.layouts)
+    done = share_completion(summary, kinds_coverage(runner.storage, [d.name for d in config.spec.datasets], layouts,
+                                                    config.share, config.states_pass))
+    code = exit_code(summary, done, captured.kind)
+    if done.states_failed:
+        print(f"hidden states: {done.describe()}; {RETRY_HINT}", file=sys.stderr)
+    pending = [kind for kind in done.pending_kinds() if kind != captured.kind]
+    if code == EXIT_STATES_PENDING:
+        # The operator runs each pass itself (--states-pass); a person is told what to relaunch.
+        flags = " ".join(launch_flags(states.layer_ids, pending[0]))  # type: ignore[arg-type]
+        print(f"hidden states: the {', '.join(pending)} states are still to capture (hiddenStates.layouts "
+              f"{layouts}): restart the server with {flags} (and none of the other pass's flags) and run again",
+              file=sys.stderr)
+    elif code == EXIT_FAILED:
+        print(f"error: this worker's share is not done: {done.describe()}; run again to continue"
+              + ("" if config.generates else " (a later hidden-state pass generates nothing: run the first pass, "
+                 "without --states-pass, to settle those slots)"), file=sys.stderr)
     return code
 
 

@@ -114,6 +114,8 @@ class LifecycleModel(RuleBasedStateMachine):
         self.recorded: dict[str, int] = {}  # the source version run.json records per dataset (kept when retired)
         self.operator = OutputIndex()
         self.lease_steps: set[str] = set()  # the lease's races, each at most once per example (they wait seconds)
+        self.hidden_states: dict[str, Any] | None = None  # spec.hiddenStates (composed_model.py asks for them)
+        self.model, self.max_new_tokens = MODEL, 512
         for name in self.versions:
             self._write_source(name)
 
@@ -125,11 +127,13 @@ class LifecycleModel(RuleBasedStateMachine):
         datasets = [{"name": name, "source": f"{name}.jsonl", "samples": d["samples"],
                      **({"limit": d["limit"]} if d["limit"] else {})} for name, d in sorted(self.layout.items())]
         document = {"apiVersion": "tokenmill.io/v1alpha1", "kind": "DatasetGeneration", "metadata": {"name": "model"},
-                    "spec": {"model": {"path": str(MODEL)}, "sampling": {"maxNewTokens": 512},
+                    "spec": {"model": {"path": str(self.model)}, "sampling": {"maxNewTokens": self.max_new_tokens},
                              "datasets": datasets,
                              "runner": {"concurrency": 8, "shardMaxSamples": 4, "shardMaxSeconds": 30,
                                         "maxAttempts": 3, **runner},
                              "output": {"uri": "out"}}}
+        if self.hidden_states is not None:
+            document["spec"]["hiddenStates"] = self.hidden_states
         path = self.root / "spec.yaml"
         path.write_text(yaml.safe_dump(document))
         return path

@@ -37,14 +37,18 @@ SHAPE = StateShape(len(LAYERS), HIDDEN, "bfloat16")
 CHUNK = 48  # small prefill chunks, so an answer spans several
 
 
-@pytest.fixture
-def sim(demo_model: Path):
+def sim_server(demo_model: Path, **config: Any):
+    """The simulator for these tests: fast, small prefill chunks (an answer spans several), `config` its flags."""
     from tokenmill_sim.config import SimConfig
     from tokenmill_sim.server import SimServer
 
-    config = SimConfig(model_path=str(demo_model), time_scale=5000.0, max_running_requests=32,
-                       enable_return_aux_hidden_states=True, chunked_prefill_size=CHUNK)
-    with SimServer(config) as server:
+    return SimServer(SimConfig(model_path=str(demo_model), time_scale=5000.0, max_running_requests=32,
+                               chunked_prefill_size=CHUNK, **config))
+
+
+@pytest.fixture
+def sim(demo_model: Path):
+    with sim_server(demo_model, enable_return_aux_hidden_states=True) as server:
         yield server
 
 
@@ -230,9 +234,12 @@ def test_tokenmill_run_captures_the_states_and_retry_failed_retries_failed_captu
     assert "0 captured, 0 already committed, 4 failed" in first.stdout
     storage = LocalStorage(out)
     assert captured_keys(storage, "d") == set()
-    # A resume leaves failed captures alone; --retry-failed captures them.
+    # A resume leaves failed captures alone, counted apart from what is committed, and says how to retry them
+    # (f9665d2 called them "already committed" and advised relaunching a server that already had the flags);
+    # --retry-failed captures them.
     again = run_cli(spec, out, sim.url)
-    assert "0 captured, 4 already committed, 0 failed" in again.stdout
+    assert "0 captured, 0 already committed, 0 failed, 4 failed before" in again.stdout
+    assert again.returncode == EXIT_GIVEN_UP and "--retry-failed" in again.stderr, again.stderr[-2000:]
     retried = run_cli(spec, out, sim.url, None, "--retry-failed")
     assert retried.returncode == 0, retried.stderr[-2000:]
     assert "4 captured, 0 already committed, 0 failed" in retried.stdout

@@ -26,17 +26,10 @@ from tokenmill_runner.store.hidden_states import AUX, FINAL, captured_keys, read
 from tokenmill_runner.store.storage import TMP_MARK, LocalStorage
 
 from .test_exactly_once import run_cli
-from .test_hidden_states import CHUNK, HIDDEN, LAYERS, expected, rows_by_key, run_spec
+from .test_hidden_states import HIDDEN, LAYERS, expected, rows_by_key, run_spec
+from .test_hidden_states import sim_server as server
 
 FINAL_KEY = [-1]  # tokenmill_sim.hidden_states.FINAL_LAYER_KEY
-
-
-def server(demo_model: Path, **flags: bool):
-    from tokenmill_sim.config import SimConfig
-    from tokenmill_sim.server import SimServer
-
-    return SimServer(SimConfig(model_path=str(demo_model), time_scale=5000.0, max_running_requests=32,
-                               chunked_prefill_size=CHUNK, **flags))
 
 
 @pytest.fixture

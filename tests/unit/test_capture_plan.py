@@ -34,6 +34,10 @@ def test_the_forwards_are_the_step_model_s_prefill_and_decode_steps_in_rounds_of
     # Two workers: 8 in flight on the one replica, one round.
     two = capture_time([CaptureLoad("d", 8, 1000)], 6144, 2, 512, step, prefill, json_bytes_per_s=1e15)
     assert two.forward_seconds == pytest.approx(0.08 + 0.03)
+    # Two replicas (the runner sends each capture to the least loaded live one): each prefills half the samples, two
+    # of the four in flight at a time: two rounds of 2 x 1,000 tokens (0.02 s) and 3 decode steps.
+    spread = capture_time([CaptureLoad("d", 8, 1000)], 6144, 1, 512, step, prefill, json_bytes_per_s=1e15, replicas=2)
+    assert spread.forward_seconds == pytest.approx(2 * (0.02 + 0.03))
 
 
 def test_a_large_dataset_scales_the_simulated_share_linearly():

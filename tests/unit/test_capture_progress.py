@@ -45,7 +45,7 @@ def test_a_worker_writes_at_once_then_at_most_once_a_period_and_only_when_it_mov
     beat.finish(CaptureCounts(captured=5, state_bytes=10))
     clock.now = 100
     assert orjson.loads(beat.due(CaptureCounts(skipped=2)) or b"{}") == {
-        "captured": 5, "skipped": 2, "failed": 0, "state_bytes": 10, "elapsed_s": 100.0}, \
+        "captured": 5, "skipped": 2, "failed": 0, "state_bytes": 10, "failed_before": 0, "elapsed_s": 100.0}, \
         "finished datasets plus the current one, and the pass's own time so far"
 
 

@@ -259,6 +259,20 @@ def test_prefix_hits_are_token_exact_and_leave_the_last_token() -> None:
     assert (first.cached_tokens, second.cached_tokens, again.cached_tokens) == (0, 300, 309)
 
 
+def test_input_logprobs_from_a_position_reuse_no_prefix_past_it() -> None:
+    # A hidden-state capture asks logprob_start_len 0 (facts/hidden_states.capture_request): 0.5.23 matches no cached
+    # prefix past that position (managers/schedule_batch.py:1766-1785), so it prefills in full, and pays for it.
+    system = list(range(100, 400))
+    model = CapacityModel(SchedulerParams(), prefix_cache=PrefixCache(10_000))
+    first = Job(310, 5, 0.0, prompt_ids=system + list(range(10)))
+    capture = Job(310, 5, 0.0, prompt_ids=system + list(range(10)), match_limit=0)
+    partly = Job(310, 5, 0.0, prompt_ids=system + list(range(10)), match_limit=120)
+    for job in (first, capture, partly):
+        model.submit(job)
+    drain(model)
+    assert (capture.cached_tokens, partly.cached_tokens) == (0, 120)
+
+
 def test_the_prefix_cache_stays_within_its_capacity_and_evicts_the_oldest() -> None:
     cache = PrefixCache(1000)
     for i in range(30):

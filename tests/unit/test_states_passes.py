@@ -97,3 +97,57 @@ def test_a_server_still_rolling_is_not_ready_so_no_job_starts_on_the_old_flags()
                               previous=DatasetGenerationStatus(server_starting_since=(T0 - timedelta(minutes=1))
                                                                .isoformat())))
     assert not rolling.create_job and rolling.status.phase == "StartingServer"
+
+
+# -- the review of f9665d2: the operator reads the one definition of done (store/completion.py) ---------------------
+
+REPORTED = dict(uri="s3://b/run/report/report.json", verdict="fail")
+
+
+def test_review_bug_3_the_final_pass_starts_only_once_every_sample_has_its_aux_states():
+    # f9665d2 moved on once every slot was settled, states unread: a sample whose aux capture failed (or one the
+    # aux Job never captured) never got them. The run is reported instead, and ends short of Succeeded.
+    from tokenmill_runner.store.completion import Completion, StateCoverage
+
+    finished = JobState(succeeded=3, failed=1, failed_message="runner Job failed (FailedIndexes)", hash=JOB_HASH)
+    for aux in (StateCoverage("aux", 100, 92, failed=8), StateCoverage("aux", 100, 90)):
+        held = decide(observed(job=finished, progress=progress(100, 0, 100), states_passes=("aux", "final"),
+                               states_pass=AUX, completion=Completion(0, 0, (aux, StateCoverage("final", 100, 0)))))
+        assert held.write_report and not held.replace_job and held.status.states_pass == AUX
+    moved = decide(observed(job=finished, progress=progress(100, 0, 100), states_passes=("aux", "final"),
+                            states_pass=AUX, completion=Completion(0, 0, (StateCoverage("aux", 100, 100),))))
+    assert moved.replace_job and moved.status.states_pass.kind == "final"
+
+
+def test_review_bug_2_a_report_with_samples_lacking_states_never_ends_succeeded_and_the_retry_runs_them():
+    # f9665d2: every index exited 7, the slots were settled, so Reporting, then Succeeded; and the retry annotation
+    # answered "nothing was given up". The report's completion (store/completion.py) says what is missing.
+    from tokenmill_operator.decide.lifecycle import plan_retry
+    from tokenmill_operator.decide.status import ReportStatus
+
+    finished = JobState(failed=3, failed_message="runner Job failed (FailedIndexes)", hash=JOB_HASH)
+    report = ReportStatus(**REPORTED, completion="pending", retryable=10,
+                          findings=["d: 10 of 30 samples have no hidden states; 10 were never captured: run again"])
+    ended = decide(observed(name="b5", job=finished, progress=progress(30, 0, 30), remembered_report=report))
+    assert ended.status.phase == "Failed" and ended.delete_server
+    assert conditions(ended)["Succeeded"] == ("False", "StatesMissing")
+    assert "10 of 30 samples have no hidden states" in ended.status.message
+    assert "tokenmill.io/retry-failed" in ended.status.message
+    retry = plan_retry("1", None, report.retryable, T0)
+    assert retry.accepted and "10 given-up samples" in retry.status.outcome
+
+
+def test_review_bug_4_failed_captures_end_the_run_given_up_and_retryable():
+    from tokenmill_operator.decide.status import ReportStatus
+
+    report = ReportStatus(**REPORTED, completion="given_up", retryable=7,
+                          findings=["d: 7 of 60 samples have no hidden states; 7 captures failed: rerun"])
+    ended = decide(observed(name="b5", job=JobState(succeeded=1, complete=True, hash=JOB_HASH),
+                            progress=progress(60, 0, 60), remembered_report=report))
+    assert conditions(ended)["Failed"] == ("True", "SamplesGivenUp")
+    assert "hidden-state captures failed" in ended.status.message
+    # The same report, complete: Succeeded; an older operator's report (no completion) is judged by its samples.
+    for completion in ("complete", None):
+        done = decide(observed(job=JobState(succeeded=1, complete=True, hash=JOB_HASH), progress=progress(60, 0, 60),
+                               remembered_report=report.model_copy(update={"completion": completion})))
+        assert done.status.phase == "Succeeded"

@@ -77,3 +77,23 @@ def test_a_dataset_without_a_single_sample_exits_5_but_another_workers_share_may
     assert exit_code(replace(summary, workers=2)) == EXIT_OK
     empty = replace(dataset(rows=0, generated=0), source_rows=0)
     assert exit_code(replace(run(empty), workers=2)) == EXIT_NO_SAMPLES
+
+
+def test_a_worker_judges_its_own_share_of_the_states_and_says_which_pass_is_left():
+    # store/completion.py over this worker's share: its slots from the summary, each kind's coverage of its samples.
+    from tokenmill_runner.generate.summary import EXIT_STATES_PENDING, share_completion
+    from tokenmill_runner.store.completion import StateCoverage
+
+    summary = run(dataset(generated=10))
+    aux, final = StateCoverage("aux", 10, 10), StateCoverage("final", 10, 0)
+    assert exit_code(summary, share_completion(summary, (aux,)), "aux") == EXIT_OK
+    # SpecForge's layout after the aux pass: the final states need the server relaunched.
+    assert exit_code(summary, share_completion(summary, (aux, final)), "aux") == EXIT_STATES_PENDING
+    # This pass's own kind still missing after it ran: work left undone, never "another pass".
+    assert exit_code(summary, share_completion(summary, (StateCoverage("aux", 10, 9), final)), "aux") == EXIT_FAILED
+    # Captures that failed (recorded: what no retry fixed) are given up, before the other kind's pass.
+    failed = StateCoverage("aux", 10, 9, failed=1)
+    assert exit_code(summary, share_completion(summary, (failed, final)), "aux") == EXIT_GIVEN_UP
+    # An interrupted run says so whatever its states.
+    assert exit_code(run(dataset(generated=10), interrupted=True), share_completion(summary, (failed,))) == \
+        EXIT_INTERRUPTED

@@ -12,4 +12,7 @@ def write_report_status(storage: Storage) -> ReportStatus:
     """Write the report's files from what is committed, and say where they are and what they found."""
     report, _ = write_report(storage)
     findings = [f["message"] for f in report["findings"] if f["level"] != "pass"]
-    return ReportStatus(uri=storage.uri(f"{REPORT_DIR}/report.json"), verdict=report["verdict"], findings=findings)
+    # The run's completion as the report judged it (store/completion.py), what Succeeded and the retry read.
+    completion = report.get("completion") or {}
+    return ReportStatus(uri=storage.uri(f"{REPORT_DIR}/report.json"), verdict=report["verdict"], findings=findings,
+                        completion=completion.get("verdict", "pending"), retryable=completion.get("retryable", 0))

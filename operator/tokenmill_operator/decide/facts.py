@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from tokenmill_runner.facts.hidden_states import ServedKind
 from tokenmill_runner.spec.resource import DatasetGenerationSpec
+from tokenmill_runner.store.completion import Completion
 from tokenmill_runner.store.manifest import Owner
 
 from . import names
@@ -128,6 +129,9 @@ class Observed:
     states_passes: tuple[ServedKind, ...] = ()  # the hidden-state passes the layouts need, when two (states_passes.py)
     states_pass: StatesPass | None = None  # the one in progress
     capture: CaptureProgress | None = None  # the runner's capture pass, while every sample is settled and it runs
+    # What the run lacks (store/completion.py), read once its Job ended with every sample settled and the spec asks
+    # for hidden states (None otherwise): whether the next pass may start.
+    completion: Completion | None = None
 
 
 @dataclass(frozen=True)

@@ -79,7 +79,9 @@ def retry_value(request: str) -> str:
 
 
 def plan_retry(request: str | None, previous: RetryStatus | None, given_up: int, now: datetime) -> RetryDecision:
-    """A tokenmill.io/retry-failed value not handled before asks for one retry of what was given up."""
+    """A tokenmill.io/retry-failed value not handled before asks for one retry of what was given up: `given_up`
+    counts what a retry runs again (store/completion.Completion.retryable: given-up samples, and hidden-state
+    captures that failed or are missing)."""
     token = previous.token if previous else ""
     if not request:
         return RetryDecision(token=token, status=previous)
@@ -91,7 +93,8 @@ def plan_retry(request: str | None, previous: RetryStatus | None, given_up: int,
         return RetryDecision(token=token, status=RetryStatus(handled=request, at=_iso(now), outcome=outcome,
                                                              token=token),
                              event=Event("Normal", "RetryNotNeeded", f"{names.RETRY_ANNOTATION}={request}: {outcome}"))
-    outcome = f"restarted the runner with --retry-failed for {given_up} given-up samples"
+    outcome = (f"restarted the runner with --retry-failed for {given_up} given-up samples (or their missing or "
+               "failed hidden-state captures)")
     return RetryDecision(token=request, status=RetryStatus(handled=request, at=_iso(now), outcome=outcome,
                                                            token=request),
                          event=Event("Normal", "RetryRequested", f"{names.RETRY_ANNOTATION}={request}: {outcome}"),
@@ -251,22 +254,39 @@ def _kept_override(observed: Observed) -> LayoutOverride | None:
     return kept_override(observed.previous, observed.planned_generation)
 
 
+def _retry_hint(observed: Observed) -> str:
+    return (f"kubectl annotate dsgen {observed.name or 'NAME'} {names.RETRY_ANNOTATION}=\"$(date +%s)\" --overwrite "
+            "(or set spec.runner.retryFailed: true)")
+
+
 def _given_up_message(observed: Observed, overall: Progress, report: ReportStatus) -> str:
     reasons = ", ".join(f"{reason} {count}" for reason, count in overall.failed_by_reason.items())
-    name = observed.name or "NAME"
-    return (f"{overall.given_up} of {overall.total} samples were given up for a server-side reason (failures by "
-            f"reason: {reasons}); the servers failed them, not their input. Run them again: kubectl annotate dsgen "
-            f"{name} {names.RETRY_ANNOTATION}=\"$(date +%s)\" --overwrite (or set spec.runner.retryFailed: true). "
-            f"Report ({report.verdict}): {report.uri}")
+    slots = (f"{overall.given_up} of {overall.total} samples were given up for a server-side reason (failures by "
+             f"reason: {reasons}); the servers failed them, not their input. " if overall.given_up else "")
+    states = ("" if overall.given_up else "hidden-state captures failed (the report names how many). ")
+    return (f"{slots}{states}Run them again: {_retry_hint(observed)}. Report ({report.verdict}): {report.uri}")
 
 
 def _ended(observed: Observed, status: _Status) -> Decision:
+    """The report is written: Succeeded only when the run is complete (store/completion.py, as the report judged
+    it: every sample settled and every artifact the spec asks for present); a report of an older operator, without
+    its completion, is judged by its samples alone."""
     report = observed.remembered_report
     assert report is not None
     overall, _ = _progress(observed)
-    if overall.given_up > 0:
+    if report.completion == "pending":
+        return _failed(observed, status, "StatesMissing",
+                       f"every sample is settled but some have no hidden states ({_findings(report)}): a runner "
+                       f"worker ended before its share was captured; capture them: {_retry_hint(observed)}. Report "
+                       f"({report.verdict}): {report.uri}")
+    if overall.given_up > 0 or report.completion == "given_up":
         return _failed(observed, status, "SamplesGivenUp", _given_up_message(observed, overall, report))
     return _finished(observed, status, report)
+
+
+def _findings(report: ReportStatus) -> str:
+    states = [finding for finding in report.findings if "hidden states" in finding]
+    return "; ".join(states[:3]) or "see the report"
 
 
 def _finished(observed: Observed, status: _Status, report: ReportStatus) -> Decision:
@@ -364,7 +384,8 @@ def _capturing(observed: Observed) -> str | None:
     committed = observed.progress.overall.completed if observed.progress else 0
     eta = capture.eta_seconds(committed)
     return (f"capturing the {kind} hidden states: {counts.captured + counts.skipped:,}/{committed:,} samples, "
-            f"{counts.failed:,} failed, {counts.state_bytes / 1e9:,.2f} GB this pass ({capture.workers} workers), "
+            f"{counts.failed + counts.failed_before:,} failed, {counts.state_bytes / 1e9:,.2f} GB this pass "
+            f"({capture.workers} workers), "
             f"ETA {format_duration(eta) if eta is not None else 'unknown'}")
 
 
@@ -655,11 +676,15 @@ def with_switch(decision: Decision, replan: Replan, running: ServerPlan, switche
 
 
 def _job_finished(observed: Observed, status: _Status, job: JobState) -> Decision:
-    """The Job ended (every index done, or it failed). The ledger, not the Job, says whether the run is complete:
-    workers that gave samples up exit 3, which fails their index, yet every sample has its final outcome."""
+    """The Job ended (every index done, or it failed). The ledger and the states, not the Job, say whether the run
+    is complete (store/completion.py): workers that gave samples up exit 3, which fails their index, yet every
+    sample has its final outcome. The next hidden-state pass starts only once this pass's kind is captured for every
+    committed sample; otherwise the report says what is missing or failed, and the run ends short of Succeeded."""
     if observed.progress is not None and observed.progress.settled_by(job.hash):
         following = next_pass(observed.states_passes, observed.states_pass)
-        if following is not None:
+        current = observed.states_pass
+        done = observed.completion
+        if following is not None and current is not None and (done is None or done.kind_done(current.kind)):
             return _next_states_pass(observed, status, following)
         status.set("Progressing", "True", "Reporting", "writing the validation report")
         return Decision(_base_status(observed, status, "Reporting", "writing the validation report"),

@@ -62,6 +62,11 @@ RUNNER_EXIT_SERVERS_DOWN = 4
 # 5: a dataset has no sample: its source is empty (every worker sees the same) or all its rows failed for their
 # input (a single worker): no retry changes the input.
 RUNNER_EXIT_NO_SAMPLES = 5
+# 7: the worker's share is done, but another kind of hidden states is still to capture against a relaunched server.
+# A worker whose share is done while others still work exits 0 (it judges its own share: store/work_split.py), and
+# the operator's Jobs name their pass (--states-pass), so this should not come; if it does, a new pod would end
+# the same way, and the operator runs the next pass from the ledger: the index is failed, never retried as a fault.
+RUNNER_EXIT_STATES_PENDING = 7
 # Only the tokenizer of an s3:// tokenizer location is needed; skip weights if it points at a full model prefix.
 _WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf", "*.msgpack", "*.h5", "*.ckpt")
 
@@ -627,6 +632,7 @@ def _pod_failure_policy() -> Manifest:
         _exit_codes("FailJob", RUNNER_EXIT_USAGE),
         _exit_codes("FailJob", RUNNER_EXIT_NO_SAMPLES),
         _exit_codes("FailIndex", RUNNER_EXIT_GAVE_UP),
+        _exit_codes("FailIndex", RUNNER_EXIT_STATES_PENDING),
         # Said explicitly: a servers' outage is retried, within backoffLimitPerIndex (the default action).
         _exit_codes("Count", RUNNER_EXIT_SERVERS_DOWN),
     ]}

@@ -58,6 +58,13 @@ class ReportStatus(SpecModel):
     uri: str = Field(description="Where report.json, report.md and the plots are.")
     verdict: Literal["pass", "warn", "fail"] = Field(description="The report's verdict.")
     findings: list[str] = Field(default_factory=list, description="The report's warnings and failures.")
+    completion: Literal["pending", "given_up", "complete"] | None = Field(
+        None, description="Whether the run was complete when the report was written: every sample settled and every "
+        "artifact the spec asks for (each kind of hidden states, aligned with the committed tokens) present "
+        "(complete), some given up or their captures failed (given_up), or hidden states still missing (pending). "
+        "Succeeded means complete.")
+    retryable: int = Field(0, ge=0, description="What the tokenmill.io/retry-failed annotation runs again: samples "
+                           "given up, and hidden-state captures that failed or are missing.")
 
 
 class RunStatus(SpecModel):

@@ -23,6 +23,8 @@ from tokenmill_runner.facts.workload import Workload
 from tokenmill_runner.spec.resource import ServerSpec
 from tokenmill_runner.store.checkpoints import OPERATOR_WRITER, Signer
 from tokenmill_runner.store.commit_index import DatasetIndex
+from tokenmill_runner.store.completion import Completion
+from tokenmill_runner.store.hidden_states import kinds_coverage
 from tokenmill_runner.store.index_store import CHECKPOINT_EVERY, load_index, refresh, write_checkpoint
 from tokenmill_runner.store.lease_rules import LeaseWatch
 from tokenmill_runner.store.ledger import LedgerBudget
@@ -366,6 +368,12 @@ def observe_progress(storage: Storage, output: OutputIndex, now: datetime, start
     samples = {name: layout.samples for name, layout in manifest.datasets.items()}
     indexes = output.follow(storage, lines, now, full, stopped, samples)
     return progress_facts(indexes, manifest, now, started, expected_output), manifest
+
+
+def states_completion(storage: Storage, datasets: list[str], layouts: list[str], given_up: int) -> Completion:
+    """What a settled run lacks (store/completion.py): each kind of hidden states the layouts need over every
+    committed sample, the state markers listed (not read: the report reads them), with the given-up samples."""
+    return Completion(0, given_up, kinds_coverage(storage, datasets, layouts))
 
 
 def scrape_replicas(urls: list[list[str]], read: Callable[[str], Scrape | None] = read_metrics) -> list[Scrape | None]:

@@ -116,6 +116,9 @@ class Job:
     max_new_tokens: int | None = None  # what the request allows (the admission estimate uses it); None: output
     handle: Any = None  # the caller's object, handed back on completion
     prompt_ids: Sequence[int] | None = None  # for the prefix cache; None: no cache lookup
+    # A request that asks input logprobs from a position (logprob_start_len) reuses no cached prefix past it
+    # (0.5.23 managers/schedule_batch.py:1766-1785): a hidden-state capture (logprob_start_len 0) prefills in full.
+    match_limit: int | None = None
     output_ids: Sequence[int] | None = None  # cached with the prompt when it finishes (the next turn's history)
     cached_tokens: int = 0  # prompt tokens found in the prefix cache when it was first admitted
     generated: int = 0  # tokens generated before its current run (non-zero after a retraction)
@@ -341,7 +344,8 @@ class CapacityModel:
         if self.prefix_cache is None or job.prompt_ids is None:
             return 0
         ids = job.prompt_ids
-        job.cached_tokens = self.prefix_cache.match(ids[:-1])
+        end = len(ids) - 1 if job.match_limit is None else max(0, min(job.match_limit, len(ids) - 1))
+        job.cached_tokens = self.prefix_cache.match(ids[:end])
         self.prefix_cache.insert(ids)
         return job.cached_tokens
 

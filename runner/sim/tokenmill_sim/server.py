@@ -212,7 +212,7 @@ class Simulator:
             self.metrics.observe_aborted()
             raise abort_error(HTTPStatus.SERVICE_UNAVAILABLE, QUEUE_FULL)
         outcomes = [dataclasses.replace(outcome, hidden_states=hidden, logprob_start_len=logprob_start_len)
-                    for outcome in await self._run(parsed.items)]
+                    for outcome in await self._run(parsed.items, logprob_start_len)]
         answers = [self._answer(outcome) for outcome in outcomes]
         if dice[1] < self.config.fault_reset_rate:
             return _drop_connection(request)  # generated and counted, but the answer is lost on the way
@@ -220,7 +220,7 @@ class Simulator:
             await asyncio.sleep(self.config.fault_slow_seconds)
         return _json(HTTPStatus.OK, answers if parsed.batch else answers[0])
 
-    async def _run(self, items: list[GenerateItem]) -> list[_Outcome]:
+    async def _run(self, items: list[GenerateItem], logprob_start_len: int = -1) -> list[_Outcome]:
         engine = self._engine()
         outcomes: list[_Outcome] = []
         try:
@@ -230,7 +230,8 @@ class Simulator:
                     item = dataclasses.replace(item, params=dataclasses.replace(item.params, max_new_tokens=max_new))
                 finished, aborted = self._finish(item)
                 job = Job(len(item.input_ids), len(finished.output_ids), 0.0, max_new_tokens=max_new,
-                          prompt_ids=item.input_ids, output_ids=finished.output_ids)
+                          prompt_ids=item.input_ids, output_ids=finished.output_ids,
+                          match_limit=logprob_start_len if logprob_start_len >= 0 else None)
                 try:
                     job = engine.submit(job)
                 except QueueFull:

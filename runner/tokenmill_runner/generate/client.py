@@ -17,9 +17,9 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import httpx
 import orjson
@@ -51,6 +51,15 @@ HEALTH_TICK_S = 1.0  # how often the outage gauge is refreshed while a replica i
 
 class ServerFatalError(RuntimeError):
     """A server answer that no retry or other sample can fix (wrong API key, wrong URL): stop the run."""
+
+
+class _TooLarge(Exception):
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.size = size
+
+
+Answer = TypeVar("Answer")
 
 
 class HealthListener(Protocol):
@@ -155,6 +164,20 @@ class GenerateClient:
             seed = None if seed_for is None else seed_for(attempt)
             return orjson.dumps(self.request_body(server, input_ids, sampling_params, seed, affinity))
 
+        async def read(server: str, content: bytes, attempt: int) -> Generation | AttemptFailed:
+            return self._generation(server, content, attempt, input_ids)
+
+        return await self.send(body, read, affinity)
+
+    async def send(self, body: Callable[[int, str], bytes],
+                   read: Callable[[str, bytes, int], Awaitable[Answer | AttemptFailed]],
+                   affinity: Hashable | None = None, limit_bytes: int | None = None) -> Answer | GenerationFailure:
+        """Any /generate request under the client's rules (a live replica, retries, quarantine, the outage wait):
+        `body(attempt, server)` is the n-th attempt's body (from 0), `read(server, content, attempt)` turns an HTTP
+        200 answer into the result or an AttemptFailed that says whose fault it is; an answer longer than
+        `limit_bytes` is refused unread (FINAL). The result, or the request's final failure; raises
+        ServersUnavailable past the outage budget and ServerFatalError on a wrong key or URL. The stream's samples
+        and the hidden-state captures (hidden_capture.py) both go through here."""
         sent = own_failures = 0
         suspects: list[Suspect] = []  # server-side failures, judged by what the replica did next
         quarantined: list[Suspect] = []  # those of attempts made in quarantine
@@ -167,10 +190,10 @@ class GenerateClient:
                 self.retries += sent > 1
                 self.outstanding[server] += 1
                 try:
-                    outcome = await self._attempt(server, body(sent - 1, server), sent, input_ids)
+                    outcome = await self._attempt(server, body(sent - 1, server), sent, read, limit_bytes)
                 finally:
                     self.outstanding[server] -= 1
-                if isinstance(outcome, Generation):
+                if not isinstance(outcome, AttemptFailed):
                     self.replicas.record_success(server)
                     return outcome
                 if outcome.fault is Fault.FINAL:
@@ -259,25 +282,45 @@ class GenerateClient:
         return self.affinity.choose(affinity, candidates, self.outstanding, self.replicas.epochs(), least_loaded)
 
     # -- one HTTP request ----------------------------------------------------------------------------------
-    async def _post(self, url: str, body: bytes) -> httpx.Response:
+    async def _post(self, url: str, body: bytes, limit_bytes: int | None = None) -> tuple[int, bytes]:
+        """(status, body) of one POST on the least busy lane; with `limit_bytes`, the body is read as it streams
+        and _TooLarge raised past the limit (a capture's answer: its size is known before it is read)."""
         lane = self._lane_load.index(min(self._lane_load))
         self._lane_load[lane] += 1
         try:
-            return await self._lanes[lane].post(url, content=body)
+            if limit_bytes is None:
+                response = await self._lanes[lane].post(url, content=body)
+                return response.status_code, response.content
+            async with self._lanes[lane].stream("POST", url, content=body) as streamed:
+                chunks, size = [], 0
+                async for chunk in streamed.aiter_bytes():
+                    size += len(chunk)
+                    if size > limit_bytes:
+                        raise _TooLarge(size)
+                    chunks.append(chunk)
+                return streamed.status_code, b"".join(chunks)
         finally:
             self._lane_load[lane] -= 1
 
     async def _attempt(self, server: str, body: bytes, attempt: int,
-                       input_ids: list[int] | None = None) -> Generation | AttemptFailed:
+                       read: Callable[[str, bytes, int], Awaitable[Answer | AttemptFailed]],
+                       limit_bytes: int | None = None) -> Answer | AttemptFailed:
         try:
-            response = await self._post(f"{server}/generate", body)
+            status, content = await self._post(f"{server}/generate", body, limit_bytes)
         except httpx.TransportError as error:
             connect = isinstance(error, httpx.ConnectError)
             return transport_failure(server, type(error).__name__, str(error), connect=connect)
-        if response.status_code != 200:
-            return classify_error(response.status_code, response.content, server)
+        except _TooLarge as error:
+            return AttemptFailed(Fault.FINAL, "bad_response", f"{server}: the answer exceeds {limit_bytes} bytes "
+                                 f"({error.size} read), more than the request can take")
+        if status != 200:
+            return classify_error(status, content, server)
+        return await read(server, content, attempt)
+
+    def _generation(self, server: str, content: bytes, attempt: int,
+                    input_ids: list[int] | None) -> Generation | AttemptFailed:
         try:
-            payload = orjson.loads(response.content)
+            payload = orjson.loads(content)
         except orjson.JSONDecodeError:
             return AttemptFailed(Fault.SAMPLE, "bad_response",
                                  f"{server}: /generate answered 200 with a body that is not JSON")

@@ -251,13 +251,16 @@ class Runner:
     async def run(self, keep_lease: bool = False) -> RunSummary:
         """Generate until every open slot is settled, the run is stopped, or it fails; the output's lease is given
         up (a process) or left to go stale (a Job's worker) when it ends, unless `keep_lease`: a pass that commits
-        after the stream (the hidden states) goes on under the same lease and fence, then calls release_lease()."""
+        after the stream (the hidden states) goes on under the same lease and fence and through the same client
+        (its replicas' health, retries and outage clock), then closes the client and calls release_lease()."""
         try:
             summary = await self._run()
         except BaseException:
+            await self.client.aclose()
             self.release_lease()
             raise
         if not keep_lease:
+            await self.client.aclose()
             self.release_lease()
         return summary
 
@@ -295,7 +298,6 @@ class Runner:
                          "generated again on resume")
         else:
             await self._flush_all()
-        await self.client.aclose()
         self._publish_remaining()
         self.display.close(self.snapshot())
         unavailable = self._fatal if isinstance(self._fatal, ServersUnavailable) else None
@@ -401,8 +403,8 @@ class Runner:
             return False
         if (line in state.first) != first:
             return False
-        if open_slots(state, line, self.config.retry_failed):
-            return True
+        if open_slots(state, line, self.config.retry_failed_slots):
+            return self.config.generates  # a later hidden-state pass leaves them open: they are the first pass's
         self._settled_lines.append(line)  # list.append is atomic; the loop drains the list
         return False
 
@@ -420,7 +422,7 @@ class Runner:
         for item in chunk:
             if not belongs_to_worker(item, self.config.worker_index, self.config.worker_count):
                 continue
-            indices = open_slots(state, item.line, self.config.retry_failed)
+            indices = open_slots(state, item.line, self.config.retry_failed_slots)
             count_skipped(state, item.line, [i for i in range(state.samples) if i not in indices])
             if not indices:
                 continue
@@ -475,7 +477,7 @@ class Runner:
         """0 for a slot's first run; a given-up slot run again by --retry-failed is one round past the last it
         failed in, so every round draws seeds no earlier round used."""
         slot = Slot(line, index)
-        if not (self.config.retry_failed and state.ledger.is_given_up(slot)):
+        if not (self.config.retry_failed_slots and state.ledger.is_given_up(slot)):
             return 0
         return state.ledger.retry_round(slot) + 1
 

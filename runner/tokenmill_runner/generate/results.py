@@ -102,7 +102,7 @@ def parse_generation(body: Any, server: str, attempts: int, vocab_size: int | No
         return AttemptFailed(Fault.SAMPLE, "bad_response", f"{server}: /generate answered without finish_reason")
     kind = finish.get("type")
     if kind == "abort":
-        return _abort(finish, server)
+        return aborted(finish, server)
     if kind not in ("stop", "length"):
         return AttemptFailed(Fault.SAMPLE, "bad_response", f"{server}: unknown finish_reason type {kind!r}")
     matched = finish.get("matched")
@@ -184,7 +184,7 @@ def _int(value: Any, default: int) -> int:
     return value if type(value) is int else default
 
 
-def _abort(finish: dict[str, Any], server: str) -> AttemptFailed:
+def aborted(finish: dict[str, Any], server: str) -> AttemptFailed:
     """finish_reason {type: abort}: an abort whose status the release did not turn into an HTTP error (no status:
     /abort_request, a paused engine; other statuses up to 0.5.22). Classified by its status like an HTTP error."""
     message = f"{server}: request aborted: {finish.get('message') or 'no message'}"

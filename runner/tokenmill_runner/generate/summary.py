@@ -8,6 +8,8 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from ..store.completion import Completion, StateCoverage
+
 # `tokenmill run` exit codes (docs/running.md, the exit-code table; the operator's Job failure policy relies on them).
 EXIT_OK = 0  # every slot has a final outcome, and none was given up
 EXIT_FAILED = 1  # an error stopped the run (the message says which); a rerun resumes from what is committed
@@ -16,7 +18,9 @@ EXIT_GIVEN_UP = 3  # finished, but samples were given up for a server-side reaso
 EXIT_SERVERS_UNAVAILABLE = 4  # no server was live for longer than the outage budget; nothing was written off
 EXIT_NO_SAMPLES = 5  # finished, but a dataset has no sample: an empty source, or every row failed for its input
 EXIT_LEASE_LOST = 6  # the run could no longer prove it holds the output's lease: it committed nothing after that
-EXIT_STATES_PENDING = 7  # finished, but hidden states of another kind are still to capture against a relaunched server
+# Finished this worker's share, but hidden states of another kind are still to capture against a relaunched server.
+# Never "my share is done, others still work": a worker judges its own share only (store/work_split.py).
+EXIT_STATES_PENDING = 7
 EXIT_VERDICT = 8  # `tokenmill report`: the verdict is FAIL (or, with --fail-on warn, WARN)
 EXIT_INTERRUPTED = 130  # SIGINT/SIGTERM: finished samples committed, the rest is redone on resume
 EXIT_BROKEN_PIPE = 141  # the reader of stdout went away (`| head`): 128 + SIGPIPE, as a shell reports such a command
@@ -24,21 +28,22 @@ EXIT_BROKEN_PIPE = 141  # the reader of stdout went away (`| head`): 128 + SIGPI
 # The one table of exit codes, for every command: `tokenmill --help` prints it, and the README holds the same rows
 # (tests/integration/test_readme.py compares them).
 EXIT_CODES: tuple[tuple[int, str], ...] = (
-    (EXIT_OK, "done: the run settled with no sample given up; the report's verdict passed --fail-on; the export "
-              "wrote records"),
+    (EXIT_OK, "done: the run (or this worker's share of it) settled with no sample given up and every hidden state "
+              "the spec asks for; the report's verdict passed --fail-on; the export wrote records"),
     (EXIT_FAILED, "an error stopped the command (the message names it); a rerun of `run` resumes from what is "
                   "committed"),
     (EXIT_USAGE, "a bad command line, spec or path, named in the message (a flag, a spec field, a URI that is no "
                  "run's output, a missing source), refused before anything starts; or an output another live "
                  "run writes"),
-    (EXIT_GIVEN_UP, "run: finished, but samples were given up (rerun with --retry-failed); offline export: "
-                    "samples lack their hidden states"),
+    (EXIT_GIVEN_UP, "run: finished, but samples were given up or hidden-state captures failed (rerun with "
+                    "--retry-failed); offline export: samples lack their hidden states"),
     (EXIT_SERVERS_UNAVAILABLE, "run: no server was live (at start-up within --server-wait, later past the "
                                "outage budget); nothing was written off, a rerun continues"),
     (EXIT_NO_SAMPLES, "run: a dataset has no sample (an empty source, or every row failed for its input); "
                       "export: nothing was written (every unit filtered, excluded or refused)"),
     (EXIT_LEASE_LOST, "run: another run took the output's lease; what was committed before counts"),
-    (EXIT_STATES_PENDING, "run: hidden states of another kind are still to capture (relaunch the server as told)"),
+    (EXIT_STATES_PENDING, "run: this worker's share is done, and hidden states of another kind are still to capture "
+                          "(relaunch the server as told)"),
     (EXIT_VERDICT, "report: the verdict is FAIL (with --fail-on warn: WARN or FAIL)"),
     (EXIT_INTERRUPTED, "interrupted (SIGINT/SIGTERM): finished samples are committed, the rest is redone on resume"),
     (EXIT_BROKEN_PIPE, "the reader of the output went away (`| head`): the output was cut short, nothing else "
@@ -111,15 +116,29 @@ class RunSummary:
         return sum(d.without_outcome for d in self.datasets)
 
 
-def exit_code(summary: RunSummary) -> int:
+def share_completion(summary: RunSummary, states: tuple[StateCoverage, ...] = ()) -> Completion:
+    """This worker's share (store/completion.py) from the stream's summary and, where the spec asks for hidden
+    states, each kind's coverage of the share's committed samples."""
+    return Completion(summary.without_outcome, sum(summary.given_up.values()), states)
+
+
+def exit_code(summary: RunSummary, done: Completion | None = None, passed: str | None = None) -> int:
+    """How the run ended: the stream's stops first, then the one definition of done over this worker's share
+    (`done`; from the summary's slots alone when not given). `passed`: the kind of states this process captured
+    over its share: its states still missing are work left undone (exit 1), another kind's a pass still to run
+    against a relaunched server (exit 7)."""
     if summary.interrupted:
         return EXIT_INTERRUPTED
     if summary.servers_unavailable is not None:
         return EXIT_SERVERS_UNAVAILABLE
-    if summary.without_outcome:
+    done = done or share_completion(summary)
+    pending = done.pending_kinds()
+    if done.unsettled or passed in pending:
         return EXIT_FAILED
-    if summary.given_up:
+    if done.given_up or done.states_failed:
         return EXIT_GIVEN_UP
+    if pending:
+        return EXIT_STATES_PENDING
     if without_samples(summary):
         return EXIT_NO_SAMPLES
     return EXIT_OK

@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from ..stats.token_freq import REPORT_SIZES, TokenFrequencies
+from ..store.completion import Completion, StateCoverage
 from ..store.ledger import DatasetLedger, LedgerBudget
 from ..store.manifest import MANIFEST, RunManifest, read_manifest
 from ..store.markers import datasets_with_commits, markers_in_commit_order
@@ -74,31 +75,51 @@ def load_ledger(storage: Storage, counted: dict[str, list[CountedShard]] | None 
     return Ledger(storage.root_uri, manifest.model_dump(mode="json", exclude_none=True), datasets)
 
 
-def _add_hidden_states(storage: Storage, ledger: Any, report: dict[str, Any]) -> None:
-    """The hidden-state section and its findings, when the run asked for states (report/hidden_states.py)."""
+def _add_hidden_states(storage: Storage, ledger: Any, report: dict[str, Any]) -> tuple[StateCoverage, ...]:
+    """The hidden-state section and its findings, when the run asked for states (report/hidden_states.py); each
+    kind's coverage over every dataset, for the run's completion."""
     from ..facts.hidden_states import kinds_needed
-    from ..store.hidden_states import KINDS, expected_lengths, failed_keys, state_records
+    from ..store.hidden_states import KINDS, expected_lengths, failed_keys, state_keys, state_records
     from .hidden_states import hidden_state_section
-    from .validation import LEVELS
 
     spec = ledger.run.get("spec") if isinstance(ledger.run, dict) else None
     if not (isinstance(spec, dict) and spec.get("hiddenStates") is not None):
-        return
+        return ()
     layouts = spec["hiddenStates"].get("layouts") or []
-    sections = {}
+    sections: dict[str, Any] = {}
+    kinds: dict[str, StateCoverage] = {}
     for dataset in ledger.datasets:
         keys, lengths = expected_lengths(storage, dataset.name)
         for kind in kinds_needed(list(layouts)):
-            failed = len(failed_keys(storage, dataset.name, KINDS[kind]))
-            section, findings = hidden_state_section(dataset.name, keys, lengths,
-                                                     state_records(storage, dataset.name, KINDS[kind]), failed, kind)
+            failed = state_keys(failed_keys(storage, dataset.name, KINDS[kind]))
+            section, findings, found = hidden_state_section(
+                dataset.name, keys, lengths, state_records(storage, dataset.name, KINDS[kind]), failed, kind)
+            kinds[kind] = kinds[kind] + found if kind in kinds else found
             if kind == "aux":
                 sections[dataset.name] = section
             else:
                 sections[dataset.name]["final"] = section
             report["findings"].extend(findings)
     report["hidden_states"] = sections
-    report["verdict"] = max((f["level"] for f in report["findings"]), key=LEVELS.index, default="fail")
+    return tuple(kinds.values())
+
+
+def _add_completion(report: dict[str, Any], states: tuple[StateCoverage, ...]) -> None:
+    """The run's completion (store/completion.py: every slot settled and every artifact present) and the verdict: a
+    report whose run is not complete never passes."""
+    overall = report["overall"]
+    unsettled = overall["without_outcome"]
+    if unsettled is None:  # no layout recorded: whether it is complete cannot be told (a finding says why)
+        report["completion"] = None
+    else:
+        completion = Completion(unsettled, overall["given_up"], states)
+        report["completion"] = {"verdict": completion.verdict, "unsettled": completion.unsettled,
+                                "given_up": completion.given_up, "states_missing": completion.states_missing,
+                                "states_failed": completion.states_failed, "retryable": completion.retryable,
+                                "message": completion.describe()}
+    verdict = max((f["level"] for f in report["findings"]), key=LEVELS.index, default="fail")
+    complete = report["completion"] is not None and report["completion"]["verdict"] == "complete"
+    report["verdict"] = verdict if complete else "fail"
 
 
 @dataclass(frozen=True)
@@ -165,13 +186,14 @@ def compute_report(storage: Storage, checks: PromptChecks | None = None, recount
     counted: dict[str, list[CountedShard]] = {}
     ledger = load_ledger(storage, counted)
     report = build_report(ledger)
-    _add_hidden_states(storage, ledger, report)
+    states = _add_hidden_states(storage, ledger, report)
     frequencies, uncounted = {}, {}
     for dataset in ledger.datasets:
         frequencies[dataset.name], uncounted[dataset.name] = accumulate(storage, counted.get(dataset.name, []),
                                                                          recount_rows=recount_rows)
     report["vocabulary"] = vocabulary_section(frequencies, uncounted=uncounted)
     files = _add_mix(storage, ledger, report, frequencies, checks)
+    _add_completion(report, states)
     return Computed(report, ledger, frequencies, files)
 
 

@@ -8,13 +8,15 @@ the rows is `reader.py`.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from ..store.work_split import WorkShare, id_hash
 from .adapters import DEFAULT_LAYOUT, AdapterError, RowLayout, to_messages
+
+__all__ = ["Prompt", "RowError", "belongs_to_worker", "duplicate_error", "id_hash", "parse_line", "validate_row"]
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -116,11 +118,6 @@ def validate_row(line: int, row: dict[str, Any], layout: RowLayout = DEFAULT_LAY
     return Prompt(line, sample_id, messages, tools or None)
 
 
-def id_hash(sample_id: str) -> int:
-    """A stable 64-bit key: the same in every process (unlike hash()); see duplicates.py for collisions."""
-    return int.from_bytes(hashlib.blake2b(sample_id.encode(), digest_size=8).digest(), "little")
-
-
 def duplicate_error(line: int, sample_id: str, first_line: int) -> RowError:
     return RowError(line, sample_id, "duplicate_sample_id",
                     f"line {line}: sample_id {sample_id!r} already appeared on line {first_line}; only the first "
@@ -128,8 +125,5 @@ def duplicate_error(line: int, sample_id: str, first_line: int) -> RowError:
 
 
 def belongs_to_worker(item: Prompt | RowError, index: int, count: int) -> bool:
-    """Samples are split across runner workers by sample id, so duplicates of an id meet in one worker."""
-    if count == 1:
-        return True
-    key = id_hash(item.sample_id) if item.sample_id is not None else item.line
-    return key % count == index
+    """Whether the row is this worker's: the one split every pass uses (store/work_split.py)."""
+    return WorkShare(index, count).owns(item.sample_id, item.line)

@@ -6,6 +6,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ..facts.hidden_states import kinds_needed
+from ..store.work_split import WorkShare
 from .resource import MAX_TOKENS, DatasetGenerationSpec
 
 API_KEY_ENV = "TOKENMILL_API_KEY"
@@ -84,3 +86,24 @@ class RunnerConfig(BaseModel):
         if self.worker_index >= self.worker_count:
             raise ValueError(f"worker index {self.worker_index} must be below the worker count {self.worker_count}")
         return self
+
+    @property
+    def share(self) -> WorkShare:
+        """This worker's share of every pass (store/work_split.py)."""
+        return WorkShare(self.worker_index, self.worker_count)
+
+    @property
+    def generates(self) -> bool:
+        """Whether this process generates: not in a hidden-state pass after the first (the final-state pass of
+        SpecForge's layout). Such a pass runs against a server relaunched for another kind of states, and a sample
+        it generated would never get the first pass's states; what is still unsettled is the first pass's work."""
+        states = self.spec.hidden_states
+        if self.states_pass is None or states is None:
+            return True
+        return self.states_pass == kinds_needed(list(states.layouts))[0]
+
+    @property
+    def retry_failed_slots(self) -> bool:
+        """--retry-failed for the slots (given-up samples are generated again): only where this process
+        generates. The captures' failures are retried by `retry_failed` in every pass."""
+        return self.retry_failed and self.generates

@@ -39,12 +39,14 @@ class CaptureCounts:
 
     captured: int = 0
     skipped: int = 0  # already committed before this pass reached them
-    failed: int = 0
+    failed: int = 0  # given up by this pass (what no retry fixed), recorded
     state_bytes: int = 0
+    failed_before: int = 0  # recorded as failed by an earlier pass and left to --retry-failed: never "committed"
 
     def __add__(self, other: CaptureCounts) -> CaptureCounts:
         return CaptureCounts(self.captured + other.captured, self.skipped + other.skipped,
-                             self.failed + other.failed, self.state_bytes + other.state_bytes)
+                             self.failed + other.failed, self.state_bytes + other.state_bytes,
+                             self.failed_before + other.failed_before)
 
 
 class ProgressBeat:
@@ -94,7 +96,8 @@ class CaptureProgress:
 
     def eta_seconds(self, committed: int) -> float | None:
         """Seconds until every committed sample has its states at the workers' rate so far (None before a rate)."""
-        left = committed - self.counts.captured - self.counts.skipped - self.counts.failed
+        counts = self.counts
+        left = committed - counts.captured - counts.skipped - counts.failed - counts.failed_before
         return max(0.0, left) / self.samples_per_second if self.samples_per_second > 0 else None
 
 
@@ -110,12 +113,13 @@ def read_capture_progress(storage: Storage, kind: str, since: datetime | None = 
             continue
         try:
             document = orjson.loads(get_bounded(storage, key, MAX_PROGRESS_BYTES))
-            counts = CaptureCounts(**{name: int(document[name]) for name in asdict(CaptureCounts())})
+            # A field an older runner did not write counts 0.
+            counts = CaptureCounts(**{name: int(document.get(name, 0)) for name in asdict(CaptureCounts())})
             elapsed = float(document.get("elapsed_s") or 0.0)
             modified = storage.modified(key)
             if since is not None and (modified is None or modified < since):
                 continue
-        except (StorageError, orjson.JSONDecodeError, KeyError, TypeError, ValueError) as error:
+        except (StorageError, orjson.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError) as error:
             logger.warning("skipping the capture progress %s: %s", storage.uri(key), error)
             continue
         total, workers = total + counts, workers + 1

@@ -107,7 +107,15 @@ class FaultPoints:
                 what = "pausing the runner (SIGSTOP)" if stop else "killing the runner (SIGKILL)"
                 sys.stderr.write(f"{FAULT_ENV}: {rule} reached at {key}, {what}\n")
                 sys.stderr.flush()
-                os.kill(os.getpid(), signal.SIGSTOP if stop else signal.SIGKILL)
+                if stop:
+                    # Not while another thread holds a local folder's flock (a lease renewal): the writer that
+                    # takes over would wait on it until this process is resumed, which the test does after it.
+                    from .storage import FLOCK_SECTION
+
+                    with FLOCK_SECTION:
+                        os.kill(os.getpid(), signal.SIGSTOP)
+                    return
+                os.kill(os.getpid(), signal.SIGKILL)
 
 
 _points: FaultPoints | None = None

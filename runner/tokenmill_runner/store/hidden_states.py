@@ -32,7 +32,7 @@ import logging
 import os
 import struct
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,15 +40,17 @@ from typing import Any
 import numpy as np
 import orjson
 
-from ..facts.hidden_states import FP8_DTYPE, SAFETENSORS_DTYPE, StateShape
+from ..facts.hidden_states import FP8_DTYPE, SAFETENSORS_DTYPE, StateShape, kinds_needed
 from .bounded_get import get_bounded
 from .bounds import OverBound
+from .completion import StateCoverage, coverage
 from .faults import points as fault_points
 from .fp8 import SCALES, dequantize, quantize
 from .marker_names import shard_id_of, token_of
 from .markers import Listed, list_records
 from .ownership import Fence, owned_stem, put_record
 from .storage import Storage, StorageError
+from .work_split import WHOLE, WorkShare
 
 logger = logging.getLogger(__name__)
 
@@ -280,20 +282,24 @@ def state_markers(storage: Storage, dataset: str, kind: StateKind = AUX) -> Iter
         yield marker
 
 
-def committed_samples(storage: Storage, dataset: str, worker: int | None = None
+def committed_samples(storage: Storage, dataset: str, share: WorkShare = WHOLE
                       ) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(sample key, row) of every committed row, once each, in commit order, one shard decoded at a time (those
-    `worker` committed, when given: the workers split the states as they split the samples)."""
+    """(sample key, row) of every committed row `share` owns (work_split.py: by the current worker count, whoever
+    committed it), once each, in commit order, one shard decoded at a time; a shard none of whose samples the share
+    owns (the marker lists them) is not read."""
     from .markers import markers_in_commit_order
     from .shards import read_shard
 
     seen: set[str] = set()
     for marker in markers_in_commit_order(storage, dataset):
-        if not marker.get("data") or (worker is not None and marker.get("worker") != worker):
+        samples = marker.get("samples") or {}
+        if not marker.get("data") or not any(
+                share.owns(sid, line) for sid, line in zip(samples.get("sample_id") or [], samples.get("line") or [],
+                                                           strict=False)):
             continue
         for row in read_shard(storage, f"{dataset}/{marker['data']}"):
             key = sample_key(row["sample_id"], row.get("sample_index", 0))
-            if key not in seen:
+            if key not in seen and share.owns(row["sample_id"], row.get("line", 0)):
                 seen.add(key)
                 yield key, row
 
@@ -357,10 +363,11 @@ def state_key(key: str) -> int:
     return int(key[:16], 16)
 
 
-def expected_lengths(storage: Storage, dataset: str) -> tuple[np.ndarray, np.ndarray]:
-    """Every committed sample of `dataset` (sorted `state_key`s of its sample keys) and its sequence length (prompt
-    + output tokens; -1 for a conversation, whose states cover its last turn), from the shard markers, the last
-    marker naming a sample winning. OverBound past MAX_STATE_SAMPLES samples, before more are held."""
+def expected_lengths(storage: Storage, dataset: str, share: WorkShare = WHOLE) -> tuple[np.ndarray, np.ndarray]:
+    """Every committed sample of `dataset` that `share` owns (work_split.py; sorted `state_key`s of its sample keys)
+    and its sequence length (prompt + output tokens; -1 for a conversation, whose states cover its last turn), from
+    the shard markers, the last marker naming a sample winning. OverBound past MAX_STATE_SAMPLES samples, before
+    more are held."""
     from .markers import markers_in_commit_order
 
     keys: list[np.ndarray] = []
@@ -375,11 +382,16 @@ def expected_lengths(storage: Storage, dataset: str) -> tuple[np.ndarray, np.nda
                             "hidden-state report holds (each sample's states are megabytes): split the run, or the "
                             "markers were not written by tokenmill")
         turns = samples.get("turn_count") or [None] * len(ids)
+        owned = (np.ones(len(ids), dtype=bool) if share.whole else
+                 np.fromiter((share.owns(sid, line) for sid, line in
+                              zip(ids, samples.get("line") or [0] * len(ids), strict=True)), dtype=bool,
+                             count=len(ids)))
         keys.append(np.fromiter((state_key(sample_key(sid, index)) for sid, index in
-                                 zip(ids, samples["sample_index"], strict=True)), dtype=np.uint64, count=len(ids)))
+                                 zip(ids, samples["sample_index"], strict=True)), dtype=np.uint64,
+                                count=len(ids))[owned])
         lengths.append(np.fromiter((-1 if turn is not None else prompt + completion for prompt, completion, turn in
                                     zip(samples["prompt_tokens"], samples["completion_tokens"], turns, strict=True)),
-                                   dtype=np.int64, count=len(ids)))
+                                   dtype=np.int64, count=len(ids))[owned])
     every = np.concatenate(keys[::-1]) if keys else np.empty(0, np.uint64)  # the last marker's first
     unique, first = np.unique(every, return_index=True)
     return unique, (np.concatenate(lengths[::-1])[first] if keys else np.empty(0, np.int64))
@@ -392,3 +404,33 @@ def state_records(storage: Storage, dataset: str, kind: StateKind = AUX
         label = f"{marker['sample_id']} (index {marker['sample_index']})"
         yield label, state_key(sample_key(str(marker["sample_id"]), int(marker["sample_index"]))), \
             int(marker["tokens"]), int(marker["bytes"]), str(marker["dtype"])
+
+
+def state_keys(keys: Iterable[str]) -> np.ndarray:
+    """Sample keys (captured_keys, failed_keys) as sorted `state_key`s."""
+    return np.unique(np.fromiter((state_key(key) for key in keys), dtype=np.uint64))
+
+
+def state_coverage(storage: Storage, dataset: str, kind: StateKind = AUX, share: WorkShare = WHOLE,
+                   ) -> StateCoverage:
+    """One kind's states over the committed samples of `dataset` that `share` owns (store/completion.py), the state
+    markers listed, not read: what the runner judges its share by, and the operator its next pass (a capture was
+    checked token by token when it was committed; the report reads the markers: report/files.py)."""
+    keys, lengths = expected_lengths(storage, dataset, share)
+    listed = (("", int(key), None, 0, "") for key in state_keys(captured_keys(storage, dataset, kind)))
+    return coverage(kind.name, keys, lengths, listed, state_keys(failed_keys(storage, dataset, kind)))
+
+
+def kinds_coverage(storage: Storage, datasets: Iterable[str], layouts: Iterable[str], share: WorkShare = WHOLE,
+                   through: str | None = None) -> tuple[StateCoverage, ...]:
+    """Each kind of states the layouts need (up to `through`, a pass: the ones after it are still to run), over the
+    committed samples of `datasets` that `share` owns, the markers listed (`state_coverage`)."""
+    needed: list[str] = list(kinds_needed(list(layouts)))
+    if through is not None:
+        needed = needed[:needed.index(through) + 1]
+    kinds: dict[str, StateCoverage] = {}
+    for name in needed:
+        for dataset in datasets:
+            found = state_coverage(storage, dataset, KINDS[name], share)
+            kinds[name] = kinds[name] + found if name in kinds else found
+    return tuple(kinds.values())

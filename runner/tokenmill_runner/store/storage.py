@@ -23,6 +23,7 @@ import random
 import shutil
 import stat
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -201,6 +202,12 @@ def local_version(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:32]
 
 
+# Held by a thread of this process while it holds a folder's flock. A process stopped whole (SIGSTOP: a frozen
+# node, the test-only pause fault) while a thread holds the flock would keep every other writer of the folder waiting
+# until it is resumed; the pause fault takes this lock first, so it never stops the process inside such a section.
+FLOCK_SECTION = threading.Lock()
+
+
 class _folder_lock:
     """An exclusive flock on a folder: the local store's conditional writes compare and replace under it."""
 
@@ -209,12 +216,22 @@ class _folder_lock:
         self.fd = -1
 
     def __enter__(self) -> None:
-        self.fd = os.open(self.folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        FLOCK_SECTION.acquire()
+        try:
+            self.fd = os.open(self.folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        except BaseException:
+            if self.fd >= 0:
+                os.close(self.fd)
+            FLOCK_SECTION.release()
+            raise
 
     def __exit__(self, *exc: object) -> None:
-        fcntl.flock(self.fd, fcntl.LOCK_UN)
-        os.close(self.fd)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+        finally:
+            FLOCK_SECTION.release()
 
 
 class LocalStorage:

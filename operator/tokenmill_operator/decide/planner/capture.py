@@ -2,9 +2,9 @@
 
 After the stream, generate/hidden_capture.py sends every committed sample once more: its prompt + output ids as one
 request with no cached prefix (return_logprob from position 0), max_new_tokens = its prefill chunks + 1
-(facts/hidden_states.capture_max_new_tokens), CAPTURE_IN_FLIGHT at a time per runner worker, every worker to the
-first server URL it was given (generate/hidden_pass.py): one replica serves the pass while every replica holds its
-GPUs.
+(facts/hidden_states.capture_max_new_tokens), CAPTURE_IN_FLIGHT at a time per runner worker, through the stream's
+client (generate/hidden_pass.py): each request to the least loaded live replica, so the requests in flight spread over
+the replicas and each replica prefills its share.
 
 Two bounds, and the pass takes the longer:
 
@@ -72,11 +72,13 @@ class CaptureTime:
 def capture_time(loads: Sequence[CaptureLoad], bytes_per_token: int, workers: int, chunk_tokens: int,
                  step_seconds: Callable[[int, float], float], prefill_seconds: Callable[[float, float], float],
                  in_flight: int = CAPTURE_IN_FLIGHT,
-                 json_bytes_per_s: float = JSON_STATE_BYTES_PER_S) -> CaptureTime:
-    """The pass on one replica: `step_seconds(batch, context_tokens)` and `prefill_seconds(tokens, prompt_tokens)`
-    are the layout's (StepModel.step_seconds, StepModel.chunked_prefill_seconds); `chunk_tokens` its prefill
-    chunk; `bytes_per_token` the states' (layers x hidden x dtype bytes)."""
-    slots = max(1, in_flight * max(1, workers))
+                 json_bytes_per_s: float = JSON_STATE_BYTES_PER_S, replicas: int = 1) -> CaptureTime:
+    """The pass over `replicas` replicas, each taking an even share of the samples and of the requests in flight:
+    `step_seconds(batch, context_tokens)` and `prefill_seconds(tokens, prompt_tokens)` are one replica's
+    (StepModel.step_seconds, StepModel.chunked_prefill_seconds); `chunk_tokens` its prefill chunk; `bytes_per_token`
+    the states' (layers x hidden x dtype bytes)."""
+    replicas = max(1, replicas)
+    slots = max(1, -(-in_flight * max(1, workers) // replicas))
     forward = 0.0
     for load in loads:
         if load.samples <= 0:
@@ -86,7 +88,7 @@ def capture_time(loads: Sequence[CaptureLoad], bytes_per_token: int, workers: in
         simulated = min(load.samples, SIMULATED)
         seconds = simulate([(tokens, new)] * simulated, slots, partial(_step_at, step_seconds, tokens),
                            prefill_seconds)
-        forward += seconds * load.samples / simulated
+        forward += seconds * load.samples / simulated / replicas
     state_bytes = sum(load.samples * load.sequence_tokens for load in loads) * bytes_per_token
     transfer = state_bytes / (json_bytes_per_s * max(1, workers))
     return CaptureTime(forward_seconds=forward, transfer_seconds=transfer, state_bytes=state_bytes)

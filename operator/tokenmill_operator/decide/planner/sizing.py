@@ -275,20 +275,21 @@ class Context:
             return 0
         return StateShape(self.aux_layers, self.model.hidden_size, states.dtype).bytes_per_token
 
-    def capture(self, step: StepModel) -> CaptureTime | None:
+    def capture(self, step: StepModel, replicas: int = 1) -> CaptureTime | None:
         per_token = self.capture_bytes_per_token
         if not per_token:
             return None
         loads = [CaptureLoad(d.name, d.samples, d.prompt_tokens + d.mean_output()) for d in self.work.datasets]
         aux = capture_time(loads, per_token, self.spec.runner.parallelism, step.chunk_tokens, step.step_seconds,
-                           step.chunked_prefill_seconds)
+                           step.chunked_prefill_seconds, replicas=replicas)
         states = self.spec.hidden_states
         if states is None or "final" not in kinds_needed(list(states.layouts)):
             return aux
         final_per_token = StateShape(1, self.model.hidden_size, states.dtype).bytes_per_token
         # The server's restart between the passes is a start-up, added with the others (planner/__init__.py).
         return replace(aux, final=capture_time(loads, final_per_token, self.spec.runner.parallelism,
-                                               step.chunk_tokens, step.step_seconds, step.chunked_prefill_seconds))
+                                               step.chunk_tokens, step.step_seconds, step.chunked_prefill_seconds,
+                                               replicas=replicas))
 
     @property
     def decides_memory(self) -> bool:
@@ -471,7 +472,7 @@ def evaluate(ctx: Context, layout: Layout, kv_dtype: str, replicas: int, eligibl
                    step.chunked_prefill_seconds)
     startup = predict_startup(ctx.spec, ctx.model.weight_bytes, nodes)
     relaunch = ctx.restarts * restart_seconds(ctx.spec, startup)
-    return replace(option, job=job, capture=ctx.capture(step), bound=step.bound(batch, ctx.held),
+    return replace(option, job=job, capture=ctx.capture(step, replicas), bound=step.bound(batch, ctx.held),
                    startup_s=startup.seconds + relaunch, startup_held_s=startup_gpu_seconds(startup) + relaunch,
                    relaunch_s=relaunch)
 
