@@ -233,7 +233,7 @@ def _runner_config(uri: str, endpoint: str | None, source: str, worker: int, wor
 def child_runner(uri: str, endpoint: str | None, source: str, worker: int, workers: int) -> dict[str, Any]:
     from types import SimpleNamespace
 
-    from tokenmill_runner.generate.pipeline import Runner
+    from tokenmill_runner.generate.pipeline import Runner, SettledTally
     from tokenmill_runner.prepare import prepare_states
     from tokenmill_runner.source.reader import read_prompts
     from tokenmill_runner.store.storage import open_storage
@@ -245,7 +245,7 @@ def child_runner(uri: str, endpoint: str | None, source: str, worker: int, worke
     [state], _ = prepare_states(config, storage, {})
     startup = {"seconds": round(time.perf_counter() - started, 3), "calls": dict(calls)}
     # What the stream does before its first request: read the source, asking the ledger before parsing a row.
-    runner = SimpleNamespace(config=config, _settled_lines=[])
+    runner = SimpleNamespace(config=config, _settled=SettledTally())
     wanted = Runner._wanted.__get__(runner)
     started = time.perf_counter()
     first = next((item.line for item in read_prompts(source, "jsonl", wanted=lambda line: wanted(state, False, line))), None)

@@ -19,6 +19,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import threading
 import time
 from array import array
 from collections import Counter
@@ -172,11 +173,40 @@ def open_slots(state: DatasetState, line: int, retry_failed: bool) -> list[int]:
 
 def count_skipped(state: DatasetState, line: int, indices: Iterable[int]) -> None:
     """Settled slots met by this run: skipped, and noted when an earlier run gave them up."""
+    state.skipped += _tally_skipped(state.ledger, line, indices, state.given_up_before)
+
+
+def _tally_skipped(ledger: DatasetLedger, line: int, indices: Iterable[int], given_up: Counter[str]) -> int:
+    """The settled slots of `indices` of the line, each given-up one's reason added to `given_up`."""
+    count = 0
     for index in indices:
-        state.skipped += 1
+        count += 1
         slot = Slot(line, index)
-        if state.ledger.is_given_up(slot):
-            state.given_up_before[state.ledger.outcome(slot) or ""] += 1
+        if ledger.is_given_up(slot):
+            given_up[ledger.outcome(slot) or ""] += 1
+    return count
+
+
+class SettledTally:
+    """The settled lines the reader skips, counted in the reader's thread as it meets them and handed to the loop
+    in totals: a count and the given-up reasons, never a line each, so a resume past millions of settled lines
+    holds nothing per line (the loop owns the dataset's state; the lock keeps a handover from losing a count)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._skipped = 0
+        self._given_up: Counter[str] = Counter()
+
+    def add(self, ledger: DatasetLedger, line: int, samples: int) -> None:
+        with self._lock:
+            self._skipped += _tally_skipped(ledger, line, range(samples), self._given_up)
+
+    def move_to(self, state: DatasetState) -> None:
+        """Add what was counted since the last move to the state's counts (on the loop)."""
+        with self._lock:
+            skipped, given_up, self._skipped, self._given_up = self._skipped, self._given_up, 0, Counter()
+        state.skipped += skipped
+        state.given_up_before.update(given_up)
 
 
 def summarize(state: DatasetState) -> DatasetSummary:
@@ -231,7 +261,7 @@ class Runner:
         self._sequence = 0
         self._commits: set[asyncio.Task[None]] = set()
         self._commit_slots = asyncio.Semaphore(MAX_PARALLEL_COMMITS)
-        self._settled_lines: list[int] = []  # lines the reader skipped as settled, counted on the loop
+        self._settled = SettledTally()  # lines the reader skipped as settled, counted in its thread
         self._stop = asyncio.Event()
         self._interrupted = False
         self._fatal: BaseException | None = None
@@ -398,14 +428,12 @@ class Runner:
             return False
         if open_slots(state, line, self.config.retry_failed):
             return True
-        self._settled_lines.append(line)  # list.append is atomic; the loop drains the list
+        self._settled.add(state.ledger, line, state.samples)
         return False
 
     def _count_settled_lines(self, state: DatasetState) -> None:
         """Count, on the loop, the settled lines the reader skipped since the last chunk."""
-        lines, self._settled_lines = self._settled_lines, []
-        for line in lines:
-            count_skipped(state, line, range(state.samples))
+        self._settled.move_to(state)
 
     def _admit(self, state: DatasetState, chunk: list[Prompt | RowError]) -> list[tuple[Prompt, list[int]]]:
         """Drop other workers' rows and the slots already settled; record bad rows and duplicate ids (one record
