@@ -63,7 +63,7 @@ def start_simulator(max_running: int, time_scale: float) -> tuple[subprocess.Pop
     raise SystemExit("the simulator did not start")
 
 
-def write_workload(folder: Path, samples: int, max_new_tokens: int) -> Path:
+def write_workload(folder: Path, samples: int, max_new_tokens: int, per_prompt: int = 1) -> Path:
     prompts = folder / "prompts.jsonl"
     with prompts.open("w") as handle:
         for i in range(samples):
@@ -73,7 +73,7 @@ def write_workload(folder: Path, samples: int, max_new_tokens: int) -> Path:
             handle.write(json.dumps(row) + "\n")
     spec = {"apiVersion": "tokenmill.io/v1alpha1", "kind": "DatasetGeneration", "metadata": {"name": "bench"},
             "spec": {"model": {"path": str(MODEL)}, "sampling": {"maxNewTokens": max_new_tokens},
-                     "datasets": [{"name": "bench", "source": str(prompts)}],
+                     "datasets": [{"name": "bench", "source": str(prompts), "samples": per_prompt}],
                      "runner": {"shardMaxSamples": 256, "shardMaxSeconds": 30},
                      "output": {"uri": str(folder / "out")}}}
     path = folder / "spec.yaml"

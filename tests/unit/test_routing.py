@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import math
+from array import array
 
 import orjson
 import pytest
 from aiohttp import web
 
-from tokenmill_runner.generate.client import GenerateClient
+from tokenmill_runner.generate.client import GenerateClient, PromptIds
 from tokenmill_runner.generate.replica_health import HealthPolicy, ReplicaSet
 from tokenmill_runner.generate.routing import PrefixAffinity, SpillGate, dp_rank
 
@@ -174,3 +175,20 @@ def test_the_request_body_carries_the_dp_rank_the_echo_and_the_reasoning_count()
     asyncio.run(main())
     assert [b.get("routed_dp_rank") for b in bodies] == [dp_rank(("d", 9), 4)] * 3 + [None]
     assert all(b["return_prompt_token_ids"] is True and b["require_reasoning"] is True for b in bodies)
+
+
+@pytest.mark.parametrize("echo", [False, True])
+def test_the_body_sent_is_the_request_body_with_the_prompts_ids_encoded_once(echo: bool) -> None:
+    """The bytes a request sends are orjson's encoding of `request_body` (what the contract tests check against each
+    release's schema), though the prompt's ids are encoded once for all its samples and spliced in."""
+    client = GenerateClient(["http://a", "http://b"], echo_prompt_ids=echo, count_reasoning=echo,
+                            dp_ranks={"http://b": 2})
+    ids = [0, 1, 2_000_000_000, 151_935, 7]
+    prompt = PromptIds(array("i", ids))
+    params = {"max_new_tokens": 8, "temperature": 0.6, "stop_token_ids": [2, 3]}
+    for server in client.servers:
+        for seed in (None, 2**63 - 1):
+            for affinity in (None, ("d", 3)):
+                sent = client.encode_body(server, prompt, params, seed, affinity)
+                assert sent == orjson.dumps(client.request_body(server, ids, params, seed, affinity))
+    assert prompt.json() is prompt.json(), "encoded once"

@@ -1,4 +1,5 @@
-"""SGLang's native /generate over async httpx: ids in, ids out, across replicas that come and go.
+"""SGLang's native /generate (over `transport.py`'s keep-alive connections): ids in, ids out, across replicas that
+come and go.
 
 Each request goes to a live replica: the one that holds its prefix when it belongs to a group (the samples of one
 prompt, the turns of one conversation) and that replica is not loaded past a bounded imbalance (`routing.py`), else
@@ -17,11 +18,13 @@ import asyncio
 import contextlib
 import logging
 import random
+from array import array
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import httpx
+import numpy as np
 import orjson
 
 from .replica_health import HealthPolicy, ReplicaSet, Suspect
@@ -36,16 +39,10 @@ from .results import (
     transport_failure,
 )
 from .routing import PrefixAffinity, dp_rank
+from .transport import PostPool, TransportError
 
 logger = logging.getLogger(__name__)
 
-# httpcore's connection pool does O(pool size) work per request, so hundreds of connections in one pool cost
-# quadratic CPU; requests are spread over several small pools ("lanes") instead.
-LANE_CONNECTIONS = 16
-# SGLang (uvicorn) closes idle keep-alive connections after 5 s (0.5.9 entrypoints/http_server.py:1972
-# timeout_keep_alive=5; 0.5.23 environ.py:337 SGLANG_TIMEOUT_KEEP_ALIVE=5): drop them first, or a request sent on a
-# connection the server is closing fails.
-KEEPALIVE_EXPIRY_S = 4.0
 HEALTH_TICK_S = 1.0  # how often the outage gauge is refreshed while a replica is down
 
 
@@ -82,6 +79,25 @@ class RetryPolicy:
 
 
 _NO_LOCK = contextlib.nullcontext()
+
+
+class PromptIds:
+    """A prompt's ids as the requests of all its samples (and their retries) send them: 4 bytes an id, and their JSON
+    encoded once, by the first request that needs it."""
+
+    __slots__ = ("ids", "_json")
+
+    def __init__(self, ids: array[int]) -> None:
+        self.ids = ids
+        self._json: bytes | None = None
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def json(self) -> bytes:
+        if self._json is None:
+            self._json = orjson.dumps(np.frombuffer(self.ids, dtype=np.int32), option=orjson.OPT_SERIALIZE_NUMPY)
+        return self._json
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:
@@ -121,13 +137,7 @@ class GenerateClient:
         self.dp_ranks = {url.rstrip("/"): n for url, n in (dp_ranks or {}).items() if n > 1}
         self._rng = random.Random(seed)
         self._headers = {"Content-Type": "application/json", **auth_headers(api_key)}
-        lanes = max(1, -(-concurrency // LANE_CONNECTIONS))
-        per_lane = -(-concurrency // lanes) + 4
-        limits = httpx.Limits(max_connections=per_lane, max_keepalive_connections=per_lane,
-                              keepalive_expiry=KEEPALIVE_EXPIRY_S)
-        timeout = httpx.Timeout(timeout_s, connect=30.0, pool=None)
-        self._lanes = [httpx.AsyncClient(headers=self._headers, timeout=timeout, limits=limits) for _ in range(lanes)]
-        self._lane_load = [0] * lanes
+        self._http = PostPool(self._headers, timeout_s)  # /generate; probes use a short-lived httpx client
         self._changed: asyncio.Event | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._probes: set[asyncio.Task[None]] = set()
@@ -139,21 +149,21 @@ class GenerateClient:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for lane in self._lanes:
-            await lane.aclose()
+        await self._http.aclose()
 
     # -- one sample ----------------------------------------------------------------------------------------
-    async def generate(self, input_ids: list[int], sampling_params: dict[str, Any],
+    async def generate(self, input_ids: list[int] | PromptIds, sampling_params: dict[str, Any],
                        seed_for: Callable[[int], int] | None = None,
                        affinity: Hashable | None = None) -> Generation | GenerationFailure:
         """The sample's generation, or its final failure. `seed_for(n)` is the sampling_seed of the n-th attempt
         (from 0), so a retry does not replay the draw that failed; requests with the same `affinity` key share a
         prefix and go where it is cached. Raises ServersUnavailable past the outage budget and ServerFatalError on
         a wrong key or URL."""
+        prompt = input_ids if isinstance(input_ids, PromptIds) else PromptIds(array("i", input_ids))
 
         def body(attempt: int, server: str) -> bytes:
             seed = None if seed_for is None else seed_for(attempt)
-            return orjson.dumps(self.request_body(server, input_ids, sampling_params, seed, affinity))
+            return self.encode_body(server, prompt, sampling_params, seed, affinity)
 
         sent = own_failures = 0
         suspects: list[Suspect] = []  # server-side failures, judged by what the replica did next
@@ -167,7 +177,8 @@ class GenerateClient:
                 self.retries += sent > 1
                 self.outstanding[server] += 1
                 try:
-                    outcome = await self._attempt(server, body(sent - 1, server), sent, input_ids)
+                    outcome = await self._attempt(server, body(sent - 1, server), sent,
+                                                  prompt.ids.tolist() if self.echo_prompt_ids else None)
                 finally:
                     self.outstanding[server] -= 1
                 if isinstance(outcome, Generation):
@@ -193,8 +204,19 @@ class GenerateClient:
     def request_body(self, server: str, input_ids: list[int], sampling_params: dict[str, Any],
                      seed: int | None = None, affinity: Hashable | None = None) -> dict[str, Any]:
         """The /generate body of one attempt on `server` (tests/contract checks it against each release's schema)."""
+        return {"input_ids": input_ids, **self._request_fields(server, sampling_params, seed, affinity)}
+
+    def encode_body(self, server: str, prompt: PromptIds, sampling_params: dict[str, Any], seed: int | None = None,
+                    affinity: Hashable | None = None) -> bytes:
+        """`request_body` as JSON, the prompt's ids spliced in as the prompt encoded them once for all its samples
+        and attempts (byte for byte what orjson writes for the whole body)."""
+        fields = orjson.dumps(self._request_fields(server, sampling_params, seed, affinity))
+        return b'{"input_ids":' + prompt.json() + b"," + fields[1:]
+
+    def _request_fields(self, server: str, sampling_params: dict[str, Any], seed: int | None,
+                        affinity: Hashable | None) -> dict[str, Any]:
         params = sampling_params if seed is None else {**sampling_params, "sampling_seed": seed}
-        request: dict[str, Any] = {"input_ids": input_ids, "sampling_params": params}
+        request: dict[str, Any] = {"sampling_params": params}
         if self.echo_prompt_ids:
             request["return_prompt_token_ids"] = True
         if self.count_reasoning:
@@ -259,23 +281,14 @@ class GenerateClient:
         return self.affinity.choose(affinity, candidates, self.outstanding, self.replicas.epochs(), least_loaded)
 
     # -- one HTTP request ----------------------------------------------------------------------------------
-    async def _post(self, url: str, body: bytes) -> httpx.Response:
-        lane = self._lane_load.index(min(self._lane_load))
-        self._lane_load[lane] += 1
-        try:
-            return await self._lanes[lane].post(url, content=body)
-        finally:
-            self._lane_load[lane] -= 1
-
     async def _attempt(self, server: str, body: bytes, attempt: int,
                        input_ids: list[int] | None = None) -> Generation | AttemptFailed:
         try:
-            response = await self._post(f"{server}/generate", body)
-        except httpx.TransportError as error:
-            connect = isinstance(error, httpx.ConnectError)
-            return transport_failure(server, type(error).__name__, str(error), connect=connect)
-        if response.status_code != 200:
-            return classify_error(response.status_code, response.content, server)
+            response = await self._http.post(f"{server}/generate", body)
+        except TransportError as error:
+            return transport_failure(server, type(error).__name__, str(error), connect=error.connect)
+        if response.status != 200:
+            return classify_error(response.status, response.content, server)
         try:
             payload = orjson.loads(response.content)
         except orjson.JSONDecodeError:

@@ -23,7 +23,7 @@ import threading
 import time
 from array import array
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import islice
@@ -50,7 +50,7 @@ from ..store.lease import LeaseKeeper, LeaseLost
 from ..store.ledger import RETRYABLE_REASONS, DatasetLedger, ShardContent, Slot
 from ..store.shards import Fence, ShardBuffer, commit_shard, new_run_token, new_shard_id
 from ..store.storage import Storage, StorageError, retry_from_env
-from .client import GenerateClient
+from .client import GenerateClient, PromptIds
 from .conversation import Conversation, history_exact, read_answer, start
 from .ordering import LongestFirst, expected_output_tokens, window_size
 from .results import Generation, ServersUnavailable
@@ -67,7 +67,7 @@ COMMIT_ATTEMPTS = 5
 MAX_PARALLEL_COMMITS = 4
 
 
-Request = tuple["DatasetState", Prompt, list[int], int]  # a slot to generate: the prompt, its ids, its sample index
+Request = tuple["DatasetState", Prompt, PromptIds, int]  # a slot to generate: the prompt, its ids, its sample index
 
 
 def _take(items: Iterator[Prompt | RowError], count: int, chars: int) -> list[Prompt | RowError]:
@@ -138,6 +138,7 @@ class DatasetState:
     # The operator's measured trial: the lines of this candidate's sample, each with its position in the sample's
     # order; they are sent before any other line (source/stratified.py).
     first: dict[int, int] = field(default_factory=dict)
+    _params: dict[str, Any] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.commits is None:
@@ -148,6 +149,13 @@ class DatasetState:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The sampling_params of the dataset's requests, built once (each request adds its seed to a copy)."""
+        if self._params is None:
+            self._params = self.sampling.to_sglang()
+        return self._params
 
     @property
     def samples(self) -> int:
@@ -350,17 +358,17 @@ class Runner:
     async def _produce(self, queue: asyncio.Queue[Request]) -> None:
         """Tokenized requests to the workers: a trial candidate's sample first, in its order (it is read whole
         first: a sample interleaves the datasets), then the rest longest expected output first within a bounded
-        window (`ordering.py`); the window holds the ids as 4-byte arrays, a third of a list's memory."""
+        window (`ordering.py`); the window holds the ids as 4-byte arrays, a third of a list's memory, one per
+        prompt for all its samples (sent as they are: the request body takes them without a copy)."""
 
-        async def send(held: tuple[DatasetState, Prompt, array[int], int]) -> None:
-            state, prompt, ids, index = held
-            await queue.put((state, prompt, ids.tolist(), index))
+        async def send(held: Request) -> None:
+            await queue.put(held)
 
         if any(state.first for state in self.states):
             sample = [held async for held, _ in self._requests(first=True)]
             for held in sorted(sample, key=lambda held: (held[0].first[held[1].line], held[3])):
                 await send(held)
-        window: LongestFirst[tuple[DatasetState, Prompt, array[int], int]] = LongestFirst(
+        window: LongestFirst[Request] = LongestFirst(
             window_size(self.concurrency))
         async for held, expected in self._requests(first=False):
             if (released := window.push(held, expected)) is not None:
@@ -368,8 +376,7 @@ class Runner:
         for held in window.drain():
             await send(held)
 
-    async def _requests(self, first: bool) -> AsyncIterator[tuple[tuple[DatasetState, Prompt, array[int], int],
-                                                                  float]]:
+    async def _requests(self, first: bool) -> AsyncIterator[tuple[Request, float]]:
         """Every open slot of every dataset in source order (datasets longest-expected first), with its prompt ids
         and the output length expected from the row's earlier answer (else its prompt's length class): of the
         trial sample's lines when `first`, else of the others."""
@@ -393,7 +400,7 @@ class Runner:
                     for (prompt, indices), ids in zip(batch, encoded, strict=True):
                         if checked := self._checked(state, prompt, ids, indices):
                             expected = expected_output_tokens(prompt.messages, len(checked))
-                            packed = array("i", checked)  # shared by the prompt's slots: it is tokenized once
+                            packed = PromptIds(array("i", checked))  # the prompt's slots share it
                             for index in indices:
                                 yield (state, prompt, packed, index), expected
             self._count_settled_lines(state)
@@ -479,17 +486,17 @@ class Runner:
             state, prompt, ids, index = await queue.get()
             retry_round = self._retry_round(state, prompt.line, index)
             seeds = self._seeds(state, prompt.line, retry_round, index)
-            params = state.sampling.to_sglang()
+            params = state.params
             if state.spec.mode == "all-turns":
                 try:
-                    await self._converse(state, prompt, ids, params, index, seeds, retry_round)
+                    await self._converse(state, prompt, ids.ids.tolist(), params, index, seeds, retry_round)
                 finally:
                     queue.task_done()
                 continue
             result = await self._generate(state, ids, params, _for_turn(seeds, 0), (state.name, prompt.line))
             now = self.clock()
             if isinstance(result, Generation):
-                self._record_row(state, prompt, ids, result, now, index, seeds(result.attempts - 1, 0))
+                self._record_row(state, prompt, ids.ids, result, now, index, seeds(result.attempts - 1, 0))
             else:
                 self._record_error(state, failure_record(state.name, prompt, result, index, retry_round), now)
             queue.task_done()
@@ -507,7 +514,7 @@ class Runner:
         base = self.config.spec.seed
         return lambda attempt, turn: sample_seed(base, state.name, line, index, attempt, retry_round, turn)
 
-    async def _generate(self, state: DatasetState, ids: list[int], params: dict[str, Any],
+    async def _generate(self, state: DatasetState, ids: list[int] | PromptIds, params: dict[str, Any],
                         seed_for: Callable[[int], int], affinity: tuple[str, int] | None = None) -> Generation | Any:
         """One request; `affinity` names its prefix group (the dataset's line: every sample of the prompt and every
         turn of its conversations extend the same prompt), which the client keeps on the replica that caches it."""
@@ -588,19 +595,19 @@ class Runner:
         state.generated += 1
         state.completion_tokens += row["completion_tokens"]
         state.truncated += row["stop_reason"] == "truncated"
-        state.lengths.add([row["completion_tokens"]])
+        state.lengths.add_one(row["completion_tokens"])
         self.meter.record(now, 1, 0)
         if state.buffer.is_due(now):
             self._commit(state)
 
-    def _record_row(self, state: DatasetState, prompt: Prompt, ids: list[int], result: Generation,
+    def _record_row(self, state: DatasetState, prompt: Prompt, ids: Sequence[int], result: Generation,
                     now: float, index: int = 0, seed: int | None = None) -> None:
         max_new = state.sampling.max_new_tokens or 0
         state.buffer.add_row(build_row(state.name, prompt, ids, result, max_new, self.info, index, seed), now)
         state.generated += 1
         state.completion_tokens += result.completion_tokens
         state.truncated += result.finish_reason == "length"
-        state.lengths.add([result.completion_tokens])
+        state.lengths.add_one(result.completion_tokens)
         self.meter.record(now, 1, result.completion_tokens)
         if state.buffer.is_due(now):
             self._commit(state)

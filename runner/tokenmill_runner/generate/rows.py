@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..render.tokenizer_info import TokenizerInfo
@@ -20,10 +20,13 @@ def first_reasoning_end(output_ids: list[int], end_ids: int | None | Iterable[in
     """(index, token id) of the first of `end_ids` in the output (Kimi-K2.5 may end reasoning at the tool-call
     section instead of </think>; whichever comes first ends it), or None."""
     wanted = {end_ids} if isinstance(end_ids, int) else set(end_ids or ())
-    for index, token in enumerate(output_ids):
-        if token in wanted:
-            return index, token
-    return None
+    found: tuple[int, int] | None = None
+    for token in wanted:  # list.index searches in C; the earliest of the tokens wins
+        try:
+            found = (output_ids.index(token, 0, len(output_ids) if found is None else found[0]), token)
+        except ValueError:
+            continue
+    return found
 
 
 def reasoning_agrees(reasoning_end: int | None, completion_tokens: int, server_count: int | None) -> bool | None:
@@ -36,7 +39,7 @@ def reasoning_agrees(reasoning_end: int | None, completion_tokens: int, server_c
     return own == server_count
 
 
-def build_row(dataset: str, prompt: Prompt, prompt_ids: list[int], generation: Generation,
+def build_row(dataset: str, prompt: Prompt, prompt_ids: Sequence[int], generation: Generation,
               max_new_tokens: int, info: TokenizerInfo, sample_index: int = 0,
               seed: int | None = None) -> dict[str, Any]:
     output_ids = generation.output_ids

@@ -1,0 +1,208 @@
+"""POSTs to /generate over keep-alive HTTP/1.1 connections, as lean as a bare client.
+
+The runner sends one request per sample, hundreds in flight: per request it writes the head and the body it was
+given and reads the answer (`http11.py`) on an asyncio protocol, nothing more. A general client spent most of the
+runner's CPU here (issue 44: httpx/httpcore scanned its pool per request and built its request and response
+models; 24 pools each loaded the CA bundle). Idle connections are reused, newest first, until shortly before the
+server would close them. Connections go straight to the server (proxy variables are not read; the replicas and the
+gateway are reached directly). For https the one TLS context verifies against the CA bundle httpx would use
+(SSL_CERT_FILE / SSL_CERT_DIR, else certifi's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import ssl
+from collections.abc import Mapping
+
+from .http11 import Answer, AnswerReader, BadAnswer, Origin, post_head
+
+# SGLang (uvicorn) closes idle keep-alive connections after 5 s (0.5.9 entrypoints/http_server.py:1972
+# timeout_keep_alive=5; 0.5.23 environ.py:337 SGLANG_TIMEOUT_KEEP_ALIVE=5): drop them first, or a request sent on a
+# connection the server is closing fails.
+KEEPALIVE_EXPIRY_S = 4.0
+CONNECT_TIMEOUT_S = 30.0
+
+
+class TransportError(Exception):
+    """No HTTP answer came. `connect`: nothing accepted the connection, so the request never reached a server."""
+
+    connect = False
+
+
+class ConnectFailed(TransportError):
+    """The connection was refused or the address does not resolve: nothing listens there."""
+
+    connect = True
+
+
+class ConnectTimedOut(TransportError):
+    """No connection within the connect timeout."""
+
+
+class AnswerLost(TransportError):
+    """The request was sent and the connection broke, timed out or carried no HTTP answer."""
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.idle_since = 0.0
+        self._reader: AnswerReader | None = None
+        self._waiter: asyncio.Future[Answer] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if self._reader is None:  # bytes nobody asked for: the exchange is broken
+            self.close()
+            return
+        try:
+            answer = self._reader.feed(data)
+        except BadAnswer as error:
+            self._finish(AnswerLost(f"{type(error).__name__}: {error}"))
+            self.close()
+            return
+        if answer is not None:
+            self._finish(answer)
+
+    def eof_received(self) -> bool:
+        self._end(None)
+        return False  # close our side too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._end(exc)
+
+    def _end(self, exc: Exception | None) -> None:
+        if self._reader is None:
+            return
+        answer = self._reader.at_end() if exc is None else None
+        self._finish(answer or AnswerLost(f"the server closed the connection before answering"
+                                          f"{f' ({exc})' if exc else ''}"))
+
+    def _finish(self, outcome: Answer | Exception) -> None:
+        waiter, self._waiter, self._reader = self._waiter, None, None
+        if waiter is None or waiter.done():
+            return
+        if isinstance(outcome, Answer):
+            waiter.set_result(outcome)
+        else:
+            waiter.set_exception(outcome)
+
+    def send(self, head: bytes, body: bytes) -> asyncio.Future[Answer]:
+        assert self.transport is not None and self._reader is None
+        self._reader = AnswerReader()
+        self._waiter = self._loop.create_future()
+        self.transport.write(head + body)
+        return self._waiter
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+def _tls_context() -> ssl.SSLContext:
+    """Verify as httpx does by default: the bundle SSL_CERT_FILE / SSL_CERT_DIR name, else certifi's."""
+    cafile, capath = os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")
+    if cafile or capath:
+        return ssl.create_default_context(cafile=cafile, capath=capath)
+    try:
+        import certifi
+    except ImportError:  # the system's store
+        return ssl.create_default_context()
+    return ssl.create_default_context(cafile=certifi.where())
+
+
+class PostPool:
+    """Keep-alive connections per origin; `post(url, body)` answers the status and body, or raises TransportError."""
+
+    def __init__(self, headers: Mapping[str, str], timeout_s: float, connect_timeout_s: float = CONNECT_TIMEOUT_S,
+                 keepalive_s: float = KEEPALIVE_EXPIRY_S) -> None:
+        self._headers = dict(headers)
+        self._timeout_s = timeout_s
+        self._connect_timeout_s = connect_timeout_s
+        self._keepalive_s = keepalive_s
+        self._idle: dict[Origin, list[_Connection]] = {}
+        self._open: set[_Connection] = set()
+        self._targets: dict[str, tuple[Origin, str]] = {}
+        self._tls: ssl.SSLContext | None = None
+        self.connects = 0  # connections opened, over the pool's life
+
+    def _target(self, url: str) -> tuple[Origin, str]:
+        """(origin, route) of a URL ending in its route ("…/generate"), parsed once per URL."""
+        found = self._targets.get(url)
+        if found is None:
+            base, _, route = url.rpartition("/")
+            found = self._targets[url] = (Origin.parse(base), f"/{route}")
+        return found
+
+    async def post(self, url: str, body: bytes) -> Answer:
+        origin, route = self._target(url)
+        head = post_head(origin, route, self._headers, len(body))
+        connection = self._idle_connection(origin) or await self._connect(origin)
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                answer = await connection.send(head, body)
+        except TimeoutError:
+            connection.close()
+            self._open.discard(connection)
+            raise AnswerLost(f"no answer within {self._timeout_s:.0f} s") from None
+        except BaseException:
+            connection.close()
+            self._open.discard(connection)
+            raise
+        if answer.keep_alive and not connection.closed:
+            connection.idle_since = asyncio.get_running_loop().time()
+            self._idle.setdefault(origin, []).append(connection)
+        else:
+            connection.close()
+            self._open.discard(connection)
+        return answer
+
+    def _idle_connection(self, origin: Origin) -> _Connection | None:
+        idle = self._idle.get(origin)
+        if not idle:
+            return None
+        now = asyncio.get_running_loop().time()
+        while idle:
+            connection = idle.pop()  # the newest: the oldest expire first
+            if not connection.closed and now - connection.idle_since < self._keepalive_s:
+                return connection
+            connection.close()
+            self._open.discard(connection)
+        return None
+
+    async def _connect(self, origin: Origin) -> _Connection:
+        loop = asyncio.get_running_loop()
+        tls = None
+        if origin.scheme == "https":
+            if self._tls is None:
+                self._tls = _tls_context()
+            tls = self._tls
+        try:
+            async with asyncio.timeout(self._connect_timeout_s):
+                _, connection = await loop.create_connection(lambda: _Connection(loop), origin.host, origin.port,
+                                                             ssl=tls)
+        except TimeoutError:
+            raise ConnectTimedOut(f"no connection to {origin.authority} within {self._connect_timeout_s:.0f} s") \
+                from None
+        except OSError as error:  # refused, unreachable, a name that does not resolve, a TLS failure
+            raise ConnectFailed(f"{origin.authority}: {error}") from None
+        self.connects += 1
+        self._open.add(connection)
+        return connection
+
+    async def aclose(self) -> None:
+        for connection in list(self._open):
+            connection.close()
+        self._open.clear()
+        self._idle.clear()
+        await asyncio.sleep(0)  # let the transports close
+
