@@ -76,7 +76,7 @@ def test_the_request_head_names_the_gateway_path_and_the_host_as_http_wants() ->
         Origin.parse("ftp://h")
 
 
-def test_the_pool_reuses_a_connection_and_tells_nothing_listening_from_an_answer_lost() -> None:
+def test_the_pool_reuses_a_connection_gives_up_a_late_answer_and_tells_nothing_listening_from_an_answer_lost() -> None:
     async def main() -> None:
         connections = []
 
@@ -89,20 +89,26 @@ def test_the_pool_reuses_a_connection_and_tells_nothing_listening_from_an_answer
                 if body == b"drop":  # the request arrived; the connection breaks before any answer
                     writer.close()
                     return
+                if body == b"hang":  # never answered
+                    await asyncio.sleep(3600)
                 writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
                 await writer.drain()
                 writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
 
         server = await asyncio.start_server(serve, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
-        pool = PostPool({"Content-Type": "application/json"}, timeout_s=10)
+        pool = PostPool({"Content-Type": "application/json"}, timeout_s=0.2)
         try:
             answers = [await pool.post(f"http://127.0.0.1:{port}/generate", b"%d" % i) for i in range(3)]
             assert [a.content for a in answers] == [b"0", b"1", b"2"] and pool.connects == 1 == len(connections)
             with pytest.raises(AnswerLost) as lost:
                 await pool.post(f"http://127.0.0.1:{port}/generate", b"drop")
             assert not lost.value.connect
+            with pytest.raises(AnswerLost, match="no answer within"):
+                await pool.post(f"http://127.0.0.1:{port}/generate", b"hang")
             server.close()
+            for writer in connections:
+                writer.close()
             await server.wait_closed()
             with pytest.raises(ConnectFailed) as refused:
                 await pool.post(f"http://127.0.0.1:{port}/generate", b"x")

@@ -170,9 +170,9 @@ class GenerateClient:
         quarantined: list[Suspect] = []  # those of attempts made in quarantine
         previous: str | None = None
         while True:
-            suspect = self.replicas.deaths(suspects) >= self.retry.quarantine_after
+            suspect = bool(suspects) and self.replicas.deaths(suspects) >= self.retry.quarantine_after
             async with self._quarantine if suspect else _NO_LOCK:
-                server = await self._acquire(previous, affinity)
+                server = self._pick(previous, affinity) or await self._acquire(previous, affinity)
                 sent += 1
                 self.retries += sent > 1
                 self.outstanding[server] += 1
@@ -253,6 +253,13 @@ class GenerateClient:
             logger.warning("taking %s out of rotation: %s", server, failed.message)
             self._tell_state(server)
             self._notify()  # the watcher schedules its first probe
+
+    def _pick(self, avoid: str | None, affinity: Hashable | None) -> str | None:
+        """A live replica for the next attempt, None when none is (without an await: this runs per request)."""
+        if self._watcher is None or self._watcher.done():
+            return None  # _acquire starts it
+        candidates = self.replicas.candidates(avoid)
+        return self._choose(candidates, affinity) if candidates else None
 
     async def _acquire(self, avoid: str | None, affinity: Hashable | None = None) -> str:
         """A live replica for the next attempt; waits (spending no attempt) while none is."""

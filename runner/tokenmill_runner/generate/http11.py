@@ -15,6 +15,7 @@ MAX_HEAD_BYTES = 64 * 1024
 # A /generate answer holds the output ids (and the prompt's, echoed): ~7 bytes a token. 256 MiB is 30M tokens.
 MAX_ANSWER_BYTES = 256 * 1024 * 1024
 _NO_BODY = frozenset({204, 304})
+_FRAMING = frozenset({"content-length", "transfer-encoding", "connection"})
 
 
 class BadAnswer(Exception):
@@ -47,8 +48,13 @@ class Origin:
 
 def post_head(origin: Origin, route: str, headers: Mapping[str, str], length: int) -> bytes:
     """The head of a POST of `length` body bytes to `route` (e.g. "/generate") of the origin."""
+    return post_head_start(origin, route, headers) + b"%d\r\n\r\n" % length
+
+
+def post_head_start(origin: Origin, route: str, headers: Mapping[str, str]) -> bytes:
+    """Every byte of `post_head` up to the body's length, the same for every request to the route."""
     lines = [f"POST {origin.path}{route} HTTP/1.1", f"Host: {origin.authority}",
-             *(f"{name}: {value}" for name, value in headers.items()), f"Content-Length: {length}", "", ""]
+             *(f"{name}: {value}" for name, value in headers.items()), "Content-Length: "]
     return "\r\n".join(lines).encode("latin-1")
 
 
@@ -121,7 +127,9 @@ class AnswerReader:
             name, colon, value = line.partition(":")
             if not colon:
                 raise BadAnswer(f"a header line without a colon: {line[:80]!r}")
-            name = name.strip().lower()
+            name = name.lower()
+            if name not in _FRAMING:  # the others (date, server, content-type) say nothing about the framing
+                continue
             fields[name] = f"{fields[name]}, {value.strip()}" if name in fields else value.strip()
         connection = fields.get("connection", "").lower()
         self._keep_alive = "close" not in connection if version == "HTTP/1.1" else "keep-alive" in connection

@@ -263,6 +263,7 @@ class Runner:
         self.clock = clock
         self.meter = ThroughputMeter()
         self.in_flight = 0
+        self.metrics.count_in_flight(lambda: self.in_flight)  # read when scraped, not set per request
         self._run_token = run_token or new_run_token()  # the lease records it: shard names of this run
         self._fence = None if lease is None else Fence(lease.fence, lease.times.marker_budget_s,
                                                        retry_from_env().budget_s)
@@ -519,12 +520,10 @@ class Runner:
         """One request; `affinity` names its prefix group (the dataset's line: every sample of the prompt and every
         turn of its conversations extend the same prompt), which the client keeps on the replica that caches it."""
         self.in_flight += 1
-        self.metrics.set_in_flight(self.in_flight)
         try:
             result = await self.client.generate(ids, params, seed_for if self.send_seed else None, affinity)
         finally:
             self.in_flight -= 1
-            self.metrics.set_in_flight(self.in_flight)
         if isinstance(result, Generation):
             self.metrics.answered(state.name, result.attempts, True, result.completion_tokens, result.latency_s)
         else:

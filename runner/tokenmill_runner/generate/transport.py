@@ -16,12 +16,13 @@ import os
 import ssl
 from collections.abc import Mapping
 
-from .http11 import Answer, AnswerReader, BadAnswer, Origin, post_head
+from .http11 import Answer, AnswerReader, BadAnswer, Origin, post_head_start
 
 # SGLang (uvicorn) closes idle keep-alive connections after 5 s (0.5.9 entrypoints/http_server.py:1972
 # timeout_keep_alive=5; 0.5.23 environ.py:337 SGLANG_TIMEOUT_KEEP_ALIVE=5): drop them first, or a request sent on a
-# connection the server is closing fails.
-KEEPALIVE_EXPIRY_S = 4.0
+# connection the server is closing fails (and counts against the replica). Idle time runs from the answer's last
+# byte; 2 s of margin cover a loop that is late reading it (seen at 1 s and more under a profiler on 2 busy cores).
+KEEPALIVE_EXPIRY_S = 3.0
 CONNECT_TIMEOUT_S = 30.0
 
 
@@ -53,6 +54,7 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self._reader: AnswerReader | None = None
         self._waiter: asyncio.Future[Answer] | None = None
+        self.deadline = 0.0  # when the answer in flight is given up (loop time)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -91,17 +93,24 @@ class _Connection(asyncio.Protocol):
         if waiter is None or waiter.done():
             return
         if isinstance(outcome, Answer):
+            self.idle_since = self._loop.time()  # as the server's idle clock starts, not when the caller resumes
             waiter.set_result(outcome)
         else:
             waiter.set_exception(outcome)
 
-    def send(self, head: bytes, body: bytes) -> asyncio.Future[Answer]:
+    def send(self, head: bytes, body: bytes, deadline: float) -> asyncio.Future[Answer]:
         assert self.transport is not None and self._reader is None
         self._reader = AnswerReader()
         self._waiter = self._loop.create_future()
+        self.deadline = deadline
         self.transport.write(head + body)
         return self._waiter
 
+    def expire(self, now: float, timeout_s: float) -> None:
+        """Give up the answer in flight once its deadline has passed."""
+        if self._reader is not None and now >= self.deadline:
+            self._finish(AnswerLost(f"no answer within {timeout_s:.0f} s"))
+            self.close()
     def close(self) -> None:
         self.closed = True
         if self.transport is not None:
@@ -131,40 +140,53 @@ class PostPool:
         self._keepalive_s = keepalive_s
         self._idle: dict[Origin, list[_Connection]] = {}
         self._open: set[_Connection] = set()
-        self._targets: dict[str, tuple[Origin, str]] = {}
+        self._targets: dict[str, tuple[Origin, bytes]] = {}
         self._tls: ssl.SSLContext | None = None
+        self._sweeper: asyncio.Task[None] | None = None
         self.connects = 0  # connections opened, over the pool's life
 
-    def _target(self, url: str) -> tuple[Origin, str]:
-        """(origin, route) of a URL ending in its route ("…/generate"), parsed once per URL."""
+    def _target(self, url: str) -> tuple[Origin, bytes]:
+        """The origin of a URL ending in its route ("…/generate") and the head of a POST there up to the body's
+        length, made once per URL."""
         found = self._targets.get(url)
         if found is None:
             base, _, route = url.rpartition("/")
-            found = self._targets[url] = (Origin.parse(base), f"/{route}")
+            origin = Origin.parse(base)
+            found = self._targets[url] = (origin, post_head_start(origin, f"/{route}", self._headers))
         return found
 
     async def post(self, url: str, body: bytes) -> Answer:
-        origin, route = self._target(url)
-        head = post_head(origin, route, self._headers, len(body))
+        origin, start = self._target(url)
+        head = start + b"%d\r\n\r\n" % len(body)
         connection = self._idle_connection(origin) or await self._connect(origin)
+        loop = asyncio.get_running_loop()
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = loop.create_task(self._sweep(), name="tokenmill-generate-timeouts")
         try:
-            async with asyncio.timeout(self._timeout_s):
-                answer = await connection.send(head, body)
-        except TimeoutError:
-            connection.close()
-            self._open.discard(connection)
-            raise AnswerLost(f"no answer within {self._timeout_s:.0f} s") from None
+            answer = await connection.send(head, body, loop.time() + self._timeout_s)
         except BaseException:
-            connection.close()
-            self._open.discard(connection)
+            self._drop(connection)
             raise
         if answer.keep_alive and not connection.closed:
-            connection.idle_since = asyncio.get_running_loop().time()
             self._idle.setdefault(origin, []).append(connection)
         else:
-            connection.close()
-            self._open.discard(connection)
+            self._drop(connection)
         return answer
+
+    async def _sweep(self) -> None:
+        """Give up answers past their deadline: one timer for every request in flight, not one each (a timer per
+        request cost more CPU than its answer's parsing)."""
+        loop = asyncio.get_running_loop()
+        every = min(1.0, self._timeout_s / 4)
+        while True:
+            await asyncio.sleep(every)
+            now = loop.time()
+            for connection in list(self._open):
+                connection.expire(now, self._timeout_s)
+
+    def _drop(self, connection: _Connection) -> None:
+        connection.close()
+        self._open.discard(connection)
 
     def _idle_connection(self, origin: Origin) -> _Connection | None:
         idle = self._idle.get(origin)
@@ -200,6 +222,9 @@ class PostPool:
         return connection
 
     async def aclose(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
         for connection in list(self._open):
             connection.close()
         self._open.clear()
