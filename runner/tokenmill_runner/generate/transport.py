@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
 import ssl
 from collections.abc import Mapping
 
@@ -111,6 +112,16 @@ class _Connection(asyncio.Protocol):
         if self._reader is not None and now >= self.deadline:
             self._finish(AnswerLost(f"no answer within {timeout_s:.0f} s"))
             self.close()
+    def ended(self) -> bool:
+        """Whether the server closed this idle connection though the loop has not read that yet (a late loop):
+        anything readable on an idle connection is its end (an idle connection is owed nothing)."""
+        sock = self.transport.get_extra_info("socket") if self.transport is not None else None
+        if sock is None:
+            return False
+        poll = select.poll()
+        poll.register(sock.fileno(), select.POLLIN)
+        return bool(poll.poll(0))
+
     def close(self) -> None:
         self.closed = True
         if self.transport is not None:
@@ -195,7 +206,7 @@ class PostPool:
         now = asyncio.get_running_loop().time()
         while idle:
             connection = idle.pop()  # the newest: the oldest expire first
-            if not connection.closed and now - connection.idle_since < self._keepalive_s:
+            if not connection.closed and now - connection.idle_since < self._keepalive_s and not connection.ended():
                 return connection
             connection.close()
             self._open.discard(connection)
