@@ -38,7 +38,7 @@ from .results import (
     parse_generation,
     transport_failure,
 )
-from .routing import PrefixAffinity, dp_rank
+from .routing import PrefixAffinity, dp_rank, prefix_hashes
 from .transport import PostPool, TransportError
 
 logger = logging.getLogger(__name__)
@@ -85,11 +85,12 @@ class PromptIds:
     """A prompt's ids as the requests of all its samples (and their retries) send them: 4 bytes an id, and their JSON
     encoded once, by the first request that needs it."""
 
-    __slots__ = ("ids", "_json")
+    __slots__ = ("ids", "_json", "_names")
 
     def __init__(self, ids: array[int]) -> None:
         self.ids = ids
         self._json: bytes | None = None
+        self._names: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -98,6 +99,12 @@ class PromptIds:
         if self._json is None:
             self._json = orjson.dumps(np.frombuffer(self.ids, dtype=np.int32), option=orjson.OPT_SERIALIZE_NUMPY)
         return self._json
+
+    def prefix_names(self) -> list[int]:
+        """Its leading blocks' names for prefix routing (`routing.prefix_hashes`), made once."""
+        if self._names is None:
+            self._names = prefix_hashes(np.frombuffer(self.ids, dtype=np.int32))
+        return self._names
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:
@@ -172,7 +179,7 @@ class GenerateClient:
         while True:
             suspect = bool(suspects) and self.replicas.deaths(suspects) >= self.retry.quarantine_after
             async with self._quarantine if suspect else _NO_LOCK:
-                server = self._pick(previous, affinity) or await self._acquire(previous, affinity)
+                server = self._pick(previous, affinity, prompt) or await self._acquire(previous, affinity, prompt)
                 sent += 1
                 self.retries += sent > 1
                 self.outstanding[server] += 1
@@ -254,21 +261,22 @@ class GenerateClient:
             self._tell_state(server)
             self._notify()  # the watcher schedules its first probe
 
-    def _pick(self, avoid: str | None, affinity: Hashable | None) -> str | None:
+    def _pick(self, avoid: str | None, affinity: Hashable | None, prompt: PromptIds | None = None) -> str | None:
         """A live replica for the next attempt, None when none is (without an await: this runs per request)."""
         if self._watcher is None or self._watcher.done():
             return None  # _acquire starts it
         candidates = self.replicas.candidates(avoid)
-        return self._choose(candidates, affinity) if candidates else None
+        return self._choose(candidates, affinity, prompt) if candidates else None
 
-    async def _acquire(self, avoid: str | None, affinity: Hashable | None = None) -> str:
+    async def _acquire(self, avoid: str | None, affinity: Hashable | None = None,
+                       prompt: PromptIds | None = None) -> str:
         """A live replica for the next attempt; waits (spending no attempt) while none is."""
         loop = asyncio.get_running_loop()
         self._ensure_watcher()
         while True:
             candidates = self.replicas.candidates(avoid)
             if candidates:
-                return self._choose(candidates, affinity)
+                return self._choose(candidates, affinity, prompt)
             now = loop.time()
             self.replicas.note_time(now)
             if self.replicas.outage_exceeded(now):
@@ -279,13 +287,14 @@ class GenerateClient:
             remaining = self.health.outage_budget_s - self.replicas.outage_seconds(now)
             await _wait(self._event(), max(0.01, remaining + 0.01))
 
-    def _choose(self, candidates: list[str], affinity: Hashable | None) -> str:
+    def _choose(self, candidates: list[str], affinity: Hashable | None, prompt: PromptIds | None = None) -> str:
         def least_loaded(among: Sequence[str]) -> str:
             return self.replicas.least_loaded(among, self.outstanding)
 
-        if self.affinity is None or affinity is None:
+        if self.affinity is None or affinity is None or len(self.servers) == 1:
             return least_loaded(candidates)
-        return self.affinity.choose(affinity, candidates, self.outstanding, self.replicas.epochs(), least_loaded)
+        return self.affinity.choose(affinity, candidates, self.outstanding, self.replicas.epochs(), least_loaded,
+                                    None if prompt is None else prompt.prefix_names)
 
     # -- one HTTP request ----------------------------------------------------------------------------------
     async def _attempt(self, server: str, body: bytes, attempt: int,
