@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "runner"))
 
-from tokenmill_operator.planner import model_facts, plan_server, size_server, workload  # noqa: E402
+from tokenmill_operator.decide.planner import model_facts, plan_server, size_server, workload  # noqa: E402
 from tokenmill_runner.facts.hardware import find  # noqa: E402
 from tokenmill_runner.facts.refit import StepSample, refit  # noqa: E402
 from tokenmill_runner.facts.throughput import CALIBRATION, Calibration, StepModel  # noqa: E402

@@ -227,7 +227,7 @@ SEEDS_WORKLOADS = {"B1-like (210-token prompts)": 210, "B5-like (479-token promp
 
 
 def seeds_case() -> str:
-    from tokenmill_operator.planner import model_facts, plan_server, workload
+    from tokenmill_operator.decide.planner import model_facts, plan_server, workload
     from tokenmill_runner.spec.resource import parse_document
 
     data = json.loads((MODELS / "kimi-k2.5.json").read_text())

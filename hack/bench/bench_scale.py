@@ -185,8 +185,8 @@ def steady_markers(uri: str, endpoint: str | None, samples: int, at: datetime, t
 
 def child_operator(uri: str, endpoint: str | None, samples: int, resources: int, cold: bool) -> dict[str, Any]:
     import tokenmill_operator.handlers  # noqa: F401 - the operator process's imports (kopf, clients): its baseline
-    from tokenmill_operator.gather import OutputIndex, observe_progress
-    from tokenmill_operator.reconcile import OBSERVE_RETRY
+    from tokenmill_operator.observe.access import OBSERVE_RETRY
+    from tokenmill_operator.observe.gather import OutputIndex, observe_progress
     from tokenmill_runner.store.index_store import write_checkpoint
     from tokenmill_runner.store.storage import open_storage
 

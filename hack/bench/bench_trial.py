@@ -28,8 +28,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "runner"))
 sys.path.insert(0, str(REPO / "runner" / "sim"))
 
-from tokenmill_operator.planner import model_facts, plan_server  # noqa: E402
-from tokenmill_operator.planner.trial import (  # noqa: E402
+from tokenmill_operator.decide.planner import model_facts, plan_server  # noqa: E402
+from tokenmill_operator.decide.planner.trial import (  # noqa: E402
     Measurement,
     MetricPoint,
     conclude,

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from tokenmill_runner.facts.releases import MOVING_TAG_PATTERN, RELEASES
 from tokenmill_runner.spec.resource import API_VERSION, KV_CACHE_DTYPES, MANAGED_FLAGS, DatasetGenerationSpec
 
-from .status import DatasetGenerationStatus
+from .decide.status import DatasetGenerationStatus
 
 GROUP, VERSION = API_VERSION.split("/")
 PLURAL, SINGULAR, KIND = "datasetgenerations", "datasetgeneration", "DatasetGeneration"

@@ -13,7 +13,9 @@ from typing import Any
 
 import kopf
 
-from . import log_safety, metrics, names
+from . import log_safety, metrics
+from .act import events
+from .act.children import release
 from .crd import GROUP, PLURAL, VERSION
 from .kube import default_kube
 from .passes import Key, PassScheduler, Stopped
@@ -51,9 +53,7 @@ def _done(key: Key, result: PassResult | None) -> None:
     if result.spec is not None:
         metrics.publish(name, namespace, result.decision.status, result.spec.validation.model_dump(),
                         result.spec.model.path)
-    for event in result.decision.events:
-        # kopf.event reads any body mapping (kind, name, uid); its types name only kopf's own RawBody TypedDict
-        kopf.event(result.body, type=event.type, reason=event.reason, message=event.message)  # type: ignore[arg-type]
+    events.post(result.body, result.decision.events)
 
 
 SCHEDULER = PassScheduler(_pass, _done)
@@ -105,12 +105,6 @@ async def on_timer(name: str, namespace: str | None, uid: str, **_: Any) -> None
     SCHEDULER.request(_key(namespace, name, uid))
 
 
-def _release(name: str, namespace: str) -> None:
-    kube = default_kube()
-    kube.delete("apps/v1", "StatefulSet", names.server_name(name), namespace)
-    kube.delete("batch/v1", "Job", names.runner_name(name), namespace)
-
-
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
 async def on_delete(name: str, namespace: str | None, uid: str, **_: Any) -> None:
     """Stop passes and give the GPUs back now; garbage collection would remove the children only once kopf has
@@ -120,6 +114,6 @@ async def on_delete(name: str, namespace: str | None, uid: str, **_: Any) -> Non
     OUTPUTS.pop(uid, None)
     metrics.forget(name, namespace)
     try:
-        await asyncio.to_thread(_release, name, namespace)
+        await asyncio.to_thread(release, default_kube(), name, namespace)
     except Exception:  # never hold the finalizer for this: the garbage collector removes the children anyway
         logger.exception("could not delete the children of %s/%s; the garbage collector will", namespace, name)

@@ -11,9 +11,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 from prometheus_client.exposition import generate_latest
 
-from .observe import parse_time
-from .planner import ServerPlan
-from .status import CONDITION_TYPES, DatasetGenerationStatus, Progress
+from .decide.planner import ServerPlan
+from .decide.progress import parse_time
+from .decide.status import CONDITION_TYPES, DatasetGenerationStatus, Progress
 
 logger = logging.getLogger(__name__)
 

@@ -15,11 +15,11 @@ import yaml
 
 from tokenmill_runner.spec.resource import SpecError, load_spec_file
 
-from . import cache, kueue, manifests, names
-from .hidden_states_plan import HiddenStatesPlanError, hidden_states_plan, render_hidden_states
-from .model_files import make_plan
-from .planner import render_plan, workload
-from .workload_sample import sampled_workload
+from .decide import cache, kueue, manifests, names
+from .decide.planner import render_plan, workload
+from .observe.hidden_states_plan import HiddenStatesPlanError, hidden_states_plan, render_hidden_states
+from .observe.model_files import make_plan
+from .observe.workload_sample import sampled_workload
 
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
 

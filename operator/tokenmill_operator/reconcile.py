@@ -10,47 +10,29 @@ reported and retried, never taken for an answer.
 from __future__ import annotations
 
 import logging
-import os
-import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-import orjson
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from tokenmill_runner.facts.hidden_states import ServedKind
-from tokenmill_runner.report.files import REPORT_DIR, write_report
 from tokenmill_runner.spec.resource import API_VERSION, KIND, DatasetGenerationSpec
 from tokenmill_runner.store.capture_progress import read_capture_progress
-from tokenmill_runner.store.credentials import SECRET_KEYS
 from tokenmill_runner.store.lease import read_versioned
 from tokenmill_runner.store.lease_rules import LeaseError
 from tokenmill_runner.store.manifest import ManifestError, Owner, RunManifest, read_manifest
-from tokenmill_runner.store.storage import Storage, StorageError, StorageRetry, open_storage
+from tokenmill_runner.store.storage import Storage, StorageError
 
-from . import cache, constants, kueue, manifests, names, policy, trialling
-from .facts import Decision, Event, JobState, Observed, QueueState, ServerState
-from .faults import crash_point
-from .gather import (
-    KueueMissing,
-    OutputIndex,
-    PassCancelled,
-    never,
-    node_driver_major,
-    observe_fill,
-    observe_job,
-    observe_progress,
-    observe_queue,
-    observe_server,
-    observe_trial,
-    observe_window,
-)
-from .kube import ChildRefused, Kube, KubeUnavailable
-from .lifecycle import (
+from .act import constants as constants_write
+from .act.children import apply_decision, apply_queueing
+from .act.report import write_report_status
+from .act.status import write_status
+from .decide import cache, constants, kueue, manifests, names, policy, trialling
+from .decide.facts import Context, Decision, Event, Facts, Observed, Queueing, ServerState
+from .decide.lifecycle import (
     blocked,
     cannot_observe,
     decide,
@@ -67,10 +49,8 @@ from .lifecycle import (
     with_retry_event,
     with_switch,
 )
-from .model_files import make_plan
-from .observe import foreign_run, would_generate
-from .planner import PlanError, ServerPlan
-from .planner.verify import (
+from .decide.planner import PlanError, ServerPlan
+from .decide.planner.verify import (
     CONFIGMAP_NAME,
     pinned_spec,
     read_constants,
@@ -79,10 +59,31 @@ from .planner.verify import (
     switch_mode,
     switched_plan,
 )
-from .server_metrics import WindowFacts
-from .states_passes import current_pass, passes_of, run_key
-from .status import DatasetGenerationStatus, ReportStatus, RunStatus, TrialCandidate, merge_patch
-from .trialling import replan_may_switch
+from .decide.progress import foreign_run, would_generate
+from .decide.server_metrics import WindowFacts
+from .decide.settings import REQUIRE_QUEUE_ENV, OperatorSettings
+from .decide.states_passes import current_pass, passes_of, run_key
+from .decide.status import DatasetGenerationStatus, RunStatus, TrialCandidate
+from .decide.trialling import replan_may_switch
+from .faults import crash_point
+from .kube import ChildRefused, Kube, KubeUnavailable
+from .observe import constants as constants_read
+from .observe.access import OBSERVE_RETRY, storage_for, tenant_credentials
+from .observe.gather import (
+    KueueMissing,
+    OutputIndex,
+    PassCancelled,
+    never,
+    node_driver_major,
+    observe_fill,
+    observe_job,
+    observe_progress,
+    observe_queue,
+    observe_server,
+    observe_trial,
+    observe_window,
+)
+from .observe.model_files import make_plan
 
 __all__ = ["OutputIndex", "OperatorSettings", "PassCancelled", "PassResult", "reconcile", "run_pass"]
 
@@ -93,88 +94,11 @@ logger = logging.getLogger(__name__)
 UNOBSERVABLE = (StorageError, KubeUnavailable, OSError, ManifestError)
 
 
-REQUIRE_QUEUE_ENV = "TOKENMILL_REQUIRE_QUEUE"
-
-
-@dataclass(frozen=True)
-class OperatorSettings:
-    runner_image: str = os.environ.get("TOKENMILL_RUNNER_IMAGE", "ghcr.io/tokenmill/tokenmill-runner:0.1.0")
-    stall_after_s: float = float(os.environ.get("TOKENMILL_STALL_SECONDS", "900"))
-    # Extra labels on the pods of the Jobs it creates, the runner's and the model cache's fill (JSON object); the
-    # e2e tests use it to hold Job pods running under kwok.
-    runner_pod_labels: dict[str, str] = field(
-        default_factory=lambda: orjson.loads(os.environ.get("TOKENMILL_RUNNER_POD_LABELS", "{}")))
-    # Where Prometheus runs: the only namespace whose scraper the NetworkPolicies admit (none when unset).
-    scraper_namespace: str | None = os.environ.get("TOKENMILL_SCRAPER_NAMESPACE") or None
-    tenant_policy: policy.TenantPolicy = field(default_factory=lambda: policy.TenantPolicy.from_env(os.environ))
-    # Every resource must name a Kueue LocalQueue (the label); one without it is refused (QueueRequired).
-    require_queue: bool = os.environ.get(REQUIRE_QUEUE_ENV, "").strip().lower() == "true"
-    # The node-local model cache's folder on every node: the administrator's, never a resource's (cache.py).
-    node_cache_root: str = field(default_factory=lambda: cache.node_root(
-        os.environ.get(cache.NODE_ROOT_ENV) or cache.DEFAULT_NODE_ROOT))
-    # Where every server replica's /metrics is read instead of its rank-0 pod (the e2e tests under kwok, where no
-    # server container runs, point it at the simulator); unset in a cluster.
-    server_metrics_url: str | None = os.environ.get("TOKENMILL_SERVER_METRICS_URL") or None
-    # The operator's own namespace (the chart sets it from the pod's): where the cluster's measured constants are
-    # kept (constants.py); unset, plans use the published fit and nothing is recorded.
-    operator_namespace: str | None = os.environ.get(constants.NAMESPACE_ENV) or None
-    # Trial seconds per wall second for the measured trial's rules (server_metrics.TrialScrapes): 1 in a cluster.
-    trial_clock_scale: float = float(os.environ.get("TOKENMILL_TRIAL_CLOCK_SCALE", "1"))
-
-
 def now_utc() -> datetime:
     return datetime.now(UTC)
 
 
-def _credentials(kube: Kube, spec: DatasetGenerationSpec, namespace: str) -> dict[str, str] | None:
-    """The credentials Secret's S3 keys (credentials.SECRET_KEYS; its other keys may hold anything, e.g. a DER key),
-    or None when none is named (the operator's own identity, where policy.ambient_refusal allowed it)."""
-    secret = spec.output.credentials_secret
-    return kube.secret_data(secret, namespace, SECRET_KEYS) if secret else None
-
-
-# A pass gives up on a store that keeps failing after this long and says ObservationFailed; the next pass tries
-# again. The runner's long budget (storage.py, 600 s) would hold a pass, and the resource's status, for minutes.
-OBSERVE_RETRY = StorageRetry(budget_s=10.0)
-
-
-def storage_for(uri: str, spec: DatasetGenerationSpec, credentials: dict[str, str] | None) -> Storage:
-    return open_storage(uri, spec.output.endpoint, spec.output.region, credentials, OBSERVE_RETRY)
-
-
-# ------------------------------------------------------------------------------------------------- observing
-
-
-def write_report_status(storage: Storage) -> ReportStatus:
-    """Write the report's files from what is committed, and say where they are and what they found."""
-    report, _ = write_report(storage)
-    findings = [f["message"] for f in report["findings"] if f["level"] != "pass"]
-    return ReportStatus(uri=storage.uri(f"{REPORT_DIR}/report.json"), verdict=report["verdict"], findings=findings)
-
-
 # -------------------------------------------------------------------------------------------------- planning
-
-
-@dataclass
-class Context:
-    """One DatasetGeneration as read at the start of the pass."""
-
-    body: dict[str, Any]
-    name: str
-    namespace: str
-    generation: int
-    spec: DatasetGenerationSpec
-    previous: DatasetGenerationStatus
-
-    @property
-    def owner(self) -> Owner:
-        """Who owns the output: this resource, across its Jobs (a re-created one of the same name is another)."""
-        return Owner(kind="DatasetGeneration", name=self.name, namespace=self.namespace,
-                     uid=self.body["metadata"].get("uid"))
-
-    @property
-    def retry_request(self) -> str | None:
-        return (self.body["metadata"].get("annotations") or {}).get(names.RETRY_ANNOTATION)
 
 
 @dataclass(frozen=True)
@@ -217,24 +141,6 @@ def plan_for(context: Context, credentials: dict[str, str] | None,
 
 
 # ------------------------------------------------------------------------------------------------- deciding
-
-
-@dataclass(frozen=True)
-class Queueing:
-    """The run's Kueue Workload: as it should be, as it is, and what it says."""
-
-    desired: dict[str, Any]
-    current: dict[str, Any] | None
-    state: QueueState
-
-
-@dataclass(frozen=True)
-class Facts:
-    job: JobState | None
-    job_started: datetime | None
-    server: ServerState | None
-    queueing: Queueing | None = None
-    cache_ready: bool = True  # the shared model cache is filled (or none is used)
 
 
 class QueueRequired(Exception):
@@ -399,7 +305,7 @@ def reconcile(kube: Kube, context: Context, output: OutputIndex, settings: Opera
             and kueue.queue_name(context.body["metadata"].get("labels")) is None):
         return blocked(base, "QueueRequired", queue_required_message(context.name))
     try:
-        credentials = _credentials(kube, spec, context.namespace)
+        credentials = tenant_credentials(kube, spec, context.namespace)
     except LookupError as error:
         return blocked(base, "MissingSecret",
                        f"{error}: create it with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (spec.output."
@@ -409,7 +315,7 @@ def reconcile(kube: Kube, context: Context, output: OutputIndex, settings: Opera
     if credentials is not None and (refused := policy.credentials_refusal(spec, credentials)):
         return blocked(base, "NotAllowed", refused)
     planning = plan_for(context, credentials, lambda: node_driver_major(kube, spec.server),
-                        lambda: constants.read_data(kube, settings.operator_namespace))
+                        lambda: constants_read.read_data(kube, settings.operator_namespace))
     if planning.transient:
         return cannot_observe(base, planning.transient)
     try:
@@ -440,9 +346,9 @@ def reconcile(kube: Kube, context: Context, output: OutputIndex, settings: Opera
     if stopped():
         raise PassCancelled
     try:
-        _apply(kube, context, decision, planning.plan or context.previous.server_plan, settings, facts,
+        apply_decision(kube, context, decision, planning.plan or context.previous.server_plan, settings, facts,
                observed.retry.token if observed.retry else "")
-        _apply_queueing(kube, context, decision, facts.queueing, now)
+        apply_queueing(kube, context, decision, facts.queueing, now)
     except ChildRefused as error:  # said in the status (and an Event), retried every pass
         return blocked(base, "ChildRefused", f"{error}; the operator retries on every pass")
     if _newly_verified(context.previous, decision.status) and observed.window is not None:
@@ -465,11 +371,11 @@ def _record_constants(kube: Kube, context: Context, credentials: dict[str, str] 
     if not namespace or plan is None:
         return decision
     try:
-        stored = constants.read_data(kube, namespace)
-        measured = constants.measure(context.spec, credentials, plan, window.samples, stored, OBSERVE_RETRY)
+        stored = constants_read.read_data(kube, namespace)
+        measured = constants_read.measure(context.spec, credentials, plan, window.samples, stored, OBSERVE_RETRY)
         if measured is None:
             return decision
-        constants.write_entry(kube, namespace, measured)
+        constants_write.write_entry(kube, namespace, measured)
     except (*UNOBSERVABLE, PlanError, LookupError, ValueError, ApiException) as error:
         logger.warning("%s/%s: the measured constants were not recorded: %s", context.namespace, context.name, error)
         return decision
@@ -569,124 +475,6 @@ def _trial(context: Context, credentials: dict[str, str] | None, decision: Decis
     return replace(decision, status=status.model_copy(update=update), events=events)
 
 
-# -------------------------------------------------------------------------------------------------- applying
-
-
-def _share(kube: Kube, manifest: dict[str, Any], owner: dict[str, Any]) -> None:
-    """Create `manifest` owned by this resource, or add this resource to the owners of the one that exists. The
-    garbage collector deletes an object once all its owners are gone, so a shared claim and its fill Job stay while
-    any resource serving the model exists and go with the last one (security-a87e82b.md W8: they were never
-    deleted). The Job goes with the claim: a completed fill Job is what says the claim is filled."""
-    meta = manifest["metadata"]
-    meta["ownerReferences"] = [owner]
-    if kube.create_if_absent(manifest):
-        return
-    current = kube.get(manifest["apiVersion"], manifest["kind"], meta["name"], meta["namespace"])
-    refs = list(((current or {}).get("metadata") or {}).get("ownerReferences") or [])
-    if current is not None and all(ref.get("uid") != owner["uid"] for ref in refs):
-        kube.patch(manifest["apiVersion"], manifest["kind"], meta["name"], meta["namespace"],
-                   {"metadata": {"ownerReferences": [*refs, owner]}})
-
-
-def _ensure_shared_cache(kube: Kube, context: Context, plan: ServerPlan, settings: OperatorSettings) -> None:
-    """The claim and the fill Job of the model's digest, made by the first resource that needs them (create-only:
-    another resource serving the model finds them, reuses the copy and becomes one of their owners)."""
-    spec, namespace = context.spec, context.namespace
-    assert spec.model.cache is not None
-    digest = cache.model_digest(spec, plan.weight_bytes)
-    # Not the controller: several resources own them alike, and deleting one must not wait on them.
-    owner = {**manifests.owner_reference(context.body), "controller": False, "blockOwnerDeletion": False}
-    _share(kube, cache.shared_claim(namespace, spec.model.cache, digest, plan.weight_bytes), owner)
-    job = cache.fill_job(namespace, spec, digest)
-    job["spec"]["template"]["metadata"]["labels"].update(settings.runner_pod_labels)
-    _share(kube, job, owner)
-
-
-def _ensure_children(kube: Kube, context: Context, plan: ServerPlan, settings: OperatorSettings,
-                     server_replicas: int, create_job: bool, retry_token: str, layout: str,
-                     states_pass: ServedKind | None, trial_sample: str) -> None:
-    owner = manifests.owner_reference(context.body)
-    name, namespace, spec = context.name, context.namespace, context.spec
-    kube.create_if_absent(manifests.api_key_secret(name, namespace, owner, secrets.token_urlsafe(32)))
-    kube.apply(manifests.server_service(name, namespace, owner, spec))
-    kube.apply(manifests.network_policy(name, namespace, owner, spec, settings.scraper_namespace,
-                                        settings.operator_namespace))
-    kube.apply(manifests.runner_network_policy(name, namespace, owner, settings.scraper_namespace))
-    kube.apply(manifests.server_statefulset(name, namespace, owner, spec, plan, server_replicas,
-                                            settings.node_cache_root, states_pass or "aux"))
-    crash_point("server-applied")
-    if not create_job:
-        return
-    # The ConfigMap changes only together with a new Job: the pods of a running Job never read another spec.
-    kube.apply(manifests.runner_configmap(name, namespace, owner, spec))
-    image = spec.runner.image or settings.runner_image
-    urls = names.server_urls(name, namespace, spec.server.port, plan.replicas, plan.nodes_per_replica)
-    job = manifests.runner_job(name, namespace, owner, spec, image, urls, retry_token, layout, states_pass or "",
-                               trial_sample)
-    job["spec"]["template"]["metadata"].setdefault("labels", {}).update(settings.runner_pod_labels)
-    kube.create_if_absent(job)
-    crash_point("job-created")
-
-
-def _replace_job(kube: Kube, context: Context, job: JobState) -> None:
-    """Stop and delete the runner Job. Foreground deletion keeps the Job until its pods are gone, and the next Job
-    is created only once the old one is: never two live workers for one index."""
-    name = names.runner_name(context.name)
-    if not job.finished and not job.suspended:
-        kube.patch("batch/v1", "Job", name, context.namespace, {"spec": {"suspend": True}})
-    kube.delete("batch/v1", "Job", name, context.namespace, propagation="Foreground")
-    crash_point("job-replaced")
-
-
-def _apply(kube: Kube, context: Context, decision: Decision, plan: ServerPlan | None,
-           settings: OperatorSettings, facts: Facts, retry_token: str) -> None:
-    name, namespace, job = context.name, context.namespace, facts.job
-    if decision.replace_job and job is not None:
-        _replace_job(kube, context, job)
-    if decision.delete_server:
-        kube.delete("apps/v1", "StatefulSet", names.server_name(name), namespace)
-    elif plan is not None and decision.server_replicas is not None:
-        # The shared cache is filled while the run starts or waits in its Kueue queue (the fill holds no GPU and
-        # no quota), never while it is suspended; no server pod exists before it is filled.
-        if not facts.cache_ready and decision.status.phase in ("Queued", "StartingServer", "Generating"):
-            _ensure_shared_cache(kube, context, plan, settings)
-        override = decision.status.layout_override  # the plan's, kept while it is this generation's
-        states = decision.status.states_pass
-        _ensure_children(kube, context, plan, settings, decision.server_replicas if facts.cache_ready else 0,
-                         decision.create_job, retry_token, override.token if override is not None else "",
-                         states.kind if states is not None else None, trialling.sample_token(decision.status.trial))
-    if job is None or decision.replace_job or job.finished or job.deleting:
-        return
-    if job.suspended != decision.suspend_job:
-        kube.patch("batch/v1", "Job", names.runner_name(name), namespace, {"spec": {"suspend": decision.suspend_job}})
-        if decision.suspend_job:
-            crash_point("suspended")
-
-
-def _apply_queueing(kube: Kube, context: Context, decision: Decision, queueing: Queueing | None,
-                    now: datetime) -> None:
-    """Keep the run's Workload in step with the decision. Kueue's quota is handed back only once the run's pods
-    are gone (as Kueue's own job integrations do): a run that ended or was suspended deletes its Workload (and
-    leaves the queue), an outdated one or one whose queue label changed or was removed is deleted (and made anew in
-    the new queue, if any), an evicted one has its admission cleared and queues again."""
-    workload = kueue.workload_name(context.name)
-    if queueing is None:
-        return
-    state = queueing.state
-    leaving = (decision.status.phase in ("Succeeded", "Failed", "Suspended") or state.finished or state.reshaped
-               or state.leaving)
-    if not state.exists:
-        if not leaving:
-            kube.create_if_absent(queueing.desired)
-    elif state.pods_left:
-        return
-    elif leaving:
-        kube.delete(kueue.WORKLOAD_API, kueue.WORKLOAD_KIND, workload, context.namespace)
-    elif state.evicted and queueing.current is not None:
-        kube.patch_status(kueue.WORKLOAD_API, kueue.WORKLOAD_KIND, workload, context.namespace,
-                          kueue.release_patch(queueing.current, now.isoformat().replace("+00:00", "Z")))
-
-
 # ---------------------------------------------------------------------------------------------- one whole pass
 
 
@@ -710,14 +498,6 @@ class PassResult:
     body: dict[str, Any]  # the resource as this pass read it (for Events)
     decision: Decision
     spec: DatasetGenerationSpec | None
-
-
-def write_status(kube: Kube, body: dict[str, Any], status: DatasetGenerationStatus) -> None:
-    new = status.model_dump(mode="json", by_alias=True, exclude_none=True)
-    patch = merge_patch(dict(body.get("status") or {}), new)
-    if patch:
-        meta = body["metadata"]
-        kube.patch_status(API_VERSION, KIND, meta["name"], meta["namespace"], patch)
 
 
 def settled(body: dict[str, Any], previous: DatasetGenerationStatus) -> bool:

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tokenmill_operator.manifests import OPERATOR_POD_LABELS
-from tokenmill_operator.planner.verify import CONFIGMAP_NAME
+from tokenmill_operator.decide.manifests import OPERATOR_POD_LABELS
+from tokenmill_operator.decide.planner.verify import CONFIGMAP_NAME
 
 from .tools import CHART, CI_VALUES, DASHBOARD, REPO, RULES, by_kind, one, run, template
 

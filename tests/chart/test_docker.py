@@ -8,7 +8,7 @@ import tomllib
 import pytest
 import yaml
 
-from tokenmill_operator import manifests
+from tokenmill_operator.decide import manifests
 
 from .tools import CHART, REPO
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from tokenmill_operator.planner import PlanError, model_facts
-from tokenmill_operator.planner.attention import MLA_DETERMINISTIC, attention_backend
-from tokenmill_operator.planner.serving import gpu_product, serving_release
+from tokenmill_operator.decide.planner import PlanError, model_facts
+from tokenmill_operator.decide.planner.attention import MLA_DETERMINISTIC, attention_backend
+from tokenmill_operator.decide.planner.serving import gpu_product, serving_release
 from tokenmill_runner.facts.model_facts import ModelFacts
 from tokenmill_runner.facts.releases import SUPPORTED_RELEASES, release
 from tokenmill_runner.spec.resource import ServerSpec

@@ -10,7 +10,7 @@ import zipfile
 
 import pytest
 
-from tokenmill_operator.manifests import HEALTH_PROBE_TIMEOUT_S
+from tokenmill_operator.decide.manifests import HEALTH_PROBE_TIMEOUT_S
 from tokenmill_runner.facts.releases import (
     HEALTH_CHECK_TIMEOUT_S,
     MIN_DRIVER_BY_CUDA_MAJOR,

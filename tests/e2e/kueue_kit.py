@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tokenmill_operator.kueue import EXTERNAL_FRAMEWORK
+from tokenmill_operator.decide.kueue import EXTERNAL_FRAMEWORK
 
 from .conftest import Cluster
 

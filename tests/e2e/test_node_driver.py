@@ -8,9 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tokenmill_operator.gather import node_driver_major
+from tokenmill_operator.decide.planner.serving import DRIVER_LABEL
 from tokenmill_operator.kube import Kube
-from tokenmill_operator.planner.serving import DRIVER_LABEL
+from tokenmill_operator.observe.gather import node_driver_major
 from tokenmill_runner.spec.resource import ServerSpec
 
 from .conftest import H200_NODES, Cluster

@@ -94,8 +94,8 @@ def test_the_plan_is_verified_or_said_off_from_the_servers_own_metrics(cluster, 
 
 def test_a_new_plan_on_the_cluster_starts_from_the_measured_constants_in_the_operators_configmap(
         cluster, namespace, operator, credentials, s3_world):
-    from tokenmill_operator.planner import model_facts, plan_server
-    from tokenmill_operator.planner.verify import CONFIGMAP_NAME, constants_entry, plan_constants_key
+    from tokenmill_operator.decide.planner import model_facts, plan_server
+    from tokenmill_operator.decide.planner.verify import CONFIGMAP_NAME, constants_entry, plan_constants_key
     from tokenmill_runner.facts.refit import Refit
     from tokenmill_runner.spec.resource import parse_document
 

@@ -210,9 +210,9 @@ def _stop(processes: list[subprocess.Popen]) -> None:
 
 def test_auto_replan_switches_the_layout_on_the_measured_truth_and_every_slot_is_committed_once(
         cluster, namespace, operator, credentials, s3_world, tmp_path: Path):
-    from tokenmill_operator.planner import model_facts, plan_step_model
-    from tokenmill_operator.planner.verify import pinned_spec
-    from tokenmill_operator.status import LayoutOverride
+    from tokenmill_operator.decide.planner import model_facts, plan_step_model
+    from tokenmill_operator.decide.planner.verify import pinned_spec
+    from tokenmill_operator.decide.status import LayoutOverride
     from tokenmill_runner.spec.resource import parse_document
 
     fixture = _qwen_world(s3_world)
@@ -234,7 +234,7 @@ def test_auto_replan_switches_the_layout_on_the_measured_truth_and_every_slot_is
     assert (plan["replicas"], plan["tensorParallel"]) == (2, 4), plan["reasoning"][:3]
     first_job = cluster.wait_for(lambda: _job(cluster, namespace), "the first runner Job", timeout=60)
 
-    from tokenmill_operator.planner import ServerPlan
+    from tokenmill_operator.decide.planner import ServerPlan
 
     running = ServerPlan.model_validate(plan)
     facts = model_facts(fixture["config"], fixture["weight_bytes"])

@@ -145,8 +145,8 @@ class PlayedServer:
 
 def test_the_trial_measures_each_close_layout_and_continues_on_the_fastest_with_every_slot_once(
         cluster, namespace, operator, credentials, s3_world, tmp_path: Path):
-    from tokenmill_operator.planner import ServerPlan, model_facts, plan_step_model
-    from tokenmill_operator.planner.verify import pinned_spec
+    from tokenmill_operator.decide.planner import ServerPlan, model_facts, plan_step_model
+    from tokenmill_operator.decide.planner.verify import pinned_spec
     from tokenmill_runner.spec.resource import parse_document
 
     fixture = _qwen_world(s3_world)

@@ -29,10 +29,10 @@ import yaml
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from tokenmill_operator.facts import JobState, Observed
-from tokenmill_operator.gather import OutputIndex, observe_progress
-from tokenmill_operator.lifecycle import decide
-from tokenmill_operator.status import DatasetGenerationStatus
+from tokenmill_operator.decide.facts import JobState, Observed
+from tokenmill_operator.decide.lifecycle import decide
+from tokenmill_operator.decide.status import DatasetGenerationStatus
+from tokenmill_operator.observe.gather import OutputIndex, observe_progress
 from tokenmill_runner.report.files import load_ledger
 from tokenmill_runner.report.validation import build_report
 from tokenmill_runner.store.faults import FAULT_ENV, RELEASE_ENV

@@ -55,7 +55,7 @@ def test_planning_from_a_300_mib_config_json_stays_small(s3_endpoint, s3_bucket,
         def hwm():
             return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:"))
         open("/proc/self/clear_refs", "w").write("5")
-        from tokenmill_operator.model_files import make_plan
+        from tokenmill_operator.observe.model_files import make_plan
         from tokenmill_runner.spec.resource import DatasetGenerationSpec
         document = yaml.safe_load(Path("examples/b5-openthoughts.yaml").read_text())["spec"]
         document["model"] = {{**document["model"], "path": "s3://{s3_bucket}/models/huge/", "weightBytes": 10**9}}

@@ -129,6 +129,10 @@ def test_each_wheel_holds_only_its_own_package(wheels: dict[str, Wheel]) -> None
     assert "tokenmill-operator = tokenmill_operator.main:main" in wheels["operator"].entry_points
     assert "plan = tokenmill_operator.plan_cli:register" in wheels["operator"].entry_points
     assert "sim-server = tokenmill_sim.cli:register" in wheels["sim"].entry_points
+    # Every source file of a package is in its wheel, the operator's layer folders (observe, decide, act) included.
+    for role, folder in ROLES.items():
+        sources = {path.relative_to(folder).as_posix() for path in (folder / PACKAGES[role]).rglob("*.py")}
+        assert sources <= set(wheels[role].files), f"{role}: missing {sorted(sources - set(wheels[role].files))}"
 
 
 def test_the_runner_wheel_carries_the_sglang_release_facts(runner_alone: dict[str, str]) -> None:

@@ -93,7 +93,7 @@ def test_denied_access_raises_naming_the_object(denying_endpoint: str) -> None:
 def test_the_operator_progress_read_raises_on_an_unreadable_store(s3_endpoint: str) -> None:
     # Before, an unreadable store read as "no run.json yet": no progress, and a completed Job then ended the run as
     # "0 of 0 samples missing". Now the reconcile pass raises and kopf retries it.
-    from tokenmill_operator.reconcile import OutputIndex, observe_progress
+    from tokenmill_operator.observe.gather import OutputIndex, observe_progress
 
     storage = S3Storage("s3://no-such-bucket-here/run/", endpoint=s3_endpoint)
     with pytest.raises(StorageError, match="does not exist"):

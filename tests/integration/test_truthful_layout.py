@@ -81,7 +81,7 @@ def test_a_jsonl_source_with_a_blank_line_settles_and_passes_everywhere(tmp_path
     assert (dataset["slots"], dataset["without_outcome"], dataset["skipped_lines"]) == (LINES, 0, 1)
 
     # The operator judges the same output with the same completeness.
-    from tokenmill_operator.gather import OutputIndex, observe_progress
+    from tokenmill_operator.observe.gather import OutputIndex, observe_progress
 
     facts, _ = observe_progress(LocalStorage(out), OutputIndex(), datetime.now(UTC), None, full=True)
     assert facts is not None and facts.settled, facts and facts.missing

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from tokenmill_operator.manifests import sglang_args
-from tokenmill_operator.planner import PlanError, model_facts, plan_server, render_plan
+from tokenmill_operator.decide.manifests import sglang_args
+from tokenmill_operator.decide.planner import PlanError, model_facts, plan_server, render_plan
 from tokenmill_runner.facts.releases import release
 
 from .test_planner import H200, RTX_PRO, facts, fixture, make_spec

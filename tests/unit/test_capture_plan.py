@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from tokenmill_operator.planner.capture import JSON_STATE_BYTES_PER_S, CaptureLoad, capture_time
+from tokenmill_operator.decide.planner.capture import JSON_STATE_BYTES_PER_S, CaptureLoad, capture_time
 from tokenmill_runner import cli
 
 from .test_plan_cli import _with_hidden_states, kimi_files  # noqa: F401 - the fixture

@@ -7,9 +7,9 @@ from datetime import timedelta
 
 import orjson
 
-from tokenmill_operator.facts import JobState
-from tokenmill_operator.lifecycle import decide
-from tokenmill_operator.status import StatesPass
+from tokenmill_operator.decide.facts import JobState
+from tokenmill_operator.decide.lifecycle import decide
+from tokenmill_operator.decide.status import StatesPass
 from tokenmill_runner.store.capture_progress import (
     MAX_PROGRESS_BYTES,
     CaptureCounts,

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tokenmill_operator.manifests import sglang_args
-from tokenmill_operator.planner import model_facts, plan_server
-from tokenmill_operator.planner.dp_attention import (
+from tokenmill_operator.decide.manifests import sglang_args
+from tokenmill_operator.decide.planner import model_facts, plan_server
+from tokenmill_operator.decide.planner.dp_attention import (
     chunk_flag_for,
     graph_capped_max_running,
     load_balance_method,
@@ -16,14 +16,14 @@ from tokenmill_operator.planner.dp_attention import (
     per_group_chunk,
     schedule_conservativeness,
 )
-from tokenmill_operator.planner.memory import (
+from tokenmill_operator.decide.planner.memory import (
     PRE_LOAD_USED_MIB,
     mm_reserved_from_kv,
     replica_capacity,
     req_to_token_mib,
     weight_bytes_per_gpu,
 )
-from tokenmill_operator.planner.memory_budget import mla_decode_backend, moe_kernel, terms, triton_mla_kv_splits
+from tokenmill_operator.decide.planner.memory_budget import mla_decode_backend, moe_kernel, terms, triton_mla_kv_splits
 from tokenmill_runner.facts.hardware import find
 from tokenmill_runner.facts.model_facts import ModelFacts
 from tokenmill_runner.facts.releases import release

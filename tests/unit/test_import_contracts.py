@@ -1,6 +1,7 @@
 """The layering is checked: the import contracts of pyproject.toml ([tool.importlinter]) hold, and they do fail when
 the runner imports the operator, a pure module imports an I/O library, `tokenmill plan` pulls in the Kubernetes
-client, a cycle appears, or a stage imports a stage above it (each planted in a copy of the packages)."""
+client, a cycle appears, a stage imports a stage above it, the operator's decide layer reads through observe, or one
+of its layers imports the pass above it (each planted in a copy of the packages)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ PACKAGES = {"tokenmill_runner": REPO / "runner", "tokenmill_sim": REPO / "runner
             "tokenmill_operator": REPO / "operator"}
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 CONTRACTS = [c["name"] for c in tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]]
-RUNNER, SIM, PURE, PLAN, CYCLES, LAYERS = CONTRACTS
+RUNNER, SIM, PURE, PLAN, CYCLES, LAYERS, OPERATOR_LAYERS, OPERATOR_TOP = CONTRACTS
 
 
 def lint_imports(config: Path, python_path: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -58,20 +59,26 @@ def test_the_contracts_fail_on_planted_violations(tmp_path: Path) -> None:
     shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
     future = "from __future__ import annotations\n"
     runner = tmp_path / "tokenmill_runner"
-    _plant(runner / "stats" / "distributions.py", future, "\nfrom tokenmill_operator import names\n")
+    _plant(runner / "stats" / "distributions.py", future, "\nfrom tokenmill_operator.decide import names\n")
     _plant(runner / "generate" / "rows.py", future, "\nimport httpx\n")
     _plant(tmp_path / "tokenmill_operator" / "plan_cli.py", future, "\nfrom .kube import Kube\n")
     _plant(runner / "generate" / "results.py", future, "\nfrom . import rows\n")  # rows imports results
     _plant(runner / "store" / "ledger.py", future, "\nfrom ..report import validation\n")  # a stage above store
+    operator = tmp_path / "tokenmill_operator"
+    _plant(operator / "decide" / "lifecycle.py", future, "\nfrom ..observe import gather\n")  # decide reading
+    _plant(operator / "act" / "status.py", future, "\nfrom .. import metrics\n")  # a layer importing the top
 
     done = lint_imports(tmp_path / "pyproject.toml", python_path=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     assert contract_results(done.stdout) == {RUNNER: "BROKEN", SIM: "KEPT", PURE: "BROKEN", PLAN: "BROKEN",
-                                             CYCLES: "BROKEN", LAYERS: "BROKEN"}, done.stdout
+                                             CYCLES: "BROKEN", LAYERS: "BROKEN", OPERATOR_LAYERS: "BROKEN",
+                                             OPERATOR_TOP: "BROKEN"}, done.stdout
     # Each report names the planted import.
-    for planted in ("tokenmill_runner.stats.distributions -> tokenmill_operator.names",
+    for planted in ("tokenmill_runner.stats.distributions -> tokenmill_operator.decide.names",
                     "tokenmill_runner.generate.rows -> httpx",
                     "tokenmill_operator.plan_cli -> tokenmill_operator.kube",
                     "tokenmill_runner.generate.results -> tokenmill_runner.generate.rows",
-                    "tokenmill_runner.store.ledger -> tokenmill_runner.report.validation"):
+                    "tokenmill_runner.store.ledger -> tokenmill_runner.report.validation",
+                    "tokenmill_operator.decide.lifecycle -> tokenmill_operator.observe.gather",
+                    "tokenmill_operator.act.status -> tokenmill_operator.metrics"):
         assert planted in done.stdout, planted

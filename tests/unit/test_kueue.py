@@ -7,10 +7,10 @@ from pathlib import Path
 
 import yaml
 
-from tokenmill_operator import kueue
-from tokenmill_operator.facts import QueueState
-from tokenmill_operator.lifecycle import JobState, Observed, ServerState, decide
-from tokenmill_operator.status import DatasetGenerationStatus
+from tokenmill_operator.decide import kueue
+from tokenmill_operator.decide.facts import QueueState
+from tokenmill_operator.decide.lifecycle import JobState, Observed, ServerState, decide
+from tokenmill_operator.decide.status import DatasetGenerationStatus
 from tokenmill_runner import cli
 from tokenmill_runner.spec.resource import DatasetGenerationSpec
 
@@ -143,8 +143,8 @@ def test_a_suspended_run_shows_its_workload_until_it_is_given_up():
 
 
 def test_a_succeeded_run_is_settled_only_once_its_workload_is_gone():
+    from tokenmill_operator.decide.status import QueueStatus
     from tokenmill_operator.reconcile import settled
-    from tokenmill_operator.status import QueueStatus
 
     body = {"metadata": {"generation": 3}}
     done = DatasetGenerationStatus(phase="Succeeded", observed_generation=3)
@@ -218,8 +218,8 @@ class Recorder:
 
 
 def _removed_label_context(queue_status):
-    from tokenmill_operator.reconcile import Context
-    from tokenmill_operator.status import QueueStatus
+    from tokenmill_operator.decide.facts import Context
+    from tokenmill_operator.decide.status import QueueStatus
 
     body = {"metadata": {"name": "b5", "namespace": "team-a", "uid": "u-1", "labels": {}}, "spec": {}}
     previous = DatasetGenerationStatus(phase="Generating", queue=QueueStatus(**queue_status))
@@ -229,11 +229,13 @@ def _removed_label_context(queue_status):
 def test_removing_the_label_keeps_the_workload_until_the_pods_are_gone():
     # security-a87e82b.md B5: on a87e82b the Workload was deleted in the same pass (reconcile.py:399) while the
     # server kept its GPUs, so Kueue counted them free.
-    from tokenmill_operator.reconcile import OperatorSettings, _apply_queueing, _queueing
+    from tokenmill_operator.act.children import apply_queueing
+    from tokenmill_operator.decide.settings import OperatorSettings
+    from tokenmill_operator.reconcile import _queueing
 
     admitted = run_workload()
     admitted["status"] = {"conditions": [cond("QuotaReserved"), cond("Admitted")]}
-    from tokenmill_operator import names
+    from tokenmill_operator.decide import names
 
     pod = {"metadata": {"labels": names.selector_labels("b5", names.SERVER_COMPONENT)}, "status": {"phase": "Running"}}
     kube = Recorder({("Workload", "b5-run"): admitted, ("Pod", "b5-server-0"): pod})
@@ -242,10 +244,10 @@ def test_removing_the_label_keeps_the_workload_until_the_pods_are_gone():
     assert queueing is not None and queueing.state.leaving and queueing.state.pods_left == 1
     decision = decide(observed(queue=queueing.state, job=JobState(active=4)))
     assert decision.server_replicas == 0 and decision.suspend_job
-    _apply_queueing(kube, context, decision, queueing, T0)
+    apply_queueing(kube, context, decision, queueing, T0)
     assert kube.writes == [], "the Workload stays while a pod holds what it counted"
     del kube.objects[("Pod", "b5-server-0")]
-    _apply_queueing(kube, context, decision, _queueing(kube, context, PLAN, OperatorSettings()), T0)
+    apply_queueing(kube, context, decision, _queueing(kube, context, PLAN, OperatorSettings()), T0)
     assert kube.writes == [("delete", "Workload", "b5-run")]
     assert _queueing(kube, context, PLAN, OperatorSettings()) is None, "then the run is outside Kueue"
 
@@ -253,7 +255,8 @@ def test_removing_the_label_keeps_the_workload_until_the_pods_are_gone():
 def test_an_operator_that_requires_a_queue_refuses_a_run_without_one():
     import pytest
 
-    from tokenmill_operator.reconcile import OperatorSettings, QueueRequired, _queueing
+    from tokenmill_operator.decide.settings import OperatorSettings
+    from tokenmill_operator.reconcile import QueueRequired, _queueing
 
     required = OperatorSettings(require_queue=True)
     context = _removed_label_context({"name": "gpu-queue", "workload": "b5-run"})
@@ -278,7 +281,7 @@ def test_a_layout_switch_queues_the_run_again_for_its_new_pods_and_a_states_pass
     decision = decide(observed(job=JobState(active=4), queue=state))
     assert decision.server_replicas == 0 and decision.suspend_job, "stopped before the Workload is replaced"
 
-    from tokenmill_operator import manifests
+    from tokenmill_operator.decide import manifests
 
     document = yaml.safe_load(EXAMPLE.read_text())["spec"]
     two_passes = DatasetGenerationSpec.model_validate({**document, "hiddenStates": {"layouts": ["specforge"]}})

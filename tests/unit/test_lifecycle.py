@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from tokenmill_operator.lifecycle import (
+from tokenmill_operator.decide.lifecycle import (
     JobState,
     Observed,
     ProgressFacts,
@@ -16,9 +16,9 @@ from tokenmill_operator.lifecycle import (
     reopen,
     set_condition,
 )
-from tokenmill_operator.observe import progress_facts
-from tokenmill_operator.planner import ServerPlan
-from tokenmill_operator.status import DatasetGenerationStatus, Progress, ReportStatus, RunStatus, merge_patch
+from tokenmill_operator.decide.planner import ServerPlan
+from tokenmill_operator.decide.progress import progress_facts
+from tokenmill_operator.decide.status import DatasetGenerationStatus, Progress, ReportStatus, RunStatus, merge_patch
 from tokenmill_runner.store.commit_index import DatasetIndex
 from tokenmill_runner.store.ledger import DatasetLedger
 from tokenmill_runner.store.manifest import DatasetLayout, Owner, RunManifest
@@ -208,7 +208,7 @@ def test_the_eta_follows_each_dataset_s_lengths_not_the_sample_rate_of_the_one_r
 
 def test_operator_metrics_follow_the_status_and_vanish_on_delete():
     from tokenmill_operator import metrics
-    from tokenmill_operator.status import DatasetProgress
+    from tokenmill_operator.decide.status import DatasetProgress
 
     report = ReportStatus(uri="s3://b/r/report/report.json", verdict="pass")
     decision = decide(observed(remembered_report=report, progress=ProgressFacts(
@@ -255,7 +255,7 @@ def test_stall_window_comes_from_the_resource():
 
 
 def test_a_missing_secret_blocks_with_one_event_and_changes_nothing():
-    from tokenmill_operator.lifecycle import blocked
+    from tokenmill_operator.decide.lifecycle import blocked
 
     message = "Secret ns/s3-creds does not exist: create it"
     first = blocked(observed(), "MissingSecret", message)
@@ -468,7 +468,7 @@ def test_a_long_retry_value_is_kept_by_its_hash_and_handled_once():
 
 
 def test_an_output_holding_another_models_run_fails_before_anything_runs():
-    from tokenmill_operator.observe import foreign_run
+    from tokenmill_operator.decide.progress import foreign_run
     from tokenmill_runner.spec.resource import parse_document
 
     spec = parse_document({"apiVersion": "tokenmill.io/v1alpha1", "kind": "DatasetGeneration", "metadata": {"name": "r"},
@@ -516,7 +516,7 @@ def test_a_job_that_ended_before_its_runner_recorded_the_layout_is_not_finished_
 
 
 def test_an_output_another_live_resource_writes_is_in_use_until_its_lease_goes_stale():
-    from tokenmill_operator.observe import foreign_run
+    from tokenmill_operator.decide.progress import foreign_run
     from tokenmill_runner.spec.resource import parse_document
     from tokenmill_runner.store.lease_rules import STALE_AFTER_S, Lease
 
@@ -537,7 +537,7 @@ def test_an_output_another_live_resource_writes_is_in_use_until_its_lease_goes_s
 def test_an_edit_after_samples_were_given_up_reopens_only_when_the_new_job_would_generate_something():
     # Review 5: editing validation.maxErrorFraction after SamplesGivenUp recreated the server for a Job that skipped
     # every slot and ended SamplesGivenUp again.
-    from tokenmill_operator.observe import would_generate
+    from tokenmill_operator.decide.progress import would_generate
     from tokenmill_runner.spec.resource import parse_document
 
     def spec(**changes):
@@ -607,8 +607,8 @@ def test_a_server_in_crash_loop_is_stalled_past_the_window_and_fails_past_its_st
 
 
 def test_the_server_start_deadline_follows_the_plans_predicted_start_up_and_ends_until_the_spec_is_edited():
-    from tokenmill_operator.lifecycle import MIN_SERVER_START_S, SERVER_START_FACTOR, server_start_deadline
-    from tokenmill_operator.planner.startup import StartupPlan
+    from tokenmill_operator.decide.lifecycle import MIN_SERVER_START_S, SERVER_START_FACTOR, server_start_deadline
+    from tokenmill_operator.decide.planner.startup import StartupPlan
 
     startup = StartupPlan(source="copied from S3 into every pod", copy_seconds=1200, copy_holds_gpus=True,
                           load_seconds=600, load_bytes_per_second=10**9, probe_seconds=1800)

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tokenmill_operator import manifests, names
-from tokenmill_operator.planner import ServerPlan
+from tokenmill_operator.decide import manifests, names
+from tokenmill_operator.decide.planner import ServerPlan
 from tokenmill_runner import cli
 from tokenmill_runner.spec.resource import DatasetGenerationSpec, parse_document
 

@@ -10,16 +10,18 @@ from pathlib import Path
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from tokenmill_operator import constants
-from tokenmill_operator.model_files import plan_with_constants
-from tokenmill_operator.planner import model_facts, plan_server, plan_step_model
-from tokenmill_operator.planner.verify import (
+from tokenmill_operator.act import constants as constants_write
+from tokenmill_operator.decide import constants
+from tokenmill_operator.decide.constants import plan_with_constants
+from tokenmill_operator.decide.planner import model_facts, plan_server, plan_step_model
+from tokenmill_operator.decide.planner.verify import (
     CONFIGMAP_NAME,
     constants_entry,
     plan_constants_key,
     read_constants,
     replan_decision,
 )
+from tokenmill_operator.observe import constants as constants_read
 from tokenmill_runner.facts.refit import Refit, StepSample
 from tokenmill_runner.facts.throughput import CALIBRATION
 from tokenmill_runner.spec.resource import parse_document
@@ -77,7 +79,7 @@ def test_a_plan_on_a_cluster_without_measurements_uses_the_published_fit():
 
 def test_the_refit_lands_near_the_hidden_truth_and_is_kept_under_the_clusters_key():
     plan = plan_server(SPEC, KIMI)
-    measured = constants.measure(SPEC, None, plan, window_on(TRUTH), {}, read=lambda *_, **__: KIMI)
+    measured = constants_read.measure(SPEC, None, plan, window_on(TRUTH), {}, read=lambda *_, **__: KIMI)
     assert measured is not None and measured.key == plan_constants_key(plan, KIMI.architecture)
     assert measured.key == "NVIDIA-RTX-PRO-6000-Blackwell-Server-Edition.pcie.0.5.23.KimiK25ForConditionalGeneration"
     result = measured.result
@@ -91,11 +93,11 @@ def test_the_refit_lands_near_the_hidden_truth_and_is_kept_under_the_clusters_ke
 
 def test_the_next_plan_on_that_cluster_starts_from_the_measured_constants():
     plan = plan_server(SPEC, KIMI)
-    measured = constants.measure(SPEC, None, plan, window_on(TRUTH), {}, read=lambda *_, **__: KIMI)
+    measured = constants_read.measure(SPEC, None, plan, window_on(TRUTH), {}, read=lambda *_, **__: KIMI)
     assert measured is not None
     kube = ConfigMaps()
-    constants.write_entry(kube, "tokenmill-system", measured)
-    data = constants.read_data(kube, "tokenmill-system")
+    constants_write.write_entry(kube, "tokenmill-system", measured)
+    data = constants_read.read_data(kube, "tokenmill-system")
     again = plan_with_constants(SPEC, KIMI, constants=lambda key: read_constants(data, key))
     assert again.measured_constants == measured.key
     expected = plan_server(SPEC, KIMI, calibration=measured.result.calibration(CALIBRATION))
@@ -112,7 +114,7 @@ def test_a_plan_that_started_from_measurements_is_refitted_relative_to_them():
     data = {key: constants_entry(stored)}
     plan = plan_with_constants(SPEC, KIMI, constants=lambda k: read_constants(data, k))
     assert plan.measured_constants == key
-    measured = constants.measure(SPEC, None, plan, window_on(TRUTH), data, read=lambda *_, **__: KIMI)
+    measured = constants_read.measure(SPEC, None, plan, window_on(TRUTH), data, read=lambda *_, **__: KIMI)
     assert measured is not None
     if "collectives" in measured.result.fitted:
         assert measured.result.collective_scale == pytest.approx(3.0, rel=0.10)
@@ -121,15 +123,15 @@ def test_a_plan_that_started_from_measurements_is_refitted_relative_to_them():
 def test_a_window_of_one_batch_moves_no_constant_and_records_nothing():
     plan = plan_server(SPEC, KIMI)
     flat = [s for s in window_on(TRUTH) if s.batch == 64]
-    assert constants.measure(SPEC, None, plan, flat, {}, read=lambda *_, **__: KIMI) is None
+    assert constants_read.measure(SPEC, None, plan, flat, {}, read=lambda *_, **__: KIMI) is None
 
 
 def test_writing_one_key_keeps_the_others_and_the_configmap_is_the_operators():
     kube = ConfigMaps()
     first = constants.Measured("a.pcie.0.5.23.X", TRUTH)
     second = constants.Measured("b.nvlink.0.5.23.Y", replace(TRUTH, collective_scale=1.1))
-    constants.write_entry(kube, "ops", first)
-    constants.write_entry(kube, "ops", second)
+    constants_write.write_entry(kube, "ops", first)
+    constants_write.write_entry(kube, "ops", second)
     stored = kube.objects[("ops", CONFIGMAP_NAME)]
     assert set(stored["data"]) == {first.key, second.key}
     assert stored["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "tokenmill-operator"
@@ -137,8 +139,8 @@ def test_writing_one_key_keeps_the_others_and_the_configmap_is_the_operators():
 
 
 def test_a_configmap_the_operator_may_not_read_or_no_namespace_means_the_published_fit():
-    assert constants.read_data(ConfigMaps(forbidden=True), "ops") == {}
-    assert constants.read_data(ConfigMaps(), None) == {}
+    assert constants_read.read_data(ConfigMaps(forbidden=True), "ops") == {}
+    assert constants_read.read_data(ConfigMaps(), None) == {}
 
 
 # -- re-planning on the measured constants ---------------------------------------------------------------------
@@ -174,7 +176,7 @@ def test_a_layout_the_spec_does_not_allow_as_it_stands_is_never_suggested():
     # spec.server.kvCacheDtype: the re-plan compares only what the spec allows.
     plan = plan_server(SPEC, KIMI)
     samples = window_on(TRUTH)
-    measured = constants.measure(SPEC, None, plan, samples, {}, read=lambda *_, **__: KIMI)
+    measured = constants_read.measure(SPEC, None, plan, samples, {}, read=lambda *_, **__: KIMI)
     replanned = constants.replan(SPEC, plan, measured)
     fp8 = [c for c in replanned.candidates if c.kv_cache_dtype != "auto" and c.prediction is not None]
     assert fp8 and not any(c.choosable for c in fp8)
@@ -187,9 +189,9 @@ def test_a_layout_the_spec_does_not_allow_as_it_stands_is_never_suggested():
 def test_the_suggestion_is_a_condition_and_an_event_and_staying_is_said_with_the_figures():
     from datetime import UTC, datetime
 
-    from tokenmill_operator.facts import Decision
-    from tokenmill_operator.lifecycle import with_replan
-    from tokenmill_operator.status import DatasetGenerationStatus
+    from tokenmill_operator.decide.facts import Decision
+    from tokenmill_operator.decide.lifecycle import with_replan
+    from tokenmill_operator.decide.status import DatasetGenerationStatus
 
     plan = plan_server(SPEC, KIMI)
     now = datetime(2026, 12, 2, 7, 0, tzinfo=UTC)

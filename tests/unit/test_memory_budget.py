@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from tokenmill_operator.manifests import sglang_args
-from tokenmill_operator.planner import model_facts, plan_server, workload
-from tokenmill_operator.planner.memory import PRE_LOAD_USED_MIB, replica_capacity, weight_bytes_per_gpu
-from tokenmill_operator.planner.memory_budget import activation_bytes_per_token, decided_split
+from tokenmill_operator.decide.manifests import sglang_args
+from tokenmill_operator.decide.planner import model_facts, plan_server, workload
+from tokenmill_operator.decide.planner.memory import PRE_LOAD_USED_MIB, replica_capacity, weight_bytes_per_gpu
+from tokenmill_operator.decide.planner.memory_budget import activation_bytes_per_token, decided_split
 from tokenmill_runner.facts.model_facts import ModelFacts
 from tokenmill_runner.facts.releases import release
 from tokenmill_runner.facts.throughput import Layout
@@ -148,7 +148,7 @@ def test_the_decided_kv_pool_is_what_the_capacity_says():
 
 
 def test_hidden_state_capture_counts_its_buffers_and_its_requests_logprobs_as_0_5_23_allocates_them():
-    from tokenmill_operator.planner.memory_budget import aux_capture_terms
+    from tokenmill_operator.decide.planner.memory_budget import aux_capture_terms
 
     # Llama clones each capture and concatenates them (0.5.23 models/llama.py:485, layers/aux_hidden_states.py:26,
     # :97-102), then concatenates the logprob rows (layers/logits_processor.py:821-826): 3 copies of

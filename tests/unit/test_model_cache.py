@@ -14,7 +14,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from tokenmill_operator import cache, manifests
+from tokenmill_operator.decide import cache, manifests
 from tokenmill_runner.spec.resource import DatasetGenerationSpec
 
 from .test_lifecycle import PLAN
@@ -296,8 +296,8 @@ def test_a_fill_waits_for_another_pods_copy_only_within_its_bound(node_disk):
 
 
 def test_the_operator_ends_the_run_when_a_fill_cannot_take_its_lock_and_gives_the_gpus_back():
-    from tokenmill_operator.gather import pod_problem
-    from tokenmill_operator.lifecycle import ServerState, decide
+    from tokenmill_operator.decide.lifecycle import ServerState, decide
+    from tokenmill_operator.observe.gather import pod_problem
 
     from .test_lifecycle import observed
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import orjson
 
-from tokenmill_operator.gather import FULL_LISTING_EVERY, OutputIndex, observe_progress
+from tokenmill_operator.observe.gather import FULL_LISTING_EVERY, OutputIndex, observe_progress
 from tokenmill_runner.store import index_store
 from tokenmill_runner.store.marker_names import shard_id_of
 
@@ -69,7 +69,7 @@ def test_a_late_marker_is_found_by_the_full_listing_before_the_run_ends(tmp_path
 
 def test_a_restarted_operator_starts_from_the_checkpoint_a_pass_wrote(tmp_path, monkeypatch):
     monkeypatch.setattr(index_store, "CHECKPOINT_EVERY", 20)
-    monkeypatch.setattr("tokenmill_operator.gather.CHECKPOINT_EVERY", 20)
+    monkeypatch.setattr("tokenmill_operator.observe.gather.CHECKPOINT_EVERY", 20)
     storage = CountingStorage(tmp_path)
     run_json(storage, {"a": 1000})
     for seq in range(1, 31):

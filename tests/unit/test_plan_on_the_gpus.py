@@ -8,13 +8,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tokenmill_operator import names
-from tokenmill_operator.facts import JobState, Observed, ServerState
-from tokenmill_operator.gather import observe_window
-from tokenmill_operator.lifecycle import decide, predicted_step
-from tokenmill_operator.planner import Prediction, ServerPlan
-from tokenmill_operator.server_metrics import Scrape, VerificationWindow, WindowFacts, combine, parse_metrics
-from tokenmill_operator.status import DatasetGenerationStatus
+from tokenmill_operator.decide import names
+from tokenmill_operator.decide.facts import JobState, Observed, ServerState
+from tokenmill_operator.decide.lifecycle import decide, predicted_step
+from tokenmill_operator.decide.planner import Prediction, ServerPlan
+from tokenmill_operator.decide.server_metrics import Scrape, VerificationWindow, WindowFacts, combine, parse_metrics
+from tokenmill_operator.decide.status import DatasetGenerationStatus
+from tokenmill_operator.observe.gather import observe_window
 from tokenmill_runner.facts.refit import StepSample
 from tokenmill_runner.facts.releases import release
 from tokenmill_sim.metrics import SchedulerSnapshot, SimMetrics
@@ -287,7 +287,7 @@ def test_the_edge_reads_a_bounded_answer_and_gives_nothing_for_one_too_large_or_
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from tokenmill_operator.sglang_metrics import read_metrics
+    from tokenmill_operator.observe.sglang_metrics import read_metrics
 
     class Metrics(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (http.server's name)
@@ -316,7 +316,7 @@ def test_the_edge_reads_a_bounded_answer_and_gives_nothing_for_one_too_large_or_
 def test_a_layout_the_operator_switched_to_is_checked_again_in_its_own_window():
     """replan auto (or a trial) switched the server: the switched layout's prediction is a plan of its own, so the
     verification made for the spec's layout does not cover it; its own window checks it, once."""
-    from tokenmill_operator.status import LayoutOverride
+    from tokenmill_operator.decide.status import LayoutOverride
 
     first = decide(running(window_of(0.041)))
     assert first.status.verification is not None and first.status.verification.layout == ""
@@ -335,7 +335,7 @@ def test_a_layout_the_operator_switched_to_is_checked_again_in_its_own_window():
 
 
 def test_no_verification_while_a_trial_measures_its_candidates():
-    from tokenmill_operator.status import TrialStatus
+    from tokenmill_operator.decide.status import TrialStatus
 
     measuring = DatasetGenerationStatus(planned_generation=3, server_plan=PLAN,
                                         trial=TrialStatus(generation=3, phase="Measuring"))

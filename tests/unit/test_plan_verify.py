@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tokenmill_operator.planner import model_facts, size_server
-from tokenmill_operator.planner.sizing import Option
-from tokenmill_operator.planner.verify import (
+from tokenmill_operator.decide.planner import model_facts, size_server
+from tokenmill_operator.decide.planner.sizing import Option
+from tokenmill_operator.decide.planner.verify import (
     MARGIN_FLOOR_S,
     WINDOW_S,
     PredictedStep,

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tokenmill_operator.planner import workload
-from tokenmill_operator.workload_sample import sampled_workload
+from tokenmill_operator.decide.planner import workload
+from tokenmill_operator.observe.workload_sample import sampled_workload
 from tokenmill_runner import cli
 from tokenmill_runner.spec.resource import load_spec_file
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from tokenmill_operator.gpus import GPU_MEMORY_MIB, MEMORY_FIELD, gpu_memory_mib
-from tokenmill_operator.planner import (
+from tokenmill_operator.decide.gpus import GPU_MEMORY_MIB, MEMORY_FIELD, gpu_memory_mib
+from tokenmill_operator.decide.planner import (
     ModelFacts,
     PlanError,
     kv_bytes_per_token_per_rank,
@@ -20,7 +20,12 @@ from tokenmill_operator.planner import (
     render_plan,
     workload,
 )
-from tokenmill_operator.planner.memory import PRE_LOAD_USED_MIB, sglang_default_mem_fraction, sglang_reserve, vlm_factor
+from tokenmill_operator.decide.planner.memory import (
+    PRE_LOAD_USED_MIB,
+    sglang_default_mem_fraction,
+    sglang_reserve,
+    vlm_factor,
+)
 from tokenmill_runner.facts.releases import release
 from tokenmill_runner.facts.throughput import Layout
 from tokenmill_runner.spec.resource import DatasetGenerationSpec, parse_document

@@ -7,8 +7,8 @@ import base64
 
 import pytest
 
+from tokenmill_operator.decide.policy import TenantPolicy, credentials_refusal, refusal
 from tokenmill_operator.kube import decode_secret_keys
-from tokenmill_operator.policy import TenantPolicy, credentials_refusal, refusal
 from tokenmill_runner.spec.resource import DatasetGenerationSpec, parse_document
 from tokenmill_runner.store.credentials import SECRET_KEYS
 

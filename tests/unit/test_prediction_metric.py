@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from tokenmill_operator import metrics
-from tokenmill_operator.planner import MemoryTerm, Prediction, ServerPlan
-from tokenmill_operator.status import DatasetGenerationStatus, Progress
+from tokenmill_operator.decide.planner import MemoryTerm, Prediction, ServerPlan
+from tokenmill_operator.decide.status import DatasetGenerationStatus, Progress
 
 VALIDATION = {"max_truncated_fraction": "0.05", "max_error_fraction": "0.01"}
 PREDICTION = Prediction(decode_tokens_per_second=18000, output_tokens_per_second=8800, eta_seconds=1530,

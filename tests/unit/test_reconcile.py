@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tokenmill_operator.reconcile import Context, plan_for
-from tokenmill_operator.status import DatasetGenerationStatus
+from tokenmill_operator.decide.facts import Context
+from tokenmill_operator.decide.status import DatasetGenerationStatus
+from tokenmill_operator.reconcile import plan_for
 from tokenmill_runner.spec.resource import parse_document
 from tokenmill_runner.store.storage import open_storage
 
@@ -89,8 +90,8 @@ def test_a_local_model_path_tells_nothing_about_the_operators_filesystem(model_d
 
 
 def test_a_succeeded_run_is_settled_until_its_spec_or_a_new_retry_request_changes():
+    from tokenmill_operator.decide.status import RetryStatus
     from tokenmill_operator.reconcile import settled
-    from tokenmill_operator.status import RetryStatus
 
     done = DatasetGenerationStatus(phase="Succeeded", observed_generation=4,
                                    retry=RetryStatus(handled="1", at="2026-11-29T12:00:00Z"))
@@ -127,7 +128,8 @@ class SharingKube:
 
 def test_the_shared_cache_is_owned_by_every_run_serving_the_model():
     # security-a87e82b.md W8: on a87e82b the claim and its fill Job had no owner and were never deleted.
-    from tokenmill_operator.reconcile import OperatorSettings, _ensure_shared_cache
+    from tokenmill_operator.act.children import ensure_shared_cache
+    from tokenmill_operator.decide.settings import OperatorSettings
 
     def run(name: str, uid: str) -> Context:
         document = {"apiVersion": "tokenmill.io/v1alpha1", "kind": "DatasetGeneration",
@@ -140,7 +142,7 @@ def test_the_shared_cache_is_owned_by_every_run_serving_the_model():
 
     kube = SharingKube()
     for name, uid in (("first", "u-1"), ("second", "u-2"), ("first", "u-1")):
-        _ensure_shared_cache(kube, run(name, uid), PLAN, OperatorSettings())  # type: ignore[arg-type]
+        ensure_shared_cache(kube, run(name, uid), PLAN, OperatorSettings())  # type: ignore[arg-type]
     assert {kind for kind, _ in kube.objects} == {"PersistentVolumeClaim", "Job"}
     for obj in kube.objects.values():
         owners = obj["metadata"]["ownerReferences"]
@@ -150,7 +152,7 @@ def test_the_shared_cache_is_owned_by_every_run_serving_the_model():
 
 def test_a_plan_starts_from_the_clusters_measured_constants_read_from_the_operators_configmap(
         model_files: ModelFiles):
-    from tokenmill_operator.planner.verify import constants_entry
+    from tokenmill_operator.decide.planner.verify import constants_entry
     from tokenmill_runner.facts.refit import Refit
 
     published = plan_for(model_files.context(1), None)
@@ -168,12 +170,13 @@ def test_a_plan_starts_from_the_clusters_measured_constants_read_from_the_operat
 def test_a_checked_plan_keeps_its_refitted_constants_and_says_whether_another_layout_wins(model_files: ModelFiles):
     from datetime import UTC, datetime
 
-    from tokenmill_operator.facts import Decision
-    from tokenmill_operator.planner import model_facts, plan_step_model
-    from tokenmill_operator.planner.verify import CONFIGMAP_NAME, read_constants
-    from tokenmill_operator.reconcile import OperatorSettings, _record_constants
-    from tokenmill_operator.server_metrics import WindowFacts
-    from tokenmill_operator.status import VerificationStatus
+    from tokenmill_operator.decide.facts import Decision
+    from tokenmill_operator.decide.planner import model_facts, plan_step_model
+    from tokenmill_operator.decide.planner.verify import CONFIGMAP_NAME, read_constants
+    from tokenmill_operator.decide.server_metrics import WindowFacts
+    from tokenmill_operator.decide.settings import OperatorSettings
+    from tokenmill_operator.decide.status import VerificationStatus
+    from tokenmill_operator.reconcile import _record_constants
     from tokenmill_runner.facts.refit import Refit, StepSample
     from tokenmill_runner.facts.throughput import CALIBRATION
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tokenmill_operator import constants, manifests, names
-from tokenmill_operator.facts import Decision
-from tokenmill_operator.lifecycle import decide, layout_token, with_replan, with_switch
-from tokenmill_operator.planner import model_facts, plan_server, plan_step_model
-from tokenmill_operator.planner.verify import (
+from tokenmill_operator.decide import constants, manifests, names
+from tokenmill_operator.decide.facts import Decision
+from tokenmill_operator.decide.lifecycle import decide, layout_token, with_replan, with_switch
+from tokenmill_operator.decide.planner import model_facts, plan_server, plan_step_model
+from tokenmill_operator.decide.planner.verify import (
     MARGIN_FLOOR_S,
     pinned_spec,
     replan_decision,
@@ -24,7 +24,8 @@ from tokenmill_operator.planner.verify import (
     switch_mode,
     switched_plan,
 )
-from tokenmill_operator.status import DatasetGenerationStatus, LayoutOverride
+from tokenmill_operator.decide.status import DatasetGenerationStatus, LayoutOverride
+from tokenmill_operator.observe import constants as constants_read
 from tokenmill_runner.facts.refit import Refit, StepSample
 from tokenmill_runner.facts.throughput import CALIBRATION
 from tokenmill_runner.spec.resource import parse_document
@@ -59,7 +60,7 @@ def measured_on(collectives: float) -> constants.Measured:
     assert step is not None
     truth = replace(step, calibration=Refit(1.0, collectives, 1.0, 0, 0, 0, ()).calibration(CALIBRATION))
     samples = [StepSample(b, 3000, truth.step_seconds(b, 3000)) for b in (1, 2, 4, 8, 16, 32, 64)]
-    found = constants.measure(SPEC, None, PLAN, samples, {}, read=lambda *_, **__: QWEN)
+    found = constants_read.measure(SPEC, None, PLAN, samples, {}, read=lambda *_, **__: QWEN)
     assert found is not None
     return found
 
@@ -74,7 +75,7 @@ def test_after_a_switch_the_window_refits_the_layout_running_not_the_specs_own()
     assert one_gpu is not None
     slower = replace(one_gpu, calibration=Refit(0.8, 1.0, 1.0, 0, 0, 0, ()).calibration(CALIBRATION))
     samples = [StepSample(b, 3000, slower.step_seconds(b, 3000)) for b in (1, 2, 4, 8, 16, 32, 64)]
-    found = constants.measure(SPEC, None, switched, samples, {}, read=lambda *_, **__: QWEN)
+    found = constants_read.measure(SPEC, None, switched, samples, {}, read=lambda *_, **__: QWEN)
     assert found is not None and found.result.fitted == ("experts",)
     assert found.result.expert_speed == pytest.approx(0.8, rel=0.02) and found.result.error_after < 0.01
     assert found.key != first.key  # one GPU a replica: its own entry, not the NVLink one's
@@ -94,7 +95,7 @@ def test_a_refit_that_explains_the_window_worse_than_the_plan_is_not_kept():
     fit = refit(step, odd)
     assert fit.fitted == () and (fit.expert_speed, fit.collective_scale) == (1.0, 1.0)
     assert fit.error_after == fit.error_before > 0
-    assert constants.measure(SPEC, None, PLAN, odd, {}, read=lambda *_, **__: QWEN) is None
+    assert constants_read.measure(SPEC, None, PLAN, odd, {}, read=lambda *_, **__: QWEN) is None
 
 
 def test_the_running_plan_is_two_tp4_replicas_and_the_window_refits_the_collectives():
@@ -252,9 +253,11 @@ def test_the_reconcile_pass_switches_once_from_the_windows_samples_and_keeps_the
     """The edge's glue (reconcile._record_constants): the model files read from S3, the refit kept in the
     ConfigMap, the re-plan, the chosen layout planned and recorded; a second checked window in the same generation
     switches nothing."""
-    from tokenmill_operator.reconcile import Context, OperatorSettings, _record_constants
-    from tokenmill_operator.server_metrics import WindowFacts
-    from tokenmill_operator.status import Progress, VerificationStatus
+    from tokenmill_operator.decide.facts import Context
+    from tokenmill_operator.decide.server_metrics import WindowFacts
+    from tokenmill_operator.decide.settings import OperatorSettings
+    from tokenmill_operator.decide.status import Progress, VerificationStatus
+    from tokenmill_operator.reconcile import _record_constants
     from tokenmill_runner.store.storage import open_storage
 
     from .test_measured_constants import ConfigMaps

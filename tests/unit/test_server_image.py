@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tokenmill_operator.manifests import server_statefulset
-from tokenmill_operator.planner import PlanError, plan_server
+from tokenmill_operator.decide.manifests import server_statefulset
+from tokenmill_operator.decide.planner import PlanError, plan_server
+from tokenmill_operator.decide.status import DatasetGenerationStatus
 from tokenmill_operator.reconcile import plan_for
-from tokenmill_operator.status import DatasetGenerationStatus
 from tokenmill_runner.facts.releases import DEFAULT_IMAGE, HEALTH_CHECK_TIMEOUT_S, release
 from tokenmill_runner.spec.resource import SpecError
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.test_planner import H200, facts, make_spec
-from tokenmill_operator.planner import PlanError, plan_server
+from tokenmill_operator.decide.planner import PlanError, plan_server
 from tokenmill_runner.facts.hidden_states import (
     check_layouts,
     kinds_needed,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 
-from tokenmill_operator import manifests
-from tokenmill_operator.planner import plan_server, render_plan
-from tokenmill_operator.planner.startup import (
+from tokenmill_operator.decide import manifests
+from tokenmill_operator.decide.planner import plan_server, render_plan
+from tokenmill_operator.decide.planner.startup import (
     LOCAL_READ_BYTES_PER_S,
     NETWORK_READ_BYTES_PER_S,
     PROBE_FLOOR_S,
@@ -90,9 +90,9 @@ def server_pod(created: str, copy: tuple[str, str] | None, started: str, ready: 
 
 
 def test_status_records_the_observed_copy_and_load_next_to_the_prediction():
-    from tokenmill_operator.gather import startup_times
-    from tokenmill_operator.lifecycle import Observed, ServerState, decide
-    from tokenmill_operator.status import DatasetGenerationStatus
+    from tokenmill_operator.decide.lifecycle import Observed, ServerState, decide
+    from tokenmill_operator.decide.status import DatasetGenerationStatus
+    from tokenmill_operator.observe.gather import startup_times
 
     from .test_lifecycle import T0
 

@@ -8,12 +8,12 @@ from datetime import timedelta
 
 from tests.unit.test_lifecycle import JOB_HASH, T0, conditions, observed, progress
 from tests.unit.test_manifests import URLS, container, flag, job, spec, statefulset
-from tokenmill_operator import manifests
-from tokenmill_operator.facts import JobState, ServerState
-from tokenmill_operator.gather import statefulset_rolling
-from tokenmill_operator.lifecycle import decide
-from tokenmill_operator.states_passes import current_pass, next_pass, passes_of, run_key
-from tokenmill_operator.status import DatasetGenerationStatus, StatesPass
+from tokenmill_operator.decide import manifests
+from tokenmill_operator.decide.facts import JobState, ServerState
+from tokenmill_operator.decide.lifecycle import decide
+from tokenmill_operator.decide.states_passes import current_pass, next_pass, passes_of, run_key
+from tokenmill_operator.decide.status import DatasetGenerationStatus, StatesPass
+from tokenmill_operator.observe.gather import statefulset_rolling
 
 SPECFORGE = {"hiddenStates__layouts": ["specforge"]}
 AUX = StatesPass(kind="aux", run="3:", since="2026-11-29T10:00:00Z")

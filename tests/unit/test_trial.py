@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tokenmill_operator.planner import model_facts, plan_server
-from tokenmill_operator.planner.trial import (
+from tokenmill_operator.decide.planner import model_facts, plan_server
+from tokenmill_operator.decide.planner.trial import (
     BUDGET_SHARE,
     Measurement,
     MetricPoint,
@@ -25,7 +25,7 @@ from tokenmill_operator.planner.trial import (
     steady_state,
     warmup_end,
 )
-from tokenmill_operator.planner.verify import MARGIN_FLOOR_S
+from tokenmill_operator.decide.planner.verify import MARGIN_FLOOR_S
 from tokenmill_runner.spec.resource import parse_document
 from tokenmill_sim.capacity import Job, LinearStepTime, SchedulerParams
 from tokenmill_sim.profiles import PROFILES

@@ -9,10 +9,10 @@ import json
 import numpy as np
 import pytest
 
-from tokenmill_operator import manifests
-from tokenmill_operator.planner.trial import MEASURE_S, prompts_needed, sample_prompts
-from tokenmill_operator.status import DatasetGenerationStatus
-from tokenmill_operator.trialling import advance, begin, sample_of
+from tokenmill_operator.decide import manifests
+from tokenmill_operator.decide.planner.trial import MEASURE_S, prompts_needed, sample_prompts
+from tokenmill_operator.decide.status import DatasetGenerationStatus
+from tokenmill_operator.decide.trialling import advance, begin, sample_of
 from tokenmill_runner.cli import build_parser
 from tokenmill_runner.source.stratified import (
     MIN_PER_DATASET,

@@ -1,4 +1,4 @@
-"""The measured trial's state machine over status.trial (operator/tokenmill_operator/trialling.py): which candidate
+"""The measured trial's state machine over status.trial (operator/tokenmill_operator/decide/trialling.py): which candidate
 runs next, when a measurement ends, how it concludes, and that a restarted operator resumes from the status alone."""
 
 from __future__ import annotations
@@ -7,11 +7,18 @@ import json
 import random
 from pathlib import Path
 
-from tokenmill_operator.planner import model_facts, plan_server
-from tokenmill_operator.planner.trial import MetricPoint
-from tokenmill_operator.planner.verify import running_layout
-from tokenmill_operator.status import DatasetGenerationStatus, TrialStatus
-from tokenmill_operator.trialling import advance, begin, remaining_tokens, replan_may_switch, trial_override, trial_plan
+from tokenmill_operator.decide.planner import model_facts, plan_server
+from tokenmill_operator.decide.planner.trial import MetricPoint
+from tokenmill_operator.decide.planner.verify import running_layout
+from tokenmill_operator.decide.status import DatasetGenerationStatus, TrialStatus
+from tokenmill_operator.decide.trialling import (
+    advance,
+    begin,
+    remaining_tokens,
+    replan_may_switch,
+    trial_override,
+    trial_plan,
+)
 from tokenmill_runner.spec.resource import parse_document
 
 MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"
@@ -156,7 +163,7 @@ def test_a_trial_step_is_a_layout_switch_the_runner_job_hash_sees():
 def test_the_trial_series_sums_the_replicas_scales_the_clock_and_starts_again_per_candidate():
     from datetime import UTC, datetime, timedelta
 
-    from tokenmill_operator.server_metrics import Scrape, TrialScrapes
+    from tokenmill_operator.decide.server_metrics import Scrape, TrialScrapes
 
     series, t0 = TrialScrapes(), datetime(2026, 1, 1, tzinfo=UTC)
     one = Scrape(running=10, queued=2, gen_throughput=100, used_tokens=0)

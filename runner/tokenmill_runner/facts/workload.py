@@ -2,7 +2,7 @@
 to finish them, the draining tail included. Pure.
 
 Prompt lengths come from a bounded sample of each dataset's rows, tokenized at plan time (`LengthSample`, built by
-the plan's edge, operator/tokenmill_operator/workload_sample.py); without one, PROMPT_TOKENS_ESTIMATE stands in.
+the plan's edge, operator/tokenmill_operator/observe/workload_sample.py); without one, PROMPT_TOKENS_ESTIMATE stands in.
 Output lengths come from the sampled rows' earlier answers (the assistant turns being regenerated) when at least
 MIN_ANSWERS of them carry one; otherwise, unless a fixed length is given, each dataset's outputs follow the seeds'
 shape (DESIGN.md "Throughput: the tail decides the makespan": median ~470, p90 ~3,700, mean ~1,360 and 3 % at a

@@ -22,16 +22,16 @@ from tokenmill_runner.store.lease_rules import LeaseWatch
 from tokenmill_runner.store.manifest import RunManifest, read_manifest
 from tokenmill_runner.store.storage import Storage, StorageError
 
-from . import cache, kueue, names
-from .facts import JobState, ProgressFacts, QueueState, ServerState
-from .kube import ApiNotServed, Kube, KubeUnavailable
-from .manifests import SERVER_CONTAINER
-from .observe import parse_time, progress_facts
-from .planner.serving import DRIVER_LABEL
-from .planner.trial import MetricPoint
-from .server_metrics import Scrape, TrialScrapes, VerificationWindow, WindowFacts, combine
+from ..decide import cache, kueue, names
+from ..decide.facts import JobState, ProgressFacts, QueueState, ServerState
+from ..decide.manifests import SERVER_CONTAINER
+from ..decide.planner.serving import DRIVER_LABEL
+from ..decide.planner.trial import MetricPoint
+from ..decide.progress import parse_time, progress_facts
+from ..decide.server_metrics import Scrape, TrialScrapes, VerificationWindow, WindowFacts, combine
+from ..decide.status import RunStatus
+from ..kube import ApiNotServed, Kube, KubeUnavailable
 from .sglang_metrics import read_metrics
-from .status import RunStatus
 
 # The init containers that copy the weights into a server pod (manifests.py, cache.py).
 COPYING_CONTAINERS = ("sync-models", cache.NODE_FILL_CONTAINER)

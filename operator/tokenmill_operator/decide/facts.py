@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tokenmill_runner.facts.hidden_states import ServedKind
+from tokenmill_runner.spec.resource import DatasetGenerationSpec
+from tokenmill_runner.store.manifest import Owner
 
+from . import names
 from .planner import ServerPlan
 from .server_metrics import WindowFacts
 from .status import (
@@ -154,3 +157,45 @@ class Decision:
     replace_job: bool = False  # delete the runner Job (its pods first); the next pass creates the new one
     write_report: bool = False
     events: list[Event] = field(default_factory=list)
+
+
+@dataclass
+class Context:
+    """One DatasetGeneration as read at the start of the pass."""
+
+    body: dict[str, Any]
+    name: str
+    namespace: str
+    generation: int
+    spec: DatasetGenerationSpec
+    previous: DatasetGenerationStatus
+
+    @property
+    def owner(self) -> Owner:
+        """Who owns the output: this resource, across its Jobs (a re-created one of the same name is another)."""
+        return Owner(kind="DatasetGeneration", name=self.name, namespace=self.namespace,
+                     uid=self.body["metadata"].get("uid"))
+
+    @property
+    def retry_request(self) -> str | None:
+        return (self.body["metadata"].get("annotations") or {}).get(names.RETRY_ANNOTATION)
+
+
+@dataclass(frozen=True)
+class Queueing:
+    """The run's Kueue Workload: as it should be, as it is, and what it says."""
+
+    desired: dict[str, Any]
+    current: dict[str, Any] | None
+    state: QueueState
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What a pass read of the cluster: the runner Job, the server, the Kueue Workload, the shared cache."""
+
+    job: JobState | None
+    job_started: datetime | None
+    server: ServerState | None
+    queueing: Queueing | None = None
+    cache_ready: bool = True  # the shared model cache is filled (or none is used)

@@ -5,19 +5,16 @@ cluster libraries and the reconcile pass reuses the same reading."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 
 import orjson
 
-from tokenmill_runner.facts.refit import Refit
-from tokenmill_runner.facts.throughput import CALIBRATION
 from tokenmill_runner.facts.workload import Workload
 from tokenmill_runner.spec.resource import DatasetGenerationSpec
 from tokenmill_runner.store.bounded_get import CONFIG_BYTES, WEIGHT_INDEX_BYTES, get_bounded
 from tokenmill_runner.store.storage import StorageRetry, open_storage
 
-from .planner import ModelFacts, PlanError, ServerPlan, model_facts, plan_server
-from .planner.verify import plan_constants_key
+from ..decide.constants import Constants, plan_with_constants
+from ..decide.planner import ModelFacts, PlanError, ServerPlan, model_facts
 
 
 def model_files_location(spec: DatasetGenerationSpec, local: bool = True) -> str:
@@ -60,26 +57,6 @@ def read_model_facts(spec: DatasetGenerationSpec, credentials: dict[str, str] | 
     if weight_bytes is None:
         raise PlanError(f"no model.safetensors.index.json at {storage.root_uri}: set spec.model.weightBytes")
     return model_facts(config, weight_bytes)
-
-
-# The cluster's measured constants by their key (verify.constants_key), or None where there are none.
-Constants = Callable[[str], Refit | None]
-
-
-def plan_with_constants(spec: DatasetGenerationSpec, facts: ModelFacts, work: Workload | None = None,
-                        node_driver_major: int | None = None, constants: Constants | None = None) -> ServerPlan:
-    """The plan, started from the cluster's measured constants for its hardware and software when there are some
-    (planned once with the published fit to know which GPU, link and release it runs on, then again)."""
-    plan = plan_server(spec, facts, work=work, node_driver_major=node_driver_major)
-    if constants is None:
-        return plan
-    key = plan_constants_key(plan, facts.architecture)
-    stored = constants(key)
-    if stored is None:
-        return plan
-    measured = plan_server(spec, facts, work=work, node_driver_major=node_driver_major,
-                           calibration=stored.calibration(CALIBRATION))
-    return measured.model_copy(update={"measured_constants": key})
 
 
 def make_plan(spec: DatasetGenerationSpec, credentials: dict[str, str] | None,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import urllib.request
 
-from .server_metrics import Scrape, parse_metrics
+from ..decide.server_metrics import Scrape, parse_metrics
 
 logger = logging.getLogger(__name__)
 
