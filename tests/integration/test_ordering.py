@@ -1,5 +1,6 @@
-"""Longest-expected-first over real HTTP: a worker sends the rows whose earlier answers are longest first, and
-every slot is still committed exactly once, on the first run and on a second that finds everything done."""
+"""Longest-expected-first over real HTTP: a worker sends the rows whose earlier answers are longest first, over the
+whole job, and every slot is still committed exactly once, on the first run and on a second that finds everything
+done."""
 
 from __future__ import annotations
 
@@ -18,9 +19,13 @@ def regenerated(i: int, answer_words: int) -> dict:
     return row
 
 
-def test_rows_with_the_longest_earlier_answers_are_sent_first(tmp_path, simulator, demo_model):
-    # Source order: shortest earlier answer first; rows 20-23 carry no answer and fall back to their prompt's class.
-    rows = [regenerated(i, 10 * (i + 1)) for i in range(20)] + [chat(i) for i in range(20, 24)]
+def test_rows_with_the_longest_earlier_answers_are_sent_first_over_the_whole_job(tmp_path, simulator, demo_model):
+    # Source order: 24 rows with short earlier answers, then 16 with long ones (longer and longer), then 4 without
+    # an answer. The job (44 requests) is larger than the window (16 at concurrency 1): before issue 44 the window
+    # filled with short rows and sent 8 of them first. Now the counting pass's length codes put the long rows in a
+    # pass of their own, read first.
+    rows = ([regenerated(i, 10) for i in range(24)] + [regenerated(i, 400 + 10 * i) for i in range(24, 40)]
+            + [chat(i) for i in range(40, 44)])
     write_jsonl(tmp_path / "regen.jsonl", rows)
     # One request in flight at a time and one sample per shard: the shards' sequence numbers are the send order.
     spec = write_spec(tmp_path / "spec.yaml", spec_document(
@@ -33,9 +38,10 @@ def test_rows_with_the_longest_earlier_answers_are_sent_first(tmp_path, simulato
     assert_exactly_once(storage, "regen", ids)
     markers = sorted(read_markers(storage, "regen"), key=lambda marker: int(marker["shard_id"].rsplit("-", 1)[1]))
     order = [sample for marker in markers for sample in marker["samples"]["sample_id"]]
-    # The window (16 requests at concurrency 1) holds rows 0-15 and lets each longer arrival (16-19) through,
-    # then releases what it holds longest first as the rows without an answer arrive; those come last.
-    assert order == [f"s{i:04d}" for i in [*range(16, 20), *range(15, -1, -1), *range(20, 24)]]
+    # The long rows first (each expected at the 64-token cap: ties keep the source's order); then the short ones,
+    # all alike; then the rows without an answer (the dataset's typical length, 15 % of its cap, under the short
+    # answers' ~12 tokens).
+    assert order == [f"s{i:04d}" for i in [*range(24, 40), *range(24), *range(40, 44)]]
     # A second run finds every slot settled and sends nothing.
     summary = asyncio.run(run_spec(spec, [simulator.url], str(tmp_path / "out")))
     assert summary.datasets[0].generated == 0 and summary.datasets[0].skipped == len(rows)

@@ -37,6 +37,8 @@ from ..render.pretokenize import PromptEncoder
 from ..render.request_fit import ServerLimits
 from ..render.tokenizer_info import TokenizerInfo
 from ..source.duplicates import DuplicateIds
+from ..source.length_key import CODES
+from ..source.line_codes import LineCodes
 from ..source.prompts import Prompt, RowError, belongs_to_worker, duplicate_error, id_hash
 from ..source.reader import read_prompts, source_format
 from ..source.row_size import LARGE_PROMPT_CHARS, RowBound, prompt_size
@@ -52,7 +54,17 @@ from ..store.shards import Fence, ShardBuffer, commit_shard, new_run_token, new_
 from ..store.storage import Storage, StorageError, retry_from_env
 from .client import GenerateClient, PromptIds
 from .conversation import Conversation, history_exact, read_answer, start
-from .ordering import LongestFirst, expected_output_tokens, window_size
+from .ordering import (
+    Cell,
+    KeyCheck,
+    LongestFirst,
+    ReadProgress,
+    code_tokens,
+    expected_tokens,
+    plan_passes,
+    probe_size,
+    window_size,
+)
 from .results import Generation, ServersUnavailable
 from .rows import build_conversation_row, build_row, build_turn, failure_record, too_long_record
 from .seeds import sample_seed
@@ -138,6 +150,8 @@ class DatasetState:
     # The operator's measured trial: the lines of this candidate's sample, each with its position in the sample's
     # order; they are sent before any other line (source/stratified.py).
     first: dict[int, int] = field(default_factory=dict)
+    length_codes: tuple[int, ...] | None = None  # this worker's valid rows per length code (the scan's)
+    codes: str | None = None  # where each line's length code is kept (scan_cache.py), for the whole-job order
     _params: dict[str, Any] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -271,6 +285,7 @@ class Runner:
         self._commits: set[asyncio.Task[None]] = set()
         self._commit_slots = asyncio.Semaphore(MAX_PARALLEL_COMMITS)
         self._settled = SettledTally()  # lines the reader skipped as settled, counted in its thread
+        self._key_check: KeyCheck | None = None  # the probe of the length key (ordering.py)
         self._stop = asyncio.Event()
         self._interrupted = False
         self._fatal: BaseException | None = None
@@ -358,38 +373,110 @@ class Runner:
     # -- producing -----------------------------------------------------------------------------------------
     async def _produce(self, queue: asyncio.Queue[Request]) -> None:
         """Tokenized requests to the workers: a trial candidate's sample first, in its order (it is read whole
-        first: a sample interleaves the datasets), then the rest longest expected output first within a bounded
-        window (`ordering.py`); the window holds the ids as 4-byte arrays, a third of a list's memory, one per
-        prompt for all its samples (sent as they are: the request body takes them without a copy)."""
+        first: a sample interleaves the datasets); then the probe of the length key, in input order; then the
+        rest longest expected output first over the whole job, pass by pass, through a bounded window, or in input
+        order once the probe says the key is weak (`ordering.py`). The window holds the ids as 4-byte arrays, a
+        third of a list's memory, one per prompt for all its samples (sent as they are: the request body takes
+        them without a copy)."""
 
         async def send(held: Request) -> None:
             await queue.put(held)
 
         if any(state.first for state in self.states):
-            sample = [held async for held, _ in self._requests(first=True)]
+            sample = [held for state in self.states if state.first
+                      async for held, _ in self._requests(state, first=True)]
             for held in sorted(sample, key=lambda held: (held[0].first[held[1].line], held[3])):
                 await send(held)
-        window: LongestFirst[Request] = LongestFirst(
-            window_size(self.concurrency))
-        async for held, expected in self._requests(first=False):
-            if (released := window.push(held, expected)) is not None:
-                await send(released)
-        for held in window.drain():
-            await send(held)
+        window: LongestFirst[Request] = LongestFirst(window_size(self.concurrency))
+        reads = {state.index: ReadProgress() for state in self.states}
+        check = self._key_check = self._probe(window.window)
+        if check is not None:
+            for state, quota in self._probe_quotas(check):
+                progress = reads[state.index]
+                async for held, expected in self._requests(state, lambda line, _: True, progress, quota):
+                    check.sent((state.index, held[1].line, held[3]), expected)
+                    await send(held)
+                progress.probe_end = progress.position
+            check.closed = True
 
-    async def _requests(self, first: bool) -> AsyncIterator[tuple[Request, float]]:
-        """Every open slot of every dataset in source order (datasets longest-expected first), with its prompt ids
-        and the output length expected from the row's earlier answer (else its prompt's length class): of the
-        trial sample's lines when `first`, else of the others."""
+        def weak() -> bool:
+            return check is not None and check.weak is True
+
+        for codes in self._passes(window.window):
+            for state in self.states:
+                progress = reads[state.index]
+                progress.begin(codes.get(state.index, frozenset()))
+                if progress.current:
+                    async for held, expected in self._requests(state, progress.in_pass, progress, stop=weak):
+                        if (released := window.push(held, expected)) is not None:
+                            await send(released)
+                if weak():
+                    break
+                progress.end()
+            if weak():
+                break
+        if check is not None and check.weak:  # the rest in input order: the window's, then every line not read
+            logger.info("the length key does not predict the lengths drawn (corr %.2f over %d probe samples): the "
+                        "rest of the job goes in input order", check.rho or 0.0, len(check.pairs))
+            window.in_arrival_order()
+            for state in self.states:
+                async for held, expected in self._requests(state, reads[state.index].unread, reads[state.index]):
+                    if (released := window.push(held, expected)) is not None:
+                        await send(released)
+        while len(window):
+            if weak():
+                window.in_arrival_order()
+            await send(window.pop())
+
+    def _probe(self, window: int) -> KeyCheck | None:
+        """The check of the length key, when the job is large enough for the order to matter."""
+        open_slots = sum(missing if (missing := missing_slots(state)) is not None else state.slots
+                         for state in self.states)
+        return KeyCheck(size=probe_size(open_slots)) if open_slots > window and probe_size(open_slots) else None
+
+    def _probe_quotas(self, check: KeyCheck) -> list[tuple[DatasetState, int]]:
+        """Each dataset's share of the probe, by its slots (a slot at least)."""
+        total = max(1, sum(state.slots for state in self.states))
+        return [(state, max(1, check.size * state.slots // total)) for state in self.states if state.slots]
+
+    def _passes(self, window: int) -> list[dict[int, frozenset[int]]]:
+        """The passes over the sources (`ordering.plan_passes`), from each dataset's count of rows per length code
+        (the counting pass's); a dataset without counts is read whole in the last pass."""
+        cells: list[Cell] = []
         for state in self.states:
-            if first and not state.first:
-                continue
-            spec = state.spec
-            fmt = source_format(spec.source, spec.format, self.config.spec.output.endpoint)
-            rows = read_prompts(spec.source, fmt, self.config.spec.output.endpoint, spec.limit,
-                                wanted=partial(self._wanted, state, first), layout=spec.row_layout(),
-                                bound=self.row_bound)
-            while chunk := await asyncio.to_thread(_take, rows, READ_BATCH, READ_BATCH_CHARS):
+            counts = state.length_codes or (0,) * CODES
+            typical = state.mean_output_expected()
+            cells.extend(Cell(state.index, code, count * state.samples,
+                              code_tokens(code, state.sampling.max_new_tokens or 0, typical))
+                         for code, count in enumerate(counts))
+        return plan_passes(cells, window)
+
+    async def _requests(self, state: DatasetState, accepts: Callable[[int, int], bool] | None = None,
+                        progress: ReadProgress | None = None, limit: int | None = None,
+                        stop: Callable[[], bool] | None = None, first: bool = False,
+                        ) -> AsyncIterator[tuple[Request, float]]:
+        """The dataset's open slots in source order, with its prompt ids and the output length expected of it: of
+        the trial sample's lines when `first`, else of the lines `accepts(line, length code)` takes (every line
+        when None), `progress.position` following the last line looked at. Stops at a chunk's end once `limit`
+        slots were yielded or `stop()` says so."""
+        spec = state.spec
+        fmt = source_format(spec.source, spec.format, self.config.spec.output.endpoint)
+        codes = self._line_codes(state) if accepts is not None else None
+        selects = None
+        if accepts is not None:
+            def selects(line: int) -> bool:
+                if progress is not None:
+                    progress.position = line
+                return accepts(line, codes.code(line) if codes is not None else 0)
+        rows = read_prompts(spec.source, fmt, self.config.spec.output.endpoint, spec.limit,
+                            wanted=partial(self._wanted, state, first, selects=selects), layout=spec.row_layout(),
+                            bound=self.row_bound)
+        typical = state.mean_output_expected()
+        max_new = state.sampling.max_new_tokens or 0
+        yielded = 0
+        try:
+            while chunk := await asyncio.to_thread(_take, rows, READ_BATCH if limit is None else
+                                                   max(1, min(READ_BATCH, limit - yielded)), READ_BATCH_CHARS):
                 self._count_settled_lines(state)
                 admitted = self._admit(state, chunk)
                 for batch in tokenize_batches(admitted):
@@ -400,11 +487,31 @@ class Runner:
                                                       state.template_kwargs)
                     for (prompt, indices), ids in zip(batch, encoded, strict=True):
                         if checked := self._checked(state, prompt, ids, indices):
-                            expected = expected_output_tokens(prompt.messages, len(checked))
+                            expected = expected_tokens(prompt.messages, len(checked), max_new, typical)
                             packed = PromptIds(array("i", checked))  # the prompt's slots share it
                             for index in indices:
+                                yielded += 1
                                 yield (state, prompt, packed, index), expected
-            self._count_settled_lines(state)
+                if (limit is not None and yielded >= limit) or (stop is not None and stop()):
+                    break
+        finally:
+            close = getattr(rows, "close", None)  # a generator: closing it closes the source
+            if close is not None:
+                close()
+            if codes is not None:
+                codes.close()
+        self._count_settled_lines(state)
+
+    def _line_codes(self, state: DatasetState) -> LineCodes | None:
+        """The dataset's lines' length codes, read in line order (None: not kept; its lines count as code 0)."""
+        if state.codes is None:
+            return None
+        try:
+            return LineCodes(self.storage.open_read(state.codes))
+        except StorageError as error:
+            logger.warning("%s: the lines' length codes cannot be read (%s): the dataset is read in one pass",
+                           state.name, error)
+            return None
 
     def _conversations(self, state: DatasetState,
                        batch: list[tuple[Prompt, list[int]]]) -> list[tuple[Prompt, list[int]]]:
@@ -426,13 +533,16 @@ class Runner:
         assert isinstance(conversation, Conversation)  # rows that cannot start were dropped by _conversations
         return conversation.next_prompt()
 
-    def _wanted(self, state: DatasetState, first: bool, line: int) -> bool:
+    def _wanted(self, state: DatasetState, first: bool, line: int,
+                selects: Callable[[int], bool] | None = None) -> bool:
         """Before a row is parsed, in the reader's thread: False for another worker's line, for a line of the other
-        reading (the trial sample's, or not), and for a line whose slots are all settled (noted for the loop to
-        count as skipped: nothing of the state changes here)."""
+        reading (the trial sample's, or not), for a line another pass reads (`selects`), and for a line whose slots
+        are all settled (noted for the loop to count as skipped: nothing of the state changes here)."""
         if state.owned is not None and not state.owned.has(line):
             return False
         if (line in state.first) != first:
+            return False
+        if selects is not None and not selects(line):
             return False
         if open_slots(state, line, self.config.retry_failed):
             return True
@@ -590,6 +700,8 @@ class Runner:
 
     def _record_conversation(self, state: DatasetState, row: dict[str, Any], lengths: list[int]) -> None:
         now = self.clock()
+        if self._key_check is not None:
+            self._key_check.back((state.index, row["line"], row["sample_index"]), row["completion_tokens"])
         state.buffer.add_row(row, now)
         state.generated += 1
         state.completion_tokens += row["completion_tokens"]
@@ -602,6 +714,8 @@ class Runner:
     def _record_row(self, state: DatasetState, prompt: Prompt, ids: Sequence[int], result: Generation,
                     now: float, index: int = 0, seed: int | None = None) -> None:
         max_new = state.sampling.max_new_tokens or 0
+        if self._key_check is not None:
+            self._key_check.back((state.index, prompt.line, index), result.completion_tokens)
         state.buffer.add_row(build_row(state.name, prompt, ids, result, max_new, self.info, index, seed), now)
         state.generated += 1
         state.completion_tokens += result.completion_tokens
@@ -613,6 +727,8 @@ class Runner:
 
     def _record_error(self, state: DatasetState, record: dict[str, Any], now: float) -> None:
         logger.warning("%s: %s", state.name, record["message"])
+        if self._key_check is not None:
+            self._key_check.back((state.index, record.get("line"), record.get("sample_index", 0)), None)
         state.buffer.add_error(record, now)
         state.failed[record["reason"]] += 1
         self.meter.record(now, 1, 0)
