@@ -83,19 +83,28 @@ def test_one_scale_for_every_dataset_answers_capped_and_rows_without_one_at_thei
 
 def test_the_passes_cover_every_code_once_longest_first_doubling_in_size():
     window = 100
-    cells = [Cell(0, code, 60, float(2 ** code)) for code in range(ANSWER_CODES, CODES)]  # 660 slots
-    cells += [Cell(1, 1, 300, 700.0)]
+    cells = [Cell(0, code, 15, 2.0 ** (code / 4)) for code in range(ANSWER_CODES, CODES)]  # 660 slots
+    cells += [Cell(1, 1, 300, 2.0 ** (20.5 / 4))]  # another dataset's prompt class, between codes 20 and 21
     passes = plan_passes(cells, window)
     assert len(passes) == 4
-    # The first passes hold the longest codes and close at 100, 200, 400 slots; the last takes the rest.
-    assert passes[0] == {0: frozenset({15, 14})}
-    assert passes[1] == {0: frozenset({13, 12, 11, 10})}
+    of = {(cell.dataset, cell.code): cell for cell in cells}
+
+    def members(one: dict[int, frozenset[int]]) -> list[Cell]:
+        return [of[(d, c)] for d, codes in one.items() for c in codes if (d, c) in of]
+
+    for number, one in enumerate(passes[:-1]):
+        held = sorted(members(one), key=lambda cell: cell.expected)
+        # A pass closes at window x 2^k slots: with its shortest cell it has them, without it not yet.
+        assert sum(c.slots for c in held) >= window << number > sum(c.slots for c in held[1:])
+        assert held[0].expected >= max(c.expected for later in passes[number + 1:] for c in members(later))
+    assert passes[0] == {0: frozenset(range(CODES - 7, CODES))}  # the 7 longest codes: 105 slots
+    assert any(1 in one.get(1, ()) for one in passes[1:3]), "the other dataset's rows where their length puts them"
     read: dict[int, list[int]] = {0: [], 1: []}
     for one in passes:
         for dataset, codes in one.items():
             read[dataset] += sorted(codes)
     assert sorted(read[0]) == list(range(CODES)) and sorted(read[1]) == list(range(CODES)), "each code once"
-    assert 1 in passes[2][1] and 0 in passes[-1][1]  # the prompt class of 700 tokens after the 1,024s; code 0 last
+    assert 0 in passes[-1][0] and 0 in passes[-1][1]  # code 0 (bad rows) in the last pass
     assert plan_passes(cells, 10_000) == [{0: frozenset(range(CODES)), 1: frozenset(range(CODES))}], "fits: one"
 
 

@@ -140,7 +140,7 @@ def test_the_counting_pass_keeps_each_lines_length_code_for_the_whole_jobs_order
     out = LocalStorage(tmp_path / "out")
     scan = cached_scan(out, "p", str(source), "jsonl")
     expected = [length_code(rows[0]["messages"], 4001), 2, 0, 1]
-    assert expected[0] == ANSWER_CODES + 6  # 1,000 tokens: between 2^9 and 2^10
+    assert expected[0] == ANSWER_CODES + 4 * 9 + 3 - 12  # 1,000 tokens: 2^9.97, the 39th quarter doubling
     codes = LineCodes(out.open_read(scan.codes))
     assert [codes.code(line) for line in (1, 2, 3, 4, 5, 9)] == [*expected, 0, 0]
     histogram = [0] * CODES

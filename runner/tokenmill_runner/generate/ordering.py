@@ -43,8 +43,8 @@ Item = TypeVar("Item")
 WINDOW_PER_SLOT = 16
 MAX_WINDOW = 8192
 # Passes over the sources: windows of 1, 2, 4 ... slots, the last takes the rest. Each pass reads the sources again
-# (lines not its own are skipped unparsed); bench_ordering.py: 4 passes keep ~90 % of what sorting the whole job
-# gains at 10k-20k samples.
+# (lines not its own are skipped unparsed); bench_ordering.py (10k samples, 64 slots, rho 0.8): 4 passes keep 96 %
+# of what sorting the whole job gains, 2 passes 31 %, more than 4 nothing more.
 MAX_PASSES = 4
 PROMPT_CLASS_STEP = 0.05  # rows without an answer: each longer prompt class a little ahead of the shorter
 # The probe: the first slots of the job in input order, whose lengths say whether the key predicts them.
