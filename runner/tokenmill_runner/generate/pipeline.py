@@ -420,7 +420,7 @@ class Runner:
                         "rest of the job goes in input order", check.rho or 0.0, len(check.pairs))
             window.in_arrival_order()
             for state in self.states:
-                async for held, expected in self._requests(state, reads[state.index].unread, reads[state.index]):
+                async for held, expected in self._requests(state, reads[state.index].unread):
                     if (released := window.push(held, expected)) is not None:
                         await send(released)
         while len(window):
