@@ -145,6 +145,7 @@ _EMPTY, _ROW = 0, 1  # outcome codes; failure reasons take 2..255 in the order a
 _MAX_REASONS = 254
 _POPCOUNT = np.array([bin(byte).count("1") for byte in range(256)], dtype=np.uint8)
 PAGE_BITS = 12  # failure codes live in pages of 4096 slots, allocated only where a failure is
+COMPLETENESS_LINES = 1 << 20  # lines counted at a time by `completeness` (a multiple of 8)
 
 
 class DatasetLedger:
@@ -409,30 +410,53 @@ class DatasetLedger:
         """Which slots of the layout have a final outcome: what "settled" means for a run, for the report, the
         operator and `tokenmill run` alike. The layout is the lines of 1..`lines` that `within` (a bool per line,
         line 1 first; None: every line) keeps, x sample indices 0..`samples`-1: a JSONL source's blank lines yield
-        no row, so they are no slot (`manifest.DatasetLayout.within`); a worker's layout is the lines it owns."""
+        no row, so they are no slot (`manifest.DatasetLayout.within`); a worker's layout is the lines it owns.
+        Counted `COMPLETENESS_LINES` lines at a time, so it costs the operator's pass a few MiB at any size, not a
+        byte per slot at once."""
         lines = max(lines, 0)
-        width = max(samples, self.samples_per_prompt)
-        keep = np.ones(lines, dtype=bool)
-        if within is not None:
-            keep[:min(lines, within.size)] = within[:lines]
-        settled = np.zeros((lines, width), dtype=bool)
-        have = self._row_matrix()[:lines].astype(bool)
-        settled[:have.shape[0], :have.shape[1]] = have
-        settled[~keep] = False
-        generated = int(settled[:, :samples].sum(dtype=np.int64))
+        spp = self.samples_per_prompt
         positions, codes = self._failure_arrays()
-        line, index = positions // self.samples_per_prompt, positions % self.samples_per_prompt
+        line, index = positions // spp, positions % spp
         inside = (line < lines) & (index < samples)
-        inside[inside] = keep[line[inside]]
-        settled[line[inside], index[inside]] = True
+        if within is not None:  # lines past `within` are kept
+            covered = inside & (line < within.size)
+            inside[covered] = within[line[covered]]
+        generated = kept = 0
+        missing = np.zeros(samples, dtype=np.int64)
+        for start in range(0, lines, COMPLETENESS_LINES):
+            stop = min(lines, start + COMPLETENESS_LINES)
+            keep = np.ones(stop - start, dtype=bool)
+            if within is not None and start < within.size:
+                keep[:min(stop, within.size) - start] = within[start:stop]
+            settled = np.zeros((stop - start, samples), dtype=bool)
+            have = self._row_bits(start, stop)
+            shared = min(samples, spp)
+            settled[:, :shared] = have[:, :shared]
+            settled[~keep] = False
+            generated += int(settled.sum(dtype=np.int64))
+            here = inside & (line >= start) & (line < stop)
+            settled[line[here] - start, index[here]] = True
+            kept_here = int(keep.sum(dtype=np.int64))
+            kept += kept_here
+            missing += kept_here - settled.sum(axis=0, dtype=np.int64)
         failures: dict[str, int] = {}
         for code, count in zip(*np.unique(codes[inside], return_counts=True), strict=True):
             failures[self._reasons[int(code)]] = int(count)
-        kept = int(keep.sum(dtype=np.int64))
-        missing = tuple(int(kept - settled[keep, i].sum(dtype=np.int64)) for i in range(samples))
         outside = self.completed - generated + int((~inside).sum())
-        return Completeness(lines, samples, generated, dict(sorted(failures.items())), missing, outside,
-                            lines - kept)
+        return Completeness(lines, samples, generated, dict(sorted(failures.items())),
+                            tuple(int(count) for count in missing), outside, lines - kept)
+
+    def _row_bits(self, start: int, stop: int) -> np.ndarray:
+        """The row bits of lines start..stop-1 (0-based) as a (lines, samples_per_prompt) 0/1 matrix; slots past the
+        bitmap are 0. `start` x samples_per_prompt must be a multiple of 8 (COMPLETENESS_LINES is)."""
+        spp = self.samples_per_prompt
+        first, last = start * spp, stop * spp
+        bits = np.zeros(last - first, dtype=np.uint8)
+        end = min(last, self._size)
+        if end > first:
+            have = np.unpackbits(self._rows[first // 8:-(-end // 8)], bitorder="little")[:end - first]
+            bits[:have.size] = have
+        return bits.reshape(stop - start, spp)
 
     def _row_matrix(self) -> np.ndarray:
         """The row bits as a (prompts, samples_per_prompt) matrix of 0/1, the last prompt padded with zeros."""
