@@ -73,4 +73,4 @@ def answer_tokens(code: int) -> float | None:
     or no key."""
     if code < ANSWER_CODES:
         return None
-    return 2.0 ** ((code - ANSWER_CODES + 0.5) / STEPS_PER_DOUBLING + 3)
+    return float(2.0 ** ((code - ANSWER_CODES + 0.5) / STEPS_PER_DOUBLING + 3))
