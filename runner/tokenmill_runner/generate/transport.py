@@ -16,6 +16,7 @@ import os
 import select
 import ssl
 from collections.abc import Mapping
+from typing import cast
 
 from .http11 import Answer, AnswerReader, BadAnswer, Origin, post_head_start
 
@@ -58,8 +59,7 @@ class _Connection(asyncio.Protocol):
         self.deadline = 0.0  # when the answer in flight is given up (loop time)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # a stream transport (uvloop's is no subclass)
 
     def data_received(self, data: bytes) -> None:
         if self._reader is None:  # bytes nobody asked for: the exchange is broken
