@@ -34,6 +34,7 @@ class RunnerMetrics:
     outage_seconds: Gauge
     labels: dict[str, str]
     _children: dict[tuple[Any, ...], Any] = field(default_factory=dict, init=False, repr=False)
+    _answers: dict[str, tuple[Any, ...]] = field(default_factory=dict, init=False, repr=False)
 
     @classmethod
     def create(cls, dsgen: str, namespace: str, worker: int) -> RunnerMetrics:
@@ -82,13 +83,24 @@ class RunnerMetrics:
         return child
 
     def answered(self, dataset: str, attempts: int, ok: bool, tokens: int, latency_s: float) -> None:
+        series = self._answers.get(dataset) or self._answer_series(dataset)
         if attempts > 1:
-            self._child(self.requests, dataset, outcome="retried").inc(attempts - 1)
-        self._child(self.requests, dataset, outcome="ok" if ok else "failed").inc()
+            series[0].inc(attempts - 1)
         if ok:
-            self._child(self.generated_tokens, dataset).inc(tokens)
-            self._child(self.latency, dataset).observe(latency_s)
-            self._child(self.completion_tokens, dataset).observe(tokens)
+            series[1].inc()
+            series[3].inc(tokens)
+            series[4].observe(latency_s)
+            series[5].observe(tokens)
+        else:
+            series[2].inc()
+
+    def _answer_series(self, dataset: str) -> tuple[Any, ...]:
+        """The series `answered` updates for one dataset (retried, ok, failed requests; tokens; latency; lengths)."""
+        series = (*(self._child(self.requests, dataset, outcome=outcome) for outcome in ("retried", "ok", "failed")),
+                  self._child(self.generated_tokens, dataset), self._child(self.latency, dataset),
+                  self._child(self.completion_tokens, dataset))
+        self._answers[dataset] = series
+        return series
 
     def committed(self, dataset: str, rows: int, reasons: list[str]) -> None:
         self._child(self.committed_samples, dataset).inc(rows)
