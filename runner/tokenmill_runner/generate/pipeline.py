@@ -16,6 +16,7 @@ its row when it stops, so a conversation is committed whole or not at all.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -494,12 +495,13 @@ class Runner:
                                 yield (state, prompt, packed, index), expected
                 if (limit is not None and yielded >= limit) or (stop is not None and stop()):
                     break
-        finally:
-            close = getattr(rows, "close", None)  # a generator: closing it closes the source
-            if close is not None:
-                close()
-            if codes is not None:
-                codes.close()
+        finally:  # a pass that stops early closes its reading now (cancelled mid-chunk, the reader thread ends it)
+            with contextlib.suppress(ValueError):  # "generator already executing" in that thread
+                close = getattr(rows, "close", None)
+                if close is not None:
+                    close()
+                if codes is not None:
+                    codes.close()
         self._count_settled_lines(state)
 
     def _line_codes(self, state: DatasetState) -> LineCodes | None:
