@@ -213,22 +213,31 @@ def _tally_skipped(ledger: DatasetLedger, line: int, indices: Iterable[int], giv
 class SettledTally:
     """The settled lines the reader skips, counted in the reader's thread as it meets them and handed to the loop
     in totals: a count and the given-up reasons, never a line each, so a resume past millions of settled lines
-    holds nothing per line (the loop owns the dataset's state; the lock keeps a handover from losing a count)."""
+    holds nothing per line. One reading thread at a time writes the count (the loop awaits each chunk), and the
+    loop moves what grew since it last looked; the reasons of given-up slots (rare) go through a lock."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._skipped = 0
+        self._skipped = 0  # grows in the reading thread
+        self._moved = 0  # what the loop has counted of it
         self._given_up: Counter[str] = Counter()
+
+    def add_rows(self, samples: int) -> None:
+        """A line whose every slot has a row (the common case: no failure to look up)."""
+        self._skipped += samples
 
     def add(self, ledger: DatasetLedger, line: int, samples: int) -> None:
         with self._lock:
-            self._skipped += _tally_skipped(ledger, line, range(samples), self._given_up)
+            count = _tally_skipped(ledger, line, range(samples), self._given_up)
+        self._skipped += count
 
     def move_to(self, state: DatasetState) -> None:
         """Add what was counted since the last move to the state's counts (on the loop)."""
+        skipped = self._skipped
         with self._lock:
-            skipped, given_up, self._skipped, self._given_up = self._skipped, self._given_up, 0, Counter()
-        state.skipped += skipped
+            given_up, self._given_up = self._given_up, Counter()
+        state.skipped += skipped - self._moved
+        self._moved = skipped
         state.given_up_before.update(given_up)
 
 
@@ -545,6 +554,9 @@ class Runner:
         if (line in state.first) != first:
             return False
         if selects is not None and not selects(line):
+            return False
+        if state.ledger.has_rows(line, state.samples):
+            self._settled.add_rows(state.samples)
             return False
         if open_slots(state, line, self.config.retry_failed):
             return True
