@@ -53,7 +53,7 @@ def build_row(dataset: str, prompt: Prompt, prompt_ids: Sequence[int], generatio
         "line": prompt.line,
         "sample_index": sample_index,
         "prompt_ids": prompt_ids,
-        "output_ids": output_ids,
+        "output_ids": output_ids if generation.packed_ids is None else generation.packed_ids,
         "prompt_tokens": len(prompt_ids),
         "completion_tokens": generation.completion_tokens,
         "finish_reason": generation.finish_reason,
@@ -84,8 +84,8 @@ def build_turn(dataset: str, prompt: Prompt, prompt_ids: list[int], generation: 
     """One generated turn of a multi-turn row: the single-turn row's per-generation facts, plus whether its prompt
     extends the previous turn's ids token for token, the calls parsed from it (JSON) and the seed it was drawn with."""
     row = build_row(dataset, prompt, prompt_ids, generation, max_new_tokens, info)
-    return {**{name: row[name] for name in TURN_FIELDS}, "history_exact": history_exact, "tool_calls": tool_calls,
-            "seed": seed}
+    return {**{name: row[name] for name in TURN_FIELDS}, "output_ids": generation.output_ids,  # a list: turns compare
+            "history_exact": history_exact, "tool_calls": tool_calls, "seed": seed}
 
 
 def build_conversation_row(dataset: str, prompt: Prompt, turns: list[dict[str, Any]], stop_reason: str,
