@@ -635,9 +635,17 @@ class Runner:
         return state.ledger.retry_round(slot) + 1
 
     def _seeds(self, state: DatasetState, line: int, retry_round: int, index: int) -> Callable[[int, int], int]:
-        """The slot's seed of each (attempt, turn) in its retry round."""
+        """The slot's seed of each (attempt, turn) in its retry round, each hashed once (the request sends it, the
+        row records it)."""
         base = self.config.spec.seed
-        return lambda attempt, turn: sample_seed(base, state.name, line, index, attempt, retry_round, turn)
+        made: dict[tuple[int, int], int] = {}
+
+        def seed(attempt: int, turn: int) -> int:
+            if (attempt, turn) not in made:
+                made[attempt, turn] = sample_seed(base, state.name, line, index, attempt, retry_round, turn)
+            return made[attempt, turn]
+
+        return seed
 
     async def _generate(self, state: DatasetState, ids: list[int] | PromptIds, params: dict[str, Any],
                         seed_for: Callable[[int], int], affinity: tuple[str, int] | None = None) -> Generation | Any:
