@@ -8,6 +8,7 @@ import math
 import random
 
 from tokenmill_runner.generate.ordering import (
+    FLAT_PASSES,
     MAX_WINDOW,
     WEAK_KEY,
     Cell,
@@ -85,8 +86,8 @@ def test_the_passes_cover_every_code_once_longest_first_doubling_in_size():
     window = 100
     cells = [Cell(0, code, 15, 2.0 ** (code / 4)) for code in range(ANSWER_CODES, CODES)]  # 660 slots
     cells += [Cell(1, 1, 300, 2.0 ** (20.5 / 4))]  # another dataset's prompt class, between codes 20 and 21
-    passes = plan_passes(cells, window)
-    assert len(passes) == 4
+    passes = plan_passes(cells, window, max_passes=6)
+    assert len(passes) == 6
     of = {(cell.dataset, cell.code): cell for cell in cells}
 
     def members(one: dict[int, frozenset[int]]) -> list[Cell]:
@@ -94,11 +95,13 @@ def test_the_passes_cover_every_code_once_longest_first_doubling_in_size():
 
     for number, one in enumerate(passes[:-1]):
         held = sorted(members(one), key=lambda cell: cell.expected)
-        # A pass closes at window x 2^k slots: with its shortest cell it has them, without it not yet.
-        assert sum(c.slots for c in held) >= window << number > sum(c.slots for c in held[1:])
+        # A pass closes at a window of slots (the first FLAT_PASSES), then 2, 4 ... windows: with its shortest cell
+        # it has them, without it not yet.
+        size = window << max(0, number - FLAT_PASSES + 1)
+        assert sum(c.slots for c in held) >= size > sum(c.slots for c in held[1:])
         assert held[0].expected >= max(c.expected for later in passes[number + 1:] for c in members(later))
     assert passes[0] == {0: frozenset(range(CODES - 7, CODES))}  # the 7 longest codes: 105 slots
-    assert any(1 in one.get(1, ()) for one in passes[1:3]), "the other dataset's rows where their length puts them"
+    assert any(1 in one.get(1, ()) for one in passes[:-1]), "the other dataset's rows where their length puts them"
     read: dict[int, list[int]] = {0: [], 1: []}
     for one in passes:
         for dataset, codes in one.items():
