@@ -4,7 +4,7 @@
 
 CLUSTER_SH := hack/cluster/cluster.sh
 
-.PHONY: tools tools-check tools-prune cluster-up cluster-down cluster-status cluster-gc
+.PHONY: tools tools-check tools-prune cluster-up cluster-down cluster-status cluster-gc cluster-demo
 
 ## tools: build (once, cached by version under TOKENMILL_CACHE, default ~/.cache/tokenmill) kube-apiserver,
 ##        kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, kwokctl, helm, promtool
@@ -34,3 +34,8 @@ cluster-status:
 ## cluster-gc: delete e2e clusters left behind by killed pytest runs
 cluster-gc:
 	$(CLUSTER_SH) gc
+
+## cluster-demo: examples/b5-openthoughts.yaml on the local cluster, Pending to Succeeded in `kubectl get dsgen -w`;
+##               the operator, S3, SGLang (the simulator) and the runner pods run on this machine (docs/operator.md)
+cluster-demo: install tools
+	$(PYTHON) hack/cluster_demo.py

@@ -186,7 +186,7 @@ def steady_markers(uri: str, endpoint: str | None, samples: int, at: datetime, t
 def child_operator(uri: str, endpoint: str | None, samples: int, resources: int, cold: bool) -> dict[str, Any]:
     import tokenmill_operator.handlers  # noqa: F401 - the operator process's imports (kopf, clients): its baseline
     from tokenmill_operator.observe.access import OBSERVE_RETRY
-    from tokenmill_operator.observe.gather import OutputIndex, observe_progress
+    from tokenmill_operator.observe.gather import CHECKPOINT_WRITER, OutputIndex, checkpoint_signer, observe_progress
     from tokenmill_runner.store.index_store import write_checkpoint
     from tokenmill_runner.store.storage import open_storage
 
@@ -204,7 +204,7 @@ def child_operator(uri: str, endpoint: str | None, samples: int, resources: int,
     if cold:
         index = outputs[0].datasets[DATASET]
         if not list(storage.list(f"{DATASET}/index/")):  # fewer than CHECKPOINT_EVERY markers (a --quick size)
-            write_checkpoint(storage, index, "operator", now)
+            write_checkpoint(storage, index, CHECKPOINT_WRITER, now, checkpoint_signer().key)
         result["completed"] = facts[-1].overall.completed
         return result
     tag = int(time.time() * 1000) % 1000
@@ -257,8 +257,10 @@ def child_runner(uri: str, endpoint: str | None, source: str, worker: int, worke
 def run_child(*args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run `bench_scale.py child ...`, return its JSON answer and its peak RSS (MiB) from wait4."""
     with tempfile.TemporaryFile() as out:
+        # One operator key for every child, as the chart's Secret gives one to every restart of the operator: a
+        # restarted operator starts from the checkpoints it keyed before.
         process = subprocess.Popen([sys.executable, __file__, "child", *args], stdout=out,
-                                   env={**os.environ, **(env or {})})
+                                   env={"TOKENMILL_CHECKPOINT_KEY": "bench-scale", **os.environ, **(env or {})})
         _, status, usage = os.wait4(process.pid, 0)
         out.seek(0)
         text = out.read().decode()

@@ -20,9 +20,11 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from tokenmill_runner.spec.resource import API_VERSION, KIND, DatasetGenerationSpec
+from tokenmill_runner.store.bounds import OverBound
 from tokenmill_runner.store.capture_progress import read_capture_progress
 from tokenmill_runner.store.lease import read_versioned
 from tokenmill_runner.store.lease_rules import LeaseError
+from tokenmill_runner.store.ledger import MarkerError
 from tokenmill_runner.store.manifest import ManifestError, Owner, RunManifest, read_manifest
 from tokenmill_runner.store.storage import Storage, StorageError
 
@@ -91,7 +93,9 @@ logger = logging.getLogger(__name__)
 
 # What a pass may meet while reading storage or the API server that says nothing about the run itself. (A
 # programming error is not one of them: it fails the pass loudly instead of reading as ObservationFailed forever.)
-UNOBSERVABLE = (StorageError, KubeUnavailable, OSError, ManifestError)
+# OverBound and MarkerError: a tenant's output past a reader's bounds, or a marker tokenmill never wrote: said in the
+# status (ObservationFailed, naming the object and the bound), the pass ends, and every other resource's go on.
+UNOBSERVABLE = (StorageError, KubeUnavailable, OSError, ManifestError, OverBound, MarkerError)
 
 
 def now_utc() -> datetime:

@@ -14,7 +14,9 @@ from contextlib import ExitStack
 
 from . import logs
 from .generate import builtin_sim
+from .generate.results import ServersUnavailable
 from .generate.summary import (  # noqa: F401 - the exit codes are part of the CLI's contract (the operator uses them)
+    EXIT_BROKEN_PIPE,
     EXIT_FAILED,
     EXIT_GIVEN_UP,
     EXIT_INTERRUPTED,
@@ -24,8 +26,11 @@ from .generate.summary import (  # noqa: F401 - the exit codes are part of the C
     EXIT_SERVERS_UNAVAILABLE,
     EXIT_STATES_PENDING,
     EXIT_USAGE,
+    EXIT_VERDICT,
+    exit_code_table,
 )
 from .render.pretokenize import offline_transformers
+from .report.files import NotARunOutput
 from .spec.config import API_KEY_ENV, RunnerConfig, TrialSample
 from .spec.resource import DatasetGeneration, SpecError, load_spec_file
 from .store.lease import LeaseLost
@@ -42,12 +47,15 @@ def _setup_logging(verbose: int) -> None:
 
 
 def _add_run_parser(commands: argparse._SubParsersAction) -> None:
-    run = commands.add_parser("run", help="run a DatasetGeneration on this machine (no cluster)")
+    run = commands.add_parser("run", help="run a DatasetGeneration on this machine (no cluster)",
+                              epilog=exit_code_table(), formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("spec", help="DatasetGeneration YAML file")
-    run.add_argument("--server", action="append", default=[], metavar="URL",
-                     help="SGLang base URL (repeat for several); default: start the built-in simulator")
+    run.add_argument("--server", action="append", default=[], metavar="URL", type=http_url,
+                     help="SGLang base URL, http(s)://host:port (repeat for several); default: start the built-in "
+                          "simulator")
     run.add_argument("--out", metavar="URI", help="output folder or s3:// prefix (default: spec.output.uri)")
-    run.add_argument("--s3-endpoint", metavar="URL", help="S3 endpoint for s3:// sources, tokenizer and output")
+    run.add_argument("--s3-endpoint", metavar="URL", type=http_url,
+                     help="S3 endpoint for s3:// sources, tokenizer and output")
     run.add_argument("--name", help="name used in logs (default: metadata.name)")
     run.add_argument("--worker-index", type=int, default=int(os.environ.get("JOB_COMPLETION_INDEX", "0")),
                      help="this worker's index (default: $JOB_COMPLETION_INDEX or 0)")
@@ -74,12 +82,13 @@ def _add_run_parser(commands: argparse._SubParsersAction) -> None:
     # Set by the operator's measured trial: this candidate's stratified sample is sent first (source/stratified.py).
     run.add_argument("--trial-sample", type=_trial_sample, help=argparse.SUPPRESS)
     run.add_argument("--server-wait", type=float, default=1800.0, metavar="SECONDS",
-                     help="how long to wait for the servers' /health")
+                     help="how long to wait for the servers' /health at start-up, then exit 4 (default: "
+                          "%(default)g)")
     run.add_argument("--sim-time-scale", type=float, default=50.0,
-                     help="built-in simulator only: simulated seconds per real second")
+                     help="built-in simulator only: simulated seconds per real second (default: %(default)g)")
     run.add_argument("--sim-max-running-requests", type=int, default=256,
-                     help="built-in simulator only: continuous-batching slots")
-    run.add_argument("--sim-seed", type=int, default=0, help="built-in simulator only: output seed")
+                     help="built-in simulator only: continuous-batching slots (default: %(default)s)")
+    run.add_argument("--sim-seed", type=int, default=0, help="built-in simulator only: output seed (default: 0)")
     run.set_defaults(handler=_cmd_run)
 
 
@@ -89,9 +98,24 @@ def _env_int(name: str) -> int | None:
 
 
 def _add_report_parser(commands: argparse._SubParsersAction) -> None:
-    report = commands.add_parser("report", help="the validation report of what is committed under URI")
+    report = commands.add_parser(
+        "report", help="the validation report of what is committed under URI",
+        description="Compute the validation report from a run's commit markers, write report.json, report.md and "
+                    "one PNG per dataset under URI/report/, and print the verdict. Exits 8 when the verdict is FAIL "
+                    "(or WARN, with --fail-on warn), so a pipeline can gate on it; 2 when URI is no run's output.",
+        epilog=exit_code_table())
     report.add_argument("uri", help="output folder or s3:// prefix of a run")
-    report.add_argument("--s3-endpoint", metavar="URL", help="S3 endpoint for S3-compatible stores")
+    report.add_argument("--fail-on", choices=("fail", "warn", "never"), default="fail",
+                        help="the verdict that makes the command exit 8 (default: fail; warn: WARN or FAIL)")
+    report.add_argument("--output", choices=("text", "json"), default="text",
+                        help="text: the verdict, findings and table; json: report.json on stdout (default: text)")
+    report.add_argument("--s3-endpoint", metavar="URL", type=http_url, help="S3 endpoint for S3-compatible stores")
+    report.add_argument("--mix", action="store_true",
+                        help="read the prompt sources run.json names: prompts repeated within and across datasets")
+    report.add_argument("--eval", action="append", metavar="FILE.jsonl",
+                        help="an evaluation set (JSON lines of prompts): list the prompts that share a run of "
+                             "--ngram words with it (repeat; implies --mix)")
+    report.add_argument("--ngram", type=int, default=13, help="words in a run that counts as overlap (default 13)")
     report.set_defaults(handler=_cmd_report)
 
 
@@ -113,8 +137,19 @@ def _add_inspect_parser(commands: argparse._SubParsersAction) -> None:
     inspect.add_argument("--keep", type=int, default=120, help="tokens shown at each end of a long part")
     inspect.add_argument("--tokenizer", help="tokenizer folder (default: the one recorded in run.json)")
     inspect.add_argument("--trust-remote-code", action="store_true", help=TRUST_HELP)
-    inspect.add_argument("--s3-endpoint", metavar="URL", help="S3 endpoint for S3-compatible stores")
+    inspect.add_argument("--s3-endpoint", metavar="URL", type=http_url, help="S3 endpoint for S3-compatible stores")
     inspect.set_defaults(handler=_cmd_inspect)
+
+
+def _weight(text: str) -> tuple[str, float]:
+    name, _, value = text.partition("=")
+    try:
+        weight = float(value)
+    except ValueError:
+        weight = 0.0
+    if not name or weight <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: write DATASET=WEIGHT with a positive weight")
+    return name, int(weight) if weight.is_integer() else weight
 
 
 def _add_export_parser(commands: argparse._SubParsersAction) -> None:
@@ -123,7 +158,8 @@ def _add_export_parser(commands: argparse._SubParsersAction) -> None:
 
     export = commands.add_parser("export", help="committed samples as a trainer's input (SpecForge, speculators, hf)",
                                  description="Stream a run's committed samples into a trainer's input format. "
-                                             "Formats and what each trainer reads: docs/export.md.")
+                                             "Formats and what each trainer reads: docs/export.md.",
+                                 epilog=exit_code_table(), formatter_class=argparse.RawDescriptionHelpFormatter)
     export.add_argument("uri", help="output folder or s3:// prefix of a run")
     export.add_argument("dest", help="destination folder or s3:// prefix (empty, or an earlier export)")
     export.add_argument("--format", required=True, choices=list(FORMATS), help="the trainer input to write")
@@ -145,18 +181,35 @@ def _add_export_parser(commands: argparse._SubParsersAction) -> None:
     export.add_argument("--specforge-template", choices=sorted(SPECFORGE_TEMPLATES), metavar="NAME",
                         help="specforge-conversations: SpecForge's data.chat_template you will train with "
                              f"({', '.join(sorted(SPECFORGE_TEMPLATES))})")
+    export.add_argument("--exclude-eval-overlap", action="append", metavar="FILE.jsonl",
+                        help="leave out prompts sharing a run of --ngram words with this evaluation set (JSON lines "
+                             "of prompts; repeat), as tokenmill report --eval finds them")
+    export.add_argument("--ngram", type=int, default=13, help="words in a run that counts as overlap (default 13)")
+    export.add_argument("--draft-vocab-size", type=int, action="append", metavar="N",
+                        help="vocab: a draft vocabulary size to write maps for (repeat; default 32000)")
+    export.add_argument("--weight", action="append", metavar="DATASET=W", type=_weight,
+                        help="vocab: count DATASET W times in the mix (default 1: the run's own proportions)")
+    export.add_argument("--target-vocab-size", type=int, metavar="N",
+                        help="vocab: the target's vocabulary size (default: its config.json vocab_size)")
     export.add_argument("--tokenizer", help="text formats: tokenizer folder (default: the one recorded in run.json)")
     export.add_argument("--trust-remote-code", action="store_true", help=TRUST_HELP)
     export.add_argument("--overwrite", action="store_true", help="replace an earlier export in DEST")
     export.add_argument("--part-size-mb", type=int, default=256,
                         help="size of each part file (specforge, speculators, hf)")
-    export.add_argument("--s3-endpoint", metavar="URL", help="S3 endpoint for S3-compatible stores")
-    export.add_argument("--dest-s3-endpoint", metavar="URL", help="S3 endpoint of DEST (default: --s3-endpoint)")
+    export.add_argument("--output", choices=("text", "json"), default="text",
+                        help="text: the summary and how to load it; json: export.json on stdout (default: text)")
+    export.add_argument("--s3-endpoint", metavar="URL", type=http_url, help="S3 endpoint for S3-compatible stores")
+    export.add_argument("--dest-s3-endpoint", metavar="URL", type=http_url,
+                        help="S3 endpoint of DEST (default: --s3-endpoint)")
     export.set_defaults(handler=_cmd_export)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tokenmill", description=__doc__)
+    from . import __version__
+
+    parser = argparse.ArgumentParser(prog="tokenmill", description=__doc__, epilog=exit_code_table(),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-V", "--version", action="version", version=f"tokenmill {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=1, help="more logging (-vv for debug)")
     parser.add_argument("-q", "--quiet", action="store_const", const=0, dest="verbose", help="warnings only")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -177,6 +230,18 @@ def _add_plugin_parsers(commands: argparse._SubParsersAction) -> None:
         entry.load()(commands)
     if "sim-server" not in commands.choices:
         builtin_sim.add_missing_sim_server(commands)
+
+
+def http_url(text: str) -> str:
+    """An http(s) URL with a host, checked when the flag is read: `localhost:30000` would otherwise be tried (and
+    waited for) for --server-wait seconds before failing."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(text)
+    if parts.scheme in ("http", "https") and parts.hostname:
+        return text.rstrip("/")
+    guess = text.split("://", 1)[-1]
+    raise argparse.ArgumentTypeError(f"{text!r} is not an http(s) URL; did you mean http://{guess}?")
 
 
 def _trial_sample(text: str) -> TrialSample:
@@ -227,8 +292,9 @@ async def _run_async(config: RunnerConfig) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, runner.request_stop)
-    # The capture pass commits after the stream: it keeps the stream's lease and proves it at each of its markers.
-    summary = await runner.run(keep_lease=config.spec.hidden_states is not None)
+    # The capture pass commits after the stream: it keeps the stream's lease and proves it at each of its markers;
+    # the lease is proven once more after the last of them, and given up only then.
+    summary = await runner.run(keep_lease=True)
     try:
         for line in iter_summary_lines(summary):
             print(line)
@@ -261,6 +327,9 @@ async def _run_async(config: RunnerConfig) -> int:
                       f"(hiddenStates.layouts {list(config.spec.hidden_states.layouts)}): restart the server with "
                       f"{flags} (and none of the other pass's flags) and run again", file=sys.stderr)
                 code = EXIT_STATES_PENDING
+        # Bug 8 of the f9665d2 review: a run taken over while its last marker was in flight exited 0. Its lease is
+        # proven once more after every record landed, or the run exits 6 and writes no report.
+        runner.confirm_lease()
     finally:
         runner.release_lease()
     if config.worker_count == 1:  # with several workers the operator reports once all are done
@@ -268,20 +337,40 @@ async def _run_async(config: RunnerConfig) -> int:
     return code
 
 
-def _print_report(storage) -> None:
+def _print_report(storage, checks=None, as_json: bool = False) -> str:
+    """Write the report's files and print it; returns the verdict."""
     from .report.files import write_report
     from .report.markdown import summary
 
-    report, written = write_report(storage)
+    report, written = write_report(storage, checks, recount_rows=True)
+    if as_json:
+        import orjson
+
+        print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
+        return str(report["verdict"])
     print()
     print(summary(report))
     print("report files:")
     for uri in written:
         print(f"  {uri}")
+    return str(report["verdict"])
+
+
+def check_sources(resource: DatasetGeneration, endpoint: str | None) -> None:
+    """Refuse a source that is not there before anything starts (the simulator, the lease, a dataset's folder):
+    found later, it would stop the run halfway through its preparation and leave files behind."""
+    from .source.reader import source_problem
+
+    for index, dataset in enumerate(resource.spec.datasets):
+        problem = source_problem(dataset.source, endpoint)
+        if problem is not None:
+            raise SpecError(f"spec.datasets[{index}].source ({dataset.name}): {problem}; fix the path (a relative "
+                            "one is resolved against the spec file's folder)")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
     resource = load_spec_file(args.spec)
+    check_sources(resource, args.s3_endpoint or resource.spec.output.endpoint)
     with ExitStack() as stack:
         servers = args.server or [_start_simulator(resource, args, stack)]
         config = runner_config(resource, args, servers)
@@ -289,10 +378,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
+    from .report.files import PromptChecks, require_run_output
+    from .report.validation import LEVELS
     from .store.storage import open_storage
 
     storage = open_storage(args.uri, args.s3_endpoint)
-    _print_report(storage)
+    require_run_output(storage)
+    checks = (PromptChecks(tuple(args.eval or ()), args.ngram, args.s3_endpoint) if args.mix or args.eval
+              else None)
+    verdict = _print_report(storage, checks, as_json=args.output == "json")
+    if args.fail_on != "never" and LEVELS.index(verdict) >= LEVELS.index(args.fail_on):
+        print(f"error: the report's verdict is {verdict.upper()} (--fail-on {args.fail_on}); its findings say why",
+              file=sys.stderr)
+        return EXIT_VERDICT
     return EXIT_OK
 
 
@@ -316,23 +414,42 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     filters = ExportFilters(datasets=tuple(args.dataset) if args.dataset else None, finish_reason=args.finish_reason,
                             exclude_truncated=args.exclude_truncated, require_reasoning=args.require_reasoning,
-                            exclude_findings=args.exclude_findings)
+                            exclude_findings=args.exclude_findings,
+                            eval_files=tuple(args.exclude_eval_overlap or ()), ngram=args.ngram)
     request = ExportRequest(args.uri, args.dest, args.format, filters, keep_mismatched=args.keep_mismatched,
                             overwrite=args.overwrite, tokenizer=args.tokenizer,
                             trust_remote_code=args.trust_remote_code,
                             specforge_template=args.specforge_template, part_bytes=args.part_size_mb * 1024 * 1024,
                             s3_endpoint=args.s3_endpoint, dest_s3_endpoint=args.dest_s3_endpoint,
-                            per_conversation=args.per_conversation)
+                            per_conversation=args.per_conversation,
+                            draft_vocab_sizes=tuple(args.draft_vocab_size or (32000,)),
+                            weights=tuple(args.weight or ()), target_vocab_size=args.target_vocab_size)
     manifest = export(request)
-    if manifest["format"] in ("specforge-offline", "speculators-offline"):
-        from .export.offline import incomplete
+    offline = manifest["format"] in ("specforge-offline", "speculators-offline")
+    if manifest["format"] == "vocab":
+        from .export.vocab import summary_lines as vocab_lines
+
+        lines, count = vocab_lines(manifest), len(manifest["files"])
+    elif offline:
+        from .export.offline import incomplete, written
         from .export.offline import summary_lines as offline_lines
 
-        for line in offline_lines(manifest):
+        lines, count = offline_lines(manifest), written(manifest)
+    else:
+        lines, count = list(summary_lines(manifest)), manifest["counts"]["written"]
+    if args.output == "json":
+        import orjson
+
+        print(orjson.dumps(manifest, option=orjson.OPT_INDENT_2).decode())
+    else:
+        for line in lines:
             print(line)
-        return EXIT_GIVEN_UP if incomplete(manifest) else EXIT_OK  # features missing never look like success
-    for line in summary_lines(manifest):
-        print(line)
+    if not count:
+        print(f"error: nothing exported to {args.dest}: no record was written (the lines above say why: filters, "
+              "excluded datasets, refused units); only export.json records the attempt", file=sys.stderr)
+        return EXIT_NO_SAMPLES
+    if offline and incomplete(manifest):
+        return EXIT_GIVEN_UP  # features missing never look like success
     return EXIT_OK
 
 
@@ -342,11 +459,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     offline_transformers()
     try:
         return args.handler(args)
-    except SpecError as error:
+    except (SpecError, NotARunOutput) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
+    except ServersUnavailable as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_SERVERS_UNAVAILABLE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (`tokenmill plan ... | head`): end as a command killed by SIGPIPE does, quietly;
+        # stdout goes to /dev/null so the interpreter's final flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except LeaseLost as error:
         print(f"error: lease lost: {error}. This run committed nothing after that (a write already under way "
               "counts for nobody: the run that took over sealed this one's commits); what it committed before "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -41,6 +42,7 @@ from .spec.resource import MAX_CONCURRENCY, DatasetGenerationSpec, SpecError, co
 from .store.index_store import CHECKPOINT_EVERY, open_index, write_checkpoint
 from .store.lease import LeaseHeld, LeaseKeeper, LeaseUnsupported, acquire, process_holder
 from .store.lease_rules import CleanRule, LeaseError
+from .store.ledger import LedgerBudget
 from .store.manifest import (
     DatasetLayout,
     Owner,
@@ -97,6 +99,7 @@ def prepare_states(config: RunnerConfig, storage: Storage, model_defaults: dict[
     spec = config.spec
     states, layouts = [], {}
     counted: list[SourceRows] = []
+    budget = LedgerBudget()  # the run's ledgers together (bounds.LEDGER_BYTES), whatever the output's markers say
     for index, dataset in enumerate(spec.datasets):
         fmt = source_format(dataset.source, dataset.format, spec.output.endpoint)
         try:
@@ -109,14 +112,17 @@ def prepare_states(config: RunnerConfig, storage: Storage, model_defaults: dict[
             update={"content_hash": scan.content_hash})
         skipped = scan.skipped.mask(scan.lines) if scan.skipped is not None else None
         counted.append(SourceRows(dataset.name, scan.rows, skipped))
-        layouts[dataset.name] = DatasetLayout(
-            rows=scan.rows, samples=dataset.samples, limit=dataset.limit, source=source,
-            lines=scan.lines if skipped is not None else None,
-            skipped=encode_lines(skipped) if skipped is not None else None,
-            skipped_lines=int(skipped.sum()) if skipped is not None else 0,
-            input=dataset.input.model_dump(mode="json", by_alias=True),
-            chat_template_kwargs=spec.chat_template_kwargs_for(dataset), sampling=sources)
-        commits, caught = open_index(storage, dataset.name, scan.lines, dataset.samples)
+        try:  # the bounds every reader of run.json holds it to (bounds.MAX_SLOTS): refused before anything is written
+            layouts[dataset.name] = DatasetLayout(
+                rows=scan.rows, samples=dataset.samples, limit=dataset.limit, source=source,
+                lines=scan.lines if skipped is not None else None,
+                skipped=encode_lines(skipped) if skipped is not None else None,
+                skipped_lines=int(skipped.sum()) if skipped is not None else 0,
+                input=dataset.input.model_dump(mode="json", by_alias=True),
+                chat_template_kwargs=spec.chat_template_kwargs_for(dataset), sampling=sources)
+        except ValueError as error:
+            raise SpecError(f"spec.datasets[{index}] ({dataset.name}): {error}") from None
+        commits, caught = open_index(storage, dataset.name, scan.lines, dataset.samples, budget)
         extra = commits.ledger.rows_beyond(dataset.samples)
         if extra:
             logger.warning("%s: %d rows of sample indices %d and up were committed by a run with more samples per "
@@ -174,15 +180,18 @@ def run_manifest(config: RunnerConfig, info: TokenizerInfo, context_length: int 
                  send_seed: bool = True) -> RunManifest:
     from . import __version__
 
-    return RunManifest(
-        tokenmill=__version__, owner=run_owner(config), spec_hash=config.job_hash or spec_hash(config.spec),
-        name=config.name, started_at=datetime.now(UTC).isoformat(),
-        spec=config.spec.model_dump(mode="json", by_alias=True), tokenizer=info.as_dict(),
-        context_length=context_length, datasets=layouts, retired=retire(recorded, layouts),
-        workers=config.worker_count,
-        seeds={**seed_rule(config.spec.seed), "sent_as_sampling_seed": send_seed,
-               "deterministic_inference": config.spec.server.deterministic_inference},
-    )
+    try:  # the bounds every reader of run.json holds it to (bounds.py): the whole run's slots among them
+        return RunManifest(
+            tokenmill=__version__, owner=run_owner(config), spec_hash=config.job_hash or spec_hash(config.spec),
+            name=config.name, started_at=datetime.now(UTC).isoformat(),
+            spec=config.spec.model_dump(mode="json", by_alias=True), tokenizer=info.as_dict(),
+            context_length=context_length, datasets=layouts, retired=retire(recorded, layouts),
+            workers=config.worker_count,
+            seeds={**seed_rule(config.spec.seed), "sent_as_sampling_seed": send_seed,
+                   "deterministic_inference": config.spec.server.deterministic_inference},
+        )
+    except ValueError as error:
+        raise SpecError(f"the run's layout: {error}") from None
 
 
 def call_format_problem(encoder: PromptEncoder, template_kwargs: dict[str, Any], dataset: str,
@@ -247,6 +256,13 @@ async def prepare(config: RunnerConfig, api_key: str | None) -> Runner:
         raise
 
 
+def _fenced(keeper: LeaseKeeper, write: Callable[..., object], *args: object) -> None:
+    """A write of the output's one description (run.json) under the lease's fence: a worker 0 taken over while it
+    was under way never replaces the taker's (store/ownership.py)."""
+    with keeper.writing():
+        write(*args)
+
+
 async def _prepare(config: RunnerConfig, api_key: str | None, storage: Storage, recorded: RunManifest | None,
                    metrics: RunnerMetrics, keeper: LeaseKeeper, token: str) -> Runner:
     spec = config.spec
@@ -270,7 +286,8 @@ async def _prepare(config: RunnerConfig, api_key: str | None, storage: Storage, 
     if config.worker_index == 0:  # the layout is recorded before any shard of it is committed
         configured = spec.server.context_length
         early = configured if isinstance(configured, int) else info.model_context_length
-        await asyncio.to_thread(write_manifest, storage, run_manifest(config, info, early, layouts, recorded))
+        await asyncio.to_thread(_fenced, keeper, write_manifest, storage,
+                                run_manifest(config, info, early, layouts, recorded))
     healthy = await healthy_servers(config.servers, config.server_wait_s, api_key)
     endpoints = await asyncio.gather(*(discover(url, api_key, config.server_wait_s) for url in healthy))
     facts = [endpoint.facts for endpoint in endpoints]
@@ -284,7 +301,7 @@ async def _prepare(config: RunnerConfig, api_key: str | None, storage: Storage, 
                     "reproducible without it")
     if config.worker_index == 0:
         manifest = run_manifest(config, info, context_length, layouts, recorded, send_seed)
-        await asyncio.to_thread(write_manifest, storage, manifest)
+        await asyncio.to_thread(_fenced, keeper, write_manifest, storage, manifest)
     client = GenerateClient(
         config.servers, api_key=api_key, concurrency=concurrency,
         retry=RetryPolicy(max_attempts=spec.runner.max_attempts),

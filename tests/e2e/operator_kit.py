@@ -44,7 +44,12 @@ def crd(cluster: Cluster) -> None:
 
 @pytest.fixture(scope="session")
 def s3_world(s3_endpoint: str) -> str:
-    """A model prefix with Kimi-K2.5's config.json and the demo tokenizer, and the B5 prompts."""
+    return seed_b5_world(s3_endpoint)
+
+
+def seed_b5_world(s3_endpoint: str) -> str:
+    """A model prefix with Kimi-K2.5's config.json and the demo tokenizer, and the B5 prompts (also what
+    `make cluster-demo` serves from its S3 server, hack/cluster_demo.py)."""
     s3 = s3_client(s3_endpoint)
     for bucket in ("models", "tokenmill-data"):
         s3.create_bucket(Bucket=bucket)

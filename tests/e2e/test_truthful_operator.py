@@ -82,7 +82,7 @@ def test_samples_lowered_over_a_run_killed_part_way_does_not_end_succeeded(clust
     patch_spec(cluster, namespace, {"datasets": [{**DATASET, "samples": 2}]})
     new_job(cluster, namespace, first)
     play_runner_pods(cluster, namespace, "http://127.0.0.1:9", tmp_path / "lowered", count=4,
-                     extra_args=("--server-wait", "1"), ok_codes=(1,))  # no server within 1 s: exit 1
+                     extra_args=("--server-wait", "1"), ok_codes=(4,))  # no server within 1 s: exit 4
     failed = wait_phase(cluster, namespace, "Failed", timeout=90)
     reason = condition(failed, "Failed")
     assert reason["reason"] == "SamplesMissing", reason

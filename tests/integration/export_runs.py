@@ -84,7 +84,9 @@ def built_run(root: Path, model: Path, datasets: dict[str, list[Sample]], trust_
                  "datasets": [{"name": name, "source": str(built.sources[name]), "format": "auto"}
                               for name in datasets]},
         "tokenizer": info.as_dict(), "context_length": 32768,
-        "datasets": {name: {"chat_template_kwargs": (template_kwargs or {}).get(name, {})} for name in datasets},
+        # The layout a run records (store/manifest.py): every line of each source has its committed row.
+        "datasets": {name: {"rows": len(samples), "chat_template_kwargs": (template_kwargs or {}).get(name, {})}
+                     for name, samples in datasets.items()},
     }
     storage.put("run.json", orjson.dumps(run))
     return built

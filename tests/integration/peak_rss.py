@@ -7,6 +7,8 @@ instead, the command's peak is its own plus a few MB. The command is killed once
 unbounded reader fails its test instead of exhausting the machine.
 
     python peak_rss.py LIMIT_KB COMMAND...
+
+With PEAK_RSS_STDERR=FILE in the environment the command's stderr goes to FILE (its error message, for the test).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ def main(limit_kb: int, command: list[str]) -> None:
     if pid == 0:
         devnull = os.open(os.devnull, os.O_RDWR)
         os.dup2(devnull, 1)
-        os.dup2(devnull, 2)
+        stderr = os.environ.get("PEAK_RSS_STDERR")
+        os.dup2(os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC) if stderr else devnull, 2)
         os.execvp(command[0], command)
     killed = False
     while True:

@@ -1,6 +1,6 @@
 """Parquet decompression bombs, run as a tenant would hand them to `tokenmill run`: a few KB on disk, gigabytes
 decoded. Every row is refused by its size from the Arrow buffers, named by its line, and the run's peak RSS (wait4 of
-the child) stays under the security bound (docs/security.md "Bounded reads"; source/parquet_rows.py)."""
+the child) stays under the security bound (docs/security.md "Bounded reads"; store/parquet_rows.py)."""
 
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 import pytest
 
+from tests.recount import as_counter, recount
 from tokenmill_runner.generate.results import ServersUnavailable
 from tokenmill_runner.generate.summary import EXIT_GIVEN_UP, EXIT_OK, EXIT_SERVERS_UNAVAILABLE, exit_code
 from tokenmill_runner.prepare import prepare
@@ -28,6 +29,7 @@ from tokenmill_runner.store.marker_names import shard_id_of
 from tokenmill_runner.store.markers import marker_keys, read_markers
 from tokenmill_runner.store.shards import leftovers, read_ledger
 from tokenmill_runner.store.storage import LocalStorage, open_storage
+from tokenmill_runner.store.token_counts import dataset_frequencies
 
 from .test_run import assert_exactly_once, committed_errors, malformed_rows
 from .workloads import chat, spec_document, write_jsonl, write_spec
@@ -105,6 +107,7 @@ def test_a_kill_between_a_duplicates_error_and_its_marker_loses_nothing(tmp_path
 # Each kill lands at the named write of that process's commits; the store must show exactly that step's effect.
 KILLS = [
     ("kill-after:errors:1", "errors file written, marker not"),
+    ("kill-after:counts:2", "data and loss-token counts written, marker not"),
     ("kill-before:data:2", "nothing of that shard written"),
     ("kill-after:data:3", "data written, errors and marker not"),
     ("kill-before:marker:3", "data and errors written, marker not"),
@@ -155,7 +158,11 @@ def test_kills_at_every_step_of_the_commit_protocol_lose_and_duplicate_nothing(t
     assert_exactly_once(storage, "p", good)
     assert {e["line"]: e["reason"] for e in committed_errors(storage, "p")} == expected_errors
     assert not list(leftovers(storage, "p")) and not [p for p in out.rglob("*") if ".tmp-" in p.name]
-    report = orjson.loads(storage.get("report/report.json"))["datasets"]["p"]
+    report = orjson.loads(storage.get("report/report.json"))
+    loss_tokens, _ = recount(storage, "p")  # from the shards' rows, each slot once
+    assert as_counter(dataset_frequencies(storage, "p")) == loss_tokens, "the counts written with the shards"
+    assert report["vocabulary"]["datasets"]["p"]["loss_tokens"] == sum(loss_tokens.values())
+    report = report["datasets"]["p"]
     assert (report["slots"], report["samples"], report["errors"]) == (1000, len(good), len(expected_errors))
     assert report["without_outcome"] == 0 and report["given_up"] == 0
     assert re.search(r"^p\s+1000\s+\d+\s+\d+", final.stdout, re.MULTILINE), final.stdout

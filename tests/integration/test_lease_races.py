@@ -16,10 +16,12 @@ import orjson
 import pytest
 
 from tests.faults.s3_proxy import Rule, S3FaultProxy
+from tests.recount import as_counter, recount
 from tokenmill_runner.store.faults import FAULT_ENV, RELEASE_ENV
 from tokenmill_runner.store.lease import LEASE
 from tokenmill_runner.store.markers import list_commits, read_markers
 from tokenmill_runner.store.storage import Storage, open_storage, s3_client
+from tokenmill_runner.store.token_counts import dataset_frequencies
 
 from .workloads import chat, spec_document, write_spec
 
@@ -149,6 +151,9 @@ def test_a_marker_written_after_its_writer_was_taken_over_counts_for_nobody(s3_e
     assert_one_writer_s_truth(storage)
     late = [entry.shard_id for entry in list_commits(storage, "p") if entry.late]
     assert late, "the stalled marker landed after the takeover (and counts for nobody)"
+    # Its loss-token counts were written before its marker and count for nobody either: the counts equal a recount
+    # of the rows that count.
+    assert as_counter(dataset_frequencies(storage, "p")) == recount(storage, "p")[0]
 
 
 def test_a_slow_renewal_cannot_overwrite_a_take_over(proxy, s3_endpoint, s3_bucket, tmp_path):
@@ -156,7 +161,9 @@ def test_a_slow_renewal_cannot_overwrite_a_take_over(proxy, s3_endpoint, s3_buck
     # the taken-over writer went on, the opposite of what docs/reliability.md promises.
     spec, out = output(s3_endpoint, s3_bucket, tmp_path)
     slow = proxy.add(Rule("delay", method="PUT", path=r"/runs/one/lease\.json", skip=2, delay_s=8.0))
-    taken = start(spec, proxy.url, tmp_path, "taken")
+    # Slow answers: on a loaded machine the taker's start-up took 30 s, and a writer at scale 20 had finished (and
+    # released the lease) before the taker looked; this one is still writing when any taker arrives.
+    taken = start(spec, proxy.url, tmp_path, "taken", scale="5")
     proxy.wait_fired("delay", timeout=120)  # its second renewal is on its way, slowly
     taker = start(spec, s3_endpoint, tmp_path, "taker", "--take-over", scale="2000")
     code, stderr = finish(taker)

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tests.trainers.offline_env import speculators_offline
+from tests.trainers.offline_env import hs_connectors_fp8, speculators_offline
 from tokenmill_runner.generate.summary import EXIT_GIVEN_UP
 from tokenmill_runner.store.hidden_states import captured_keys, marker_key
 from tokenmill_runner.store.storage import LocalStorage
@@ -77,9 +77,10 @@ def row_keys(datapath: Path) -> list[tuple[str, int]]:
     return keys
 
 
-def check_samples(datapath: Path, rows: dict[str, dict]) -> int:
+def check_samples(datapath: Path, rows: dict[str, dict], backend: str = "file") -> int:
     by_sample = {(row["sample_id"], row["sample_index"]): row for row in rows.values()}
-    samples = speculators_offline(datapath)
+    samples = speculators_offline(datapath, backend=backend)
+    served = (lambda values: values) if backend == "file" else fp8_as_trained
     keys = row_keys(datapath)
     assert len(samples) == len(keys)
     for sample, key in zip(samples, keys, strict=True):
@@ -88,12 +89,24 @@ def check_samples(datapath: Path, rows: dict[str, dict]) -> int:
         sequence = row["prompt_ids"] + row["output_ids"]
         assert sample["input_ids"] == sequence
         assert sample["loss_mask"] == [0] * len(row["prompt_ids"]) + [1] * len(row["output_ids"])
-        np.testing.assert_array_equal(np.array(sample["hidden_states"]), expected(sequence, AUX))
-        np.testing.assert_array_equal(np.array(sample["verifier_last_hidden_states"]), expected(sequence, LAST))
+        states = served(expected(sequence, LAYER_IDS)).reshape(len(sequence), len(LAYER_IDS), -1)
+        np.testing.assert_array_equal(np.array(sample["hidden_states"]), states[:, :-1].reshape(len(sequence), -1))
+        np.testing.assert_array_equal(np.array(sample["verifier_last_hidden_states"]), states[:, -1])
         # A state taken from the wrong layer or shifted by one position would not match.
-        assert not np.array_equal(np.array(sample["verifier_last_hidden_states"]), expected(sequence, AUX[-1:]))
-        assert not np.array_equal(np.array(sample["verifier_last_hidden_states"]), expected(sequence, LAST, shift=1))
+        assert not np.array_equal(np.array(sample["verifier_last_hidden_states"]),
+                                  served(expected(sequence, AUX[-1:])))
+        assert not np.array_equal(np.array(sample["verifier_last_hidden_states"]),
+                                  served(expected(sequence, LAST, shift=1)))
     return len(samples)
+
+
+def fp8_as_trained(values: np.ndarray) -> np.ndarray:
+    """Served states as speculators trains on them when stored as fp8: quantized per token (over every layer the
+    row holds), then dequantized to bf16 by FP8Transfer (store/fp8.py, held to hs-connectors' own code below)."""
+    from tokenmill_runner.store.fp8 import dequantize, quantize
+
+    rows = values.reshape(values.shape[0], -1)
+    return dequantize(*quantize(rows)).reshape(values.shape)
 
 
 def test_speculators_reads_every_sample_s_aux_and_final_states_aligned_to_its_tokens(
@@ -119,12 +132,51 @@ def test_speculators_reads_every_sample_s_aux_and_final_states_aligned_to_its_to
 
     # A sample without states is left out and counted; the rows stay numbered 0.. so hs_{i} is still row i's.
     missing = next(iter(rows))
-    (out / marker_key("d", missing)).unlink()
+    next((out / marker_key("d", missing)).parent.glob(f"{missing}-*.json")).unlink()
     again = export(out, tmp_path / "spec", "--overwrite")
     assert again.returncode == EXIT_GIVEN_UP, again.stderr[-2000:]
     assert "3 of 4 samples written" in again.stdout and "1 without aux states" in again.stdout
     assert check_samples(tmp_path / "spec" / "dataset", rows) == 3
     assert not (tmp_path / "spec" / "dataset" / "hidden_states" / "hs_3.safetensors").exists()
+
+
+def test_fp8_states_are_hs_connectors_files_that_speculators_reads_through_its_fp8_backend(
+        tmp_path, gpt_oss_model, gpt_oss_server):
+    """spec.hiddenStates.storage fp8 stores hs-connectors 0.9.0's fp8 layout: the bytes its own quantizer writes for
+    the served states (fp8_utils.py:29-51), values and per-token scales in one file; the plan, the capture and the
+    report count those bytes; speculators reads the export with --hidden-states-backend fp8 (FP8Transfer,
+    transfer.py:212-300)."""
+    from tokenmill_runner.facts.hidden_states import StateShape
+    from tokenmill_runner.report.files import compute_report
+    from tokenmill_runner.store.hidden_states import state_markers
+
+    spec, out = run_spec(tmp_path, gpt_oss_model, 2,
+                         hiddenStates={"layouts": ["speculators"], "layerIds": LAYER_IDS, "storage": "fp8"})
+    done = run_cli(spec, out, gpt_oss_server.url)
+    assert done.returncode == 0, done.stderr[-2000:]
+    storage = LocalStorage(out)
+    rows = rows_by_key(storage, "d")
+    markers = {m["sample_id"]: m for m in state_markers(storage, "d")}
+    pairs = []
+    for key, row in rows.items():
+        sequence = row["prompt_ids"] + row["output_ids"]
+        pairs.append((str(out / "d" / "hidden_states" / f"{key}.safetensors"), expected(sequence, LAYER_IDS).tolist()))
+        marker = markers[row["sample_id"]]
+        fp8, bf16 = (StateShape(len(LAYER_IDS), 1024, "bfloat16", storage) for storage in ("fp8", "bfloat16"))
+        assert (marker["dtype"], marker["served_dtype"]) == ("float8_e4m3fn", "bfloat16")
+        assert fp8.file_bytes(len(sequence)) - 1024 < marker["bytes"] <= fp8.file_bytes(len(sequence))
+        assert marker["bytes"] < 0.55 * bf16.file_bytes(len(sequence))
+    for checked, (_, served) in zip(hs_connectors_fp8(pairs, tmp_path), pairs, strict=True):
+        assert checked["dtype"] == "torch.float8_e4m3fn" and checked["scales_shape"] == [len(served), 1, 1]
+        assert checked["values_equal"] and checked["scales_equal"]
+    section = compute_report(storage).report["hidden_states"]["d"]
+    assert section["dtypes"] == ["float8_e4m3fn"] and section["bytes"] == sum(m["bytes"] for m in markers.values())
+    assert len(LAYER_IDS) * 1024 + 4 + 8 < section["bytes_per_token"] < len(LAYER_IDS) * 1024 + 4 + 8 + 100
+
+    exported = export(out, tmp_path / "spec")
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    assert "--hidden-states-backend fp8" in exported.stdout
+    assert check_samples(tmp_path / "spec" / "dataset", rows, backend="fp8") == 2
 
 
 def test_states_captured_without_the_layout_are_never_exported_as_speculators(tmp_path, demo_model):

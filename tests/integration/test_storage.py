@@ -98,3 +98,25 @@ def test_the_operator_progress_read_raises_on_an_unreadable_store(s3_endpoint: s
     storage = S3Storage("s3://no-such-bucket-here/run/", endpoint=s3_endpoint)
     with pytest.raises(StorageError, match="does not exist"):
         observe_progress(storage, OutputIndex(), datetime.now(UTC), None)
+
+
+def test_local_files_get_the_mode_of_any_new_file_so_a_teammate_can_read_them(tmp_path) -> None:
+    """Temporary files are created 0600 and a rename keeps that: every way a local file is written ends with the
+    mode open() would give it (0666 less the umask), so a report on a shared file system is readable by the group."""
+    import os
+    import stat
+
+    from tokenmill_runner.store.storage import FILE_MODE
+
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert FILE_MODE == 0o666 & ~mask
+    storage = LocalStorage(tmp_path / "out")
+    storage.put("report/report.json", b"{}")
+    storage.put_new("commits/a.json", b"{}")
+    spooled = tmp_path / "spooled"
+    spooled.write_bytes(b"x")
+    spooled.chmod(0o600)
+    storage.put_file("shards/a.parquet", spooled)
+    for key in ("report/report.json", "commits/a.json", "shards/a.parquet"):
+        assert stat.S_IMODE((tmp_path / "out" / key).stat().st_mode) == FILE_MODE, key

@@ -30,7 +30,7 @@ from tokenmill_runner.store.lease_rules import MAX_LEASE_BYTES, CleanRule, Lease
 from tokenmill_runner.store.ledger import ShardContent
 from tokenmill_runner.store.manifest import Owner
 from tokenmill_runner.store.markers import read_markers
-from tokenmill_runner.store.shards import Fence, clean_leftovers, commit_shard
+from tokenmill_runner.store.shards import clean_leftovers, commit_shard
 from tokenmill_runner.store.storage import LocalStorage, PreconditionFailed
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -40,9 +40,9 @@ OTHER = Owner(kind="cli", name="other")
 TIMES = LeaseTimes(stale_s=120.0)
 
 
-def take(storage, owner=CLI, holder="laptop:1", clock=None, **kwargs):
+def take(storage, owner=CLI, holder="laptop:1", clock=None, token="tok1", times=TIMES, **kwargs):
     clock = clock or FakeClock()
-    return acquire(storage, owner, holder, "tok1", times=TIMES, clock=clock, sleep=clock.sleep, **kwargs)
+    return acquire(storage, owner, holder, token, times=times, clock=clock, sleep=clock.sleep, **kwargs)
 
 
 def test_the_local_store_s_conditional_writes_let_exactly_one_of_two_racers_create_and_replace(tmp_path):
@@ -175,7 +175,7 @@ def test_a_take_over_wins_over_a_slow_renewal_and_the_taken_over_writer_commits_
     keeper.renew()  # the renewal that was slow: its If-Match names the version the take-over replaced
     assert keeper.lost.is_set() and "taken over" in keeper.why
     with pytest.raises(LeaseLost):
-        keeper.fence()
+        keeper.prove()
     keeper.close()
     assert read_lease(storage).holder == "laptop:9", "the taker's lease stays"
 
@@ -184,7 +184,7 @@ def test_a_writer_whose_last_renewal_is_too_old_writes_no_marker(tmp_path):
     storage = LocalStorage(tmp_path)
     clock = FakeClock()
     keeper = LeaseKeeper(storage, take(storage, clock=clock), times=TIMES, clock=clock, every_s=3600)
-    fence = Fence(keeper.fence, TIMES.marker_budget_s, 600)
+    fence = keeper.commit_fence
     content = ShardContent([], [{"line": 1, "sample_index": 0, "reason": "invalid_json", "message": "x"}])
     commit_shard(storage, "d", "w000-tok1-000001", 0, content, fence=fence)
     clock.now += TIMES.stale_s + 1  # paused (SIGSTOP, a suspended laptop) past the stale period
@@ -201,7 +201,7 @@ def test_a_late_renewal_lets_a_waiting_commit_through(tmp_path):
     clock.now += TIMES.stale_s - TIMES.margin_s + 1  # past the fencing age, not yet stale: the fence waits
     renewer = threading.Thread(target=keeper.renew)  # the fake clock stands still: only the renewal lets it pass
     renewer.start()
-    keeper.fence()
+    keeper.prove()
     renewer.join()
     assert not keeper.lost.is_set()
 
@@ -274,7 +274,7 @@ def test_a_writer_whose_lease_is_lost_writes_no_state_marker_or_failure_record(t
     storage = LocalStorage(tmp_path)
     clock = FakeClock()
     keeper = LeaseKeeper(storage, take(storage, clock=clock), times=TIMES, clock=clock, every_s=3600)
-    fence = Fence(keeper.fence, TIMES.marker_budget_s, 600)
+    fence = keeper.commit_fence
     shape = StateShape(3, 4, "bfloat16")
     values = np.zeros(2 * shape.row_values)
     commit_states(storage, "d", "s1", 0, [5, 6], values, shape, fence=fence)
@@ -286,3 +286,118 @@ def test_a_writer_whose_lease_is_lost_writes_no_state_marker_or_failure_record(t
     assert len(captured_keys(storage, "d")) == 1, "only the sample committed while the lease was held counts"
     assert failed_keys(storage, "d") == set()
     assert len(list(storage.list("d/hidden_states/"))) == 2, "the second file is an unmarked leftover, never counted"
+
+
+# -- one ownership rule (issue 39; review of f9665d2: bug 1, bug 9 and the suspected fence dating) -----------------
+def test_a_shared_lease_keeps_every_worker_s_token_and_a_taker_seals_them_all_and_those_in_the_output(tmp_path):
+    # Review bug 1: each joiner and renewer wrote only its own token, so a taker sealed one worker out of N.
+    from tokenmill_runner.store.seals import read_seals
+
+    storage = LocalStorage(tmp_path)
+    storage.put("d/shards/w007-oldjob0000000000-000001.parquet", b"x")  # an earlier Job's worker, in no record
+    workers = [LeaseKeeper(storage, take(storage, owner=RESOURCE, holder=f"pod-{i}", token=f"tok{i}"), times=TIMES,
+                           every_s=3600) for i in range(3)]
+    for keeper in (workers[2], workers[0], workers[1], workers[0]):
+        keeper.renew()  # each renewal writes what it read plus its own token
+    assert set(read_lease(storage).tokens) == {"tok0", "tok1", "tok2"}
+    assert read_lease(storage).tokens[-1] == "tok0", "the most recently written token last"
+    take(storage, owner=OTHER, holder="laptop:9", token="mine", take_over=True)
+    assert set(read_seals(storage, "d").sealed) == {"tok0", "tok1", "tok2", "oldjob0000000000"}
+
+
+def test_a_renewal_is_dated_by_when_it_was_sent_not_when_its_answer_came_back(tmp_path):
+    # Review, suspected: a renewal that landed at once and answered late moved the fence's clock to its answer, so
+    # its holder could commit after an observer had watched that version for the whole stale period.
+    clock = FakeClock()
+
+    class SlowAnswers(LocalStorage):
+        def put_replacing(self, key, data, version, budget_s=None):
+            written = super().put_replacing(key, data, version, budget_s)
+            clock.now += 70  # the write landed; its answer takes 70 s to come back
+            return written
+
+    storage = SlowAnswers(tmp_path)
+    keeper = LeaseKeeper(storage, take(storage, clock=clock), times=TIMES, clock=clock, every_s=3600)
+    sent = clock.now
+    keeper.renew()
+    clock.now = sent + TIMES.stale_s + 1  # an observer that saw that version at `sent` may have taken the output
+    with pytest.raises(LeaseLost, match="past its stale period"):
+        keeper.prove()
+
+
+def test_a_shared_renewal_that_loses_its_race_to_a_sibling_proves_the_lease_without_a_retry_storm(tmp_path):
+    # Review bug 9: two 412s in a row ended a round silently, and the misses added up to LeaseLost. A lost race
+    # proves the lease as of this worker's previous look; at most two conditional writes move the proof forward.
+    clock = FakeClock()
+    writes: list[str] = []
+
+    class Counting(LocalStorage):
+        def put_replacing(self, key, data, version, budget_s=None):
+            writes.append(key)
+            return super().put_replacing(key, data, version, budget_s)
+
+    storage = Counting(tmp_path)
+    one, two = (LeaseKeeper(storage, take(storage, owner=RESOURCE, holder=f"pod-{i}", token=f"tok{i}", clock=clock),
+                            times=TIMES, clock=clock, every_s=3600) for i in range(2))
+    for _ in range(5):
+        clock.now += 20
+        before = two._renewed_at
+        one.renew()  # wins
+        writes.clear()
+        assert two.renew(), "the race lost to `one` is a proof"
+        assert two._renewed_at > before and len(writes) <= 2
+    assert not one.lost.is_set() and not two.lost.is_set()
+    assert clock.now - two._renewed_at <= 2 * 20, "never older than the previous round's look"
+
+
+def test_a_worker_that_finds_its_owner_s_record_under_another_tenure_has_lost_the_lease(tmp_path):
+    # Taken over and handed back meanwhile: another run took the output, finished and released it, and a new worker
+    # of the same resource joined the released record. The old worker's renewal used to renew on top of it.
+    storage = LocalStorage(tmp_path)
+    old = LeaseKeeper(storage, take(storage, owner=RESOURCE, holder="pod-0", token="tok0"), times=TIMES,
+                      every_s=3600)
+    with LeaseKeeper(storage, take(storage, owner=OTHER, holder="laptop:9", token="mine", take_over=True),
+                     times=TIMES, every_s=3600):
+        pass  # the taker finishes and gives the lease up
+    take(storage, owner=RESOURCE, holder="pod-0 of the next Job", token="tok9")
+    assert not old.renew() and old.lost.is_set() and "taken over" in old.why
+    with pytest.raises(LeaseLost):
+        old.confirm()
+
+
+def test_the_lease_is_never_given_up_while_a_record_write_is_in_flight(tmp_path):
+    # Review, suspected: a run that failed (CommitFailed, LeaseLost) released its lease while commit threads still
+    # ran; the next run took it at once and deleted their data as a finished run's leftovers.
+    storage = LocalStorage(tmp_path)
+    short = LeaseTimes(stale_s=1.0)  # a margin of 0.25 s: how long close() waits for a write in flight
+    clock = FakeClock()
+    keeper = LeaseKeeper(storage, take(storage, times=short, clock=clock), times=short, clock=clock, every_s=3600)
+    entered, finish = threading.Event(), threading.Event()
+    writer = threading.Thread(target=write_with(keeper, entered, finish))
+    writer.start()
+    entered.wait(30)
+    keeper.close()
+    assert read_lease(storage) is not None, "left to go stale, not released under a write that may still land"
+    with pytest.raises(LeaseLost, match="giving"):
+        keeper.prove()
+    finish.set()
+    writer.join()
+    again = LeaseKeeper(storage, take(storage, holder="laptop:2", times=short, clock=clock), times=short,
+                        clock=clock, every_s=3600)
+    entered.clear()
+    finish.clear()
+    writer = threading.Thread(target=write_with(again, entered, finish))
+    writer.start()
+    entered.wait(30)
+    threading.Timer(0.1, finish.set).start()  # the write ends within the margin: then the lease is given up
+    again.close()
+    writer.join()
+    assert read_lease(storage) is None
+
+
+def write_with(keeper, entered, finish):
+    def write() -> None:
+        with keeper.writing():
+            entered.set()
+            finish.wait(30)
+    return write

@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tokenmill_runner.store import ledger as ledger_module
 from tokenmill_runner.store.ledger import (
     RETRYABLE_REASONS,
     DatasetLedger,
@@ -196,28 +195,3 @@ def test_the_last_retry_round_a_slot_failed_in_survives_order_widening_and_check
     del arrays["round_positions"], arrays["rounds"]  # a checkpoint written before rounds were recorded
     assert DatasetLedger.from_state(header, arrays).retry_round(Slot(2, 1)) == 0
 
-
-def test_completeness_counted_in_chunks_is_the_whole_layouts_and_holds_a_chunk_at_a_time(monkeypatch):
-    """Issue 44: the operator judges a 10M-slot layout each pass; counted a chunk of lines at a time it holds a few
-    MiB, not several bytes per slot at once (~60 MiB at 10M), and every figure is what counting it whole gives."""
-    rows = [(line, 5) for line in range(1, 200) if line % 3]
-    failed = [(line, "invalid_row" if line % 2 else "retries_exhausted") for line in range(1, 200) if line % 7 == 0]
-    ledger = DatasetLedger("d", 180, 2).fold_all([marker("a", rows), marker("b", [(l, 2) for l, _ in rows[:40]], index=1),
-                                                 marker("c", failures=failed)])
-    within = np.array([line % 11 != 0 for line in range(1, 150)])
-    cases = [(205, 2, None), (205, 1, within), (150, 3, within), (0, 1, None), (8, 2, within)]
-    whole = [ledger.completeness(*case) for case in cases]
-    monkeypatch.setattr(ledger_module, "COMPLETENESS_LINES", 16)
-    assert [ledger.completeness(*case) for case in cases] == whole
-    assert whole[0].generated == len(rows) + 40
-    assert whole[0].failed == sum(1 for line, _ in failed if line % 3 == 0)  # a row wins over a failure of its slot
-    monkeypatch.undo()
-    big = DatasetLedger("d", 4_000_000, 1).fold_all([marker("x", [(line, 1) for line in range(1, 400, 2)])])
-    tracemalloc.start()
-    try:
-        part = big.completeness(4_000_000, 1)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert part.generated == 200 and part.missing == 4_000_000 - 200
-    assert peak < 8 * 1024 * 1024, peak  # whole, it took ~5 bytes a slot: 20 MB here

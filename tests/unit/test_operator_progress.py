@@ -116,3 +116,23 @@ def test_progress_counts_slots_when_a_dataset_has_several_samples_per_prompt(tmp
     commit_shard(storage, "a", "w000-t-000002", 0, ShardContent(later, []), clock=lambda: T0 + timedelta(minutes=2))
     progress, _ = observe_progress(storage, output, T0 + timedelta(minutes=3), T0, full=True)
     assert (progress.overall.completed, progress.overall.total, progress.settled) == (30, 30, True)
+
+
+def test_a_marker_sealed_away_after_the_operator_folded_it_stops_counting(tmp_path):
+    # Review of f9665d2, suspected: the operator ignored catch_up's `tainted`: a marker it (or the checkpoint it
+    # started from) had folded before a takeover's seal dropped it kept counting for the operator alone.
+    from tokenmill_runner.store.seals import encode_seal, seal_key
+
+    storage = CountingStorage(tmp_path)
+    run_json(storage, {"a": 30})
+    commit_lines(storage, "a", 1, range(1, 11), T0)
+    commit_lines(storage, "a", 2, range(11, 21), T0 + timedelta(seconds=1))
+    output = OutputIndex()
+    progress, _ = observe_progress(storage, output, T0 + timedelta(minutes=1), T0)
+    assert progress.overall.completed == 20
+    index_store.write_checkpoint(storage, output.datasets["a"], "operator")
+    # The taker listed the token's markers before the second one landed: its seal names only the first.
+    storage.put_new(seal_key("a", "t"), encode_seal("t", {"commits": ["w000-t-000001"]}, "host:1:taker", T0))
+    for restarted in (False, True):  # the operator's own index, and one started from the checkpoint
+        progress, _ = observe_progress(storage, OutputIndex() if restarted else output, T0 + timedelta(minutes=2), T0)
+        assert progress.overall.completed == 10, "the sealed-away marker counts for nobody"

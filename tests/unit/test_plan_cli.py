@@ -71,11 +71,11 @@ def test_bad_flags_are_refused(kimi_files: Path, capsys: pytest.CaptureFixture[s
     assert "must be positive" in capsys.readouterr().err
 
 
-def _with_hidden_states(tmp_path: Path, output: str, limit: int) -> Path:
+def _with_hidden_states(tmp_path: Path, output: str, limit: int, **states: str) -> Path:
     import yaml
 
     document = yaml.safe_load(B5.read_text())
-    document["spec"]["hiddenStates"] = {"convention": "eagle3"}
+    document["spec"]["hiddenStates"] = {"convention": "eagle3", **states}
     document["spec"]["output"] = {"uri": output}
     for dataset in document["spec"]["datasets"]:
         dataset["limit"] = limit
@@ -93,6 +93,21 @@ def test_the_plan_shows_the_hidden_states_bytes(kimi_files: Path, tmp_path: Path
     assert payload["hiddenStates"]["bytesPerToken"] == 3 * 7168 * 2
     assert payload["hiddenStates"]["bytes"] == 100 * 500 * (43_008 + 8) + 100 * 1024
     assert "--enable-return-aux-hidden-states" in json.dumps(payload["objects"])
+
+
+def test_the_plan_counts_fp8_states_at_a_byte_a_value_and_a_scale_a_token(kimi_files: Path, tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]):
+    spec = _with_hidden_states(tmp_path, str(tmp_path / "out"), limit=100, storage="fp8")
+    assert cli.main(["plan", str(spec), "--model-files", str(kimi_files), "--prompt-tokens", "300",
+                     "--output-tokens", "200"]) == 0
+    assert "bfloat16 stored as float8_e4m3fn with a float32 scale per token = 21,508 bytes per token" in \
+        capsys.readouterr().out
+    assert cli.main(["plan", str(spec), "--model-files", str(kimi_files), "--json", "--prompt-tokens", "300",
+                     "--output-tokens", "200"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    # hs-connectors' fp8 layout: 3 x 7168 one-byte values and a float32 scale per token (field-2026-12-04.md 4.3).
+    assert payload["hiddenStates"]["bytesPerToken"] == 3 * 7168 + 4
+    assert payload["hiddenStates"]["bytes"] == 100 * 500 * (21_508 + 8) + 100 * 1024
 
 
 def test_a_local_output_without_room_for_the_states_is_refused(kimi_files: Path, tmp_path: Path,

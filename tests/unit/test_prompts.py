@@ -85,8 +85,8 @@ def test_parquet_rows_with_json_string_tools(tmp_path):
 
 def test_a_dictionary_page_costs_once_so_its_row_group_is_read_in_one_batch(tmp_path):
     """Batches are sized by data bytes: dictionary pages, read from their page headers, are left out, since each
-    further batch of a chunk holds one more copy of its dictionary (source/parquet_rows.py)."""
-    from tokenmill_runner.source.parquet_rows import BATCH_BYTES, batch_rows, bounded_rows, open_parquet
+    further batch of a chunk holds one more copy of its dictionary (store/parquet_rows.py)."""
+    from tokenmill_runner.store.parquet_rows import BATCH_BYTES, batch_rows, bounded_rows, open_parquet
 
     big = "w" * (BATCH_BYTES // 4)
     table = pa.table({"sample_id": [f"s{i}" for i in range(40)], "text": [big if i % 2 else "x" for i in range(40)]})

@@ -194,13 +194,15 @@ def test_report_files_one_png_per_dataset(crafted, tmp_path):
     commit_rows(crafted, "second", [make_row("second", i, 100 + i, 512, reasoning=5) for i in range(50)])
     crafted.put("run.json", orjson.dumps(run_json(["glaive", "second"])))
     report, written = write_report(crafted)
-    assert sorted(p.rsplit("/", 1)[-1] for p in written) == ["glaive.png", "report.json", "report.md", "second.png"]
+    assert sorted(p.rsplit("/", 1)[-1] for p in written) == ["glaive.png", "report.json", "report.md", "second.png",
+                                                             "vocabulary.png"]
     for name in ("glaive", "second"):
         assert png_size(crafted.get(f"report/{name}.png")) == (1400, 560)
     stored = orjson.loads(crafted.get("report/report.json"))
     assert stored["schema"] == "tokenmill.report/v1" and stored["verdict"] == report["verdict"]
     markdown = crafted.get("report/report.md").decode()
     assert "| glaive | 400 |" in markdown and "![glaive.png](glaive.png)" in markdown
+    assert png_size(crafted.get("report/vocabulary.png")) == (1400, 560) and "## Draft vocabulary coverage" in markdown
     assert report["overall"]["completion_tokens"]["count"] == 450
 
 
@@ -279,3 +281,35 @@ def test_a_lowered_samples_count_is_judged_by_slot_not_by_count(tmp_path):
     [finding] = [f for f in report["findings"] if f["check"] == "complete"]
     assert finding["level"] == "fail" and "20 lines lack sample 0, 20 lines lack sample 1" in finding["message"]
     assert report["verdict"] == "fail"
+
+
+def test_plots_span_the_data_show_the_median_and_compare_like_with_like(tmp_path):
+    """Read at a glance (fails on f9665d2): the length axis starts near the shortest output, not at 10^0; the median
+    line carries its value; a multi-turn dataset's per-conversation totals are not drawn against the per-turn cap;
+    a dataset with no sample says so instead of drawing empty axes with an empty legend."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from tokenmill_runner.report.plots import dataset_figure
+    from tokenmill_runner.report.stream import DatasetSamples
+
+    single = DatasetSamples("single")
+    single.completions.add(np.arange(50, 2050, 10, dtype=np.int64))
+    conversations = DatasetSamples("conversations")
+    conversations.completions.add(np.asarray([900, 12000, 30000], dtype=np.int64))
+    conversations.turns.add(np.asarray([3, 4, 5], dtype=np.int64))
+    empty = DatasetSamples("empty")
+    figures = [dataset_figure(s.name, s, [10240]) for s in (single, conversations, empty)]
+    try:
+        histogram = figures[0].axes[0]
+        assert 40 < histogram.get_xlim()[0] < 50
+        labels = [text.get_text() for text in histogram.get_legend().get_texts()]
+        assert "median 1,045" in labels and "maxNewTokens 10,240" in labels
+        totals = figures[1].axes[0]
+        assert all(10240 not in np.atleast_1d(line.get_xdata()) for line in totals.get_lines())
+        assert any("per turn" in text.get_text() for text in totals.get_legend().get_texts())
+        nothing = figures[2].axes[0]
+        assert nothing.get_legend() is None and "no committed samples" in [t.get_text() for t in nothing.texts]
+    finally:
+        for figure in figures:
+            plt.close(figure)

@@ -150,8 +150,16 @@ def test_sglangs_reasoning_count_is_read_where_the_release_reports_it():
 def test_reasoning_agreement_follows_sglangs_count_through_the_end_token():
     from tokenmill_runner.generate.rows import reasoning_agrees
 
-    assert reasoning_agrees(5, 20, 6) is True  # </think> at index 5: SGLang counts 6 tokens
-    assert reasoning_agrees(5, 20, 9) is False  # its parser ended reasoning elsewhere
-    assert reasoning_agrees(None, 20, 20) is True  # truncated while reasoning: all of the output
-    assert reasoning_agrees(None, 20, 7) is False
-    assert reasoning_agrees(5, 20, 0) is None and reasoning_agrees(5, 20, None) is None  # SGLang counted nothing
+    think, section = 9, 7  # </think> and Kimi's <|tool_calls_section_begin|>
+    ended = [1, 2, 3, 4, 5, think, 6, 8]
+    assert reasoning_agrees(ended, think, 6) is True  # </think> at index 5: SGLang counts 6 tokens
+    assert reasoning_agrees(ended, think, 9) is False  # its parser counted to another token
+    truncated = [1] * 20
+    assert reasoning_agrees(truncated, think, 20) is True  # truncated while reasoning: all of the output
+    assert reasoning_agrees(truncated, think, 7) is False
+    # Reasoning left at the tool-call section without </think>: SGLang 0.5.23 counts to </think> only
+    # (managers/schedule_batch.py:2240-2259; the ids from parser/reasoning_parser.py:118), so all of the output.
+    tool_ended = [1, 2, 3, section, 40, 41, 2]
+    assert reasoning_agrees(tool_ended, think, len(tool_ended)) is True
+    assert reasoning_agrees(tool_ended, think, 4) is False
+    assert reasoning_agrees(ended, think, 0) is None and reasoning_agrees(ended, think, None) is None  # none counted

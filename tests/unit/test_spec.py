@@ -64,6 +64,9 @@ def test_default_max_new_tokens_is_not_sglangs_128():
         ({"datasets": [{"name": "a", "source": "x", "input": {"fields": {"prompt_col": "q"}}}]},
          "spec.datasets[0].input.fields.prompt_col"),
         ({"seed": -1}, "spec.seed"),
+        # SpecForge 0.2.0 reads .ckpt tensors as stored: no reader of fp8 states.
+        ({"hiddenStates": {"storage": "fp8", "layouts": ["specforge"]}}, "no FP8 reader"),
+        ({"hiddenStates": {"storage": "int4"}}, "spec.hiddenStates.storage"),
     ],
 )
 def test_bad_specs_name_the_field(update, fragment):
@@ -73,9 +76,18 @@ def test_bad_specs_name_the_field(update, fragment):
     assert "my.yaml" in str(error.value)
 
 
-def test_numbers_become_decimal_strings():
-    spec = parse_document(doc(sampling={"temperature": 0.7, "topP": 1})).spec
-    assert spec.sampling.temperature == "0.7" and spec.sampling.top_p == "1.0"
+def test_a_bare_number_is_refused_as_the_crd_refuses_it():
+    """One schema for tokenmill run and kubectl apply: the CRD types decimals as strings (crds/, `type: string`), so
+    the CLI refuses `temperature: 0.6` too, naming the field and the quoted value to write (fails on f9665d2, which
+    turned the number into a string that the cluster path then refused)."""
+    with pytest.raises(SpecError) as error:
+        parse_document(doc(sampling={"temperature": 0.7, "topP": 1}), "my.yaml")
+    assert 'spec.sampling.temperature: Value error, write the number as a quoted string, "0.7"' in str(error.value)
+    assert "spec.sampling.topP" in str(error.value)
+    with pytest.raises(SpecError, match="spec.validation.maxTruncatedFraction"):
+        parse_document(doc(validation={"maxTruncatedFraction": 0.05}))
+    spec = parse_document(doc(sampling={"temperature": "0.7", "topP": "1"})).spec
+    assert spec.sampling.temperature == "0.7" and spec.sampling.top_p == "1"
 
 
 def test_relative_paths_resolve_against_the_spec_folder(tmp_path: Path):

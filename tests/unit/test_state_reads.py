@@ -23,6 +23,7 @@ from tokenmill_runner.store.hidden_states import (
     sample_key,
     state_markers,
 )
+from tokenmill_runner.store.ownership import Fence
 from tokenmill_runner.store.storage import TMP_MARK, LocalStorage, StorageError
 
 MARKER = {"sample_id": "s1", "sample_index": 0, "file": "hidden_states/k.safetensors", "bytes": 16,
@@ -60,6 +61,7 @@ _KILLED_AT_THE_RENAME = textwrap.dedent("""
     import numpy as np
     from tokenmill_runner.facts.hidden_states import StateShape
     from tokenmill_runner.store.hidden_states import FINAL, commit_states
+    from tokenmill_runner.store.ownership import Fence
     from tokenmill_runner.store.storage import LocalStorage
     replace = os.replace
     def killed_at_a_marker(src, dst):
@@ -68,7 +70,7 @@ _KILLED_AT_THE_RENAME = textwrap.dedent("""
         replace(src, dst)
     os.replace = killed_at_a_marker
     commit_states(LocalStorage(sys.argv[1]), "d", "s0001", 0, [1, 2], np.zeros(2 * 4), StateShape(1, 4, "bfloat16"),
-                  kind=FINAL)
+                  Fence.unleased("killed0000000000"), kind=FINAL)
 """)
 
 
@@ -78,12 +80,14 @@ def test_a_marker_write_killed_before_its_rename_counts_for_nothing_and_the_resu
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     key = sample_key("s0001", 0)
     left = list((tmp_path / "d" / FINAL.commits).iterdir())
-    assert [p.name.split(TMP_MARK)[0] for p in left] == [f"{key}.json"], "the kill left the marker's temporary file"
+    assert [p.name.split(TMP_MARK)[0] for p in left] == [f"{key}-killed0000000000.json"], \
+        "the kill left the marker's temporary file"
     assert orjson.loads(left[0].read_bytes())["sample_id"] == "s0001"
     storage = LocalStorage(tmp_path)
     # Not committed: the sample is still to capture, and no reader counts it.
     assert captured_keys(storage, "d", FINAL) == set()
     assert list(state_markers(storage, "d", FINAL)) == []
-    commit_states(storage, "d", "s0001", 0, [1, 2], np.zeros(2 * 4), StateShape(1, 4, "bfloat16"), kind=FINAL)
+    commit_states(storage, "d", "s0001", 0, [1, 2], np.zeros(2 * 4), StateShape(1, 4, "bfloat16"),
+                  Fence.unleased("resumed000000000"), kind=FINAL)
     assert captured_keys(storage, "d", FINAL) == {key}
     assert [m["sample_id"] for m in state_markers(storage, "d", FINAL)] == ["s0001"]

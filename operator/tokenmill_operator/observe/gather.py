@@ -4,7 +4,11 @@ objects that let the next reader skip what they cover)."""
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import logging
+import os
+import secrets
 from collections.abc import Callable, Hashable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -16,9 +20,11 @@ from kubernetes.client.exceptions import ApiException
 
 from tokenmill_runner.facts.hardware import find
 from tokenmill_runner.spec.resource import ServerSpec
+from tokenmill_runner.store.checkpoints import OPERATOR_WRITER, Signer
 from tokenmill_runner.store.commit_index import DatasetIndex
-from tokenmill_runner.store.index_store import CHECKPOINT_EVERY, catch_up, load_index, write_checkpoint
+from tokenmill_runner.store.index_store import CHECKPOINT_EVERY, load_index, refresh, write_checkpoint
 from tokenmill_runner.store.lease_rules import LeaseWatch
+from tokenmill_runner.store.ledger import LedgerBudget
 from tokenmill_runner.store.manifest import RunManifest, read_manifest
 from tokenmill_runner.store.storage import Storage, StorageError
 
@@ -43,7 +49,24 @@ LOCK_FAILED = "ModelCacheLockFailed"
 # was chosen; a full listing of the names (no GETs but for such stragglers) catches it this often, and before any
 # decision that ends a run.
 FULL_LISTING_EVERY = timedelta(minutes=10)
-CHECKPOINT_WRITER = "operator"
+CHECKPOINT_WRITER = OPERATOR_WRITER
+# The secret the operator keys its checkpoints' digests with (the chart's `<release>-checkpoint-key` Secret): a
+# tenant writes whatever it likes into its own output, checkpoints included, so the operator starts only from
+# checkpoints it wrote itself (a forged one inflated to 2.1 GB: security-f9665d2.md B6).
+CHECKPOINT_KEY_ENV = "TOKENMILL_CHECKPOINT_KEY"
+
+
+@functools.cache
+def checkpoint_signer() -> Signer:
+    """The operator's checkpoints: named `operator`, keyed with $TOKENMILL_CHECKPOINT_KEY. Without it, a key of this
+    process only: its checkpoints still skip what they cover while it runs, and a restart folds every marker once."""
+    configured = os.environ.get(CHECKPOINT_KEY_ENV, "")
+    if not configured:
+        logger.warning("%s is not set: checkpoints are keyed for this process only, so after a restart each output's "
+                       "markers are folded from the start once", CHECKPOINT_KEY_ENV)
+    key = configured.encode() if configured else secrets.token_bytes(32)
+    return Signer(hashlib.blake2b(key, digest_size=64).digest(), CHECKPOINT_WRITER)
+
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +95,9 @@ class OutputIndex:
     window: VerificationWindow = field(default_factory=VerificationWindow)
     # The scrapes of the trial's candidate being measured (server_metrics.TrialScrapes).
     trial: TrialScrapes = field(default_factory=TrialScrapes)
+    # What the indexes' ledgers may hold together (store/bounds.LEDGER_BYTES), whatever the output's run.json and
+    # markers say: one tenant's output never sizes the operator's memory past it.
+    budget: LedgerBudget = field(default_factory=LedgerBudget)
 
     def follow(self, storage: Storage, totals: dict[str, int], now: datetime, full: bool = False,
                stopped: Callable[[], bool] = never, samples: dict[str, int] | None = None) -> dict[str, DatasetIndex]:
@@ -79,6 +105,7 @@ class OutputIndex:
         still only for markers not folded yet)."""
         if self.output != storage.root_uri:
             self.datasets, self.output, self.last_full_listing = {}, storage.root_uri, now
+            self.budget = LedgerBudget()
         full = full or self.last_full_listing is None or now - self.last_full_listing >= FULL_LISTING_EVERY
 
         def check() -> None:
@@ -90,11 +117,15 @@ class OutputIndex:
             per_prompt = (samples or {}).get(name, 1)  # spec.datasets[].samples: slots per source row
             index = self.datasets.get(name)
             if index is None:
-                index = self.datasets[name] = load_index(storage, name, rows, per_prompt)
+                index = self.datasets[name] = load_index(storage, name, rows, per_prompt, checkpoint_signer(),
+                                                               self.budget)
             else:
                 index.ledger.widen(per_prompt)
                 index.ledger.reserve(rows * index.ledger.samples_per_prompt)
-            catch_up(storage, index, full=full, check=check, now=now)
+            # A marker this index folded may since have been sealed away (a takeover's seal written after it
+            # landed): refresh folds every marker again then, as the runner does, so nothing counts it.
+            index, _ = refresh(storage, index, full=full, check=check, now=now, rows=rows)
+            self.datasets[name] = index
             self._checkpoint(storage, index, now)
         self.datasets = {name: index for name, index in self.datasets.items() if name in totals}
         if full:
@@ -106,7 +137,7 @@ class OutputIndex:
         if index.since_checkpoint < CHECKPOINT_EVERY:
             return
         try:
-            write_checkpoint(storage, index, CHECKPOINT_WRITER, now)
+            write_checkpoint(storage, index, CHECKPOINT_WRITER, now, checkpoint_signer().key)
         except StorageError as error:  # the next reader reads more markers; nothing is wrong
             logger.warning("%s: could not write a checkpoint: %s", index.name, error)
 

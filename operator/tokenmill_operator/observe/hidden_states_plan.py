@@ -30,14 +30,15 @@ def hidden_states_plan(spec: DatasetGenerationSpec, work: Workload, location: st
         return None
     try:
         shape = shape_from_config(read_model_config(spec, None, location), spec.hidden_states.layer_ids,
-                                  spec.hidden_states.dtype, layouts=spec.hidden_states.layouts)
+                                  spec.hidden_states.dtype, layouts=spec.hidden_states.layouts,
+                                  storage=spec.hidden_states.storage)
     except ValueError as error:
         raise HiddenStatesPlanError(f"spec.hiddenStates: {error}") from None
     loads = [(d.name, d.samples, d.prompt_tokens + d.mean_output()) for d in work.datasets]
     planned = plan_states(shape, loads)
     if "final" in kinds_needed(list(spec.hidden_states.layouts)):
         # SpecForge's final state: one more file per sample, one layer wide (store/hidden_states.FINAL).
-        final = plan_states(StateShape(1, shape.hidden, shape.dtype), loads)
+        final = plan_states(StateShape(1, shape.hidden, shape.dtype, shape.storage), loads)
         planned = PlannedStates(shape, {name: size + final.per_dataset[name] for name, size in
                                         planned.per_dataset.items()}, planned.tokens)
     uri = spec.output.uri.removeprefix("file://")
@@ -54,7 +55,9 @@ def hidden_states_plan(spec: DatasetGenerationSpec, work: Workload, location: st
 
 def render_hidden_states(planned: PlannedStates) -> str:
     shape = planned.shape
-    lines = [f"# Hidden states: {shape.layers} layers x {shape.hidden} hidden x {shape.dtype} = "
+    stored = (f"{shape.dtype} stored as {shape.stored_dtype} with a float32 scale per token"
+              if shape.storage == "fp8" else shape.dtype)
+    lines = [f"# Hidden states: {shape.layers} layers x {shape.hidden} hidden x {stored} = "
              f"{shape.bytes_per_token:,} bytes per token (+ 8 for its id)"]
     for name, size in planned.per_dataset.items():
         lines.append(f"  {name}: {planned.tokens[name]:,.0f} tokens -> {size / 1e9:,.2f} GB")

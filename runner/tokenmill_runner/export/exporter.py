@@ -9,6 +9,7 @@ files go to the destination whole (`writers.py`), and export.json goes last, lis
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import sys
 import tempfile
@@ -20,17 +21,19 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any, TextIO
 
 import orjson
 
 from ..generate.conversation import start
 from ..progress import ThroughputMeter
+from ..report.files import require_run_output
 from ..source.adapters import DEFAULT_LAYOUT, RowLayout
 from ..source.prompts import Prompt, RowError
 from ..spec.resource import DatasetSpec
+from ..store.manifest import read_manifest
 from ..store.markers import datasets_with_commits, markers_in_commit_order
-from ..store.shards import decode_rows, stored_files
+from ..store.shards import fetch_shard, shard_rows, stored_files
 from ..store.storage import TMP_MARK, LocalStorage, Storage, StorageError, open_storage
 from .filters import ExportFilters, excluded_by_findings, select_datasets
 from .formats import FORMATS, ExportFormat, hf_record, specforge_record, speculators_record
@@ -79,6 +82,11 @@ class ExportRequest:
     s3_endpoint: str | None = None
     dest_s3_endpoint: str | None = None
     per_conversation: bool = False  # a conversation as one record where its history is exact (units.py)
+    # --format vocab: the draft vocabulary sizes, each dataset's weight in the mix (1 when not named), and the
+    # target's vocabulary size (default: its config.json's vocab_size)
+    draft_vocab_sizes: tuple[int, ...] = (32000,)
+    weights: tuple[tuple[str, float], ...] = ()
+    target_vocab_size: int | None = None
 
     def options(self) -> dict[str, Any]:
         return {"filters": self.filters.as_dict(), "keep_mismatched": self.keep_mismatched,
@@ -100,6 +108,8 @@ def _is_export_file(key: str) -> bool:
     if key.startswith(SPOOL_PREFIX) or TMP_MARK in name:
         return True
     if key in (MANIFEST, MISMATCHES) or key in {f.single_file for f in FORMATS.values()}:
+        return True
+    if any(f.names and re.fullmatch(f.names, key) for f in FORMATS.values()):
         return True
     return any(f.part_prefix and key.startswith(f.part_prefix) for f in FORMATS.values())
 
@@ -172,14 +182,25 @@ def committed_shards(source: Storage, dataset: str) -> Shards:
 
 
 def committed_rows(source: Storage, keys: list[str], pool: ThreadPoolExecutor) -> Iterator[dict[str, Any]]:
-    """Rows of the given shards, in order, a few shards fetched ahead."""
-    pending: deque[Future[bytes]] = deque()
-    for key in keys:
-        pending.append(pool.submit(source.get, key))
-        if len(pending) > PREFETCH_SHARDS:
-            yield from decode_rows(pending.popleft().result())
-    while pending:
-        yield from decode_rows(pending.popleft().result())
+    """Rows of the given shards, in order, a few shards fetched ahead (to temporary files, each bounded) and read as
+    every reader reads shards (`shards.shard_rows`)."""
+    pending: deque[tuple[str, Future[IO[bytes]]]] = deque()
+
+    def rows(key: str, fetched: Future[IO[bytes]]) -> Iterator[dict[str, Any]]:
+        with fetched.result() as spool:
+            yield from shard_rows(spool, source.uri(key))
+
+    try:
+        for key in keys:
+            pending.append((key, pool.submit(fetch_shard, source, key)))
+            if len(pending) > PREFETCH_SHARDS:
+                yield from rows(*pending.popleft())
+        while pending:
+            yield from rows(*pending.popleft())
+    finally:
+        for _, fetched in pending:  # an export stopped part-way: the fetched copies are removed
+            if not fetched.cancel() and fetched.exception() is None:
+                fetched.result().close()
 
 
 # --- the text formats' tokenizer side --------------------------------------------------------------------------
@@ -312,6 +333,7 @@ class Exporter:
     writer: JsonlFiles | ParquetFiles
     mismatches: JsonlFiles
     counts: ExportCounts = field(default_factory=ExportCounts)
+    overlapping: dict[str, set[int]] = field(default_factory=dict)  # dataset -> lines overlapping an evaluation set
     done: int = 0  # running totals over every dataset, for the progress line
     written: int = 0
     mismatched: int = 0
@@ -319,7 +341,8 @@ class Exporter:
     def add_unit(self, unit: GenerationUnit, counts: DatasetCounts) -> None:
         counts.units += 1
         self.done += 1
-        rejected = self.request.filters.rejection(unit)
+        rejected = "eval_overlap" if unit.line in self.overlapping.get(unit.dataset, ()) else None
+        rejected = rejected or self.request.filters.rejection(unit)
         if rejected:
             counts.filtered[rejected] += 1
             return
@@ -359,16 +382,22 @@ def export(request: ExportRequest, stream: TextIO | None = None,
 
     fmt = export_format(request.format)
     source = open_storage(request.source_uri, request.s3_endpoint)
-    if not source.exists(RUN_METADATA):
+    require_run_output(source, manifest_needed=True)
+    recorded = read_manifest(source)  # bounded and checked, as the report and the operator read it
+    if recorded is None:
         raise ExportError(f"{source.uri(RUN_METADATA)} does not exist: {request.source_uri} is not a tokenmill "
                           "run's output")
-    run = orjson.loads(source.get(RUN_METADATA))
+    run = recorded.model_dump(mode="json", exclude_none=True)
     datasets = select_datasets(run_datasets(source, run), request.filters.datasets)
-    excluded = _excluded(source, datasets, request.filters)
+    excluded, unfinished = _judged(source, datasets, request.filters)
     datasets = [name for name in datasets if name not in excluded]
     destination = open_storage(request.dest_uri, request.dest_s3_endpoint or request.s3_endpoint)
     if destination.root_uri.rstrip("/") == source.root_uri.rstrip("/"):
         raise ExportError("the destination is the run's own output folder; export next to it")
+    if fmt.kind == "ckpt" and ((run.get("spec") or {}).get("hiddenStates") or {}).get("storage") == "fp8":
+        raise ExportError("--format specforge-offline: the run stored its hidden states as fp8 (spec.hiddenStates."
+                          "storage), and SpecForge 0.2.0 reads .ckpt tensors as stored, with no FP8 reader; capture "
+                          "with storage: served for SpecForge")
     if fmt.kind == "arrow":
         from .speculators_offline import SpeculatorsLayoutError, check_run_layout
 
@@ -376,12 +405,29 @@ def export(request: ExportRequest, stream: TextIO | None = None,
             check_run_layout(run)  # before the destination is touched: an earlier export there stays whole
         except SpeculatorsLayoutError as error:
             raise ExportError(str(error)) from None
+    if fmt.kind == "ckpt" and not (run.get("spec") or {}).get("hiddenStates"):
+        raise ExportError("--format specforge-offline: the run's spec sets no hiddenStates, so it captured no hidden "
+                          "states to export; add spec.hiddenStates and run it (docs/export.md), or export a token "
+                          "format (specforge, hf, speculators)")
+    f = request.filters
+    if fmt.kind in ("ckpt", "arrow") and (f.per_unit or f.exclude_findings or f.eval_files):
+        raise ExportError(f"--format {fmt.name} takes only --dataset among the filters: its features are every "
+                          "captured sample's")
     prepare_destination(destination, request.overwrite)
+    overlapping = _overlapping(request, run, datasets) if fmt.kind not in ("ckpt", "arrow") else {}
+    if fmt.kind == "vocab":
+        from .vocab import VocabExportError, export_vocab
+
+        with ThreadPoolExecutor(max_workers=PREFETCH_SHARDS) as pool:
+            def rows(dataset: str) -> Iterator[dict[str, Any]]:
+                return committed_rows(source, committed_shards(source, dataset).keys, pool)
+
+            try:
+                return export_vocab(request, source, destination, run, datasets, excluded, overlapping, rows,
+                                    __version__)
+            except VocabExportError as error:
+                raise ExportError(str(error)) from None
     if fmt.kind in ("ckpt", "arrow"):
-        f = request.filters
-        if f.finish_reason or f.exclude_truncated or f.require_reasoning or f.exclude_findings:
-            raise ExportError(f"--format {fmt.name} takes only --dataset among the filters: its features are every "
-                              "captured sample's")
         if fmt.kind == "ckpt":
             from .offline import export_specforge_offline
 
@@ -396,7 +442,8 @@ def export(request: ExportRequest, stream: TextIO | None = None,
         text = text_side(request, fmt, run, spool, stack) if fmt.text else None
         writer = (ParquetFiles(destination, spool, fmt, request.part_bytes) if fmt.kind == "parquet"
                   else JsonlFiles(destination, spool, fmt, request.part_bytes))
-        exporter = Exporter(request, fmt, run, text, writer, JsonlFiles(destination, spool, None, 0, MISMATCHES))
+        exporter = Exporter(request, fmt, run, text, writer, JsonlFiles(destination, spool, None, 0, MISMATCHES),
+                            overlapping=overlapping)
         shards = {name: committed_shards(source, name) for name in datasets}
         progress = ProgressLine(sum(s.rows for s in shards.values()), stream, clock)
         for name in datasets:
@@ -407,20 +454,43 @@ def export(request: ExportRequest, stream: TextIO | None = None,
         progress.update(exporter.done, exporter.written, exporter.mismatched, final=True)
         manifest = build_manifest(fmt, source.root_uri, destination.root_uri, run, request.options(), excluded,
                                   exporter.counts, files, mismatch_files[0] if mismatch_files else None,
-                                  datetime.now(UTC), __version__)
+                                  datetime.now(UTC), __version__, unfinished)
         destination.put(MANIFEST, orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
     return manifest
 
 
-def _excluded(source: Storage, datasets: list[str], filters: ExportFilters) -> dict[str, list[str]]:
-    if filters.exclude_findings is None:
+def _overlapping(request: ExportRequest, run: dict[str, Any], datasets: list[str]) -> dict[str, set[int]]:
+    """{dataset: source lines whose prompt overlaps an evaluation file} (--exclude-eval-overlap), read from the
+    sources run.json names, as `tokenmill report --eval` finds them (report/mix.py)."""
+    filters = request.filters
+    if not filters.eval_files:
         return {}
+    from ..report.mix import matched_lines
+    from ..report.prompt_scan import read_eval_files, scan_prompts
+
+    index = read_eval_files(filters.eval_files, filters.ngram, request.s3_endpoint)
+    return matched_lines(scan_prompts(run, datasets, index, request.s3_endpoint).matches)
+
+
+def _judged(source: Storage, datasets: list[str], filters: ExportFilters) -> tuple[dict[str, list[str]],
+                                                                                 dict[str, str]]:
+    """What the run's ledger says of the datasets to export, from one fold of its markers: those the report's
+    findings exclude (--exclude-findings), with the findings, and those whose run is not finished, with how much of
+    the layout has no outcome (the export then holds what is committed so far, and says so)."""
     from ..report.files import load_ledger
     from ..report.validation import build_report
 
-    findings = build_report(load_ledger(source))["findings"]
+    ledger = load_ledger(source)
+    unfinished = {}
+    for dataset in ledger.datasets:
+        completeness = dataset.completeness() if dataset.name in datasets else None
+        if completeness is not None and not completeness.settled:
+            unfinished[dataset.name] = completeness.describe_missing()
+    if filters.exclude_findings is None:
+        return {}, unfinished
+    findings = build_report(ledger)["findings"]
     return {name: messages for name, messages in excluded_by_findings(findings, filters.exclude_findings).items()
-            if name in datasets}
+            if name in datasets}, unfinished
 
 
 def _export_dataset(exporter: Exporter, source: Storage, dataset: str, shard_keys: list[str],

@@ -21,6 +21,8 @@ file:line, are in docs/export.md):
 - `speculators-offline`: speculators' offline EAGLE-3 data (`SP train/data.py:147-335`, ArrowDataset): a
   `datasets` save_to_disk folder under dataset/ with `input_ids`, `loss_mask` and `seq_len`, and beside it
   hidden_states/hs_{i}.safetensors for row i, the run's stored states files as they are (export/speculators_offline.py).
+- `vocab`: draft-vocabulary maps from the loss-token counts (export/vocab.py): speculators' token_freq.pt and
+  d2t-<size>.npy / t2d-<size>.npy, SpecForge's model.vocab_mapping_path file, SGLang's --speculative-token-map.
 """
 
 from __future__ import annotations
@@ -36,13 +38,14 @@ from .units import GenerationUnit
 @dataclass(frozen=True)
 class ExportFormat:
     name: str
-    kind: Literal["jsonl", "parquet", "ckpt", "arrow"]
+    kind: Literal["jsonl", "parquet", "ckpt", "arrow", "vocab"]
     # A single file (SpecForge reads one path) or numbered parts under data/ (readers that take a folder).
     single_file: str | None
     part_prefix: str | None
     text: bool  # the trainer re-renders or re-tokenizes text: needs the tokenizer and the round-trip check
     reads: str  # which reader of which trainer, for the manifest and the summary
     usage: str  # how to point the trainer at it ({dest} is the export's destination)
+    names: str | None = None  # a pattern of the files it writes at the top of DEST (besides parts and single files)
 
     def part_name(self, index: int) -> str:
         return f"{self.part_prefix}{index:05d}.{'parquet' if self.kind == 'parquet' else 'jsonl'}"
@@ -72,6 +75,11 @@ FORMATS: dict[str, ExportFormat] = {f.name: f for f in (
     ExportFormat("speculators-offline", "arrow", None, "dataset/", False,
                  "speculators 0.9.0 offline EAGLE-3 data (ArrowDataset: load_from_disk + hidden_states/hs_{i})",
                  "speculators train --data-path {dest}/dataset --on-missing raise ..."),
+    ExportFormat("vocab", "vocab", None, None, False,
+                 "draft-vocabulary maps: speculators 0.9.0 token_freq.pt + d2t/t2d, SpecForge 0.2.0 "
+                 "model.vocab_mapping_path, SGLang 0.5.23 --speculative-token-map",
+                 "export.json names each file and the flag that reads it",
+                 names=r"token_freq\.pt|[dt]2[td]-\d+\.npy|specforge-vocab-mapping-\d+\.pt|sglang-token-map-\d+\.pt"),
 )}
 
 

@@ -106,7 +106,7 @@ def run_facts(run: dict[str, Any]) -> dict[str, Any]:
 def build_manifest(fmt: ExportFormat, source_uri: str, destination_uri: str, run: dict[str, Any],
                    options: dict[str, Any], excluded: dict[str, list[str]], counts: ExportCounts,
                    files: list[WrittenFile], mismatches: WrittenFile | None, now: datetime,
-                   version: str) -> dict[str, Any]:
+                   version: str, unfinished: dict[str, str] | None = None) -> dict[str, Any]:
     total = counts.total()
     return {
         "schema": SCHEMA,
@@ -118,6 +118,8 @@ def build_manifest(fmt: ExportFormat, source_uri: str, destination_uri: str, run
         "source": {"uri": source_uri, "run": run_facts(run)},
         "options": options,
         "excluded_datasets": excluded,
+        # Datasets whose run is not finished (slots without an outcome): the export holds what was committed.
+        "unfinished_datasets": unfinished or {},
         "counts": {**total.as_dict(), "datasets": {name: c.as_dict() for name, c in counts.datasets.items()}},
         "mismatch_reasons": {reason: MISMATCH_REASONS[reason] for reason in sorted(total.mismatched)},
         "invalid_reasons": {reason: INVALID_REASONS[reason] for reason in sorted(total.invalid)},
@@ -151,6 +153,9 @@ def summary_lines(manifest: dict[str, Any]) -> Iterator[str]:
     if counts["trainer_mask_tokens"]:
         yield (f"note: SpecForge's loss mask differs from the target's on {counts['trainer_mask_tokens']:,} tokens "
                "(mismatches.jsonl, reason trainer_loss_mask, says where)")
+    for name, missing in (manifest.get("unfinished_datasets") or {}).items():
+        yield (f"warning: the run is not finished: {name}: {missing}; this export holds what was committed so far: "
+               "export again once the run is done")
     yield f"{counts['written']} records, {counts['supervised_tokens']:,} supervised tokens, longest " \
           f"{counts['longest_record_tokens']} tokens ({manifest['format']}: {manifest['reads']})"
     if manifest["format"].startswith("specforge") and counts["written"]:
@@ -164,7 +169,8 @@ def summary_lines(manifest: dict[str, Any]) -> Iterator[str]:
               f"{largest['tokens']:,} tokens ({manifest['format']})"
     if manifest["mismatches"]:
         yield f"mismatches: {manifest['mismatches']['path']} ({manifest['mismatches']['records']} records)"
-    yield f"use: {manifest['usage']}"
+    if counts["written"]:  # no hint for files an empty export never wrote (export.json alone is no dataset)
+        yield f"use: {manifest['usage']}"
 
 
 @dataclass(frozen=True)

@@ -141,8 +141,13 @@ def summary_lines(manifest: dict[str, Any]) -> list[str]:
             lines.append(f"  {counts['without_aux']} without aux states (tokenmill run captures them; "
                          "--retry-failed retries failed captures)")
         lines.extend(f"  refused: {reason}" for reason in counts["refused"][:MISSING_SHOWN])
-    lines.append(manifest["usage"])
+    if written(manifest):  # no hint for features an empty export never wrote
+        lines.append(manifest["usage"])
     return lines
+
+
+def written(manifest: dict[str, Any]) -> int:
+    return sum(int(c["written"]) for c in manifest["datasets"].values())
 
 
 def incomplete(manifest: dict[str, Any]) -> bool:

@@ -36,7 +36,7 @@ class SourceLines:
 
     def _spool(self, source: str, fmt: str, endpoint: str | None) -> None:
         # One JSON line per source row, at the row's own line number (blank lines keep JSONL numbering).
-        rows = read_parquet(source, endpoint) if fmt == "parquet" else read_jsonl(source, endpoint)
+        rows = read_parquet(source, endpoint, layout=self.layout) if fmt == "parquet" else read_jsonl(source, endpoint)
         written = 0
         for number, raw in rows:
             self._handle.write(b"\n" * (number - 1 - written))

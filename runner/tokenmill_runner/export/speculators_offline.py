@@ -11,7 +11,9 @@ What its ArrowDataset reads (`SP` = speculators 0.9.0, train/data.py; `HS` = hs-
   `hidden_states[:, :-1]` are the aux layers, `[:, -1]` the verifier's final state before its norm (data.py:325-334).
 
 tokenmill's stored states file is that file (store/hidden_states.py: token_ids int64, hidden_states in the served
-dtype, the sample's id in its metadata), so it is copied byte for byte once its digest and ids are checked. Its
+dtype, the sample's id in its metadata), so it is copied byte for byte once its digest and ids are checked. With
+`storage: fp8` it is hs-connectors' fp8 file (float8_e4m3fn values and `hidden_states_scales`), which speculators
+reads through `FP8Transfer` (`--hidden-states-backend fp8`, HS transfer.py:212-300): dequantized to bf16 on read. Its
 last layer is the pre-norm final state only when the run captured id L - 1 last on a model that serves it
 (facts/hidden_states.check_layouts, checked by the planner and the capture pass for `layouts: [speculators]`), so
 the run's spec must name the layout. Rows are every selected dataset's samples, in spec and commit order; a sample
@@ -80,7 +82,9 @@ def export_speculators_offline(source: Storage, destination: Storage, datasets: 
             counts["written"] += 1
             counts["bytes"] += len(data)
     files = rows.close(digest.hexdigest()[:16])
+    fp8 = ((run.get("spec") or {}).get("hiddenStates") or {}).get("storage") == "fp8"
     usage = (f"speculators train --data-path {destination.uri(FOLDER)} --on-missing raise --verifier-name-or-path "
-             "<target> (its default target layer ids [2, L//2, L-3] are the captured aux layers)")
+             f"<target>{' --hidden-states-backend fp8' if fp8 else ''} (its default target layer ids [2, L//2, L-3] "
+             "are the captured aux layers)")
     return write_manifest(destination, FORMAT.name, source.root_uri, version, summary, usage,
                           files=[f.__dict__ for f in files], rows=rows.rows)

@@ -32,9 +32,14 @@ from typing import Literal
 Convention = Literal["eagle3"]
 StateDtype = Literal["bfloat16", "float16", "float32"]
 
-DTYPE_BYTES: dict[str, int] = {"bfloat16": 2, "float16": 2, "float32": 4}
+StateStorage = Literal["served", "fp8"]
+
+DTYPE_BYTES: dict[str, int] = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
 # safetensors' dtype names.
-SAFETENSORS_DTYPE: dict[str, str] = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
+SAFETENSORS_DTYPE: dict[str, str] = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "float8_e4m3fn": "F8_E4M3"}
+# hs-connectors 0.9.0's fp8 layout (store/fp8.py): float8_e4m3fn values and one float32 scale per token.
+FP8_DTYPE = "float8_e4m3fn"
+FP8_SCALE_BYTES = 4
 
 # Architectures whose 0.5.23 model class implements set_eagle3_layers_to_capture (any other fails at start:
 # model_runner_components/attention_backend_setup.py:40-55). The models/*.py of each: llama.py:929 (its EntryClass,
@@ -167,15 +172,25 @@ def launch_flags(layer_ids: list[int] | None, kind: ServedKind = "aux") -> list[
 class StateShape:
     layers: int
     hidden: int
-    dtype: str
+    dtype: str  # the dtype the server computes and serves
+    storage: str = "served"  # StateStorage: as served, or fp8 (hs-connectors' layout)
 
     @property
     def row_values(self) -> int:
         return self.layers * self.hidden
 
     @property
+    def stored_dtype(self) -> str:
+        return FP8_DTYPE if self.storage == "fp8" else self.dtype
+
+    def value_bytes(self, tokens: int) -> int:
+        """Bytes of the `hidden_states` tensor of `tokens` tokens, in the stored dtype."""
+        return tokens * self.row_values * DTYPE_BYTES[self.stored_dtype]
+
+    @property
     def bytes_per_token(self) -> int:
-        return self.row_values * DTYPE_BYTES[self.dtype]
+        """Stored bytes of one token's states: its values, and its scale when fp8."""
+        return self.value_bytes(1) + (FP8_SCALE_BYTES if self.storage == "fp8" else 0)
 
     def state_bytes(self, tokens: int) -> int:
         """Bytes of the states of `tokens` tokens (the file adds its header and token ids: file_bytes)."""
@@ -187,7 +202,7 @@ class StateShape:
 
 
 def shape_from_config(config: dict[str, object], layer_ids: list[int] | None, dtype: str,
-                      kind: ServedKind = "aux", layouts: Sequence[str] = ()) -> StateShape:
+                      kind: ServedKind = "aux", layouts: Sequence[str] = (), storage: str = "served") -> StateShape:
     """The states' shape for a model's config.json (text_config for multimodal models) and the spec's layer ids;
     the final state is one layer. Raises ValueError when the ids or the layouts do not fit the model."""
     nested = config.get("text_config")
@@ -196,12 +211,12 @@ def shape_from_config(config: dict[str, object], layer_ids: list[int] | None, dt
     if not isinstance(layers, int) or not isinstance(hidden, int):
         raise ValueError("config.json names no num_hidden_layers and hidden_size: the states' shape is unknown")
     if kind == "final":
-        return StateShape(1, hidden, dtype)
+        return StateShape(1, hidden, dtype, storage)
     ids = layer_ids if layer_ids is not None else default_eagle3_layer_ids(layers)
     check_layer_ids(ids, layers)
     names = config.get("architectures") or text.get("architectures")
     check_layouts(layouts, layer_ids, names[0] if isinstance(names, list) and names else None, layers)
-    return StateShape(len(ids), hidden, dtype)
+    return StateShape(len(ids), hidden, dtype, storage)
 
 
 # Capture requests one runner worker keeps in flight (generate/hidden_capture.py); the plan times the pass with it.

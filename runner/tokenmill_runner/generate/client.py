@@ -409,7 +409,8 @@ async def healthy_servers(urls: Sequence[str], timeout_s: float, api_key: str | 
             logger.info("waiting for a healthy server: %s", "; ".join(f"{u}: {a}" for u, a in last.items()))
             await asyncio.sleep(poll_s)
     detail = "; ".join(f"{url}: {answer}" for url, answer in last.items())
-    raise TimeoutError(f"no server became healthy within {timeout_s:.0f}s ({detail})")
+    raise ServersUnavailable(f"no server became healthy within {timeout_s:.0f}s (--server-wait) ({detail}); check "
+                             "that the server is up and its URL, then run again")
 
 
 async def _health_once(http: httpx.AsyncClient, url: str) -> str:

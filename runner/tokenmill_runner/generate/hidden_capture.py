@@ -30,6 +30,7 @@ from ..store.hidden_states import (
     AUX,
     StateKind,
     captured_keys,
+    clean_state_leftovers,
     clear_failure,
     commit_states,
     committed_samples,
@@ -37,7 +38,7 @@ from ..store.hidden_states import (
     record_failure,
 )
 from ..store.lease import LeaseLost
-from ..store.shards import Fence
+from ..store.shards import Fence, new_run_token
 from ..store.storage import Storage
 from .client import auth_headers
 
@@ -116,6 +117,9 @@ async def capture_dataset(storage: Storage, dataset: str, server: str, shape: St
     move (store/capture_progress.py: what the operator shows while the pass runs)."""
     summary = CaptureSummary()
     lost: list[LeaseLost] = []
+    fence = fence or Fence.unleased(new_run_token())  # without a lease, this call is a writer of its own
+    if worker in (None, 0):  # one worker of the pass removes what killed or taken-over writers left unmarked
+        await asyncio.to_thread(clean_state_leftovers, storage, dataset, kind, fence)
     done = captured_keys(storage, dataset, kind)
     failed = failed_keys(storage, dataset, kind)
     limit = asyncio.Semaphore(concurrency)
@@ -162,7 +166,7 @@ async def capture_dataset(storage: Storage, dataset: str, server: str, shape: St
             # In the pool: the fence may wait for a late renewal, which must not stall the other answers' streams.
             await loop.run_in_executor(
                 pool, lambda: commit_states(storage, dataset, row["sample_id"], row.get("sample_index", 0),
-                                            sequence, values, shape, spool, fence, kind))
+                                            sequence, values, shape, fence, spool, kind))
             if key in failed:
                 await loop.run_in_executor(pool, clear_failure, storage, dataset, key, fence, kind)
             summary.captured += 1

@@ -13,6 +13,8 @@ import logging
 import shutil
 from pathlib import Path
 
+import numpy as np
+
 from ..facts.hidden_states import (
     ServedKind,
     StateShape,
@@ -27,7 +29,7 @@ from ..spec.config import RunnerConfig
 from ..spec.resource import DatasetGenerationSpec, SpecError
 from ..store.bounded_get import CONFIG_BYTES, get_bounded
 from ..store.capture_progress import ProgressBeat
-from ..store.hidden_states import KINDS, StateKind, captured_keys, hidden_state_inputs, sample_key
+from ..store.hidden_states import KINDS, StateKind, captured_keys, expected_lengths, sample_key, state_key
 from ..store.markers import markers_in_commit_order
 from ..store.shards import Fence
 from ..store.storage import LocalStorage, Storage
@@ -101,7 +103,7 @@ async def run_hidden_state_pass(config: RunnerConfig, storage: Storage, api_key:
     folder = await asyncio.to_thread(local_model_folder, spec.model.tokenizer or spec.model.path,
                                      spec.output.endpoint)
     shape = shape_from_config(model_config(folder), spec.hidden_states.layer_ids, spec.hidden_states.dtype, served,
-                              spec.hidden_states.layouts)
+                              spec.hidden_states.layouts, spec.hidden_states.storage)
     chunk = info.get("chunked_prefill_size")
     chunk = chunk if isinstance(chunk, int) and chunk > 0 else DEFAULT_CHUNK
     _check_local_room(storage, [d.name for d in spec.datasets], shape, kind)
@@ -141,8 +143,8 @@ def _check_local_room(storage: Storage, datasets: list[str], shape: StateShape, 
         return
     needed = 0
     for dataset in datasets:
-        expected, _, _ = hidden_state_inputs(storage, dataset)
-        done = captured_keys(storage, dataset, kind)
-        needed += sum(shape.file_bytes(tokens) for (sid, index), tokens in expected.items()
-                      if tokens is not None and sample_key(sid, index) not in done)
+        keys, lengths = expected_lengths(storage, dataset)
+        done = np.isin(keys, np.fromiter((state_key(key) for key in captured_keys(storage, dataset, kind)),
+                                         dtype=np.uint64))
+        needed += sum(shape.file_bytes(int(tokens)) for tokens in lengths[~done & (lengths >= 0)].tolist())
     check_room(needed, shutil.disk_usage(storage.root).free, f"the output {storage.root_uri}")

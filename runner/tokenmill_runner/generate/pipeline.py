@@ -52,7 +52,7 @@ from ..store.index_store import CHECKPOINT_EVERY, put_checkpoint, take_checkpoin
 from ..store.lease import LeaseKeeper, LeaseLost
 from ..store.ledger import RETRYABLE_REASONS, DatasetLedger, ShardContent, Slot
 from ..store.shards import Fence, ShardBuffer, commit_shard, new_run_token, new_shard_id
-from ..store.storage import Storage, StorageError, retry_from_env
+from ..store.storage import Storage, StorageError
 from .client import GenerateClient, PromptIds
 from .conversation import Conversation, history_exact, read_answer, start
 from .ordering import (
@@ -289,8 +289,7 @@ class Runner:
         self.in_flight = 0
         self.metrics.count_in_flight(lambda: self.in_flight)  # read when scraped, not set per request
         self._run_token = run_token or new_run_token()  # the lease records it: shard names of this run
-        self._fence = None if lease is None else Fence(lease.fence, lease.times.marker_budget_s,
-                                                       retry_from_env().budget_s)
+        self._fence = None if lease is None else lease.commit_fence  # store/ownership.py
         self._sequence = 0
         self._commits: set[asyncio.Task[None]] = set()
         self._commit_slots = asyncio.Semaphore(MAX_PARALLEL_COMMITS)
@@ -334,6 +333,12 @@ class Runner:
     def release_lease(self) -> None:
         if self.lease is not None:
             self.lease.close()
+
+    def confirm_lease(self) -> None:
+        """Before exit 0 or a report: prove the lease once more, after every record of this run landed (LeaseLost:
+        a takeover sealed this run, and what it committed since counts for nobody)."""
+        if self.lease is not None:
+            self.lease.confirm()
 
     async def _run(self) -> RunSummary:
         queue: asyncio.Queue[Request] = asyncio.Queue(maxsize=self.concurrency)
@@ -806,10 +811,10 @@ class Runner:
         due = index is not None and index.since_checkpoint >= (1 if at_end else CHECKPOINT_EVERY)
         if self.config.worker_count != 1 or not due or index is None:
             return
-        taken = take_checkpoint(index, f"w{self.config.worker_index:03d}")  # on the loop: no fold lands half-way
+        taken = take_checkpoint(index, self._run_token)  # on the loop: no fold lands half-way
         try:
-            await asyncio.to_thread(put_checkpoint, self.storage, index.name, taken)
-        except StorageError as error:  # a missing checkpoint costs the next reader time, never correctness
+            await asyncio.to_thread(put_checkpoint, self.storage, index.name, taken, b"", self._fence)
+        except (StorageError, LeaseLost) as error:  # a missing checkpoint costs the next reader time, never correctness
             logger.warning("%s: could not write a checkpoint: %s", state.name, error)
 
     async def _flush_all(self) -> None:

@@ -29,13 +29,23 @@ def first_reasoning_end(output_ids: list[int], end_ids: int | None | Iterable[in
     return found
 
 
-def reasoning_agrees(reasoning_end: int | None, completion_tokens: int, server_count: int | None) -> bool | None:
-    """Whether SGLang's meta_info.reasoning_tokens agrees with tokenmill's reasoning end; None when SGLang counted
-    nothing (a release before 0.5.10.post1, a server without a reasoning parser, or no reasoning). SGLang counts
-    through the end token, all of the output when reasoning never ended (0.5.23 managers/schedule_batch.py:2240-2259)."""
+def reasoning_agrees(output_ids: list[int], counted_end_id: int | None, server_count: int | None) -> bool | None:
+    """Whether SGLang's meta_info.reasoning_tokens agrees with the output; None when SGLang counted nothing (a release
+    before 0.5.10.post1, a server without a reasoning parser, or no reasoning).
+
+    SGLang counts through its parser's end token and all of the output when that token never comes (0.5.23
+    managers/schedule_batch.py:2240-2259, the end ids encoded from the detector's think_end_token, scheduler.py:940-950 and
+    parser/reasoning_parser.py:118).
+    That is spec.model.reasoning's first end token (`counted_end_id`), never an alternative: Kimi's kimi_k2 detector
+    ends its *text* split at <|tool_calls_section_begin|> too (parser/reasoning_parser.py:516-557, tool_start_token at :552),
+    but its count runs to </think>, so an output that leaves reasoning at the tool-call section is counted whole.
+    A disagreement therefore means the server's parser counts to another token than the spec names."""
     if not server_count:
         return None
-    own = completion_tokens if reasoning_end is None else reasoning_end + 1
+    try:
+        own = output_ids.index(counted_end_id) + 1 if counted_end_id is not None else len(output_ids)
+    except ValueError:
+        own = len(output_ids)
     return own == server_count
 
 
@@ -45,8 +55,7 @@ def build_row(dataset: str, prompt: Prompt, prompt_ids: Sequence[int], generatio
     output_ids = generation.output_ids
     end_ids = [int(i) for i in info.reasoning_end_tokens] or info.reasoning_end_id
     ended = first_reasoning_end(output_ids, end_ids)
-    agrees = reasoning_agrees(None if ended is None else ended[0], generation.completion_tokens,
-                              generation.reasoning_tokens)
+    agrees = reasoning_agrees(output_ids, info.reasoning_end_id, generation.reasoning_tokens)
     return {
         "sample_id": prompt.sample_id,
         "dataset": dataset,

@@ -3,6 +3,7 @@ that says how it ended. Pure."""
 
 from __future__ import annotations
 
+import textwrap
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,7 +17,41 @@ EXIT_SERVERS_UNAVAILABLE = 4  # no server was live for longer than the outage bu
 EXIT_NO_SAMPLES = 5  # finished, but a dataset has no sample: an empty source, or every row failed for its input
 EXIT_LEASE_LOST = 6  # the run could no longer prove it holds the output's lease: it committed nothing after that
 EXIT_STATES_PENDING = 7  # finished, but hidden states of another kind are still to capture against a relaunched server
+EXIT_VERDICT = 8  # `tokenmill report`: the verdict is FAIL (or, with --fail-on warn, WARN)
 EXIT_INTERRUPTED = 130  # SIGINT/SIGTERM: finished samples committed, the rest is redone on resume
+EXIT_BROKEN_PIPE = 141  # the reader of stdout went away (`| head`): 128 + SIGPIPE, as a shell reports such a command
+
+# The one table of exit codes, for every command: `tokenmill --help` prints it, and the README holds the same rows
+# (tests/integration/test_readme.py compares them).
+EXIT_CODES: tuple[tuple[int, str], ...] = (
+    (EXIT_OK, "done: the run settled with no sample given up; the report's verdict passed --fail-on; the export "
+              "wrote records"),
+    (EXIT_FAILED, "an error stopped the command (the message names it); a rerun of `run` resumes from what is "
+                  "committed"),
+    (EXIT_USAGE, "a bad command line, spec or path, named in the message (a flag, a spec field, a URI that is no "
+                 "run's output, a missing source), refused before anything starts; or an output another live "
+                 "run writes"),
+    (EXIT_GIVEN_UP, "run: finished, but samples were given up (rerun with --retry-failed); offline export: "
+                    "samples lack their hidden states"),
+    (EXIT_SERVERS_UNAVAILABLE, "run: no server was live (at start-up within --server-wait, later past the "
+                               "outage budget); nothing was written off, a rerun continues"),
+    (EXIT_NO_SAMPLES, "run: a dataset has no sample (an empty source, or every row failed for its input); "
+                      "export: nothing was written (every unit filtered, excluded or refused)"),
+    (EXIT_LEASE_LOST, "run: another run took the output's lease; what was committed before counts"),
+    (EXIT_STATES_PENDING, "run: hidden states of another kind are still to capture (relaunch the server as told)"),
+    (EXIT_VERDICT, "report: the verdict is FAIL (with --fail-on warn: WARN or FAIL)"),
+    (EXIT_INTERRUPTED, "interrupted (SIGINT/SIGTERM): finished samples are committed, the rest is redone on resume"),
+    (EXIT_BROKEN_PIPE, "the reader of the output went away (`| head`): the output was cut short, nothing else "
+                       "changed"),
+)
+
+
+def exit_code_table(width: int = 78) -> str:
+    """The exit codes as `--help` prints them: one code per entry, its meaning wrapped under it."""
+    lines = ["exit codes:"]
+    for code, meaning in EXIT_CODES:
+        lines.extend(textwrap.wrap(meaning, width, initial_indent=f"  {code:<4} ", subsequent_indent=" " * 7))
+    return "\n".join(lines)
 
 RETRY_HINT = ("run again with `tokenmill run --retry-failed` (on a cluster: annotate the DatasetGeneration "
               "tokenmill.io/retry-failed=<a new value>, or set spec.runner.retryFailed: true)")

@@ -7,16 +7,21 @@ shards and loading the tokenizer are at the edge (`select_rows`, `load_run_token
 
 from __future__ import annotations
 
+import heapq
 import random
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from itertools import islice
 from typing import Any
 
 import orjson
 
 from ..render.pretokenize import flag_allows_remote_code, load_tokenizer, local_model_folder
-from ..store.markers import read_markers
-from ..store.shards import decode_rows
+from ..store.manifest import MANIFEST, read_manifest
+from ..store.markers import markers_in_commit_order
+from ..store.shards import read_shard
 from ..store.storage import Storage
+from .files import require_run_output
 
 ROLE_LABELS = {"tool_declare": "tools", "system": "system", "user": "user", "assistant": "assistant",
                "tool": "tool result"}
@@ -165,36 +170,55 @@ class Selection:
     seed: int = 0
 
 
-def _candidates(storage: Storage, datasets: list[str]) -> list[tuple[str, dict[str, Any], int]]:
-    """(dataset, marker, position in marker) for every committed sample."""
-    found = []
+# A committed sample as the selection sees it: (dataset, its shard's key under the dataset, its row in the shard).
+Candidate = tuple[str, str, int]
+# Rows `--sample ID` shows at most (an id repeats once per sample of its prompt, and in markers written twice).
+MAX_MATCHES = 1024
+
+
+def _candidates(storage: Storage, datasets: list[str]) -> Iterator[tuple[Candidate, str, int]]:
+    """(candidate, sample id, completion tokens) of every committed sample, streamed from the markers in commit
+    order (a window of markers in memory, never all of them)."""
     for dataset in datasets:
-        for marker in read_markers(storage, dataset):
-            found += [(dataset, marker, i) for i in range(len(marker["samples"]["sample_id"]))]
-    return found
+        for marker in markers_in_commit_order(storage, dataset):
+            samples = marker["samples"]
+            for position, (sample_id, tokens) in enumerate(zip(samples["sample_id"], samples["completion_tokens"],
+                                                              strict=True)):
+                yield (dataset, str(marker["data"]), position), sample_id, tokens
+
+
+def choose(storage: Storage, datasets: list[str], selection: Selection) -> list[Candidate]:
+    """The samples a selection picks, holding only those (a heap for the shortest and longest, two passes for a
+    seeded random draw, which picks what `random.Random(seed).sample` of the whole list would)."""
+    stream = _candidates(storage, datasets)
+    if selection.sample_id is not None:
+        return list(islice((c for c, sample_id, _ in stream if sample_id == selection.sample_id), MAX_MATCHES))
+    if selection.shortest:
+        return [c for c, _, _ in heapq.nsmallest(selection.shortest, stream, key=lambda item: item[2])]
+    if selection.longest:
+        return [c for c, _, _ in heapq.nlargest(selection.longest, stream, key=lambda item: item[2])]
+    total = sum(1 for _ in stream)
+    picked = random.Random(selection.seed).sample(range(total), min(selection.random or 1, total))
+    order = {index: rank for rank, index in enumerate(picked)}
+    chosen: list[Candidate | None] = [None] * len(picked)
+    for index, (candidate, _, _) in enumerate(_candidates(storage, datasets)):
+        if index in order:
+            chosen[order[index]] = candidate
+    return [c for c in chosen if c is not None]
 
 
 def select_rows(storage: Storage, datasets: list[str], selection: Selection) -> list[dict[str, Any]]:
-    """Pick samples from the markers, then read only the shards that hold them."""
-    candidates = _candidates(storage, datasets)
-    length = lambda c: c[1]["samples"]["completion_tokens"][c[2]]  # noqa: E731
-    if selection.sample_id is not None:
-        chosen = [c for c in candidates if c[1]["samples"]["sample_id"][c[2]] == selection.sample_id]
-    elif selection.shortest:
-        chosen = sorted(candidates, key=length)[:selection.shortest]
-    elif selection.longest:
-        chosen = sorted(candidates, key=length, reverse=True)[:selection.longest]
-    else:
-        count = min(selection.random or 1, len(candidates))
-        chosen = random.Random(selection.seed).sample(candidates, count)
-    shards: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    rows = []
-    for dataset, marker, position in chosen:
-        key = (dataset, marker["data"])
-        if key not in shards:
-            shards[key] = decode_rows(storage.get(f"{dataset}/{marker['data']}"))
-        rows.append(shards[key][position])
-    return rows
+    """Pick samples from the markers, then read only the shards that hold them, keeping only the rows picked."""
+    chosen = choose(storage, datasets, selection)
+    wanted: dict[tuple[str, str], set[int]] = {}
+    for dataset, data, position in chosen:
+        wanted.setdefault((dataset, data), set()).add(position)
+    found: dict[Candidate, dict[str, Any]] = {}
+    for (dataset, data), positions in wanted.items():
+        for position, row in enumerate(read_shard(storage, f"{dataset}/{data}")):
+            if position in positions:
+                found[(dataset, data, position)] = row
+    return [found[c] for c in chosen if c in found]
 
 
 def turn_rows(row: dict[str, Any]) -> list[dict[str, Any]]:
@@ -216,8 +240,13 @@ def inspect_samples(storage: Storage, selection: Selection, datasets: list[str] 
                     endpoint: str | None = None, trust_remote_code: bool = False) -> str:
     """Decode the selected samples of a run with the tokenizer recorded in its run.json; its own code runs only
     with `trust_remote_code` (the command's flag, never run.json's)."""
-    run = orjson.loads(storage.get("run.json"))
-    names = datasets or [d["name"] for d in run["spec"]["datasets"]]
+    require_run_output(storage, manifest_needed=True)
+    recorded = read_manifest(storage)  # bounded and checked, as the report and the operator read it
+    if recorded is None:
+        raise NothingToInspect(f"{storage.uri(MANIFEST)} does not exist: {storage.root_uri} is not a tokenmill "
+                               "run's output")
+    run = recorded.model_dump(mode="json", exclude_none=True)
+    names = datasets or recorded.dataset_names
     rows = select_rows(storage, names, selection)
     if not rows:
         raise NothingToInspect(f"no committed sample matches in {', '.join(names)} under {storage.root_uri}")

@@ -1,17 +1,26 @@
 """The report's files: the ledger read from a run's commit markers, and report.json, report.md and one PNG per
-dataset written next to them (under report/). The storage edge of `validation.py`."""
+dataset written next to them (under report/), with the draft-vocabulary coverage from each shard's loss-token counts
+(`vocabulary.png`) and, when asked, the prompts' duplicates and evaluation overlap (`duplicates.jsonl`,
+`eval_overlap.jsonl`). The storage edge of `validation.py`, `vocabulary.py` and `mix.py`."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from ..store.manifest import RunManifest, read_manifest
+from ..stats.token_freq import REPORT_SIZES, TokenFrequencies
+from ..store.ledger import DatasetLedger, LedgerBudget
+from ..store.manifest import MANIFEST, RunManifest, read_manifest
 from ..store.markers import datasets_with_commits, markers_in_commit_order
 from ..store.shards import missing_files, stored_files
 from ..store.storage import Storage
-from .validation import DatasetSamples, Ledger, build_report
+from ..store.token_counts import CountedShard, accumulate, counted_shard
+from .mix import NGRAM, duplicate_groups, duplicate_section, overlap_section, share_section
+from .validation import LEVELS, DatasetSamples, Ledger, build_report
+from .vocabulary import mixed, vocabulary_section
 
 REPORT_DIR = "report"
 
@@ -23,22 +32,44 @@ REPORT_DIR = "report"
 NO_LAYOUT = "run.json missing: worker 0 never recorded the layout"
 
 
-def load_ledger(storage: Storage) -> Ledger:
+class NotARunOutput(LookupError):
+    """The URI holds no run (a mistyped path): report, inspect and export refuse it before writing anything."""
+
+
+def require_run_output(storage: Storage, manifest_needed: bool = False) -> None:
+    """Refuse a URI that is no run's output: no run.json and (unless `manifest_needed`) no commit marker either. A
+    report of it would create the folder and print FAIL with no reason; tokenmill exits 2 instead, as for any bad
+    argument."""
+    if storage.exists(MANIFEST) or (not manifest_needed and datasets_with_commits(storage)):
+        return
+    raise NotARunOutput(f"{storage.root_uri} is not a tokenmill run's output: it has no {MANIFEST}"
+                        f"{'' if manifest_needed else ' and no commit markers'}; check the path (nothing was written)")
+
+
+def load_ledger(storage: Storage, counted: dict[str, list[CountedShard]] | None = None) -> Ledger:
+    """The ledger of every dataset, folded from its markers; `counted` (when given) gets, per dataset, the shards
+    whose loss-token counts count (store/token_counts.py), as the same fold decides."""
     recorded = read_manifest(storage)
     manifest = recorded or RunManifest()
     names = manifest.dataset_names
     extra = sorted(set(datasets_with_commits(storage)) - set(names))
     datasets = []
+    budget = LedgerBudget()  # one for the run: its markers set how much the report allocates only up to the bound
     for name in names + extra:
         layout = manifest.datasets.get(name)  # the current layout: its lines x samples per prompt
-        ledger = DatasetSamples(name, lines=layout.last_line if layout else None,
-                                per_prompt=layout.samples if layout else 1,
-                                within=layout.within() if layout else None,
-                                no_layout=NO_LAYOUT if recorded is None else None)
+        lines, per_prompt = (layout.last_line, layout.samples) if layout else (None, 1)
+        ledger = DatasetSamples(name, lines=lines, per_prompt=per_prompt,
+                                within=layout.within_bits() if layout else None,
+                                no_layout=NO_LAYOUT if recorded is None else None,
+                                ledger=DatasetLedger(name, lines or 0, per_prompt, budget))
         stored = stored_files(storage, name)
+        shards = counted.setdefault(name, []) if counted is not None else None
         for marker in markers_in_commit_order(storage, name):  # streamed: one pass, a window of markers in memory
             ledger.check_files(marker, missing_files(marker, stored))
-            ledger.add_marker(marker)
+            taken = ledger.add_marker(marker)
+            shard = counted_shard(name, marker, taken) if shards is not None else None
+            if shard is not None and shards is not None:
+                shards.append(shard)
         datasets.append(ledger)
     return Ledger(storage.root_uri, manifest.model_dump(mode="json", exclude_none=True), datasets)
 
@@ -46,8 +77,8 @@ def load_ledger(storage: Storage) -> Ledger:
 def _add_hidden_states(storage: Storage, ledger: Any, report: dict[str, Any]) -> None:
     """The hidden-state section and its findings, when the run asked for states (report/hidden_states.py)."""
     from ..facts.hidden_states import kinds_needed
-    from ..store.hidden_states import KINDS, hidden_state_inputs
-    from .hidden_states import StateRecord, hidden_state_section
+    from ..store.hidden_states import KINDS, expected_lengths, failed_keys, state_records
+    from .hidden_states import hidden_state_section
     from .validation import LEVELS
 
     spec = ledger.run.get("spec") if isinstance(ledger.run, dict) else None
@@ -56,10 +87,11 @@ def _add_hidden_states(storage: Storage, ledger: Any, report: dict[str, Any]) ->
     layouts = spec["hiddenStates"].get("layouts") or []
     sections = {}
     for dataset in ledger.datasets:
+        keys, lengths = expected_lengths(storage, dataset.name)
         for kind in kinds_needed(list(layouts)):
-            expected, states, failed = hidden_state_inputs(storage, dataset.name, KINDS[kind])
-            records = [StateRecord(*state) for state in states]
-            section, findings = hidden_state_section(dataset.name, expected, records, failed, kind)
+            failed = len(failed_keys(storage, dataset.name, KINDS[kind]))
+            section, findings = hidden_state_section(dataset.name, keys, lengths,
+                                                     state_records(storage, dataset.name, KINDS[kind]), failed, kind)
             if kind == "aux":
                 sections[dataset.name] = section
             else:
@@ -69,20 +101,102 @@ def _add_hidden_states(storage: Storage, ledger: Any, report: dict[str, Any]) ->
     report["verdict"] = max((f["level"] for f in report["findings"]), key=LEVELS.index, default="fail")
 
 
-def write_report(storage: Storage) -> tuple[dict[str, Any], list[str]]:
-    """Compute the report from the commit markers and write report.json, report.md and one PNG per dataset."""
-    from .markdown import render
-    from .plots import dataset_png
+@dataclass(frozen=True)
+class PromptChecks:
+    """What `tokenmill report --mix` asks for: the prompt sources read for duplicates, and overlap with these
+    evaluation files (JSON lines of prompts), by runs of `ngram` words."""
 
-    ledger = load_ledger(storage)
+    eval_files: Sequence[str] = field(default_factory=tuple)
+    ngram: int = NGRAM
+    endpoint: str | None = None  # S3 endpoint of the sources and evaluation files
+
+
+DUPLICATES, EVAL_OVERLAP, COVERAGE_PNG = "duplicates.jsonl", "eval_overlap.jsonl", "vocabulary.png"
+
+
+def _add_mix(storage: Storage, ledger: Ledger, report: dict[str, Any],
+             frequencies: dict[str, TokenFrequencies], checks: PromptChecks | None) -> list[str]:
+    """The mix section (shares always; duplicates and evaluation overlap when asked); returns the files written."""
+    from .prompt_scan import read_eval_files, scan_prompts
+
+    samples = {d.name: d.samples for d in ledger.datasets}
+    section: dict[str, Any] = {"shares": share_section(samples, {n: f.total for n, f in frequencies.items()})}
+    report["mix"] = section
+    if checks is None:
+        return []
+    index = read_eval_files(checks.eval_files, checks.ngram, checks.endpoint) if checks.eval_files else None
+    scan = scan_prompts(ledger.run, [d.name for d in ledger.datasets], index, checks.endpoint)
+    groups = duplicate_groups(scan.hashes)
+    section["duplicates"] = duplicate_section(scan.hashes, groups)
+    storage.put(f"{REPORT_DIR}/{DUPLICATES}", b"".join(orjson.dumps(g.record()) + b"\n" for g in groups))
+    written = [DUPLICATES]
+    if index is not None:
+        overlap = section["eval_overlap"] = overlap_section(index, scan.matches, scan.prompts(), checks.eval_files)
+        storage.put(f"{REPORT_DIR}/{EVAL_OVERLAP}", b"".join(orjson.dumps(m.record()) + b"\n" for m in scan.matches))
+        written.append(EVAL_OVERLAP)
+        for name, counts in overlap["datasets"].items():
+            if counts["overlapping"]:
+                report["findings"].append({
+                    "check": "eval_overlap", "level": "warn", "dataset": name, "value": counts["overlapping"],
+                    "threshold": 0,
+                    "message": f"{name}: {counts['overlapping']} prompts share a run of {checks.ngram} words with "
+                               f"the evaluation files ({', '.join(checks.eval_files)}): a drafter trained on them "
+                               f"is judged on what it saw; report/{EVAL_OVERLAP} lists them, and tokenmill export "
+                               "--exclude-eval-overlap FILE leaves them out"})
+        report["verdict"] = max((f["level"] for f in report["findings"]), key=LEVELS.index, default="fail")
+    return written
+
+
+@dataclass
+class Computed:
+    """A report computed from a run's markers and counts, before its files are drawn and written."""
+
+    report: dict[str, Any]
+    ledger: Ledger
+    frequencies: dict[str, TokenFrequencies]  # per dataset, in spec order
+    files: list[str]  # the .jsonl files the mix wrote under report/
+
+
+def compute_report(storage: Storage, checks: PromptChecks | None = None, recount_rows: bool = False) -> Computed:
+    """report.json's content: the validation report, the hidden states, the vocabulary coverage and the mix.
+    `recount_rows`: count a shard whose counts file cannot be used (a slot committed twice, a marker older than the
+    counts) from its rows. Off where the operator reports: it reads no tenant's shard (docs/security.md); such
+    shards are then named in the vocabulary section as not counted."""
+    counted: dict[str, list[CountedShard]] = {}
+    ledger = load_ledger(storage, counted)
     report = build_report(ledger)
     _add_hidden_states(storage, ledger, report)
-    images = []
+    frequencies, uncounted = {}, {}
     for dataset in ledger.datasets:
+        frequencies[dataset.name], uncounted[dataset.name] = accumulate(storage, counted.get(dataset.name, []),
+                                                                         recount_rows=recount_rows)
+    report["vocabulary"] = vocabulary_section(frequencies, uncounted=uncounted)
+    files = _add_mix(storage, ledger, report, frequencies, checks)
+    return Computed(report, ledger, frequencies, files)
+
+
+def write_report(storage: Storage, checks: PromptChecks | None = None,
+                 recount_rows: bool = False) -> tuple[dict[str, Any], list[str]]:
+    """Compute the report from the commit markers and write report.json, report.md and the PNGs (one per dataset
+    and the vocabulary coverage); with `checks`, read the prompt sources for the mix's duplicates and overlap;
+    `recount_rows` as in `compute_report` (the runner's own commands recount; the operator does not)."""
+    from .markdown import render
+    from .plots import coverage_png, dataset_png
+
+    computed = compute_report(storage, checks, recount_rows)
+    report, frequencies = computed.report, computed.frequencies
+    images = []
+    for dataset in computed.ledger.datasets:
         caps = report["datasets"][dataset.name]["truncated"]["caps"]
         storage.put(f"{REPORT_DIR}/{dataset.name}.png", dataset_png(dataset.name, dataset, caps))
         images.append(f"{dataset.name}.png")
+    curves = {name: counts.curve() for name, counts in frequencies.items()}
+    if len(frequencies) > 1:
+        curves["mix"] = mixed(frequencies).curve()
+    storage.put(f"{REPORT_DIR}/{COVERAGE_PNG}", coverage_png(curves, list(REPORT_SIZES)))
+    images.append(COVERAGE_PNG)
     storage.put(f"{REPORT_DIR}/report.json", orjson.dumps(report, option=orjson.OPT_INDENT_2))
     storage.put(f"{REPORT_DIR}/report.md", render(report, images).encode())
-    written = [storage.uri(f"{REPORT_DIR}/{name}") for name in ("report.json", "report.md", *images)]
+    written = [storage.uri(f"{REPORT_DIR}/{name}") for name in ("report.json", "report.md", *images,
+                                                                 *computed.files)]
     return report, written

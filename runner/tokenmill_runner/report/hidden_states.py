@@ -4,52 +4,54 @@ finding when a sample's states do not have one row per token of its sequence, or
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
-SampleRef = tuple[str, int]  # (sample id, sample index)
+import numpy as np
 
 
-@dataclass(frozen=True)
-class StateRecord:
-    sample: SampleRef
-    tokens: int
-    bytes: int
-
-
-def hidden_state_section(dataset: str, expected: dict[SampleRef, int | None], states: Iterable[StateRecord],
-                         failed: int, kind: str = "aux") -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """`expected`: every committed sample and its sequence length (prompt + output tokens; None where the marker
-    cannot tell, a multi-turn conversation). `kind` "final": SpecForge's final-state pass, its own checks."""
+def hidden_state_section(dataset: str, keys: np.ndarray, lengths: np.ndarray,
+                         states: Iterable[tuple[str, int, int, int, str]], failed: int,
+                         kind: str = "aux") -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """`keys`, `lengths`: every committed sample (sorted 64-bit keys) and its sequence length (prompt + output
+    tokens; -1 where the marker cannot tell, a multi-turn conversation). `states`: (label, key, tokens, bytes, stored
+    dtype: the served one, or float8_e4m3fn) of each state marker, streamed. `kind` "final": SpecForge's final-state pass, its own checks. Memory: a byte per
+    committed sample, whatever the states."""
     check, what = ("hidden_states", "hidden states") if kind == "aux" else ("final_states", "final hidden states")
-    covered: set[SampleRef] = set()
-    total_bytes = 0
-    misaligned: list[str] = []
+    covered = np.zeros(keys.size, dtype=bool)
+    total_bytes = total_tokens = 0
+    dtypes: set[str] = set()
+    misaligned, example = 0, ""
     orphans = 0
-    for record in states:
-        if record.sample not in expected:
+    for label, key, tokens, size, dtype in states:
+        at = int(np.searchsorted(keys, np.uint64(key)))
+        if at >= keys.size or int(keys[at]) != key:
             orphans += 1  # a sample the fold no longer counts (e.g. a duplicate): not coverage
             continue
-        covered.add(record.sample)
-        total_bytes += record.bytes
-        length = expected[record.sample]
-        if length is not None and length != record.tokens:
-            misaligned.append(f"{record.sample[0]} (index {record.sample[1]}): {record.tokens} states for "
-                              f"{length} tokens")
-    samples = len(expected)
-    coverage = len(covered) / samples if samples else None
-    section = {"samples": samples, "with_states": len(covered), "coverage": coverage, "bytes": total_bytes,
-               "failed_captures": failed, "misaligned": len(misaligned), "uncounted": orphans}
+        if covered[at]:
+            continue
+        covered[at] = True
+        total_bytes += size
+        total_tokens += tokens
+        dtypes.add(dtype)
+        length = int(lengths[at])
+        if length >= 0 and length != tokens:
+            misaligned += 1
+            example = example or f"{label}: {tokens} states for {length} tokens"
+    samples, with_states = int(keys.size), int(covered.sum())
+    coverage = with_states / samples if samples else None
+    section = {"samples": samples, "with_states": with_states, "coverage": coverage, "bytes": total_bytes,
+               "dtypes": sorted(dtypes - {""}), "bytes_per_token": total_bytes / total_tokens if total_tokens else None,
+               "failed_captures": failed, "misaligned": misaligned, "uncounted": orphans}
     findings: list[dict[str, Any]] = []
     if misaligned:
-        findings.append(_finding(f"{check}_length", dataset, len(misaligned),
-                                 f"{dataset}: {len(misaligned)} samples' {what} differ in length from their "
-                                 f"sequence, e.g. {misaligned[0]}; a drafter would train on misaligned features"))
-    if samples and len(covered) < samples:
+        findings.append(_finding(f"{check}_length", dataset, misaligned,
+                                 f"{dataset}: {misaligned} samples' {what} differ in length from their "
+                                 f"sequence, e.g. {example}; a drafter would train on misaligned features"))
+    if samples and with_states < samples:
         advice = ("rerun with --retry-failed" if kind == "aux" or failed else "run the final-state pass against the "
                   "server relaunched with --enable-return-hidden-states")
         findings.append(_finding(f"{check}_coverage", dataset, coverage,
-                                 f"{dataset}: {samples - len(covered)} of {samples} samples have no {what} "
+                                 f"{dataset}: {samples - with_states} of {samples} samples have no {what} "
                                  f"({failed} captures failed); {advice}"))
     return section, findings
 

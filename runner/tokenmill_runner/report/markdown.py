@@ -111,6 +111,60 @@ def _conversation_rows(report: dict[str, Any]) -> Iterable[list[str]]:
                    _num(found["turns"]["max"]), ended]
 
 
+def vocabulary_lines(report: dict[str, Any]) -> list[str]:
+    section = report.get("vocabulary")
+    if not section:
+        return []
+    sizes = [str(size) for size in section["sizes"]]
+    shares = list(section["mix"]["ids_for_share"])
+
+    def row(d: dict[str, Any]) -> list[str]:
+        return [_num(d["loss_tokens"]), _num(d["distinct_ids"]), *(_pct(d["coverage"][k]) for k in sizes),
+                *(_num(d["ids_for_share"][k]) for k in shares)]
+
+    rows = [[name, *row(d)] for name, d in section["datasets"].items()]
+    if len(rows) > 1:
+        rows.append(["**mix**", *row(section["mix"])])
+    missing = {name: d["shards_not_counted"] for name, d in section["datasets"].items()
+               if d.get("shards_not_counted")}
+    note = ([f"Not counted: {', '.join(f'{name} {n} shards' for name, n in missing.items())} (a slot committed "
+             "twice, or markers older than the counts): `tokenmill report URI` recounts them from their rows.", ""]
+            if missing else [])
+    return ["## Draft vocabulary coverage", "",
+            "Share of the loss tokens (every generated id, the stop token included) that the K most frequent ids "
+            "cover: the ceiling a draft vocabulary of K ids puts on acceptance. `tokenmill export --format vocab` "
+            "writes the maps.", "",
+            *table(["dataset", "loss tokens", "distinct ids", *(f"top {int(k):,}" for k in sizes),
+                    *(f"ids for {float(share):.1%}" for share in shares)], rows), *note]
+
+
+def mix_lines(report: dict[str, Any]) -> list[str]:
+    section = report.get("mix")
+    if not section:
+        return []
+    duplicates = (section.get("duplicates") or {}).get("datasets", {})
+    overlap = (section.get("eval_overlap") or {}).get("datasets", {})
+    rows = []
+    for name, share in section["shares"].items():
+        dup, hit = duplicates.get(name), overlap.get(name)
+        shared = ", ".join(f"{other} {n}" for other, n in dup["shared_with"].items()) if dup else "-"
+        rows.append([name, str(share["samples"]), _pct(share["sample_share"]), _num(share["loss_tokens"]),
+                     _pct(share["loss_token_share"]), str(dup["repeated_within"]) if dup else "-", shared or "0",
+                     f"{hit['overlapping']} ({_pct(hit['share'])})" if hit else "-"])
+    lines = ["## Mix", "",
+             *table(["dataset", "samples", "share", "loss tokens", "share", "repeated prompts", "shared with",
+                     "overlapping eval"], rows)]
+    if "duplicates" not in section:
+        lines += ["Duplicates and evaluation overlap: `tokenmill report URI --mix [--eval FILE.jsonl]` reads the "
+                  "prompt sources.", ""]
+    elif "eval_overlap" in section:
+        files = section["eval_overlap"]["eval_files"]
+        lines += [f"Evaluation overlap: runs of {section['eval_overlap']['ngram']} words; "
+                  + ", ".join(f"{file}: {v['overlapped']} of {v['prompts']} prompts overlapped"
+                              for file, v in files.items()) + ".", ""]
+    return lines
+
+
 def render(report: dict[str, Any], images: list[str]) -> str:
     lines = [f"# tokenmill report: {report.get('name') or report['output_uri']}", "",
              f"Verdict: **{MARKS[report['verdict']]}** · output `{report['output_uri']}` · "
@@ -142,6 +196,7 @@ def render(report: dict[str, Any], images: list[str]) -> str:
                   "Completion lengths above are per conversation (every turn); the finish, reasoning and cap "
                   "figures describe each conversation's last turn.", "",
                   *table(["dataset", "conversations", "turns", "turns mean", "turns max", "ended by"], conversations)]
+    lines += vocabulary_lines(report) + mix_lines(report)
     errors = list(_error_rows(report))
     lines += ["## Errors", ""] + (table(["dataset", "reason", "count"], errors) if errors else ["none", ""])
     if images:

@@ -125,7 +125,8 @@ class DatasetSamples:
     name: str
     lines: int | None = None  # source lines of the current layout (run.json), when known: completeness is checked
     per_prompt: int = 1  # samples per prompt of the current layout (spec.datasets[].samples)
-    within: np.ndarray | None = None  # a bool per line of 1..lines: a slot's line (None: every one; blank lines not)
+    # a bit (or bool) per line of 1..lines: a slot's line (None: every one; blank lines not); DatasetLedger.completeness
+    within: np.ndarray | None = None
     no_layout: str | None = None  # why completeness cannot be judged although samples are committed (no run.json)
     ledger: DatasetLedger | None = None
     duplicate_rows: int = 0  # rows of slots that already had one: committed twice (two writers)
@@ -182,7 +183,8 @@ class DatasetSamples:
         room = DANGLING_NAMED - len(self.dangling)
         self.dangling.extend(f"{self.name}/{name}" for name in missing[:max(room, 0)])
 
-    def add_marker(self, marker: dict[str, Any]) -> None:
+    def add_marker(self, marker: dict[str, Any]) -> np.ndarray:
+        """Fold a marker in; returns the positions of its rows that counted (their slot's first row)."""
         assert self.ledger is not None
         taken = self.ledger.fold(marker)
         self.errors = Counter(self.ledger.final_failures())
@@ -190,7 +192,7 @@ class DatasetSamples:
         count = len(samples.get("line") or [])
         self.duplicate_rows += count - int(taken.size)
         if not taken.size:
-            return
+            return taken
         if taken.size == count:  # every row is new (the usual case): no copy
             columns = {name: _column(samples, name, count) for name in (*SAMPLE_COLUMNS, *EXTRA_COLUMNS,
                                                                         *SERVER_COLUMNS)}
@@ -204,6 +206,7 @@ class DatasetSamples:
         self._add_reasoning(columns)
         self._add_counts(columns)
         self.latency.add([math.nan if v is None else v for v in columns["latency_s"]])
+        return taken
 
     def _add_server_accounting(self, s: dict[str, list[Any]]) -> None:
         for cached, sent, prompt, disagreements in zip(s["cached_tokens"], s["sent_prompt_tokens"],

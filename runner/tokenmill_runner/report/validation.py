@@ -317,9 +317,11 @@ def dataset_findings(name: str, report: dict[str, Any], limits: Thresholds, end_
         findings.append(_finding(
             "reasoning_tokens", "warn", name,
             f"{name}: in {report['reasoning_tokens_disagree']} generations SGLang's meta_info.reasoning_tokens "
-            "disagrees with where tokenmill found the end of reasoning (spec.model.reasoning): the server's "
-            "reasoning parser ends reasoning at another token; check which end token the exports should split at "
-            "(tokenmill inspect shows both)", report["reasoning_tokens_disagree"]))
+            "is not the count through the first spec.model.reasoning end token (all of the output when it never "
+            "comes), which is how SGLang counts: the server's --reasoning-parser counts to another end token than "
+            "the spec names (a parser for another model family?), or the spec names a token this model does not "
+            "end reasoning with; compare the two (tokenmill inspect --sample ID shows both counts)",
+            report["reasoning_tokens_disagree"]))
     if report["errors_by_reason"].get("output_mismatch"):
         findings.append(_finding(
             "output_ids", "fail", name,

@@ -41,6 +41,11 @@ class RowLayout:
         if self.format not in FORMATS:
             raise ValueError(f"input format {self.format!r} is not one of {', '.join(FORMATS)}")
 
+    def columns(self) -> tuple[str, ...]:
+        """Every column a row of this layout is read from: a Parquet reader decodes these and no other."""
+        prompt = (self.prompt,) if self.format in ("prompt", "auto") else ()
+        return (*self.conversation_columns(), *prompt, self.system, self.id, self.tools)
+
     def conversation_columns(self) -> tuple[str, ...]:
         if self.messages is not None:
             return (self.messages,)

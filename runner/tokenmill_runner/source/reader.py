@@ -54,6 +54,20 @@ def parquet_shards(source: str, endpoint: str | None = None) -> list[str] | None
     raise FileNotFoundError(f"{source}: a folder without *.parquet or data/*.parquet shards")
 
 
+def source_problem(source: str, endpoint: str | None = None) -> str | None:
+    """Why the source cannot be read, found with one look before anything starts (a file that does not exist, a
+    folder without shards), or None."""
+    try:
+        if parquet_shards(source, endpoint) is not None:
+            return None
+    except FileNotFoundError as error:
+        return str(error)
+    parent, name = split_uri(source)
+    if not name or not open_storage(parent, endpoint).exists(name):
+        return f"{source} does not exist"
+    return None
+
+
 def source_format(source: str, declared: str = "auto", endpoint: str | None = None) -> str:
     if declared != "auto":
         return declared
@@ -177,21 +191,23 @@ def read_jsonl(source: str, endpoint: str | None = None, limit: int | None = Non
 
 
 def read_parquet(source: str, endpoint: str | None = None, limit: int | None = None,
-                 max_bytes: int | None = None) -> Iterator[tuple[int, Any]]:
-    """(row number, row dict or OversizeRow) streamed in bounded batches (parquet_rows.py); a folder's shards one
-    after the other, numbered on."""
-    return (item[:2] for item in read_parquet_rows(source, endpoint, limit, max_bytes=max_bytes))
+                 max_bytes: int | None = None, layout: RowLayout = DEFAULT_LAYOUT) -> Iterator[tuple[int, Any]]:
+    """(row number, row dict or OversizeRow) streamed in bounded batches (store/parquet_rows.py), only the
+    layout's columns; a folder's shards one after the other, numbered on."""
+    return (item[:2] for item in read_parquet_rows(source, endpoint, limit, max_bytes=max_bytes, layout=layout))
 
 
 def read_parquet_rows(source: str, endpoint: str | None = None, limit: int | None = None,
-                      digest: Any = None,
-                      max_bytes: int | None = None) -> Iterator[tuple[int, Any, str | None, int]]:
+                      digest: Any = None, max_bytes: int | None = None,
+                      layout: RowLayout = DEFAULT_LAYOUT) -> Iterator[tuple[int, Any, str | None, int]]:
     """(row number, row dict or OversizeRow, shard key or None, row within the shard) of a Parquet file or dataset
-    folder. A `digest` is fed every shard's name and bytes, in order, past the limit too. A row over `max_bytes`
-    comes as an OversizeRow, never as Python objects."""
+    folder, read from the layout's columns only (the others are never decoded). A `digest` is fed every shard's
+    name and bytes, in order, past the limit too. A row over `max_bytes` comes as an OversizeRow, never as Python
+    objects."""
     shards = parquet_shards(source, endpoint)
+    columns = layout.columns()
     if shards is None:
-        for number, row in _read_one_parquet(source, endpoint, limit, digest, max_bytes):
+        for number, row in _read_one_parquet(source, endpoint, limit, digest, max_bytes, columns):
             yield number, row, None, number
         return
     base = source.rstrip("/") + "/"
@@ -205,7 +221,7 @@ def read_parquet_rows(source: str, endpoint: str | None = None, limit: int | Non
                 _hash_file(base + shard, endpoint, digest)
             continue
         read = 0
-        for read, row in _read_one_parquet(base + shard, endpoint, left, digest, max_bytes):
+        for read, row in _read_one_parquet(base + shard, endpoint, left, digest, max_bytes, columns):
             yield number + read, row, shard, read
         number += read
 
@@ -239,20 +255,21 @@ class SourceError(ValueError):
     """A source file that cannot be read as its format at all (a truncated Parquet file, JSONL named .parquet)."""
 
 
-def _parquet_file(source: str, handle: Any) -> Any:
+def _parquet_file(source: str, handle: Any, columns: tuple[str, ...]) -> Any:
     import pyarrow as pa
 
-    from .parquet_rows import open_parquet  # pyarrow only for Parquet sources
+    from ..store.parquet_rows import open_parquet  # pyarrow only for Parquet sources
 
     try:
-        return open_parquet(handle)
+        return open_parquet(handle, columns)
     except (pa.ArrowException, OSError) as error:  # ArrowInvalid: "Parquet magic bytes not found in footer"
         raise SourceError(f"{source} is not a readable Parquet file ({error}); is it truncated, or another "
                           "format (set the dataset's format)?") from None
 
 
-def _read_one_parquet(source: str, endpoint: str | None, limit: int | None,
-                      digest: Any = None, max_bytes: int | None = None) -> Iterator[tuple[int, Any]]:
+def _read_one_parquet(source: str, endpoint: str | None, limit: int | None, digest: Any = None,
+                      max_bytes: int | None = None,
+                      columns: tuple[str, ...] = DEFAULT_LAYOUT.columns()) -> Iterator[tuple[int, Any]]:
     """S3 objects are spooled to a temporary file first because Parquet needs random access to its footer (the
     spooling feeds the `digest`; a local file is read through once for it, as pyarrow reads it out of order)."""
     with tempfile.TemporaryFile() as spool:
@@ -263,12 +280,12 @@ def _read_one_parquet(source: str, endpoint: str | None, limit: int | None,
                         digest.update(chunk)
                     spool.write(chunk)
             spool.seek(0)
-            parquet = _parquet_file(source, spool)
+            parquet = _parquet_file(source, spool, columns)
         else:
             if digest is not None:
                 _hash_file(source, endpoint, digest)
-            parquet = _parquet_file(source, source.removeprefix("file://"))
-        from .parquet_rows import bounded_rows
+            parquet = _parquet_file(source, source.removeprefix("file://"), columns)
+        from ..store.parquet_rows import bounded_rows
 
         number = 0
         for row in bounded_rows(parquet, max_bytes):
@@ -291,10 +308,10 @@ def read_prompts(source: str, fmt: str, endpoint: str | None = None, limit: int 
             if wanted is None or wanted(line):
                 yield _jsonl_row(line, raw, layout, bound)
         return
-    from .parquet_rows import OversizeRow
+    from ..store.parquet_rows import OversizeRow
 
     for line, row, shard, within in read_parquet_rows(source, endpoint, limit, digest,
-                                                      None if bound is None else bound.max_bytes):
+                                                      None if bound is None else bound.max_bytes, layout):
         if wanted is None or wanted(line):
             if isinstance(row, OversizeRow):
                 item: Prompt | RowError = (

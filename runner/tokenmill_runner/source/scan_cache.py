@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..store.packed import PackError, pack, unpack
+from ..store.bounded_get import get_bounded
+from ..store.packed import PackError, pack, raw_size, unpack
 from ..store.storage import Storage, StorageError
 from .adapters import DEFAULT_LAYOUT, RowLayout
 from .duplicates import DuplicateIds
@@ -37,6 +38,12 @@ KIND = "scan"
 VERSION = 5
 SCANS = "scans"
 CODES_SUFFIX = ".codes"  # beside `<key>.scan`: each line's length code, one byte a line (line_codes.py)
+# A scan is two bits per line (this worker's lines, the skipped ones) and 16 bytes per repeated id: far under these
+# at any source a run may have (bounds.MAX_SLOTS lines). Whoever writes the output writes the cache too, so a larger
+# one is neither read past SCAN_BYTES nor inflated past SCAN_RAW_BYTES (a forged 1 MiB scan inflated to 1 GiB): the
+# source is scanned again instead.
+SCAN_RAW_BYTES = 128 * 1024 * 1024
+SCAN_BYTES = SCAN_RAW_BYTES + 1024 * 1024  # the hashes of repeated ids do not compress
 
 
 def cache_key(dataset: str, source: str, identity: str, fmt: str, limit: int | None, worker_index: int,
@@ -47,20 +54,25 @@ def cache_key(dataset: str, source: str, identity: str, fmt: str, limit: int | N
     return f"{dataset}/{SCANS}/w{worker_index:03d}-{digest}.scan"
 
 
-def encode_scan(scan: SourceScan, described: Mapping[str, object]) -> bytes:
+def _arrays(scan: SourceScan) -> dict[str, np.ndarray]:
     arrays = {"duplicate_hashes": scan.duplicates.hashes.astype(np.uint64),
               "duplicate_lines": scan.duplicates.first_lines.astype(np.int64)}
     if scan.owned is not None:
         arrays["owned"] = scan.owned.to_array()
     if scan.skipped is not None:
         arrays["skipped"] = scan.skipped.to_array()
+    return arrays
+
+
+def encode_scan(scan: SourceScan, described: Mapping[str, object]) -> bytes:
+    arrays = _arrays(scan)
     return pack(KIND, {"version": VERSION, "rows": scan.rows, "worker_rows": scan.worker_rows,
                        "last_line": scan.last_line, "content_hash": scan.content_hash, "source": described,
                        "length_codes": list(scan.length_codes or ())}, arrays)
 
 
 def decode_scan(data: bytes) -> SourceScan:
-    header, arrays = unpack(KIND, data)
+    header, arrays = unpack(KIND, data, SCAN_RAW_BYTES)
     if header.get("version") != VERSION:
         raise PackError(f"scan version {header.get('version')!r}, this tokenmill reads {VERSION}")
     hashes, lines = arrays["duplicate_hashes"], arrays["duplicate_lines"]
@@ -71,11 +83,12 @@ def decode_scan(data: bytes) -> SourceScan:
     last = header.get("last_line")
     content = header.get("content_hash")
     codes = header.get("length_codes")
-    if not isinstance(codes, list) or len(codes) != CODES or not all(type(n) is int and n >= 0 for n in codes):
+    if not isinstance(codes, list) or len(codes) not in (0, CODES) or not all(type(n) is int and n >= 0
+                                                                              for n in codes):
         raise PackError("scan length codes are not a count per code")
     return SourceScan(int(header["rows"]), int(header["worker_rows"]), DuplicateIds(hashes, lines), owned,
                       None if last is None else int(last), skipped, None if content is None else str(content),
-                      tuple(codes))
+                      tuple(codes) or None)
 
 
 def codes_key(scan_key: str) -> str:
@@ -93,10 +106,10 @@ def cached_scan(storage: Storage, dataset: str, source: str, fmt: str, endpoint:
     key = cache_key(dataset, source, identity, fmt, limit, worker_index, worker_count, layout, bound)
     try:
         if storage.exists(key):
-            scan = decode_scan(storage.get(key))
+            scan = decode_scan(get_bounded(storage, key, SCAN_BYTES))
             logger.info("%s: source scan from cache %s (%d rows)", dataset, storage.uri(key), scan.rows)
             return replace(scan, codes=codes_key(key))
-    except (PackError, KeyError, StorageError) as error:
+    except (PackError, KeyError, TypeError, ValueError, StorageError) as error:
         logger.warning("%s: cached scan %s not used (%s); scanning the source again", dataset, storage.uri(key), error)
     with tempfile.NamedTemporaryFile(prefix="tokenmill-codes-", suffix=CODES_SUFFIX, delete=False) as codes:
         try:
@@ -106,6 +119,10 @@ def cached_scan(storage: Storage, dataset: str, source: str, fmt: str, endpoint:
             raise
     described = {"source": source, "identity": identity, "format": fmt, "limit": limit, "worker_index": worker_index,
                  "worker_count": worker_count}
+    if raw_size(_arrays(scan)) > SCAN_RAW_BYTES:  # no reader would take it
+        logger.warning("%s: the source scan inflates to over the %d bytes a cached one may: not cached", dataset,
+                       SCAN_RAW_BYTES)
+        return scan
     try:
         storage.put_file(codes_key(key), Path(codes.name))  # before the scan: a cached scan has its codes
         storage.put(key, encode_scan(scan, described))

@@ -47,6 +47,7 @@ from ..facts.releases import (
     version_key,
 )
 from ..source.adapters import RowLayout
+from ..store.bounds import DATASET_NAME, MAX_DATASETS
 
 API_VERSION: Final = "tokenmill.io/v1alpha1"
 KIND: Final = "DatasetGeneration"
@@ -55,10 +56,13 @@ Auto = Literal["auto"]
 
 
 def _number_to_string(value: Any) -> Any:
-    # Kubernetes manifests keep fractions as strings (floats do not round-trip through every YAML/JSON tool);
-    # accept a bare number from a hand-written spec and store it the Kubernetes way.
+    """Refuse a bare number where the resource keeps a decimal as a string. Users write `temperature: 0.6`, but the
+    CRD types these fields as strings (the Kubernetes API conventions keep decimals out of floats, and a structural
+    schema cannot say "a number or a string" without dropping the type altogether), so `kubectl apply` refuses the
+    number: `tokenmill run` refuses it too, at once and with the fix, so one spec works on both paths."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return repr(float(value))
+        raise ValueError(f"write the number as a quoted string, \"{value}\" (not {value}): a DatasetGeneration keeps "
+                         "decimals as strings, the Kubernetes way, and the CRD refuses a bare number")
     return value
 
 
@@ -90,7 +94,6 @@ FractionString = Annotated[str, BeforeValidator(_number_to_string), AfterValidat
 # S3 stores keys literally, but a store or proxy that normalises dot segments, decodes %2F or %2E (%2e%2e is '..'
 # once decoded) or collapses '//' would write elsewhere.
 S3_PREFIX_ESCAPE = re.compile(r"/\.{1,2}(?:/|$)|%2[fFeE]|\\|[^:/]//")
-DATASET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")  # whole name (fullmatch): "$" lets "ok\n" through
 
 # Upper bounds of the integer fields (docs/security.md): a spec asking for more is a typo or an attack, and each
 # bound says what it protects. The CRD carries the same numbers (tokenmill_operator.crd; tests/unit/test_crd.py
@@ -593,7 +596,12 @@ class HiddenStatesSpec(SpecModel):
         "of layers 2, L/2 and L-3, i.e. the outputs of layers 1, L/2-1, L-4).")
     dtype: Literal["bfloat16", "float16", "float32"] = Field(
         "bfloat16", description="The dtype the target serves (its config.json torch_dtype); states are stored in it "
-        "exactly as served.")
+        "exactly as served unless storage is fp8.")
+    storage: Literal["served", "fp8"] = Field(
+        "served", description="How the states are stored: served (bit-exact in dtype) or fp8 (hs-connectors 0.9.0's "
+        "fp8 layout: float8_e4m3fn values with one float32 scale per token, hidden_states_scales, in the same file; "
+        "about half of bf16's bytes; speculators trains on it with --hidden-states-backend fp8). Not with the "
+        "specforge layout: SpecForge 0.2.0 reads its .ckpt tensors as stored and has no FP8 reader.")
     layouts: list[ExportLayout] = Field(
         default_factory=list, max_length=2,
         description="Trainer layouts wanted besides tokenmill's own files (a safetensors file per sample: token_ids "
@@ -617,6 +625,14 @@ class HiddenStatesSpec(SpecModel):
         if len(set(value)) != len(value):
             raise ValueError(f"layouts {value} name a layout twice")
         return value
+
+    @model_validator(mode="after")
+    def _fp8_readers(self) -> HiddenStatesSpec:
+        if self.storage == "fp8" and "specforge" in self.layouts:
+            raise ValueError("storage fp8 cannot serve layouts [specforge]: SpecForge 0.2.0 reads its .ckpt tensors as "
+                             "stored (specforge/data/preprocessing.py:643-666) and has no FP8 reader; store served "
+                             "or drop the layout")
+        return self
 
 
 class ValidationSpec(SpecModel):
@@ -642,7 +658,9 @@ class DatasetGenerationSpec(SpecModel):
         description="Chat template arguments for every dataset, passed to the model's chat template (and its "
         "remote code) when prompts are tokenized; recorded in run.json.",
     )
-    datasets: list[DatasetSpec] = Field(min_length=1, description="The prompt datasets, processed as one stream.")
+    datasets: list[DatasetSpec] = Field(min_length=1, max_length=MAX_DATASETS, description="The prompt datasets, "
+                                        "processed as one stream (at most 64: each is a folder, a ledger and a "
+                                        "report section in every reader of the output).")
     runner: RunnerSpec = Field(default_factory=RunnerSpec, description="The runner workers.")
     output: OutputSpec = Field(description="Where the shards and the report go.")
     validation: ValidationSpec = Field(

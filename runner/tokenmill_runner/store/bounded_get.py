@@ -5,6 +5,10 @@ of the stream, whatever the object's size), so an object over its cap costs that
 
 from __future__ import annotations
 
+import os
+import tempfile
+from typing import IO
+
 from .storage import Storage, StorageError
 
 # Caps far above what tokenmill or a model ships: a config.json is a few KB, a safetensors index under 2 MB (Kimi-K2.5's
@@ -20,13 +24,53 @@ class ObjectTooLarge(StorageError):
     """An object over the size its reader allows."""
 
 
+COPY_CHUNK = 8 * 1024 * 1024
+
+
+def _size(body: IO[bytes]) -> int | None:
+    """The object's size as its reader knows it before reading: an S3 GET's ContentLength, a local file's."""
+    size = getattr(getattr(body, "raw", None), "size", None)
+    if isinstance(size, int):
+        return size
+    try:
+        return os.fstat(body.fileno()).st_size
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _too_large(storage: Storage, key: str, max_bytes: int) -> ObjectTooLarge:
+    return ObjectTooLarge(f"{storage.uri(key)} is over the {max_bytes} bytes such an object may have; it was not "
+                          "read further (a file of that name this large is not one tokenmill or a model writes)")
+
+
 def get_bounded(storage: Storage, key: str, max_bytes: int) -> bytes:
     """The object's bytes, or ObjectTooLarge once more than `max_bytes` arrived (the rest is never read)."""
     with storage.open_read(key) as body:
-        # An S3 reader knows the object's ContentLength from the GET's headers: refused before a byte of the body.
-        size = getattr(getattr(body, "raw", None), "size", None)
-        data = body.read(max_bytes + 1) if not isinstance(size, int) or size <= max_bytes else b" " * 0
-    if (isinstance(size, int) and size > max_bytes) or len(data) > max_bytes:
-        raise ObjectTooLarge(f"{storage.uri(key)} is over the {max_bytes} bytes such an object may have; it was not "
-                             "read further (a file of that name this large is not one tokenmill or a model writes)")
+        # Its size, where known, refuses it before a byte of the body (a sparse 8 GiB file, an S3 object).
+        size = _size(body)
+        data = body.read(max_bytes + 1) if size is None or size <= max_bytes else b""
+    if (size is not None and size > max_bytes) or len(data) > max_bytes:
+        raise _too_large(storage, key, max_bytes)
     return data
+
+
+def spool_bounded(storage: Storage, key: str, max_bytes: int, folder: str | None = None) -> IO[bytes]:
+    """The object copied to a temporary file (closing it removes it), or ObjectTooLarge: for a file a reader needs
+    at random (Parquet's footer) and that may be larger than what it should hold in memory."""
+    spool = tempfile.TemporaryFile(dir=folder)  # noqa: SIM115 - handed to the caller, who closes it
+    try:
+        with storage.open_read(key) as body:
+            size = _size(body)
+            if size is not None and size > max_bytes:
+                raise _too_large(storage, key, max_bytes)
+            copied = 0
+            while chunk := body.read(min(COPY_CHUNK, max_bytes + 1 - copied)):
+                spool.write(chunk)
+                copied += len(chunk)
+                if copied > max_bytes:
+                    raise _too_large(storage, key, max_bytes)
+        spool.seek(0)
+        return spool
+    except BaseException:
+        spool.close()
+        raise

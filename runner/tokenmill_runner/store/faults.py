@@ -14,7 +14,7 @@ the marker) instead of at a wall-clock moment that may fall anywhere:
                                            exists: a live writer whose PUTs hang (a store cut off), not a
                                            stopped process
 
-Steps are `data`, `errors`, `marker` (and `states`, `states-marker`, `final-states`, `final-marker`, `lease`: a renewal, `fenced`: a commit record's
+Steps are `data`, `errors`, `counts`, `marker` (and `states`, `states-marker`, `final-states`, `final-marker`, `lease`: a renewal, `fenced`: a commit record's
 write whose lease proof just passed, the window seals.py closes); counts are per step and per process (`before:N`
 is the N-th write of that step to start, `after:N` the N-th to finish). Unset (always, in production) every fault point is a no-op.
 The process announces the point and the object it concerns on stderr before it dies, so a test can tell it fired
@@ -33,10 +33,12 @@ from dataclasses import dataclass
 
 FAULT_ENV = "TOKENMILL_FAULT"
 RELEASE_ENV = "TOKENMILL_FAULT_RELEASE"
-# states and states-marker: a sample's aux hidden-state file and its marker, final-states and final-marker the same
+# counts: a shard's loss-token counts (store/token_counts.py), after its errors; states and states-marker: a
+# sample's aux hidden-state file and its marker, final-states and final-marker the same
 # for its final state (store/hidden_states.py); lease: a renewal;
-# fenced: a commit record's PUT after its lease proof (shards.put_marker).
-STEPS = ("data", "errors", "marker", "states", "states-marker", "final-states", "final-marker", "lease", "fenced")
+# fenced: a commit record's PUT after its lease proof (ownership.put_record).
+STEPS = ("data", "errors", "counts", "marker", "states", "states-marker", "final-states", "final-marker", "lease",
+         "fenced")
 _RULE = re.compile(rf"(kill|pause|stall)-(before|after):({'|'.join(STEPS)}):([1-9][0-9]*)")
 _RELEASE_POLL_S = 0.1
 

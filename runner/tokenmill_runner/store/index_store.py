@@ -9,17 +9,29 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-import orjson
-
 from .bounded_get import CHECKPOINT_BYTES, get_bounded
-from .checkpoints import INDEX, SUFFIX, CheckpointError, Snapshot, decode, snapshot
+from .checkpoints import (
+    INDEX,
+    OPERATOR_WRITER,
+    RAW_BYTES,
+    RUNNER,
+    SUFFIX,
+    CheckpointError,
+    Signer,
+    Snapshot,
+    decode,
+    snapshot,
+    writer_of,
+)
 from .commit_index import DatasetIndex
-from .ledger import DatasetLedger
+from .ledger import DatasetLedger, LedgerBudget
 from .marker_names import MAX_CLOCK_SKEW, horizon, time_key
-from .markers import READ_THREADS, commits_prefix, iter_keyed, list_commits
+from .markers import READ_THREADS, commits_prefix, decode_marker, iter_keyed, list_commits
+from .ownership import Fence
 from .storage import Storage, StorageError
 
 logger = logging.getLogger(__name__)
@@ -29,19 +41,23 @@ KEEP_CHECKPOINTS = 3  # a writer removes its dataset's checkpoints older than th
 TRIES = 3  # checkpoints a reader tries, newest first, before it folds every marker
 
 
-def load_index(storage: Storage, dataset: str, rows: int = 0, samples_per_prompt: int = 1) -> DatasetIndex:
-    """The newest checkpoint of the dataset that verifies, or an empty index (nothing folded yet)."""
-    names = sorted((key for key in storage.list(f"{dataset}/{INDEX}/") if key.endswith(SUFFIX)), reverse=True)
+def load_index(storage: Storage, dataset: str, rows: int = 0, samples_per_prompt: int = 1, signer: Signer = RUNNER,
+               budget: LedgerBudget | None = None) -> DatasetIndex:
+    """The newest checkpoint of the dataset that `signer` trusts and that verifies, or an empty index (nothing
+    folded yet). Each is read within CHECKPOINT_BYTES and inflated within what a layout of `rows` lines can hold."""
+    names = sorted((key for key in storage.list(f"{dataset}/{INDEX}/") if key.endswith(SUFFIX) and signer.trusts(key)),
+                   reverse=True)
     for key in names[:TRIES]:
         try:
-            index = decode(get_bounded(storage, key, CHECKPOINT_BYTES), dataset, samples_per_prompt)
+            index = decode(get_bounded(storage, key, CHECKPOINT_BYTES), dataset, samples_per_prompt,
+                           slots=rows * samples_per_prompt, key=signer.key, budget=budget)
         except (CheckpointError, StorageError) as error:
             logger.warning("%s: checkpoint %s not used: %s", dataset, storage.uri(key), error)
             continue
         index.ledger.reserve(rows * samples_per_prompt)
         logger.info("%s: starting from checkpoint %s (%d markers folded)", dataset, key, index.markers)
         return index
-    return DatasetIndex(DatasetLedger(dataset, rows, samples_per_prompt))
+    return DatasetIndex(DatasetLedger(dataset, rows, samples_per_prompt, budget))
 
 
 @dataclass
@@ -63,7 +79,7 @@ def catch_up(storage: Storage, index: DatasetIndex, full: bool = False, check: C
     result, newest = CatchUp(), [""]
     latest = time_key((now or datetime.now(UTC)) + MAX_CLOCK_SKEW)
 
-    def unknown() -> Iterator[str]:
+    def unknown() -> Iterator[tuple[str, int]]:
         for entry in list_commits(storage, index.name, start):
             if entry.late:
                 result.late += 1
@@ -79,31 +95,40 @@ def catch_up(storage: Storage, index: DatasetIndex, full: bool = False, check: C
             if entry.time is not None and min(entry.time, latest) > newest[0]:
                 newest[0] = min(entry.time, latest)
             if not index.knows(entry.shard_id):
-                yield entry.key
+                yield entry.key, entry.size
 
     for key, data in iter_keyed(storage, unknown(), threads):
         if check is not None:
             check()
-        if index.fold(key[len(prefix):], orjson.loads(data)) is not None:
+        if index.fold(key[len(prefix):], decode_marker(data, storage.uri(key))) is not None:
             result.folded += 1
     if newest[0]:
         index.listed(newest[0], horizon(newest[0]))
     return result
 
 
-def open_index(storage: Storage, dataset: str, rows: int = 0, samples_per_prompt: int = 1) -> tuple[DatasetIndex,
-                                                                                                     CatchUp]:
+def refresh(storage: Storage, index: DatasetIndex, full: bool = False, check: Callable[[], None] | None = None,
+            now: datetime | None = None, rows: int = 0) -> tuple[DatasetIndex, CatchUp]:
+    """`catch_up`, and when the index had folded a marker its seal drops (a checkpoint or an earlier pass folded it
+    between a takeover's listing and its seal's write: it counts a marker nobody else does), a new index folded from
+    every marker instead. Every reader that keeps an index (the runner, the operator) refreshes it here, so none
+    counts a sealed-away marker."""
+    caught = catch_up(storage, index, full=full, check=check, now=now)
+    if caught.tainted:
+        logger.warning("%s: the index counts a marker that landed after its run token was sealed; folding every "
+                       "marker again", index.name)
+        ledger = index.ledger
+        index = DatasetIndex(DatasetLedger(index.name, rows, ledger.samples_per_prompt, ledger.budget))
+        caught = catch_up(storage, index, full=True, check=check, now=now)
+    return index, caught
+
+
+def open_index(storage: Storage, dataset: str, rows: int = 0, samples_per_prompt: int = 1,
+               budget: LedgerBudget | None = None) -> tuple[DatasetIndex, CatchUp]:
     """The dataset's index from its newest checkpoint plus every marker that checkpoint lacks (a full listing: a
     runner must not miss a committed slot, however late its marker's PUT finished)."""
-    index = load_index(storage, dataset, rows, samples_per_prompt)
-    caught = catch_up(storage, index, full=True)
-    if caught.tainted:
-        # Folded between a takeover's listing and its seal's write: the checkpoint counts a marker nobody else
-        # does. Every marker is folded again instead.
-        logger.warning("%s: the checkpoint counts a marker that landed after its run token was sealed; folding every "
-                       "marker again", dataset)
-        index = DatasetIndex(DatasetLedger(dataset, rows, samples_per_prompt))
-        caught = catch_up(storage, index, full=True)
+    index, caught = refresh(storage, load_index(storage, dataset, rows, samples_per_prompt, budget=budget), full=True,
+                            rows=rows)
     if caught.late:
         logger.warning("%s: %d commit markers of a taken-over run landed after it was sealed; they count for nobody "
                        "and their slots are generated again", dataset, caught.late)
@@ -117,22 +142,37 @@ def take_checkpoint(index: DatasetIndex, writer: str, now: datetime | None = Non
     return taken
 
 
-def put_checkpoint(storage: Storage, dataset: str, taken: Snapshot) -> str:
-    """Write a snapshot as a new checkpoint, then remove this dataset's checkpoints older than the newest few."""
-    key = f"{dataset}/{INDEX}/{taken.name}"
-    storage.put(key, taken.encode())
-    logger.info("%s: wrote checkpoint %s (%d markers)", dataset, storage.uri(key), taken.header["markers"])
-    _prune(storage, dataset, key)
-    return key
+def put_checkpoint(storage: Storage, dataset: str, taken: Snapshot, key: bytes = b"",
+                   fence: Fence | None = None) -> str | None:
+    """Write a snapshot as a new checkpoint (its digest keyed with `key`; under the writer's fence, when it has one:
+    store/ownership.py), then remove this dataset's checkpoints
+    older than the newest few. None when it inflates past what any reader takes (checkpoints.RAW_BYTES): readers
+    then fold the markers, as without one."""
+    if taken.raw_bytes > RAW_BYTES:
+        logger.warning("%s: no checkpoint written: it would inflate to %d bytes, past the %d a reader takes (failures "
+                       "spread over this many slots); readers fold the markers instead", dataset, taken.raw_bytes,
+                       RAW_BYTES)
+        return None
+    name = f"{dataset}/{INDEX}/{taken.name}"
+    with fence.proof() if fence is not None else nullcontext():
+        storage.put(name, taken.encode(key))
+    logger.info("%s: wrote checkpoint %s (%d markers)", dataset, storage.uri(name), taken.header["markers"])
+    _prune(storage, dataset, name)
+    return name
 
 
-def write_checkpoint(storage: Storage, index: DatasetIndex, writer: str, now: datetime | None = None) -> str:
-    """Write the index as a new checkpoint (from the thread that folds it). Returns its key."""
-    return put_checkpoint(storage, index.name, take_checkpoint(index, writer, now))
+def write_checkpoint(storage: Storage, index: DatasetIndex, writer: str, now: datetime | None = None,
+                     key: bytes = b"") -> str | None:
+    """Write the index as a new checkpoint (from the thread that folds it). Returns its key (None: not written)."""
+    return put_checkpoint(storage, index.name, take_checkpoint(index, writer, now), key)
 
 
 def _prune(storage: Storage, dataset: str, written: str) -> None:
-    names = sorted(key for key in storage.list(f"{dataset}/{INDEX}/") if key.endswith(SUFFIX))
+    # Among the checkpoints of the writer's own kind (the operator's, or the runners'): neither trusts the other's,
+    # so neither's writes may push out the other's newest.
+    operator = writer_of(written) == OPERATOR_WRITER
+    names = sorted(key for key in storage.list(f"{dataset}/{INDEX}/")
+                   if key.endswith(SUFFIX) and (writer_of(key) == OPERATOR_WRITER) == operator)
     for key in (key for key in names[:-KEEP_CHECKPOINTS] if key < written):
         try:
             storage.delete(key)

@@ -3,9 +3,16 @@
 Staleness is never judged from the record's times: they come from the holder's clock, which may be minutes off
 the reader's, or in the future. An observer judges a lease stale only when its version (the store's ETag) stayed the
 same while it watched for `stale_s` on its own monotonic clock. A holder renews every `renew_every_s`, and before
-each commit marker proves it still holds the lease: its last successful renewal is younger than `stale_s -
-margin_s`, and the marker's write is given at most `marker_budget_s` (< `margin_s`), so every marker of a holder lands
-before anyone can have seen its lease stale. `lease.py` is the edge that reads and writes it.
+each commit marker proves it still holds the lease: its last proof is younger than `stale_s - margin_s`, and the
+marker's write is given at most `marker_budget_s` (< `margin_s`), so every marker of a holder lands before anyone can
+have seen its lease stale. A proof is dated by when its request was sent, never by when its answer came back: a
+renewal that landed at once and answered late proves only the moment it was sent. `lease.py` is the edge that reads
+and writes it.
+
+A DatasetGeneration's workers share one record (`shared_with`): it carries the union of their run tokens (a joiner
+and a renewer write the tokens they read plus their own, `joined`), so a run that takes the output from them knows
+every token to seal. Its `tenure` is drawn when an owner takes the output and kept by every joiner and renewer: a
+worker that reads its owner's record under another tenure knows the output was taken and handed back meanwhile.
 """
 
 from __future__ import annotations
@@ -24,6 +31,10 @@ LEASE = "lease.json"
 # operator pass reads it, so nothing larger is read.
 MAX_LEASE_BYTES = 64 * 1024
 STALE_AFTER_S = 120.0
+# Run tokens a shared record keeps, the most recently written last: 256 workers restarted a few times fit, and the
+# record stays a fraction of MAX_LEASE_BYTES (a token is 19 bytes in JSON). A live worker whose token fell off writes
+# it back at its next renewal; a taker also seals every token it finds in the output's object names (seals.py).
+MAX_TOKENS = 1024
 
 
 @dataclass(frozen=True)
@@ -77,12 +88,14 @@ class Lease:
     # Run tokens of a taken-over holder that this holder seals before it commits (seals.py), kept in the record
     # until sealed: a taker that dies while sealing leaves them to the next one.
     sealing: tuple[str, ...] = ()
+    tenure: str = ""  # drawn by the owner that took the output, kept by its joiners and renewers ("": older records)
 
     def encode(self, times: LeaseTimes | None = None) -> bytes:
         return orjson.dumps({"owner": self.owner.model_dump(exclude_none=True), "holder": self.holder,
                              "since": self.since.isoformat(), "renewed_at": self.renewed_at.isoformat(),
                              "stale_after_s": (times or LeaseTimes()).stale_s, "tokens": list(self.tokens),
-                             "released": self.released, "nonce": self.nonce, "sealing": list(self.sealing)})
+                             "released": self.released, "nonce": self.nonce, "sealing": list(self.sealing),
+                             "tenure": self.tenure})
 
     @classmethod
     def decode(cls, data: bytes) -> Lease:
@@ -96,7 +109,7 @@ class Lease:
             return cls(Owner.model_validate(raw["owner"]), str(raw["holder"]), datetime.fromisoformat(raw["since"]),
                        datetime.fromisoformat(raw["renewed_at"]), tuple(str(token) for token in tokens),
                        bool(raw.get("released", False)), str(raw.get("nonce", "")),
-                       tuple(str(token) for token in sealing))
+                       tuple(str(token) for token in sealing), str(raw.get("tenure", "")))
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise LeaseError(f"it is not a lease ({type(error).__name__}: {error})") from None
 
@@ -105,6 +118,20 @@ class Lease:
 
     def given_up(self, now: datetime) -> Lease:
         return replace(self, renewed_at=now, released=True, nonce=secrets.token_hex(8))
+
+    def joined(self, holder: str, token: str, now: datetime) -> Lease:
+        """The record `holder` writes on top of this one of its own owner and tenure: every token read plus its own
+        (moved last: the most recently written), at most MAX_TOKENS of them."""
+        kept = tuple(known for known in self.tokens if known != token)
+        tokens = (*kept, token) if token else kept
+        return replace(self, holder=holder, renewed_at=now, tokens=tokens[-MAX_TOKENS:], released=False,
+                       nonce=secrets.token_hex(8))
+
+    def same_tenure(self, other: Lease) -> bool:
+        """Whether `other` (a record read) is still this holder's lease: its owner's, not given up, and of the same
+        tenure, and shared with this holder (a DatasetGeneration's worker, or this very process)."""
+        return (not other.released and other.tenure == self.tenure
+                and other.shared_with(self.owner, self.holder))
 
     def shared_with(self, owner: Owner, holder: str) -> bool:
         """Whether `holder` of `owner` may write alongside this lease's holder."""
@@ -161,8 +188,9 @@ class CleanRule:
     store_now: datetime | None
     keep_s: float
 
-    def may_delete(self, shard_id: str, modified: datetime | None) -> bool:
-        if token_of(shard_id) in self.finished:
+    def may_delete(self, stem: str, modified: datetime | None) -> bool:
+        """Whether an unmarked object named `stem` (a shard id, a sample's state file) may be deleted."""
+        if token_of(stem) in self.finished:
             return True
         if modified is None or self.store_now is None:
             return modified is None and self.store_now is not None  # gone already: nothing to keep

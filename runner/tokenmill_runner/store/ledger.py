@@ -27,8 +27,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
+from weakref import WeakSet
 
 import numpy as np
+
+from .bounds import LEDGER_BYTES, MAX_SLOTS, OverBound
 
 MARKER_VERSION = 2  # 2: samples and failures carry `sample_index` (version 1 markers read as index 0)
 COMMITS, SHARDS, ERRORS = "commits", "shards", "errors"
@@ -145,7 +148,35 @@ _EMPTY, _ROW = 0, 1  # outcome codes; failure reasons take 2..255 in the order a
 _MAX_REASONS = 254
 _POPCOUNT = np.array([bin(byte).count("1") for byte in range(256)], dtype=np.uint8)
 PAGE_BITS = 12  # failure codes live in pages of 4096 slots, allocated only where a failure is
-COMPLETENESS_LINES = 1 << 20  # lines counted at a time by `completeness` (a multiple of 8)
+_PAGE_BYTES = 1 << PAGE_BITS
+# Slots unpacked at once by the questions over every slot (completeness, widening): memory a few MiB whatever the
+# layout's size, never a byte per slot of the whole layout.
+_CHUNK_SLOTS = 1 << 20
+
+
+class LedgerBudget:
+    """The bytes the ledgers of one run may hold together (the row bits and the failure pages), checked before each
+    allocation: whoever writes the output's markers and run.json sets how much a reader allocates only up to this
+    (`bounds.LEDGER_BYTES`). A reader following several datasets of one output (the operator, the report) hands
+    them one budget; a ledger dropped stops counting (a weak set, so nothing has to give bytes back)."""
+
+    def __init__(self, max_bytes: int = LEDGER_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._ledgers: WeakSet[DatasetLedger] = WeakSet()
+
+    def join(self, ledger: DatasetLedger) -> None:
+        self._ledgers.add(ledger)
+
+    @property
+    def held(self) -> int:
+        return sum(ledger.nbytes for ledger in list(self._ledgers))
+
+    def admit(self, more: int, what: str) -> None:
+        if more > 0 and self.held + more > self.max_bytes:
+            raise OverBound(f"{what} needs {more} bytes more than the {self.held} the run's ledgers hold, past the "
+                            f"{self.max_bytes} bytes a reader gives one run's ledgers: its markers or run.json name "
+                            "more slots or failures spread thinner than any run tokenmill writes; write a job this "
+                            "large as several runs, or the output was not written by tokenmill")
 
 
 class DatasetLedger:
@@ -153,13 +184,15 @@ class DatasetLedger:
     in pages of slots where failures are. Build it with the dataset's row count when known (it grows when a marker
     names a line beyond it, e.g. a JSONL source with blank lines), then `fold` markers."""
 
-    def __init__(self, name: str = "", rows: int = 0, samples_per_prompt: int = 1) -> None:
-        if samples_per_prompt < 1:
-            raise ValueError(f"samples_per_prompt must be at least 1, got {samples_per_prompt}")
+    def __init__(self, name: str = "", rows: int = 0, samples_per_prompt: int = 1,
+                 budget: LedgerBudget | None = None) -> None:
+        if not 1 <= samples_per_prompt <= MAX_SAMPLES_PER_PROMPT:
+            raise ValueError(f"samples_per_prompt must be 1..{MAX_SAMPLES_PER_PROMPT}, got {samples_per_prompt}")
         self.name = name
         self.samples_per_prompt = samples_per_prompt
-        self._size = max(rows, 0) * samples_per_prompt  # slots the bitmap covers
-        self._rows = np.zeros(-(-self._size // 8), dtype=np.uint8)  # bit i: slot i has a row
+        self.budget = budget or LedgerBudget()
+        self._size = 0  # slots the bitmap covers
+        self._rows = np.zeros(0, dtype=np.uint8)  # bit i: slot i has a row
         self._pages: dict[int, np.ndarray] = {}  # page -> failure code per slot (0: none), see PAGE_BITS
         # page -> the last --retry-failed round a slot failed in (0: none), only where a retry round failed
         self._rounds: dict[int, np.ndarray] = {}
@@ -170,6 +203,8 @@ class DatasetLedger:
         self.completed = 0  # slots with a row
         self.completion_tokens = 0
         self.truncated = 0  # rows that stopped at max_new_tokens (finish_reason "length")
+        self.budget.join(self)
+        self._grow(max(rows, 0) * samples_per_prompt, exact=True)
 
     # -- folding -------------------------------------------------------------------------------------------
     def fold(self, marker: dict[str, Any]) -> np.ndarray:
@@ -238,9 +273,7 @@ class DatasetLedger:
             if row:
                 continue
             self._note_round(position, int(retry_round or 0))
-            page = self._pages.get(position >> PAGE_BITS)
-            if page is None:
-                page = self._pages[position >> PAGE_BITS] = np.zeros(1 << PAGE_BITS, dtype=np.uint8)
+            page = self._page(self._pages, position, "failures")
             offset = position & ((1 << PAGE_BITS) - 1)
             current = int(page[offset])
             if current > _ROW and not self._retryable[current] and self._retryable[code]:
@@ -254,9 +287,17 @@ class DatasetLedger:
         """Keep the highest retry round the slot failed in (idempotent and order-free, as folding must be)."""
         if retry_round <= 0:
             return
-        page = self._rounds.setdefault(position >> PAGE_BITS, np.zeros(1 << PAGE_BITS, dtype=np.uint8))
+        page = self._page(self._rounds, position, "retry rounds")
         offset = position & ((1 << PAGE_BITS) - 1)
         page[offset] = max(int(page[offset]), min(retry_round, 255))
+
+    def _page(self, pages: dict[int, np.ndarray], position: int, what: str) -> np.ndarray:
+        """The page of `pages` holding `position`, allocated (within the budget) when it is the page's first."""
+        page = pages.get(position >> PAGE_BITS)
+        if page is None:
+            self.budget.admit(_PAGE_BYTES, f"{self.name}: a page of {what}")
+            page = pages[position >> PAGE_BITS] = np.zeros(_PAGE_BYTES, dtype=np.uint8)
+        return page
 
     def _positions(self, marker: dict[str, Any], table: str, lines: Sequence[Any],
                    indices: Sequence[Any] | None) -> np.ndarray:
@@ -271,6 +312,12 @@ class DatasetLedger:
         if line.min() < 1 or index.min() < 0 or index.max() >= MAX_SAMPLES_PER_PROMPT:
             raise MarkerError(f"{self._where(marker)}: {table} names a line below 1 or a sample index outside "
                               f"0..{MAX_SAMPLES_PER_PROMPT - 1}")
+        # Checked before anything is sized from it: one 140-byte marker naming line 3*10^8 took a reader to 659 MB.
+        width = max(self.samples_per_prompt, int(index.max()) + 1)
+        if int(line.max()) > MAX_SLOTS // width:
+            raise OverBound(f"{self._where(marker)}: {table} names line {int(line.max())}, past the "
+                            f"{MAX_SLOTS // width} lines of {width} samples a dataset may have ({MAX_SLOTS} slots); "
+                            "tokenmill never wrote it: remove the marker, or write a job this large as several runs")
         if index.max() >= self.samples_per_prompt:
             self.widen(int(index.max()) + 1)
         positions = (line - 1) * self.samples_per_prompt + index
@@ -286,34 +333,86 @@ class DatasetLedger:
         if samples_per_prompt > MAX_SAMPLES_PER_PROMPT:
             raise ValueError(f"{self.name}: at most {MAX_SAMPLES_PER_PROMPT} samples per prompt, not "
                              f"{samples_per_prompt}")
-        have = self._row_matrix()
-        prompts = have.shape[0]
-        wide = np.zeros((prompts, samples_per_prompt), dtype=np.uint8)
-        wide[:, :old] = have
-        positions, codes = self._failure_arrays()
-        self.samples_per_prompt = samples_per_prompt
-        self._size = prompts * samples_per_prompt
-        self._rows = np.packbits(wide.reshape(-1), bitorder="little")
-        round_positions, rounds = _paged_values(self._rounds)
-        self._pages, self._rounds = {}, {}
-        moved = (positions // old) * samples_per_prompt + positions % old
-        for position, code in zip(moved.tolist(), codes.tolist(), strict=True):
-            page = self._pages.setdefault(position >> PAGE_BITS, np.zeros(1 << PAGE_BITS, dtype=np.uint8))
-            page[position & ((1 << PAGE_BITS) - 1)] = code
-        moved = (round_positions // old) * samples_per_prompt + round_positions % old
-        for position, retry_round in zip(moved.tolist(), rounds.tolist(), strict=True):
-            self._note_round(position, retry_round)
+        prompts = -(-self._size // old)
+        self._check_slots(prompts * samples_per_prompt, f"{samples_per_prompt} samples of {prompts} lines")
+        size = prompts * samples_per_prompt
+        self.budget.admit(-(-size // 8) - self._rows.nbytes, f"{self.name}: {samples_per_prompt} samples per line")
+        wide = np.zeros(-(-size // 8), dtype=np.uint8)
+        step = _chunk_lines(samples_per_prompt)
+        for first in range(0, prompts, step):  # a chunk of lines at a time: never a byte per slot of the whole
+            stop = min(prompts, first + step)
+            grid = np.zeros((stop - first, samples_per_prompt), dtype=bool)
+            grid[:, :old] = self._row_grid(first, stop)
+            packed = np.packbits(grid.reshape(-1), bitorder="little")
+            at = first * samples_per_prompt // 8  # `step` is a multiple of 8: chunks start on a byte
+            wide[at:at + packed.size] |= packed
+        def moved(pages: dict[int, np.ndarray]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+            for page in sorted(pages):  # page by page: never an array of every failure at once
+                offsets = np.flatnonzero(pages[page])
+                positions = (page << PAGE_BITS) + offsets
+                yield (positions // old) * samples_per_prompt + positions % old, pages[page][offsets]
+
+        targets = sum(len({int(p) for positions, _ in moved(pages) for p in np.unique(positions >> PAGE_BITS)})
+                      for pages in (self._pages, self._rounds))
+        self.budget.admit(_PAGE_BYTES * (targets - len(self._pages) - len(self._rounds)),
+                          f"{self.name}: the failures laid out for {samples_per_prompt} samples per line")
+        relaid: list[dict[int, np.ndarray]] = [{}, {}]
+        for pages, into in zip((self._pages, self._rounds), relaid, strict=True):
+            for positions, values in moved(pages):
+                for position, value in zip(positions.tolist(), values.tolist(), strict=True):
+                    target = into.get(position >> PAGE_BITS)
+                    if target is None:
+                        target = into[position >> PAGE_BITS] = np.zeros(_PAGE_BYTES, dtype=np.uint8)
+                    target[position & (_PAGE_BYTES - 1)] = value
+        self.samples_per_prompt, self._size, self._rows = samples_per_prompt, size, wide
+        self._pages, self._rounds = relaid
 
     def reserve(self, slots: int) -> None:
         """Make room for `slots` slots up front (a source's row count), so folding does not grow the bitmap."""
         self._grow(slots, exact=True)
 
+    def _check_slots(self, slots: int, what: str) -> None:
+        if slots > MAX_SLOTS:
+            raise OverBound(f"{self.name}: {what} are {slots} slots, over the {MAX_SLOTS} a dataset may have (a bit "
+                            "each in every reader's ledger); write a job this large as several runs")
+
     def _grow(self, size: int, exact: bool = False) -> None:
         if size > self._size:
-            self._size = size if exact else max(size, 2 * self._size)
-            grown = np.zeros(-(-self._size // 8), dtype=np.uint8)
+            self._check_slots(size, "the slots named")
+            size = size if exact else min(max(size, 2 * self._size), MAX_SLOTS)
+            self.budget.admit(-(-size // 8) - self._rows.nbytes, f"{self.name}: a row bitmap of {size} slots")
+            grown = np.zeros(-(-size // 8), dtype=np.uint8)
             grown[:self._rows.size] = self._rows
-            self._rows = grown
+            self._size, self._rows = size, grown
+
+    def _row_grid(self, first: int, stop: int) -> np.ndarray:
+        """Whether each slot of lines first+1..stop has a row: a (stop - first, samples_per_prompt) bool grid,
+        False past what the bitmap covers."""
+        width = self.samples_per_prompt
+        start, end = first * width, stop * width
+        rows = np.zeros(end - start, dtype=bool)
+        have = min(end, self._size)
+        if have > start:
+            low = start >> 3
+            bits = np.unpackbits(self._rows[low:-(-have // 8)], bitorder="little")
+            rows[:have - start] = bits[start - (low << 3):have - (low << 3)].astype(bool)
+        return rows.reshape(stop - first, width)
+
+    def _code_grid(self, first: int, stop: int) -> np.ndarray:
+        """The failure code of each slot of lines first+1..stop (0: none), a (stop - first, samples_per_prompt)
+        grid filled from the pages that overlap it."""
+        width = self.samples_per_prompt
+        start, end = first * width, stop * width
+        codes = np.zeros(end - start, dtype=np.uint8)
+        if self._pages and end > start:
+            for page in range(start >> PAGE_BITS, ((end - 1) >> PAGE_BITS) + 1):
+                values = self._pages.get(page)
+                if values is None:
+                    continue
+                base = page << PAGE_BITS
+                low, high = max(start, base), min(end, base + _PAGE_BYTES)
+                codes[low - start:high - start] = values[low - base:high - base]
+        return codes.reshape(stop - first, width)
 
     def _has_row(self, positions: np.ndarray) -> np.ndarray:
         inside = positions < self._size
@@ -415,73 +514,47 @@ class DatasetLedger:
         """Rows of sample indices `samples` and up: what a run with more samples per prompt committed."""
         if samples >= self.samples_per_prompt:
             return 0
-        return int(self._row_matrix()[:, samples:].sum(dtype=np.int64))
+        prompts, step = -(-self._size // self.samples_per_prompt), _chunk_lines(self.samples_per_prompt)
+        return sum(int(self._row_grid(first, min(prompts, first + step))[:, samples:].sum(dtype=np.int64))
+                   for first in range(0, prompts, step))
 
     def completeness(self, lines: int, samples: int, within: np.ndarray | None = None) -> Completeness:
         """Which slots of the layout have a final outcome: what "settled" means for a run, for the report, the
-        operator and `tokenmill run` alike. The layout is the lines of 1..`lines` that `within` (a bool per line,
-        line 1 first; None: every line) keeps, x sample indices 0..`samples`-1: a JSONL source's blank lines yield
-        no row, so they are no slot (`manifest.DatasetLayout.within`); a worker's layout is the lines it owns.
-        Counted `COMPLETENESS_LINES` lines at a time, so it costs the operator's pass a few MiB at any size, not a
-        byte per slot at once."""
+        operator and `tokenmill run` alike. The layout is the lines of 1..`lines` that `within` keeps, x sample
+        indices 0..`samples`-1: a JSONL source's blank lines yield no row, so they are no slot
+        (`manifest.DatasetLayout.within_bits`); a worker's layout is the lines it owns. `within` is a bool per line,
+        or (dtype uint8) a bit per line, little-endian, line 1 first (the padding of its last byte is part of it:
+        `manifest.decode_bits`); lines past its end are kept; None keeps every line. Counted a chunk of lines at a time, from the bits: memory does not follow `lines`."""
         lines = max(lines, 0)
-        spp = self.samples_per_prompt
-        positions, codes = self._failure_arrays()
-        line, index = positions // spp, positions % spp
-        inside = (line < lines) & (index < samples)
-        if within is not None:  # lines past `within` are kept
-            covered = inside & (line < within.size)
-            inside[covered] = within[line[covered]]
-        generated = kept = 0
-        missing = np.zeros(samples, dtype=np.int64)
-        for start in range(0, lines, COMPLETENESS_LINES):
-            stop = min(lines, start + COMPLETENESS_LINES)
-            keep = np.ones(stop - start, dtype=bool)
-            if within is not None and start < within.size:
-                keep[:min(stop, within.size) - start] = within[start:stop]
-            settled = np.zeros((stop - start, samples), dtype=bool)
-            have = self._row_bits(start, stop)
-            shared = min(samples, spp)
-            settled[:, :shared] = have[:, :shared]
-            settled[~keep] = False
-            generated += int(settled.sum(dtype=np.int64))
-            here = inside & (line >= start) & (line < stop)
-            settled[line[here] - start, index[here]] = True
-            kept_here = int(keep.sum(dtype=np.int64))
-            kept += kept_here
-            missing += kept_here - settled.sum(axis=0, dtype=np.int64)
-        failures: dict[str, int] = {}
-        for code, count in zip(*np.unique(codes[inside], return_counts=True), strict=True):
-            failures[self._reasons[int(code)]] = int(count)
-        outside = self.completed - generated + int((~inside).sum())
-        return Completeness(lines, samples, generated, dict(sorted(failures.items())),
-                            tuple(int(count) for count in missing), outside, lines - kept)
-
-    def _row_bits(self, start: int, stop: int) -> np.ndarray:
-        """The row bits of lines start..stop-1 (0-based) as a (lines, samples_per_prompt) 0/1 matrix; slots past the
-        bitmap are 0. `start` x samples_per_prompt must be a multiple of 8 (COMPLETENESS_LINES is)."""
-        spp = self.samples_per_prompt
-        first, last = start * spp, stop * spp
-        bits = np.zeros(last - first, dtype=np.uint8)
-        end = min(last, self._size)
-        if end > first:
-            have = np.unpackbits(self._rows[first // 8:-(-end // 8)], bitorder="little")[:end - first]
-            bits[:have.size] = have
-        return bits.reshape(stop - start, spp)
-
-    def _row_matrix(self) -> np.ndarray:
-        """The row bits as a (prompts, samples_per_prompt) matrix of 0/1, the last prompt padded with zeros."""
-        prompts = -(-self._size // self.samples_per_prompt)
-        bits = np.zeros(prompts * self.samples_per_prompt, dtype=np.uint8)
-        have = np.unpackbits(self._rows, bitorder="little")[:min(self._size, bits.size)]
-        bits[:have.size] = have
-        return bits.reshape(prompts, self.samples_per_prompt)
+        held = min(lines, -(-self._size // self.samples_per_prompt))  # lines the ledger knows anything of
+        shared = min(samples, self.samples_per_prompt)  # sample indices that can have an outcome
+        settled = np.zeros(samples, dtype=np.int64)
+        codes_inside = np.zeros(256, dtype=np.int64)
+        generated, kept = 0, (lines if within is None else 0)
+        step = _chunk_lines(self.samples_per_prompt)
+        for first in range(0, lines if within is not None else held, step):
+            stop = min(lines, first + step)
+            keep = _keep(within, first, stop)
+            if within is not None:
+                kept += int(keep.sum(dtype=np.int64))
+            if first >= held:
+                continue
+            known = min(stop, held) - first
+            rows = self._row_grid(first, first + known)[keep[:known], :shared]
+            codes = self._code_grid(first, first + known)[keep[:known], :shared]
+            generated += int(rows.sum(dtype=np.int64))
+            settled[:shared] += (rows | (codes > _ROW)).sum(axis=0, dtype=np.int64)
+            codes_inside += np.bincount(codes[codes > _ROW], minlength=256)
+        failures = {self._reasons[code]: int(count) for code, count in enumerate(codes_inside.tolist()) if count}
+        missing = tuple(int(kept - settled[i]) for i in range(samples))
+        outside = self.completed - generated + self.failed - int(codes_inside.sum())
+        return Completeness(lines, samples, generated, dict(sorted(failures.items())), missing, outside,
+                            lines - kept)
 
     @property
     def nbytes(self) -> int:
-        """Memory held by the per-slot state (the bitmap and the failure pages)."""
-        return (self._rows.nbytes + sum(page.nbytes for page in self._pages.values())
-                + sum(page.nbytes for page in self._rounds.values()))
+        """Memory held by the per-slot state (the bitmap and the failure pages): what the budget counts."""
+        return self._rows.nbytes + _PAGE_BYTES * (len(self._pages) + len(self._rounds))
 
     # -- checkpoints ---------------------------------------------------------------------------------------
     def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
@@ -495,14 +568,16 @@ class DatasetLedger:
                         "round_positions": round_positions, "rounds": rounds}
 
     @classmethod
-    def from_state(cls, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> DatasetLedger:
-        """The ledger `state` described; raises ValueError when the parts disagree."""
-        ledger = cls(str(header["name"]), 0, int(header["samples_per_prompt"]))
+    def from_state(cls, header: dict[str, Any], arrays: dict[str, np.ndarray],
+                   budget: LedgerBudget | None = None) -> DatasetLedger:
+        """The ledger `state` described; raises ValueError when the parts disagree (OverBound past the bounds)."""
+        ledger = cls(str(header["name"]), 0, int(header["samples_per_prompt"]), budget)
         size = int(header["slots"])
         rows = arrays["rows"]
         if rows.dtype != np.uint8 or rows.size != -(-size // 8):
             raise ValueError(f"row bitmap of {rows.size} bytes for {size} slots")
-        ledger._size, ledger._rows = size, rows.copy()
+        ledger._grow(size, exact=True)
+        ledger._rows[:] = rows
         for reason in header["reasons"]:
             ledger._code(str(reason))
         positions, codes = arrays["failed_positions"], arrays["failed_codes"]
@@ -511,12 +586,14 @@ class DatasetLedger:
         if positions.size and (positions.min() < 0 or positions.max() >= size or ledger._has_row(positions).any()):
             raise ValueError("a failure names a slot outside the ledger or one with a row")
         for position, code in zip(positions.tolist(), codes.tolist(), strict=True):
-            page = ledger._pages.setdefault(position >> PAGE_BITS, np.zeros(1 << PAGE_BITS, dtype=np.uint8))
-            page[position & ((1 << PAGE_BITS) - 1)] = code
+            ledger._page(ledger._pages, position, "failures")[position & (_PAGE_BYTES - 1)] = code
         np.add.at(ledger._failures, codes.astype(np.int64), 1)
         # Checkpoints written before retry rounds were recorded have none: every slot then failed in round 0.
         empty = np.empty(0, np.int64)
-        for position, retry_round in zip(arrays.get("round_positions", empty).tolist(),
+        round_positions = arrays.get("round_positions", empty)
+        if round_positions.size and (round_positions.min() < 0 or round_positions.max() >= size):
+            raise ValueError("a retry round names a slot outside the ledger")
+        for position, retry_round in zip(round_positions.tolist(),
                                          arrays.get("rounds", empty).tolist(), strict=True):
             ledger._note_round(int(position), int(retry_round))
         ledger.completed = int(header["completed"])
@@ -525,6 +602,26 @@ class DatasetLedger:
         if ledger.completed != int(_POPCOUNT[ledger._rows].sum(dtype=np.int64)):
             raise ValueError(f"{ledger.completed} rows counted but the bitmap has another number")
         return ledger
+
+
+def _chunk_lines(width: int) -> int:
+    """Lines per chunk of the questions over every slot: about _CHUNK_SLOTS slots, a multiple of 8 lines (a chunk
+    of a bit-per-line mask starts on a byte)."""
+    return max(8, _CHUNK_SLOTS // width // 8 * 8)
+
+
+def _keep(within: np.ndarray | None, first: int, stop: int) -> np.ndarray:
+    """Whether each line of first+1..stop is in the layout (`DatasetLedger.completeness`'s `within`)."""
+    keep = np.ones(stop - first, dtype=bool)
+    if within is None:
+        return keep
+    if within.dtype == np.uint8:
+        bits = np.unpackbits(within[first >> 3:-(-stop // 8)], bitorder="little").astype(bool)
+        part = bits[(first & 7):(first & 7) + stop - first]
+    else:
+        part = within[first:stop]
+    keep[:part.size] = part
+    return keep
 
 
 def _paged_values(pages: dict[int, np.ndarray], above: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import orjson
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .ledger import Completeness, DatasetLedger
+from .bounds import MAX_DATASETS, MAX_SLOTS, OverBound, check_name, check_values
+from .ledger import MAX_SAMPLES_PER_PROMPT, Completeness, DatasetLedger
 
 if TYPE_CHECKING:
     from .storage import Storage
@@ -83,14 +84,24 @@ def encode_lines(lines: np.ndarray) -> str:
     return base64.b64encode(zlib.compress(np.packbits(lines, bitorder="little").tobytes(), 9)).decode()
 
 
-def decode_lines(text: str, lines: int) -> np.ndarray:
-    """`encode_lines` read back, for lines 1..lines; bounded: never more than lines/8 bytes are inflated."""
+def decode_bits(text: str, lines: int) -> np.ndarray:
+    """`encode_lines` read back as a bit per line of 1..lines (little-endian, zero past what was written); bounded:
+    never more than lines/8 bytes are inflated."""
+    size = -(-lines // 8)
     try:
-        packed = zlib.decompressobj().decompress(base64.b64decode(text, validate=True), -(-lines // 8))
+        packed = zlib.decompressobj().decompress(base64.b64decode(text, validate=True), size)
     except (ValueError, zlib.error) as error:
         raise ManifestError(f"a dataset's skipped lines are not an encoded bitmap: {error}") from None
-    bits = np.unpackbits(np.frombuffer(packed, dtype=np.uint8), bitorder="little").astype(bool)[:lines]
-    return np.concatenate([bits, np.zeros(lines - bits.size, dtype=bool)]) if bits.size < lines else bits
+    bits = np.zeros(size, dtype=np.uint8)
+    bits[:len(packed)] = np.frombuffer(packed, dtype=np.uint8)
+    if lines & 7:
+        bits[-1] &= (1 << (lines & 7)) - 1
+    return bits
+
+
+def decode_lines(text: str, lines: int) -> np.ndarray:
+    """`encode_lines` read back, a bool per line of 1..lines."""
+    return np.unpackbits(decode_bits(text, lines), bitorder="little", count=lines).astype(bool)
 
 
 class DatasetLayout(BaseModel):
@@ -99,9 +110,11 @@ class DatasetLayout(BaseModel):
     `skipped`). Without blank lines (and in manifests written before they were recorded) that is lines 1..rows."""
 
     model_config = ConfigDict(extra="allow")
-    rows: int  # rows the source yields within `limit`
-    samples: int = 1
-    lines: int | None = None  # the highest line that yields a row (None: rows)
+    # Bounded before any reader sizes a ledger from them (bounds.py): rows 500000000 in 105 bytes took the operator to
+    # 5.9 GB.
+    rows: int = Field(ge=0, le=MAX_SLOTS)  # rows the source yields within `limit`
+    samples: int = Field(1, ge=1, le=MAX_SAMPLES_PER_PROMPT)
+    lines: int | None = Field(None, ge=0, le=MAX_SLOTS)  # the highest line that yields a row (None: rows)
     skipped: str | None = None  # `encode_lines` of the lines of 1..lines that yield no row (None: none)
     skipped_lines: int = 0  # how many those are (for people reading run.json)
     limit: int | None = None
@@ -109,6 +122,13 @@ class DatasetLayout(BaseModel):
     input: dict[str, Any] = Field(default_factory=dict)
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     sampling: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _bounded(self) -> DatasetLayout:
+        if self.last_line * self.samples > MAX_SLOTS:
+            raise ValueError(f"{self.last_line} lines x {self.samples} samples are over the {MAX_SLOTS} slots a "
+                             "dataset may have; write a job this large as several runs")
+        return self
 
     @property
     def slots(self) -> int:
@@ -119,16 +139,22 @@ class DatasetLayout(BaseModel):
         return self.rows if self.lines is None else self.lines
 
     def within(self) -> np.ndarray | None:
-        """A bool per line of 1..last_line: whether it is a slot's line (None: every one), as
-        `DatasetLedger.completeness` takes it."""
+        """A bool per line of 1..last_line: whether it is a slot's line (None: every one)."""
         if not self.skipped:
             return None
         return ~decode_lines(self.skipped, self.last_line)
 
+    def within_bits(self) -> np.ndarray | None:
+        """`within` as a bit per line (little-endian), as `DatasetLedger.completeness` takes it: an eighth of a
+        byte per line, never a byte."""
+        if not self.skipped:
+            return None
+        return ~decode_bits(self.skipped, self.last_line)
+
     def completeness(self, ledger: DatasetLedger | None) -> Completeness:
         """The layout's slots and their outcomes in `ledger` (None: nothing committed): what the report, the
         operator and `tokenmill run` call settled."""
-        return (ledger or DatasetLedger()).completeness(self.last_line, self.samples, self.within())
+        return (ledger or DatasetLedger()).completeness(self.last_line, self.samples, self.within_bits())
 
 
 class RunManifest(BaseModel):
@@ -148,6 +174,29 @@ class RunManifest(BaseModel):
     retired: dict[str, DatasetLayout] = Field(default_factory=dict)
     workers: int = 1
     seeds: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _bounded(self) -> RunManifest:
+        """Names that become folders and file names, and counts that size every reader's ledgers, checked before
+        any reader uses them (bounds.py)."""
+        for table in (self.datasets, self.retired):
+            if len(table) > MAX_DATASETS:
+                raise ValueError(f"{len(table)} datasets, over the {MAX_DATASETS} a run may have")
+        for name in (*self.datasets, *self.retired, *self._spec_names()):
+            check_name(name, "run.json")
+        slots = sum(layout.last_line * layout.samples for layout in self.datasets.values())
+        if slots > MAX_SLOTS:
+            raise ValueError(f"the layouts hold {slots} slots together, over the {MAX_SLOTS} a run may have; write a "
+                             "job this large as several runs")
+        return self
+
+    def _spec_names(self) -> list[Any]:
+        datasets = self.spec.get("datasets", [])
+        if not isinstance(datasets, list):
+            raise ValueError("spec.datasets is not a list")
+        if len(datasets) > MAX_DATASETS:
+            raise ValueError(f"spec.datasets has {len(datasets)} datasets, over the {MAX_DATASETS} a run may have")
+        return [d["name"] for d in datasets if isinstance(d, dict) and "name" in d]
 
     @property
     def dataset_names(self) -> list[str]:
@@ -173,11 +222,18 @@ def retire(recorded: RunManifest | None, current: dict[str, DatasetLayout]) -> d
 
 # A few KB per dataset; the operator reads it on every pass, so a tenant's 300 MiB run.json must not be read whole.
 MANIFEST_BYTES = 16 * 1024 * 1024
+# run.json is a spec, a tokenizer's facts and a layout per dataset: a few thousand JSON values. 16 MiB of `{},` would
+# parse into 5.6 million dicts (604 MB in the operator); this many values is 10 MB at most.
+MANIFEST_VALUES = 100_000
 
 
 def decode(data: bytes, where: str = MANIFEST) -> RunManifest:
+    """The manifest in `data`, every bound checked (bounds.py), or ManifestError naming what is wrong."""
     try:
+        check_values(data, MANIFEST_VALUES, where)
         return RunManifest.model_validate(orjson.loads(data))
+    except OverBound as error:
+        raise ManifestError(str(error)) from error
     except (orjson.JSONDecodeError, ValueError) as error:
         raise ManifestError(f"{where} is not a tokenmill run manifest: {error}") from error
 

@@ -65,10 +65,16 @@ def shard_id_of(key: str) -> str:
     return name.split(".", 1)[0]
 
 
-def token_of(shard_id: str) -> str | None:
-    """The run token of a shard id (`w000-<token>-000001`), or None."""
-    parts = shard_id.split("-")
-    return parts[1] if len(parts) == 3 else None
+def token_of(stem: str) -> str | None:
+    """The run token an object's name carries (store/ownership.py): a shard id's (`w000-<token>-000001`), or a
+    sample's state file or record's (`<sample key>-<token>`); None for a name without one (a state record written
+    before the names carried tokens)."""
+    parts = stem.split("-")
+    if len(parts) == 3 and parts[0].startswith("w"):
+        return parts[1] or None
+    if len(parts) == 2 and parts[0] and parts[1]:
+        return parts[1]
+    return None
 
 
 def worker_of(shard_id: str) -> int | None:

@@ -3,16 +3,18 @@
 Layout under the output root, per dataset:
     <dataset>/shards/<shard_id>.parquet          rows (zstd Parquet)
     <dataset>/errors/<shard_id>.jsonl            per-sample errors recorded with this commit
+    <dataset>/token_counts/<shard_id>.bin        the rows' loss-token counts (`token_counts.py`)
     <dataset>/commits/<time>-<shard_id>.json     the commit marker, written last; named by the time it was written
                                                  (`marker_names.py`) so readers list only what is new
     <dataset>/index/<...>.ckpt                   checkpoints of the folded markers (`checkpoints.py`)
 
-A shard exists for readers only once its marker exists: data first, then errors, then the marker (each write
-atomic). The marker lists each sample's slot and id with the per-sample lengths and flags the report needs, so
+A shard exists for readers only once its marker exists: data first, then errors, then the counts, then the marker
+(each write atomic). The marker lists each sample's slot and id with the per-sample lengths and flags the report needs, so
 progress and reports never scan the shards. Files without a marker are leftovers of a killed worker; that worker
 deletes them on restart, and no cleaner deletes another run's unmarked file while its marker may still come
 (`lease_rules.CleanRule`). Before the marker a writer proves it still holds the output's lease (`fence`), and the
-marker's write retries only within the lease's margin, each attempt after a new proof. `faults.py` can kill the
+marker's write retries only within the lease's margin, each attempt after a new proof (`ownership.put_record`, the
+one rule every artifact is written under). `faults.py` can kill the
 process at each step of a commit, for the tests.
 """
 
@@ -21,24 +23,27 @@ from __future__ import annotations
 import io
 import logging
 import secrets
-import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .bounded_get import spool_bounded
+from .bounds import OverBound
 from .faults import FaultPoints
 from .faults import points as fault_points
 from .lease_rules import CleanRule
 from .ledger import COMMITS, ERRORS, SHARDS, DatasetLedger, ShardContent, build_marker
 from .marker_names import marker_name, shard_id_of
-from .markers import READ_THREADS, iter_markers, list_commits, marker_keys, markers_in_commit_order
+from .markers import READ_THREADS, iter_markers, list_commits, marker_entries, markers_in_commit_order
+from .ownership import Fence, put_record
 from .storage import TMP_MARK, Storage, StorageError
+from .token_counts import COUNTS, MARKER_FIELD, count_table, counts_name, encode_counts
 
 logger = logging.getLogger(__name__)
 
@@ -145,8 +150,12 @@ DICTIONARY_COLUMNS = [name for name in ROW_SCHEMA.names if name not in ID_COLUMN
 
 
 def encode_rows(rows: list[dict[str, Any]]) -> bytes:
-    """The rows as a zstd Parquet shard. Built column by column: the token ids (lists, or the 4-byte arrays the
-    runner holds prompts in) go to Arrow through numpy, without a Python int each."""
+    return _encode_table(rows_table(rows))
+
+
+def rows_table(rows: list[dict[str, Any]]) -> pa.Table:
+    """The rows as a shard's table, built column by column: the token ids (lists, or the 4-byte arrays the runner
+    holds them in) go to Arrow through numpy, without a Python int each."""
     columns = []
     for column in ROW_SCHEMA:
         values = [row.get(column.name) for row in rows]
@@ -154,7 +163,10 @@ def encode_rows(rows: list[dict[str, Any]]) -> bytes:
             columns.append(_id_lists(values))
         else:
             columns.append(pa.array(values, type=column.type))
-    table = pa.Table.from_arrays(columns, schema=ROW_SCHEMA)
+    return pa.Table.from_arrays(columns, schema=ROW_SCHEMA)
+
+
+def _encode_table(table: pa.Table) -> bytes:
     sink = io.BytesIO()
     pq.write_table(table, sink, compression="zstd", use_dictionary=DICTIONARY_COLUMNS)
     return sink.getvalue()
@@ -171,76 +183,105 @@ def _id_lists(values: list[Any]) -> pa.Array:
 
 
 MULTI_TURN_FIELDS = ("turns", "turn_count", "stop_reason", "stop_detail")
+# A committed shard is rows of token ids: at most runner.shardMaxSamples (16384) rows, each well under SHARD_ROW_BYTES.
+# Whoever writes the output writes its shards too, so `inspect`, `export` and the capture pass read them as a source
+# is read (store/parquet_rows.py: only tokenmill's columns, a byte budget, rows sized from the Arrow buffers) and
+# never more of a file than SHARD_BYTES: a 5.5 KB shard decoded to 1.43 GB, a sparse 8 GiB one was read whole
+# (security-f9665d2.md B9).
+SHARD_BYTES = 4 * 1024 * 1024 * 1024
+# A row's bytes as parquet_rows counts them (8 per token id): 8 million tokens of prompt and output, past any context.
+SHARD_ROW_BYTES = 64 * 1024 * 1024
 
 
-def decode_rows(data: bytes) -> list[dict[str, Any]]:
-    """The rows of a shard; a single-turn row reads back without the (null) multi-turn columns."""
-    rows = pq.read_table(io.BytesIO(data)).to_pylist()
-    for row in rows:
+def shard_rows(spool: IO[bytes], where: str) -> Iterator[dict[str, Any]]:
+    """The rows of a shard file, read through the bounded Parquet reader (ROW_SCHEMA's columns only); a single-turn
+    row reads back without the (null) multi-turn columns. OverBound for a row over SHARD_ROW_BYTES or a decompression
+    bomb, naming the shard and the row."""
+    from .parquet_rows import OversizeRow, bounded_rows, open_parquet
+
+    try:
+        parquet = open_parquet(spool, ROW_SCHEMA.names)
+    except (pa.ArrowException, OSError) as error:
+        raise StorageError(f"{where} is not a readable Parquet file ({error}); it was changed after it was "
+                           "committed: remove its commit marker and run again to generate its samples") from None
+    _check_columns(parquet.file.schema_arrow, where)
+    for number, row in enumerate(bounded_rows(parquet, SHARD_ROW_BYTES)):
+        if isinstance(row, OversizeRow):
+            why = row.reason or f"{row.size} bytes, over the {SHARD_ROW_BYTES} a committed row may have"
+            raise OverBound(f"{where}, row {number}: {why}; tokenmill never wrote it: remove the shard's commit marker "
+                            "and run again to generate its samples")
         if row.get("turns") is None:
             for name in MULTI_TURN_FIELDS:
                 row.pop(name, None)
-    return rows
+        yield row
+
+
+# The columns every shard tokenmill wrote has, and their types (sample_index: in shards since markers version 2): a
+# file without them is refused before a row is read.
+CORE_COLUMNS = ("sample_id", "line", "sample_index", "prompt_ids", "output_ids")
+
+
+def _check_columns(schema: pa.Schema, where: str) -> None:
+    for name in CORE_COLUMNS:
+        index = schema.get_field_index(name)
+        found = schema.field(index).type if index >= 0 else None
+        if found is None and name == "sample_index":
+            continue
+        if isinstance(found, pa.DictionaryType):  # text read as a dictionary (parquet_rows.open_parquet)
+            found = found.value_type
+        if found != ROW_SCHEMA.field(name).type:
+            raise StorageError(f"{where} is not a shard tokenmill wrote: its column {name} is "
+                               f"{'missing' if found is None else found}, not {ROW_SCHEMA.field(name).type}; remove "
+                               "its commit marker and run again to generate its samples")
+
+
+def fetch_shard(storage: Storage, key: str, folder: str | None = None) -> IO[bytes]:
+    """A committed shard copied to a temporary file (at most SHARD_BYTES; closing it removes it), for `shard_rows`."""
+    return spool_bounded(storage, key, SHARD_BYTES, folder)
+
+
+def read_shard(storage: Storage, key: str) -> Iterator[dict[str, Any]]:
+    """The rows of the committed shard at `key`, streamed (`fetch_shard`, then `shard_rows`): how every reader of an
+    output's shards reads them."""
+    with fetch_shard(storage, key) as spool:
+        yield from shard_rows(spool, storage.uri(key))
+
+
+def decode_rows(data: bytes) -> list[dict[str, Any]]:
+    """The rows of a shard's bytes (for tests: readers use `read_shard`)."""
+    return list(shard_rows(io.BytesIO(data), "shard"))
 
 
 def encode_errors(errors: list[dict[str, Any]]) -> bytes:
     return b"".join(orjson.dumps(record) + b"\n" for record in errors)
 
 
-@dataclass(frozen=True)
-class Fence:
-    """What a commit's marker write answers to: `prove()` raises unless the writer still holds the output's lease
-    (`LeaseKeeper.fence`); one write retries for at most `attempt_s`, and new proofs and writes go on for
-    `patience_s` of failures in all (the store's retry budget)."""
-
-    prove: Callable[[], None]
-    attempt_s: float
-    patience_s: float
-
-
 def commit_shard(storage: Storage, dataset: str, shard_id: str, worker: int, content: ShardContent,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC),
                  fence: Fence | None = None) -> dict[str, Any]:
-    """Write data, then errors, then the marker. A crash before the marker leaves only ignorable leftovers. The
-    marker is named by the time just before its PUT, which is also its committed_at."""
+    """Write data, then errors, then the rows' loss-token counts, then the marker. A crash before the marker leaves
+    only ignorable leftovers. The marker is named by the time just before its PUT, which is also its committed_at."""
     faults = fault_points()
     data_bytes = 0
-    if content.rows:
-        data = encode_rows(content.rows)
+    table = rows_table(content.rows) if content.rows else None
+    if table is not None:
+        data = _encode_table(table)
         data_bytes = len(data)
         _write_step(storage, faults, "data", f"{dataset}/{SHARDS}/{shard_id}.parquet", data)
     if content.errors:
         _write_step(storage, faults, "errors", f"{dataset}/{ERRORS}/{shard_id}.jsonl", encode_errors(content.errors))
+    if table is not None:
+        counts = encode_counts(dataset, shard_id, table.num_rows, count_table(table))
+        _write_step(storage, faults, "counts", f"{dataset}/{counts_name(shard_id)}", counts)
     at = clock()
     marker = build_marker(dataset, shard_id, worker, content, data_bytes, committed_at=at)
+    if table is not None:
+        marker[MARKER_FIELD] = counts_name(shard_id)
     key = f"{dataset}/{COMMITS}/{marker_name(at, shard_id)}"
     faults.before("marker", key)
-    put_marker(storage, key, orjson.dumps(marker), fence)
+    put_record(storage, key, orjson.dumps(marker), fence)
     faults.after("marker", key)
     return marker
-
-
-def put_marker(storage: Storage, key: str, data: bytes, fence: Fence | None) -> None:
-    """Write a commit record, proving the lease first when fenced. Every record that makes work count (a shard's
-    marker, a sample's state marker or failure record) goes through here, so no writer that lost the output's lease
-    can make anything count."""
-    if fence is None:
-        storage.put(key, data)
-        return
-    started = time.monotonic()
-    while True:
-        fence.prove()  # between the data write and this one, the lease may have been lost: LeaseLost
-        # A writer stopped here (SIGSTOP, a PUT held in flight) lands this record after the proof expired: a taker
-        # seals its run token first, so it counts for nobody (seals.py).
-        fault_points().before("fenced", key)
-        try:
-            storage.put(key, data, budget_s=fence.attempt_s)
-            return
-        except StorageError:
-            if time.monotonic() - started >= fence.patience_s:
-                raise
-            logger.warning("marker %s not written within %.0f s; proving the lease again before the next try",
-                           storage.uri(key), fence.attempt_s)
 
 
 def _write_step(storage: Storage, faults: FaultPoints, step: str, key: str, data: bytes) -> None:
@@ -251,7 +292,7 @@ def _write_step(storage: Storage, faults: FaultPoints, step: str, key: str, data
 
 def read_ledger(storage: Storage, dataset: str, rows: int = 0, threads: int = READ_THREADS) -> DatasetLedger:
     """A dataset's ledger folded from its commit markers as they are read (none is kept in memory)."""
-    return DatasetLedger(dataset, rows).fold_all(iter_markers(storage, marker_keys(storage, dataset), threads))
+    return DatasetLedger(dataset, rows).fold_all(iter_markers(storage, marker_entries(storage, dataset), threads))
 
 
 def stored_files(storage: Storage, dataset: str) -> set[str]:
@@ -269,7 +310,7 @@ def missing_files(marker: dict[str, Any], stored: set[str]) -> list[str]:
 
 def leftovers(storage: Storage, dataset: str, worker: int | None = None,
               committed: Callable[[str], bool] | None = None, strays: Iterable[str] | None = None) -> Iterator[str]:
-    """Data and error files without a commit marker, and temporary files of interrupted writes (of one worker, or
+    """Data, error and counts files without a commit marker, and temporary files of interrupted writes (of one worker, or
     of all when worker is None). `committed(shard_id)` says whether a shard's marker exists (a reader's index,
     `DatasetIndex.knows`, after a full catch-up) and `strays` are the non-marker files that catch-up met in the
     commits folder; without them both come from listing the markers here."""
@@ -278,7 +319,7 @@ def leftovers(storage: Storage, dataset: str, worker: int | None = None,
         names = {entry.shard_id for entry in entries if entry.is_marker}
         committed, strays = names.__contains__, [entry.key for entry in entries if not entry.is_marker]
     prefix = "" if worker is None else f"w{worker:03d}-"
-    for folder in (SHARDS, ERRORS):
+    for folder in (SHARDS, ERRORS, COUNTS):
         for key in storage.list(f"{dataset}/{folder}/{prefix}"):
             if TMP_MARK in key or not committed(shard_id_of(key)):
                 yield key
@@ -309,4 +350,4 @@ def read_committed_rows(storage: Storage, dataset: str) -> Iterator[dict[str, An
     progress), streamed: a window of markers and one shard in memory."""
     for marker in markers_in_commit_order(storage, dataset):
         if marker["data"]:
-            yield from decode_rows(storage.get(f"{dataset}/{marker['data']}"))
+            yield from read_shard(storage, f"{dataset}/{marker['data']}")

@@ -21,6 +21,7 @@ import logging
 import os
 import random
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -128,6 +129,34 @@ class S3Location:
         return cls(bucket, prefix + "/" if prefix else "")
 
 
+def _process_umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (os.umask both sets and returns it, and
+    another thread creating a file in between would get the wrong mode)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+# The mode open() gives a new file (0666 less the umask): temporary files are created 0600, and a file renamed into
+# place keeps that, so a report on a shared file system would be readable by its writer alone. Every local write
+# goes through `publish_mode`, so outputs are as readable as any file this user creates (0644 under umask 022).
+FILE_MODE = 0o666 & ~_process_umask()
+
+
+def publish_mode(target: int | Path) -> None:
+    """Give a finished temporary file (an open descriptor or a path) the mode a new file of this process has."""
+    if isinstance(target, int):
+        os.fchmod(target, FILE_MODE)
+    else:
+        os.chmod(target, FILE_MODE)
+
+
 def fsync_dir(folder: Path) -> None:
     """Make a rename or a new entry in `folder` durable: without it a power loss can forget the entry."""
     fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
@@ -154,6 +183,7 @@ def write_atomic(path: Path, data: bytes) -> None:
     make_dirs(path.parent)
     fd, tmp = tempfile.mkstemp(prefix=path.name + TMP_MARK, dir=path.parent)
     try:
+        publish_mode(fd)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
@@ -193,7 +223,27 @@ class LocalStorage:
         self.root_uri = str(self.root)
 
     def _path(self, key: str) -> Path:
-        return self.root / key
+        """The file of `key`, refused unless it lies inside the root: keys come from files someone else wrote too (a
+        dataset name in run.json made `tokenmill report` write `report/../../../escape/pwned.png`), and a symlink
+        inside the output may point anywhere."""
+        path = self.root / key
+        if key.startswith("/") or ".." in key.split("/") or not path.resolve().is_relative_to(self.root):
+            raise StorageError(f"{key!r} is not a key inside {self.root_uri} (a '..' segment, an absolute path or a "
+                               "symlink out of it); tokenmill never names one: the file naming it was not written by "
+                               "tokenmill")
+        return path
+
+    def _open_regular(self, key: str) -> IO[bytes]:
+        """The file of `key` opened for reading, refused unless it is a regular file: a FIFO never ends and a
+        device (a symlink to /dev/zero) is any size."""
+        try:  # O_NONBLOCK: opening a FIFO would wait for a writer (it means nothing to a regular file)
+            fd = os.open(self._path(key), os.O_RDONLY | os.O_NONBLOCK)
+        except FileNotFoundError:
+            raise StorageError(f"{self.uri(key)} does not exist") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise StorageError(f"{self.uri(key)} is not a regular file; tokenmill writes only regular files: remove it")
+        return os.fdopen(fd, "rb")
 
     def put(self, key: str, data: bytes, budget_s: float | None = None) -> None:
         write_atomic(self._path(key), data)
@@ -205,6 +255,7 @@ class LocalStorage:
         make_dirs(path.parent)
         fd, tmp = tempfile.mkstemp(prefix=path.name + TMP_MARK, dir=path.parent)
         try:
+            publish_mode(fd)
             with os.fdopen(fd, "wb") as handle:
                 handle.write(data)
                 handle.flush()
@@ -234,15 +285,18 @@ class LocalStorage:
         return local_version(data)
 
     def get_versioned(self, key: str, limit: int) -> tuple[bytes, str] | None:
-        path = self._path(key)
+        if not self._path(key).exists():
+            return None
         try:
-            with path.open("rb") as handle:
+            with self._open_regular(key) as handle:
                 size = os.fstat(handle.fileno()).st_size
                 if size > limit:
                     raise TooLarge(f"{self.uri(key)} is {size} bytes, over the {limit} this reader reads")
                 data = handle.read(limit + 1)
-        except FileNotFoundError:
-            return None
+        except StorageError:
+            if not self._path(key).exists():  # removed since
+                return None
+            raise
         if len(data) > limit:
             raise TooLarge(f"{self.uri(key)} is over the {limit} bytes this reader reads")
         return data, local_version(data)
@@ -260,6 +314,7 @@ class LocalStorage:
         try:
             with open(path, "rb") as source:
                 os.fsync(source.fileno())
+                publish_mode(source.fileno())
             os.replace(path, target)
             fsync_dir(target.parent)
             return
@@ -267,6 +322,7 @@ class LocalStorage:
             pass  # another file system: copy to a temporary name beside the target, then rename
         fd, tmp = tempfile.mkstemp(prefix=target.name + TMP_MARK, dir=target.parent)
         try:
+            publish_mode(fd)
             with os.fdopen(fd, "wb") as handle, open(path, "rb") as source:
                 shutil.copyfileobj(source, handle, COPY_CHUNK)
                 handle.flush()
@@ -278,16 +334,11 @@ class LocalStorage:
         fsync_dir(target.parent)
 
     def get(self, key: str) -> bytes:
-        try:
-            return self._path(key).read_bytes()
-        except FileNotFoundError:
-            raise StorageError(f"{self.uri(key)} does not exist") from None
+        with self._open_regular(key) as handle:
+            return handle.read()
 
     def open_read(self, key: str) -> IO[bytes]:
-        try:
-            return self._path(key).open("rb")
-        except FileNotFoundError:
-            raise StorageError(f"{self.uri(key)} does not exist") from None
+        return self._open_regular(key)
 
     def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[str]:
         for key, _ in self._walk(prefix, start_after):
@@ -364,7 +415,7 @@ class LocalStorage:
         return self._path(key).is_file()
 
     def uri(self, key: str) -> str:
-        return str(self._path(key))
+        return str(self.root / key)
 
 
 class S3Storage:
@@ -448,8 +499,10 @@ class S3Storage:
             raise StorageError(f"cannot write {self.uri(key)}: {error}") from error
 
     def get_versioned(self, key: str, limit: int) -> tuple[bytes, str] | None:
-        # A small object others replace often (the lease, renewed by every worker of a run): a new version between
-        # the HEAD and the pinned GET is read again, never reported as a failure.
+        # A small object others replace often (the lease, renewed by every worker of a run): one GET, whose body and
+        # ETag are one version however often it is replaced (a HEAD first raced the renewals: under 24 workers its
+        # version was gone by the GET eight times in a row). A resume mid-body is pinned to that ETag; a new version
+        # then is read again, never reported as a failure.
         for _ in range(VERSIONED_READ_TRIES - 1):
             try:
                 return self._get_versioned_once(key, limit)
@@ -470,19 +523,16 @@ class S3Storage:
             raise StorageError(f"cannot look up {self.uri(key)}: {error}") from error
 
     def _get_versioned_once(self, key: str, limit: int) -> tuple[bytes, str] | None:
-        head = self._head(key)
-        if head is None:
-            return None
-        size = int(head.get("ContentLength", 0))
-        if size > limit:
-            raise TooLarge(f"{self.uri(key)} is {size} bytes, over the {limit} this reader reads")
         try:
-            response = self.get_object(key, etag=head.get("ETag"))
+            response = self.get_object(key)
         except StorageError as error:
             if "does not exist" in str(error):
                 return None
             raise
+        size = int(response.get("ContentLength", 0))
         with io.BufferedReader(ResumableBody(self, key, response), buffer_size=READ_BUFFER) as body:
+            if size > limit:  # refused from the answer's head: its body is closed unread
+                raise TooLarge(f"{self.uri(key)} is {size} bytes, over the {limit} this reader reads")
             data = body.read(limit + 1)
         if len(data) > limit:
             raise TooLarge(f"{self.uri(key)} is over the {limit} bytes this reader reads")

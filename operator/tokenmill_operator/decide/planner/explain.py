@@ -451,7 +451,7 @@ def _capture_line(sizing: Sizing, capture: CaptureTime, step: StepModel) -> str:
             f"max(prefill {duration(round(capture.forward_seconds))}: every prompt + output once more, no cached "
             f"prefix, {in_flight} in flight on one replica, chunks of {step.chunk_tokens:,} tokens, by the step "
             f"model above; JSON {duration(round(capture.transfer_seconds))}: {capture.state_bytes / 1e9:,.2f} GB of "
-            f"states at {JSON_STATE_BYTES_PER_S / 1e6:,.1f} MB/s per runner worker x {count(workers, 'worker')}, "
+            f"served states at {JSON_STATE_BYTES_PER_S / 1e6:,.1f} MB/s per runner worker x {count(workers, 'worker')}, "
             f"docs/export.md); every GPU is held through it, so it is in the ETA and GPU-hours"
             + (f"; it includes SpecForge's final-state pass after the server's relaunch with "
                f"--enable-return-hidden-states: {duration(round(capture.final.seconds))}, "

@@ -247,7 +247,8 @@ class Context:
 
     @property
     def capture_bytes_per_token(self) -> int:
-        """Bytes of one token's hidden states (0 without spec.hiddenStates): the capture pass moves them."""
+        """Bytes of one token's hidden states as served (0 without spec.hiddenStates): the capture pass moves them as
+        JSON, whatever spec.hiddenStates.storage keeps of them (fp8 is quantized after the parse)."""
         states = self.spec.hidden_states
         if states is None:
             return 0

@@ -1,5 +1,6 @@
 """Parquet rows under a byte budget: each row's size is read from the Arrow buffers (string lengths, list offsets)
-before any Python object is built, so a row over the bound costs its Arrow bytes, never its Python copy.
+before any Python object is built, so a row over the bound costs its Arrow bytes, never its Python copy. The one
+reader of Parquet that someone else wrote: prompt sources (source/reader.py) and output shards (shards.py) alike.
 
 A Parquet file can be a decompression bomb twice over: zstd makes a page of repeated text tiny, and dictionary
 encoding lets one 50 MB value stand for every row that repeats it (a 5 KB file of 40 such rows decodes to 2 GB).
@@ -17,12 +18,15 @@ Three rules keep memory bounded by the budget and the row bound, not by what the
 
 A page is decompressed whole, so a plain-encoded page of repeated text (2 GB from 170 KB of zstd) cannot be read in
 parts: a row group with a column chunk that decompresses to over MAX_CHUNK_BYTES at over MAX_CHUNK_RATIO times its
-stored size is refused, each of its rows as an OversizeRow naming the column, unread.
+stored size is refused, each of its rows as an OversizeRow naming the column, unread; so is one whose columns read
+do so together (several chunks each under the bound). Only the columns the reader names are read at all: a 69 KB
+file with eight unused 250 MiB columns took `tokenmill run` to 6.4 GB when every column was decoded
+(security-f9665d2.md B8).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,22 +58,40 @@ class OversizeRow:
 
 @dataclass(frozen=True)
 class ParquetRows:
-    """An open Parquet file and, per row group, the uncompressed bytes of its dictionary pages."""
+    """An open Parquet file, the top-level columns read (None: all) and their leaves' indices, and, per row group,
+    the uncompressed bytes of those leaves' dictionary pages."""
 
     file: pq.ParquetFile
     dictionary_bytes: list[int] = field(default_factory=list)
+    columns: list[str] | None = None
+    leaves: list[int] | None = None
+
+    def read_leaves(self) -> list[int]:
+        return list(range(self.file.metadata.num_columns)) if self.leaves is None else self.leaves
+
+    def group_bytes(self, group: int) -> tuple[int, int]:
+        """(uncompressed, stored) bytes of the leaves read in one row group."""
+        meta = self.file.metadata.row_group(group)
+        chunks = [meta.column(index) for index in self.read_leaves()]
+        return (sum(chunk.total_uncompressed_size for chunk in chunks),
+                sum(chunk.total_compressed_size for chunk in chunks))
 
 
-def open_parquet(source: Any) -> ParquetRows:
+def open_parquet(source: Any, columns: Collection[str] | None = None) -> ParquetRows:
     """The file with its text and binary leaves read as dictionaries (one copy of each distinct value); `source` is
-    a path or a seekable binary file."""
+    a path or a seekable binary file. `columns`: the top-level columns a reader uses (those the file has are read,
+    every other is never decoded); None reads them all."""
     plain = pq.ParquetFile(source)
     leaves = [column.path for column in plain.schema if column.physical_type == "BYTE_ARRAY"]
     parquet = pq.ParquetFile(source, read_dictionary=leaves) if leaves else plain
     metadata = parquet.metadata
-    sizes = [sum(_dictionary_page_size(source, metadata.row_group(group).column(index))
-                 for index in range(metadata.num_columns)) for group in range(metadata.num_row_groups)]
-    return ParquetRows(parquet, sizes)
+    named = None if columns is None else [name for name in parquet.schema_arrow.names if name in set(columns)]
+    read = None if named is None else [index for index in range(metadata.num_columns)
+                                       if metadata.schema.column(index).path.split(".", 1)[0] in set(named)]
+    rows = ParquetRows(parquet, [], named, read)
+    rows.dictionary_bytes.extend(sum(_dictionary_page_size(source, metadata.row_group(group).column(index))
+                                     for index in rows.read_leaves()) for group in range(metadata.num_row_groups))
+    return rows
 
 
 # A page header's first three fields, in Thrift's compact protocol (parquet.thrift PageHeader): type,
@@ -178,7 +200,7 @@ def batch_rows(parquet: ParquetRows, group: int, budget: int = BATCH_BYTES) -> i
     """Rows per batch in one row group: as many as its uncompressed bytes per row, less its dictionary pages, let fit
     the budget (at least one, at most BATCH_ROWS)."""
     meta = parquet.file.metadata.row_group(group)
-    data = meta.total_byte_size - (parquet.dictionary_bytes[group] if parquet.dictionary_bytes else 0)
+    data = parquet.group_bytes(group)[0] - (parquet.dictionary_bytes[group] if parquet.dictionary_bytes else 0)
     per_row = max(0, data) / max(1, meta.num_rows)
     return max(1, min(BATCH_ROWS, int(budget // max(1.0, per_row))))
 
@@ -186,14 +208,20 @@ def batch_rows(parquet: ParquetRows, group: int, budget: int = BATCH_BYTES) -> i
 def bomb(parquet: ParquetRows, group: int) -> str | None:
     """Why a row group is not decompressed at all, or None."""
     meta = parquet.file.metadata.row_group(group)
-    for index in range(meta.num_columns):
+    advice = "Write the file with smaller pages or dictionary encoding"
+    for index in parquet.read_leaves():
         chunk = meta.column(index)
         stored, size = max(1, chunk.total_compressed_size), chunk.total_uncompressed_size
         if size > MAX_CHUNK_BYTES and size > MAX_CHUNK_RATIO * stored:
             return (f"row group {group}, column {chunk.path_in_schema}: {size} bytes stored in {stored} (over "
                     f"{MAX_CHUNK_RATIO}x and over {MAX_CHUNK_BYTES} bytes), a decompression bomb; its "
-                    f"{meta.num_rows} rows were refused unread. Write the file with smaller pages or dictionary "
-                    "encoding")
+                    f"{meta.num_rows} rows were refused unread. {advice}")
+    size, stored = parquet.group_bytes(group)
+    if size > MAX_CHUNK_BYTES and size > MAX_CHUNK_RATIO * max(1, stored):
+        read = ", ".join(parquet.columns) if parquet.columns is not None else "every column"
+        return (f"row group {group}: the columns read ({read}) are {size} bytes stored in {stored} (over "
+                f"{MAX_CHUNK_RATIO}x and over {MAX_CHUNK_BYTES} bytes together), a decompression bomb; its "
+                f"{meta.num_rows} rows were refused unread. {advice}")
     return None
 
 
@@ -227,7 +255,8 @@ def bounded_rows(parquet: ParquetRows, max_bytes: int | None,
             for _ in range(meta.num_rows):
                 yield OversizeRow(share, why)
             continue
-        for batch in parquet.file.iter_batches(batch_size=batch_rows(parquet, group, budget), row_groups=[group]):
+        for batch in parquet.file.iter_batches(batch_size=batch_rows(parquet, group, budget), row_groups=[group],
+                                               columns=parquet.columns):
             sizes = row_sizes(batch)
             for part in _slices(sizes, max_bytes, budget):
                 if isinstance(part, tuple):
