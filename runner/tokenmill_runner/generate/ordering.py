@@ -34,7 +34,7 @@ from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from ..source.length_key import CHARS_PER_TOKEN, CODES, answer_tokens, earlier_answer_chars, prompt_class
+from ..source.length_key import CHARS_PER_TOKEN, answer_tokens, earlier_answer_chars, prompt_class
 
 Item = TypeVar("Item")
 
@@ -110,7 +110,7 @@ def plan_passes(cells: Sequence[Cell], window: int, max_passes: int = MAX_PASSES
     (every code) when the job fits the window: the window orders it whole."""
     live = sorted((cell for cell in cells if cell.slots > 0), key=lambda cell: (-cell.expected, cell.dataset, cell.code))
     datasets = sorted({cell.dataset for cell in cells})
-    every = frozenset(range(CODES))
+    every = frozenset(range(256))  # any byte a codes object holds, a foreign one's too: no line left unread
     passes: list[dict[int, frozenset[int]]] = []
     if sum(cell.slots for cell in live) > window and max_passes > 1:
         current: dict[int, set[int]] = {}
