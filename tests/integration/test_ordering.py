@@ -5,6 +5,7 @@ done."""
 from __future__ import annotations
 
 import asyncio
+import random
 
 from tokenmill_runner.store.markers import read_markers
 from tokenmill_runner.store.storage import open_storage
@@ -46,3 +47,27 @@ def test_rows_with_the_longest_earlier_answers_are_sent_first_over_the_whole_job
     summary = asyncio.run(run_spec(spec, [simulator.url], str(tmp_path / "out")))
     assert summary.datasets[0].generated == 0 and summary.datasets[0].skipped == len(rows)
     assert_exactly_once(storage, "regen", ids)
+
+
+def test_a_key_that_does_not_predict_the_lengths_sends_the_rest_in_input_order(tmp_path, simulator, demo_model):
+    # Earlier answers of random lengths: the simulator's new ones do not follow them, so once the probe (the first 64
+    # lines, sent as they come) is back, the order is turned off: the window releases what it holds in arrival
+    # order, and one pass reads every line not read yet, in input order.
+    rng = random.Random(44)
+    rows = [regenerated(i, rng.choice([5, 40, 300])) for i in range(300)]
+    write_jsonl(tmp_path / "weak.jsonl", rows)
+    spec = write_spec(tmp_path / "spec.yaml", spec_document(
+        demo_model, [{"name": "weak", "source": "weak.jsonl", "mode": "all-turns"}], "out",
+        runner={"concurrency": 1, "shardMaxSamples": 1, "shardMaxSeconds": 2, "maxAttempts": 8},
+        sampling={"maxNewTokens": 64}))
+    asyncio.run(run_spec(spec, [simulator.url], str(tmp_path / "out")))
+    storage = open_storage(str(tmp_path / "out"))
+    assert_exactly_once(storage, "weak", {row["sample_id"] for row in rows})
+    markers = sorted(read_markers(storage, "weak"), key=lambda marker: int(marker["shard_id"].rsplit("-", 1)[1]))
+    lines = [line for marker in markers for line in marker["samples"]["line"]]
+    assert lines[:64] == list(range(1, 65)), "the probe: the first lines as they come"
+    # While the verdict is out the passes read a row at a time (a concurrency's worth) and the window (16 at
+    # concurrency 1) holds the longest; once it is in, the window lets them out as they came, then every line not
+    # read yet follows in input order.
+    tail = lines[64 + 2 + 16:]
+    assert tail == sorted(tail) and len(tail) > 200

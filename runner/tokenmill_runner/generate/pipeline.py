@@ -489,9 +489,18 @@ class Runner:
         typical = state.mean_output_expected()
         max_new = state.sampling.max_new_tokens or 0
         yielded = 0
+
+        def rows_now() -> int:
+            """Rows of the next chunk: up to the limit; a concurrency's worth while the probe's verdict is out (a
+            reading stops only at a chunk's end, so a weak key turns the order off within about a batch)."""
+            count = READ_BATCH if limit is None else max(1, min(READ_BATCH, limit - yielded))
+            check = self._key_check
+            if stop is not None and check is not None and check.weak is None:
+                count = min(count, max(1, self.concurrency))
+            return count
+
         try:
-            while chunk := await asyncio.to_thread(_take, rows, READ_BATCH if limit is None else
-                                                   max(1, min(READ_BATCH, limit - yielded)), READ_BATCH_CHARS):
+            while chunk := await asyncio.to_thread(_take, rows, rows_now(), READ_BATCH_CHARS):
                 self._count_settled_lines(state)
                 admitted = self._admit(state, chunk)
                 for batch in tokenize_batches(admitted):
