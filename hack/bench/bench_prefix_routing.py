@@ -31,7 +31,6 @@ import asyncio
 import json
 import math
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,14 +39,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_runner import MODEL, REPO, free_port  # noqa: E402
+from bench_runner import MODEL, REPO  # noqa: E402
 
 sys.path.insert(0, str(REPO / "runner" / "sim"))
+sys.path.insert(0, str(REPO))
 
+from tests.integration.test_gateway import Gateway  # noqa: E402 - smg launched as the gateway tests launch it
 from tokenmill_runner.generate.routing import PrefixAffinity  # noqa: E402
 from tokenmill_runner.prepare import prepare  # noqa: E402
 from tokenmill_runner.spec.config import RunnerConfig  # noqa: E402
@@ -59,7 +59,6 @@ from tokenmill_sim.config import SimConfig  # noqa: E402
 from tokenmill_sim.server import SimServer  # noqa: E402
 
 CONVERSATIONS = REPO / "examples" / "prompts" / "conversations.jsonl"
-SMG = Path(sys.executable).with_name("smg")
 TOPICS = ("orbital mechanics", "sourdough", "tax law", "graph theory", "jazz harmony", "glaciers", "compilers",
           "beekeeping", "typography", "volcanoes")
 MODES = ("tokenmill", "key-only", "smg-cache_aware", "smg-round_robin")
@@ -154,38 +153,6 @@ def write_shared_system(path: Path, preambles: int, per_preamble: int) -> dict[s
 
 # --- one pass -----------------------------------------------------------------------------------------------------
 
-class Gateway:
-    def __init__(self, workers: list[str], policy: str) -> None:
-        self.port = free_port()
-        self.workers = workers
-        self.process = subprocess.Popen(
-            [str(SMG), "launch", "--host", "127.0.0.1", "--port", str(self.port), "--prometheus-host", "127.0.0.1",
-             "--prometheus-port", str(free_port()), "--policy", policy, "--log-level", "warn",
-             "--worker-urls", *workers], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def wait_ready(self, timeout_s: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise SystemExit("smg exited")
-            try:
-                listed = httpx.get(f"{self.url}/workers", timeout=2.0).json()["workers"]
-                if sum(worker["is_healthy"] for worker in listed) == len(self.workers):
-                    return
-            except (httpx.TransportError, ValueError, KeyError):
-                pass
-            time.sleep(0.2)
-        raise SystemExit("smg did not register its workers")
-
-    def stop(self) -> None:
-        self.process.kill()
-        self.process.wait()
-
-
 def write_spec(folder: Path, dataset: dict[str, Any], concurrency: int, max_new_tokens: int) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     spec = {"apiVersion": "tokenmill.io/v1alpha1", "kind": "DatasetGeneration", "metadata": {"name": "prefix"},
@@ -274,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
                     with ExitStack() as stack:  # fresh replicas per pass: no pass finds another's cache
                         servers = [stack.enter_context(SimServer(config)).url for config in configs]
                         if mode.startswith("smg-"):
-                            gateway = Gateway(servers, mode.removeprefix("smg-"))
+                            gateway = Gateway(servers, mode.removeprefix("smg-")).start()
                             stack.callback(gateway.stop)
                             gateway.wait_ready()
                             servers = [gateway.url]
