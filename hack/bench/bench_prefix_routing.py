@@ -1,24 +1,27 @@
 #!/usr/bin/env python3
-"""Prefix-affine routing against least-loaded routing (issue 26): 4 simulator replicas (in this process, each with
-its own radix cache answering meta_info.cached_tokens as SGLang's does), the real runner (`prepare` + `Runner`), the
-same workload twice, side by side. Not a test.
+"""tokenmill's prefix routing against SGLang's model gateway (smg cache_aware, round_robin), side by side in one
+run (issues 26, 44). Not a test.
 
-Two workloads:
-- `samples: 4` of distinct prompts: the share of all prompt tokens sent that SGLang found cached. The ideal is 0.75
-  (the first sample of each prompt prefills it, the three others find all but its last token); least-loaded
-  routing sends the samples of a prompt to different replicas, so about 1/R of them find it.
-- `mode: all-turns` conversations (examples/prompts/conversations.jsonl): of the history each turn re-sends (its
-  prompt's common prefix with the previous turn's prompt and output, the most any cache can hold), the share cached.
-Makespan: first admission to last completion over all replicas, in simulated seconds (each replica's clock mapped
-to one time line), so the machine's speed does not enter.
+Each pass starts R fresh simulator replicas (cold radix caches answering meta_info.cached_tokens as SGLang does;
+the same seed on every replica, so a sample's output does not depend on where it ran) and runs the real runner
+(`prepare` + `Runner`) over one workload, routed one of these ways:
+- `tokenmill`: the runner over the R replicas, its own routing (a group's requests together; a new group where its
+  prefix was sent);
+- `key-only`: the same, but a new group goes to the least-loaded replica (tokenmill's routing before issue 44);
+- `smg-cache_aware`, `smg-round_robin`: the runner through `smg launch --policy P` over the R replicas (smg 1.13.0,
+  its defaults otherwise).
 
-    .venv/bin/python hack/bench/bench_prefix_routing.py [--prompts 300] [--replicas 4] [--concurrency 128]
+Workloads:
+- `samples`: distinct prompts (nothing shared across them) x `samples: 4`; the ideal cached share is 0.75;
+- `conversations`: examples/prompts/conversations.jsonl x 4 copies, a session tag opening each first user message
+  (so copies share only the system prompt and the tools), `mode: all-turns`;
+- `shared-system`: K long system prompts (few-shot preambles of ~1k tokens) each opening many short, distinct
+  prompts, interleaved.
+Figures: the share of all prompt tokens sent that the replicas found cached, the share of the history each later
+turn re-sends that was cached (conversations), and the makespan (first admission to last completion over every
+replica, in simulated seconds, so the machine's speed does not enter).
 
-Measured (2 shared CPU cores, defaults): cached share 0.30-0.31 least-loaded, 0.751 prefix-affine (five runs);
-all-turns history cached 0.87-0.93 / 1.000 (the demo's conversations share their system prompt and tools, so
-least-loaded hits often too); samples: 4 makespan x1.025, x0.991, x0.981, x1.025, x0.961 of least-loaded (mean
-x0.997; least-loaded alone varies by 2 % between runs), all-turns x0.51 and x0.75 (long histories are no longer
-prefilled on every turn). `--spill-rel 1.1 --spill-abs 4` (a tighter gate than smg's): x0.991, share 0.751.
+    .venv/bin/python hack/bench/bench_prefix_routing.py [--replicas 4] [--reps 1] [--workloads samples ...]
 """
 
 from __future__ import annotations
@@ -27,8 +30,10 @@ import argparse
 import asyncio
 import json
 import math
+import statistics
 import sys
 import tempfile
+import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,8 +45,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_runner import MODEL, REPO  # noqa: E402
 
 sys.path.insert(0, str(REPO / "runner" / "sim"))
+sys.path.insert(0, str(REPO))
 
-from tokenmill_runner.generate.routing import SPILL_ABS_THRESHOLD, SPILL_REL_THRESHOLD, PrefixAffinity, SpillGate  # noqa: E402,E501
+from tests.integration.test_gateway import Gateway  # noqa: E402 - smg launched as the gateway tests launch it
+from tokenmill_runner.generate.routing import PrefixAffinity  # noqa: E402
 from tokenmill_runner.prepare import prepare  # noqa: E402
 from tokenmill_runner.spec.config import RunnerConfig  # noqa: E402
 from tokenmill_runner.spec.resource import load_spec_file  # noqa: E402
@@ -54,6 +61,7 @@ from tokenmill_sim.server import SimServer  # noqa: E402
 CONVERSATIONS = REPO / "examples" / "prompts" / "conversations.jsonl"
 TOPICS = ("orbital mechanics", "sourdough", "tax law", "graph theory", "jazz harmony", "glaciers", "compilers",
           "beekeeping", "typography", "volcanoes")
+MODES = ("tokenmill", "key-only", "smg-cache_aware", "smg-round_robin")
 
 
 @dataclass
@@ -99,6 +107,52 @@ def watch(timeline: Timeline) -> None:
     engine.Engine.__init__ = recording_init  # type: ignore[method-assign]
 
 
+# --- workloads ----------------------------------------------------------------------------------------------------
+
+def write_samples(path: Path, count: int) -> dict[str, Any]:
+    """Distinct prompts of a few hundred tokens each, distinct from their first words (no shared system prompt, so
+    what is cached is the prompt itself)."""
+    with path.open("w") as handle:
+        for i in range(count):
+            topic = TOPICS[i % len(TOPICS)]
+            body = " ".join(f"Point {i}.{k}: how does {topic} relate to the number {i * 31 + k}?" for k in range(24))
+            handle.write(json.dumps({"sample_id": f"p{i:05d}", "messages": [
+                {"role": "user", "content": f"Case {i} about {topic}. {body} Answer briefly."}]}) + "\n")
+    return {"name": "samples", "source": str(path), "samples": 4}
+
+
+def write_conversations(path: Path, copies: int) -> dict[str, Any]:
+    rows = [json.loads(line) for line in CONVERSATIONS.read_text().splitlines() if line.strip()]
+    with path.open("w") as handle:
+        for copy in range(copies):
+            for row in rows:
+                messages = [dict(m) for m in row["messages"]]
+                first = next(m for m in messages if m["role"] == "user")
+                first["content"] = f"[session {copy}-{row['sample_id']}] {first['content']}"
+                handle.write(json.dumps({**row, "sample_id": f"{row['sample_id']}-{copy}", "messages": messages}) + "\n")
+    return {"name": "conversations", "source": str(path), "mode": "all-turns"}
+
+
+def write_shared_system(path: Path, preambles: int, per_preamble: int) -> dict[str, Any]:
+    """`preambles` few-shot system prompts (~1k tokens each), each opening `per_preamble` short distinct prompts; the
+    lines interleave the preambles, as a mixed dataset would."""
+    systems = []
+    for k in range(preambles):
+        topic = TOPICS[k % len(TOPICS)]
+        shots = " ".join(f"Example {j}: a question on {topic} number {k}.{j} and its short, careful answer."
+                         for j in range(40))
+        systems.append(f"You are agent {k}, an expert in {topic}. Follow the style of these examples. {shots}")
+    with path.open("w") as handle:
+        for i in range(preambles * per_preamble):
+            k = i % preambles
+            handle.write(json.dumps({"sample_id": f"s{i:05d}", "messages": [
+                {"role": "system", "content": systems[k]},
+                {"role": "user", "content": f"Question {i}: what is {i} times {k + 3}?"}]}) + "\n")
+    return {"name": "shared", "source": str(path)}
+
+
+# --- one pass -----------------------------------------------------------------------------------------------------
+
 def write_spec(folder: Path, dataset: dict[str, Any], concurrency: int, max_new_tokens: int) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     spec = {"apiVersion": "tokenmill.io/v1alpha1", "kind": "DatasetGeneration", "metadata": {"name": "prefix"},
@@ -111,28 +165,14 @@ def write_spec(folder: Path, dataset: dict[str, Any], concurrency: int, max_new_
     return path
 
 
-def write_prompts(path: Path, count: int) -> Path:
-    """Distinct prompts of a few hundred tokens each, distinct from their first words (no shared system prompt, so
-    what is cached is the prompt itself)."""
-    with path.open("w") as handle:
-        for i in range(count):
-            topic = TOPICS[i % len(TOPICS)]
-            body = " ".join(f"Point {i}.{k}: how does {topic} relate to the number {i * 31 + k}?" for k in range(24))
-            handle.write(json.dumps({"sample_id": f"p{i:05d}", "messages": [
-                {"role": "user", "content": f"Case {i} about {topic}. {body} Answer briefly."}]}) + "\n")
-    return path
-
-
-def run(spec_path: Path, servers: list[str], affine: bool, gate: SpillGate | None = None) -> None:
+def run(spec_path: Path, servers: list[str], by_prefix: bool) -> None:
     spec = load_spec_file(spec_path).spec
     config = RunnerConfig(spec=spec, servers=servers, output_uri=spec.output.uri, progress_log_s=3600)
 
     async def go() -> None:
         runner = await prepare(config, api_key=None)
-        if not affine:
-            runner.client.affinity = None  # every request to the least-loaded live replica, as before issue 26
-        elif gate is not None:
-            runner.client.affinity = PrefixAffinity(gate)
+        if not by_prefix and runner.client.affinity is not None:
+            runner.client.affinity = PrefixAffinity(by_prefix=False)
         summary = await runner.run()
         failed = sum(sum(d.failed.values()) for d in summary.datasets)
         if failed:
@@ -145,81 +185,101 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
-def sample_share(out: Path, dataset: str) -> float:
-    rows = list(read_committed_rows(LocalStorage(out), dataset))
-    return sum(r["cached_tokens"] for r in rows) / sum(r["prompt_tokens"] for r in rows)
-
-
-def history_share(out: Path, dataset: str) -> tuple[float, int]:
-    cached = history = turns = 0
+def figures(out: Path, dataset: str) -> dict[str, float]:
+    cached = sent = history = history_cached = output = 0
     for row in read_committed_rows(LocalStorage(out), dataset):
-        for previous, turn in zip(row["turns"], row["turns"][1:], strict=False):
+        cached += row["cached_tokens"]  # a conversation's: its turns' total
+        sent += sum(turn["prompt_tokens"] for turn in row["turns"]) if row.get("turns") else row["prompt_tokens"]
+        output += row["completion_tokens"]
+        for previous, turn in zip(row.get("turns") or [], (row.get("turns") or [])[1:], strict=False):
             held = common_prefix(previous["prompt_ids"] + previous["output_ids"], turn["prompt_ids"])
             history += min(held, len(turn["prompt_ids"]) - 1)
-            cached += turn["cached_tokens"]
-            turns += 1
-    return cached / history, turns
+            history_cached += min(turn["cached_tokens"], min(held, len(turn["prompt_ids"]) - 1))
+    result = {"share": cached / sent, "prompt_tokens": sent, "output_tokens": output}
+    if history:
+        result["history"] = history_cached / history
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=int, default=300, help="distinct prompts of the samples: 4 workload")
     parser.add_argument("--replicas", type=int, default=4)
-    parser.add_argument("--concurrency", type=int, default=128, help="the runner's, over all replicas")
     parser.add_argument("--slots", type=int, default=64, help="each replica's --max-running-requests")
-    # Slow enough that the runner keeps up on a small machine: at 20x it fell behind, and its own delay entered the
-    # makespans (x1.27 one run, x0.63 the next).
+    parser.add_argument("--concurrency", type=int, default=0, help="the runner's (default: auto, 1.5 x the slots)")
+    # Slow enough that the runner keeps up on a small machine, so its own delay does not enter the makespans.
     parser.add_argument("--time-scale", type=float, default=2.0)
     parser.add_argument("--max-new-tokens", type=int, default=1024)
-    parser.add_argument("--only-samples", action="store_true", help="run the samples: 4 workload alone")
-    parser.add_argument("--spill-abs", type=int, default=SPILL_ABS_THRESHOLD, help="the spill gate's absolute part")
-    parser.add_argument("--spill-rel", type=float, default=SPILL_REL_THRESHOLD, help="the spill gate's relative part")
+    parser.add_argument("--prompts", type=int, default=300, help="distinct prompts of the samples workload")
+    parser.add_argument("--copies", type=int, default=4, help="copies of the conversations")
+    parser.add_argument("--preambles", type=int, default=8)
+    parser.add_argument("--per-preamble", type=int, default=60)
+    parser.add_argument("--reps", type=int, default=1)
+    parser.add_argument("--workloads", nargs="+", default=["samples", "conversations", "shared-system"])
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--json", help="write every pass's figures here")
     args = parser.parse_args(argv)
-    gate = SpillGate(args.spill_abs, args.spill_rel)
+    concurrency = args.concurrency or int(args.replicas * args.slots * 1.5)
     timeline = Timeline(time_scale=args.time_scale)
     watch(timeline)
     configs = [SimConfig(model_path=str(MODEL), max_running_requests=args.slots, time_scale=args.time_scale,
-                         profile="glaive", seed=i) for i in range(args.replicas)]
-    print(f"{args.replicas} simulator replicas x {args.slots} slots, runner concurrency {args.concurrency}, "
-          f"maxNewTokens {args.max_new_tokens}; makespan in simulated seconds")
-    results: dict[str, dict[str, float]] = {}
+                         profile="glaive", seed=0) for _ in range(args.replicas)]
+    print(f"{args.replicas} simulator replicas x {args.slots} slots, runner concurrency {concurrency}, maxNewTokens "
+          f"{args.max_new_tokens}, time scale {args.time_scale:g}; makespan in simulated seconds", flush=True)
+    passes: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="tokenmill-prefix-") as tmp:
-        source = write_prompts(Path(tmp) / "prompts.jsonl", args.prompts)
-        workloads = {
-            "samples": {"name": "samples", "source": str(source), "samples": 4},
-            "all-turns": {"name": "conv", "source": str(CONVERSATIONS), "mode": "all-turns"},
+        datasets = {
+            "samples": write_samples(Path(tmp) / "samples.jsonl", args.prompts),
+            "conversations": write_conversations(Path(tmp) / "conversations.jsonl", args.copies),
+            "shared-system": write_shared_system(Path(tmp) / "shared.jsonl", args.preambles, args.per_preamble),
         }
-        if args.only_samples:
-            del workloads["all-turns"]
-        for workload, dataset in workloads.items():
-            for routing in ("least-loaded", "prefix-affine"):
-                folder = Path(tmp) / f"{workload}-{routing}"
-                spec = write_spec(folder, dataset, args.concurrency, args.max_new_tokens)
-                # Fresh replicas per pass: a cache warmed by the other routing's pass would flatter the second.
-                with ExitStack() as replicas:
-                    servers = [replicas.enter_context(SimServer(config)).url for config in configs]
-                    timeline.reset()
-                    run(spec, servers, affine=routing == "prefix-affine", gate=gate)
-                figures = {"makespan": timeline.makespan}
-                if workload == "samples":
-                    figures["share"] = sample_share(folder / "out", dataset["name"])
-                else:
-                    figures["share"], figures["turns"] = history_share(folder / "out", dataset["name"])
-                results[f"{workload}/{routing}"] = figures
-    print(f"{'':>28}{'least-loaded':>14}{'prefix-affine':>15}   goal")
-    s_ll, s_pa = results["samples/least-loaded"], results["samples/prefix-affine"]
-    print(f"{'samples: 4, cached share':>28}{s_ll['share']:>14.3f}{s_pa['share']:>15.3f}   >= 0.70 (ideal 0.75)")
-    pairs = [("samples: 4", s_ll, s_pa)]
-    if "all-turns/least-loaded" in results:
-        c_ll, c_pa = results["all-turns/least-loaded"], results["all-turns/prefix-affine"]
-        print(f"{'all-turns, history cached':>28}{c_ll['share']:>14.3f}{c_pa['share']:>15.3f}   >= 0.90 "
-              f"({int(c_pa['turns'])} later turns)")
-        pairs.append(("all-turns", c_ll, c_pa))
-    for name, ll, pa in pairs:
-        ratio = pa["makespan"] / ll["makespan"]
-        print(f"{name + ', makespan (s)':>28}{ll['makespan']:>14,.1f}{pa['makespan']:>15,.1f}   "
-              f"x{ratio:.3f} of least-loaded (goal <= x1.02)")
+        for rep in range(args.reps):
+            for workload in args.workloads:
+                modes = args.modes[rep % len(args.modes):] + args.modes[:rep % len(args.modes)]  # rotated per rep
+                for mode in modes:
+                    folder = Path(tmp) / f"{workload}-{mode}-{rep}"
+                    spec = write_spec(folder, datasets[workload], concurrency, args.max_new_tokens)
+                    with ExitStack() as stack:  # fresh replicas per pass: no pass finds another's cache
+                        servers = [stack.enter_context(SimServer(config)).url for config in configs]
+                        if mode.startswith("smg-"):
+                            gateway = Gateway(servers, mode.removeprefix("smg-")).start()
+                            stack.callback(gateway.stop)
+                            gateway.wait_ready()
+                            servers = [gateway.url]
+                        timeline.reset()
+                        started = time.perf_counter()
+                        run(spec, servers, by_prefix=mode != "key-only")
+                        wall = time.perf_counter() - started
+                    result = {"workload": workload, "mode": mode, "rep": rep, "makespan": timeline.makespan,
+                              "wall_s": wall, **figures(folder / "out", datasets[workload]["name"])}
+                    passes.append(result)
+                    print(f"  {workload:<14} {mode:<16} share {result['share']:.3f}  makespan "
+                          f"{result['makespan']:7.1f}  output tokens {result['output_tokens']:,}  "
+                          f"({wall:.0f} s wall)", flush=True)
+    report(passes, args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(passes, indent=1))
     return 0
+
+
+def report(passes: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    def spread(values: list[float]) -> str:
+        if len(values) == 1:
+            return f"{values[0]:.3f}"
+        return f"{min(values):.3f}/{statistics.median(values):.3f}/{max(values):.3f}"
+
+    print(f"\ncached share of all prompt tokens (min/median/max over {args.reps} reps); makespan / tokenmill's, paired")
+    print(f"{'workload':<15}" + "".join(f"{mode:>20}" for mode in args.modes))
+    for workload in args.workloads:
+        of = {mode: [p for p in passes if p["workload"] == workload and p["mode"] == mode] for mode in args.modes}
+        print(f"{workload:<15}" + "".join(f"{spread([p['share'] for p in of[m]]):>20}" for m in args.modes))
+        if any("history" in p for p in passes if p["workload"] == workload):
+            print(f"{'  history':<15}" + "".join(f"{spread([p.get('history', 0.0) for p in of[m]]):>20}"
+                                                for m in args.modes))
+        if "tokenmill" in of:
+            base = {p["rep"]: p["makespan"] for p in of["tokenmill"]}
+            print(f"{'  makespan x':<15}" + "".join(
+                f"{spread([p['makespan'] / base[p['rep']] for p in of[m]]):>20}" for m in args.modes))
+    print("goal (issue 44): tokenmill at or above smg cache_aware on every workload, and >= 0.75 on samples")
 
 
 if __name__ == "__main__":

@@ -168,10 +168,13 @@ def count_calls(storage: Any) -> Counter[str]:
 
 
 def _timed(calls: Counter[str], action: Any) -> dict[str, Any]:
+    """Wall seconds, CPU seconds (the process's, its reading threads' included: on a shared machine the wall time
+    also counts the waits for a core) and S3 calls of one pass."""
     before = Counter(calls)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     action()
-    return {"seconds": round(time.perf_counter() - started, 4), "calls": dict(calls - before)}
+    return {"seconds": round(time.perf_counter() - started, 4), "cpu_seconds": round(time.process_time() - cpu, 4),
+            "calls": dict(calls - before)}
 
 
 def steady_markers(uri: str, endpoint: str | None, samples: int, at: datetime, tag: int) -> int:
@@ -245,7 +248,7 @@ def _runner_config(uri: str, endpoint: str | None, source: str, worker: int, wor
 def child_runner(uri: str, endpoint: str | None, source: str, worker: int, workers: int) -> dict[str, Any]:
     from types import SimpleNamespace
 
-    from tokenmill_runner.generate.pipeline import Runner
+    from tokenmill_runner.generate.pipeline import Runner, SettledTally
     from tokenmill_runner.prepare import prepare_states
     from tokenmill_runner.source.reader import read_prompts
     from tokenmill_runner.store.storage import open_storage
@@ -257,7 +260,7 @@ def child_runner(uri: str, endpoint: str | None, source: str, worker: int, worke
     [state], _ = prepare_states(config, storage, {})
     startup = {"seconds": round(time.perf_counter() - started, 3), "calls": dict(calls)}
     # What the stream does before its first request: read the source, asking the ledger before parsing a row.
-    runner = SimpleNamespace(config=config, _settled_lines=[])
+    runner = SimpleNamespace(config=config, _settled=SettledTally())
     wanted = Runner._wanted.__get__(runner)
     started = time.perf_counter()
     first = next((item.line for item in read_prompts(source, "jsonl", wanted=lambda line: wanted(state, False, line))), None)
@@ -523,8 +526,8 @@ def copy_scan_cache(local_out: Path, uri: str, endpoint: str) -> None:
         target.put(f"{DATASET}/scans/{path.name}", path.read_bytes())
 
 
-def _pass_s(entry: dict[str, Any], key: str) -> float:
-    return max(item["seconds"] for item in entry[key])
+def _pass_s(entry: dict[str, Any], key: str, measure: str = "seconds") -> float:
+    return max(item.get(measure, 0.0) for item in entry[key])
 
 
 def _calls(entry: dict[str, Any], key: str) -> str:
@@ -549,12 +552,16 @@ def print_table(results: dict[str, Any]) -> None:
              "<= 2 s"),
             ("operator steady pass (1 % new) s", _pass_s(a["operator_1"], "steady"),
              _pass_s(b["operator_1"], "steady"), "<= 2 s"),
+            ("  its CPU s", _pass_s(a["operator_1"], "steady", "cpu_seconds"),
+             _pass_s(b["operator_1"], "steady", "cpu_seconds"), ""),
             ("operator full listing pass s", _pass_s(a["operator_1"], "full_listing"),
              _pass_s(b["operator_1"], "full_listing"), "every 10 min"),
             ("operator 1 resource peak RSS MiB", a["operator_1"]["peak_rss_mib"], b["operator_1"]["peak_rss_mib"],
              "<= 256"),
             ("operator 10 resources: slowest pass s", max(_pass_s(a["operator_10"], k) for k in ("first", "steady")),
              max(_pass_s(b["operator_10"], k) for k in ("first", "steady")), "<= 2 s"),
+            ("  most CPU in one pass s", max(_pass_s(a["operator_10"], k, "cpu_seconds") for k in ("first", "steady")),
+             max(_pass_s(b["operator_10"], k, "cpu_seconds") for k in ("first", "steady")), ""),
             ("operator 10 resources peak RSS MiB", a["operator_10"]["peak_rss_mib"],
              b["operator_10"]["peak_rss_mib"], "<= 256"),
             ("runner resume start-up s", a["runner_resume"]["startup"]["seconds"],

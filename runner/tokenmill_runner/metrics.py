@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -31,6 +33,8 @@ class RunnerMetrics:
     replica_live: Gauge
     outage_seconds: Gauge
     labels: dict[str, str]
+    _children: dict[tuple[Any, ...], Any] = field(default_factory=dict, init=False, repr=False)
+    _answers: dict[str, tuple[Any, ...]] = field(default_factory=dict, init=False, repr=False)
 
     @classmethod
     def create(cls, dsgen: str, namespace: str, worker: int) -> RunnerMetrics:
@@ -68,25 +72,48 @@ class RunnerMetrics:
     def _of(self, dataset: str) -> dict[str, str]:
         return {**self.labels, "dataset": dataset}
 
+    def _child(self, metric: Any, dataset: str | None, **extra: str) -> Any:
+        """The metric's series for these labels, looked up once (prometheus_client's `labels()` costs microseconds,
+        and some series change on every request)."""
+        key = (id(metric), dataset, *extra.values())
+        child = self._children.get(key)
+        if child is None:
+            labels = self.labels if dataset is None else self._of(dataset)
+            child = self._children[key] = metric.labels(**labels, **extra)
+        return child
+
     def answered(self, dataset: str, attempts: int, ok: bool, tokens: int, latency_s: float) -> None:
-        labels = self._of(dataset)
+        series = self._answers.get(dataset) or self._answer_series(dataset)
         if attempts > 1:
-            self.requests.labels(**labels, outcome="retried").inc(attempts - 1)
-        self.requests.labels(**labels, outcome="ok" if ok else "failed").inc()
+            series[0].inc(attempts - 1)
         if ok:
-            self.generated_tokens.labels(**labels).inc(tokens)
-            self.latency.labels(**labels).observe(latency_s)
-            self.completion_tokens.labels(**labels).observe(tokens)
+            series[1].inc()
+            series[3].inc(tokens)
+            series[4].observe(latency_s)
+            series[5].observe(tokens)
+        else:
+            series[2].inc()
+
+    def _answer_series(self, dataset: str) -> tuple[Any, ...]:
+        """The series `answered` updates for one dataset (retried, ok, failed requests; tokens; latency; lengths)."""
+        series = (*(self._child(self.requests, dataset, outcome=outcome) for outcome in ("retried", "ok", "failed")),
+                  self._child(self.generated_tokens, dataset), self._child(self.latency, dataset),
+                  self._child(self.completion_tokens, dataset))
+        self._answers[dataset] = series
+        return series
 
     def committed(self, dataset: str, rows: int, reasons: list[str]) -> None:
-        labels = self._of(dataset)
-        self.committed_samples.labels(**labels).inc(rows)
+        self._child(self.committed_samples, dataset).inc(rows)
         for reason in reasons:
-            self.failed_samples.labels(**labels, reason=reason).inc()
-        self.last_commit.labels(**labels).set(time.time())
+            self._child(self.failed_samples, dataset, reason=reason).inc()
+        self._child(self.last_commit, dataset).set(time.time())
 
     def set_in_flight(self, count: int) -> None:
-        self.in_flight.labels(**self.labels).set(count)
+        self._child(self.in_flight, None).set(count)
+
+    def count_in_flight(self, read: Callable[[], int]) -> None:
+        """The in-flight gauge reads `read()` when scraped (two updates per request cost more than a scrape)."""
+        self._child(self.in_flight, None).set_function(read)
 
     def replica_state(self, url: str, live: bool) -> None:
         self.replica_live.labels(**self.labels, replica=url).set(1 if live else 0)

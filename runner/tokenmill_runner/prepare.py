@@ -143,6 +143,7 @@ def prepare_states(config: RunnerConfig, storage: Storage, model_defaults: dict[
             sampling_sources=sources, slots=scan.worker_rows * dataset.samples, owned=scan.owned,
             source_rows=scan.rows, last_line=scan.lines, worker_lines=scan.worker_lines(),
             buffer=ShardBuffer(spec.runner.shard_max_samples, spec.runner.shard_max_seconds),
+            length_codes=scan.length_codes, codes=scan.codes,
         ))
     if config.trial_sample is not None:
         _take_trial_sample(config.trial_sample, states, counted)

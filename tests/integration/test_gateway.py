@@ -32,9 +32,10 @@ SMG = Path(sys.executable).with_name("smg")
 class Gateway:
     """One `smg launch` process in front of `workers`, on free ports (its metrics listener too)."""
 
-    def __init__(self, workers: list[str]) -> None:
+    def __init__(self, workers: list[str], policy: str | None = None) -> None:
         assert SMG.exists(), f"{SMG} is missing: `make install` installs smg (pyproject.toml, the test extra)"
         self.workers = workers
+        self.policy = policy  # smg's --policy (its default when None); hack/bench/bench_prefix_routing.py sets it
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -49,7 +50,7 @@ class Gateway:
             [str(SMG), "launch", "--host", "127.0.0.1", "--port", str(self.port), "--prometheus-host", "127.0.0.1",
              "--prometheus-port", str(free_port()), "--health-check-interval-secs", "1",
              "--health-failure-threshold", "1", "--worker-startup-check-interval", "1", "--log-level", "warn",
-             "--worker-urls", *self.workers],
+             *(["--policy", self.policy] if self.policy else []), "--worker-urls", *self.workers],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         return self
 

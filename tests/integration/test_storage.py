@@ -32,6 +32,26 @@ def test_exists_answers_true_for_an_object_and_false_for_a_missing_one(storage) 
     assert storage.exists("run") is False  # a prefix of a key is not an object
 
 
+def test_a_folder_lists_as_s3_does_in_key_order_after_a_horizon(storage) -> None:
+    """A folder lists its keys in S3's order (by the key's characters: `d-x` before `d/a`), and a listing after a
+    horizon yields exactly the keys S3's StartAfter would, nested folders and partial names included (issue 44: a
+    local steady pass lists after the horizon without walking and sorting every name)."""
+    keys = ["d/commits/2026-01-01-a.json", "d/commits/2026-01-02-b.json", "d/commits/2026-01-03-c.json",
+            "d/commits/sub/x.json", "d/commits-old.json", "d-x/y.json", "d/shards/w001-a.parquet",
+            "d/shards/w002-b.parquet"]
+    for key in keys:
+        storage.put(key, b"1")
+    assert list(storage.list("")) == sorted(keys)
+    assert list(storage.list("d/commits/", "d/commits/2026-01-01-a.json")) == [
+        "d/commits/2026-01-02-b.json", "d/commits/2026-01-03-c.json", "d/commits/sub/x.json"]
+    assert list(storage.list("d/commits")) == ["d/commits-old.json", *sorted(k for k in keys if "commits/" in k)]
+    assert list(storage.list("d/commits", "d/commits-old.json")) == sorted(k for k in keys if "commits/" in k)
+    assert list(storage.list("d/shards/w001-")) == ["d/shards/w001-a.parquet"]
+    assert list(storage.list_sizes("d/", "d/commits/sub/")) == [("d/commits/sub/x.json", 1),
+                                                                ("d/shards/w001-a.parquet", 1),
+                                                                ("d/shards/w002-b.parquet", 1)]
+
+
 def test_a_bucket_that_does_not_exist_raises_instead_of_answering_false(s3_endpoint: str) -> None:
     storage = S3Storage("s3://no-such-bucket-here/run/", endpoint=s3_endpoint)
     with pytest.raises(StorageError, match=r"bucket 'no-such-bucket-here' of s3://no-such-bucket-here/run/ does not"):

@@ -27,8 +27,8 @@ class CountingStorage(LocalStorage):
         self.gets.append(key)
         return super().open_read(key)
 
-    def list_sizes(self, prefix: str = "", start_after: str | None = None) -> Iterator[tuple[str, int]]:
-        for item in super().list_sizes(prefix, start_after):
+    def _walk(self, prefix: str, start_after: str | None) -> Iterator[tuple[str, str]]:  # list and list_sizes
+        for item in super()._walk(prefix, start_after):
             self.listed += 1
             yield item
 

@@ -17,10 +17,13 @@ def lengths() -> np.ndarray:
 
 
 def test_an_integer_histogram_gives_the_distribution_of_its_values(lengths):
-    histogram = IntHistogram()
+    histogram, one_by_one = IntHistogram(), IntHistogram()
     for part in np.array_split(lengths, 7):  # added in pieces, as markers arrive
         histogram.add(part)
+    for value in lengths[:500].tolist()[::-1]:  # one at a time, as the runner's samples finish
+        one_by_one.add_one(value)
     assert histogram.distribution().as_dict() == pytest.approx(distribution(lengths).as_dict(), rel=1e-12)
+    assert one_by_one.distribution().as_dict() == pytest.approx(distribution(lengths[:500]).as_dict(), rel=1e-12)
     assert histogram.total == int(lengths.sum()) and histogram.max == int(lengths.max())
     shares = length_shares(lengths)
     for n in (100, 300, 500):

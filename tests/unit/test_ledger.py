@@ -6,6 +6,7 @@ import itertools
 import tracemalloc
 from typing import Any
 
+import numpy as np
 import pytest
 
 from tokenmill_runner.store.ledger import (
@@ -193,3 +194,4 @@ def test_the_last_retry_round_a_slot_failed_in_survives_order_widening_and_check
     assert DatasetLedger.from_state(header, arrays).retry_round(Slot(2, 1)) == 1
     del arrays["round_positions"], arrays["rounds"]  # a checkpoint written before rounds were recorded
     assert DatasetLedger.from_state(header, arrays).retry_round(Slot(2, 1)) == 0
+

@@ -53,6 +53,19 @@ def test_an_id_outside_the_vocabulary_is_corrupt_even_as_length():
                       Generation)
 
 
+@pytest.mark.parametrize("ids", [[4, "5", 6], [4, 5.0, 6], [None], [True, [1]], "4,5"])
+def test_output_ids_that_are_not_integers_are_a_bad_response(ids):
+    result = parse_generation(body(ids, len(ids), {"type": "stop", "matched": 6}), "s", 1, vocab_size=5000)
+    assert (result.fault, result.reason) == (Fault.SAMPLE, "bad_response") and "not a list of integers" in result.message
+
+
+def test_an_id_past_32_bits_is_outside_any_vocabulary_and_kept_ids_are_packed_for_the_shard():
+    huge = parse_generation(body([4, 2**40], 2, {"type": "length", "length": 2}), "s", 1)
+    assert (huge.fault, huge.reason) == (Fault.SAMPLE, "nan_output") and str(2**40) in huge.message
+    kept = parse_generation(body([4, 5, 9], 3, {"type": "stop", "matched": 9}), "s", 1, vocab_size=5000)
+    assert list(kept.packed_ids) == kept.output_ids == [4, 5, 9] and kept.packed_ids.itemsize == 4
+
+
 def test_a_stop_string_is_a_clean_stop_without_a_matched_token():
     result = parse_generation(body([4, 5], 2, {"type": "stop", "matched": "\n\n"}), "s", 1)
     assert isinstance(result, Generation) and result.matched_stop is None

@@ -1,18 +1,27 @@
-"""The prefix-affine replica choice (generate/routing.py): affinity, smg's spill gate, dead and restarted replicas,
-and the client's request body (routed_dp_rank, return_prompt_token_ids, require_reasoning)."""
+"""The prefix-affine replica choice (generate/routing.py): affinity, a new group placed by its shared preamble,
+smg's spill gate, dead and restarted replicas, and the client's request body (routed_dp_rank, return_prompt_token_ids, require_reasoning)."""
 
 from __future__ import annotations
 
 import asyncio
 import math
+from array import array
 
 import orjson
 import pytest
 from aiohttp import web
 
-from tokenmill_runner.generate.client import GenerateClient
+from tokenmill_runner.generate.client import GenerateClient, PromptIds
 from tokenmill_runner.generate.replica_health import HealthPolicy, ReplicaSet
-from tokenmill_runner.generate.routing import PrefixAffinity, SpillGate, dp_rank
+from tokenmill_runner.generate.routing import (
+    BLOCK,
+    MAX_PREFIX_BLOCKS,
+    PrefixAffinity,
+    PrefixRecord,
+    SpillGate,
+    dp_rank,
+    prefix_hashes,
+)
 
 A, B, C, D = "http://a", "http://b", "http://c", "http://d"
 
@@ -174,3 +183,98 @@ def test_the_request_body_carries_the_dp_rank_the_echo_and_the_reasoning_count()
     asyncio.run(main())
     assert [b.get("routed_dp_rank") for b in bodies] == [dp_rank(("d", 9), 4)] * 3 + [None]
     assert all(b["return_prompt_token_ids"] is True and b["require_reasoning"] is True for b in bodies)
+
+
+@pytest.mark.parametrize("echo", [False, True])
+def test_the_body_sent_is_the_request_body_with_the_prompts_ids_encoded_once(echo: bool) -> None:
+    """The bytes a request sends are orjson's encoding of `request_body` (what the contract tests check against each
+    release's schema), though the prompt's ids are encoded once for all its samples and spliced in."""
+    client = GenerateClient(["http://a", "http://b"], echo_prompt_ids=echo, count_reasoning=echo,
+                            dp_ranks={"http://b": 2})
+    ids = [0, 1, 2_000_000_000, 151_935, 7]
+    prompt = PromptIds(array("i", ids))
+    params = {"max_new_tokens": 8, "temperature": 0.6, "stop_token_ids": [2, 3]}
+    for server in client.servers:
+        for seed in (None, 2**63 - 1):
+            for affinity in (None, ("d", 3)):
+                sent = client.encode_body(server, prompt, params, seed, affinity)
+                assert sent == orjson.dumps(client.request_body(server, ids, params, seed, affinity))
+    assert prompt.json() is prompt.json(), "encoded once"
+
+
+def preamble(seed: int, blocks: int) -> list[int]:
+    return [(seed * 7919 + i * 31) % 50_000 for i in range(blocks * BLOCK)]
+
+
+def test_prefix_names_are_equal_exactly_as_far_as_the_leading_blocks_are():
+    shared = preamble(1, 3)
+    a, b = prefix_hashes(shared + [1] * 100), prefix_hashes(shared + [2] * 100)
+    assert len(a) == len(b) == 4 and a[:3] == b[:3] and a[3] != b[3]
+    changed = shared.copy()
+    changed[BLOCK + 5] += 1  # the second block differs: so does every name from it on
+    assert prefix_hashes(changed)[0] == a[0] and not set(prefix_hashes(changed)[1:]) & set(a)
+    assert prefix_hashes(shared[:BLOCK - 1]) == []  # no whole block
+    assert len(prefix_hashes([0] * (BLOCK * (MAX_PREFIX_BLOCKS + 5)))) == MAX_PREFIX_BLOCKS
+    assert prefix_hashes(array("i", shared)) == prefix_hashes(shared)
+
+
+def test_a_new_group_goes_where_its_shared_preamble_was_sent_and_groups_stay_together():
+    """Two tool sets shared by many conversations: each new conversation goes to the replica that was sent its
+    preamble (not the least-loaded one), and its later turns stay with it."""
+    fleet = Fleet()
+    tools_a, tools_b = preamble(1, 8), preamble(2, 8)
+
+    def open_group(key: str, tools: list[int], tail: int) -> str:
+        names = prefix_hashes(tools + [tail] * 2 * BLOCK)
+        url = fleet.affinity.choose(key, fleet.replicas.candidates(), fleet.load, fleet.replicas.epochs(),
+                                    lambda among: fleet.replicas.least_loaded(among, fleet.load), lambda: names)
+        fleet.load[url] += 1
+        return url
+
+    home_a = open_group("a0", tools_a, 1)
+    home_b = open_group("b0", tools_b, 2)
+    assert home_a != home_b  # nothing shared yet: least loaded
+    placed = [open_group(f"a{i}", tools_a, 10 + i) for i in range(1, 4)] + \
+             [open_group(f"b{i}", tools_b, 20 + i) for i in range(1, 4)]
+    assert placed == [home_a] * 3 + [home_b] * 3
+    assert fleet.affinity.placed_by_prefix == 6
+    assert fleet.send("a2") == home_a, "a conversation's later turns follow its key"
+    # Past the spill gate the preamble's replica is skipped: the new group goes to the least loaded, which from
+    # then on holds the preamble too.
+    fleet.load[home_a] = 40
+    spilled = open_group("a9", tools_a, 99)
+    assert spilled not in (home_a,)
+    fleet.load[home_a] = 0
+    fleet.load[spilled] = 0
+    assert open_group("a10", tools_a, 100) in (home_a, spilled)
+
+
+def test_a_restarted_replica_is_not_credited_with_what_it_was_sent_before():
+    fleet = Fleet((A, B))
+    tools = preamble(3, 4)
+    names = [prefix_hashes(tools + [i] * BLOCK) for i in range(3)]
+
+    def open_group(key: str, index: int) -> str:
+        return fleet.affinity.choose(key, fleet.replicas.candidates(), fleet.load, fleet.replicas.epochs(),
+                                     lambda among: fleet.replicas.least_loaded(among, fleet.load),
+                                     lambda: names[index])
+
+    home = open_group("g0", 0)
+    fleet.kill(home)
+    fleet.revive(home)
+    other = B if home == A else A
+    fleet.load[other] = 1  # the restarted replica is the less loaded one, but it lost the preamble
+    assert fleet.affinity.prefixes is not None
+    assert fleet.affinity.prefixes.longest(names[1], [A, B], fleet.replicas.epochs()) == (0, [])
+    assert open_group("g1", 1) == home  # least loaded, as nothing is known cached anywhere
+    assert open_group("g2", 2) == home  # and now it was sent the preamble again
+
+
+def test_the_prefix_record_is_bounded_forgetting_the_least_recently_used():
+    record = PrefixRecord(max_blocks=8)
+    old, new = prefix_hashes(preamble(4, 6)), prefix_hashes(preamble(5, 6))
+    record.record(old, A, 0)
+    record.record(new, B, 0)
+    assert len(record) == 8
+    assert record.longest(old, [A, B], {}) == (0, [])  # its first blocks went first
+    assert record.longest(new, [A, B], {}) == (6, [B])

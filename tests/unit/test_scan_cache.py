@@ -9,6 +9,8 @@ import pytest
 
 from tokenmill_runner.source import scan_cache
 from tokenmill_runner.source.adapters import RowLayout
+from tokenmill_runner.source.length_key import ANSWER_CODES, CODES, length_code
+from tokenmill_runner.source.line_codes import LineCodes
 from tokenmill_runner.source.prompts import Prompt, RowError, belongs_to_worker, id_hash
 from tokenmill_runner.source.reader import read_prompts
 from tokenmill_runner.source.scan_cache import cached_scan
@@ -57,7 +59,7 @@ def test_a_torn_cache_is_ignored_and_replaced(tmp_path, scans):
     write_source(source, ["a", "b"])
     out = LocalStorage(tmp_path / "out")
     cached_scan(out, "p", str(source), "jsonl")
-    [key] = list(out.list("p/scans/"))
+    [key] = [key for key in out.list("p/scans/") if key.endswith(".scan")]
     out.put(key, out.get(key)[:-3])
     assert cached_scan(out, "p", str(source), "jsonl").rows == 2 and len(scans) == 2
     assert cached_scan(out, "p", str(source), "jsonl").rows == 2 and len(scans) == 2, "rewritten whole"
@@ -124,3 +126,26 @@ def test_a_folder_without_shards_says_where_it_looked(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match=r"empty: a folder without \*.parquet or data/\*.parquet shards"):
         list(read_prompts(str(tmp_path / "empty"), "parquet"))
+
+
+def test_the_counting_pass_keeps_each_lines_length_code_for_the_whole_jobs_order(tmp_path, scans):
+    """Issue 44: the scan records a code per line (the earlier answer's length in doublings, else the prompt's
+    class; 0 for a line this worker does not generate), cached beside it and read back in line order."""
+    rows = [{"sample_id": "a", "messages": [{"role": "user", "content": "q"},
+                                            {"role": "assistant", "content": "x" * 4000}]},  # ~1,000 tokens
+            {"sample_id": "b", "messages": [{"role": "user", "content": "y" * 2000}]},  # a 500-token prompt
+            None, {"sample_id": "c", "messages": [{"role": "user", "content": "z"}]}]
+    source = tmp_path / "p.jsonl"
+    source.write_bytes(b"\n".join(orjson.dumps(row) if row else b"{broken" for row in rows) + b"\n\n")
+    out = LocalStorage(tmp_path / "out")
+    scan = cached_scan(out, "p", str(source), "jsonl")
+    expected = [length_code(rows[0]["messages"], 4001), 2, 0, 1]
+    assert expected[0] == ANSWER_CODES + 4 * 9 + 3 - 12  # 1,000 tokens: 2^9.97, the 39th quarter doubling
+    codes = LineCodes(out.open_read(scan.codes))
+    assert [codes.code(line) for line in (1, 2, 3, 4, 5, 9)] == [*expected, 0, 0]
+    histogram = [0] * CODES
+    for code in (expected[0], 2, 1):
+        histogram[code] += 1
+    assert scan.length_codes == tuple(histogram)
+    again = cached_scan(out, "p", str(source), "jsonl")
+    assert len(scans) == 1 and again.length_codes == scan.length_codes and again.codes == scan.codes

@@ -28,8 +28,8 @@ from typing import Any
 import orjson
 
 from tokenmill_runner.facts.workload import LengthSample, Workload
-from tokenmill_runner.generate.ordering import earlier_answer_chars
 from tokenmill_runner.render.pretokenize import PromptEncoder, load_tokenizer, local_model_folder
+from tokenmill_runner.source.length_key import earlier_answer_chars
 from tokenmill_runner.source.prompts import Prompt
 from tokenmill_runner.source.reader import SourceError, StoreOpener, source_format
 from tokenmill_runner.source.row_size import RowBound

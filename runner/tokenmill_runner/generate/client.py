@@ -1,4 +1,5 @@
-"""SGLang's native /generate over async httpx: ids in, ids out, across replicas that come and go.
+"""SGLang's native /generate (over `transport.py`'s keep-alive connections): ids in, ids out, across replicas that
+come and go.
 
 Each request goes to a live replica: the one that holds its prefix when it belongs to a group (the samples of one
 prompt, the turns of one conversation) and that replica is not loaded past a bounded imbalance (`routing.py`), else
@@ -17,11 +18,13 @@ import asyncio
 import contextlib
 import logging
 import random
+from array import array
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import httpx
+import numpy as np
 import orjson
 
 from .replica_health import HealthPolicy, ReplicaSet, Suspect
@@ -35,28 +38,16 @@ from .results import (
     parse_generation,
     transport_failure,
 )
-from .routing import PrefixAffinity, dp_rank
+from .routing import PrefixAffinity, dp_rank, prefix_hashes
+from .transport import AnswerTooLarge, PostPool, TransportError
 
 logger = logging.getLogger(__name__)
 
-# httpcore's connection pool does O(pool size) work per request, so hundreds of connections in one pool cost
-# quadratic CPU; requests are spread over several small pools ("lanes") instead.
-LANE_CONNECTIONS = 16
-# SGLang (uvicorn) closes idle keep-alive connections after 5 s (0.5.9 entrypoints/http_server.py:1972
-# timeout_keep_alive=5; 0.5.23 environ.py:337 SGLANG_TIMEOUT_KEEP_ALIVE=5): drop them first, or a request sent on a
-# connection the server is closing fails.
-KEEPALIVE_EXPIRY_S = 4.0
 HEALTH_TICK_S = 1.0  # how often the outage gauge is refreshed while a replica is down
 
 
 class ServerFatalError(RuntimeError):
     """A server answer that no retry or other sample can fix (wrong API key, wrong URL): stop the run."""
-
-
-class _TooLarge(Exception):
-    def __init__(self, size: int) -> None:
-        super().__init__(size)
-        self.size = size
 
 
 Answer = TypeVar("Answer")
@@ -91,6 +82,32 @@ class RetryPolicy:
 
 
 _NO_LOCK = contextlib.nullcontext()
+
+
+class PromptIds:
+    """A prompt's ids as the requests of all its samples (and their retries) send them: 4 bytes an id, and their JSON
+    encoded once, by the first request that needs it."""
+
+    __slots__ = ("ids", "_json", "_names")
+
+    def __init__(self, ids: array[int]) -> None:
+        self.ids = ids
+        self._json: bytes | None = None
+        self._names: list[int] | None = None
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def json(self) -> bytes:
+        if self._json is None:
+            self._json = orjson.dumps(np.frombuffer(self.ids, dtype=np.int32), option=orjson.OPT_SERIALIZE_NUMPY)
+        return self._json
+
+    def prefix_names(self) -> list[int]:
+        """Its leading blocks' names for prefix routing (`routing.prefix_hashes`), made once."""
+        if self._names is None:
+            self._names = prefix_hashes(np.frombuffer(self.ids, dtype=np.int32))
+        return self._names
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:
@@ -130,13 +147,7 @@ class GenerateClient:
         self.dp_ranks = {url.rstrip("/"): n for url, n in (dp_ranks or {}).items() if n > 1}
         self._rng = random.Random(seed)
         self._headers = {"Content-Type": "application/json", **auth_headers(api_key)}
-        lanes = max(1, -(-concurrency // LANE_CONNECTIONS))
-        per_lane = -(-concurrency // lanes) + 4
-        limits = httpx.Limits(max_connections=per_lane, max_keepalive_connections=per_lane,
-                              keepalive_expiry=KEEPALIVE_EXPIRY_S)
-        timeout = httpx.Timeout(timeout_s, connect=30.0, pool=None)
-        self._lanes = [httpx.AsyncClient(headers=self._headers, timeout=timeout, limits=limits) for _ in range(lanes)]
-        self._lane_load = [0] * lanes
+        self._http = PostPool(self._headers, timeout_s)  # /generate; probes use a short-lived httpx client
         self._changed: asyncio.Event | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._probes: set[asyncio.Task[None]] = set()
@@ -148,30 +159,31 @@ class GenerateClient:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for lane in self._lanes:
-            await lane.aclose()
+        await self._http.aclose()
 
     # -- one sample ----------------------------------------------------------------------------------------
-    async def generate(self, input_ids: list[int], sampling_params: dict[str, Any],
+    async def generate(self, input_ids: list[int] | PromptIds, sampling_params: dict[str, Any],
                        seed_for: Callable[[int], int] | None = None,
                        affinity: Hashable | None = None) -> Generation | GenerationFailure:
         """The sample's generation, or its final failure. `seed_for(n)` is the sampling_seed of the n-th attempt
         (from 0), so a retry does not replay the draw that failed; requests with the same `affinity` key share a
         prefix and go where it is cached. Raises ServersUnavailable past the outage budget and ServerFatalError on
         a wrong key or URL."""
+        prompt = input_ids if isinstance(input_ids, PromptIds) else PromptIds(array("i", input_ids))
 
         def body(attempt: int, server: str) -> bytes:
             seed = None if seed_for is None else seed_for(attempt)
-            return orjson.dumps(self.request_body(server, input_ids, sampling_params, seed, affinity))
+            return self.encode_body(server, prompt, sampling_params, seed, affinity)
 
         async def read(server: str, content: bytes, attempt: int) -> Generation | AttemptFailed:
-            return self._generation(server, content, attempt, input_ids)
+            return self._generation(server, content, attempt, prompt if self.echo_prompt_ids else None)
 
-        return await self.send(body, read, affinity)
+        return await self.send(body, read, affinity, prompt=prompt)
 
     async def send(self, body: Callable[[int, str], bytes],
                    read: Callable[[str, bytes, int], Awaitable[Answer | AttemptFailed]],
-                   affinity: Hashable | None = None, limit_bytes: int | None = None) -> Answer | GenerationFailure:
+                   affinity: Hashable | None = None, limit_bytes: int | None = None,
+                   prompt: PromptIds | None = None) -> Answer | GenerationFailure:
         """Any /generate request under the client's rules (a live replica, retries, quarantine, the outage wait):
         `body(attempt, server)` is the n-th attempt's body (from 0), `read(server, content, attempt)` turns an HTTP
         200 answer into the result or an AttemptFailed that says whose fault it is; an answer longer than
@@ -183,9 +195,9 @@ class GenerateClient:
         quarantined: list[Suspect] = []  # those of attempts made in quarantine
         previous: str | None = None
         while True:
-            suspect = self.replicas.deaths(suspects) >= self.retry.quarantine_after
+            suspect = bool(suspects) and self.replicas.deaths(suspects) >= self.retry.quarantine_after
             async with self._quarantine if suspect else _NO_LOCK:
-                server = await self._acquire(previous, affinity)
+                server = self._pick(previous, affinity, prompt) or await self._acquire(previous, affinity, prompt)
                 sent += 1
                 self.retries += sent > 1
                 self.outstanding[server] += 1
@@ -216,8 +228,19 @@ class GenerateClient:
     def request_body(self, server: str, input_ids: list[int], sampling_params: dict[str, Any],
                      seed: int | None = None, affinity: Hashable | None = None) -> dict[str, Any]:
         """The /generate body of one attempt on `server` (tests/contract checks it against each release's schema)."""
+        return {"input_ids": input_ids, **self._request_fields(server, sampling_params, seed, affinity)}
+
+    def encode_body(self, server: str, prompt: PromptIds, sampling_params: dict[str, Any], seed: int | None = None,
+                    affinity: Hashable | None = None) -> bytes:
+        """`request_body` as JSON, the prompt's ids spliced in as the prompt encoded them once for all its samples
+        and attempts (byte for byte what orjson writes for the whole body)."""
+        fields = orjson.dumps(self._request_fields(server, sampling_params, seed, affinity))
+        return b'{"input_ids":' + prompt.json() + b"," + fields[1:]
+
+    def _request_fields(self, server: str, sampling_params: dict[str, Any], seed: int | None,
+                        affinity: Hashable | None) -> dict[str, Any]:
         params = sampling_params if seed is None else {**sampling_params, "sampling_seed": seed}
-        request: dict[str, Any] = {"input_ids": input_ids, "sampling_params": params}
+        request: dict[str, Any] = {"sampling_params": params}
         if self.echo_prompt_ids:
             request["return_prompt_token_ids"] = True
         if self.count_reasoning:
@@ -255,14 +278,22 @@ class GenerateClient:
             self._tell_state(server)
             self._notify()  # the watcher schedules its first probe
 
-    async def _acquire(self, avoid: str | None, affinity: Hashable | None = None) -> str:
+    def _pick(self, avoid: str | None, affinity: Hashable | None, prompt: PromptIds | None = None) -> str | None:
+        """A live replica for the next attempt, None when none is (without an await: this runs per request)."""
+        if self._watcher is None or self._watcher.done():
+            return None  # _acquire starts it
+        candidates = self.replicas.candidates(avoid)
+        return self._choose(candidates, affinity, prompt) if candidates else None
+
+    async def _acquire(self, avoid: str | None, affinity: Hashable | None = None,
+                       prompt: PromptIds | None = None) -> str:
         """A live replica for the next attempt; waits (spending no attempt) while none is."""
         loop = asyncio.get_running_loop()
         self._ensure_watcher()
         while True:
             candidates = self.replicas.candidates(avoid)
             if candidates:
-                return self._choose(candidates, affinity)
+                return self._choose(candidates, affinity, prompt)
             now = loop.time()
             self.replicas.note_time(now)
             if self.replicas.outage_exceeded(now):
@@ -273,52 +304,31 @@ class GenerateClient:
             remaining = self.health.outage_budget_s - self.replicas.outage_seconds(now)
             await _wait(self._event(), max(0.01, remaining + 0.01))
 
-    def _choose(self, candidates: list[str], affinity: Hashable | None) -> str:
+    def _choose(self, candidates: list[str], affinity: Hashable | None, prompt: PromptIds | None = None) -> str:
         def least_loaded(among: Sequence[str]) -> str:
             return self.replicas.least_loaded(among, self.outstanding)
 
-        if self.affinity is None or affinity is None:
+        if self.affinity is None or affinity is None or len(self.servers) == 1:
             return least_loaded(candidates)
-        return self.affinity.choose(affinity, candidates, self.outstanding, self.replicas.epochs(), least_loaded)
+        return self.affinity.choose(affinity, candidates, self.outstanding, self.replicas.epochs(), least_loaded,
+                                    None if prompt is None else prompt.prefix_names)
 
     # -- one HTTP request ----------------------------------------------------------------------------------
-    async def _post(self, url: str, body: bytes, limit_bytes: int | None = None) -> tuple[int, bytes]:
-        """(status, body) of one POST on the least busy lane; with `limit_bytes`, the body is read as it streams
-        and _TooLarge raised past the limit (a capture's answer: its size is known before it is read)."""
-        lane = self._lane_load.index(min(self._lane_load))
-        self._lane_load[lane] += 1
-        try:
-            if limit_bytes is None:
-                response = await self._lanes[lane].post(url, content=body)
-                return response.status_code, response.content
-            async with self._lanes[lane].stream("POST", url, content=body) as streamed:
-                chunks, size = [], 0
-                async for chunk in streamed.aiter_bytes():
-                    size += len(chunk)
-                    if size > limit_bytes:
-                        raise _TooLarge(size)
-                    chunks.append(chunk)
-                return streamed.status_code, b"".join(chunks)
-        finally:
-            self._lane_load[lane] -= 1
-
     async def _attempt(self, server: str, body: bytes, attempt: int,
                        read: Callable[[str, bytes, int], Awaitable[Answer | AttemptFailed]],
                        limit_bytes: int | None = None) -> Answer | AttemptFailed:
         try:
-            status, content = await self._post(f"{server}/generate", body, limit_bytes)
-        except httpx.TransportError as error:
-            connect = isinstance(error, httpx.ConnectError)
-            return transport_failure(server, type(error).__name__, str(error), connect=connect)
-        except _TooLarge as error:
-            return AttemptFailed(Fault.FINAL, "bad_response", f"{server}: the answer exceeds {limit_bytes} bytes "
-                                 f"({error.size} read), more than the request can take")
-        if status != 200:
-            return classify_error(status, content, server)
-        return await read(server, content, attempt)
+            answer = await self._http.post(f"{server}/generate", body, limit_bytes)
+        except TransportError as error:
+            return transport_failure(server, type(error).__name__, str(error), connect=error.connect)
+        except AnswerTooLarge as error:
+            return AttemptFailed(Fault.FINAL, "bad_response", f"{server}: {error}, more than the request can take")
+        if answer.status != 200:
+            return classify_error(answer.status, answer.content, server)
+        return await read(server, answer.content, attempt)
 
     def _generation(self, server: str, content: bytes, attempt: int,
-                    input_ids: list[int] | None) -> Generation | AttemptFailed:
+                    prompt: PromptIds | None) -> Generation | AttemptFailed:
         try:
             payload = orjson.loads(content)
         except orjson.JSONDecodeError:
@@ -330,7 +340,7 @@ class GenerateClient:
                 logger.warning("%s answers without prompt_token_ids although they were asked for: the ids it "
                                "generated from cannot be checked (an SGLang release before 0.5.13.post1?)", server)
         return parse_generation(payload, server, attempt, self.vocab_size,
-                                input_ids if self.echo_prompt_ids else None)
+                                None if prompt is None else prompt.ids.tolist())
 
     # -- health --------------------------------------------------------------------------------------------
     def _event(self) -> asyncio.Event:

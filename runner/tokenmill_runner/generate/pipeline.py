@@ -16,13 +16,15 @@ its row when it stops, so a conversation is committed whole or not at all.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
+import threading
 import time
 from array import array
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import islice
@@ -36,6 +38,8 @@ from ..render.pretokenize import PromptEncoder
 from ..render.request_fit import ServerLimits
 from ..render.tokenizer_info import TokenizerInfo
 from ..source.duplicates import DuplicateIds
+from ..source.length_key import CODES
+from ..source.line_codes import LineCodes
 from ..source.prompts import Prompt, RowError, belongs_to_worker, duplicate_error, id_hash
 from ..source.reader import read_prompts, source_format
 from ..source.row_size import LARGE_PROMPT_CHARS, RowBound, prompt_size
@@ -49,9 +53,19 @@ from ..store.lease import LeaseKeeper, LeaseLost
 from ..store.ledger import RETRYABLE_REASONS, DatasetLedger, ShardContent, Slot
 from ..store.shards import Fence, ShardBuffer, commit_shard, new_run_token, new_shard_id
 from ..store.storage import Storage, StorageError
-from .client import GenerateClient
+from .client import GenerateClient, PromptIds
 from .conversation import Conversation, history_exact, read_answer, start
-from .ordering import LongestFirst, expected_output_tokens, window_size
+from .ordering import (
+    Cell,
+    KeyCheck,
+    LongestFirst,
+    ReadProgress,
+    code_tokens,
+    expected_tokens,
+    plan_passes,
+    probe_size,
+    window_size,
+)
 from .results import Generation, ServersUnavailable
 from .rows import build_conversation_row, build_row, build_turn, failure_record, too_long_record
 from .seeds import sample_seed
@@ -66,7 +80,7 @@ COMMIT_ATTEMPTS = 5
 MAX_PARALLEL_COMMITS = 4
 
 
-Request = tuple["DatasetState", Prompt, list[int], int]  # a slot to generate: the prompt, its ids, its sample index
+Request = tuple["DatasetState", Prompt, PromptIds, int]  # a slot to generate: the prompt, its ids, its sample index
 
 
 def _take(items: Iterator[Prompt | RowError], count: int, chars: int) -> list[Prompt | RowError]:
@@ -137,6 +151,9 @@ class DatasetState:
     # The operator's measured trial: the lines of this candidate's sample, each with its position in the sample's
     # order; they are sent before any other line (source/stratified.py).
     first: dict[int, int] = field(default_factory=dict)
+    length_codes: tuple[int, ...] | None = None  # this worker's valid rows per length code (the scan's)
+    codes: str | None = None  # where each line's length code is kept (scan_cache.py), for the whole-job order
+    _params: dict[str, Any] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.commits is None:
@@ -147,6 +164,13 @@ class DatasetState:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The sampling_params of the dataset's requests, built once (each request adds its seed to a copy)."""
+        if self._params is None:
+            self._params = self.sampling.to_sglang()
+        return self._params
 
     @property
     def samples(self) -> int:
@@ -172,11 +196,49 @@ def open_slots(state: DatasetState, line: int, retry_failed: bool) -> list[int]:
 
 def count_skipped(state: DatasetState, line: int, indices: Iterable[int]) -> None:
     """Settled slots met by this run: skipped, and noted when an earlier run gave them up."""
+    state.skipped += _tally_skipped(state.ledger, line, indices, state.given_up_before)
+
+
+def _tally_skipped(ledger: DatasetLedger, line: int, indices: Iterable[int], given_up: Counter[str]) -> int:
+    """The settled slots of `indices` of the line, each given-up one's reason added to `given_up`."""
+    count = 0
     for index in indices:
-        state.skipped += 1
+        count += 1
         slot = Slot(line, index)
-        if state.ledger.is_given_up(slot):
-            state.given_up_before[state.ledger.outcome(slot) or ""] += 1
+        if ledger.is_given_up(slot):
+            given_up[ledger.outcome(slot) or ""] += 1
+    return count
+
+
+class SettledTally:
+    """The settled lines the reader skips, counted in the reader's thread as it meets them and handed to the loop
+    in totals: a count and the given-up reasons, never a line each, so a resume past millions of settled lines
+    holds nothing per line. One reading thread at a time writes the count (the loop awaits each chunk), and the
+    loop moves what grew since it last looked; the reasons of given-up slots (rare) go through a lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._skipped = 0  # grows in the reading thread
+        self._moved = 0  # what the loop has counted of it
+        self._given_up: Counter[str] = Counter()
+
+    def add_rows(self, samples: int) -> None:
+        """A line whose every slot has a row (the common case: no failure to look up)."""
+        self._skipped += samples
+
+    def add(self, ledger: DatasetLedger, line: int, samples: int) -> None:
+        with self._lock:
+            count = _tally_skipped(ledger, line, range(samples), self._given_up)
+        self._skipped += count
+
+    def move_to(self, state: DatasetState) -> None:
+        """Add what was counted since the last move to the state's counts (on the loop)."""
+        skipped = self._skipped
+        with self._lock:
+            given_up, self._given_up = self._given_up, Counter()
+        state.skipped += skipped - self._moved
+        self._moved = skipped
+        state.given_up_before.update(given_up)
 
 
 def summarize(state: DatasetState) -> DatasetSummary:
@@ -225,12 +287,14 @@ class Runner:
         self.clock = clock
         self.meter = ThroughputMeter()
         self.in_flight = 0
+        self.metrics.count_in_flight(lambda: self.in_flight)  # read when scraped, not set per request
         self._run_token = run_token or new_run_token()  # the lease records it: shard names of this run
         self._fence = None if lease is None else lease.commit_fence  # store/ownership.py
         self._sequence = 0
         self._commits: set[asyncio.Task[None]] = set()
         self._commit_slots = asyncio.Semaphore(MAX_PARALLEL_COMMITS)
-        self._settled_lines: list[int] = []  # lines the reader skipped as settled, counted on the loop
+        self._settled = SettledTally()  # lines the reader skipped as settled, counted in its thread
+        self._key_check: KeyCheck | None = None  # the probe of the length key (ordering.py)
         self._stop = asyncio.Event()
         self._interrupted = False
         self._fatal: BaseException | None = None
@@ -326,39 +390,119 @@ class Runner:
     # -- producing -----------------------------------------------------------------------------------------
     async def _produce(self, queue: asyncio.Queue[Request]) -> None:
         """Tokenized requests to the workers: a trial candidate's sample first, in its order (it is read whole
-        first: a sample interleaves the datasets), then the rest longest expected output first within a bounded
-        window (`ordering.py`); the window holds the ids as 4-byte arrays, a third of a list's memory."""
+        first: a sample interleaves the datasets); then the probe of the length key, in input order; then the
+        rest longest expected output first over the whole job, pass by pass, through a bounded window, or in input
+        order once the probe says the key is weak (`ordering.py`). The window holds the ids as 4-byte arrays, a
+        third of a list's memory, one per prompt for all its samples (sent as they are: the request body takes
+        them without a copy)."""
 
-        async def send(held: tuple[DatasetState, Prompt, array[int], int]) -> None:
-            state, prompt, ids, index = held
-            await queue.put((state, prompt, ids.tolist(), index))
+        async def send(held: Request) -> None:
+            await queue.put(held)
 
         if any(state.first for state in self.states):
-            sample = [held async for held, _ in self._requests(first=True)]
+            sample = [held for state in self.states if state.first
+                      async for held, _ in self._requests(state, first=True)]
             for held in sorted(sample, key=lambda held: (held[0].first[held[1].line], held[3])):
                 await send(held)
-        window: LongestFirst[tuple[DatasetState, Prompt, array[int], int]] = LongestFirst(
-            window_size(self.concurrency))
-        async for held, expected in self._requests(first=False):
-            if (released := window.push(held, expected)) is not None:
-                await send(released)
-        for held in window.drain():
-            await send(held)
+        window: LongestFirst[Request] = LongestFirst(window_size(self.concurrency))
+        reads = {state.index: ReadProgress() for state in self.states}
+        check = self._key_check = self._probe(window.window)
+        if check is not None:
+            for state, quota in self._probe_quotas(check):
+                progress = reads[state.index]
+                async for held, expected in self._requests(state, lambda line, _: True, progress, quota):
+                    check.sent((state.index, held[1].line, held[3]), expected)
+                    await send(held)
+                progress.probe_end = progress.position
+            check.closed = True
 
-    async def _requests(self, first: bool) -> AsyncIterator[tuple[tuple[DatasetState, Prompt, array[int], int],
-                                                                  float]]:
-        """Every open slot of every dataset in source order (datasets longest-expected first), with its prompt ids
-        and the output length expected from the row's earlier answer (else its prompt's length class): of the
-        trial sample's lines when `first`, else of the others."""
+        def weak() -> bool:
+            return check is not None and check.weak is True
+
+        for codes in self._passes(window.window):
+            for state in self.states:
+                progress = reads[state.index]
+                progress.begin(codes.get(state.index, frozenset()))
+                if progress.current:
+                    async for held, expected in self._requests(state, progress.in_pass, progress, stop=weak):
+                        if (released := window.push(held, expected)) is not None:
+                            await send(released)
+                if weak():
+                    break
+                progress.end()
+            if weak():
+                break
+        if check is not None and check.weak:  # the rest in input order: the window's, then every line not read
+            logger.info("the length key does not predict the lengths drawn (corr %.2f over %d probe samples): the "
+                        "rest of the job goes in input order", check.rho or 0.0, len(check.pairs))
+            window.in_arrival_order()
+            for state in self.states:
+                async for held, expected in self._requests(state, reads[state.index].unread):
+                    if (released := window.push(held, expected)) is not None:
+                        await send(released)
+        while len(window):
+            if weak():
+                window.in_arrival_order()
+            await send(window.pop())
+
+    def _probe(self, window: int) -> KeyCheck | None:
+        """The check of the length key, when the job is large enough for the order to matter."""
+        open_slots = sum(missing if (missing := missing_slots(state)) is not None else state.slots
+                         for state in self.states)
+        return KeyCheck(size=probe_size(open_slots)) if open_slots > window and probe_size(open_slots) else None
+
+    def _probe_quotas(self, check: KeyCheck) -> list[tuple[DatasetState, int]]:
+        """Each dataset's share of the probe, by its slots (a slot at least)."""
+        total = max(1, sum(state.slots for state in self.states))
+        return [(state, max(1, check.size * state.slots // total)) for state in self.states if state.slots]
+
+    def _passes(self, window: int) -> list[dict[int, frozenset[int]]]:
+        """The passes over the sources (`ordering.plan_passes`), from each dataset's count of rows per length code
+        (the counting pass's); a dataset without counts is read whole in the last pass."""
+        cells: list[Cell] = []
         for state in self.states:
-            if first and not state.first:
-                continue
-            spec = state.spec
-            fmt = source_format(spec.source, spec.format, self.config.spec.output.endpoint)
-            rows = read_prompts(spec.source, fmt, self.config.spec.output.endpoint, spec.limit,
-                                wanted=partial(self._wanted, state, first), layout=spec.row_layout(),
-                                bound=self.row_bound)
-            while chunk := await asyncio.to_thread(_take, rows, READ_BATCH, READ_BATCH_CHARS):
+            counts = state.length_codes or (0,) * CODES
+            typical = state.mean_output_expected()
+            cells.extend(Cell(state.index, code, count * state.samples,
+                              code_tokens(code, state.sampling.max_new_tokens or 0, typical))
+                         for code, count in enumerate(counts))
+        return plan_passes(cells, window)
+
+    async def _requests(self, state: DatasetState, accepts: Callable[[int, int], bool] | None = None,
+                        progress: ReadProgress | None = None, limit: int | None = None,
+                        stop: Callable[[], bool] | None = None, first: bool = False,
+                        ) -> AsyncIterator[tuple[Request, float]]:
+        """The dataset's open slots in source order, with its prompt ids and the output length expected of it: of
+        the trial sample's lines when `first`, else of the lines `accepts(line, length code)` takes (every line
+        when None), `progress.position` following the last line looked at. Stops at a chunk's end once `limit`
+        slots were yielded or `stop()` says so."""
+        spec = state.spec
+        fmt = source_format(spec.source, spec.format, self.config.spec.output.endpoint)
+        codes = self._line_codes(state) if accepts is not None else None
+        selects = None
+        if accepts is not None:
+            def selects(line: int) -> bool:
+                if progress is not None:
+                    progress.position = line
+                return accepts(line, codes.code(line) if codes is not None else 0)
+        rows = read_prompts(spec.source, fmt, self.config.spec.output.endpoint, spec.limit,
+                            wanted=partial(self._wanted, state, first, selects=selects), layout=spec.row_layout(),
+                            bound=self.row_bound)
+        typical = state.mean_output_expected()
+        max_new = state.sampling.max_new_tokens or 0
+        yielded = 0
+
+        def rows_now() -> int:
+            """Rows of the next chunk: up to the limit; a concurrency's worth while the probe's verdict is out (a
+            reading stops only at a chunk's end, so a weak key turns the order off within about a batch)."""
+            count = READ_BATCH if limit is None else max(1, min(READ_BATCH, limit - yielded))
+            check = self._key_check
+            if stop is not None and check is not None and check.weak is None:
+                count = min(count, max(1, self.concurrency))
+            return count
+
+        try:
+            while chunk := await asyncio.to_thread(_take, rows, rows_now(), READ_BATCH_CHARS):
                 self._count_settled_lines(state)
                 admitted = self._admit(state, chunk)
                 for batch in tokenize_batches(admitted):
@@ -369,11 +513,32 @@ class Runner:
                                                       state.template_kwargs)
                     for (prompt, indices), ids in zip(batch, encoded, strict=True):
                         if checked := self._checked(state, prompt, ids, indices):
-                            expected = expected_output_tokens(prompt.messages, len(checked))
-                            packed = array("i", checked)  # shared by the prompt's slots: it is tokenized once
+                            expected = expected_tokens(prompt.messages, len(checked), max_new, typical)
+                            packed = PromptIds(array("i", checked))  # the prompt's slots share it
                             for index in indices:
+                                yielded += 1
                                 yield (state, prompt, packed, index), expected
-            self._count_settled_lines(state)
+                if (limit is not None and yielded >= limit) or (stop is not None and stop()):
+                    break
+        finally:  # a pass that stops early closes its reading now (cancelled mid-chunk, the reader thread ends it)
+            with contextlib.suppress(ValueError):  # "generator already executing" in that thread
+                close = getattr(rows, "close", None)
+                if close is not None:
+                    close()
+                if codes is not None:
+                    codes.close()
+        self._count_settled_lines(state)
+
+    def _line_codes(self, state: DatasetState) -> LineCodes | None:
+        """The dataset's lines' length codes, read in line order (None: not kept; its lines count as code 0)."""
+        if state.codes is None:
+            return None
+        try:
+            return LineCodes(self.storage.open_read(state.codes))
+        except StorageError as error:
+            logger.warning("%s: the lines' length codes cannot be read (%s): the dataset is read in one pass",
+                           state.name, error)
+            return None
 
     def _conversations(self, state: DatasetState,
                        batch: list[tuple[Prompt, list[int]]]) -> list[tuple[Prompt, list[int]]]:
@@ -395,24 +560,28 @@ class Runner:
         assert isinstance(conversation, Conversation)  # rows that cannot start were dropped by _conversations
         return conversation.next_prompt()
 
-    def _wanted(self, state: DatasetState, first: bool, line: int) -> bool:
+    def _wanted(self, state: DatasetState, first: bool, line: int,
+                selects: Callable[[int], bool] | None = None) -> bool:
         """Before a row is parsed, in the reader's thread: False for another worker's line, for a line of the other
-        reading (the trial sample's, or not), and for a line whose slots are all settled (noted for the loop to
-        count as skipped: nothing of the state changes here)."""
+        reading (the trial sample's, or not), for a line another pass reads (`selects`), and for a line whose slots
+        are all settled (noted for the loop to count as skipped: nothing of the state changes here)."""
         if state.owned is not None and not state.owned.has(line):
             return False
         if (line in state.first) != first:
             return False
+        if selects is not None and not selects(line):
+            return False
+        if state.ledger.has_rows(line, state.samples):
+            self._settled.add_rows(state.samples)
+            return False
         if open_slots(state, line, self.config.retry_failed_slots):
             return self.config.generates  # a later hidden-state pass leaves them open: they are the first pass's
-        self._settled_lines.append(line)  # list.append is atomic; the loop drains the list
+        self._settled.add(state.ledger, line, state.samples)
         return False
 
     def _count_settled_lines(self, state: DatasetState) -> None:
         """Count, on the loop, the settled lines the reader skipped since the last chunk."""
-        lines, self._settled_lines = self._settled_lines, []
-        for line in lines:
-            count_skipped(state, line, range(state.samples))
+        self._settled.move_to(state)
 
     def _admit(self, state: DatasetState, chunk: list[Prompt | RowError]) -> list[tuple[Prompt, list[int]]]:
         """Drop other workers' rows and the slots already settled; record bad rows and duplicate ids (one record
@@ -458,17 +627,17 @@ class Runner:
             state, prompt, ids, index = await queue.get()
             retry_round = self._retry_round(state, prompt.line, index)
             seeds = self._seeds(state, prompt.line, retry_round, index)
-            params = state.sampling.to_sglang()
+            params = state.params
             if state.spec.mode == "all-turns":
                 try:
-                    await self._converse(state, prompt, ids, params, index, seeds, retry_round)
+                    await self._converse(state, prompt, ids.ids.tolist(), params, index, seeds, retry_round)
                 finally:
                     queue.task_done()
                 continue
             result = await self._generate(state, ids, params, _for_turn(seeds, 0), (state.name, prompt.line))
             now = self.clock()
             if isinstance(result, Generation):
-                self._record_row(state, prompt, ids, result, now, index, seeds(result.attempts - 1, 0))
+                self._record_row(state, prompt, ids.ids, result, now, index, seeds(result.attempts - 1, 0))
             else:
                 self._record_error(state, failure_record(state.name, prompt, result, index, retry_round), now)
             queue.task_done()
@@ -482,21 +651,27 @@ class Runner:
         return state.ledger.retry_round(slot) + 1
 
     def _seeds(self, state: DatasetState, line: int, retry_round: int, index: int) -> Callable[[int, int], int]:
-        """The slot's seed of each (attempt, turn) in its retry round."""
+        """The slot's seed of each (attempt, turn) in its retry round, each hashed once (the request sends it, the
+        row records it)."""
         base = self.config.spec.seed
-        return lambda attempt, turn: sample_seed(base, state.name, line, index, attempt, retry_round, turn)
+        made: dict[tuple[int, int], int] = {}
 
-    async def _generate(self, state: DatasetState, ids: list[int], params: dict[str, Any],
+        def seed(attempt: int, turn: int) -> int:
+            if (attempt, turn) not in made:
+                made[attempt, turn] = sample_seed(base, state.name, line, index, attempt, retry_round, turn)
+            return made[attempt, turn]
+
+        return seed
+
+    async def _generate(self, state: DatasetState, ids: list[int] | PromptIds, params: dict[str, Any],
                         seed_for: Callable[[int], int], affinity: tuple[str, int] | None = None) -> Generation | Any:
         """One request; `affinity` names its prefix group (the dataset's line: every sample of the prompt and every
         turn of its conversations extend the same prompt), which the client keeps on the replica that caches it."""
         self.in_flight += 1
-        self.metrics.set_in_flight(self.in_flight)
         try:
             result = await self.client.generate(ids, params, seed_for if self.send_seed else None, affinity)
         finally:
             self.in_flight -= 1
-            self.metrics.set_in_flight(self.in_flight)
         if isinstance(result, Generation):
             self.metrics.answered(state.name, result.attempts, True, result.completion_tokens, result.latency_s)
         else:
@@ -563,29 +738,35 @@ class Runner:
 
     def _record_conversation(self, state: DatasetState, row: dict[str, Any], lengths: list[int]) -> None:
         now = self.clock()
+        if self._key_check is not None:
+            self._key_check.back((state.index, row["line"], row["sample_index"]), row["completion_tokens"])
         state.buffer.add_row(row, now)
         state.generated += 1
         state.completion_tokens += row["completion_tokens"]
         state.truncated += row["stop_reason"] == "truncated"
-        state.lengths.add([row["completion_tokens"]])
+        state.lengths.add_one(row["completion_tokens"])
         self.meter.record(now, 1, 0)
         if state.buffer.is_due(now):
             self._commit(state)
 
-    def _record_row(self, state: DatasetState, prompt: Prompt, ids: list[int], result: Generation,
+    def _record_row(self, state: DatasetState, prompt: Prompt, ids: Sequence[int], result: Generation,
                     now: float, index: int = 0, seed: int | None = None) -> None:
         max_new = state.sampling.max_new_tokens or 0
+        if self._key_check is not None:
+            self._key_check.back((state.index, prompt.line, index), result.completion_tokens)
         state.buffer.add_row(build_row(state.name, prompt, ids, result, max_new, self.info, index, seed), now)
         state.generated += 1
         state.completion_tokens += result.completion_tokens
         state.truncated += result.finish_reason == "length"
-        state.lengths.add([result.completion_tokens])
+        state.lengths.add_one(result.completion_tokens)
         self.meter.record(now, 1, result.completion_tokens)
         if state.buffer.is_due(now):
             self._commit(state)
 
     def _record_error(self, state: DatasetState, record: dict[str, Any], now: float) -> None:
         logger.warning("%s: %s", state.name, record["message"])
+        if self._key_check is not None:
+            self._key_check.back((state.index, record.get("line"), record.get("sample_index", 0)), None)
         state.buffer.add_error(record, now)
         state.failed[record["reason"]] += 1
         self.meter.record(now, 1, 0)

@@ -137,6 +137,8 @@ class ReplicaSet:
     initially_down: frozenset[str] = frozenset()
     outage_started: float | None = None
     _turn: int = 0
+    _epochs: dict[str, int] | None = field(default=None, init=False, repr=False)
+    _epochs_at: int = field(default=-1, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.urls:
@@ -165,8 +167,13 @@ class ReplicaSet:
         return tied[self._turn % len(tied)]
 
     def epochs(self) -> dict[str, int]:
-        """Each replica's outage count: a replica that went down since lost what it cached."""
-        return {url: breaker.outages for url, breaker in self.breakers.items()}
+        """Each replica's outage count: a replica that went down since lost what it cached. Asked per request, so
+        made again only when an outage count changed (the caller must not change it)."""
+        outages = sum(breaker.outages for breaker in self.breakers.values())
+        if self._epochs is None or self._epochs_at != outages:
+            self._epochs = {url: breaker.outages for url, breaker in self.breakers.items()}
+            self._epochs_at = outages
+        return self._epochs
 
     def record_success(self, url: str) -> None:
         self.breakers[url].record_success()

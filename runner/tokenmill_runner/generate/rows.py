@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..render.tokenizer_info import TokenizerInfo
@@ -20,10 +20,13 @@ def first_reasoning_end(output_ids: list[int], end_ids: int | None | Iterable[in
     """(index, token id) of the first of `end_ids` in the output (Kimi-K2.5 may end reasoning at the tool-call
     section instead of </think>; whichever comes first ends it), or None."""
     wanted = {end_ids} if isinstance(end_ids, int) else set(end_ids or ())
-    for index, token in enumerate(output_ids):
-        if token in wanted:
-            return index, token
-    return None
+    found: tuple[int, int] | None = None
+    for token in wanted:  # list.index searches in C; the earliest of the tokens wins
+        try:
+            found = (output_ids.index(token, 0, len(output_ids) if found is None else found[0]), token)
+        except ValueError:
+            continue
+    return found
 
 
 def reasoning_agrees(output_ids: list[int], counted_end_id: int | None, server_count: int | None) -> bool | None:
@@ -46,7 +49,7 @@ def reasoning_agrees(output_ids: list[int], counted_end_id: int | None, server_c
     return own == server_count
 
 
-def build_row(dataset: str, prompt: Prompt, prompt_ids: list[int], generation: Generation,
+def build_row(dataset: str, prompt: Prompt, prompt_ids: Sequence[int], generation: Generation,
               max_new_tokens: int, info: TokenizerInfo, sample_index: int = 0,
               seed: int | None = None) -> dict[str, Any]:
     output_ids = generation.output_ids
@@ -59,7 +62,7 @@ def build_row(dataset: str, prompt: Prompt, prompt_ids: list[int], generation: G
         "line": prompt.line,
         "sample_index": sample_index,
         "prompt_ids": prompt_ids,
-        "output_ids": output_ids,
+        "output_ids": output_ids if generation.packed_ids is None else generation.packed_ids,
         "prompt_tokens": len(prompt_ids),
         "completion_tokens": generation.completion_tokens,
         "finish_reason": generation.finish_reason,
@@ -90,8 +93,8 @@ def build_turn(dataset: str, prompt: Prompt, prompt_ids: list[int], generation: 
     """One generated turn of a multi-turn row: the single-turn row's per-generation facts, plus whether its prompt
     extends the previous turn's ids token for token, the calls parsed from it (JSON) and the seed it was drawn with."""
     row = build_row(dataset, prompt, prompt_ids, generation, max_new_tokens, info)
-    return {**{name: row[name] for name in TURN_FIELDS}, "history_exact": history_exact, "tool_calls": tool_calls,
-            "seed": seed}
+    return {**{name: row[name] for name in TURN_FIELDS}, "output_ids": generation.output_ids,  # a list: turns compare
+            "history_exact": history_exact, "tool_calls": tool_calls, "seed": seed}
 
 
 def build_conversation_row(dataset: str, prompt: Prompt, turns: list[dict[str, Any]], stop_reason: str,

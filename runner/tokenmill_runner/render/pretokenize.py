@@ -246,5 +246,15 @@ class PromptEncoder:
             return [self.encode_one(prompt, template_kwargs) for prompt in prompts]
         rendered = [self.render(prompt, template_kwargs) for prompt in prompts]
         texts = [text for text in rendered if isinstance(text, str)]
-        encoded = iter(self.tokenizer(texts, add_special_tokens=False)["input_ids"]) if texts else iter(())
+        encoded = iter(self._encode_texts(texts)) if texts else iter(())
         return [next(encoded) if isinstance(text, str) else text for text in rendered]
+
+    def _encode_texts(self, texts: list[str]) -> list[list[int]]:
+        """The ids of rendered texts, no special tokens added. Straight through the Rust tokenizer's batch encoding
+        without offsets (`encode_batch_fast`: the same ids for half the CPU, which the runner spends per prompt)
+        when it has that call and no truncation or padding of its own; else through the transformers call."""
+        backend: Any = getattr(self.tokenizer, "backend_tokenizer", None)
+        fast = getattr(backend, "encode_batch_fast", None)
+        if fast is not None and backend.truncation is None and backend.padding is None:
+            return [encoding.ids for encoding in fast(texts, add_special_tokens=False)]
+        return list(self.tokenizer(texts, add_special_tokens=False)["input_ids"])

@@ -70,4 +70,10 @@ def text_size(value: Any) -> int:
 
 
 def prompt_size(prompt: Prompt) -> int:
-    return text_size(prompt.messages) + text_size(prompt.tools)
+    """The prompt's characters (`text_size` of its messages and tools), measured once: the reader's bound, the
+    stream's chunking and its tokenizer batches all ask."""
+    size = prompt.__dict__.get("_size")
+    if size is None:
+        size = text_size(prompt.messages) + text_size(prompt.tools)
+        object.__setattr__(prompt, "_size", size)  # a frozen dataclass: set once, never changed
+    return int(size)

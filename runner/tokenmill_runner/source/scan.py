@@ -14,15 +14,17 @@ import tempfile
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, BinaryIO
 
 import numpy as np
 
 from .adapters import DEFAULT_LAYOUT, RowLayout
 from .duplicates import PAIR, DuplicateIds, repeated_ids
+from .length_key import CODES, length_code
+from .line_codes import CodesWriter
 from .prompts import Prompt, belongs_to_worker, id_hash
 from .reader import read_prompts
-from .row_size import RowBound
+from .row_size import RowBound, prompt_size
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +42,9 @@ class SourceScan:
     last_line: int | None = None  # the highest line the source yields (None: `rows`, no line skipped)
     skipped: LineSet | None = None  # lines of 1..last_line that yield no row (a JSONL source's blank lines)
     content_hash: str | None = None  # BLAKE2b of every byte of the source (each shard's name and bytes)
+    # This worker's valid rows per length code (length_key.py): what the stream's whole-job order plans from.
+    length_codes: tuple[int, ...] | None = None
+    codes: str | None = None  # the storage key of each line's code, one byte a line (scan_cache.py)
 
     def owns(self, line: int) -> bool:
         return self.owned is None or self.owned.has(line)
@@ -137,10 +142,13 @@ class PairSpool:
 
 def scan_source(source: str, fmt: str, endpoint: str | None = None, limit: int | None = None,
                 worker_index: int = 0, worker_count: int = 1, layout: RowLayout = DEFAULT_LAYOUT,
-                bound: RowBound | None = None) -> SourceScan:
+                bound: RowBound | None = None, codes: IO[bytes] | None = None) -> SourceScan:
     """Count the source's rows and this worker's, and find the ids that occur on more than one valid line. Rows
-    over the `bound` are read as the stream reads them: refused, without being held."""
+    over the `bound` are read as the stream reads them: refused, without being held. Each line's length code
+    (length_key.py; 0 for a line this worker does not generate) goes to `codes`, one byte a line."""
     rows = worker_rows = last = 0
+    histogram = [0] * CODES
+    writer = CodesWriter(codes) if codes is not None else None
     owned = LineSet() if worker_count > 1 else None
     skipped = LineSet()
     digest = hashlib.blake2b(digest_size=32)
@@ -160,7 +168,13 @@ def scan_source(source: str, fmt: str, endpoint: str | None = None, limit: int |
             # with the same id a duplicate (it is recorded for what is wrong with it).
             if isinstance(item, Prompt):
                 spool.add(id_hash(item.sample_id), item.line)
+                code = length_code(item.messages, prompt_size(item))
+                histogram[code] += 1
+                if writer is not None:
+                    writer.add(item.line, code)
         duplicates = spool.resolve()
+    if writer is not None:
+        writer.flush()
     if len(duplicates):
         logger.info("%s: %d sample ids occur on more than one line; later lines are recorded as duplicates",
                     source, len(duplicates))
@@ -168,4 +182,4 @@ def scan_source(source: str, fmt: str, endpoint: str | None = None, limit: int |
         logger.info("%s: %d blank lines among its first %d lines; they yield no row and are no slot", source,
                     last - rows, last)
     return SourceScan(rows, worker_rows, duplicates, owned, last, skipped if last > rows else None,
-                      digest.hexdigest())
+                      digest.hexdigest(), tuple(histogram))

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import tempfile
 from collections.abc import Mapping
-from dataclasses import astuple
+from dataclasses import astuple, replace
+from pathlib import Path
 
 import numpy as np
 
@@ -23,6 +25,7 @@ from ..store.packed import PackError, pack, raw_size, unpack
 from ..store.storage import Storage, StorageError
 from .adapters import DEFAULT_LAYOUT, RowLayout
 from .duplicates import DuplicateIds
+from .length_key import CODES
 from .reader import source_identity
 from .row_size import RowBound
 from .scan import LineSet, SourceScan, scan_source
@@ -31,9 +34,10 @@ logger = logging.getLogger(__name__)
 
 KIND = "scan"
 # bump when what the scan computes changes (2: rows read through the dataset's input layout; 3: bound; 4: the last
-# line, the skipped lines and the content hash)
-VERSION = 4
+# line, the skipped lines and the content hash; 5: the length codes, counted here and per line beside it)
+VERSION = 5
 SCANS = "scans"
+CODES_SUFFIX = ".codes"  # beside `<key>.scan`: each line's length code, one byte a line (line_codes.py)
 # A scan is two bits per line (this worker's lines, the skipped ones) and 16 bytes per repeated id: far under these
 # at any source a run may have (bounds.MAX_SLOTS lines). Whoever writes the output writes the cache too, so a larger
 # one is neither read past SCAN_BYTES nor inflated past SCAN_RAW_BYTES (a forged 1 MiB scan inflated to 1 GiB): the
@@ -63,7 +67,8 @@ def _arrays(scan: SourceScan) -> dict[str, np.ndarray]:
 def encode_scan(scan: SourceScan, described: Mapping[str, object]) -> bytes:
     arrays = _arrays(scan)
     return pack(KIND, {"version": VERSION, "rows": scan.rows, "worker_rows": scan.worker_rows,
-                       "last_line": scan.last_line, "content_hash": scan.content_hash, "source": described}, arrays)
+                       "last_line": scan.last_line, "content_hash": scan.content_hash, "source": described,
+                       "length_codes": list(scan.length_codes or ())}, arrays)
 
 
 def decode_scan(data: bytes) -> SourceScan:
@@ -77,25 +82,41 @@ def decode_scan(data: bytes) -> SourceScan:
     skipped = LineSet(arrays["skipped"].tobytes()) if "skipped" in arrays else None
     last = header.get("last_line")
     content = header.get("content_hash")
+    codes = header.get("length_codes")
+    if not isinstance(codes, list) or len(codes) not in (0, CODES) or not all(type(n) is int and n >= 0
+                                                                              for n in codes):
+        raise PackError("scan length codes are not a count per code")
     return SourceScan(int(header["rows"]), int(header["worker_rows"]), DuplicateIds(hashes, lines), owned,
-                      None if last is None else int(last), skipped, None if content is None else str(content))
+                      None if last is None else int(last), skipped, None if content is None else str(content),
+                      tuple(codes) or None)
+
+
+def codes_key(scan_key: str) -> str:
+    """Where the lines' length codes of the scan at `scan_key` are kept."""
+    return scan_key.removesuffix(".scan") + CODES_SUFFIX
 
 
 def cached_scan(storage: Storage, dataset: str, source: str, fmt: str, endpoint: str | None = None,
                 limit: int | None = None, worker_index: int = 0, worker_count: int = 1,
                 layout: RowLayout = DEFAULT_LAYOUT, bound: RowBound | None = None) -> SourceScan:
     """The scan of `source` for this worker: from the output's cache when the source is unchanged, else scanned now
-    (and cached for the next start)."""
+    (and cached for the next start). Its `codes` names where its lines' length codes are kept (the object may be
+    missing: the codes are a help to the order, never needed)."""
     identity = source_identity(source, endpoint)
     key = cache_key(dataset, source, identity, fmt, limit, worker_index, worker_count, layout, bound)
     try:
         if storage.exists(key):
             scan = decode_scan(get_bounded(storage, key, SCAN_BYTES))
             logger.info("%s: source scan from cache %s (%d rows)", dataset, storage.uri(key), scan.rows)
-            return scan
+            return replace(scan, codes=codes_key(key))
     except (PackError, KeyError, TypeError, ValueError, StorageError) as error:
         logger.warning("%s: cached scan %s not used (%s); scanning the source again", dataset, storage.uri(key), error)
-    scan = scan_source(source, fmt, endpoint, limit, worker_index, worker_count, layout, bound)
+    with tempfile.NamedTemporaryFile(prefix="tokenmill-codes-", suffix=CODES_SUFFIX, delete=False) as codes:
+        try:
+            scan = scan_source(source, fmt, endpoint, limit, worker_index, worker_count, layout, bound, codes)
+        except BaseException:
+            Path(codes.name).unlink(missing_ok=True)
+            raise
     described = {"source": source, "identity": identity, "format": fmt, "limit": limit, "worker_index": worker_index,
                  "worker_count": worker_count}
     if raw_size(_arrays(scan)) > SCAN_RAW_BYTES:  # no reader would take it
@@ -103,7 +124,10 @@ def cached_scan(storage: Storage, dataset: str, source: str, fmt: str, endpoint:
                        SCAN_RAW_BYTES)
         return scan
     try:
+        storage.put_file(codes_key(key), Path(codes.name))  # before the scan: a cached scan has its codes
         storage.put(key, encode_scan(scan, described))
     except StorageError as error:  # the next start scans again; nothing else depends on it
         logger.warning("%s: could not cache the source scan: %s", dataset, error)
-    return scan
+    finally:
+        Path(codes.name).unlink(missing_ok=True)
+    return replace(scan, codes=codes_key(key))

@@ -54,6 +54,17 @@ class IntHistogram:
         self.total += int(data.sum())
         self.squares += int(np.dot(data, data)) if high < 1 << 31 and -low < 1 << 31 else sum(v * v for v in data.tolist())
 
+    def add_one(self, value: int) -> None:
+        """One value: a count, without the array pass `add` makes (it runs once per sample on the runner's loop)."""
+        at = value - self.offset
+        if self.counts.size == 0 or not 0 <= at < self.counts.size:
+            self._cover(value, value)
+            at = value - self.offset
+        self.counts[at] += 1
+        self.count += 1
+        self.total += value
+        self.squares += value * value
+
     def _cover(self, low: int, high: int) -> None:
         if self.counts.size == 0:
             self.offset, self.counts = low, np.zeros(high - low + 1, dtype=np.int64)

@@ -447,6 +447,17 @@ class DatasetLedger:
         page = self._pages.get(position >> PAGE_BITS)
         return _EMPTY if page is None else int(page[position & ((1 << PAGE_BITS) - 1)])
 
+    def has_rows(self, line: int, samples: int) -> bool:
+        """Whether sample indices 0..samples-1 of the line all have a row: the common settled line, answered from
+        the bitmap alone (a resume asks it for every line it skips)."""
+        if samples > self.samples_per_prompt:
+            return False
+        start = (line - 1) * self.samples_per_prompt
+        if start < 0 or start + samples > self._size:
+            return False
+        rows = self._rows
+        return all((rows[position >> 3] >> (position & 7)) & 1 for position in range(start, start + samples))
+
     def outcome(self, slot: Slot) -> str | None:
         """"row", the reason of the slot's final failure, or None when nothing is committed for it."""
         code = self._slot_code(slot)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import IO, Any
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -142,14 +143,43 @@ class ShardBuffer:
         return content
 
 
+ID_COLUMNS = frozenset({"prompt_ids", "output_ids"})
+# Token ids take no dictionary: over a vocabulary of 10^5 ids Parquet's dictionary only costs time (half a shard's
+# encoding) and size (~27 % larger files with zstd, measured on 256 rows of 10-1024 ids).
+DICTIONARY_COLUMNS = [name for name in ROW_SCHEMA.names if name not in ID_COLUMNS]
+
+
 def encode_rows(rows: list[dict[str, Any]]) -> bytes:
-    return _encode_table(pa.Table.from_pylist(rows, schema=ROW_SCHEMA))
+    return _encode_table(rows_table(rows))
+
+
+def rows_table(rows: list[dict[str, Any]]) -> pa.Table:
+    """The rows as a shard's table, built column by column: the token ids (lists, or the 4-byte arrays the runner
+    holds them in) go to Arrow through numpy, without a Python int each."""
+    columns = []
+    for column in ROW_SCHEMA:
+        values = [row.get(column.name) for row in rows]
+        if column.name in ID_COLUMNS and all(value is not None for value in values):
+            columns.append(_id_lists(values))
+        else:
+            columns.append(pa.array(values, type=column.type))
+    return pa.Table.from_arrays(columns, schema=ROW_SCHEMA)
 
 
 def _encode_table(table: pa.Table) -> bytes:
     sink = io.BytesIO()
-    pq.write_table(table, sink, compression="zstd")
+    pq.write_table(table, sink, compression="zstd", use_dictionary=DICTIONARY_COLUMNS)
     return sink.getvalue()
+
+
+def _id_lists(values: list[Any]) -> pa.Array:
+    parts = [np.asarray(value, dtype=np.int32) for value in values]
+    offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+    np.cumsum([part.size for part in parts], out=offsets[1:])
+    if offsets[-1] >= 1 << 31:  # list<int32> offsets are 32-bit
+        raise ValueError(f"{int(offsets[-1])} token ids in one shard, over 2^31: lower spec.runner.shardMaxSamples")
+    flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets, type=pa.int32()), pa.array(flat, type=pa.int32()))
 
 
 MULTI_TURN_FIELDS = ("turns", "turn_count", "stop_reason", "stop_detail")
@@ -233,7 +263,7 @@ def commit_shard(storage: Storage, dataset: str, shard_id: str, worker: int, con
     only ignorable leftovers. The marker is named by the time just before its PUT, which is also its committed_at."""
     faults = fault_points()
     data_bytes = 0
-    table = pa.Table.from_pylist(content.rows, schema=ROW_SCHEMA) if content.rows else None
+    table = rows_table(content.rows) if content.rows else None
     if table is not None:
         data = _encode_table(table)
         data_bytes = len(data)

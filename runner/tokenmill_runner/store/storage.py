@@ -358,24 +358,60 @@ class LocalStorage:
         return self._open_regular(key)
 
     def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[str]:
-        for key, _ in self.list_sizes(prefix, start_after):
+        for key, _ in self._walk(prefix, start_after):
             yield key
 
     def list_sizes(self, prefix: str = "", start_after: str | None = None) -> Iterator[tuple[str, int]]:
+        for key, path in self._walk(prefix, start_after):
+            try:
+                yield key, os.stat(path).st_size
+            except FileNotFoundError:  # removed since the listing (a temporary file renamed)
+                continue
+
+    def _walk(self, prefix: str, start_after: str | None) -> Iterator[tuple[str, str]]:
+        """(key, path) of every file whose key starts with `prefix` and sorts after `start_after`, in key order as S3
+        lists them. Like S3's StartAfter, a listing after a horizon costs the names after it: a folder's entries
+        are filtered by name before anything is sorted or stat'ed, and a subfolder wholly before the horizon is not
+        entered (every key in folder `d` starts with `d/`)."""
         base = self._path(prefix)
-        folder = base if base.is_dir() else base.parent
+        # A prefix that does not end a folder's name also names its siblings ("d/commits" lists "d/commits-old").
+        folder = base if base.is_dir() and (prefix == "" or prefix.endswith("/")) else base.parent
         # A missing root must list nothing, not its parent folder.
         if not folder.is_dir() or not folder.is_relative_to(self.root):
             return
-        for path in sorted(folder.rglob("*")):
-            key = path.relative_to(self.root).as_posix()
-            if start_after is not None and key <= start_after:
-                continue
-            if key.startswith(prefix) and path.is_file():
+        relative = folder.relative_to(self.root).as_posix()
+        yield from self._walk_folder(str(folder), "" if relative == "." else relative + "/", prefix, start_after)
+
+    def _walk_folder(self, folder: str, at: str, prefix: str, start_after: str | None) -> Iterator[tuple[str, str]]:
+        entries: list[tuple[str, bool, str]] = []  # (sort key, is a folder, path)
+        try:
+            scanned = os.scandir(folder)
+        except FileNotFoundError:  # removed since its parent was listed
+            return
+        with scanned:
+            for entry in scanned:
+                key = at + entry.name
                 try:
-                    yield key, path.stat().st_size
-                except FileNotFoundError:  # removed since the listing (a temporary file renamed)
+                    is_folder = entry.is_dir(follow_symlinks=False)
+                except OSError:
                     continue
+                if is_folder:
+                    key += "/"  # its keys, all of which start so, sort together right here
+                    if start_after is not None and key <= start_after and not start_after.startswith(key):
+                        continue
+                    if not (key.startswith(prefix) or prefix.startswith(key)):
+                        continue
+                elif (start_after is not None and key <= start_after) or not key.startswith(prefix):
+                    continue
+                elif not entry.is_file():  # a socket, a dangling link
+                    continue
+                entries.append((key, is_folder, entry.path))
+        entries.sort()
+        for key, is_folder, path in entries:
+            if is_folder:
+                yield from self._walk_folder(path, key, prefix, start_after)
+            else:
+                yield key, path
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
