@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from tokenmill_runner.generate.http11 import AnswerReader, BadAnswer, Origin, post_head
-from tokenmill_runner.generate.transport import AnswerLost, ConnectFailed, PostPool
+from tokenmill_runner.generate.transport import AnswerLost, AnswerTooLarge, ConnectFailed, PostPool
 
 BODY = b'{"output_ids":[1,2,3],"meta_info":{}}'
 
@@ -101,6 +101,11 @@ def test_the_pool_reuses_a_connection_gives_up_a_late_answer_and_tells_nothing_l
         try:
             answers = [await pool.post(f"http://127.0.0.1:{port}/generate", b"%d" % i) for i in range(3)]
             assert [a.content for a in answers] == [b"0", b"1", b"2"] and pool.connects == 1 == len(connections)
+            # A capture's answer past the size it can be: refused as the caller's limit, not a lost answer (the
+            # client gives it up at once instead of retrying a replica for it); the pool goes on.
+            with pytest.raises(AnswerTooLarge):
+                await pool.post(f"http://127.0.0.1:{port}/generate", b"too long", limit_bytes=4)
+            assert (await pool.post(f"http://127.0.0.1:{port}/generate", b"fits", limit_bytes=4)).content == b"fits"
             with pytest.raises(AnswerLost) as lost:
                 await pool.post(f"http://127.0.0.1:{port}/generate", b"drop")
             assert not lost.value.connect

@@ -13,6 +13,7 @@ from aiohttp import web
 
 from tokenmill_runner.generate.client import GenerateClient, PromptIds
 from tokenmill_runner.generate.replica_health import HealthPolicy, ReplicaSet
+from tokenmill_runner.generate.results import GenerationFailure
 from tokenmill_runner.generate.routing import (
     BLOCK,
     MAX_PREFIX_BLOCKS,
@@ -184,6 +185,43 @@ def test_the_request_body_carries_the_dp_rank_the_echo_and_the_reasoning_count()
     assert [b.get("routed_dp_rank") for b in bodies] == [dp_rank(("d", 9), 4)] * 3 + [None]
     assert all(b["return_prompt_token_ids"] is True and b["require_reasoning"] is True for b in bodies)
 
+
+
+def test_an_answer_larger_than_the_request_can_take_is_given_up_at_once_and_the_replica_stays_live():
+    """A capture knows its answer's size (hidden_capture.py's bound): a larger answer is the request's final failure
+    after one attempt (asking again gets as large a one), read no further than the bound; the replica is not
+    blamed, so the next request goes to it."""
+    calls = []
+
+    async def generate(request: web.Request) -> web.Response:
+        calls.append(await request.read())
+        return web.Response(body=b"x" * 4096, content_type="application/json")
+
+    async def main() -> tuple[object, object]:
+        app = web.Application()
+        app.router.add_post("/generate", generate)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        client = GenerateClient([f"http://{host}:{port}"])
+
+        async def read(server: str, content: bytes, attempt: int) -> bytes:
+            return content
+
+        try:
+            refused = await client.send(lambda attempt, server: b"{}", read, limit_bytes=1024)
+            taken = await client.send(lambda attempt, server: b"{}", read, limit_bytes=8192)
+        finally:
+            await client.aclose()
+            await runner.cleanup()
+        return refused, taken
+
+    refused, taken = asyncio.run(main())
+    assert isinstance(refused, GenerationFailure) and refused.attempts == 1
+    assert "more than the request can take" in refused.message
+    assert taken == b"x" * 4096 and len(calls) == 2
 
 @pytest.mark.parametrize("echo", [False, True])
 def test_the_body_sent_is_the_request_body_with_the_prompts_ids_encoded_once(echo: bool) -> None:
