@@ -4,8 +4,10 @@ smg's spill gate, dead and restarted replicas, and the client's request body (ro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 from array import array
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import orjson
 import pytest
@@ -150,6 +152,21 @@ def test_a_groups_dp_rank_is_stable_and_spreads():
         dp_rank("x", 0)
 
 
+@contextlib.asynccontextmanager
+async def generate_server(answer: Callable[[web.Request], Awaitable[web.Response]]) -> AsyncIterator[str]:
+    """A local HTTP server whose /generate is `answer`; yields its URL."""
+    app = web.Application()
+    app.router.add_post("/generate", answer)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    host, port = runner.addresses[0][:2]
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        await runner.cleanup()
+
+
 def test_the_request_body_carries_the_dp_rank_the_echo_and_the_reasoning_count():
     """The client over HTTP to a recorder: routed_dp_rank only for a server with several data-parallel schedulers,
     return_prompt_token_ids and require_reasoning when asked, the same rank for every sample of a prompt."""
@@ -164,27 +181,18 @@ def test_the_request_body_carries_the_dp_rank_the_echo_and_the_reasoning_count()
         return web.json_response(answer)
 
     async def main() -> None:
-        app = web.Application()
-        app.router.add_post("/generate", generate)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = runner.addresses[0][:2]
-        url = f"http://{host}:{port}"
-        client = GenerateClient([url], echo_prompt_ids=True, count_reasoning=True, dp_ranks={url: 4})
-        try:
-            results = [await client.generate([1, 2, 3], {"max_new_tokens": 8}, None, ("d", 9)) for _ in range(3)]
-            await client.generate([1, 2, 3], {"max_new_tokens": 8})
-        finally:
-            await client.aclose()
-            await runner.cleanup()
+        async with generate_server(generate) as url:
+            client = GenerateClient([url], echo_prompt_ids=True, count_reasoning=True, dp_ranks={url: 4})
+            try:
+                results = [await client.generate([1, 2, 3], {"max_new_tokens": 8}, None, ("d", 9)) for _ in range(3)]
+                await client.generate([1, 2, 3], {"max_new_tokens": 8})
+            finally:
+                await client.aclose()
         assert all(r.cached_tokens == 2 and r.reasoning_tokens == 1 for r in results)
 
     asyncio.run(main())
     assert [b.get("routed_dp_rank") for b in bodies] == [dp_rank(("d", 9), 4)] * 3 + [None]
     assert all(b["return_prompt_token_ids"] is True and b["require_reasoning"] is True for b in bodies)
-
 
 
 def test_an_answer_larger_than_the_request_can_take_is_given_up_at_once_and_the_replica_stays_live():
@@ -197,31 +205,23 @@ def test_an_answer_larger_than_the_request_can_take_is_given_up_at_once_and_the_
         calls.append(await request.read())
         return web.Response(body=b"x" * 4096, content_type="application/json")
 
+    async def read(server: str, content: bytes, attempt: int) -> bytes:
+        return content
+
     async def main() -> tuple[object, object]:
-        app = web.Application()
-        app.router.add_post("/generate", generate)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = runner.addresses[0][:2]
-        client = GenerateClient([f"http://{host}:{port}"])
-
-        async def read(server: str, content: bytes, attempt: int) -> bytes:
-            return content
-
-        try:
-            refused = await client.send(lambda attempt, server: b"{}", read, limit_bytes=1024)
-            taken = await client.send(lambda attempt, server: b"{}", read, limit_bytes=8192)
-        finally:
-            await client.aclose()
-            await runner.cleanup()
-        return refused, taken
+        async with generate_server(generate) as url:
+            client = GenerateClient([url])
+            try:
+                return (await client.send(lambda attempt, server: b"{}", read, limit_bytes=1024),
+                        await client.send(lambda attempt, server: b"{}", read, limit_bytes=8192))
+            finally:
+                await client.aclose()
 
     refused, taken = asyncio.run(main())
     assert isinstance(refused, GenerationFailure) and refused.attempts == 1
     assert "more than the request can take" in refused.message
     assert taken == b"x" * 4096 and len(calls) == 2
+
 
 @pytest.mark.parametrize("echo", [False, True])
 def test_the_body_sent_is_the_request_body_with_the_prompts_ids_encoded_once(echo: bool) -> None:
