@@ -17,7 +17,7 @@ from .lifecycle_model import Counts, LifecycleModel
 def test_random_lifecycles_keep_every_invariant(demo_model, lifecycle_sim) -> None:
     LifecycleModel.server_url = lifecycle_sim.url
     case = LifecycleModel.TestCase
-    case.settings = settings(max_examples=3, stateful_step_count=10, deadline=None, derandomize=True,
+    case.settings = settings(max_examples=2, stateful_step_count=10, deadline=None, derandomize=True,
                              suppress_health_check=list(HealthCheck), database=None)
     case().runTest()
 
@@ -57,7 +57,7 @@ def test_the_lease_s_races_and_edited_sources_as_model_steps_keep_every_invarian
     model._assert_settled("the last run to the end")
 
 
-COMPOSED_BUDGET_S = 90.0  # the seeded draw starts no runner Job after this many seconds
+COMPOSED_BUDGET_S = 45.0  # the seeded draw starts no runner Job after this many seconds
 
 
 @pytest.fixture(scope="module")

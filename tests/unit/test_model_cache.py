@@ -296,7 +296,10 @@ def node_fill(root: Path, namespace: str, wait_s: int = cache.LOCK_WAIT_FLOOR_S)
         folder.mkdir()
         folder.chmod(root.stat().st_mode & 0o7777)
     _, _, _, [fill] = cache.node_local_server_files(spec({"mode": "nodeLocal"}), node, DIGEST, str(folder), "models")
-    return fill["command"][2].replace("sleep 5", "sleep 1")
+    # Shorter poll and heartbeat: a killed heartbeat's `sleep` keeps the test's pipe open until it ends (in a pod the
+    # container's end takes it down).
+    return fill["command"][2].replace(f"sleep {cache.LOCK_POLL_S}", "sleep 1").replace(
+        f"while sleep {cache.LOCK_HEARTBEAT_S};", "while sleep 1;")
 
 
 def test_a_fill_never_skips_its_own_namespaces_credential_check(node_disk):
