@@ -114,12 +114,15 @@ def child_tokenmill(spec_path: str, url: str, concurrency: int, bodies_out: str)
         return {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu,
                 "samples": summary.datasets[0].generated}
 
-    result = asyncio.run(go())
+    from tokenmill_runner.cli import _loop_factory
+
+    with asyncio.Runner(loop_factory=_loop_factory()) as loop:  # the loop `tokenmill run` runs on
+        result = loop.run(go())
     Path(bodies_out).write_bytes(b"\n".join(sent))
     return result
 
 
-def child_bare(url: str, bodies_path: str, concurrency: int) -> dict[str, Any]:
+def child_bare(url: str, bodies_path: str, concurrency: int, loop_name: str) -> dict[str, Any]:
     import aiohttp
     import orjson
 
@@ -142,7 +145,10 @@ def child_bare(url: str, bodies_path: str, concurrency: int) -> dict[str, Any]:
         assert len(answers) == len(bodies) and all("output_ids" in a for a in answers)
         return {**result, "samples": len(answers)}
 
-    return asyncio.run(go())
+    import uvloop
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop if loop_name == "uvloop" else None) as loop:
+        return loop.run(go())
 
 
 def run_child(*args: str) -> dict[str, Any]:
@@ -169,6 +175,8 @@ def main() -> None:
     parser.add_argument("--time-scale", type=float, default=20000.0)
     parser.add_argument("--profile", default=None, help="the simulator's length profile (default: its own)")
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--bare-loop", choices=("asyncio", "uvloop"), default="asyncio",
+                        help="the bare client's event loop (asyncio's: the baseline of perf-f9665d2 and issue 44)")
     parser.add_argument("--json", help="write every pass's figures here")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -185,7 +193,7 @@ def main() -> None:
                                  str(bodies if rep == 0 else Path(tmp) / "unused.jsonl"))
 
             def bare() -> dict[str, Any]:
-                return run_child("bare", url, str(bodies), str(args.concurrency))
+                return run_child("bare", url, str(bodies), str(args.concurrency), args.bare_loop)
 
             for rep in range(args.reps):  # the order flips every repetition
                 if rep % 2 == 0:
@@ -211,7 +219,8 @@ def report(args: argparse.Namespace, passes: list[dict[str, Any]]) -> None:
     n = args.samples
     print(f"workload: {n} samples ({args.samples_per_prompt} per prompt), concurrency {args.concurrency}, "
           f"max_new_tokens {args.max_new_tokens}, simulator time scale {args.time_scale:g}x, {os.cpu_count()} CPUs, "
-          f"load average {os.getloadavg()[0]:.1f}; min / median / max over {len(passes)} repetitions")
+          f"load average {os.getloadavg()[0]:.1f}; tokenmill on `tokenmill run`'s loop, the bare client on "
+          f"{args.bare_loop}'s; min / median / max over {len(passes)} repetitions")
     rows = [("CPU ms per sample", lambda p: p["cpu_s"] / n * 1000, "{:.3f}"),
             ("samples/s", lambda p: n / p["wall_s"], "{:.0f}"),
             ("process CPU s (start-up incl.)", lambda p: p["process_cpu_s"], "{:.2f}"),
@@ -232,7 +241,7 @@ if __name__ == "__main__":
         if kind == "tokenmill":
             answer = child_tokenmill(rest[0], rest[1], int(rest[2]), rest[3])
         else:
-            answer = child_bare(rest[0], rest[1], int(rest[2]))
+            answer = child_bare(rest[0], rest[1], int(rest[2]), rest[3])
         print(json.dumps(answer))
     else:
         main()
