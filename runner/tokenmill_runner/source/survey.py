@@ -21,12 +21,12 @@ count itself never parses JSON.
 from __future__ import annotations
 
 import io
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any
 
+from ..store.bounded_get import known_size
 from ..store.storage import open_storage, split_uri
 from .adapters import DEFAULT_LAYOUT, RowLayout
 from .prompts import Prompt, RowError, parse_line
@@ -106,17 +106,6 @@ class _Thinning:
         return [self.items[i * held // self.keep] for i in range(self.keep)]
 
 
-def _size(handle: IO[bytes]) -> int | None:
-    raw = getattr(handle, "raw", handle)
-    size = getattr(raw, "size", None)  # an S3 body knows its ContentLength
-    if isinstance(size, int):
-        return size
-    try:
-        return os.fstat(handle.fileno()).st_size
-    except (OSError, AttributeError, ValueError):
-        return None
-
-
 class _Raw(io.RawIOBase):
     """A store's body (its own reads bounded, e.g. the operator's TenantStorage) as raw bytes under a buffered
     reader, so lines, peeks and seeks go through its read, never around it."""
@@ -124,7 +113,7 @@ class _Raw(io.RawIOBase):
     def __init__(self, body: Any) -> None:
         super().__init__()
         self._body = body
-        self.size = _size(body)  # what _size reads of the buffered reader over it
+        self.size = known_size(body)  # what known_size reads of the buffered reader over it
 
     def readable(self) -> bool:
         return True
@@ -201,7 +190,7 @@ def _jsonl(source: str, store: _Store, limit: int | None, bounds: SurveyBounds, 
            deadline: Callable[[], bool]) -> tuple[int, bool, str, list[tuple[int, bytes]]]:
     thinning = _Thinning(bounds.sample_rows)
     with store.open(source) as handle:
-        size = _size(handle)
+        size = known_size(handle)
         head = handle.peek(4)[:4] if hasattr(handle, "peek") else b""
         compressed = head.startswith((GZIP_MAGIC, ZSTD_MAGIC))
         if compressed or size is None or size <= bounds.max_bytes:

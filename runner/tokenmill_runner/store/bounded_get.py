@@ -27,9 +27,9 @@ class ObjectTooLarge(StorageError):
 COPY_CHUNK = 8 * 1024 * 1024
 
 
-def _size(body: IO[bytes]) -> int | None:
+def known_size(body: IO[bytes]) -> int | None:
     """The object's size as its reader knows it before reading: an S3 GET's ContentLength, a local file's."""
-    size = getattr(getattr(body, "raw", None), "size", None)
+    size = getattr(getattr(body, "raw", body), "size", None)
     if isinstance(size, int):
         return size
     try:
@@ -47,7 +47,7 @@ def get_bounded(storage: Storage, key: str, max_bytes: int) -> bytes:
     """The object's bytes, or ObjectTooLarge once more than `max_bytes` arrived (the rest is never read)."""
     with storage.open_read(key) as body:
         # Its size, where known, refuses it before a byte of the body (a sparse 8 GiB file, an S3 object).
-        size = _size(body)
+        size = known_size(body)
         data = body.read(max_bytes + 1) if size is None or size <= max_bytes else b""
     if (size is not None and size > max_bytes) or len(data) > max_bytes:
         raise _too_large(storage, key, max_bytes)
@@ -60,7 +60,7 @@ def spool_bounded(storage: Storage, key: str, max_bytes: int, folder: str | None
     spool = tempfile.TemporaryFile(dir=folder)  # noqa: SIM115 - handed to the caller, who closes it
     try:
         with storage.open_read(key) as body:
-            size = _size(body)
+            size = known_size(body)
             if size is not None and size > max_bytes:
                 raise _too_large(storage, key, max_bytes)
             copied = 0
