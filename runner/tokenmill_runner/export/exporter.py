@@ -27,11 +27,10 @@ import orjson
 
 from ..generate.conversation import start
 from ..progress import ThroughputMeter
-from ..report.files import require_run_output
+from ..report.files import require_manifest
 from ..source.adapters import DEFAULT_LAYOUT, RowLayout
 from ..source.prompts import Prompt, RowError
 from ..spec.resource import DatasetSpec
-from ..store.manifest import read_manifest
 from ..store.markers import datasets_with_commits, markers_in_commit_order
 from ..store.shards import fetch_shard, shard_rows, stored_files
 from ..store.storage import TMP_MARK, LocalStorage, Storage, StorageError, open_storage
@@ -54,7 +53,6 @@ from .writers import JsonlFiles, ParquetFiles
 
 logger = logging.getLogger(__name__)
 
-RUN_METADATA = "run.json"
 PREFETCH_SHARDS = 4
 DEFAULT_PART_BYTES = 256 * 1024 * 1024
 # Tokens that open reasoning, by the token that ends it: dropped from reasoning_content when an output starts with
@@ -382,11 +380,7 @@ def export(request: ExportRequest, stream: TextIO | None = None,
 
     fmt = export_format(request.format)
     source = open_storage(request.source_uri, request.s3_endpoint)
-    require_run_output(source, manifest_needed=True)
-    recorded = read_manifest(source)  # bounded and checked, as the report and the operator read it
-    if recorded is None:
-        raise ExportError(f"{source.uri(RUN_METADATA)} does not exist: {request.source_uri} is not a tokenmill "
-                          "run's output")
+    recorded = require_manifest(source)
     run = recorded.model_dump(mode="json", exclude_none=True)
     datasets = select_datasets(run_datasets(source, run), request.filters.datasets)
     excluded, unfinished = _judged(source, datasets, request.filters)

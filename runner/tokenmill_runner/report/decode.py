@@ -17,11 +17,10 @@ from typing import Any
 import orjson
 
 from ..render.pretokenize import flag_allows_remote_code, load_tokenizer, local_model_folder
-from ..store.manifest import MANIFEST, read_manifest
 from ..store.markers import markers_in_commit_order
 from ..store.shards import read_shard
 from ..store.storage import Storage
-from .files import require_run_output
+from .files import require_manifest
 
 ROLE_LABELS = {"tool_declare": "tools", "system": "system", "user": "user", "assistant": "assistant",
                "tool": "tool result"}
@@ -240,11 +239,7 @@ def inspect_samples(storage: Storage, selection: Selection, datasets: list[str] 
                     endpoint: str | None = None, trust_remote_code: bool = False) -> str:
     """Decode the selected samples of a run with the tokenizer recorded in its run.json; its own code runs only
     with `trust_remote_code` (the command's flag, never run.json's)."""
-    require_run_output(storage, manifest_needed=True)
-    recorded = read_manifest(storage)  # bounded and checked, as the report and the operator read it
-    if recorded is None:
-        raise NothingToInspect(f"{storage.uri(MANIFEST)} does not exist: {storage.root_uri} is not a tokenmill "
-                               "run's output")
+    recorded = require_manifest(storage)
     run = recorded.model_dump(mode="json", exclude_none=True)
     names = datasets or recorded.dataset_names
     rows = select_rows(storage, names, selection)

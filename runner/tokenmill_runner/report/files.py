@@ -47,6 +47,17 @@ def require_run_output(storage: Storage, manifest_needed: bool = False) -> None:
                         f"{'' if manifest_needed else ' and no commit markers'}; check the path (nothing was written)")
 
 
+def require_manifest(storage: Storage) -> RunManifest:
+    """run.json, bounded and checked as the report and the operator read it, for the readers that need the run's
+    layout and tokenizer (inspect, export); a URI without it is refused before anything is written."""
+    require_run_output(storage, manifest_needed=True)
+    recorded = read_manifest(storage)
+    if recorded is None:  # removed between the check and the read
+        raise NotARunOutput(f"{storage.uri(MANIFEST)} does not exist: {storage.root_uri} is not a tokenmill run's "
+                            "output; check the path (nothing was written)")
+    return recorded
+
+
 def load_ledger(storage: Storage, counted: dict[str, list[CountedShard]] | None = None) -> Ledger:
     """The ledger of every dataset, folded from its markers; `counted` (when given) gets, per dataset, the shards
     whose loss-token counts count (store/token_counts.py), as the same fold decides."""
