@@ -89,41 +89,44 @@ def finish_rows(rows: list[dict[str, Any]], info: TokenizerInfo) -> None:
     pending = [row for row in rows if "reasoning_end" not in row]
     if not pending:
         return
-    parts = [np.asarray(row["output_ids"], dtype=np.int64) for row in pending]
+    parts = [np.asarray(row["output_ids"]) for row in pending]  # the 4-byte arrays without a copy, lists as int64
     lengths = np.fromiter((part.size for part in parts), dtype=np.int64, count=len(parts))
     starts = np.zeros(len(parts), dtype=np.int64)
     np.cumsum(lengths[:-1], out=starts[1:])
-    flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    flat = np.concatenate(parts).astype(np.int64, copy=False)
     end_ids = [int(i) for i in info.reasoning_end_tokens] or info.reasoning_end_id
-    wanted = [end_ids] if isinstance(end_ids, int) else list(end_ids or ())
-    ended_at, ended_token = _first_of(flat, starts, wanted)
-    counted_at, _ = _first_of(flat, starts, [] if info.reasoning_end_id is None else [info.reasoning_end_id])
-    tool = info.tool_call_id
-    tool_at = _first_of(flat, starts, [tool])[0] if tool is not None else None
-    for number, row in enumerate(pending):
-        at = int(ended_at[number])
+    ends = [end_ids] if isinstance(end_ids, int) else list(end_ids or ())
+    counted = [] if info.reasoning_end_id is None else [info.reasoning_end_id]
+    tools = [] if info.tool_call_id is None else [info.tool_call_id]
+    # One scan of every id for any token of interest; each question then looks only at those hits.
+    interesting = np.asarray(sorted({*ends, *counted, *tools}), dtype=np.int64)
+    hits = np.flatnonzero(np.isin(flat, interesting)) if interesting.size and flat.size else np.zeros(0, np.int64)
+    ended_at, ended_token = _first_of(flat, starts, hits, ends)
+    counted_at = _first_of(flat, starts, hits, counted)[0].tolist()
+    tool_at = _first_of(flat, starts, hits, tools)[0].tolist()
+    sizes = lengths.tolist()
+    for number, (row, at, token) in enumerate(zip(pending, ended_at.tolist(), ended_token.tolist(), strict=True)):
         row["reasoning_end"] = None if at < 0 else at
-        row["reasoning_end_token_id"] = None if at < 0 else int(ended_token[number])
-        row["has_tool_call"] = tool_at is not None and bool(tool_at[number] >= 0)
+        row["reasoning_end_token_id"] = None if at < 0 else token
+        row["has_tool_call"] = bool(tools) and tool_at[number] >= 0
         server_count = row.get("server_reasoning_tokens")
         if not server_count:
             agrees = None
         else:
-            own = int(counted_at[number]) + 1 if counted_at[number] >= 0 else int(lengths[number])
-            agrees = own == server_count
+            agrees = (counted_at[number] + 1 if counted_at[number] >= 0 else sizes[number]) == server_count
         row["reasoning_agrees"] = agrees
         row["reasoning_disagreements"] = int(agrees is False)
 
 
-def _first_of(flat: np.ndarray, starts: np.ndarray, tokens: list[int]) -> tuple[np.ndarray, np.ndarray]:
+def _first_of(flat: np.ndarray, starts: np.ndarray, hits: np.ndarray,
+              tokens: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """Per row (its ids at flat[starts[i]:starts[i + 1]]): the index of the first of `tokens` in it and that token,
-    or -1 and -1."""
+    or -1 and -1; `hits` (ascending) are the positions in `flat` that may hold one of them."""
     first = np.full(starts.size, -1, dtype=np.int64)
     token = np.full(starts.size, -1, dtype=np.int64)
-    if not tokens or not flat.size:
-        return first, token
-    hits = np.flatnonzero(np.isin(flat, np.asarray(tokens, dtype=np.int64)))
-    if hits.size:
+    if tokens and hits.size:
+        hits = hits[np.isin(flat[hits], np.asarray(tokens, dtype=np.int64))]
+    if tokens and hits.size:
         owners = np.searchsorted(starts, hits, side="right") - 1
         owners, earliest = np.unique(owners, return_index=True)  # hits ascend: each row's first hit is its first
         first[owners] = hits[earliest] - starts[owners]
