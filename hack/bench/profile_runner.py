@@ -90,7 +90,8 @@ def instrument() -> None:
     patch(client_module.GenerateClient, "request_body", "encode request JSON")
     patch(client_module, "parse_generation", "check answer")
     patch(results_module, "parse_generation", "check answer")
-    patch(pipeline_module, "build_row", "build row")
+    patch(pipeline_module, "pending_row", "build row")
+    patch(pipeline_module, "finish_rows", "shard: row fields from output ids")
     patch(shards, "rows_table", "shard: rows to Arrow")
     patch(shards, "_encode_table", "shard: encode Parquet")
     patch(shards, "count_table", "shard: token counts")
@@ -104,6 +105,23 @@ def instrument() -> None:
     patch(progress.ThroughputMeter, "record", "progress")
     for name in ("answered", "committed", "set_in_flight", "set_remaining"):
         patch(metrics.RunnerMetrics, name, "metrics")
+
+
+def count_collections() -> None:
+    """The cyclic garbage collector's time, as a stage of its own (it runs inside whatever allocates)."""
+    import gc
+
+    started: list[float] = []
+
+    def callback(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started.append(time.thread_time())
+        elif started:
+            spent = time.thread_time() - started.pop()
+            SPENT[f"garbage collection (gen {info['generation']})"] += spent
+            CALLS[f"garbage collection (gen {info['generation']})"] += 1  # also inside the stage it interrupted
+
+    gc.callbacks.append(callback)
 
 
 def run(spec_path: Path, url: str, concurrency: int, profile: str | None) -> tuple[float, float, int]:
@@ -141,6 +159,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     if not args.cprofile:
         instrument()
+        count_collections()
     simulator, url = start_simulator(max_running=args.concurrency, time_scale=args.time_scale)
     try:
         with tempfile.TemporaryDirectory() as tmp:

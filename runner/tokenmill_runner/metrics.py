@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.metrics_core import Metric
 
 logger = logging.getLogger(__name__)
 
@@ -16,6 +19,54 @@ LATENCY_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600, flo
 LENGTH_BUCKETS = (32, 64, 100, 128, 256, 300, 500, 512, 1000, 1024, 2048, 4096, 5000, 8192, 10240, 16384, 32768,
                   65536, float("inf"))
 BASE = ("dsgen", "namespace")
+
+
+class _Published:
+    """A metric that `answered` feeds: before it is collected (a scrape, a test's read) it publishes what
+    `answered` holds back, so a reader sees every answer counted as though each had been counted at once."""
+
+    before_collect: Callable[[], None] | None = None
+
+    def collect(self) -> Iterable[Metric]:
+        if self.before_collect is not None:
+            self.before_collect()
+        return super().collect()  # type: ignore[misc]
+
+
+class _Counter(_Published, Counter):
+    pass
+
+
+class _Histogram(_Published, Histogram):
+    pass
+
+
+class _Answers:
+    """One dataset's answers not yet in its series."""
+
+    __slots__ = ("retried", "ok", "failed", "tokens", "latencies", "lengths")
+
+    def __init__(self) -> None:
+        self.retried = self.ok = self.failed = self.tokens = 0
+        self.latencies: list[float] = []
+        self.lengths: list[int] = []
+
+
+def _observe_all(histogram: Any, values: list[float] | list[int]) -> None:
+    """`histogram.observe` of each value, counted per bucket at once (each observe takes a lock and walks the
+    buckets; the runner answers thousands of requests a second)."""
+    bounds = getattr(histogram, "_upper_bounds", None)
+    buckets, total = getattr(histogram, "_buckets", None), getattr(histogram, "_sum", None)
+    if bounds is None or buckets is None or total is None:  # another prometheus_client's internals: one by one
+        for value in values:
+            histogram.observe(value)
+        return
+    histogram._raise_if_not_observable()  # noqa: SLF001 - as observe does
+    total.inc(sum(values))
+    # observe counts a value in the first bucket whose bound is at least the value
+    for index, count in enumerate(np.bincount(np.searchsorted(bounds, values, side="left"), minlength=len(bounds))):
+        if count:
+            buckets[index].inc(int(count))
 
 
 @dataclass
@@ -35,6 +86,14 @@ class RunnerMetrics:
     labels: dict[str, str]
     _children: dict[tuple[Any, ...], Any] = field(default_factory=dict, init=False, repr=False)
     _answers: dict[str, tuple[Any, ...]] = field(default_factory=dict, init=False, repr=False)
+    # answered() on the loop, publishing in the scrape's thread: what is held back changes hands under the lock
+    _pending: dict[str, _Answers] = field(default_factory=dict, init=False, repr=False)
+    _pending_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for metric in (self.requests, self.generated_tokens, self.latency, self.completion_tokens):
+            if isinstance(metric, _Published):
+                metric.before_collect = self.publish
 
     @classmethod
     def create(cls, dsgen: str, namespace: str, worker: int) -> RunnerMetrics:
@@ -42,9 +101,9 @@ class RunnerMetrics:
         per_dataset = (*BASE, "dataset", "worker")
         return cls(
             registry=registry,
-            requests=Counter("tokenmill_runner_requests", "/generate attempts by outcome",
+            requests=_Counter("tokenmill_runner_requests", "/generate attempts by outcome",
                              (*per_dataset, "outcome"), registry=registry),
-            generated_tokens=Counter("tokenmill_runner_generated_tokens", "Output tokens received", per_dataset,
+            generated_tokens=_Counter("tokenmill_runner_generated_tokens", "Output tokens received", per_dataset,
                                      registry=registry),
             committed_samples=Counter("tokenmill_runner_committed_samples", "Samples in committed shards",
                                       per_dataset, registry=registry),
@@ -52,9 +111,9 @@ class RunnerMetrics:
                                    (*per_dataset, "reason"), registry=registry),
             in_flight=Gauge("tokenmill_runner_in_flight_requests", "Requests sent and not yet answered",
                             (*BASE, "worker"), registry=registry),
-            latency=Histogram("tokenmill_runner_request_latency_seconds", "Latency of successful requests",
+            latency=_Histogram("tokenmill_runner_request_latency_seconds", "Latency of successful requests",
                               per_dataset, buckets=LATENCY_BUCKETS, registry=registry),
-            completion_tokens=Histogram("tokenmill_runner_completion_tokens", "Output tokens per generated sample",
+            completion_tokens=_Histogram("tokenmill_runner_completion_tokens", "Output tokens per generated sample",
                                         per_dataset, buckets=LENGTH_BUCKETS, registry=registry),
             last_commit=Gauge("tokenmill_runner_last_commit_timestamp_seconds", "Unix time of the last commit",
                               per_dataset, registry=registry),
@@ -83,16 +142,38 @@ class RunnerMetrics:
         return child
 
     def answered(self, dataset: str, attempts: int, ok: bool, tokens: int, latency_s: float) -> None:
-        series = self._answers.get(dataset) or self._answer_series(dataset)
-        if attempts > 1:
-            series[0].inc(attempts - 1)
-        if ok:
-            series[1].inc()
-            series[3].inc(tokens)
-            series[4].observe(latency_s)
-            series[5].observe(tokens)
-        else:
-            series[2].inc()
+        """One sample's requests: held as plain numbers (once per sample on the runner's loop) until the series are
+        collected (`publish`)."""
+        if dataset not in self._answers:  # the series exist from the first answer on, as when counted at once
+            self._answer_series(dataset)
+        with self._pending_lock:
+            pending = self._pending.get(dataset)
+            if pending is None:
+                pending = self._pending[dataset] = _Answers()
+            pending.retried += attempts - 1
+            if ok:
+                pending.ok += 1
+                pending.tokens += tokens
+                pending.latencies.append(latency_s)
+                pending.lengths.append(tokens)
+            else:
+                pending.failed += 1
+
+    def publish(self) -> None:
+        """Add the answers held back to their series (before any of them is collected)."""
+        with self._pending_lock:
+            pending, self._pending = self._pending, {}
+        for dataset, answers in pending.items():
+            series = self._answers[dataset]
+            if answers.retried:
+                series[0].inc(answers.retried)
+            if answers.ok:
+                series[1].inc(answers.ok)
+                series[3].inc(answers.tokens)
+                _observe_all(series[4], answers.latencies)
+                _observe_all(series[5], answers.lengths)
+            if answers.failed:
+                series[2].inc(answers.failed)
 
     def _answer_series(self, dataset: str) -> tuple[Any, ...]:
         """The series `answered` updates for one dataset (retried, ok, failed requests; tokens; latency; lengths)."""

@@ -67,7 +67,7 @@ from .ordering import (
     window_size,
 )
 from .results import Generation, ServersUnavailable
-from .rows import build_conversation_row, build_row, build_turn, failure_record, too_long_record
+from .rows import build_conversation_row, build_turn, failure_record, finish_rows, pending_row, too_long_record
 from .seeds import sample_seed
 from .summary import DatasetSummary, RunSummary
 
@@ -754,7 +754,7 @@ class Runner:
         max_new = state.sampling.max_new_tokens or 0
         if self._key_check is not None:
             self._key_check.back((state.index, prompt.line, index), result.completion_tokens)
-        state.buffer.add_row(build_row(state.name, prompt, ids, result, max_new, self.info, index, seed), now)
+        state.buffer.add_row(pending_row(state.name, prompt, ids, result, max_new, index, seed), now)
         state.generated += 1
         state.completion_tokens += result.completion_tokens
         state.truncated += result.finish_reason == "length"
@@ -788,6 +788,8 @@ class Runner:
             if self.lease is not None and self.lease.lost.is_set():
                 self._fail(LeaseLost(f"not committing shard {dataset}/{shard_id}: {self.lease.why}"))
                 return
+            # The rows' fields read off their output ids, for the whole shard at once and off the loop (rows.py).
+            await asyncio.to_thread(finish_rows, content.rows, self.info)
             for attempt in range(1, COMMIT_ATTEMPTS + 1):
                 try:
                     marker = await asyncio.to_thread(
