@@ -148,7 +148,16 @@ def test_sglangs_reasoning_count_is_read_where_the_release_reports_it():
 
 
 def test_reasoning_agreement_follows_sglangs_count_through_the_end_token():
-    from tokenmill_runner.generate.rows import reasoning_agrees
+    from tokenmill_runner.generate.rows import finish_rows
+    from tokenmill_runner.render.tokenizer_info import TokenizerInfo
+
+    def reasoning_agrees(output: list[int], end: int, count: int | None) -> bool | None:
+        row = {"output_ids": output, "server_reasoning_tokens": count}
+        finish_rows([row], TokenizerInfo(location="x", vocab_size=100, eos_token_ids=[2], eos_tokens={"2": "</s>"},
+                                         reasoning_end_token="</think>", reasoning_end_id=end,
+                                         reasoning_end_tokens={str(end): "</think>", "7": "<|tool_calls_section_begin|>"},
+                                         tool_call_token=None, tool_call_id=None, model_context_length=None))
+        return row["reasoning_agrees"]
 
     think, section = 9, 7  # </think> and Kimi's <|tool_calls_section_begin|>
     ended = [1, 2, 3, 4, 5, think, 6, 8]

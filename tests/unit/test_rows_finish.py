@@ -1,4 +1,4 @@
-"""The runner's per-shard row pass gives exactly the rows `build_row` gives, and the answer check classifies as
+"""The runner's per-shard row pass gives exactly the rows the per-answer scans gave, and the answer check classifies as
 before (issue 44: the checks moved off the per-answer path)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tokenmill_runner.generate.results import AttemptFailed, Generation, parse_generation
-from tokenmill_runner.generate.rows import ANSWER_FIELDS, build_row, finish_rows, pending_row
+from tokenmill_runner.generate.rows import ANSWER_FIELDS, finish_rows, pending_row
 from tokenmill_runner.render.tokenizer_info import TokenizerInfo
 from tokenmill_runner.source.prompts import Prompt
 
@@ -30,8 +30,24 @@ def generation(output: list[int], reasoning: int | None, packed: bool) -> Genera
                       packed_ids=array("i", output) if packed else None)
 
 
+def _scalar_row(row: dict[str, Any], output: list[int], server_count: int | None,
+                tokenizer: TokenizerInfo) -> dict[str, Any]:
+    """The answer fields as the runner read them one answer at a time before (rows.py at 7dcc205): list scans."""
+    ends = [int(i) for i in tokenizer.reasoning_end_tokens] or (
+        [] if tokenizer.reasoning_end_id is None else [tokenizer.reasoning_end_id])
+    at = min((output.index(token), token) for token in ends if token in output) if set(ends) & set(output) else None
+    if not server_count:
+        agrees = None
+    else:
+        counted = tokenizer.reasoning_end_id
+        agrees = (output.index(counted) + 1 if counted in output else len(output)) == server_count
+    return {**row, "reasoning_end": None if at is None else at[0], "reasoning_end_token_id": None if at is None else at[1],
+            "has_tool_call": tokenizer.tool_call_id is not None and tokenizer.tool_call_id in output,
+            "reasoning_agrees": agrees, "reasoning_disagreements": int(agrees is False)}
+
+
 @pytest.mark.parametrize("end_ids,tool", [([], None), ([7], None), ([7, 9], 11), ([9, 7], 7), ([], 11)])
-def test_a_shard_of_pending_rows_finishes_as_build_row_builds_them(end_ids: list[int], tool: int | None) -> None:
+def test_a_shard_of_pending_rows_finishes_as_the_per_answer_scans_read_them(end_ids: list[int], tool: int | None) -> None:
     rng = random.Random(len(end_ids) * 31 + (tool or 0))
     tokenizer = info(end_ids, tool)
     rows, expected = [], []
@@ -42,7 +58,8 @@ def test_a_shard_of_pending_rows_finishes_as_build_row_builds_them(end_ids: list
         made = generation(output, reasoning, packed=number % 2 == 0)
         prompt = Prompt(line=number, sample_id=f"s{number}", messages=[], tools=None)
         rows.append(pending_row("d", prompt, [1, 2, 3], made, 64, number % 3, number))
-        expected.append(build_row("d", prompt, [1, 2, 3], made, 64, tokenizer, number % 3, number))
+        expected.append(_scalar_row(pending_row("d", prompt, [1, 2, 3], made, 64, number % 3, number), output,
+                                    reasoning, tokenizer))
         assert not set(ANSWER_FIELDS) & set(rows[-1])
     finish_rows(rows, tokenizer)
     for row, want in zip(rows, expected, strict=True):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -10,46 +10,6 @@ import numpy as np
 from ..render.tokenizer_info import TokenizerInfo
 from ..source.prompts import Prompt, RowError
 from .results import Generation, GenerationFailure
-
-
-def reasoning_end(output_ids: list[int], end_ids: int | None | Iterable[int]) -> int | None:
-    """Index of the first token that ends reasoning, or None (no reasoning, or truncated while reasoning)."""
-    found = first_reasoning_end(output_ids, end_ids)
-    return None if found is None else found[0]
-
-
-def first_reasoning_end(output_ids: list[int], end_ids: int | None | Iterable[int]) -> tuple[int, int] | None:
-    """(index, token id) of the first of `end_ids` in the output (Kimi-K2.5 may end reasoning at the tool-call
-    section instead of </think>; whichever comes first ends it), or None."""
-    wanted = {end_ids} if isinstance(end_ids, int) else set(end_ids or ())
-    found: tuple[int, int] | None = None
-    for token in wanted:  # list.index searches in C; the earliest of the tokens wins
-        try:
-            found = (output_ids.index(token, 0, len(output_ids) if found is None else found[0]), token)
-        except ValueError:
-            continue
-    return found
-
-
-def reasoning_agrees(output_ids: list[int], counted_end_id: int | None, server_count: int | None) -> bool | None:
-    """Whether SGLang's meta_info.reasoning_tokens agrees with the output; None when SGLang counted nothing (a release
-    before 0.5.10.post1, a server without a reasoning parser, or no reasoning).
-
-    SGLang counts through its parser's end token and all of the output when that token never comes (0.5.23
-    managers/schedule_batch.py:2240-2259, the end ids encoded from the detector's think_end_token, scheduler.py:940-950 and
-    parser/reasoning_parser.py:118).
-    That is spec.model.reasoning's first end token (`counted_end_id`), never an alternative: Kimi's kimi_k2 detector
-    ends its *text* split at <|tool_calls_section_begin|> too (parser/reasoning_parser.py:516-557, tool_start_token at :552),
-    but its count runs to </think>, so an output that leaves reasoning at the tool-call section is counted whole.
-    A disagreement therefore means the server's parser counts to another token than the spec names."""
-    if not server_count:
-        return None
-    try:
-        own = output_ids.index(counted_end_id) + 1 if counted_end_id is not None else len(output_ids)
-    except ValueError:
-        own = len(output_ids)
-    return own == server_count
-
 
 # The row's fields read off its output ids (where reasoning ends, a tool call, SGLang's reasoning count checked):
 # `pending_row` leaves them out and `finish_rows` fills them for a whole shard at once, off the event loop.
@@ -85,7 +45,18 @@ def pending_row(dataset: str, prompt: Prompt, prompt_ids: Sequence[int], generat
 
 def finish_rows(rows: list[dict[str, Any]], info: TokenizerInfo) -> None:
     """Add ANSWER_FIELDS to the rows `pending_row` built (rows that have them are left alone), with the values
-    `build_row` gives, for all of them in one pass over their concatenated output ids."""
+    `build_row` gives, for all of them in one pass over their concatenated output ids.
+
+    SGLang's meta_info.reasoning_tokens is checked against the output (`reasoning_agrees`, None when SGLang counted
+    nothing: a release before 0.5.10.post1, a server without a reasoning parser, or no reasoning). SGLang counts
+    through its parser's end token and all of the output when that token never comes (0.5.23
+    managers/schedule_batch.py:2240-2259, the end ids encoded from the detector's think_end_token, scheduler.py:940-950
+    and parser/reasoning_parser.py:118). That is spec.model.reasoning's first end token (`reasoning_end_id`), never an
+    alternative: Kimi's kimi_k2 detector ends its *text* split at <|tool_calls_section_begin|> too
+    (parser/reasoning_parser.py:516-557, tool_start_token at :552), but its count runs to </think>, so an output that
+    leaves reasoning at the tool-call section is counted whole. A disagreement therefore means the server's parser
+    counts to another token than the spec names. Where reasoning ends (`reasoning_end`) is the first of any of its end
+    tokens (Kimi-K2.5 may end reasoning at the tool-call section instead of </think>; whichever comes first)."""
     pending = [row for row in rows if "reasoning_end" not in row]
     if not pending:
         return
@@ -137,34 +108,11 @@ def _first_of(flat: np.ndarray, starts: np.ndarray, hits: np.ndarray,
 def build_row(dataset: str, prompt: Prompt, prompt_ids: Sequence[int], generation: Generation,
               max_new_tokens: int, info: TokenizerInfo, sample_index: int = 0,
               seed: int | None = None) -> dict[str, Any]:
-    output_ids = generation.output_ids
-    end_ids = [int(i) for i in info.reasoning_end_tokens] or info.reasoning_end_id
-    ended = first_reasoning_end(output_ids, end_ids)
-    agrees = reasoning_agrees(output_ids, info.reasoning_end_id, generation.reasoning_tokens)
-    return {
-        "sample_id": prompt.sample_id,
-        "dataset": dataset,
-        "line": prompt.line,
-        "sample_index": sample_index,
-        "prompt_ids": prompt_ids,
-        "output_ids": output_ids if generation.packed_ids is None else generation.packed_ids,
-        "prompt_tokens": len(prompt_ids),
-        "completion_tokens": generation.completion_tokens,
-        "finish_reason": generation.finish_reason,
-        "matched_stop": generation.matched_stop,
-        "reasoning_end": None if ended is None else ended[0],
-        "reasoning_end_token_id": None if ended is None else ended[1],
-        "has_tool_call": info.tool_call_id is not None and info.tool_call_id in output_ids,
-        "cached_tokens": generation.cached_tokens,
-        "server_reasoning_tokens": generation.reasoning_tokens,
-        "reasoning_agrees": agrees,
-        "sent_prompt_tokens": len(prompt_ids),
-        "reasoning_disagreements": int(agrees is False),
-        "max_new_tokens": max_new_tokens,
-        "latency_s": round(generation.latency_s, 4),
-        "attempts": generation.attempts,
-        "seed": seed,
-    }
+    """One row, whole: `pending_row` finished at once (a turn of a conversation; the runner's single-turn rows are
+    finished a shard at a time)."""
+    row = pending_row(dataset, prompt, prompt_ids, generation, max_new_tokens, sample_index, seed)
+    finish_rows([row], info)
+    return row
 
 
 TURN_FIELDS = ("prompt_ids", "output_ids", "prompt_tokens", "completion_tokens", "finish_reason", "matched_stop",
