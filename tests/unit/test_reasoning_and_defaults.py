@@ -5,10 +5,22 @@ from __future__ import annotations
 import json
 
 from tests.reference.families import FIXTURES
-from tokenmill_runner.generate.rows import first_reasoning_end
+from tokenmill_runner.generate.rows import finish_rows
 from tokenmill_runner.generate.sampling_defaults import apply_model_defaults, model_sampling_defaults
+from tokenmill_runner.render.tokenizer_info import TokenizerInfo
 from tokenmill_runner.report.validation import DatasetSamples, dataset_report
 from tokenmill_runner.spec.resource import DatasetGenerationSpec, SamplingSpec
+
+
+def first_reasoning_end(output: list[int], ends: int | list[int]) -> tuple[int, int] | None:
+    """Where a row says reasoning ended, and at which token (`finish_rows`, as the runner fills it)."""
+    ids = [ends] if isinstance(ends, int) else ends
+    row: dict = {"output_ids": output}
+    finish_rows([row], TokenizerInfo(location="x", vocab_size=100, eos_token_ids=[2], eos_tokens={"2": "</s>"},
+                                     reasoning_end_token="</think>", reasoning_end_id=ids[0],
+                                     reasoning_end_tokens={str(i): f"t{i}" for i in ids}, tool_call_token=None,
+                                     tool_call_id=None, model_context_length=None))
+    return None if row["reasoning_end"] is None else (row["reasoning_end"], row["reasoning_end_token_id"])
 
 
 def test_the_first_end_token_in_the_output_ends_reasoning() -> None:
