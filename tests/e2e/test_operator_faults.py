@@ -12,7 +12,7 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -113,55 +113,58 @@ def phases_seen(cluster: Cluster, namespace: str) -> Iterator[list[str]]:
 
 
 # -- the operator killed at each lifecycle point ---------------------------------------------------------------
-def _reach(point: str, cluster: Cluster, namespace: str, s3: str, operator: Operator, work: Path) -> k8s.V1Job | None:
-    """Drive the run to `point`, where the operator kills itself. Returns the Job the edit replaces (read before the
-    edit: once the operator has deleted it, the API server may already have forgotten it)."""
-    cluster.apply(b5_resource(namespace, s3))
-    replaced = None
-    if point == "suspended":
-        wait_phase(cluster, namespace, "Generating", timeout=90)
-        patch_spec(cluster, namespace, {"suspend": True})
-    elif point == "job-replaced":
-        wait_phase(cluster, namespace, "Generating", timeout=90)
-        replaced = wait_job(cluster, namespace)
-        patch_spec(cluster, namespace, {"sampling": {"maxNewTokens": 4096}})
-    elif point == "report-written":
-        wait_job(cluster, namespace)
-        with simulator_for(cluster, namespace) as simulator:
-            play_runner_pods(cluster, namespace, simulator.url, work, count=4)
-    operator.wait_killed()
-    return replaced
-
-
-POINTS = ["planned", "server-applied", "job-created", "suspended", "job-replaced", "report-written"]
-
-
-@pytest.mark.parametrize("point", POINTS)
-def test_operator_killed_at_a_lifecycle_point_finishes_the_run_exactly_once(
-        cluster, namespace, operator, credentials, s3_world, tmp_path, point):
-    operator.stop()
+def _killed_at(point: str, operator: Operator, then: Callable[[], object] = lambda: None) -> None:
+    """Restart the operator so that it kills itself (SIGKILL, as `kill -9` or the OOM killer would) when a pass reaches
+    `point`, do what brings the run there, wait for the kill and restart it plainly, as a Deployment would."""
+    operator.kill()
     operator.start(crash_at=point)
-    replaced = _reach(point, cluster, namespace, s3_world, operator, tmp_path / "before")
-    first_job = replaced or job_or_none(cluster, namespace)
-    operator.start()  # a plain restart, as a Deployment would after a node failure or an OOM kill
-    if point == "suspended":
-        suspended = wait_phase(cluster, namespace, "Suspended", timeout=60)
-        assert condition(suspended, "Progressing")["reason"] == "Suspended"
-        cluster.wait_for(lambda: cluster.apps.read_namespaced_stateful_set(SERVER, namespace).spec.replicas == 0,
-                         "the server scaled to zero", timeout=60)
-        assert wait_job(cluster, namespace).spec.suspend
-        patch_spec(cluster, namespace, {"suspend": False})
-    if point == "job-created":
-        job = wait_job(cluster, namespace)
-        assert first_job is not None and job.metadata.uid == first_job.metadata.uid, "the Job was not made twice"
-    if point == "job-replaced":
-        job = cluster.wait_for(lambda: (j := job_or_none(cluster, namespace)) and j.metadata.deletion_timestamp is None
-                               and j.metadata.uid != first_job.metadata.uid and j, "the replacement Job", timeout=90)
-        assert "--retry-failed" not in job.spec.template.spec.containers[0].args
-    if point == "report-written":
-        done = assert_done_exactly_once(cluster, namespace, s3_world)
-    else:
-        done = finish(cluster, namespace, s3_world, tmp_path / "after")
+    then()
+    operator.wait_killed()
+    operator.start()
+
+
+def test_operator_killed_at_each_lifecycle_point_finishes_the_run_exactly_once(
+        cluster, namespace, operator, credentials, s3_world, tmp_path):
+    """One run, the operator killed at every lifecycle point in the order a run meets them (faults.POINTS): the kills
+    compose, and the run still ends Succeeded with every prompt once, one Job and nothing left behind."""
+    from tokenmill_operator.faults import POINTS
+
+    met: list[str] = []
+
+    def kill_at(point: str, then: Callable[[], object] = lambda: None) -> None:
+        _killed_at(point, operator, then)
+        met.append(point)
+
+    kill_at("planned", lambda: cluster.apply(b5_resource(namespace, s3_world)))
+    kill_at("server-applied")
+    kill_at("job-created")
+    first_job = job_or_none(cluster, namespace)
+    assert first_job is not None
+    assert wait_job(cluster, namespace).metadata.uid == first_job.metadata.uid, "the Job was not made twice"
+    wait_phase(cluster, namespace, "Generating", timeout=90)
+
+    kill_at("suspended", lambda: patch_spec(cluster, namespace, {"suspend": True}))
+    suspended = wait_phase(cluster, namespace, "Suspended", timeout=60)
+    assert condition(suspended, "Progressing")["reason"] == "Suspended"
+    cluster.wait_for(lambda: cluster.apps.read_namespaced_stateful_set(SERVER, namespace).spec.replicas == 0,
+                     "the server scaled to zero", timeout=60)
+    assert wait_job(cluster, namespace).spec.suspend
+    patch_spec(cluster, namespace, {"suspend": False})
+    wait_phase(cluster, namespace, "Generating", timeout=90)
+
+    replaced = wait_job(cluster, namespace)  # read before the edit: the API server may forget it once deleted
+    kill_at("job-replaced", lambda: patch_spec(cluster, namespace, {"sampling": {"maxNewTokens": 4096}}))
+    job = cluster.wait_for(lambda: (j := job_or_none(cluster, namespace)) and j.metadata.deletion_timestamp is None
+                           and j.metadata.uid != replaced.metadata.uid and j, "the replacement Job", timeout=90)
+    assert "--retry-failed" not in job.spec.template.spec.containers[0].args
+
+    def play() -> None:
+        with simulator_for(cluster, namespace) as simulator:
+            play_runner_pods(cluster, namespace, simulator.url, tmp_path / "runners", count=4)
+
+    kill_at("report-written", play)
+    assert sorted(met) == sorted(POINTS), "every crash point is met once"
+    done = assert_done_exactly_once(cluster, namespace, s3_world)
     assert done["status"]["report"]["verdict"] in ("pass", "warn")
     assert len(cluster.batch.list_namespaced_job(namespace).items) == 1, "one runner Job"
     assert condition(done, "Ready")["status"] == "True"
