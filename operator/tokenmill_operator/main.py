@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -18,7 +19,19 @@ def main() -> int:
     protect()  # the library loggers, before kopf imports anything that logs (handlers.configure adds the filter)
     from kopf.cli import main as kopf_main
 
-    return kopf_main()
+    try:
+        kopf_main()  # click: ends with SystemExit
+        code = 0
+    except SystemExit as ended:
+        code = ended.code if isinstance(ended.code, int) else int(ended.code is not None)
+    # kopf has stopped; a pass still in a worker thread (a read waiting on a slow or hung store) would hold the exit
+    # until it ends, because Python joins those threads: 20 s and more after SIGTERM, a rollout's grace period. The
+    # operator is built to be killed anywhere (every write is conditional or idempotent, faults.py's crash points
+    # test it), so it leaves them.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -155,5 +155,9 @@ class PassScheduler:
             await asyncio.gather(*self._running.values(), return_exceptions=True)
 
     def shutdown(self) -> None:
+        """The operator is stopping: no pass starts again, and the tasks waiting on running ones end now (kopf would
+        give them 5 s; the passes' threads are left to the process's exit, main.py)."""
         self._deleted.update(key[2] for key in self._running)
         self._executor.shutdown(wait=False, cancel_futures=True)
+        for task in self._running.values():
+            task.cancel()
