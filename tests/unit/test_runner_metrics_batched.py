@@ -39,3 +39,15 @@ def test_answers_published_at_collection_read_as_counted_one_by_one() -> None:
     labels = {"dsgen": "d", "namespace": "n", "dataset": "x", "worker": "0"}
     assert batched.registry.get_sample_value("tokenmill_runner_completion_tokens_count", labels) == \
         direct.registry.get_sample_value("tokenmill_runner_completion_tokens_count", labels)
+
+
+def test_answers_held_back_stay_bounded_without_a_scrape() -> None:
+    from tokenmill_runner.metrics import HELD_ANSWERS
+
+    metrics = RunnerMetrics.create("d", "n", 0)
+    for _ in range(3 * HELD_ANSWERS + 5):
+        metrics.answered("x", 1, True, 8, 0.5)
+    held = metrics._pending.get("x")  # noqa: SLF001 - what a run that nobody scrapes would grow
+    assert held is None or len(held.latencies) < HELD_ANSWERS
+    labels = {"dsgen": "d", "namespace": "n", "dataset": "x", "worker": "0"}
+    assert metrics.registry.get_sample_value("tokenmill_runner_completion_tokens_count", labels) == 3 * HELD_ANSWERS + 5
