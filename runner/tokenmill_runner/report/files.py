@@ -5,7 +5,8 @@ dataset written next to them (under report/), with the draft-vocabulary coverage
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,9 +48,10 @@ def require_run_output(storage: Storage, manifest_needed: bool = False) -> None:
                         f"{'' if manifest_needed else ' and no commit markers'}; check the path (nothing was written)")
 
 
-def load_ledger(storage: Storage, counted: dict[str, list[CountedShard]] | None = None) -> Ledger:
-    """The ledger of every dataset, folded from its markers; `counted` (when given) gets, per dataset, the shards
-    whose loss-token counts count (store/token_counts.py), as the same fold decides."""
+def load_ledger(storage: Storage, count: Callable[[str, Iterator[CountedShard]], None] | None = None) -> Ledger:
+    """The ledger of every dataset, folded from its markers; `count` (when given) is handed, per dataset, the shards
+    whose loss-token counts count (store/token_counts.py), as the same fold decides, while the fold goes on: it must
+    take them all (`accumulate` does), and nothing per marker is kept."""
     recorded = read_manifest(storage)
     manifest = recorded or RunManifest()
     names = manifest.dataset_names
@@ -63,16 +65,24 @@ def load_ledger(storage: Storage, counted: dict[str, list[CountedShard]] | None 
                                 within=layout.within_bits() if layout else None,
                                 no_layout=NO_LAYOUT if recorded is None else None,
                                 ledger=DatasetLedger(name, lines or 0, per_prompt, budget))
-        stored = stored_files(storage, name)
-        shards = counted.setdefault(name, []) if counted is not None else None
-        for marker in markers_in_commit_order(storage, name):  # streamed: one pass, a window of markers in memory
-            ledger.check_files(marker, missing_files(marker, stored))
-            taken = ledger.add_marker(marker)
-            shard = counted_shard(name, marker, taken) if shards is not None else None
-            if shard is not None and shards is not None:
-                shards.append(shard)
+        shards = _fold(storage, name, ledger)
+        if count is None:
+            deque(shards, maxlen=0)
+        else:
+            count(name, shards)
         datasets.append(ledger)
     return Ledger(storage.root_uri, manifest.model_dump(mode="json", exclude_none=True), datasets)
+
+
+def _fold(storage: Storage, name: str, ledger: DatasetSamples) -> Iterator[CountedShard]:
+    """Fold a dataset's markers into `ledger`, streamed in commit order (a window of markers in memory), yielding
+    each shard that counts as its marker is folded (a list of them would grow by a marker's shard)."""
+    stored = stored_files(storage, name)
+    for marker in markers_in_commit_order(storage, name):
+        ledger.check_files(marker, missing_files(marker, stored))
+        shard = counted_shard(name, marker, ledger.add_marker(marker))
+        if shard is not None:
+            yield shard
 
 
 def _add_hidden_states(storage: Storage, ledger: Any, report: dict[str, Any]) -> tuple[StateCoverage, ...]:
@@ -183,14 +193,14 @@ def compute_report(storage: Storage, checks: PromptChecks | None = None, recount
     `recount_rows`: count a shard whose counts file cannot be used (a slot committed twice, a marker older than the
     counts) from its rows. Off where the operator reports: it reads no tenant's shard (docs/security.md); such
     shards are then named in the vocabulary section as not counted."""
-    counted: dict[str, list[CountedShard]] = {}
-    ledger = load_ledger(storage, counted)
+    frequencies, uncounted = {}, {}
+
+    def count(name: str, shards: Iterator[CountedShard]) -> None:  # as the fold goes: no list of the shards
+        frequencies[name], uncounted[name] = accumulate(storage, shards, recount_rows=recount_rows)
+
+    ledger = load_ledger(storage, count)
     report = build_report(ledger)
     states = _add_hidden_states(storage, ledger, report)
-    frequencies, uncounted = {}, {}
-    for dataset in ledger.datasets:
-        frequencies[dataset.name], uncounted[dataset.name] = accumulate(storage, counted.get(dataset.name, []),
-                                                                         recount_rows=recount_rows)
     report["vocabulary"] = vocabulary_section(frequencies, uncounted=uncounted)
     files = _add_mix(storage, ledger, report, frequencies, checks)
     _add_completion(report, states)
