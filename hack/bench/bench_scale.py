@@ -600,8 +600,8 @@ def print_table(results: dict[str, Any]) -> None:
                 continue
             cells = "".join(f" {v:>12,.2f}" if v is not None else f" {'-':>12}" for v in values)
             x, y = values[0], values[-1]
-            ratio = y / x if len(values) > 1 and x and y is not None else float("nan")
-            print(f"  {label:<38}{cells} {ratio:>7.2f}  {target}")
+            ratio = f"{y / x:>7.2f}" if len(values) > 1 and x and y is not None else f"{'':>7}"
+            print(f"  {label:<38}{cells} {ratio}  {target}")
         large = measured[-1][1] if measured else {}
         if backend == "s3" and "operator_1" in large:
             print(f"  S3 calls per operator pass at {measured[-1][0]:,}: restart {_calls(large['operator_1'], 'first')}; "
