@@ -9,6 +9,7 @@ import ctypes
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 import orjson
@@ -26,6 +27,7 @@ from .validation import LEVELS, DatasetSamples, Ledger, build_report
 from .vocabulary import mixed, vocabulary_section
 
 REPORT_DIR = "report"
+COUNT_BATCH = 1024  # shards whose counts are read together after their markers are folded
 
 
 # Why a dataset with commits and no run.json cannot pass: only worker 0 records the layout (one writer of run.json,
@@ -209,8 +211,15 @@ def compute_report(storage: Storage, checks: PromptChecks | None = None, recount
     shards are then named in the vocabulary section as not counted."""
     frequencies, uncounted = {}, {}
 
-    def count(name: str, shards: Iterator[CountedShard]) -> None:  # as the fold goes: no list of the shards
-        frequencies[name], uncounted[name] = accumulate(storage, shards, recount_rows=recount_rows)
+    def count(name: str, shards: Iterator[CountedShard]) -> None:
+        # A batch of markers folded, then their shards' counts read: never a list of every shard, and the fold does
+        # not wait on each counts read (reading them as each marker is folded took ~8 % longer at 10M samples).
+        total, missed = TokenFrequencies(), 0
+        for batch in iter(lambda: list(islice(shards, COUNT_BATCH)), []):
+            part, left = accumulate(storage, batch, recount_rows=recount_rows)
+            total.merge(part)  # exact: its ids met after the earlier batches', as one pass in order would
+            missed += left
+        frequencies[name], uncounted[name] = total, missed
 
     ledger = load_ledger(storage, count)
     _return_freed_heap()
