@@ -25,6 +25,9 @@ between the two sizes; resume start-up <= 60 s at 40k markers.
 
     .venv/bin/python hack/bench/bench_scale.py [--samples 10000000] [--small 200000] [--json out.json]
     .venv/bin/python hack/bench/bench_scale.py --quick      # a minute: 20k and 2k samples, smoke test
+    # only some readers, backends and sizes; --workdir keeps the outputs, --reuse measures them again unsynthesised
+    .venv/bin/python hack/bench/bench_scale.py --only runner-resume,report --backends local --workdir /tmp/scale
+    .venv/bin/python hack/bench/bench_scale.py --only report --backends local --sizes large --workdir /tmp/scale --reuse
 """
 
 from __future__ import annotations
@@ -504,16 +507,33 @@ def start_moto() -> tuple[subprocess.Popen, str]:
     raise SystemExit("moto server did not start")
 
 
-def measure_output(uri: str, endpoint: str | None, samples: int, source: Path, first_start: bool) -> dict[str, Any]:
-    result: dict[str, Any] = {"synth_s": round(synthesize(uri, endpoint, samples), 1)}
+READERS = ("operator-cold", "operator-1", "operator-10", "runner-first-start", "runner-resume", "report", "split")
+
+
+def measure_output(uri: str, endpoint: str | None, samples: int, source: Path, first_start: bool,
+                   only: frozenset[str] = frozenset(READERS), reuse: bool = False) -> dict[str, Any]:
+    """Synthesise the output (unless `reuse` and it is there already) and measure the readers in `only`."""
+    from tokenmill_runner.store.storage import open_storage
+
+    result: dict[str, Any] = {}
+    if reuse and open_storage(uri, endpoint).exists("run.json"):
+        result["reused"] = True  # an earlier run's output (its steady passes' markers included)
+    else:
+        result["synth_s"] = round(synthesize(uri, endpoint, samples), 1)
     args = (uri, endpoint or "", str(samples))
-    result["operator_cold"] = run_child("operator", *args, "1", "cold")
-    result["operator_1"] = run_child("operator", *args, "1", "warm")
-    result["operator_10"] = run_child("operator", *args, "10", "warm")
-    if first_start:
+    if "operator-cold" in only:
+        result["operator_cold"] = run_child("operator", *args, "1", "cold")
+    if "operator-1" in only:
+        result["operator_1"] = run_child("operator", *args, "1", "warm")
+    if "operator-10" in only:
+        result["operator_10"] = run_child("operator", *args, "10", "warm")
+    # A resume needs the counting pass cached: a fresh output gets its first start even when only the resume is asked
+    if first_start and ("runner-first-start" in only or ("runner-resume" in only and "synth_s" in result)):
         result["runner_first_start"] = run_child("runner", uri, endpoint or "", str(source), "0", "1")
-    result["runner_resume"] = run_child("runner", uri, endpoint or "", str(source), "0", "1")
-    result["report"] = run_report(uri, endpoint)
+    if "runner-resume" in only:
+        result["runner_resume"] = run_child("runner", uri, endpoint or "", str(source), "0", "1")
+    if "report" in only:
+        result["report"] = run_report(uri, endpoint)
     return result
 
 
@@ -539,48 +559,56 @@ def _calls(entry: dict[str, Any], key: str) -> str:
                     f"={n:g}" for op, n in sorted(per.items())) or "-"
 
 
+def _slowest(entry: dict[str, Any], measure: str = "seconds") -> float:
+    return max(_pass_s(entry, k, measure) for k in ("first", "steady"))
+
+
+TABLE: list[tuple[str, Any, str]] = [  # label, what to read from one size's measurements, target
+    ("operator cold pass (no checkpoint) s", lambda m: _pass_s(m["operator_cold"], "first"), "once per output"),
+    ("operator restart: first pass s", lambda m: _pass_s(m["operator_1"], "first"), "<= 2 s"),
+    ("operator steady pass (1 % new) s", lambda m: _pass_s(m["operator_1"], "steady"), "<= 2 s"),
+    ("  its CPU s", lambda m: _pass_s(m["operator_1"], "steady", "cpu_seconds"), ""),
+    ("operator full listing pass s", lambda m: _pass_s(m["operator_1"], "full_listing"), "every 10 min"),
+    ("operator 1 resource peak RSS MiB", lambda m: m["operator_1"]["peak_rss_mib"], "<= 256"),
+    ("operator 10 resources: slowest pass s", lambda m: _slowest(m["operator_10"]), "<= 2 s"),
+    ("  most CPU in one pass s", lambda m: _slowest(m["operator_10"], "cpu_seconds"), ""),
+    ("operator 10 resources peak RSS MiB", lambda m: m["operator_10"]["peak_rss_mib"], "<= 256"),
+    ("runner first start (counting pass) s", lambda m: m["runner_first_start"]["startup"]["seconds"],
+     "once per source"),
+    ("runner resume start-up s", lambda m: m["runner_resume"]["startup"]["seconds"], "<= 60 s"),
+    ("runner skip to first unsettled line s", lambda m: m["runner_resume"]["to_first_unsettled_s"], ""),
+    ("runner resume peak RSS MiB", lambda m: m["runner_resume"]["peak_rss_mib"], "ratio <= 1.10"),
+    ("report s", lambda m: m["report"]["seconds"], ""),
+    ("report peak RSS MiB", lambda m: m["report"]["peak_rss_mib"], "ratio <= 1.10"),
+]
+
+
 def print_table(results: dict[str, Any]) -> None:
-    small, large = results["sizes"]
-    print(f"\nscale: {small:,} vs {large:,} samples ({markers_of(small):,} vs {markers_of(large):,} markers)")
+    sizes = results["sizes"]
+    print("\nscale: " + " vs ".join(f"{n:,} samples ({markers_of(n):,} markers)" for n in sizes))
     for backend, by_size in results["backends"].items():
-        a, b = by_size[str(small)], by_size[str(large)]
-        print(f"\n[{backend}]                          {small:>12,} {large:>12,}   ratio  target")
-        rows = [
-            ("operator cold pass (no checkpoint) s", _pass_s(a["operator_cold"], "first"),
-             _pass_s(b["operator_cold"], "first"), "once per output"),
-            ("operator restart: first pass s", _pass_s(a["operator_1"], "first"), _pass_s(b["operator_1"], "first"),
-             "<= 2 s"),
-            ("operator steady pass (1 % new) s", _pass_s(a["operator_1"], "steady"),
-             _pass_s(b["operator_1"], "steady"), "<= 2 s"),
-            ("  its CPU s", _pass_s(a["operator_1"], "steady", "cpu_seconds"),
-             _pass_s(b["operator_1"], "steady", "cpu_seconds"), ""),
-            ("operator full listing pass s", _pass_s(a["operator_1"], "full_listing"),
-             _pass_s(b["operator_1"], "full_listing"), "every 10 min"),
-            ("operator 1 resource peak RSS MiB", a["operator_1"]["peak_rss_mib"], b["operator_1"]["peak_rss_mib"],
-             "<= 256"),
-            ("operator 10 resources: slowest pass s", max(_pass_s(a["operator_10"], k) for k in ("first", "steady")),
-             max(_pass_s(b["operator_10"], k) for k in ("first", "steady")), "<= 2 s"),
-            ("  most CPU in one pass s", max(_pass_s(a["operator_10"], k, "cpu_seconds") for k in ("first", "steady")),
-             max(_pass_s(b["operator_10"], k, "cpu_seconds") for k in ("first", "steady")), ""),
-            ("operator 10 resources peak RSS MiB", a["operator_10"]["peak_rss_mib"],
-             b["operator_10"]["peak_rss_mib"], "<= 256"),
-            ("runner resume start-up s", a["runner_resume"]["startup"]["seconds"],
-             b["runner_resume"]["startup"]["seconds"], "<= 60 s"),
-            ("runner skip to first unsettled line s", a["runner_resume"]["to_first_unsettled_s"],
-             b["runner_resume"]["to_first_unsettled_s"], ""),
-            ("runner resume peak RSS MiB", a["runner_resume"]["peak_rss_mib"], b["runner_resume"]["peak_rss_mib"],
-             "ratio <= 1.10"),
-            ("report s", a["report"]["seconds"], b["report"]["seconds"], ""),
-            ("report peak RSS MiB", a["report"]["peak_rss_mib"], b["report"]["peak_rss_mib"], "ratio <= 1.10"),
-        ]
-        if "runner_first_start" in a:
-            rows.insert(7, ("runner first start (counting pass) s", a["runner_first_start"]["startup"]["seconds"],
-                            b["runner_first_start"]["startup"]["seconds"], "once per source"))
-        for label, x, y, target in rows:
-            print(f"  {label:<38} {x:>10,.2f} {y:>12,.2f} {y / x if x else float('nan'):>7.2f}  {target}")
-        print(f"  S3 calls per operator pass at {large:,}: restart {_calls(b['operator_1'], 'first')}; "
-              f"steady {_calls(b['operator_1'], 'steady')}; full listing {_calls(b['operator_1'], 'full_listing')}"
-              if backend == "s3" else "", end="\n" if backend == "s3" else "")
+        measured = [(size, by_size[str(size)]) for size in sizes if str(size) in by_size]
+        print(f"\n[{backend}]{'':30}" + "".join(f" {size:>12,}" for size, _ in measured) + "   ratio  target")
+        for label, read, target in TABLE:
+            values = []
+            for _, entry in measured:
+                try:
+                    values.append(read(entry))
+                except KeyError:  # a reader this run did not measure (--only)
+                    values.append(None)
+            if all(v is None for v in values):
+                continue
+            cells = "".join(f" {v:>12,.2f}" if v is not None else f" {'-':>12}" for v in values)
+            x, y = values[0], values[-1]
+            ratio = f"{y / x:>7.2f}" if len(values) > 1 and x and y is not None else f"{'':>7}"
+            print(f"  {label:<38}{cells} {ratio}  {target}")
+        large = measured[-1][1] if measured else {}
+        if backend == "s3" and "operator_1" in large:
+            print(f"  S3 calls per operator pass at {measured[-1][0]:,}: restart {_calls(large['operator_1'], 'first')}; "
+                  f"steady {_calls(large['operator_1'], 'steady')}; "
+                  f"full listing {_calls(large['operator_1'], 'full_listing')}")
+    if "split" not in results:
+        return
     split = results["split"]
     print(f"\nsplit: {split['workers']} workers x {split['replicas']} replicas, {split['prompts']:,} prompts, "
           f"{split['killed_and_restarted']} killed and restarted: gap {split['gap']}, overlap {split['overlap']}, "
@@ -600,38 +628,54 @@ def main() -> None:
     parser.add_argument("--time-scale", type=float, default=20_000.0)
     parser.add_argument("--backends", nargs="+", default=["local", "s3"], choices=["local", "s3"])
     parser.add_argument("--workdir", help="where to build the outputs (default: a temporary folder, removed)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="with --workdir: measure the outputs (and sources) an earlier run left there instead of "
+                             "synthesising them again (the earlier steady passes' markers stay in them)")
+    parser.add_argument("--only", type=lambda text: frozenset(text.split(",")), default=frozenset(READERS),
+                        help=f"comma-separated readers to measure, of {','.join(READERS)} (default: all)")
+    parser.add_argument("--sizes", nargs="+", choices=["small", "large"], default=["small", "large"],
+                        help="which of the two outputs to build and measure (default: both)")
     parser.add_argument("--json", help="write the measurements here")
     parser.add_argument("--quick", action="store_true", help="20k and 2k samples, 4,000 prompts to split: a smoke test")
     args = parser.parse_args()
+    if not args.only <= set(READERS):
+        parser.error(f"--only: unknown readers {sorted(args.only - set(READERS))}")
+    if args.reuse and not args.workdir:
+        parser.error("--reuse needs --workdir")
     if args.quick:
         args.samples, args.small, args.split_prompts = 20_000, 2_000, 4_000
     os.environ.update(S3_ENV)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="tokenmill-scale-"))
     workdir.mkdir(parents=True, exist_ok=True)
     moto, endpoint = start_moto() if "s3" in args.backends else (None, None)
-    results: dict[str, Any] = {"sizes": [args.small, args.samples], "per_marker": PER_MARKER,
-                               "backends": {b: {} for b in args.backends}}
+    sizes = [n for n, name in ((args.small, "small"), (args.samples, "large")) if name in args.sizes]
+    results: dict[str, Any] = {"sizes": sizes, "per_marker": PER_MARKER, "backends": {b: {} for b in args.backends}}
     try:
-        for samples in (args.small, args.samples):
+        for samples in sizes:
             folder = workdir / f"n{samples}"
             folder.mkdir(exist_ok=True)
             source = folder / "prompts.jsonl"
-            write_source(source, samples)
+            if not (args.reuse and source.exists()):  # rewritten, it would miss the scan cached for it (its mtime)
+                write_source(source, samples)
             for backend in args.backends:
                 print(f"measuring {backend} at {samples:,} samples ...", flush=True)
                 if backend == "local":
                     uri = str(folder / "out")
-                    results["backends"][backend][str(samples)] = measure_output(uri, None, samples, source, True)
+                    results["backends"][backend][str(samples)] = measure_output(
+                        uri, None, samples, source, True, args.only, args.reuse)
                 else:
+                    # moto keeps its objects in its process: an S3 output is never there to reuse
                     uri = f"s3://bench/n{samples}/"
                     if "local" in args.backends:
                         copy_scan_cache(folder / "out", uri, endpoint)
                     results["backends"][backend][str(samples)] = measure_output(
-                        uri, endpoint, samples, source, "local" not in args.backends)
-            source.unlink()
-        print("split simulation ...", flush=True)
-        results["split"] = run_child("split", str(workdir), str(args.split_prompts), str(args.workers),
-                                     str(args.replicas), str(args.kills), str(args.time_scale))
+                        uri, endpoint, samples, source, "local" not in args.backends, args.only)
+            if not args.workdir:
+                source.unlink()
+        if "split" in args.only:
+            print("split simulation ...", flush=True)
+            results["split"] = run_child("split", str(workdir), str(args.split_prompts), str(args.workers),
+                                         str(args.replicas), str(args.kills), str(args.time_scale))
     finally:
         if moto is not None:
             moto.terminate()

@@ -295,14 +295,42 @@ def read_ledger(storage: Storage, dataset: str, rows: int = 0, threads: int = RE
     return DatasetLedger(dataset, rows).fold_all(iter_markers(storage, marker_entries(storage, dataset), threads))
 
 
-def stored_files(storage: Storage, dataset: str) -> set[str]:
+class FileNames:
+    """A set of names packed into one sorted array of fixed-width UTF-8 bytes (~50 bytes a name, against ~150 in a
+    set of str): the report and export hold every shard's name while they read the markers."""
+
+    def __init__(self, names: Iterable[str]) -> None:
+        chunks: list[np.ndarray] = []
+        pending: list[bytes] = []
+        for name in names:  # packed 4,096 at a time: never a bytes object per name for them all
+            pending.append(name.encode("utf-8", "surrogatepass"))
+            if len(pending) == 4096:
+                chunks.append(np.array(pending, dtype=np.bytes_))
+                pending = []
+        chunks.append(np.array([*pending, b""], dtype=np.bytes_))
+        self._names = np.unique(np.concatenate(chunks))  # b"" (no name is empty) keeps an empty set's array typed
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        encoded = name.encode("utf-8", "surrogatepass")
+        if not encoded or len(encoded) > self._names.dtype.itemsize or encoded.endswith(b"\0"):
+            return False  # longer than every name (numpy would cut it to the width), or one a NUL would hide
+        at = int(np.searchsorted(self._names, encoded))
+        return at < self._names.size and bytes(self._names[at]) == encoded
+
+    def __len__(self) -> int:
+        return int(self._names.size) - 1
+
+
+def stored_files(storage: Storage, dataset: str) -> FileNames:
     """The data and error files a dataset has (`shards/<id>.parquet`, `errors/<id>.jsonl`, relative to the
     dataset, as markers name them): one listing, to find markers that name a file that is gone."""
-    return {key[len(dataset) + 1:] for folder in (SHARDS, ERRORS) for key in storage.list(f"{dataset}/{folder}/")
-            if TMP_MARK not in key}
+    return FileNames(key[len(dataset) + 1:] for folder in (SHARDS, ERRORS) for key in storage.list(f"{dataset}/{folder}/")
+                     if TMP_MARK not in key)
 
 
-def missing_files(marker: dict[str, Any], stored: set[str]) -> list[str]:
+def missing_files(marker: dict[str, Any], stored: FileNames) -> list[str]:
     """The files a commit marker names that are not in `stored`: a dangling marker (another writer deleted its
     data as a leftover, or someone removed it by hand)."""
     return [name for name in (marker.get("data"), marker.get("errors")) if name and name not in stored]
