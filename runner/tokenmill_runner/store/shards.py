@@ -42,7 +42,7 @@ from .ledger import COMMITS, ERRORS, SHARDS, DatasetLedger, ShardContent, build_
 from .marker_names import marker_name, shard_id_of
 from .markers import READ_THREADS, iter_markers, list_commits, marker_entries, markers_in_commit_order
 from .ownership import Fence, put_record
-from .storage import TMP_MARK, Storage, StorageError
+from .storage import TMP_MARK, Storage, StorageError, packed_names
 from .token_counts import COUNTS, MARKER_FIELD, count_table, counts_name, encode_counts
 
 logger = logging.getLogger(__name__)
@@ -300,15 +300,8 @@ class FileNames:
     set of str): the report and export hold every shard's name while they read the markers."""
 
     def __init__(self, names: Iterable[str]) -> None:
-        chunks: list[np.ndarray] = []
-        pending: list[bytes] = []
-        for name in names:  # packed 4,096 at a time: never a bytes object per name for them all
-            pending.append(name.encode("utf-8", "surrogatepass"))
-            if len(pending) == 4096:
-                chunks.append(np.array(pending, dtype=np.bytes_))
-                pending = []
-        chunks.append(np.array([*pending, b""], dtype=np.bytes_))
-        self._names = np.unique(np.concatenate(chunks))  # b"" (no name is empty) keeps an empty set's array typed
+        # b"" (no name is empty) keeps an empty set's array typed
+        self._names = np.unique(np.concatenate([packed_names(names), np.array([b""], dtype=np.bytes_)]))
 
     def __contains__(self, name: object) -> bool:
         if not isinstance(name, str):

@@ -25,7 +25,7 @@ import stat
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
@@ -236,35 +236,19 @@ class _folder_lock:
             FLOCK_SECTION.release()
 
 
-class _SortedNames:
-    """A folder's entry names, sorted as Python sorts them, packed into fixed-width byte arrays (a name's UTF-8
-    bytes, surrogates passed through: byte order is code point order) rather than a str object each: ~60 bytes a
-    name instead of ~330 for a (key, path) tuple."""
-
-    CHUNK = 4096
-
-    def __init__(self) -> None:
-        self._chunks: list[np.ndarray] = []
-        self._pending: list[bytes] = []
-
-    def add(self, name: str) -> None:
-        self._pending.append(name.encode("utf-8", "surrogatepass"))
-        if len(self._pending) >= self.CHUNK:
-            self._flush()
-
-    def _flush(self) -> None:
-        if self._pending:
-            self._chunks.append(np.array(self._pending, dtype=np.bytes_))
-            self._pending = []
-
-    def sorted(self) -> Iterator[str]:
-        self._flush()
-        if not self._chunks:
-            return
-        names = np.sort(np.concatenate(self._chunks) if len(self._chunks) > 1 else self._chunks[0])
-        self._chunks = []
-        for name in names:  # NUL never ends a file name: the fixed width's padding strips nothing of one
-            yield bytes(name).decode("utf-8", "surrogatepass")
+def packed_names(names: Iterable[str], chunk: int = 4096) -> np.ndarray:
+    """Names packed into one array of fixed-width UTF-8 bytes (surrogates passed through: byte order is code point
+    order, so sorting it sorts them as Python does), `chunk` at a time: ~60 bytes a name rather than a str object
+    each, and never a bytes object per name for them all. Unsorted; empty: a typed empty array."""
+    parts: list[np.ndarray] = []
+    pending: list[bytes] = []
+    for name in names:
+        pending.append(name.encode("utf-8", "surrogatepass"))
+        if len(pending) >= chunk:
+            parts.append(np.array(pending, dtype=np.bytes_))
+            pending = []
+    parts.append(np.array(pending, dtype=np.bytes_))
+    return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
 
 class LocalStorage:
@@ -416,14 +400,14 @@ class LocalStorage:
         yield from self._walk_folder(str(folder), "" if relative == "." else relative + "/", prefix, start_after)
 
     def _walk_folder(self, folder: str, at: str, prefix: str, start_after: str | None) -> Iterator[tuple[str, str]]:
-        # The names are sorted packed (`_SortedNames`), not as a (key, path) per entry: a commits folder of 39,000
+        # The names are sorted packed (`packed_names`), not as a (key, path) per entry: a commits folder of 39,000
         # markers would hold ~13 MiB of those for the whole listing, and a reader's memory would follow the output.
-        names = _SortedNames()
         try:
             scanned = os.scandir(folder)
         except FileNotFoundError:  # removed since its parent was listed
             return
-        with scanned:
+
+        def kept() -> Iterator[str]:
             for entry in scanned:
                 key = at + entry.name
                 try:
@@ -440,8 +424,12 @@ class LocalStorage:
                     continue
                 elif not entry.is_file():  # a socket, a dangling link
                     continue
-                names.add(entry.name + "/" if is_folder else entry.name)
-        for name in names.sorted():
+                yield entry.name + "/" if is_folder else entry.name
+
+        with scanned:
+            names = np.sort(packed_names(kept()))
+        for packed in names:  # NUL never ends a file name: the fixed width's padding strips nothing of one
+            name = bytes(packed).decode("utf-8", "surrogatepass")
             if name.endswith("/"):  # a folder (a file's name has no "/")
                 yield from self._walk_folder(os.path.join(folder, name[:-1]), at + name, prefix, start_after)
             else:
