@@ -33,9 +33,11 @@ demo: install-runtime
 	rm -rf $(DEMO_OUT)
 	$(VENV)/bin/tokenmill run examples/demo.yaml --out $(DEMO_OUT)
 
-## test: every test, the real-cluster ones included (builds the cluster tools once, cached in ~/.cache/tokenmill)
+## test: every test, the real-cluster ones included (builds the cluster tools once, cached in ~/.cache/tokenmill);
+##       two workers: the real-cluster tests in one (they share its control plane), everything else in both
+TEST_WORKERS ?= 2
 test: install tools
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 ## lint, typecheck: the static checks alone (make test runs both through tests/unit/test_static_checks.py)
 lint: install

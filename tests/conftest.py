@@ -16,6 +16,16 @@ REPO = Path(__file__).resolve().parents[1]
 DEMO_MODEL = REPO / "examples" / "demo-model"
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups in its own hook
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under `make test`'s two workers (pytest-xdist, --dist loadgroup) every test on the real control plane runs in
+    one worker, one after another: they share the one cluster its session fixture starts and are timed against the
+    cluster's clocks, so two at once would only make both slower. The rest of the suite runs beside them."""
+    for item in items:
+        if item.get_closest_marker("e2e") is not None:
+            item.add_marker(pytest.mark.xdist_group("cluster"))
+
+
 @pytest.fixture(scope="session")
 def demo_model() -> Path:
     return DEMO_MODEL
