@@ -151,17 +151,27 @@ def child_bare(url: str, bodies_path: str, concurrency: int, loop_name: str) -> 
         return loop.run(go())
 
 
-def run_child(*args: str) -> dict[str, Any]:
-    """A child pass; its answer, plus its whole process's CPU (start-up included) and peak RSS from wait4."""
+def process_cpu_s(pid: int) -> float:
+    """A running process's CPU so far (user + system, /proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_child(simulator: int, *args: str) -> dict[str, Any]:
+    """A child pass; its answer, plus its whole process's CPU (start-up included) and peak RSS from wait4, and the
+    simulator's CPU over the pass (it shares the two cores: the rate both clients reach is bounded by the client's
+    and the server's CPU per sample together)."""
     with tempfile.TemporaryFile() as out:
+        served = process_cpu_s(simulator)
         process = subprocess.Popen([sys.executable, __file__, "child", *args], stdout=out)
         _, status, usage = os.wait4(process.pid, 0)
+        served = process_cpu_s(simulator) - served
         out.seek(0)
         text = out.read().decode()
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"child {args[0]} failed: {text[-2000:]}")
     return {**json.loads(text.strip().splitlines()[-1]), "process_cpu_s": usage.ru_utime + usage.ru_stime,
-            "peak_rss_mib": usage.ru_maxrss / 1024}
+            "peak_rss_mib": usage.ru_maxrss / 1024, "simulator_cpu_s": served}
 
 
 # --- the parent ---------------------------------------------------------------------------------------------------
@@ -189,11 +199,11 @@ def main() -> None:
             def tokenmill(rep: int) -> dict[str, Any]:
                 spec = write_workload(Path(tmp) / f"rep{rep}", args.samples // args.samples_per_prompt,
                                       args.max_new_tokens, args.samples_per_prompt)
-                return run_child("tokenmill", str(spec), url, str(args.concurrency),
+                return run_child(simulator.pid, "tokenmill", str(spec), url, str(args.concurrency),
                                  str(bodies if rep == 0 else Path(tmp) / "unused.jsonl"))
 
             def bare() -> dict[str, Any]:
-                return run_child("bare", url, str(bodies), str(args.concurrency), args.bare_loop)
+                return run_child(simulator.pid, "bare", url, str(bodies), str(args.concurrency), args.bare_loop)
 
             for rep in range(args.reps):  # the order flips every repetition
                 if rep % 2 == 0:
@@ -224,7 +234,8 @@ def report(args: argparse.Namespace, passes: list[dict[str, Any]]) -> None:
     rows = [("CPU ms per sample", lambda p: p["cpu_s"] / n * 1000, "{:.3f}"),
             ("samples/s", lambda p: n / p["wall_s"], "{:.0f}"),
             ("process CPU s (start-up incl.)", lambda p: p["process_cpu_s"], "{:.2f}"),
-            ("peak RSS MiB", lambda p: p["peak_rss_mib"], "{:.0f}")]
+            ("peak RSS MiB", lambda p: p["peak_rss_mib"], "{:.0f}"),
+            ("simulator CPU ms per sample", lambda p: p["simulator_cpu_s"] / n * 1000, "{:.3f}")]
     print(f"{'':<32}{'tokenmill':>26}{'bare aiohttp':>26}")
     for label, get, fmt in rows:
         print(f"{label:<32}{_spread([get(p['tokenmill']) for p in passes], fmt):>26}"
@@ -233,6 +244,13 @@ def report(args: argparse.Namespace, passes: list[dict[str, Any]]) -> None:
     rate = [p["bare"]["wall_s"] / p["tokenmill"]["wall_s"] for p in passes]
     print(f"paired tokenmill / bare: CPU per sample x{_spread(cpu, '{:.2f}')} (goal <= x1.5); "
           f"samples/s x{_spread(rate, '{:.2f}')} (goal >= x1.0)")
+    # Client and simulator share the machine's cores: with both busy, a rate is at most cores / (the client's CPU
+    # per sample + the simulator's), whatever the client does with its own share of them.
+    cores = os.cpu_count() or 1
+    bound = {kind: [cores / ((p[kind]["cpu_s"] + p[kind]["simulator_cpu_s"]) / n) for p in passes]
+             for kind in ("tokenmill", "bare")}
+    print(f"CPU-bound ceiling on {cores} cores (cores / (client + simulator CPU per sample)): tokenmill "
+          f"{_spread(bound['tokenmill'], '{:.0f}')}/s, bare {_spread(bound['bare'], '{:.0f}')}/s")
 
 
 if __name__ == "__main__":
