@@ -37,7 +37,7 @@ demo: install-runtime
 ##       two workers: the real-cluster tests in one (they share its control plane), everything else in both
 TEST_WORKERS ?= 2
 test: install tools
-	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadscope
 
 ## lint, typecheck: the static checks alone (make test runs both through tests/unit/test_static_checks.py)
 lint: install

@@ -16,14 +16,20 @@ REPO = Path(__file__).resolve().parents[1]
 DEMO_MODEL = REPO / "examples" / "demo-model"
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups in its own hook
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under `make test`'s two workers (pytest-xdist, --dist loadgroup) every test on the real control plane runs in
-    one worker, one after another: they share the one cluster its session fixture starts and are timed against the
-    cluster's clocks, so two at once would only make both slower. The rest of the suite runs beside them."""
-    for item in items:
-        if item.get_closest_marker("e2e") is not None:
-            item.add_marker(pytest.mark.xdist_group("cluster"))
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """`make test` runs two workers (pytest-xdist, --dist loadscope) with this scope: every test on the real control
+    plane (tests/e2e) in one worker, one after another, since they share the one cluster its session fixture starts
+    and are timed against the cluster's clocks; every other test is a scope of its own, run beside them by whichever
+    worker is free. (xdist's own `xdist_group` marker renames `item._nodeid`, which pytest 9.2 no longer reads.)"""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ClusterScope(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "tests/e2e" if nodeid.startswith("tests/e2e/") else nodeid
+
+    return ClusterScope(config, log)
 
 
 @pytest.fixture(scope="session")
