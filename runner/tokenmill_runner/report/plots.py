@@ -122,7 +122,8 @@ def coverage_png(curves: dict[str, tuple[np.ndarray, np.ndarray]], sizes: list[i
         ax.set_xlabel("K, the most frequent ids (log scale)")
         ax.set_ylabel("share of loss tokens")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(loc="best", fontsize=9)
+        if any(ks.size for ks, _ in curves.values()):  # a run whose every sample failed has no curve to name
+            ax.legend(loc="best", fontsize=9)
         return _png(figure)
     finally:
         plt.close(figure)
