@@ -69,6 +69,12 @@ class TenantStorage:
             self._spend(len(found[0]), key)
         return found
 
+    def get_capped(self, key: str, max_bytes: int) -> bytes | None:
+        data = self._call("read", key, lambda: self.inner.get_capped(key, max_bytes))
+        if data is not None:
+            self._spend(len(data), key)
+        return data
+
     def open_read(self, key: str) -> IO[bytes]:
         read = deadline.Read(self.read_seconds, f"read {self.inner.uri(key)}", self.pass_)
         try:

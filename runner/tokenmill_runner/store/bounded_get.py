@@ -44,12 +44,10 @@ def _too_large(storage: Storage, key: str, max_bytes: int) -> ObjectTooLarge:
 
 
 def get_bounded(storage: Storage, key: str, max_bytes: int) -> bytes:
-    """The object's bytes, or ObjectTooLarge once more than `max_bytes` arrived (the rest is never read)."""
-    with storage.open_read(key) as body:
-        # Its size, where known, refuses it before a byte of the body (a sparse 8 GiB file, an S3 object).
-        size = known_size(body)
-        data = body.read(max_bytes + 1) if size is None or size <= max_bytes else b""
-    if (size is not None and size > max_bytes) or len(data) > max_bytes:
+    """The object's bytes, or ObjectTooLarge once more than `max_bytes` arrived (the rest is never read); its size,
+    where the store says it, refuses it before a byte of the body (a sparse 8 GiB file, an S3 object)."""
+    data = storage.get_capped(key, max_bytes)
+    if data is None:
         raise _too_large(storage, key, max_bytes)
     return data
 

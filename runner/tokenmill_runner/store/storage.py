@@ -14,23 +14,27 @@ bucket) raise at once.
 
 from __future__ import annotations
 
+import base64
 import fcntl
 import hashlib
 import io
 import logging
 import os
 import random
+import re
 import shutil
 import stat
 import tempfile
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from functools import partial
+from functools import cached_property, partial
 from pathlib import Path
-from typing import IO, Any, Protocol, TypeVar
+from typing import IO, Any, NoReturn, Protocol, TypeVar
+from urllib.parse import quote
 
 import numpy as np
 
@@ -53,6 +57,10 @@ TRANSIENT_CODES = frozenset({"SlowDown", "RequestTimeout", "InternalError", "Ser
 # long an operation keeps trying (and each retry is logged).
 BOTOCORE_ATTEMPTS = 1
 MAX_POOL_CONNECTIONS = 32
+# A capped read up to this size is one GET read whole (a marker, a seal, a config); a larger cap (a checkpoint) reads
+# through ResumableBody, which resumes a broken body from the byte it reached instead of starting over.
+WHOLE_GET_BYTES = 16 * 1024 * 1024
+ERROR_BODY_BYTES = 64 * 1024
 
 T = TypeVar("T")
 
@@ -113,6 +121,9 @@ class Storage(Protocol):
     def delete(self, key: str) -> None: ...
     def exists(self, key: str) -> bool: ...  # False only for a missing object; raises when it cannot tell
     def open_read(self, key: str) -> IO[bytes]: ...
+    # The whole object, or None when it is over `max_bytes` (refused by its size before its body where the store
+    # says it, else after max_bytes + 1 bytes): the one read of a small object someone else wrote (bounded_get.py).
+    def get_capped(self, key: str, max_bytes: int) -> bytes | None: ...
     def uri(self, key: str) -> str: ...
 
 
@@ -234,6 +245,15 @@ class _folder_lock:
             os.close(self.fd)
         finally:
             FLOCK_SECTION.release()
+
+
+def read_capped(body: IO[bytes], size: int | None, max_bytes: int) -> bytes | None:
+    """`body`'s bytes, or None past `max_bytes`: refused by its known `size` before a byte is read (a sparse 8 GiB
+    file, an S3 object's Content-Length), else once max_bytes + 1 bytes arrived."""
+    if size is not None and size > max_bytes:
+        return None
+    data = body.read(max_bytes + 1)
+    return None if len(data) > max_bytes else data
 
 
 def packed_names(names: Iterable[str], chunk: int = 4096) -> np.ndarray:
@@ -374,6 +394,10 @@ class LocalStorage:
     def open_read(self, key: str) -> IO[bytes]:
         return self._open_regular(key)
 
+    def get_capped(self, key: str, max_bytes: int) -> bytes | None:
+        with self.open_read(key) as body:
+            return read_capped(body, os.fstat(body.fileno()).st_size, max_bytes)
+
     def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[str]:
         for key, _ in self._walk(prefix, start_after):
             yield key
@@ -465,6 +489,11 @@ class S3Storage:
         self.retry = retry or StorageRetry()
         self._client = s3_client(endpoint, region, credentials)
         self._rng = random.Random()
+        # The client's own signer (its credentials, their refresh, UNSIGNED) and connection pool (TLS, proxies,
+        # timeouts): `get_capped` sends through them without botocore's per-call pipeline. Read here so that a
+        # botocore without them fails every S3 use at once, not a read later.
+        self._signer = self._client._request_signer
+        self._http = self._client._endpoint.http_session
 
     def _key(self, key: str) -> str:
         return self.location.prefix + key
@@ -627,12 +656,68 @@ class S3Storage:
         except StorageError:
             raise
         except Exception as error:
-            if _is_missing(error):
-                raise StorageError(f"{self.uri(key)} does not exist") from None
-            if _error_code(error) == "PreconditionFailed":
-                raise ChangedWhileRead(f"{self.uri(key)} changed while it was being read; rerun to read it again") \
-                    from error
-            raise StorageError(f"cannot read {self.uri(key)}: {error}") from error
+            self._raise_read_error(key, error)
+
+    def _raise_read_error(self, key: str, error: Exception) -> NoReturn:
+        if _is_missing(error):
+            raise StorageError(f"{self.uri(key)} does not exist") from None
+        if _error_code(error) == "PreconditionFailed":
+            raise ChangedWhileRead(f"{self.uri(key)} changed while it was being read; rerun to read it again") \
+                from error
+        raise StorageError(f"cannot read {self.uri(key)}: {error}") from error
+
+    def get_capped(self, key: str, max_bytes: int) -> bytes | None:
+        if max_bytes > WHOLE_GET_BYTES:
+            with self.open_read(key) as body:
+                return read_capped(body, body.raw.size, max_bytes)  # type: ignore[attr-defined]  # a ResumableBody
+        try:
+            return self.call("read", key, lambda: self._get_whole(key, max_bytes))
+        except StorageError:
+            raise
+        except Exception as error:
+            self._raise_read_error(key, error)
+
+    @cached_property
+    def _bucket_url(self) -> str:
+        # The bucket's URL as the client's endpoint rules make it (region, FIPS, dual-stack, a custom endpoint):
+        # building a URL costs no request.
+        url = self._client.generate_presigned_url("get_object", Params={"Bucket": self.location.bucket, "Key": "k"})
+        return url.split("?", 1)[0].removesuffix("/k")
+
+    def _get_whole(self, key: str, max_bytes: int) -> bytes | None:
+        """One signed GET read whole, or None past `max_bytes`. The operator's steady pass is hundreds of these (a
+        marker of a few KB each): botocore's per-call pipeline (events, serialising, parsing every header, a
+        timestamp through dateutil) took about half of each call's CPU (hack/bench/bench_s3_reads.py), so it is
+        sent here through the same signer and connection pool, and only its status, length, body and checksum read.
+        Errors come back as botocore's (a ClientError with S3's code), so `call` retries and classifies them alike."""
+        from botocore.awsrequest import AWSRequest
+        from botocore.exceptions import IncompleteReadError
+
+        request = AWSRequest(method="GET", url=f"{self._bucket_url}/{quote(self._key(key), safe='/~')}",
+                             headers={"x-amz-checksum-mode": "ENABLED"})
+        self._signer.sign("GetObject", request)
+        prepared = request.prepare()
+        prepared.stream_output = True  # the body is read here, capped, not by the pool
+        response = self._http.send(prepared)
+        raw, whole = response.raw, False
+        try:
+            if response.status_code >= 300:
+                raise s3_error(response.status_code, raw.read(ERROR_BODY_BYTES))
+            length = response.headers.get("content-length")
+            size = int(length) if length is not None else None
+            data = read_capped(raw, size, max_bytes)
+            if data is None:
+                return None
+            if size is not None and len(data) != size:
+                raise IncompleteReadError(actual_bytes=len(data), expected_bytes=size)
+            check_checksum(response.headers, data, self.uri(key))
+            whole = True
+            return data
+        finally:
+            if whole:
+                raw.release_conn()  # read to its end: the connection serves the next request
+            else:
+                raw.close()  # a body left unread: the connection cannot be reused
 
     def list(self, prefix: str = "", start_after: str | None = None) -> Iterator[str]:
         for key, _ in self.list_sizes(prefix, start_after):
@@ -804,6 +889,39 @@ class ResumableBody(io.RawIOBase):
         if not self.closed:
             self._close_body()
         super().close()
+
+
+def s3_error(status: int, body: bytes) -> Exception:
+    """botocore's ClientError for an S3 error answer (its XML's Code, or the status where it has no body), so that
+    one classification (`is_transient`, `_is_missing`) serves both ways a GET is sent."""
+    from botocore.exceptions import ClientError
+
+    code = re.search(rb"<Code>([^<]{1,128})</Code>", body)
+    message = re.search(rb"<Message>([^<]{0,512})</Message>", body)
+    return ClientError({"Error": {"Code": code[1].decode(errors="replace") if code else str(status),
+                                  "Message": message[1].decode(errors="replace") if message else ""},
+                        "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject")
+
+
+CHECKSUMS: tuple[tuple[str, Callable[[bytes], bytes]], ...] = (
+    ("x-amz-checksum-crc32", lambda data: zlib.crc32(data).to_bytes(4, "big")),
+    ("x-amz-checksum-sha256", lambda data: hashlib.sha256(data).digest()),
+    ("x-amz-checksum-sha1", lambda data: hashlib.sha1(data).digest()),  # noqa: S324 - S3's checksum, not security
+)
+
+
+def check_checksum(headers: Mapping[str, str], data: bytes, uri: str) -> None:
+    """The object's checksum as S3 stored it (asked for with x-amz-checksum-mode), checked as botocore checks a
+    GetObject's: the first one this side can compute. A multipart object's composite checksum ("...-N") is over
+    its parts, not its bytes, and is not checked (neither does botocore)."""
+    for header, compute in CHECKSUMS:
+        expected = headers.get(header)
+        if expected is None or "-" in expected:
+            continue
+        if base64.b64encode(compute(data)).decode() != expected:
+            raise StorageError(f"{uri}: the body read does not match its {header.removeprefix('x-amz-checksum-')} "
+                               f"checksum {expected}; it was corrupted on its way or in the store")
+        return
 
 
 def _error_code(error: BaseException) -> str | None:
