@@ -15,6 +15,7 @@ from typing import Any
 
 from ..source.prompts import Prompt, RowError
 from ..store.storage import StorageRetry, open_storage, write_atomic
+from .chat_render import ChatRenderer
 from .content_format import flatten, template_content_format
 from .tokenizer_info import TokenizerInfo
 from .tokenizers_compat import SPEC_ALLOWS_REMOTE_CODE, TokenizerError, is_fast, load_folder_tokenizer
@@ -215,16 +216,14 @@ class PromptEncoder:
         if isinstance(template, dict):  # named templates: SGLang renders the default one
             template = template.get("default")
         self.content_format = template_content_format(template if isinstance(template, str) else None)
+        self.renderer = ChatRenderer(tokenizer)
 
     def _messages(self, prompt: Prompt) -> list[dict[str, Any]]:
         return flatten(prompt.messages, self.content_format)
 
     def render(self, prompt: Prompt, template_kwargs: dict[str, Any] | None = None) -> str | RowError:
         try:
-            return self.tokenizer.apply_chat_template(
-                self._messages(prompt), tools=prompt.tools, add_generation_prompt=True, tokenize=False,
-                **(template_kwargs or {}),
-            )
+            return self.renderer.render(self._messages(prompt), prompt.tools, template_kwargs or {})
         except Exception as error:  # jinja raises TemplateError, TypeError, KeyError...
             return _template_error(prompt, error)
 
