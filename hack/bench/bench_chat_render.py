@@ -16,6 +16,7 @@ import argparse
 import json
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 
 from tokenmill_runner.render.content_format import flatten
@@ -40,9 +41,9 @@ def main() -> None:
         times: dict[str, list[float]] = {"apply_chat_template": [], "ChatRenderer": []}
         for row in rows:
             messages, tools = flatten(row["messages"], encoder.content_format), row.get("tools")
-            ways = {"apply_chat_template": lambda: tokenizer.apply_chat_template(
-                        messages, tools=tools, add_generation_prompt=True, tokenize=False),
-                    "ChatRenderer": lambda: encoder.renderer.render(messages, tools, {})}
+            ways = {"apply_chat_template": partial(tokenizer.apply_chat_template, messages, tools=tools,
+                                                   add_generation_prompt=True, tokenize=False),
+                    "ChatRenderer": partial(encoder.renderer.render, messages, tools, {})}
             try:
                 texts = {name: way() for name, way in ways.items()}
             except Exception:  # noqa: BLE001 - a prompt this template refuses (both refuse it: the test checks)

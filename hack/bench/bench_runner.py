@@ -108,14 +108,15 @@ def child_tokenmill(spec_path: str, url: str, concurrency: int, bodies_out: str)
         update={"concurrency": concurrency})})
     config = RunnerConfig(spec=spec, servers=[url], output_uri=spec.output.uri, progress_log_s=3600)
 
+    from tokenmill_runner.cli import _loop_factory, stream_settings
+
     async def go() -> dict[str, Any]:
         runner = await prepare(config, api_key=None)
         wall, cpu, loop_cpu = time.perf_counter(), time.process_time(), time.thread_time()
-        summary = await runner.run()
+        with stream_settings():  # as `tokenmill run` does
+            summary = await runner.run()
         return {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu,
                 "loop_cpu_s": time.thread_time() - loop_cpu, "samples": summary.datasets[0].generated}
-
-    from tokenmill_runner.cli import _loop_factory
 
     with asyncio.Runner(loop_factory=_loop_factory()) as loop:  # the loop `tokenmill run` runs on
         result = loop.run(go())

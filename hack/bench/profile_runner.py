@@ -29,6 +29,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_runner import start_simulator, write_workload  # noqa: E402
 
+from tokenmill_runner.cli import stream_settings  # noqa: E402
 from tokenmill_runner.generate import client as client_module  # noqa: E402
 from tokenmill_runner.generate import pipeline as pipeline_module  # noqa: E402
 from tokenmill_runner.generate import results as results_module  # noqa: E402
@@ -138,7 +139,8 @@ def run(spec_path: Path, url: str, concurrency: int, profile: str | None) -> tup
         wall, cpu = time.perf_counter(), time.process_time()
         if profiler:
             profiler.enable()
-        summary = await runner.run()
+        with stream_settings():  # as `tokenmill run` does
+            summary = await runner.run()
         if profiler:
             profiler.disable()
             profiler.dump_stats(profile)

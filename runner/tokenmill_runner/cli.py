@@ -9,8 +9,8 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING
 
 from . import logs
@@ -299,7 +299,8 @@ async def _run_async(config: RunnerConfig) -> int:
         loop.add_signal_handler(signum, runner.request_stop)
     # The capture pass commits after the stream: it keeps the stream's lease (it proves it at each of its markers)
     # and its client; the lease is proven once more after the last of them, and given up only then.
-    summary = await runner.run(keep_lease=True)
+    with stream_settings():
+        summary = await runner.run(keep_lease=True)
     try:
         for line in iter_summary_lines(summary):
             print(line)
@@ -404,6 +405,40 @@ def _cmd_run(args: argparse.Namespace) -> int:
         config = runner_config(resource, args, servers)
         with asyncio.Runner(loop_factory=_loop_factory()) as loop:
             return loop.run(_run_async(config))
+
+
+# The stream allocates a few containers per answer that die young while a shard's rows wait in its buffer: at
+# CPython's default gen-0 threshold (700) the cyclic collector ran every ~90 answers and traversed the buffered rows
+# each time, ~40 us of CPU a sample (3-8 % of the runner's; hack/bench/profile_runner.py "garbage collection").
+COLLECTOR_THRESHOLD = 20_000
+TOKENIZERS_PARALLELISM = "TOKENIZERS_PARALLELISM"
+
+
+@contextmanager
+def stream_settings() -> Iterator[None]:
+    """The process's settings while a prepared run streams, undone after it. Process-wide, so only the process that
+    runs the stream uses it (`tokenmill run`, and the benchmarks of it):
+    - what start-up loaded (libraries, the tokenizer, the spec) is frozen out of the cyclic collector's passes, which
+      run every COLLECTOR_THRESHOLD allocations instead of 700;
+    - the Rust tokenizer encodes a batch on the thread that asks (TOKENIZERS_PARALLELISM=false, unless set): its
+      thread pool cost 10-35 % more CPU a prompt (a batch of 64 of the demo model's prompts, timed both ways in one
+      process: 94-102 us a prompt against 103-137), and the stream keeps every core busy already (the loop, the
+      commits, the batch ahead)."""
+    import gc
+
+    threshold = gc.get_threshold()
+    parallelism = os.environ.get(TOKENIZERS_PARALLELISM)
+    gc.freeze()
+    gc.set_threshold(COLLECTOR_THRESHOLD, *threshold[1:])
+    if parallelism is None:
+        os.environ[TOKENIZERS_PARALLELISM] = "false"  # read by tokenizers at each batch
+    try:
+        yield
+    finally:
+        if parallelism is None:
+            os.environ.pop(TOKENIZERS_PARALLELISM, None)
+        gc.set_threshold(*threshold)
+        gc.unfreeze()
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
