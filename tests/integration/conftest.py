@@ -26,3 +26,14 @@ def lifecycle_sim(demo_model):
 
     with SimServer(SimConfig(model_path=str(demo_model), time_scale=5000.0, max_running_requests=32)) as server:
         yield server
+
+
+@pytest.fixture(params=["local", "s3"])
+def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    """A store of each kind: a folder, and a prefix of the test S3 server (moto's) in a bucket of the test's own."""
+    from tokenmill_runner.store.storage import LocalStorage, S3Storage
+
+    if request.param == "local":
+        return LocalStorage(tmp_path)
+    bucket = request.getfixturevalue("s3_bucket")
+    return S3Storage(f"s3://{bucket}/run/", endpoint=request.getfixturevalue("s3_endpoint"))

@@ -33,14 +33,6 @@ from tokenmill_runner.store.storage import (
 BODY = bytes(range(256)) * 20  # 5,120 bytes, every byte value
 
 
-@pytest.fixture(params=["local", "s3"])
-def storage(request: pytest.FixtureRequest, tmp_path) -> LocalStorage | S3Storage:
-    if request.param == "local":
-        return LocalStorage(tmp_path)
-    bucket = request.getfixturevalue("s3_bucket")
-    return S3Storage(f"s3://{bucket}/run/", endpoint=request.getfixturevalue("s3_endpoint"))
-
-
 def test_a_capped_read_returns_the_object_or_refuses_it_past_its_cap(storage, monkeypatch) -> None:
     storage.put("d/commits/a marker+1.json", BODY)
     assert storage.get_capped("d/commits/a marker+1.json", len(BODY)) == BODY

@@ -17,14 +17,6 @@ import pytest
 from tokenmill_runner.store.storage import LocalStorage, S3Storage, StorageError
 
 
-@pytest.fixture(params=["local", "s3"])
-def storage(request: pytest.FixtureRequest, tmp_path) -> LocalStorage | S3Storage:
-    if request.param == "local":
-        return LocalStorage(tmp_path)
-    bucket = request.getfixturevalue("s3_bucket")
-    return S3Storage(f"s3://{bucket}/run/", endpoint=request.getfixturevalue("s3_endpoint"))
-
-
 def test_exists_answers_true_for_an_object_and_false_for_a_missing_one(storage) -> None:
     storage.put("run.json", b"{}")
     assert storage.exists("run.json") is True
