@@ -1,10 +1,10 @@
 """A chat rendered to text as transformers' apply_chat_template(tokenize=False) renders it, without its per-call
 copies.
 
-For a short chat apply_chat_template spent about two thirds of its time outside the template (44 us of a 16 us
-render on the demo model, hack/bench/bench_chat_render.py): every message, tool and variable is copied twice
-(objects to dicts, then everything to plain JSON types so that the sandbox never sees a rich object), and the
-special tokens map is rebuilt. The runner's chats are plain JSON already (read from JSONL or Parquet, flattened for
+For a short chat apply_chat_template spent about two thirds of its time outside the template (44 us, of which the
+template's own render was 16, on the demo model; hack/bench/bench_chat_render.py): every message, tool and variable
+is copied twice (objects to dicts, then everything to plain JSON types so that the sandbox never sees a rich
+object), and the special tokens map is rebuilt. The runner's chats are plain JSON already (read from JSONL or Parquet, flattened for
 the template), and for plain JSON those copies are equal to what they copy. So for a chat that is plain JSON this
 does only what is left, as transformers 5.24.0 does it (pinned in pyproject.toml; tokenization_utils_base.py
 `apply_chat_template` and utils/chat_template_utils.py `render_jinja_template`): the template `get_chat_template`
@@ -13,7 +13,8 @@ picks (a `tool_use` one when tools are given), top-level None values dropped fro
 compiled by its own cached `_compile_jinja_template` (the same immutable sandbox, filters and globals), and
 `**special_tokens_map, **kwargs` as the template's variables. Anything else (a value that is not plain JSON, a
 tokenizer with its own apply_chat_template such as remote code) goes through apply_chat_template itself.
-tests/unit/test_tokenizer_families.py holds both ways to each family's reference ids.
+tests/unit/test_chat_render.py holds both ways to the same text, tests/unit/test_tokenizer_families.py to each
+family's reference ids.
 """
 
 from __future__ import annotations
@@ -77,6 +78,6 @@ class ChatRenderer:
             compiled = self._compile(self.tokenizer.get_chat_template(None, tools))
             template = self._templates[tools is not None] = compiled.render
         chat = self._alias([{key: value for key, value in message.items() if value is not None}
-                                        for message in messages])
+                            for message in messages])
         return template(messages=chat, tools=tools, documents=None, add_generation_prompt=True,
                         **{**self._special, **kwargs})

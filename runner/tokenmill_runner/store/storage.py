@@ -687,7 +687,7 @@ class S3Storage:
     def _get_whole(self, key: str, max_bytes: int) -> bytes | None:
         """One signed GET read whole, or None past `max_bytes`. The operator's steady pass is hundreds of these (a
         marker of a few KB each): botocore's per-call pipeline (events, serialising, parsing every header, a
-        timestamp through dateutil) took about half of each call's CPU (hack/bench/bench_s3_reads.py), so it is
+        timestamp through dateutil) took about 40 % of each call's CPU (hack/bench/bench_s3_reads.py), so it is
         sent here through the same signer and connection pool, and only its status, length, body and checksum read.
         Errors come back as botocore's (a ClientError with S3's code), so `call` retries and classifies them alike."""
         from botocore.awsrequest import AWSRequest
