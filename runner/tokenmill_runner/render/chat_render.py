@@ -70,9 +70,9 @@ class ChatRenderer:
         if not (self._direct and messages and all(type(message) is dict for message in messages)
                 and (tools is None or all(type(tool) is dict for tool in tools))
                 and is_plain(messages) and is_plain(tools) and is_plain(kwargs)):
-            rendered = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
-                                                          tokenize=False, **kwargs)
-            return str(rendered)
+            # As it answers: mistral_common's returns ids whatever `tokenize` says (its callers decode them).
+            return self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+                                                      tokenize=False, **kwargs)
         template = self._templates.get(tools is not None)
         if template is None:
             compiled = self._compile(self.tokenizer.get_chat_template(None, tools))
