@@ -29,16 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
 
-from bench_scale import start_moto  # noqa: E402 - after the path and the credentials
+from bench_runner import process_cpu_s  # noqa: E402 - after the path and the credentials
+from bench_scale import start_moto  # noqa: E402
 
 from tokenmill_runner.store.bounded_get import MARKER_BYTES, get_bounded  # noqa: E402
 from tokenmill_runner.store.markers import READ_THREADS  # noqa: E402
 from tokenmill_runner.store.storage import S3Storage, open_storage  # noqa: E402
-
-
-def process_cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
@@ -71,9 +67,9 @@ def main() -> None:
                 assert all(data == body for data in pool.map(way, keys)), name
             for rep in range(args.reps):
                 for name in (list(ways) if rep % 2 == 0 else list(reversed(ways))):
-                    cpu, moto_cpu, wall = time.process_time(), process_cpu(moto.pid), time.perf_counter()
+                    cpu, moto_cpu, wall = time.process_time(), process_cpu_s(moto.pid), time.perf_counter()
                     assert all(data == body for data in pool.map(ways[name], keys)), name
-                    results[name].append((time.process_time() - cpu, process_cpu(moto.pid) - moto_cpu,
+                    results[name].append((time.process_time() - cpu, process_cpu_s(moto.pid) - moto_cpu,
                                           time.perf_counter() - wall))
     finally:
         moto.terminate()

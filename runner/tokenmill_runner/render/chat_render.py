@@ -4,8 +4,8 @@ copies.
 For a short chat apply_chat_template spent about two thirds of its time outside the template (44 us, of which the
 template's own render was 16, on the demo model; hack/bench/bench_chat_render.py): every message, tool and variable
 is copied twice (objects to dicts, then everything to plain JSON types so that the sandbox never sees a rich
-object), and the special tokens map is rebuilt. The runner's chats are plain JSON already (read from JSONL or Parquet, flattened for
-the template), and for plain JSON those copies are equal to what they copy. So for a chat that is plain JSON this
+object), and the special tokens map is rebuilt. The runner's chats are plain JSON already (read from JSONL or
+Parquet, flattened for the template), and for plain JSON those copies are equal to what they copy. So for a chat that is plain JSON this
 does only what is left, as transformers 5.24.0 does it (pinned in pyproject.toml; tokenization_utils_base.py
 `apply_chat_template` and utils/chat_template_utils.py `render_jinja_template`): the template `get_chat_template`
 picks (a `tool_use` one when tools are given), top-level None values dropped from each message
