@@ -28,6 +28,7 @@ RESYNC_SECONDS = float(os.environ.get("TOKENMILL_RESYNC_SECONDS", "15"))
 # `_cogs/configs/configuration.py:613`; used at `_core/engines/daemons.py:244,282`). Our timer never runs a pass
 # itself, so it exits at once; this bounds the wait if it ever does not.
 CANCELLATION_POLLING_SECONDS = 1.0
+TIMER_ID = "on_timer"  # kopf's default id for it (the function's name), kept: its logs name it
 SETTINGS = OperatorSettings()
 # What each resource's passes know of its output (an index per dataset, bounded by its slots; gather.py).
 OUTPUTS: dict[str, OutputIndex] = {}
@@ -87,8 +88,17 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 
 @kopf.on.cleanup()
-def stop(**_: Any) -> None:
+async def stop(**_: Any) -> None:
+    # On the loop, not in kopf's executor (where a sync handler runs): the scheduler cancels asyncio tasks.
     SCHEDULER.shutdown()
+    # kopf stops the timers before the cleanup handlers run, but an event its workers still handle after that spawns
+    # the resource's timer again (kopf 1.45.2 `_core/reactor/processing.py:415-423`: a timer stopped for the exit is
+    # not "forever stopped", `_core/engines/daemons.py:474`), and kopf then waits 5 s for it as a hung task
+    # (`_core/reactor/running.py:413`): the exit took 5.1 s instead of 0.03 (CI, stop 48). A timer cancelled from
+    # outside is forever stopped, so it is not spawned again; with the passes shut down it has nothing to ask for.
+    for task in asyncio.all_tasks():
+        if task.get_name() == f"runner of {TIMER_ID}":  # kopf's name for a timer's task (daemons.py:111)
+            task.cancel()
 
 
 # Every change that kopf counts (spec, labels, annotations other than its own `tokenmill.io/` bookkeeping, which
@@ -102,7 +112,7 @@ async def on_change(name: str, namespace: str | None, uid: str, **_: Any) -> Non
 
 # Runs for every phase, Failed included: deleting the Job of a failed run (what SamplesMissing and RunnerFailed
 # advise) must start it again.
-@kopf.timer(GROUP, VERSION, PLURAL, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
+@kopf.timer(GROUP, VERSION, PLURAL, id=TIMER_ID, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
 async def on_timer(name: str, namespace: str | None, uid: str, **_: Any) -> None:
     SCHEDULER.request(_key(namespace, name, uid))
 

@@ -104,10 +104,12 @@ class PassScheduler:
         self._running: dict[Key, asyncio.Task[None]] = {}
         self._again: set[Key] = set()
         self._deleted: set[str] = set()
+        self._closed = False
 
     def request(self, key: Key) -> asyncio.Task[None] | None:
-        """Ask for a pass; returns the task that will run it (None for a resource being deleted)."""
-        if key[2] in self._deleted:
+        """Ask for a pass; returns the task that will run it (None for a resource being deleted, or once the operator
+        is stopping)."""
+        if self._closed or key[2] in self._deleted:
             return None
         task = self._running.get(key)
         if task is not None:
@@ -157,6 +159,7 @@ class PassScheduler:
     def shutdown(self) -> None:
         """The operator is stopping: no pass starts again, and the tasks waiting on running ones end now (kopf would
         give them 5 s; the passes' threads are left to the process's exit, main.py)."""
+        self._closed = True
         self._deleted.update(key[2] for key in self._running)
         self._executor.shutdown(wait=False, cancel_futures=True)
         for task in self._running.values():

@@ -249,6 +249,8 @@ def test_deleting_during_a_slow_pass_frees_the_gpus_within_seconds(cluster, name
           file=sys.stderr)
     assert max(timings) < 5, f"deletion took {[round(t, 1) for t in timings]} s"
     assert code == 0 and stopped_in < 5, f"the operator exited {code} {stopped_in:.1f} s after SIGTERM"
+    stopping_log = operator.tail(200_000).split("Signal SIGTERM is received")[-1]
+    assert "Traceback" not in stopping_log, f"errors while stopping:\n{stopping_log[-3000:]}"
 
 
 # -- S3 faults while the operator reads markers ---------------------------------------------------------------------

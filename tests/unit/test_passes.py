@@ -113,3 +113,26 @@ def test_a_failing_pass_does_not_stop_later_passes():
 
     asyncio.run(scenario())
     assert len(calls) == 2 and results == ["ok"]
+
+
+def test_stopping_ends_the_waits_at_once_and_starts_no_pass_after(caplog):
+    """SIGTERM while a pass waits on a slow store: the operator's tasks end now (the thread is left to the exit), and
+    a timer that still fires asks for nothing (it logged 'cannot schedule new futures after shutdown' as a failed
+    pass)."""
+    recorder = Recorder()
+
+    async def scenario():
+        scheduler = PassScheduler(recorder, lambda key, result: None)
+        running = scheduler.request(A)
+        await wait_started(recorder)
+        scheduler.shutdown()
+        await asyncio.wait_for(asyncio.gather(running, return_exceptions=True), 1)
+        assert running.cancelled()
+        assert scheduler.request(A) is None and scheduler.request(B) is None
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        recorder.release.set()
+    assert recorder.runs == ["a"]
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
