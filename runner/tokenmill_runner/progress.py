@@ -24,13 +24,14 @@ class ThroughputMeter:
     samples: int = 0
     tokens: int = 0
     _buckets: deque[list[float]] = field(default_factory=deque)  # [start, samples, tokens], oldest first
-    _in_window: list[int] = field(default_factory=lambda: [0, 0])  # samples, tokens in the buckets
+    _window_samples: float = 0  # the buckets' sums
+    _window_tokens: float = 0
 
     def record(self, now: float, samples: int, tokens: int) -> None:
         self.samples += samples
         self.tokens += tokens
-        self._in_window[0] += samples
-        self._in_window[1] += tokens
+        self._window_samples += samples
+        self._window_tokens += tokens
         if self._buckets and now - self._buckets[-1][0] < self.window_s / WINDOW_BUCKETS:
             last = self._buckets[-1]
             last[1] += samples
@@ -42,14 +43,14 @@ class ThroughputMeter:
     def _trim(self, now: float) -> None:
         while self._buckets and now - self._buckets[0][0] > self.window_s:
             _, samples, tokens = self._buckets.popleft()
-            self._in_window[0] -= int(samples)
-            self._in_window[1] -= int(tokens)
+            self._window_samples -= samples
+            self._window_tokens -= tokens
 
     def rates(self, now: float, started: float) -> tuple[float, float]:
         """(samples/s, tokens/s) over the window, or since the start while the run is younger than the window."""
         self._trim(now)
         span = min(self.window_s, max(now - started, 1e-9))
-        return self._in_window[0] / span, self._in_window[1] / span
+        return self._window_samples / span, self._window_tokens / span
 
 
 def eta_seconds(remaining: int, samples_per_s: float) -> float | None:
