@@ -76,13 +76,12 @@ def main(argv: list[str] | None = None) -> int:
     cluster.wait_established("datasetgenerations.tokenmill.io")
     cluster.kubectl("create", "namespace", namespace, check=False)
 
-    from moto.server import ThreadedMotoServer
+    from tests import s3_server
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's server logs every request
     os.environ.update(S3_ENV)
     port = free_port()
-    s3 = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    s3.start()
+    s3 = s3_server.start(port)
     endpoint = f"http://127.0.0.1:{port}"
     work = Path(tempfile.mkdtemp(prefix="tokenmill-cluster-demo-"))
     operator = Operator(cluster, namespace, work / "operator.log")

@@ -55,12 +55,11 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
+    from tests import s3_server
 
     os.environ.update(S3_ENV)
     port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
+    server = s3_server.start(port)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

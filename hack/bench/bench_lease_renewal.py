@@ -37,6 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from tests import s3_server  # noqa: E402
 from tokenmill_runner.store import lease as current  # noqa: E402
 from tokenmill_runner.store.manifest import Owner  # noqa: E402
 from tokenmill_runner.store.storage import open_storage, s3_client  # noqa: E402
@@ -183,8 +184,7 @@ def main() -> None:
         os.environ.setdefault(name, value)
     old = old_lease_module()
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = s3_server.spawn(port)
     times = current.lease_times()
     results: list[tuple[Group, float]] = []
     try:

@@ -496,12 +496,13 @@ def child(args: list[str]) -> None:
 def start_moto() -> tuple[subprocess.Popen, str]:
     import socket
 
+    sys.path.insert(0, str(REPO))
+    from tests import s3_server
+
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    code = ("import time; from moto.server import ThreadedMotoServer; "
-            f"ThreadedMotoServer(ip_address='127.0.0.1', port={port}, verbose=False).start(); time.sleep(10**9)")
-    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = s3_server.spawn(port)
     endpoint = f"http://127.0.0.1:{port}"
     from tokenmill_runner.store.storage import s3_client
 

@@ -9,14 +9,13 @@ from __future__ import annotations
 import base64
 import json
 import os
-import subprocess
-import sys
 import time
 import zlib
 from collections.abc import Iterator
 
 import pytest
 
+from tests import s3_server
 from tests.conftest import free_port
 from tests.faults.s3_proxy import Rule, S3FaultProxy
 from tokenmill_runner.store import storage as storage_module
@@ -93,10 +92,7 @@ def checking_s3() -> Iterator[tuple[str, dict[str, str]]]:
     """A moto server of its own that verifies signatures and policies (after the first three calls, which make a user,
     its key and its policy): the suite's shared server accepts any signature."""
     port = free_port()
-    code = (f"import time; from moto.server import ThreadedMotoServer; "
-            f"ThreadedMotoServer(ip_address='127.0.0.1', port={port}, verbose=False).start(); time.sleep(600)")
-    server = subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="3"),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = s3_server.spawn(port, env=dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="3"))
     endpoint = f"http://127.0.0.1:{port}"
     try:
         import boto3
