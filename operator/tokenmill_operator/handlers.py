@@ -55,6 +55,8 @@ def _done(key: Key, result: PassResult | None) -> None:
         metrics.publish(name, namespace, result.decision.status, result.spec.validation.model_dump(),
                         result.spec.model.path)
     events.post(result.body, result.decision.events)
+    if result.behind:  # the pass read as many markers as one may: the next one goes on, in its turn for a thread
+        SCHEDULER.request(key)
 
 
 # Reconcile threads, and how many of them one namespace's passes may hold at once (passes.FairSlots).

@@ -619,6 +619,7 @@ class PassResult:
     body: dict[str, Any]  # the resource as this pass read it (for Events)
     decision: Decision
     spec: DatasetGenerationSpec | None
+    behind: bool = False  # markers are still to read (gather.MARKERS_PER_PASS): another pass should follow at once
 
 
 def settled(body: dict[str, Any], previous: DatasetGenerationStatus) -> bool:
@@ -643,6 +644,7 @@ def run_pass(kube: Kube, name: str, namespace: str, uid: str, output: OutputInde
 
 def _run_pass(kube: Kube, name: str, namespace: str, uid: str, output: OutputIndex, settings: OperatorSettings,
               stopped: Callable[[], bool]) -> PassResult | None:
+    output.behind = False  # set again only by this pass's reads of the markers
     body = kube.get(API_VERSION, KIND, name, namespace)
     if body is None or body["metadata"].get("uid") != uid or body["metadata"].get("deletionTimestamp"):
         return None
@@ -672,7 +674,7 @@ def _run_pass(kube: Kube, name: str, namespace: str, uid: str, output: OutputInd
     write_status(kube, body, decision.status)
     plan = decision.status.server_plan
     output.plan_grants = policy.plan_grants(plan) if plan is not None else None
-    return PassResult(body, decision, spec)
+    return PassResult(body, decision, spec, behind=output.behind)
 
 
 def kept_plan_refusal(previous: DatasetGenerationStatus, spec: DatasetGenerationSpec, settings: OperatorSettings,

@@ -72,6 +72,32 @@ def test_catch_up_reads_only_markers_it_has_not_folded(tmp_path):
     assert index.ledger.completed == 420 and index.markers == 42
 
 
+def test_a_limited_catch_up_reads_a_backlog_in_bounded_steps_each_marker_once(tmp_path):
+    storage = CountingStorage(tmp_path)
+    commit(storage, 1, range(1, 11), T0)
+    index = DatasetIndex(DatasetLedger("d", 500))
+    catch_up(storage, index, limit=3)
+    assert index.markers == 1 and index.horizon, "no horizon yet: the first listing is whole, its limit unused"
+    for seq in range(2, 32):  # a backlog of 30 markers past the horizon
+        commit(storage, seq, range(seq * 10 - 9, seq * 10 + 1), T0 + timedelta(seconds=seq))
+    horizon, storage.gets, steps = index.horizon, [], []
+    while True:
+        caught = catch_up(storage, index, limit=12)
+        steps.append((caught.read, caught.folded, caught.more))
+        if not caught.more:
+            break
+        assert index.horizon == horizon, "the horizon waits until every marker after it is folded"
+    assert steps == [(12, 12, True), (12, 12, True), (6, 6, False)]
+    assert sorted(storage.gets) == sorted(set(storage.gets)) and len(storage.gets) == 30, "each marker read once"
+    assert index.ledger.completed == 310 and index.horizon > horizon
+    storage.reset()
+    assert catch_up(storage, index, limit=12).read == 0 and storage.gets == []
+    # A full listing reads every marker it lacks, whatever the limit: it comes before a run may end.
+    whole = DatasetIndex(DatasetLedger("d", 500))
+    whole.listed(index.newest, index.horizon)
+    assert catch_up(storage, whole, full=True, limit=12).folded == 31 and whole.ledger.completed == 310
+
+
 def test_a_straggler_older_than_the_overlap_is_caught_by_a_full_listing(tmp_path):
     storage = LocalStorage(tmp_path)
     commit(storage, 1, range(1, 11), T0)

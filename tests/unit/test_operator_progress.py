@@ -49,6 +49,51 @@ def test_each_pass_reads_only_the_markers_committed_since_the_last(tmp_path):
                 "eta_seconds": again.overall.eta_seconds, "eta": again.overall.eta})
 
 
+def test_a_pass_reads_at_most_its_share_of_markers_and_says_it_is_behind(tmp_path, monkeypatch):
+    from tokenmill_operator.observe import gather
+
+    monkeypatch.setattr(gather, "MARKERS_PER_PASS", 5)
+    storage = CountingStorage(tmp_path)
+    run_json(storage, {"a": 1000, "b": 1000})
+    commit_lines(storage, "a", 1, range(1, 11), T0)
+    commit_lines(storage, "b", 1, range(1, 11), T0)
+    output = OutputIndex()
+    # The first listing of a dataset reads it whole (a limit would list it whole again each pass); then a horizon.
+    observe_progress(storage, output, T0 + timedelta(seconds=30), T0)
+    for seq in range(2, 10):
+        commit_lines(storage, "a", seq, range(seq * 10 - 9, seq * 10 + 1), T0 + timedelta(seconds=seq))
+    for seq in range(2, 6):
+        commit_lines(storage, "b", seq, range(seq * 10 - 9, seq * 10 + 1), T0 + timedelta(seconds=seq))
+    reads, completed = [], []
+    for second in range(31, 40):
+        storage.reset()
+        progress, _ = observe_progress(storage, output, T0 + timedelta(seconds=second), T0)
+        reads.append(len(markers_read(storage)))
+        completed.append(progress.overall.completed)
+        if not output.behind:
+            break
+    # 12 new markers over two datasets, 5 a pass between them: three passes, the last one not behind.
+    assert reads == [5, 5, 2] and completed == [70, 120, 140]
+    storage.reset()
+    observe_progress(storage, output, T0 + timedelta(seconds=41), T0)
+    assert markers_read(storage) == [] and not output.behind
+
+
+def test_a_full_listing_pass_reads_every_marker_it_lacks_at_once(tmp_path, monkeypatch):
+    from tokenmill_operator.observe import gather
+
+    monkeypatch.setattr(gather, "MARKERS_PER_PASS", 2)
+    storage = CountingStorage(tmp_path)
+    run_json(storage, {"a": 1000})
+    commit_lines(storage, "a", 1, range(1, 11), T0)
+    output = OutputIndex()
+    observe_progress(storage, output, T0 + timedelta(seconds=30), T0)
+    for seq in range(2, 8):
+        commit_lines(storage, "a", seq, range(seq * 10 - 9, seq * 10 + 1), T0 + timedelta(seconds=seq))
+    progress, _ = observe_progress(storage, output, T0 + timedelta(seconds=31), T0, full=True)
+    assert progress.overall.completed == 70 and progress.settled is False and not output.behind
+
+
 def test_a_late_marker_is_found_by_the_full_listing_before_the_run_ends(tmp_path):
     storage = CountingStorage(tmp_path)
     run_json(storage, {"a": 30})

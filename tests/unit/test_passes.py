@@ -136,3 +136,44 @@ def test_stopping_ends_the_waits_at_once_and_starts_no_pass_after(caplog):
         recorder.release.set()
     assert recorder.runs == ["a"]
     assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
+def test_a_pass_that_stopped_at_its_share_of_markers_is_followed_by_another_at_once(monkeypatch):
+    """A resource with a backlog of markers (gather.MARKERS_PER_PASS a pass) is not left waiting for its timer: each
+    pass that ends behind asks for the next, and the passes stop once one has read everything."""
+    from types import SimpleNamespace
+
+    from tokenmill_operator import handlers
+    from tokenmill_operator.reconcile import PassResult
+
+    behind = [True, True, False]
+    runs: list[bool] = []
+
+    def run(key, stopped):
+        runs.append(behind[len(runs)])
+        return PassResult({}, SimpleNamespace(events=[]), None, behind=runs[-1])  # type: ignore[arg-type]
+
+    async def scenario():
+        scheduler = PassScheduler(run, handlers._done)
+        monkeypatch.setattr(handlers, "SCHEDULER", scheduler)
+        scheduler.request(A)
+        await scheduler.idle()
+
+    asyncio.run(scenario())
+    assert runs == [True, True, False], "one request, three passes: two behind, the last caught up"
+
+
+def test_a_pass_starts_not_behind_whatever_the_last_one_left(tmp_path):
+    """A pass that reads no marker (the resource is gone, or its run ended) never asks for another: `behind` is
+    this pass's, not a leftover of an earlier one (which would make passes follow each other for ever)."""
+    from tokenmill_operator.decide.settings import OperatorSettings
+    from tokenmill_operator.observe.gather import OutputIndex
+    from tokenmill_operator.reconcile import run_pass
+
+    class Gone:
+        def get(self, *args, **kwargs):
+            return None
+
+    output = OutputIndex(behind=True)
+    assert run_pass(Gone(), "a", "ns", "uid-a", output, OperatorSettings()) is None  # type: ignore[arg-type]
+    assert output.behind is False

@@ -53,6 +53,11 @@ LOCK_FAILED = "ModelCacheLockFailed"
 # was chosen; a full listing of the names (no GETs but for such stragglers) catches it this often, and before any
 # decision that ends a run.
 FULL_LISTING_EVERY = timedelta(minutes=10)
+# Markers one incremental pass reads at most (a GET each), over all of a resource's datasets; the rest are read by
+# the passes that follow at once (`OutputIndex.behind`). A pass's time stays bounded however fast the runners commit
+# or however long the operator was away, and a resource with a backlog waits its turn for a thread between passes
+# (passes.FairSlots) instead of holding one: on the moto S3 server of the tests, 256 GETs are ~1 s of a pass.
+MARKERS_PER_PASS = 256
 CHECKPOINT_WRITER = OPERATOR_WRITER
 # The secret the operator keys its checkpoints' digests with (the chart's `<release>-checkpoint-key` Secret): a
 # tenant writes whatever it likes into its own output, checkpoints included, so the operator starts only from
@@ -108,11 +113,14 @@ class OutputIndex:
     # What the indexes' ledgers may hold together (store/bounds.LEDGER_BYTES), whatever the output's run.json and
     # markers say: one tenant's output never sizes the operator's memory past it.
     budget: LedgerBudget = field(default_factory=LedgerBudget)
+    # The last pass stopped at MARKERS_PER_PASS with markers still to read: the next pass should follow at once.
+    behind: bool = False
 
     def follow(self, storage: Storage, totals: dict[str, int], now: datetime, full: bool = False,
                stopped: Callable[[], bool] = never, samples: dict[str, int] | None = None) -> dict[str, DatasetIndex]:
-        """Bring every dataset's index up to what is committed; `full` lists every marker name (the GETs are
-        still only for markers not folded yet)."""
+        """Bring every dataset's index up to what is committed, reading at most MARKERS_PER_PASS markers unless
+        `full` (then it lists every marker name and reads every marker not folded yet: before a decision that ends a
+        run, and every FULL_LISTING_EVERY)."""
         if self.output != storage.root_uri:
             self.datasets, self.output, self.last_full_listing = {}, storage.root_uri, now
             self.budget = LedgerBudget()
@@ -122,6 +130,7 @@ class OutputIndex:
             if stopped():  # thousands of markers after a restart: stop between reads, not after all of them
                 raise PassCancelled
 
+        left, self.behind = MARKERS_PER_PASS, False
         for name, rows in totals.items():
             check()
             per_prompt = (samples or {}).get(name, 1)  # spec.datasets[].samples: slots per source row
@@ -134,7 +143,10 @@ class OutputIndex:
                 index.ledger.reserve(rows * index.ledger.samples_per_prompt)
             # A marker this index folded may since have been sealed away (a takeover's seal written after it
             # landed): refresh folds every marker again then, as the runner does, so nothing counts it.
-            index, _ = refresh(storage, index, full=full, check=check, now=now, rows=rows)
+            index, caught = refresh(storage, index, full=full, check=check, now=now, rows=rows,
+                                    limit=None if full else left)
+            left = max(0, left - caught.read)
+            self.behind = self.behind or caught.more
             self.datasets[name] = index
             self._checkpoint(storage, index, now)
         self.datasets = {name: index for name, index in self.datasets.items() if name in totals}

@@ -67,19 +67,28 @@ class CatchUp:
     strays: list[str] = field(default_factory=list)  # other files in the commits folder (temporary files)
     late: int = 0  # markers of a sealed run token that landed after its seal (they count for nobody)
     tainted: bool = False  # the index had folded a late marker (a checkpoint taken before the seal was read)
+    read: int = 0  # markers read (one GET each)
+    more: bool = False  # it stopped at its limit: markers after the horizon are still to fold
 
 
 def catch_up(storage: Storage, index: DatasetIndex, full: bool = False, check: Callable[[], None] | None = None,
-             threads: int = READ_THREADS, now: datetime | None = None) -> CatchUp:
+             threads: int = READ_THREADS, now: datetime | None = None, limit: int | None = None) -> CatchUp:
     """Fold the markers the index lacks. Incremental (only names after the horizon) unless `full`; `check` is
     called between reads (the operator stops a pass of a deleted resource there by raising). Names further ahead of
-    `now` than MAX_CLOCK_SKEW are folded but move the horizon no further than that."""
+    `now` than MAX_CLOCK_SKEW are folded but move the horizon no further than that.
+
+    `limit`: read at most this many markers, in name order, then stop (`more`) without moving the horizon, so the
+    next call lists from the same place, skips what this one folded (no GET) and goes on. It bounds an incremental
+    listing only: one from the start (`full`, or an index with no horizon yet) would be listed whole again each
+    time."""
     prefix = commits_prefix(index.name)
     start = None if full or not index.horizon else prefix + index.horizon
     result, newest = CatchUp(), [""]
     latest = time_key((now or datetime.now(UTC)) + MAX_CLOCK_SKEW)
+    left = limit if limit is not None and start is not None else -1
 
     def unknown() -> Iterator[tuple[str, int]]:
+        nonlocal left
         for entry in list_commits(storage, index.name, start):
             if entry.late:
                 result.late += 1
@@ -95,6 +104,11 @@ def catch_up(storage: Storage, index: DatasetIndex, full: bool = False, check: C
             if entry.time is not None and min(entry.time, latest) > newest[0]:
                 newest[0] = min(entry.time, latest)
             if not index.knows(entry.shard_id):
+                if left == 0:
+                    result.more = True
+                    return
+                left -= 1
+                result.read += 1
                 yield entry.key, entry.size
 
     for key, data in iter_keyed(storage, unknown(), threads):
@@ -102,18 +116,18 @@ def catch_up(storage: Storage, index: DatasetIndex, full: bool = False, check: C
             check()
         if index.fold(key[len(prefix):], decode_marker(data, storage.uri(key))) is not None:
             result.folded += 1
-    if newest[0]:
+    if newest[0] and not result.more:
         index.listed(newest[0], horizon(newest[0]))
     return result
 
 
 def refresh(storage: Storage, index: DatasetIndex, full: bool = False, check: Callable[[], None] | None = None,
-            now: datetime | None = None, rows: int = 0) -> tuple[DatasetIndex, CatchUp]:
+            now: datetime | None = None, rows: int = 0, limit: int | None = None) -> tuple[DatasetIndex, CatchUp]:
     """`catch_up`, and when the index had folded a marker its seal drops (a checkpoint or an earlier pass folded it
     between a takeover's listing and its seal's write: it counts a marker nobody else does), a new index folded from
     every marker instead. Every reader that keeps an index (the runner, the operator) refreshes it here, so none
     counts a sealed-away marker."""
-    caught = catch_up(storage, index, full=full, check=check, now=now)
+    caught = catch_up(storage, index, full=full, check=check, now=now, limit=limit)
     if caught.tainted:
         logger.warning("%s: the index counts a marker that landed after its run token was sealed; folding every "
                        "marker again", index.name)
