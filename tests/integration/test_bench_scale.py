@@ -28,12 +28,17 @@ def test_the_quick_scale_benchmark_measures_everything_and_splits_without_gap_or
             operator = measured["operator_1"]
             assert operator["completed"] == size, "the committed 99 % plus the steady pass's 1 %: every slot"
             assert [len(operator[k]) for k in ("first", "steady", "full_listing")] == [1, 1, 1]
+            assert operator["sweep"], "the periodic full listing, in one pass or more"
             assert len(measured["operator_10"]["first"]) == 10
             resume = measured["runner_resume"]
             assert resume["first_unsettled_line"] is None and resume["skipped"] == size, "a resume skips every slot"
     s3_pass = results["backends"]["s3"][str(large)]["operator_1"]["steady"][0]["calls"]
     # One page of marker names, and the dataset's seals folder (store/seals.py: empty unless a run was taken over)
     assert s3_pass.get("ListObjectsV2") == 2, "a steady pass lists one page of marker names and the seals"
+    sweep = results["backends"]["s3"][str(large)]["operator_1"]["sweep"]
+    # Each pass of the periodic full listing: the steady pass's two LISTs, and one page of names more (classified by
+    # the seals the pass's own listing read).
+    assert [p["calls"].get("ListObjectsV2") for p in sweep] == [3] * len(sweep), sweep
     split = results["split"]
     assert (split["workers"], split["replicas"], split["killed_and_restarted"]) == (64, 100, 8)
     assert split["gap"] == 0 and split["overlap"] == 0 and split["lines_in_another_workers_marker"] == 0

@@ -10,7 +10,14 @@ import pytest
 
 from tokenmill_runner.store.checkpoints import CheckpointError, decode, encode
 from tokenmill_runner.store.commit_index import DatasetIndex, rates
-from tokenmill_runner.store.index_store import catch_up, load_index, open_index, take_checkpoint, write_checkpoint
+from tokenmill_runner.store.index_store import (
+    catch_up,
+    load_index,
+    open_index,
+    sweep,
+    take_checkpoint,
+    write_checkpoint,
+)
 from tokenmill_runner.store.ledger import DatasetLedger, Slot
 from tokenmill_runner.store.marker_names import (
     MAX_CLOCK_SKEW,
@@ -96,6 +103,26 @@ def test_a_limited_catch_up_reads_a_backlog_in_bounded_steps_each_marker_once(tm
     whole = DatasetIndex(DatasetLedger("d", 500))
     whole.listed(index.newest, index.horizon)
     assert catch_up(storage, whole, full=True, limit=12).folded == 31 and whole.ledger.completed == 310
+
+
+def test_a_sweep_lists_in_steps_reads_within_its_limit_and_resumes_where_it_stopped(tmp_path):
+    storage = CountingStorage(tmp_path)
+    markers = [commit(storage, seq, range(seq * 10 - 9, seq * 10 + 1), T0 + timedelta(seconds=seq))
+               for seq in range(1, 6)]
+    index = DatasetIndex(DatasetLedger("d", 100))
+    index.fold("w000-t-000002", markers[1])  # folded before: listed, never read again
+    after, steps = None, []
+    while True:
+        storage.reset()
+        caught = sweep(storage, index, after, names=2, limit=1)
+        steps.append((storage.listed, [shard_id_of(key)[-1] for key in storage.gets], caught.more))
+        after = caught.after or after
+        if not caught.more:
+            break
+    # At most 2 names listed and 1 marker read a step (a name listed past the read limit is listed again by the
+    # next step, which starts after the last name dealt with); the last step lists fewer names than it may.
+    assert steps == [(2, ["1"], True), (2, ["3"], True), (2, ["4"], True), (1, ["5"], False)], steps
+    assert index.ledger.completed == 50 and index.horizon == "", "a sweep leaves the horizon to catch_up"
 
 
 def test_a_straggler_older_than_the_overlap_is_caught_by_a_full_listing(tmp_path):

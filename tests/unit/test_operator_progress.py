@@ -112,6 +112,36 @@ def test_a_late_marker_is_found_by_the_full_listing_before_the_run_ends(tmp_path
     assert storage.listed >= 3 and markers_read(storage) == [], "the periodic full listing reads nothing it knows"
 
 
+def test_the_periodic_full_listing_runs_in_bounded_steps_and_finds_a_straggler(tmp_path, monkeypatch):
+    from tokenmill_operator.observe import gather
+
+    monkeypatch.setattr(gather, "SWEEP_NAMES", 3)
+    storage = CountingStorage(tmp_path)
+    run_json(storage, {"a": 1000, "b": 1000})
+    for seq in range(1, 8):
+        commit_lines(storage, "a", seq, range(seq * 10 - 9, seq * 10 + 1), T0 + timedelta(hours=1, seconds=seq))
+    for seq in range(1, 4):
+        commit_lines(storage, "b", seq, range(seq * 10 - 9, seq * 10 + 1), T0 + timedelta(hours=1, seconds=seq))
+    output = OutputIndex()
+    observe_progress(storage, output, T0 + timedelta(hours=1, minutes=1), T0)
+    # A PUT retried for longer than the overlap: named long before the horizon, so no incremental listing sees it.
+    commit_lines(storage, "a", 8, range(71, 81), T0)
+    start = T0 + timedelta(hours=1, minutes=1) + FULL_LISTING_EVERY
+    passes: list[tuple[int, int, bool]] = []
+    while len(passes) < 10:
+        storage.reset()
+        progress, _ = observe_progress(storage, output, start + timedelta(seconds=len(passes)), T0)
+        passes.append((storage.listed, progress.overall.completed, output.behind))
+        if not output.behind:
+            break
+    # Each pass lists the incremental windows of both datasets (7 + 3 names: all within the overlap) and one step of
+    # at most 3 names of the full listing, never a name more (on S3 it would be another page): a's 8 names in three
+    # steps; b's 3 in one, and a step that finds nothing after them.
+    assert passes == [(13, 110, True), (13, 110, True), (12, 110, True), (13, 110, True), (10, 110, False)], passes
+    assert output.last_full_listing == start and output.sweep is None
+    assert sorted(progress.datasets, key=lambda d: d.name)[0].completed == 80, "the straggler was folded"
+
+
 def test_a_restarted_operator_starts_from_the_checkpoint_a_pass_wrote(tmp_path, monkeypatch):
     monkeypatch.setattr(index_store, "CHECKPOINT_EVERY", 20)
     monkeypatch.setattr("tokenmill_operator.observe.gather.CHECKPOINT_EVERY", 20)

@@ -25,10 +25,11 @@ from tokenmill_runner.store.checkpoints import OPERATOR_WRITER, Signer
 from tokenmill_runner.store.commit_index import DatasetIndex
 from tokenmill_runner.store.completion import Completion
 from tokenmill_runner.store.hidden_states import kinds_coverage
-from tokenmill_runner.store.index_store import CHECKPOINT_EVERY, load_index, refresh, write_checkpoint
+from tokenmill_runner.store.index_store import CHECKPOINT_EVERY, load_index, refresh, sweep, write_checkpoint
 from tokenmill_runner.store.lease_rules import LeaseWatch
 from tokenmill_runner.store.ledger import LedgerBudget
 from tokenmill_runner.store.manifest import RunManifest, read_manifest
+from tokenmill_runner.store.seals import Seals
 from tokenmill_runner.store.storage import Storage, StorageError
 
 from ..decide import cache, kueue, names
@@ -50,14 +51,18 @@ SERVER_PROBLEMS = ("ImagePullBackOff", "ErrImagePull", "CrashLoopBackOff", "Crea
 # A server pod's node-local fill could not take its lock (cache.LOCK_FAILED_EXIT): the run ends with this reason.
 LOCK_FAILED = "ModelCacheLockFailed"
 # Incremental listings miss a marker whose PUT finished more than the overlap (marker_names.OVERLAP) after its name
-# was chosen; a full listing of the names (no GETs but for such stragglers) catches it this often, and before any
-# decision that ends a run.
+# was chosen; a full listing of the names (no GETs but for such stragglers) catches it: one this often, spread over
+# passes of SWEEP_NAMES names each (a page of S3's listing) that follow at once, and one whole before any decision
+# that ends a run.
 FULL_LISTING_EVERY = timedelta(minutes=10)
+SWEEP_NAMES = 1000
 # Markers one incremental pass reads at most (a GET each), over all of a resource's datasets; the rest are read by
 # the passes that follow at once (`OutputIndex.behind`). A pass's time stays bounded however fast the runners commit
 # or however long the operator was away, and a resource with a backlog waits its turn for a thread between passes
-# (passes.FairSlots) instead of holding one: on the moto S3 server of the tests, 256 GETs are ~1 s of a pass.
-MARKERS_PER_PASS = 256
+# (passes.FairSlots) instead of holding one. On the moto S3 server of the tests, with ten resources in the process,
+# a pass of 256 GETs took 1.5-2.2 s, 135 GETs 1.1-1.8 s (docs/scale.md); at 256 samples a marker, 128 a pass still
+# follows ~30,000 samples/s there.
+MARKERS_PER_PASS = 128
 CHECKPOINT_WRITER = OPERATOR_WRITER
 # The secret the operator keys its checkpoints' digests with (the chart's `<release>-checkpoint-key` Secret): a
 # tenant writes whatever it likes into its own output, checkpoints included, so the operator starts only from
@@ -113,24 +118,30 @@ class OutputIndex:
     # What the indexes' ledgers may hold together (store/bounds.LEDGER_BYTES), whatever the output's run.json and
     # markers say: one tenant's output never sizes the operator's memory past it.
     budget: LedgerBudget = field(default_factory=LedgerBudget)
-    # The last pass stopped at MARKERS_PER_PASS with markers still to read: the next pass should follow at once.
+    # The last pass stopped at MARKERS_PER_PASS with markers still to read, or in the middle of the periodic full
+    # listing: the next pass should follow at once.
     behind: bool = False
+    # The periodic full listing in progress: per dataset still to list, the last name listed (None: none yet); and
+    # when it began (what last_full_listing becomes once every dataset was listed).
+    sweep: dict[str, str | None] | None = None
+    sweep_started: datetime | None = None
 
     def follow(self, storage: Storage, totals: dict[str, int], now: datetime, full: bool = False,
                stopped: Callable[[], bool] = never, samples: dict[str, int] | None = None) -> dict[str, DatasetIndex]:
-        """Bring every dataset's index up to what is committed, reading at most MARKERS_PER_PASS markers unless
-        `full` (then it lists every marker name and reads every marker not folded yet: before a decision that ends a
-        run, and every FULL_LISTING_EVERY)."""
+        """Bring every dataset's index up to what is committed, reading at most MARKERS_PER_PASS markers, unless
+        `full`: then it lists every marker name and reads every marker not folded yet (before a decision that ends a
+        run). Every FULL_LISTING_EVERY, a full listing in steps of SWEEP_NAMES names a pass (`_sweep_step`)."""
         if self.output != storage.root_uri:
             self.datasets, self.output, self.last_full_listing = {}, storage.root_uri, now
-            self.budget = LedgerBudget()
-        full = full or self.last_full_listing is None or now - self.last_full_listing >= FULL_LISTING_EVERY
+            self.budget, self.sweep = LedgerBudget(), None
+        last = self.last_full_listing
+        sweeping = not full and (self.sweep is not None or last is None or now - last >= FULL_LISTING_EVERY)
 
         def check() -> None:
             if stopped():  # thousands of markers after a restart: stop between reads, not after all of them
                 raise PassCancelled
 
-        left, self.behind = MARKERS_PER_PASS, False
+        left, self.behind, seals = MARKERS_PER_PASS, False, {}
         for name, rows in totals.items():
             check()
             per_prompt = (samples or {}).get(name, 1)  # spec.datasets[].samples: slots per source row
@@ -146,13 +157,41 @@ class OutputIndex:
             index, caught = refresh(storage, index, full=full, check=check, now=now, rows=rows,
                                     limit=None if full else left)
             left = max(0, left - caught.read)
-            self.behind = self.behind or caught.more
+            self.behind, seals[name] = self.behind or caught.more, caught.seals
             self.datasets[name] = index
             self._checkpoint(storage, index, now)
         self.datasets = {name: index for name, index in self.datasets.items() if name in totals}
         if full:
-            self.last_full_listing = now
+            self.last_full_listing, self.sweep = now, None
+        elif sweeping:
+            self._sweep_step(storage, totals, now, check, left, seals)
         return self.datasets
+
+    def _sweep_step(self, storage: Storage, totals: dict[str, int], now: datetime, check: Callable[[], None],
+                    left: int, seals: dict[str, Seals | None]) -> None:
+        """The next SWEEP_NAMES names of the periodic full listing (of the first dataset not listed yet in it), the
+        markers among them not folded yet read (at most `left`), by the seals this pass's listing read. Once every
+        dataset was listed to its end, the listing is done as of when it began."""
+        if self.sweep is None:
+            self.sweep, self.sweep_started = dict.fromkeys(totals), now
+        name = next((name for name in self.sweep if name in self.datasets), None)
+        if name is not None:
+            index = self.datasets[name]
+            caught = sweep(storage, index, self.sweep[name], SWEEP_NAMES, check, now=now, limit=left,
+                           seals=seals.get(name))
+            if caught.tainted:  # as `refresh` does: a sealed-away marker counted, so every marker is folded again
+                index, _ = refresh(storage, index, full=True, check=check, now=now, rows=totals[name])
+                self.datasets[name] = index
+            elif caught.more:
+                self.sweep[name] = caught.after or self.sweep[name]
+                self.behind = True
+                return
+            self._checkpoint(storage, index, now)
+            del self.sweep[name]
+        if any(name in self.datasets for name in self.sweep):
+            self.behind = True
+            return
+        self.last_full_listing, self.sweep = self.sweep_started, None
 
     @staticmethod
     def _checkpoint(storage: Storage, index: DatasetIndex, now: datetime) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import islice
 
 from .bounded_get import CHECKPOINT_BYTES, get_bounded
 from .checkpoints import (
@@ -32,6 +33,7 @@ from .ledger import DatasetLedger, LedgerBudget
 from .marker_names import MAX_CLOCK_SKEW, horizon, time_key
 from .markers import READ_THREADS, commits_prefix, decode_marker, iter_keyed, list_commits
 from .ownership import Fence
+from .seals import Seals, read_seals
 from .storage import Storage, StorageError
 
 logger = logging.getLogger(__name__)
@@ -68,7 +70,9 @@ class CatchUp:
     late: int = 0  # markers of a sealed run token that landed after its seal (they count for nobody)
     tainted: bool = False  # the index had folded a late marker (a checkpoint taken before the seal was read)
     read: int = 0  # markers read (one GET each)
-    more: bool = False  # it stopped at its limit: markers after the horizon are still to fold
+    more: bool = False  # it stopped at a bound (markers to read, names to list) before the listing's end
+    after: str | None = None  # where it stopped: the last name it dealt with (None: none)
+    seals: Seals | None = None  # the dataset's seals its listing went by
 
 
 def catch_up(storage: Storage, index: DatasetIndex, full: bool = False, check: Callable[[], None] | None = None,
@@ -80,45 +84,71 @@ def catch_up(storage: Storage, index: DatasetIndex, full: bool = False, check: C
     `limit`: read at most this many markers, in name order, then stop (`more`) without moving the horizon, so the
     next call lists from the same place, skips what this one folded (no GET) and goes on. It bounds an incremental
     listing only: one from the start (`full`, or an index with no horizon yet) would be listed whole again each
-    time."""
+    time (a full listing in bounded steps is `sweep`)."""
     prefix = commits_prefix(index.name)
     start = None if full or not index.horizon else prefix + index.horizon
-    result, newest = CatchUp(), [""]
+    result, newest = _fold_listed(storage, index, start, check, threads, now, limit if start is not None else None)
+    if newest and not result.more:
+        index.listed(newest, horizon(newest))
+    return result
+
+
+def sweep(storage: Storage, index: DatasetIndex, after: str | None, names: int,
+          check: Callable[[], None] | None = None, threads: int = READ_THREADS, now: datetime | None = None,
+          limit: int | None = None, seals: Seals | None = None) -> CatchUp:
+    """One step of a full listing spread over calls: the next `names` marker names after the key `after` (from the
+    first for None), the markers among them the index lacks folded (at most `limit` read). `more` and `after` say
+    where the next step starts; without `more` the listing reached its end. The horizon is `catch_up`'s to move.
+    `seals`: those a listing of the same pass just read (one LIST fewer), else they are read again."""
+    return _fold_listed(storage, index, after, check, threads, now, limit, names, seals)[0]
+
+
+def _fold_listed(storage: Storage, index: DatasetIndex, start: str | None, check: Callable[[], None] | None,
+                 threads: int, now: datetime | None, limit: int | None, names: int | None = None,
+                 seals: Seals | None = None) -> tuple[CatchUp, str]:
+    """The one fold of listed markers: those the index lacks among the names after the key `start`, reading at most
+    `limit` and listing at most `names` (None: no bound). Returns what it did and the newest time key it listed."""
+    prefix = commits_prefix(index.name)
+    result, newest = CatchUp(seals=read_seals(storage, index.name) if seals is None else seals), [""]
     latest = time_key((now or datetime.now(UTC)) + MAX_CLOCK_SKEW)
-    left = limit if limit is not None and start is not None else -1
+    left = -1 if limit is None else limit
 
     def unknown() -> Iterator[tuple[str, int]]:
         nonlocal left
-        for entry in list_commits(storage, index.name, start):
+        listing = list_commits(storage, index.name, start, result.seals)
+        seen = 0
+        # Never a name past `names`: the one after a full S3 page would be the first of another LIST.
+        for entry in listing if names is None else islice(listing, names):
+            unread = entry.is_marker and not index.knows(entry.shard_id or "")
+            if unread and left == 0:
+                result.more = True
+                return
+            seen += 1
             if entry.late:
                 result.late += 1
                 result.tainted = result.tainted or index.knows(entry.shard_id or "")
-                continue
-            if entry.shard_id is None:
+            elif entry.shard_id is None:
                 result.strays.append(entry.key)
-                continue
-            result.listed += 1
-            if entry.time is not None and entry.time > latest:
-                logger.warning("%s is named %s, beyond this reader's clock plus %s: its writer's clock runs ahead",
-                               storage.uri(entry.key), entry.time, MAX_CLOCK_SKEW)
-            if entry.time is not None and min(entry.time, latest) > newest[0]:
-                newest[0] = min(entry.time, latest)
-            if not index.knows(entry.shard_id):
-                if left == 0:
-                    result.more = True
-                    return
+            else:
+                result.listed += 1
+                if entry.time is not None and entry.time > latest:
+                    logger.warning("%s is named %s, beyond this reader's clock plus %s: its writer's clock runs "
+                                   "ahead", storage.uri(entry.key), entry.time, MAX_CLOCK_SKEW)
+                if entry.time is not None and min(entry.time, latest) > newest[0]:
+                    newest[0] = min(entry.time, latest)
+            result.after = entry.key
+            if unread:
                 left -= 1
                 result.read += 1
                 yield entry.key, entry.size
+        result.more = seen == names  # as many as it may list: the listing may go on (the next step finds out)
 
     for key, data in iter_keyed(storage, unknown(), threads):
         if check is not None:
             check()
         if index.fold(key[len(prefix):], decode_marker(data, storage.uri(key))) is not None:
             result.folded += 1
-    if newest[0] and not result.more:
-        index.listed(newest[0], horizon(newest[0]))
-    return result
+    return result, newest[0]
 
 
 def refresh(storage: Storage, index: DatasetIndex, full: bool = False, check: Callable[[], None] | None = None,
