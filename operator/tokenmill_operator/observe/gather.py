@@ -29,7 +29,6 @@ from tokenmill_runner.store.index_store import CHECKPOINT_EVERY, load_index, ref
 from tokenmill_runner.store.lease_rules import LeaseWatch
 from tokenmill_runner.store.ledger import LedgerBudget
 from tokenmill_runner.store.manifest import RunManifest, read_manifest
-from tokenmill_runner.store.seals import Seals
 from tokenmill_runner.store.storage import Storage, StorageError
 
 from ..decide import cache, kueue, names
@@ -51,9 +50,9 @@ SERVER_PROBLEMS = ("ImagePullBackOff", "ErrImagePull", "CrashLoopBackOff", "Crea
 # A server pod's node-local fill could not take its lock (cache.LOCK_FAILED_EXIT): the run ends with this reason.
 LOCK_FAILED = "ModelCacheLockFailed"
 # Incremental listings miss a marker whose PUT finished more than the overlap (marker_names.OVERLAP) after its name
-# was chosen; a full listing of the names (no GETs but for such stragglers) catches it: one this often, spread over
-# passes of SWEEP_NAMES names each (a page of S3's listing) that follow at once, and one whole before any decision
-# that ends a run.
+# was chosen; a full listing of the names (no GETs but for such stragglers) catches it: one this often, in steps of
+# SWEEP_NAMES names (a page of S3's listing), each a pass of its own between incremental ones, the passes following
+# at once; and one whole before any decision that ends a run.
 FULL_LISTING_EVERY = timedelta(minutes=10)
 SWEEP_NAMES = 1000
 # Markers one incremental pass reads at most (a GET each), over all of a resource's datasets; the rest are read by
@@ -122,26 +121,31 @@ class OutputIndex:
     # listing: the next pass should follow at once.
     behind: bool = False
     # The periodic full listing in progress: per dataset still to list, the last name listed (None: none yet); and
-    # when it began (what last_full_listing becomes once every dataset was listed).
+    # when it began (what last_full_listing becomes once every dataset was listed). Its steps take turns with the
+    # incremental passes (`sweep_turn`: the next pass is a step), so no pass lists more than its own few pages.
     sweep: dict[str, str | None] | None = None
     sweep_started: datetime | None = None
+    sweep_turn: bool = True
 
     def follow(self, storage: Storage, totals: dict[str, int], now: datetime, full: bool = False,
                stopped: Callable[[], bool] = never, samples: dict[str, int] | None = None) -> dict[str, DatasetIndex]:
         """Bring every dataset's index up to what is committed, reading at most MARKERS_PER_PASS markers, unless
         `full`: then it lists every marker name and reads every marker not folded yet (before a decision that ends a
-        run). Every FULL_LISTING_EVERY, a full listing in steps of SWEEP_NAMES names a pass (`_sweep_step`)."""
+        run). Every FULL_LISTING_EVERY, a full listing in steps of SWEEP_NAMES names, every other pass a step
+        (`_sweep_step`)."""
         if self.output != storage.root_uri:
             self.datasets, self.output, self.last_full_listing = {}, storage.root_uri, now
             self.budget, self.sweep = LedgerBudget(), None
         last = self.last_full_listing
         sweeping = not full and (self.sweep is not None or last is None or now - last >= FULL_LISTING_EVERY)
+        step = sweeping and self.sweep_turn
+        self.sweep_turn = not step
 
         def check() -> None:
             if stopped():  # thousands of markers after a restart: stop between reads, not after all of them
                 raise PassCancelled
 
-        left, self.behind, seals = MARKERS_PER_PASS, False, {}
+        left, self.behind = MARKERS_PER_PASS, False
         for name, rows in totals.items():
             check()
             per_prompt = (samples or {}).get(name, 1)  # spec.datasets[].samples: slots per source row
@@ -152,33 +156,35 @@ class OutputIndex:
             else:
                 index.ledger.widen(per_prompt)
                 index.ledger.reserve(rows * index.ledger.samples_per_prompt)
+            if step:  # this pass is a step of the full listing: the next one lists what is new
+                continue
             # A marker this index folded may since have been sealed away (a takeover's seal written after it
             # landed): refresh folds every marker again then, as the runner does, so nothing counts it.
             index, caught = refresh(storage, index, full=full, check=check, now=now, rows=rows,
                                     limit=None if full else left)
             left = max(0, left - caught.read)
-            self.behind, seals[name] = self.behind or caught.more, caught.seals
+            self.behind = self.behind or caught.more
             self.datasets[name] = index
             self._checkpoint(storage, index, now)
         self.datasets = {name: index for name, index in self.datasets.items() if name in totals}
         if full:
             self.last_full_listing, self.sweep = now, None
+        elif step:
+            self._sweep_step(storage, totals, now, check)
         elif sweeping:
-            self._sweep_step(storage, totals, now, check, left, seals)
+            self.behind = True  # the full listing's next step follows at once
         return self.datasets
 
-    def _sweep_step(self, storage: Storage, totals: dict[str, int], now: datetime, check: Callable[[], None],
-                    left: int, seals: dict[str, Seals | None]) -> None:
+    def _sweep_step(self, storage: Storage, totals: dict[str, int], now: datetime, check: Callable[[], None]) -> None:
         """The next SWEEP_NAMES names of the periodic full listing (of the first dataset not listed yet in it), the
-        markers among them not folded yet read (at most `left`), by the seals this pass's listing read. Once every
-        dataset was listed to its end, the listing is done as of when it began."""
+        markers among them not folded yet read (at most MARKERS_PER_PASS). Once every dataset was listed to its end,
+        the listing is done as of when it began."""
         if self.sweep is None:
             self.sweep, self.sweep_started = dict.fromkeys(totals), now
         name = next((name for name in self.sweep if name in self.datasets), None)
         if name is not None:
             index = self.datasets[name]
-            caught = sweep(storage, index, self.sweep[name], SWEEP_NAMES, check, now=now, limit=left,
-                           seals=seals.get(name))
+            caught = sweep(storage, index, self.sweep[name], SWEEP_NAMES, check, now=now, limit=MARKERS_PER_PASS)
             if caught.tainted:  # as `refresh` does: a sealed-away marker counted, so every marker is folded again
                 index, _ = refresh(storage, index, full=True, check=check, now=now, rows=totals[name])
                 self.datasets[name] = index

@@ -33,7 +33,6 @@ from .ledger import DatasetLedger, LedgerBudget
 from .marker_names import MAX_CLOCK_SKEW, horizon, time_key
 from .markers import READ_THREADS, commits_prefix, decode_marker, iter_keyed, list_commits
 from .ownership import Fence
-from .seals import Seals, read_seals
 from .storage import Storage, StorageError
 
 logger = logging.getLogger(__name__)
@@ -72,7 +71,6 @@ class CatchUp:
     read: int = 0  # markers read (one GET each)
     more: bool = False  # it stopped at a bound (markers to read, names to list) before the listing's end
     after: str | None = None  # where it stopped: the last name it dealt with (None: none)
-    seals: Seals | None = None  # the dataset's seals its listing went by
 
 
 def catch_up(storage: Storage, index: DatasetIndex, full: bool = False, check: Callable[[], None] | None = None,
@@ -95,27 +93,26 @@ def catch_up(storage: Storage, index: DatasetIndex, full: bool = False, check: C
 
 def sweep(storage: Storage, index: DatasetIndex, after: str | None, names: int,
           check: Callable[[], None] | None = None, threads: int = READ_THREADS, now: datetime | None = None,
-          limit: int | None = None, seals: Seals | None = None) -> CatchUp:
+          limit: int | None = None) -> CatchUp:
     """One step of a full listing spread over calls: the next `names` marker names after the key `after` (from the
     first for None), the markers among them the index lacks folded (at most `limit` read). `more` and `after` say
-    where the next step starts; without `more` the listing reached its end. The horizon is `catch_up`'s to move.
-    `seals`: those a listing of the same pass just read (one LIST fewer), else they are read again."""
-    return _fold_listed(storage, index, after, check, threads, now, limit, names, seals)[0]
+    where the next step starts; without `more` the listing reached its end. The horizon is `catch_up`'s to move."""
+    return _fold_listed(storage, index, after, check, threads, now, limit, names)[0]
 
 
 def _fold_listed(storage: Storage, index: DatasetIndex, start: str | None, check: Callable[[], None] | None,
-                 threads: int, now: datetime | None, limit: int | None, names: int | None = None,
-                 seals: Seals | None = None) -> tuple[CatchUp, str]:
+                 threads: int, now: datetime | None, limit: int | None,
+                 names: int | None = None) -> tuple[CatchUp, str]:
     """The one fold of listed markers: those the index lacks among the names after the key `start`, reading at most
     `limit` and listing at most `names` (None: no bound). Returns what it did and the newest time key it listed."""
     prefix = commits_prefix(index.name)
-    result, newest = CatchUp(seals=read_seals(storage, index.name) if seals is None else seals), [""]
+    result, newest = CatchUp(), [""]
     latest = time_key((now or datetime.now(UTC)) + MAX_CLOCK_SKEW)
     left = -1 if limit is None else limit
 
     def unknown() -> Iterator[tuple[str, int]]:
         nonlocal left
-        listing = list_commits(storage, index.name, start, result.seals)
+        listing = list_commits(storage, index.name, start)
         seen = 0
         # Never a name past `names`: the one after a full S3 page would be the first of another LIST.
         for entry in listing if names is None else islice(listing, names):

@@ -18,7 +18,7 @@ from .bounded_get import MARKER_BYTES, get_bounded
 from .bounds import DATASET_NAME, check_values
 from .ledger import COMMITS, MarkerError
 from .marker_names import is_marker_name, split_marker_name
-from .seals import Seals, read_seals
+from .seals import read_seals
 from .storage import Storage
 
 READ_THREADS = 16
@@ -56,14 +56,12 @@ class Listed:
         return self.stem is not None and not self.late
 
 
-def list_records(storage: Storage, dataset: str, folder: str, start: str | None = None,
-                 seals: Seals | None = None) -> Iterator[Listed]:
+def list_records(storage: Storage, dataset: str, folder: str, start: str | None = None) -> Iterator[Listed]:
     """The one listing of a dataset's records folder (commit markers, state markers, failure records; after
-    `start`, a key, when given), each entry classified by the seals (read before the listing, or the ones a listing
-    just before this one read: `seals`). Every reader of records goes through it, so they agree on what a record is
-    and which ones count (store/ownership.py)."""
+    `start`, a key, when given), each entry classified by the seals. Every reader of records goes through it, so
+    they agree on what a record is and which ones count (store/ownership.py)."""
     prefix = f"{dataset}/{folder}/"
-    seals = read_seals(storage, dataset) if seals is None else seals
+    seals = read_seals(storage, dataset)
     for key, size in storage.list_sizes(prefix, start):
         name = key[len(prefix):]
         if "/" in name or not is_marker_name(name):
@@ -73,10 +71,9 @@ def list_records(storage: Storage, dataset: str, folder: str, start: str | None 
             yield Listed(key, time, stem, late=not seals.counts(folder, stem), size=size)
 
 
-def list_commits(storage: Storage, dataset: str, start: str | None = None,
-                 seals: Seals | None = None) -> Iterator[Listed]:
+def list_commits(storage: Storage, dataset: str, start: str | None = None) -> Iterator[Listed]:
     """The one listing of a dataset's commits folder (catch-up, commit order, leftovers)."""
-    return list_records(storage, dataset, COMMITS, start, seals)
+    return list_records(storage, dataset, COMMITS, start)
 
 
 def iter_keyed(storage: Storage, entries: Iterable[tuple[str, int]],
