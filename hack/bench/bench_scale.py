@@ -11,7 +11,8 @@ a real run's), then measures, each in a child process whose peak RSS is read fro
 - operator, restarted, 1 and 10 resources (10 resources over the same output: each keeps its own index, so memory
   and work are per resource; moto could not hold ten 10M outputs): the first pass (checkpoint + markers after its
   horizon), a steady pass after 1 % new markers, the full listing of names before a run ends (whole, in one pass)
-  and the periodic one (every 10 min, SWEEP_NAMES names a pass, the passes following at once);
+  and the periodic one (every 10 min: steps of SWEEP_NAMES names taking turns with incremental passes, the passes
+  following at once: all of them are its passes in the figures);
   with the S3 calls each pass made; a pass that stopped at its share of markers (gather.MARKERS_PER_PASS) is followed
   by the next at once, as the operator does, and each is one pass in the figures;
 - runner: the first start (the counting pass, cached), then a resume: start-up (`prepare_states`: cached scan,
