@@ -236,8 +236,8 @@ def child_operator(uri: str, endpoint: str | None, samples: int, resources: int,
 
     def caught_up(output: OutputIndex, at: datetime) -> list[dict[str, Any]]:
         """A pass, and the passes that follow it at once while the last one was behind (MARKERS_PER_PASS)."""
-        passes = [_timed(calls, lambda: observe(output, at))]
-        while output.behind:
+        passes: list[dict[str, Any]] = []
+        while not passes or output.behind:
             passes.append(_timed(calls, lambda: observe(output, at)))
         return passes
 

@@ -9,7 +9,7 @@ import orjson
 
 from tokenmill_operator.observe.gather import FULL_LISTING_EVERY, OutputIndex, observe_progress
 from tokenmill_runner.store import index_store
-from tokenmill_runner.store.marker_names import shard_id_of
+from tokenmill_runner.store.marker_names import shard_id_of, time_key
 
 from .counting_storage import CountingStorage, commit_lines
 
@@ -212,3 +212,24 @@ def test_a_marker_sealed_away_after_the_operator_folded_it_stops_counting(tmp_pa
     for restarted in (False, True):  # the operator's own index, and one started from the checkpoint
         progress, _ = observe_progress(storage, OutputIndex() if restarted else output, T0 + timedelta(minutes=2), T0)
         assert progress.overall.completed == 10, "the sealed-away marker counts for nobody"
+
+
+def test_a_sealed_away_marker_before_the_horizon_is_dropped_by_the_periodic_full_listing(tmp_path):
+    """The incremental listing sees only names after its horizon; a marker a takeover's seal dropped behind it is
+    found by a step of the periodic full listing, which folds every marker again as `refresh` does."""
+    from tokenmill_runner.store.seals import encode_seal, seal_key
+
+    storage = CountingStorage(tmp_path)
+    run_json(storage, {"a": 30})
+    commit_lines(storage, "a", 1, range(1, 11), T0)
+    commit_lines(storage, "a", 2, range(11, 21), T0 + timedelta(seconds=1))
+    commit_lines(storage, "a", 3, range(21, 31), T0 + timedelta(hours=1))
+    output = OutputIndex()
+    progress, _ = observe_progress(storage, output, T0 + timedelta(hours=1, minutes=1), T0)
+    assert progress.overall.completed == 30 and output.datasets["a"].horizon > time_key(T0 + timedelta(seconds=1))
+    storage.put_new(seal_key("a", "t"), encode_seal("t", {"commits": ["w000-t-000001", "w000-t-000003"]},
+                                                    "host:1:taker", T0))
+    progress, _ = observe_progress(storage, output, T0 + timedelta(hours=1, minutes=2), T0)
+    assert progress.overall.completed == 30, "behind the horizon: no incremental listing sees it"
+    progress, _ = observe_progress(storage, output, T0 + timedelta(hours=1, minutes=1) + FULL_LISTING_EVERY, T0)
+    assert progress.overall.completed == 20, "the sealed-away marker counts for nobody"

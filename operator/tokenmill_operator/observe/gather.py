@@ -25,7 +25,14 @@ from tokenmill_runner.store.checkpoints import OPERATOR_WRITER, Signer
 from tokenmill_runner.store.commit_index import DatasetIndex
 from tokenmill_runner.store.completion import Completion
 from tokenmill_runner.store.hidden_states import kinds_coverage
-from tokenmill_runner.store.index_store import CHECKPOINT_EVERY, load_index, refresh, sweep, write_checkpoint
+from tokenmill_runner.store.index_store import (
+    CHECKPOINT_EVERY,
+    load_index,
+    refold,
+    refresh,
+    sweep,
+    write_checkpoint,
+)
 from tokenmill_runner.store.lease_rules import LeaseWatch
 from tokenmill_runner.store.ledger import LedgerBudget
 from tokenmill_runner.store.manifest import RunManifest, read_manifest
@@ -186,7 +193,7 @@ class OutputIndex:
             index = self.datasets[name]
             caught = sweep(storage, index, self.sweep[name], SWEEP_NAMES, check, now=now, limit=MARKERS_PER_PASS)
             if caught.tainted:  # as `refresh` does: a sealed-away marker counted, so every marker is folded again
-                index, _ = refresh(storage, index, full=True, check=check, now=now, rows=totals[name])
+                index, _ = refold(storage, index, check, now, totals[name])
                 self.datasets[name] = index
             elif caught.more:
                 self.sweep[name] = caught.after or self.sweep[name]

@@ -155,13 +155,18 @@ def refresh(storage: Storage, index: DatasetIndex, full: bool = False, check: Ca
     every marker instead. Every reader that keeps an index (the runner, the operator) refreshes it here, so none
     counts a sealed-away marker."""
     caught = catch_up(storage, index, full=full, check=check, now=now, limit=limit)
-    if caught.tainted:
-        logger.warning("%s: the index counts a marker that landed after its run token was sealed; folding every "
-                       "marker again", index.name)
-        ledger = index.ledger
-        index = DatasetIndex(DatasetLedger(index.name, rows, ledger.samples_per_prompt, ledger.budget))
-        caught = catch_up(storage, index, full=True, check=check, now=now)
-    return index, caught
+    return refold(storage, index, check, now, rows) if caught.tainted else (index, caught)
+
+
+def refold(storage: Storage, index: DatasetIndex, check: Callable[[], None] | None = None,
+           now: datetime | None = None, rows: int = 0) -> tuple[DatasetIndex, CatchUp]:
+    """A new index of the dataset folded from every marker, for one that counts a sealed-away marker (a listing
+    said `tainted`)."""
+    logger.warning("%s: the index counts a marker that landed after its run token was sealed; folding every marker "
+                   "again", index.name)
+    ledger = index.ledger
+    index = DatasetIndex(DatasetLedger(index.name, rows, ledger.samples_per_prompt, ledger.budget))
+    return index, catch_up(storage, index, full=True, check=check, now=now)
 
 
 def open_index(storage: Storage, dataset: str, rows: int = 0, samples_per_prompt: int = 1,
