@@ -247,6 +247,8 @@ def _observed(context: Context, output: OutputIndex, storage: Storage, planning:
     # committed samples look missing. A run that already failed is listed fully only when it now looks settled
     # (a missed marker can only make it look less done, never done).
     full = job is not None and job.finished and previous.phase != "Failed"
+    if job is None or not job.finished:
+        output.job_running()
     planned = plan or previous.server_plan
     expected = ({d.name: float(d.mean_output_tokens) for d in planned.prediction.datasets}
                 if planned is not None and planned.prediction is not None else {})

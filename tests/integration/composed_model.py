@@ -58,6 +58,7 @@ from .lifecycle_model import (
     EXIT_OK,
     EXIT_USAGE,
     MODEL,
+    PASSES_TO_LIST,
     RUN_TIMEOUT_S,
     LifecycleModel,
 )
@@ -264,9 +265,13 @@ class ComposedModel(LifecycleModel):
         """The operator's pass once the Job ended: its next states pass only with every aux state there, Reporting
         only when settled, Succeeded only when complete (the recount)."""
         now = datetime.now(UTC)
-        progress, manifest = observe_progress(self.storage, self.operator, now, now, full=True)
-        if progress is None or manifest is None:
-            return
+        for _ in range(PASSES_TO_LIST):  # the full listing's steps, a pass each (gather.OutputIndex.follow)
+            progress, manifest = observe_progress(self.storage, self.operator, now, now, full=True)
+            if progress is None or manifest is None:
+                return
+            if not progress.listing_incomplete:
+                break
+        assert not progress.listing_incomplete, f"the full listing did not end in {PASSES_TO_LIST} passes"
         spec = load_spec_file(self._spec()).spec
         passes = passes_of(spec)
         current = StatesPass(kind=self.states_pass, run="1:", since=now.isoformat()) if passes else None

@@ -47,6 +47,9 @@ LINES = 12
 BAD_LINE = 5  # an invalid row: every run records its error, a final outcome of its slots
 KILL_POINTS = [None, "kill-after:data:1", "kill-after:errors:1", "kill-before:marker:2", "kill-after:marker:1",
                "kill-after:marker:3"]
+# The operator's passes once a Job ended, its full listing of the markers a step a pass (gather.SWEEP_NAMES names,
+# MARKERS_PER_PASS reads): a model's few markers take one or two.
+PASSES_TO_LIST = 20
 RUN_TIMEOUT_S = 180  # every run ends within this, whatever was done to it (the bound the model checks)
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_GIVEN_UP, EXIT_SERVERS_DOWN, EXIT_LEASE_LOST = 0, 1, 2, 3, 4, 6
 # The lease's periods for the model's runs: renewals every 2 s, so a watcher sees a live holder renew within 2 s and
@@ -368,11 +371,17 @@ class LifecycleModel(RuleBasedStateMachine):
         if restarted:
             self.operator = OutputIndex()
         now = datetime.now(UTC)
-        progress, manifest = observe_progress(self.storage, self.operator, now, now, full=True)
-        assert manifest is not None and progress is not None
-        job = JobState(succeeded=1, complete=True, hash=manifest.spec_hash)
-        decision = decide(Observed(generation=1, now=now, suspended=False, previous=DatasetGenerationStatus(),
-                                   name="model", job=job, progress=progress))
+        for _ in range(PASSES_TO_LIST):
+            progress, manifest = observe_progress(self.storage, self.operator, now, now, full=True)
+            assert manifest is not None and progress is not None
+            job = JobState(succeeded=1, complete=True, hash=manifest.spec_hash)
+            decision = decide(Observed(generation=1, now=now, suspended=False, previous=DatasetGenerationStatus(),
+                                       name="model", job=job, progress=progress))
+            if not progress.listing_incomplete:
+                break
+            # The full listing's steps, a pass each: nothing that ends the run is decided before the last.
+            assert not decision.write_report and decision.status.phase not in ("Succeeded", "Failed"), decision
+        assert not progress.listing_incomplete, f"the full listing did not end in {PASSES_TO_LIST} passes"
         self._note("operator_decides")
         if decision.write_report:
             self._assert_settled("the operator decided to report")

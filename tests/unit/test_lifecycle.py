@@ -136,6 +136,23 @@ def test_job_complete_with_samples_missing_fails_with_what_to_do():
     assert "10 of 100 samples" in decision.status.message
 
 
+def test_a_finished_job_waits_for_the_full_listing_before_anything_ends_the_run():
+    from dataclasses import replace
+
+    running = DatasetGenerationStatus(phase="Generating")
+    for facts, job in ((progress(90, 0, 100), JobState(succeeded=4, complete=True, hash=JOB_HASH)),
+                       (progress(100, 0, 100), JobState(succeeded=4, complete=True, hash=JOB_HASH)),
+                       (progress(90, 0, 100), JobState(failed=1, failed_message="runner Job failed", hash=JOB_HASH))):
+        held = decide(observed(job=job, progress=replace(facts, listing_incomplete=True), previous=running))
+        assert held.status.phase == "Generating" and not held.write_report and not held.delete_server
+        assert held.server_replicas is None, "the server is left as it is until the run's end is decided"
+        assert conditions(held)["Progressing"] == ("True", "ListingMarkers")
+        assert "Failed" not in conditions(held) and held.status.completion_time is None
+    done = decide(observed(job=JobState(succeeded=4, complete=True, hash=JOB_HASH), progress=progress(100, 0, 100),
+                           previous=running))
+    assert done.write_report, "once the listing reached the end, the same figures end the run"
+
+
 def test_suspend_scales_to_zero_and_suspends_the_job():
     decision = decide(observed(suspended=True, job=JobState(active=4)))
     assert decision.status.phase == "Suspended" and decision.server_replicas == 0 and decision.suspend_job

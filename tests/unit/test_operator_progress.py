@@ -79,10 +79,25 @@ def test_a_pass_reads_at_most_its_share_of_markers_and_says_it_is_behind(tmp_pat
     assert markers_read(storage) == [] and not output.behind
 
 
-def test_a_full_listing_pass_reads_every_marker_it_lacks_at_once(tmp_path, monkeypatch):
+def until_whole(storage, output, now, passes: int = 20):
+    """The passes of an operator once the Job finished (`full`), until the full listing reached the end: per pass,
+    (names listed, markers read, samples completed, whether it still waits)."""
+    seen = []
+    for second in range(passes):
+        storage.reset()
+        progress, _ = observe_progress(storage, output, now + timedelta(seconds=second), T0, full=True)
+        seen.append((storage.listed, len(markers_read(storage)), progress.overall.completed,
+                     progress.listing_incomplete))
+        if not progress.listing_incomplete:
+            return progress, seen
+    raise AssertionError(f"the full listing did not end in {passes} passes: {seen}")
+
+
+def test_the_full_listing_before_a_run_ends_runs_in_bounded_steps_a_pass_each(tmp_path, monkeypatch):
     from tokenmill_operator.observe import gather
 
     monkeypatch.setattr(gather, "MARKERS_PER_PASS", 2)
+    monkeypatch.setattr(gather, "SWEEP_NAMES", 4)
     storage = CountingStorage(tmp_path)
     run_json(storage, {"a": 1000})
     commit_lines(storage, "a", 1, range(1, 11), T0)
@@ -90,8 +105,59 @@ def test_a_full_listing_pass_reads_every_marker_it_lacks_at_once(tmp_path, monke
     observe_progress(storage, output, T0 + timedelta(seconds=30), T0)
     for seq in range(2, 8):
         commit_lines(storage, "a", seq, range(seq * 10 - 9, seq * 10 + 1), T0 + timedelta(seconds=seq))
-    progress, _ = observe_progress(storage, output, T0 + timedelta(seconds=31), T0, full=True)
-    assert progress.overall.completed == 70 and progress.settled is False and not output.behind
+    progress, seen = until_whole(storage, output, T0 + timedelta(seconds=31))
+    # 7 names, at most 4 listed and 2 read a pass (a step stops at the first name it may not read): each pass waits
+    # for the next until the listing reached the end.
+    assert seen == [(4, 2, 30, True), (3, 2, 50, True), (2, 2, 70, False)], seen
+    assert progress.overall.completed == 70 and not progress.settled and not output.behind
+    storage.reset()
+    again, _ = observe_progress(storage, output, T0 + timedelta(minutes=1), T0, full=True)
+    assert not again.listing_incomplete and markers_read(storage) == [], "one full listing after the Job finished"
+
+
+def test_a_full_listing_begun_before_the_job_finished_does_not_count_for_its_end(tmp_path, monkeypatch):
+    from tokenmill_operator.observe import gather
+
+    monkeypatch.setattr(gather, "SWEEP_NAMES", 2)
+    storage = CountingStorage(tmp_path)
+    run_json(storage, {"a": 50})
+    for seq in range(1, 5):
+        commit_lines(storage, "a", seq, range(seq * 10 - 9, seq * 10 + 1), T0 + timedelta(hours=1, seconds=seq))
+    output = OutputIndex()
+    start = T0 + timedelta(hours=1, minutes=1)
+    observe_progress(storage, output, start, T0)
+    observe_progress(storage, output, start + FULL_LISTING_EVERY, T0)  # the periodic listing's first step
+    assert output.sweep is not None
+    # The last shard's PUT was retried for longer than the overlap: named before the horizon, landing now, before
+    # the Job ends. The periodic listing's first step went past its name already.
+    commit_lines(storage, "a", 5, range(41, 51), T0)
+    progress, seen = until_whole(storage, output, start + FULL_LISTING_EVERY + timedelta(seconds=5))
+    assert progress.settled and progress.overall.completed == 50, seen
+    assert [incomplete for *_, incomplete in seen] == [True, True, False], "a listing of its own, from the first name"
+
+    # The run is reopened: its next Job's end needs a full listing of its own again.
+    output.job_running()
+    observe_progress(storage, output, start + FULL_LISTING_EVERY + timedelta(minutes=1), T0)
+    later, _ = observe_progress(storage, output, start + FULL_LISTING_EVERY + timedelta(minutes=2), T0, full=True)
+    assert later.listing_incomplete
+
+
+def test_a_cold_index_listed_in_steps_gets_a_horizon_at_the_end(tmp_path, monkeypatch):
+    from tokenmill_operator.observe import gather
+
+    monkeypatch.setattr(gather, "SWEEP_NAMES", 3)
+    monkeypatch.setattr(gather, "MARKERS_PER_PASS", 2)
+    storage = CountingStorage(tmp_path)
+    run_json(storage, {"a": 100})
+    for seq in range(1, 8):
+        commit_lines(storage, "a", seq, range(seq * 10 - 9, seq * 10 + 1), T0 + timedelta(seconds=seq))
+    output = OutputIndex()  # a restarted operator with no checkpoint, the Job already finished
+    progress, seen = until_whole(storage, output, T0 + timedelta(minutes=1))
+    assert progress.overall.completed == 70 and max(read for _, read, *_ in seen) <= 2, seen
+    assert output.datasets["a"].horizon, "the stepped listing from the first name leaves a horizon"
+    storage.reset()
+    observe_progress(storage, output, T0 + timedelta(minutes=2), T0)
+    assert storage.listed == 7 and markers_read(storage) == [], "then only the overlap's names are listed"
 
 
 def test_a_late_marker_is_found_by_the_full_listing_before_the_run_ends(tmp_path):
@@ -105,10 +171,13 @@ def test_a_late_marker_is_found_by_the_full_listing_before_the_run_ends(tmp_path
     commit_lines(storage, "a", 3, range(21, 31), T0 + timedelta(minutes=30))
     incremental, _ = observe_progress(storage, output, T0 + timedelta(hours=1, seconds=15), T0)
     assert incremental.overall.completed == 20 and not incremental.settled
-    final, _ = observe_progress(storage, output, T0 + timedelta(hours=1, seconds=30), T0, full=True)
-    assert final.settled, "the Job finished: the pass lists every name before deciding"
+    final, _ = until_whole(storage, output, T0 + timedelta(hours=1, seconds=30))
+    assert final.settled, "the Job finished: every name is listed before deciding"
     storage.reset()
-    observe_progress(storage, output, T0 + timedelta(hours=1, seconds=30) + FULL_LISTING_EVERY, T0)
+    for second in range(4):  # the periodic full listing's step, taking turns with an incremental pass
+        observe_progress(storage, output, T0 + timedelta(hours=1, seconds=30 + second) + FULL_LISTING_EVERY, T0)
+        if not output.behind:
+            break
     assert storage.listed >= 3 and markers_read(storage) == [], "the periodic full listing reads nothing it knows"
 
 
@@ -190,7 +259,7 @@ def test_progress_counts_slots_when_a_dataset_has_several_samples_per_prompt(tmp
     assert (progress.overall.completed, progress.overall.total, progress.settled) == (10, 30, False)
     later = [{**row, "sample_index": index} for index in (1, 2) for row in rows("a", range(1, 11))]
     commit_shard(storage, "a", "w000-t-000002", 0, ShardContent(later, []), clock=lambda: T0 + timedelta(minutes=2))
-    progress, _ = observe_progress(storage, output, T0 + timedelta(minutes=3), T0, full=True)
+    progress, _ = until_whole(storage, output, T0 + timedelta(minutes=3))
     assert (progress.overall.completed, progress.overall.total, progress.settled) == (30, 30, True)
 
 

@@ -91,6 +91,9 @@ class ProgressFacts:
     settled: bool = False  # every slot of the manifest's layout has a final outcome (ledger.completeness)
     missing: dict[str, str] = field(default_factory=dict)  # per unsettled dataset: which slots lack an outcome
     spec_hash: str | None = None  # the hash the manifest's writer recorded (its runner Job's)
+    # The Job finished and the full listing of the markers begun since is still under way (a step a pass): no
+    # decision that ends the run is made on these figures yet.
+    listing_incomplete: bool = False
 
     def settled_by(self, job_hash: str | None) -> bool:
         """Settled, by the Job that ended: a manifest written for another Job (the ended one failed before its

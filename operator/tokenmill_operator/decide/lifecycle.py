@@ -679,7 +679,15 @@ def _job_finished(observed: Observed, status: _Status, job: JobState) -> Decisio
     """The Job ended (every index done, or it failed). The ledger and the states, not the Job, say whether the run
     is complete (store/completion.py): workers that gave samples up exit 3, which fails their index, yet every
     sample has its final outcome. The next hidden-state pass starts only once this pass's kind is captured for every
-    committed sample; otherwise the report says what is missing or failed, and the run ends short of Succeeded."""
+    committed sample; otherwise the report says what is missing or failed, and the run ends short of Succeeded.
+    Nothing is decided before the full listing of the markers begun since the Job finished has reached the end: a
+    marker whose PUT landed late would make its samples look missing."""
+    if observed.progress is not None and observed.progress.listing_incomplete:
+        message = (f"the runner Job ended ({observed.progress.overall.display or 'no sample yet'}); listing every "
+                   "commit marker, a step a pass, before deciding whether the run is complete")
+        status.set("Progressing", "True", "ListingMarkers", message)
+        return Decision(_base_status(observed, status, observed.previous.phase or "Generating", message),
+                        server_replicas=None)
     if observed.progress is not None and observed.progress.settled_by(job.hash):
         following = next_pass(observed.states_passes, observed.states_pass)
         current = observed.states_pass

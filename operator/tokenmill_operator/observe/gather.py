@@ -30,6 +30,7 @@ from tokenmill_runner.store.index_store import (
     load_index,
     refold,
     refresh,
+    settle_horizon,
     sweep,
     write_checkpoint,
 )
@@ -127,25 +128,44 @@ class OutputIndex:
     # The last pass stopped at MARKERS_PER_PASS with markers still to read, or in the middle of the periodic full
     # listing: the next pass should follow at once.
     behind: bool = False
-    # The periodic full listing in progress: per dataset still to list, the last name listed (None: none yet); and
-    # when it began (what last_full_listing becomes once every dataset was listed). Its steps take turns with the
-    # incremental passes (`sweep_turn`: the next pass is a step), so no pass lists more than its own few pages.
-    sweep: dict[str, str | None] | None = None
+    # The periodic full listing in progress: per dataset still to list, the last name listed (None: none yet) and
+    # the newest time key listed so far; and when it began (what last_full_listing becomes once every dataset was
+    # listed). Its steps take turns with the incremental passes (`sweep_turn`: the next pass is a step), so no pass
+    # lists more than its own few pages.
+    sweep: dict[str, tuple[str | None, str]] | None = None
     sweep_started: datetime | None = None
     sweep_turn: bool = True
+    # The decision that ends a run waits for a full listing begun after the Job finished (a marker whose PUT landed
+    # late must not make samples look missing): when this operator first saw it finished (None while it runs), when
+    # the last full listing that reached every dataset's end began, and whether the last pass left that decision
+    # waiting for one (`incomplete`). That listing runs in the same steps as the periodic one, a step a pass.
+    finished_seen: datetime | None = None
+    whole_since: datetime | None = None
+    incomplete: bool = False
+
+    def job_running(self) -> None:
+        """The run's Job runs (or there is none): the next time it finishes needs a full listing of its own."""
+        self.finished_seen = None
 
     def follow(self, storage: Storage, totals: dict[str, int], now: datetime, full: bool = False,
                stopped: Callable[[], bool] = never, samples: dict[str, int] | None = None) -> dict[str, DatasetIndex]:
-        """Bring every dataset's index up to what is committed, reading at most MARKERS_PER_PASS markers, unless
-        `full`: then it lists every marker name and reads every marker not folded yet (before a decision that ends a
-        run). Every FULL_LISTING_EVERY, a full listing in steps of SWEEP_NAMES names, every other pass a step
-        (`_sweep_step`)."""
+        """Bring every dataset's index up to what is committed, reading at most MARKERS_PER_PASS markers. Every
+        FULL_LISTING_EVERY, a full listing in steps of SWEEP_NAMES names, every other pass a step (`_sweep_step`).
+        `full`: the Job finished and a decision that ends the run waits for a full listing begun after that; until
+        one reached every dataset's end (`incomplete`), every pass is a step of it."""
         if self.output != storage.root_uri:
             self.datasets, self.output, self.last_full_listing = {}, storage.root_uri, now
-            self.budget, self.sweep = LedgerBudget(), None
+            self.budget, self.sweep, self.whole_since = LedgerBudget(), None, None
+        if full and self.finished_seen is None:
+            self.finished_seen = now
+        wanted = self.finished_seen if full else None
+        if wanted is not None and self.sweep is not None and self.sweep_started is not None \
+                and self.sweep_started < wanted:
+            self.sweep = None  # begun before the Job finished: its early steps may have missed a late marker
+        waiting = wanted is not None and (self.whole_since is None or self.whole_since < wanted)
         last = self.last_full_listing
-        sweeping = not full and (self.sweep is not None or last is None or now - last >= FULL_LISTING_EVERY)
-        step = sweeping and self.sweep_turn
+        sweeping = waiting or self.sweep is not None or last is None or now - last >= FULL_LISTING_EVERY
+        step = sweeping and (waiting or self.sweep_turn)
         self.sweep_turn = not step
 
         def check() -> None:
@@ -167,44 +187,46 @@ class OutputIndex:
                 continue
             # A marker this index folded may since have been sealed away (a takeover's seal written after it
             # landed): refresh folds every marker again then, as the runner does, so nothing counts it.
-            index, caught = refresh(storage, index, full=full, check=check, now=now, rows=rows,
-                                    limit=None if full else left)
+            index, caught = refresh(storage, index, check=check, now=now, rows=rows, limit=left)
             left = max(0, left - caught.read)
             self.behind = self.behind or caught.more
             self.datasets[name] = index
             self._checkpoint(storage, index, now)
         self.datasets = {name: index for name, index in self.datasets.items() if name in totals}
-        if full:
-            self.last_full_listing, self.sweep = now, None
-        elif step:
+        if step:
             self._sweep_step(storage, totals, now, check)
         elif sweeping:
             self.behind = True  # the full listing's next step follows at once
+        self.incomplete = wanted is not None and (self.whole_since is None or self.whole_since < wanted)
         return self.datasets
 
     def _sweep_step(self, storage: Storage, totals: dict[str, int], now: datetime, check: Callable[[], None]) -> None:
-        """The next SWEEP_NAMES names of the periodic full listing (of the first dataset not listed yet in it), the
-        markers among them not folded yet read (at most MARKERS_PER_PASS). Once every dataset was listed to its end,
-        the listing is done as of when it began."""
+        """The next SWEEP_NAMES names of the full listing (of the first dataset not listed yet in it), the markers
+        among them not folded yet read (at most MARKERS_PER_PASS). Once every dataset was listed to its end, the
+        listing is done as of when it began."""
         if self.sweep is None:
-            self.sweep, self.sweep_started = dict.fromkeys(totals), now
+            self.sweep, self.sweep_started = dict.fromkeys(totals, (None, "")), now
         name = next((name for name in self.sweep if name in self.datasets), None)
         if name is not None:
             index = self.datasets[name]
-            caught = sweep(storage, index, self.sweep[name], SWEEP_NAMES, check, now=now, limit=MARKERS_PER_PASS)
+            after, newest = self.sweep[name]
+            caught = sweep(storage, index, after, SWEEP_NAMES, check, now=now, limit=MARKERS_PER_PASS)
+            newest = max(newest, caught.newest)
             if caught.tainted:  # as `refresh` does: a sealed-away marker counted, so every marker is folded again
                 index, _ = refold(storage, index, check, now, totals[name])
                 self.datasets[name] = index
             elif caught.more:
-                self.sweep[name] = caught.after or self.sweep[name]
+                self.sweep[name] = (caught.after or after, newest)
                 self.behind = True
                 return
+            settle_horizon(index, newest)
             self._checkpoint(storage, index, now)
             del self.sweep[name]
         if any(name in self.datasets for name in self.sweep):
             self.behind = True
             return
-        self.last_full_listing, self.sweep = self.sweep_started, None
+        self.last_full_listing = self.whole_since = self.sweep_started
+        self.sweep = None
 
     @staticmethod
     def _checkpoint(storage: Storage, index: DatasetIndex, now: datetime) -> None:
@@ -423,15 +445,17 @@ def observe_progress(storage: Storage, output: OutputIndex, now: datetime, start
                      expected_output: Mapping[str, float] | None = None,
                      ) -> tuple[ProgressFacts | None, RunManifest | None]:
     """Progress from the markers against the run manifest's layout (None, None before a runner wrote one). `full`
-    before a decision that ends the run: every marker name is listed, so a late PUT cannot make samples look
-    missing. `expected_output`: the plan's mean output tokens per dataset, for the ETA of one not yet begun."""
+    before a decision that ends the run: every marker name is listed (in steps, a pass each: `listing_incomplete`
+    until the last), so a late PUT cannot make samples look missing. `expected_output`: the plan's mean output
+    tokens per dataset, for the ETA of one not yet begun."""
     manifest = read_manifest(storage)
     if manifest is None:
         return None, None
     lines = {name: layout.last_line for name, layout in manifest.datasets.items()}
     samples = {name: layout.samples for name, layout in manifest.datasets.items()}
     indexes = output.follow(storage, lines, now, full, stopped, samples)
-    return progress_facts(indexes, manifest, now, started, expected_output), manifest
+    facts = progress_facts(indexes, manifest, now, started, expected_output)
+    return (replace(facts, listing_incomplete=True) if output.incomplete else facts), manifest
 
 
 def states_completion(storage: Storage, datasets: list[str], layouts: list[str], given_up: int) -> Completion:

@@ -71,6 +71,7 @@ class CatchUp:
     read: int = 0  # markers read (one GET each)
     more: bool = False  # it stopped at a bound (markers to read, names to list) before the listing's end
     after: str | None = None  # where it stopped: the last name it dealt with (None: none)
+    newest: str = ""  # the newest time key it listed ("" none), clamped to the reader's clock plus MAX_CLOCK_SKEW
 
 
 def catch_up(storage: Storage, index: DatasetIndex, full: bool = False, check: Callable[[], None] | None = None,
@@ -85,9 +86,9 @@ def catch_up(storage: Storage, index: DatasetIndex, full: bool = False, check: C
     time (a full listing in bounded steps is `sweep`)."""
     prefix = commits_prefix(index.name)
     start = None if full or not index.horizon else prefix + index.horizon
-    result, newest = _fold_listed(storage, index, start, check, threads, now, limit if start is not None else None)
-    if newest and not result.more:
-        index.listed(newest, horizon(newest))
+    result = _fold_listed(storage, index, start, check, threads, now, limit if start is not None else None)
+    if result.newest and not result.more:
+        index.listed(result.newest, horizon(result.newest))
     return result
 
 
@@ -96,17 +97,27 @@ def sweep(storage: Storage, index: DatasetIndex, after: str | None, names: int,
           limit: int | None = None) -> CatchUp:
     """One step of a full listing spread over calls: the next `names` marker names after the key `after` (from the
     first for None), the markers among them the index lacks folded (at most `limit` read). `more` and `after` say
-    where the next step starts; without `more` the listing reached its end. The horizon is `catch_up`'s to move."""
-    return _fold_listed(storage, index, after, check, threads, now, limit, names)[0]
+    where the next step starts; without `more` the listing reached its end. The horizon is `catch_up`'s to move
+    (`settle_horizon` for an index that has none when a full listing's steps reached the end)."""
+    return _fold_listed(storage, index, after, check, threads, now, limit, names)
+
+
+def settle_horizon(index: DatasetIndex, newest: str) -> None:
+    """A full listing in steps (`sweep`) reached the end, the newest name it listed `newest`: an index that had no
+    horizon yet gets the one a listing from the start gives it, so the next incremental listing does not start from
+    the first name again. One that has a horizon keeps it: names listed in an early step may have been followed by
+    late PUTs before the horizon's overlap, which only incremental listings look for."""
+    if newest and not index.horizon:
+        index.listed(newest, horizon(newest))
 
 
 def _fold_listed(storage: Storage, index: DatasetIndex, start: str | None, check: Callable[[], None] | None,
                  threads: int, now: datetime | None, limit: int | None,
-                 names: int | None = None) -> tuple[CatchUp, str]:
+                 names: int | None = None) -> CatchUp:
     """The one fold of listed markers: those the index lacks among the names after the key `start`, reading at most
-    `limit` and listing at most `names` (None: no bound). Returns what it did and the newest time key it listed."""
+    `limit` and listing at most `names` (None: no bound)."""
     prefix = commits_prefix(index.name)
-    result, newest = CatchUp(), [""]
+    result = CatchUp()
     latest = time_key((now or datetime.now(UTC)) + MAX_CLOCK_SKEW)
     left = -1 if limit is None else limit
 
@@ -131,8 +142,8 @@ def _fold_listed(storage: Storage, index: DatasetIndex, start: str | None, check
                 if entry.time is not None and entry.time > latest:
                     logger.warning("%s is named %s, beyond this reader's clock plus %s: its writer's clock runs "
                                    "ahead", storage.uri(entry.key), entry.time, MAX_CLOCK_SKEW)
-                if entry.time is not None and min(entry.time, latest) > newest[0]:
-                    newest[0] = min(entry.time, latest)
+                if entry.time is not None and min(entry.time, latest) > result.newest:
+                    result.newest = min(entry.time, latest)
             result.after = entry.key
             if unread:
                 left -= 1
@@ -145,7 +156,7 @@ def _fold_listed(storage: Storage, index: DatasetIndex, start: str | None, check
             check()
         if index.fold(key[len(prefix):], decode_marker(data, storage.uri(key))) is not None:
             result.folded += 1
-    return result, newest[0]
+    return result
 
 
 def refresh(storage: Storage, index: DatasetIndex, full: bool = False, check: Callable[[], None] | None = None,
