@@ -120,6 +120,10 @@ def test_two_runs_competing_for_one_nodes_gpus_run_one_after_the_other(
         cluster.wait_for(lambda: server_ready(cluster, namespace, SECOND), "the second run's server", timeout=120)
         second = dsgen(cluster, namespace, SECOND)["status"]
         assert second["queue"]["admitted"] and second["phase"] in ("StartingServer", "Generating")
+        # kwok makes a pod ready as it is created: under load the sampler's next look can come after the block
+        # ends. It must see the second run's pods before it stops, or the check below says nothing about them.
+        cluster.wait_for(lambda: any(SECOND in sample for sample in holders), "a sample with the second run's pods",
+                         timeout=60)
     # The first run gave its Workload (and its quota) up when it ended.
     left = cluster.kubectl("get", "workloads.kueue.x-k8s.io", f"{NAME}-run", "-n", namespace, "--ignore-not-found")
     assert left.stdout.strip() == ""
