@@ -162,7 +162,7 @@ class OutputIndex:
         if wanted is not None and self.sweep is not None and self.sweep_started is not None \
                 and self.sweep_started < wanted:
             self.sweep = None  # begun before the Job finished: its early steps may have missed a late marker
-        waiting = wanted is not None and (self.whole_since is None or self.whole_since < wanted)
+        waiting = self._lacks_whole_listing(wanted)
         last = self.last_full_listing
         sweeping = waiting or self.sweep is not None or last is None or now - last >= FULL_LISTING_EVERY
         step = sweeping and (waiting or self.sweep_turn)
@@ -197,8 +197,12 @@ class OutputIndex:
             self._sweep_step(storage, totals, now, check)
         elif sweeping:
             self.behind = True  # the full listing's next step follows at once
-        self.incomplete = wanted is not None and (self.whole_since is None or self.whole_since < wanted)
+        self.incomplete = self._lacks_whole_listing(wanted)
         return self.datasets
+
+    def _lacks_whole_listing(self, since: datetime | None) -> bool:
+        """Whether no full listing begun at or after `since` reached every dataset's end (False for None)."""
+        return since is not None and (self.whole_since is None or self.whole_since < since)
 
     def _sweep_step(self, storage: Storage, totals: dict[str, int], now: datetime, check: Callable[[], None]) -> None:
         """The next SWEEP_NAMES names of the full listing (of the first dataset not listed yet in it), the markers
