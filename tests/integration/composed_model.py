@@ -58,9 +58,9 @@ from .lifecycle_model import (
     EXIT_OK,
     EXIT_USAGE,
     MODEL,
-    PASSES_TO_LIST,
     RUN_TIMEOUT_S,
     LifecycleModel,
+    ended_run_passes,
 )
 
 DEAD = "http://127.0.0.1:9"  # nothing listens: a replica that is down for the whole Job
@@ -265,13 +265,9 @@ class ComposedModel(LifecycleModel):
         """The operator's pass once the Job ended: its next states pass only with every aux state there, Reporting
         only when settled, Succeeded only when complete (the recount)."""
         now = datetime.now(UTC)
-        for _ in range(PASSES_TO_LIST):  # the full listing's steps, a pass each (gather.OutputIndex.follow)
-            progress, manifest = observe_progress(self.storage, self.operator, now, now, full=True)
-            if progress is None or manifest is None:
-                return
-            if not progress.listing_incomplete:
-                break
-        assert not progress.listing_incomplete, f"the full listing did not end in {PASSES_TO_LIST} passes"
+        *_, (progress, manifest) = ended_run_passes(self.storage, self.operator, now)
+        if progress is None or manifest is None:
+            return
         spec = load_spec_file(self._spec()).spec
         passes = passes_of(spec)
         current = StatesPass(kind=self.states_pass, run="1:", since=now.isoformat()) if passes else None
