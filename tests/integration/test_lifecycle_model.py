@@ -121,7 +121,7 @@ def test_a_seeded_draw_of_workers_passes_and_faults_keeps_the_three_rules(compos
 
     from .lifecycle_model import Counts
 
-    ComposedModel.deadline = time.monotonic() + COMPOSED_BUDGET_S
+    ComposedModel.deadline, ComposedModel.jobs_run = time.monotonic() + COMPOSED_BUDGET_S, 0
     before = Counter(Counts.steps)
     try:
         case = ComposedModel.TestCase
