@@ -7,7 +7,8 @@ disk and on the moto S3 server the tests use (its own process), it synthesises a
 written in parallel, 99 % of the slots committed, plus an empty shard object per marker so listings are as long as
 a real run's), then measures, each in a child process whose peak RSS is read from wait4():
 
-- operator, cold: the first pass over an output without a checkpoint (every marker read once; it then writes one);
+- operator, cold: the passes over an output without a checkpoint it trusts (every marker read once, counted from the
+  first in steps of SWEEP_NAMES names and MARKERS_PER_PASS reads, the passes following at once; it then writes one);
 - operator, restarted, 1 and 10 resources (10 resources over the same output: each keeps its own index, so memory
   and work are per resource; moto could not hold ten 10M outputs): the first pass (checkpoint + markers after its
   horizon), a steady pass after 1 % new markers, the full listing of names before a run ends (whole, in one pass)
@@ -590,7 +591,9 @@ def _slowest(entry: dict[str, Any], measure: str = "seconds") -> float:
 
 
 TABLE: list[tuple[str, Any, str]] = [  # label, what to read from one size's measurements, target
-    ("operator cold pass (no checkpoint) s", lambda m: _pass_s(m["operator_cold"], "first"), "once per output"),
+    ("operator cold (no checkpoint): slowest pass s", lambda m: _pass_s(m["operator_cold"], "first"), "<= 2 s"),
+    ("  its passes", lambda m: len(m["operator_cold"]["first"]), "once per output"),
+    ("  all of them s", lambda m: sum(p["seconds"] for p in m["operator_cold"]["first"]), ""),
     ("operator restart: first pass s", lambda m: _pass_s(m["operator_1"], "first"), "<= 2 s"),
     ("operator steady pass (1 % new) s", lambda m: _pass_s(m["operator_1"], "steady"), "<= 2 s"),
     ("  its CPU s", lambda m: _pass_s(m["operator_1"], "steady", "cpu_seconds"), ""),

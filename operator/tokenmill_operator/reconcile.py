@@ -291,6 +291,7 @@ def _observed(context: Context, output: OutputIndex, storage: Storage, planning:
         generation=context.generation, now=now, suspended=spec.suspend, previous=previous, name=context.name,
         plan=plan, plan_error=planning.error, planned_generation=planning.generation, server=facts.server, job=job,
         job_started=facts.job_started, progress=progress,
+        counting=progress is None and run is not None and output.counting,
         remembered_report=None if reopened else previous.report,
         stall_after_s=spec.runner.stall_seconds or settings.stall_after_s,
         start_deadline_s=spec.runner.start_deadline_seconds,

@@ -153,6 +153,30 @@ def test_a_finished_job_waits_for_the_full_listing_before_anything_ends_the_run(
     assert done.write_report, "once the listing reached the end, the same figures end the run"
 
 
+def test_while_the_operator_counts_the_markers_the_last_figures_stand_and_nothing_is_decided_on_them():
+    # An operator without a checkpoint it trusts counts an output's markers from the first, a step a pass
+    # (gather.OutputIndex.counting): no progress yet. The previous status's figures and last commit stand, no stall
+    # is called (the newest commits are the last a count reaches) and a finished Job's end waits.
+    started = T0 - timedelta(hours=5)
+    before = decide(observed(job=JobState(active=4), job_started=started,
+                             progress=progress(700, 0, 1000, last_commit=T0 - timedelta(minutes=1))))
+    later = T0 + timedelta(minutes=30)  # the operator was away: the last commit it saw is 31 minutes old
+    counting = decide(observed(job=JobState(active=4), job_started=started, previous=before.status, counting=True,
+                               now=later))
+    assert counting.status.progress == before.status.progress and counting.status.progress.completed == 700
+    assert counting.status.last_commit_time == before.status.last_commit_time
+    assert conditions(counting)["Stalled"] == ("False", "Committing") and counting.events == []
+    assert "counting the output's commit markers" in counting.status.message
+    assert "700/1000" in counting.status.message
+    stalled = decide(observed(job=JobState(active=4), job_started=started, previous=before.status,
+                              progress=progress(700, 0, 1000, last_commit=T0 - timedelta(minutes=1)), now=later))
+    assert conditions(stalled)["Stalled"] == ("True", "NoCommits"), "once counted, the same figures can stall"
+    ended = decide(observed(job=JobState(succeeded=4, complete=True, hash=JOB_HASH), job_started=started,
+                            previous=before.status, counting=True, now=later))
+    assert conditions(ended)["Progressing"] == ("True", "ListingMarkers") and ended.status.phase == "Generating"
+    assert not ended.write_report and ended.server_replicas is None and conditions(ended)["Failed"][0] == "False"
+
+
 def test_suspend_scales_to_zero_and_suspends_the_job():
     decision = decide(observed(suspended=True, job=JobState(active=4)))
     assert decision.status.phase == "Suspended" and decision.server_replicas == 0 and decision.suspend_job

@@ -114,6 +114,9 @@ class Observed:
     job: JobState | None = None
     job_started: datetime | None = None
     progress: ProgressFacts | None = None
+    # The operator is counting the output's markers from the first (no checkpoint it trusts: gather.OutputIndex
+    # .counting): there is no progress to go by yet, and the previous status's figures stand.
+    counting: bool = False
     # The report's status from the previous status, or the one this pass just wrote: remembered, never read
     # from storage. Once there is one, the run has ended (unless it is reopened, see `reopen`).
     remembered_report: ReportStatus | None = None

@@ -359,6 +359,8 @@ def _server_condition(observed: Observed, status: _Status) -> bool:
 
 
 def _stalled(observed: Observed) -> tuple[bool, str]:
+    if observed.counting:  # the newest commits are the last ones a count from the first reaches
+        return False, ""
     started = observed.job_started
     last = observed.progress.last_commit_time if observed.progress else None
     # The capture pass commits no shard; its workers' progress objects are its commits (store/capture_progress.py).
@@ -540,6 +542,9 @@ def _running(observed: Observed, status: _Status, replace_job: bool) -> Decision
         status.set("Stalled", "False", "Committing", "")
     overall, _ = _progress(observed)
     message = _capturing(observed) or f"generating: {overall.display or 'starting'}, ETA {overall.eta or 'unknown'}"
+    if observed.counting:
+        message = (f"generating: {overall.display or 'starting'} when last counted; counting the output's commit "
+                   "markers from the first (no checkpoint this operator trusts), a step a pass")
     if replacing:
         message = ("replacing the runner Job (what it depends on changed); the new one resumes from what is "
                    f"committed: {overall.display or 'nothing yet'}")
@@ -682,8 +687,8 @@ def _job_finished(observed: Observed, status: _Status, job: JobState) -> Decisio
     committed sample; otherwise the report says what is missing or failed, and the run ends short of Succeeded.
     Nothing is decided before the full listing of the markers begun since the Job finished has reached the end: a
     marker whose PUT landed late would make its samples look missing."""
-    if observed.progress is not None and observed.progress.listing_incomplete:
-        message = (f"the runner Job ended ({observed.progress.overall.display or 'no sample yet'}); listing every "
+    if observed.counting or (observed.progress is not None and observed.progress.listing_incomplete):
+        message = (f"the runner Job ended ({_progress(observed)[0].display or 'no sample yet'}); listing every "
                    "commit marker, a step a pass, before deciding whether the run is complete")
         status.set("Progressing", "True", "ListingMarkers", message)
         return Decision(_base_status(observed, status, observed.previous.phase or "Generating", message),

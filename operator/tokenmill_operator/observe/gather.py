@@ -142,6 +142,17 @@ class OutputIndex:
     finished_seen: datetime | None = None
     whole_since: datetime | None = None
     incomplete: bool = False
+    # Datasets being counted: an index with no horizon (no checkpoint this operator trusts: a restart with another
+    # key, an output it never followed) lists its markers from the first in the same bounded steps, one a pass,
+    # instead of reading every one of them in one pass (39,000 GETs, minutes, at 10M samples); per dataset the last
+    # name listed and the newest time key listed so far. Its figures are partial until the end (`counting`).
+    counted: dict[str, tuple[str | None, str]] = field(default_factory=dict)
+
+    @property
+    def counting(self) -> bool:
+        """Whether some dataset's markers are still being counted from the first: its figures are a part of the
+        truth, and nothing should be decided or shown on them."""
+        return bool(self.counted)
 
     def job_running(self) -> None:
         """The run's Job runs (or there is none): the next time it finishes needs a full listing of its own."""
@@ -152,10 +163,12 @@ class OutputIndex:
         """Bring every dataset's index up to what is committed, reading at most MARKERS_PER_PASS markers. Every
         FULL_LISTING_EVERY, a full listing in steps of SWEEP_NAMES names, every other pass a step (`_sweep_step`).
         `full`: the Job finished and a decision that ends the run waits for a full listing begun after that; until
-        one reached every dataset's end (`incomplete`), every pass is a step of it."""
+        one reached every dataset's end (`incomplete`), every pass is a step of it. An index without a horizon (no
+        checkpoint this operator trusts) is counted from its first name in the same steps, a pass each, within the
+        pass's markers (`counting` until each such index reached its end)."""
         if self.output != storage.root_uri:
             self.datasets, self.output, self.last_full_listing = {}, storage.root_uri, now
-            self.budget, self.sweep, self.whole_since = LedgerBudget(), None, None
+            self.budget, self.sweep, self.whole_since, self.counted = LedgerBudget(), None, None, {}
         if full and self.finished_seen is None:
             self.finished_seen = now
         wanted = self.finished_seen if full else None
@@ -185,14 +198,22 @@ class OutputIndex:
                 index.ledger.reserve(rows * index.ledger.samples_per_prompt)
             if step:  # this pass is a step of the full listing: the next one lists what is new
                 continue
-            # A marker this index folded may since have been sealed away (a takeover's seal written after it
-            # landed): refresh folds every marker again then, as the runner does, so nothing counts it.
-            index, caught = refresh(storage, index, check=check, now=now, rows=rows, limit=left)
-            left = max(0, left - caught.read)
-            self.behind = self.behind or caught.more
+            counted = False
+            if name in self.counted or not index.horizon:
+                index, cursor, read = _listing_step(storage, index, self.counted.get(name, (None, "")), rows, left,
+                                                    now, check)
+                counted = self._count(name, cursor)
+                left = max(0, left - read)
+            else:
+                # A marker this index folded may since have been sealed away (a takeover's seal written after it
+                # landed): refresh folds every marker again then, as the runner does, so nothing counts it.
+                index, caught = refresh(storage, index, check=check, now=now, rows=rows, limit=left)
+                left = max(0, left - caught.read)
+                self.behind = self.behind or caught.more
             self.datasets[name] = index
-            self._checkpoint(storage, index, now)
+            self._checkpoint(storage, index, now, counted)
         self.datasets = {name: index for name, index in self.datasets.items() if name in totals}
+        self.counted = {name: cursor for name, cursor in self.counted.items() if name in totals}
         if step:
             self._sweep_step(storage, totals, now, check)
         elif sweeping:
@@ -212,19 +233,14 @@ class OutputIndex:
             self.sweep, self.sweep_started = dict.fromkeys(totals, (None, "")), now
         name = next((name for name in self.sweep if name in self.datasets), None)
         if name is not None:
-            index = self.datasets[name]
-            after, newest = self.sweep[name]
-            caught = sweep(storage, index, after, SWEEP_NAMES, check, now=now, limit=MARKERS_PER_PASS)
-            newest = max(newest, caught.newest)
-            if caught.tainted:  # as `refresh` does: a sealed-away marker counted, so every marker is folded again
-                index, _ = refold(storage, index, check, now, totals[name])
-                self.datasets[name] = index
-            elif caught.more:
-                self.sweep[name] = (caught.after or after, newest)
+            index, cursor, _ = _listing_step(storage, self.datasets[name], self.sweep[name], totals[name],
+                                             MARKERS_PER_PASS, now, check)
+            self.datasets[name] = index
+            if cursor is not None:
+                self.sweep[name] = cursor
                 self.behind = True
                 return
-            settle_horizon(index, newest)
-            self._checkpoint(storage, index, now)
+            self._checkpoint(storage, index, now, self._count(name, None))  # listed to its end: counted too
             del self.sweep[name]
         if any(name in self.datasets for name in self.sweep):
             self.behind = True
@@ -232,14 +248,45 @@ class OutputIndex:
         self.last_full_listing = self.whole_since = self.sweep_started
         self.sweep = None
 
+    def _count(self, name: str, cursor: tuple[str | None, str] | None) -> bool:
+        """Where the counting of a dataset's markers goes on (None: it reached the end, the index has a horizon).
+        Whether a count spread over passes ended here."""
+        if cursor is not None:
+            self.counted[name] = cursor
+            self.behind = True  # the next step follows at once
+            return False
+        return self.counted.pop(name, None) is not None
+
     @staticmethod
-    def _checkpoint(storage: Storage, index: DatasetIndex, now: datetime) -> None:
-        if index.since_checkpoint < CHECKPOINT_EVERY:
+    def _checkpoint(storage: Storage, index: DatasetIndex, now: datetime, counted: bool = False) -> None:
+        """A checkpoint every CHECKPOINT_EVERY markers folded; and at the end of a count with at least that many, so
+        the newest has the horizon the count settled (one written mid-count has none: a restart from it would list
+        every name again, though it reads no marker it covers)."""
+        if index.since_checkpoint < CHECKPOINT_EVERY and not (counted and index.markers >= CHECKPOINT_EVERY):
             return
         try:
             write_checkpoint(storage, index, CHECKPOINT_WRITER, now, checkpoint_signer().key)
         except StorageError as error:  # the next reader reads more markers; nothing is wrong
             logger.warning("%s: could not write a checkpoint: %s", index.name, error)
+
+
+def _listing_step(storage: Storage, index: DatasetIndex, cursor: tuple[str | None, str], rows: int, limit: int,
+                  now: datetime, check: Callable[[], None]) -> tuple[DatasetIndex, tuple[str | None, str] | None, int]:
+    """One step of a listing of a dataset's markers from its first name, in steps of SWEEP_NAMES names: from
+    `cursor` (the last name listed, None for none; the newest time key listed so far), the markers the index lacks
+    folded, at most `limit` read. Returns the index (folded again from every marker when it counted a sealed-away
+    one, as `refresh` does), the cursor of the next step (None: the listing reached the end, and an index without a
+    horizon got one) and the markers read."""
+    after, newest = cursor
+    caught = sweep(storage, index, after, SWEEP_NAMES, check, now=now, limit=limit)
+    newest = max(newest, caught.newest)
+    if caught.tainted:
+        index, _ = refold(storage, index, check, now, rows)
+    elif caught.more:
+        return index, (caught.after or after, newest), caught.read
+    else:
+        settle_horizon(index, newest)
+    return index, None, caught.read
 
 
 def node_driver_major(kube: Kube, server: ServerSpec) -> int | None:
@@ -448,16 +495,20 @@ def observe_progress(storage: Storage, output: OutputIndex, now: datetime, start
                      stopped: Callable[[], bool] = never, full: bool = False,
                      expected_output: Mapping[str, float] | None = None,
                      ) -> tuple[ProgressFacts | None, RunManifest | None]:
-    """Progress from the markers against the run manifest's layout (None, None before a runner wrote one). `full`
-    before a decision that ends the run: every marker name is listed (in steps, a pass each: `listing_incomplete`
-    until the last), so a late PUT cannot make samples look missing. `expected_output`: the plan's mean output
-    tokens per dataset, for the ETA of one not yet begun."""
+    """Progress from the markers against the run manifest's layout (None, None before a runner wrote one; no
+    progress while `output.counting`: the markers of an index without a checkpoint are counted from the first in
+    steps, a pass each, and partial figures are not progress). `full` before a decision that ends the run: every
+    marker name is listed (in steps, a pass each: `listing_incomplete` until the last), so a late PUT cannot make
+    samples look missing. `expected_output`: the plan's mean output tokens per dataset, for the ETA of one not yet
+    begun."""
     manifest = read_manifest(storage)
     if manifest is None:
         return None, None
     lines = {name: layout.last_line for name, layout in manifest.datasets.items()}
     samples = {name: layout.samples for name, layout in manifest.datasets.items()}
     indexes = output.follow(storage, lines, now, full, stopped, samples)
+    if output.counting:
+        return None, manifest
     facts = progress_facts(indexes, manifest, now, started, expected_output)
     return (replace(facts, listing_incomplete=True) if output.incomplete else facts), manifest
 
