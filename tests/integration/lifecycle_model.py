@@ -25,14 +25,16 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import yaml
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from tokenmill_operator.decide.facts import JobState, Observed, ProgressFacts
-from tokenmill_operator.decide.lifecycle import decide
+from tokenmill_operator.decide.lifecycle import condition_status, decide
 from tokenmill_operator.decide.status import DatasetGenerationStatus
+from tokenmill_operator.observe import gather
 from tokenmill_operator.observe.gather import OutputIndex, observe_progress
 from tokenmill_runner.report.files import load_ledger
 from tokenmill_runner.report.validation import build_report
@@ -49,8 +51,9 @@ BAD_LINE = 5  # an invalid row: every run records its error, a final outcome of 
 KILL_POINTS = [None, "kill-after:data:1", "kill-after:errors:1", "kill-before:marker:2", "kill-after:marker:1",
                "kill-after:marker:3"]
 # The operator's passes once a Job ended, its full listing of the markers a step a pass (gather.SWEEP_NAMES names,
-# MARKERS_PER_PASS reads): a model's few markers take one or two.
-PASSES_TO_LIST = 20
+# MARKERS_PER_PASS reads): a model's few markers take one or two, or a few dozen at the bounds of
+# `operator_decides_the_job_ended` (a restarted operator counting them from the first).
+PASSES_TO_LIST = 200
 RUN_TIMEOUT_S = 180  # every run ends within this, whatever was done to it (the bound the model checks)
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_GIVEN_UP, EXIT_SERVERS_DOWN, EXIT_LEASE_LOST = 0, 1, 2, 3, 4, 6
 # The lease's periods for the model's runs: renewals every 2 s, so a watcher sees a live holder renew within 2 s and
@@ -112,8 +115,8 @@ def ended_run_passes(storage: LocalStorage, operator: OutputIndex,
     for _ in range(PASSES_TO_LIST):
         progress, manifest = observe_progress(storage, operator, now, now, full=True)
         yield progress, manifest
-        if progress is None or not progress.listing_incomplete:
-            return
+        if manifest is None or (progress is not None and not progress.listing_incomplete):
+            return  # (no progress but a run.json: the operator is counting the markers, `OutputIndex.counting`)
     raise AssertionError(f"the full listing did not end in {PASSES_TO_LIST} passes")
 
 
@@ -377,26 +380,49 @@ class LifecycleModel(RuleBasedStateMachine):
         assert code == EXIT_LEASE_LOST and "lease lost" in stderr, stderr[-1500:]
 
     @precondition(lambda self: (self.out / "run.json").exists())
-    @rule(restarted=st.booleans())
-    def operator_decides_the_job_ended(self, restarted: bool) -> None:
-        """The operator's pass (after a restart of the operator, or not) once the runner Job that wrote run.json
-        ended: Reporting only when settled, and a terminal decision holds no GPU."""
+    @rule(restarted=st.booleans(), running=st.integers(0, 3), bounded=st.booleans())
+    def operator_decides_the_job_ended(self, restarted: bool, running: int, bounded: bool) -> None:
+        """The operator's passes (after a restart of the operator, or not) once the runner Job that wrote run.json
+        ended, `running` of them before it ended: Reporting only when settled, and a terminal decision holds no GPU.
+        `bounded`: 2 marker reads and 3 names a pass, so a restarted operator's count of the markers from the first,
+        and the full listing, take passes of their own, the Job ending between them."""
         if restarted:
             self.operator = OutputIndex()
         now = datetime.now(UTC)
-        for progress, manifest in ended_run_passes(self.storage, self.operator, now):
-            assert manifest is not None and progress is not None
-            job = JobState(succeeded=1, complete=True, hash=manifest.spec_hash)
-            decision = decide(Observed(generation=1, now=now, suspended=False, previous=DatasetGenerationStatus(),
-                                       name="model", job=job, progress=progress))
-            # The full listing's steps, a pass each: nothing that ends the run is decided before the last.
-            assert not progress.listing_incomplete or (
-                not decision.write_report and decision.status.phase not in ("Succeeded", "Failed")), decision
+        bounds = dict(MARKERS_PER_PASS=2, SWEEP_NAMES=3) if bounded else {}
+        with mock.patch.multiple(gather, **bounds):  # type: ignore[arg-type]
+            for ordinal in range(running):
+                decision = self._operator_pass(now, full=False)
+                assert decision.status.phase not in ("Succeeded", "Failed") and not decision.write_report
+                if self.operator.counting:  # its Job began 30 minutes ago: partial figures would look stalled
+                    if ordinal == 0:
+                        self._note("operator_counting")
+                    assert condition_status(decision.status.conditions, "Stalled") != "True", decision
+                    assert decision.status.progress == DatasetGenerationStatus().progress, "no partial figures"
+            for progress, manifest in ended_run_passes(self.storage, self.operator, now):
+                decision = self._decide(now, progress, manifest, JobState(
+                    succeeded=1, complete=True, hash=manifest.spec_hash if manifest else None))
+                # The count's and the full listing's steps, a pass each: nothing that ends the run before the last.
+                assert not (progress is None or progress.listing_incomplete) or (
+                    not decision.write_report and decision.status.phase not in ("Succeeded", "Failed")), decision
         self._note("operator_decides")
         if decision.write_report:
             self._assert_settled("the operator decided to report")
         if decision.status.phase in ("Succeeded", "Failed"):
             assert decision.server_replicas == 0 and decision.delete_server, "a terminal run holds GPUs"
+
+    def _operator_pass(self, now: datetime, full: bool) -> Any:
+        """A pass of the operator while the runner Job runs (as far as it knows)."""
+        progress, manifest = observe_progress(self.storage, self.operator, now, now - timedelta(minutes=30), full=full)
+        return self._decide(now, progress, manifest, JobState(active=1, hash=manifest.spec_hash if manifest else None),
+                            started=now - timedelta(minutes=30))
+
+    def _decide(self, now: datetime, progress: ProgressFacts | None, manifest: RunManifest | None, job: JobState,
+                started: datetime | None = None) -> Any:
+        assert manifest is not None, "run.json was there"
+        return decide(Observed(generation=1, now=now, suspended=False, previous=DatasetGenerationStatus(),
+                               name="model", job=job, job_started=started, progress=progress,
+                               counting=progress is None and self.operator.counting))
 
     # -- invariants -------------------------------------------------------------------------------------------
     def _failures(self) -> int:

@@ -26,7 +26,8 @@ def test_the_lease_s_races_and_edited_sources_as_model_steps_keep_every_invarian
     # The steps in a fixed order (the random draw above may not reach them): a writer paused between a shard's data
     # and its marker and taken over, a live writer cut off from the store and taken over, two runs at once, a kill, a
     # same-size edit past the first 64 KiB and blank lines (refused over commits; settled over the line set on a
-    # dataset of its own), live intruders with skewed clocks, a lease from the future.
+    # dataset of its own), live intruders with skewed clocks, a lease from the future; an operator restarted while
+    # the Job runs, counting the markers from the first in steps of 2 reads until after the Job ended.
     from .lifecycle_model import Counts
 
     LifecycleModel.server_url = lifecycle_sim.url
@@ -36,6 +37,7 @@ def test_the_lease_s_races_and_edited_sources_as_model_steps_keep_every_invarian
              model.cut_off_writer_taken_over, model.two_runs_at_once,
              lambda: model.edit("a", 3, None, False), lambda: model.run("kill-after:data:1"),
              lambda: model.replace_or_restore_source("a", 3), model.run_to_the_end,
+             lambda: model.operator_decides_the_job_ended(True, 2, True),
              lambda: model.replace_or_restore_source("a", 0), lambda: model.replace_or_restore_source("b", 2),
              lambda: model.edit("b", 1, None, True), model.run_to_the_end,
              lambda: model.second_writer(90), lambda: model.second_writer(-90), model.lease_from_the_future,
@@ -48,7 +50,7 @@ def test_the_lease_s_races_and_edited_sources_as_model_steps_keep_every_invarian
         model.a_passing_report_means_every_slot_is_settled()
     reached = Counts.steps - before
     for step in ("paused_writer_taken_over", "cut_off_writer_taken_over", "same_size_edit", "blank_lines",
-                 "second_writer:+90s", "second_writer:-90s"):
+                 "second_writer:+90s", "second_writer:-90s", "operator_counting"):
         assert reached[step] == 1, (step, reached)
     manifest = read_manifest(model.storage)
     # b's blank line 4 is no slot; the one after its last row is past the layout's lines (13: 12 rows).

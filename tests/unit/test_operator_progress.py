@@ -69,8 +69,10 @@ def test_an_output_without_a_trusted_checkpoint_is_counted_in_bounded_steps_a_pa
     assert markers_read(storage) == ["w000-t-000009"] and progress.overall.completed == 100
     assert all(index.horizon for index in output.datasets.values()) and not output.counting, \
         "counted: each dataset has a horizon, and a pass lists what is new from there"
-    # Checkpoints were written while counting (every 5 markers here), which have no horizon; the count's end wrote one
-    # that has: an operator restarted with the same key starts from it and reads only what is new.
+    # No checkpoint while counting (every 5 markers here otherwise: it would have no horizon); the pass after the
+    # count's end wrote one that has: an operator restarted with the same key starts from it, reads only what is new.
+    newest = index_store.load_index(storage, "a", 1000, 1, gather.checkpoint_signer())
+    assert newest.markers == 8 and newest.horizon, "a checkpoint with the horizon the count settled"
     commit_lines(storage, "a", 10, range(91, 101), T0 + timedelta(minutes=13))
     storage.reset()
     restarted = OutputIndex()
@@ -276,8 +278,11 @@ def test_a_restarted_operator_starts_from_the_checkpoint_a_pass_wrote(tmp_path, 
     run_json(storage, {"a": 1000})
     for seq in range(1, 31):
         commit_lines(storage, "a", seq, range(seq * 10 - 9, seq * 10 + 1), T0 + timedelta(minutes=seq))
-    before, _ = observe_progress(storage, OutputIndex(), T0 + timedelta(minutes=31), T0)
-    assert len(list(storage.list("a/index/"))) == 1, "30 markers folded: a checkpoint was written"
+    output = OutputIndex()
+    before, _ = observe_progress(storage, output, T0 + timedelta(minutes=31), T0)  # counted in one step
+    assert not output.counting and not list(storage.list("a/index/")), "no checkpoint in the pass of a count"
+    observe_progress(storage, output, T0 + timedelta(minutes=31, seconds=1), T0)
+    assert len(list(storage.list("a/index/"))) == 1, "30 markers folded: the next pass wrote a checkpoint"
 
     commit_lines(storage, "a", 31, range(301, 311), T0 + timedelta(minutes=32))
     storage.reset()
