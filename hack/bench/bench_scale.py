@@ -245,6 +245,8 @@ def child_operator(uri: str, endpoint: str | None, samples: int, resources: int,
 
     result: dict[str, Any] = {"first": [p for o in outputs for p in caught_up(o, now)]}
     if cold:
+        # No checkpoint in the passes of a count: the operator's next pass writes it, with the count's horizon.
+        observe(outputs[0], now + timedelta(seconds=30))
         index = outputs[0].datasets[DATASET]
         if not list(storage.list(f"{DATASET}/index/")):  # fewer than CHECKPOINT_EVERY markers (a --quick size)
             write_checkpoint(storage, index, CHECKPOINT_WRITER, now, checkpoint_signer().key)
