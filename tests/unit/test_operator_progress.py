@@ -145,6 +145,9 @@ def until_whole(storage, output, now, passes: int = 20):
     for second in range(passes):
         storage.reset()
         progress, _ = observe_progress(storage, output, now + timedelta(seconds=second), T0, full=True)
+        if progress is None:  # an index counted from the first (`output.counting`): no figures before the end
+            seen.append((storage.listed, len(markers_read(storage)), None, True))
+            continue
         seen.append((storage.listed, len(markers_read(storage)), progress.overall.completed,
                      progress.listing_incomplete))
         if not progress.listing_incomplete:
@@ -213,6 +216,8 @@ def test_a_cold_index_listed_in_steps_gets_a_horizon_at_the_end(tmp_path, monkey
     output = OutputIndex()  # a restarted operator with no checkpoint, the Job already finished
     progress, seen = until_whole(storage, output, T0 + timedelta(minutes=1))
     assert progress.overall.completed == 70 and max(read for _, read, *_ in seen) <= 2, seen
+    assert len(seen) > 1 and all(completed is None for _, _, completed, _ in seen[:-1]), \
+        f"counted from the first: no partial figures before the listing's end: {seen}"
     assert output.datasets["a"].horizon, "the stepped listing from the first name leaves a horizon"
     storage.reset()
     observe_progress(storage, output, T0 + timedelta(minutes=2), T0)

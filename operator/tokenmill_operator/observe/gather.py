@@ -193,6 +193,8 @@ class OutputIndex:
             if index is None:
                 index = self.datasets[name] = load_index(storage, name, rows, per_prompt, checkpoint_signer(),
                                                                self.budget)
+                if not index.horizon:  # counted from the first: by the steps below, or by a full listing's
+                    self.counted[name] = (None, "")
             else:
                 index.ledger.widen(per_prompt)
                 index.ledger.reserve(rows * index.ledger.samples_per_prompt)
