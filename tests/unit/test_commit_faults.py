@@ -96,3 +96,34 @@ def test_a_stall_holds_every_later_write_until_its_release_file_exists(tmp_path)
     stdout, _ = writer.communicate(timeout=120)
     assert writer.returncode == 0 and stdout.count("committed") == 3
     assert len(committed_shards(storage, "d")) == 3
+
+
+# A writer thread reaches a pause point while the main thread waits (as the event loop does in epoll), then writes.
+PAUSED_WRITER = """
+import pathlib, sys, threading, time
+from tokenmill_runner.store.faults import points
+
+def write() -> None:
+    points().after("data", "k")
+    pathlib.Path(sys.argv[1]).touch()  # the write the pause must come before
+
+threading.Thread(target=write).start()
+time.sleep(0.5)
+"""
+
+
+def test_a_pause_stops_the_writing_thread_before_its_next_write(tmp_path):
+    # kill(getpid(), SIGSTOP) from a writer thread handed the stop to the main thread and the writer went on past its
+    # next write (22 of 30 times on the 2-core machine): a "paused" writer had written its marker
+    # (test_hidden_states.py's capture pass taken over failed so in CI). The stop is sent to the writing thread.
+    for attempt in range(10):
+        written = tmp_path / f"after-{attempt}"
+        process = subprocess.Popen([sys.executable, "-c", PAUSED_WRITER, str(written)],
+                                   env={**os.environ, FAULT_ENV: "pause-after:data:1"}, stderr=subprocess.DEVNULL)
+        try:
+            _, status = os.waitpid(process.pid, os.WUNTRACED)
+            assert os.WIFSTOPPED(status)
+            assert not written.exists(), f"attempt {attempt}: the paused writer wrote after its pause point"
+        finally:
+            process.send_signal(signal.SIGCONT)
+        assert process.wait(timeout=30) == 0 and written.exists()
