@@ -598,7 +598,8 @@ class Runner:
             if isinstance(item, RowError):
                 self._record_errors(state, item, indices, now)
                 continue
-            first = state.duplicates.first_of(item.line, id_hash(item.sample_id))
+            # Most sources repeat no id: then neither the id's hash nor the lookup is done on the loop.
+            first = state.duplicates.first_of(item.line, id_hash(item.sample_id)) if state.duplicates else None
             if first is not None:
                 self._record_errors(state, duplicate_error(item.line, item.sample_id, first), indices, now)
                 continue
