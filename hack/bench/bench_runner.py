@@ -12,13 +12,21 @@ Reported per pass: CPU per sample (the process's CPU around the work, start-up a
 event loop's thread, which bounds one worker's rate), samples/s (wall), the simulator's CPU per sample, and the
 paired ratios tokenmill / bare. Goals (issue 44): CPU <= x1.5, samples/s >= the bare client's.
 
+Then `--together` repetitions run both clients at once, each against a simulator of its own (swapped every
+repetition), the bare client posting its bodies over and over for exactly as long as tokenmill's run lasts. This
+machine's speed drifts (a fixed Python loop's CPU time moves x1.2-x1.9 within a minute here), and passes in turn
+pair two moments of it; passes at once share every moment, so their CPU ratio is the steadier measure. Their
+samples/s are not the goal's (four processes share two cores).
+
     .venv/bin/python hack/bench/bench_runner.py [--samples 20000] [--samples-per-prompt 1] [--concurrency 256]
+                                                [--reps 3] [--together 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import logging
 import os
@@ -84,7 +92,10 @@ def write_workload(folder: Path, samples: int, max_new_tokens: int, per_prompt: 
 
 # --- the children -------------------------------------------------------------------------------------------------
 
-def child_tokenmill(spec_path: str, url: str, concurrency: int, bodies_out: str) -> dict[str, Any]:
+def child_tokenmill(spec_path: str, url: str, concurrency: int, bodies_out: str,
+                    window: str | None = None) -> dict[str, Any]:
+    """`window`: a folder where the run's start (`go`) and end (`stop`) are marked for a bare client running at
+    the same time."""
     from tokenmill_runner.generate.client import GenerateClient
     from tokenmill_runner.prepare import prepare
     from tokenmill_runner.spec.config import RunnerConfig
@@ -112,11 +123,16 @@ def child_tokenmill(spec_path: str, url: str, concurrency: int, bodies_out: str)
 
     async def go() -> dict[str, Any]:
         runner = await prepare(config, api_key=None)
+        if window:
+            (Path(window) / "go").touch()
         wall, cpu, loop_cpu = time.perf_counter(), time.process_time(), time.thread_time()
         with stream_settings():  # as `tokenmill run` does
             summary = await runner.run()
-        return {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu,
-                "loop_cpu_s": time.thread_time() - loop_cpu, "samples": summary.datasets[0].generated}
+        result = {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu,
+                  "loop_cpu_s": time.thread_time() - loop_cpu, "samples": summary.datasets[0].generated}
+        if window:
+            (Path(window) / "stop").touch()
+        return result
 
     with asyncio.Runner(loop_factory=_loop_factory()) as loop:  # the loop `tokenmill run` runs on
         result = loop.run(go())
@@ -124,28 +140,47 @@ def child_tokenmill(spec_path: str, url: str, concurrency: int, bodies_out: str)
     return result
 
 
-def child_bare(url: str, bodies_path: str, concurrency: int, loop_name: str) -> dict[str, Any]:
+def child_bare(url: str, bodies_path: str, concurrency: int, loop_name: str,
+               window: str | None = None) -> dict[str, Any]:
+    """Every body posted once; with a `window` (see child_tokenmill), the bodies over and over from its `go` to its
+    `stop`, each request in flight at `stop` finished and counted."""
     import aiohttp
     import orjson
 
     bodies = Path(bodies_path).read_bytes().split(b"\n")
 
+    async def marked(name: str) -> None:
+        assert window is not None
+        while not (Path(window) / name).exists():
+            await asyncio.sleep(0.02)
+
     async def go() -> dict[str, Any]:
         answers: list[Any] = []
-        queue = iter(bodies)
+        queue = iter(bodies) if window is None else itertools.cycle(bodies)
         connector = aiohttp.TCPConnector(limit=concurrency)
         async with aiohttp.ClientSession(connector=connector, headers={"Content-Type": "application/json"},
                                          timeout=aiohttp.ClientTimeout(total=3600)) as session:
+            stopped = False
+
             async def worker() -> None:
                 for body in queue:
+                    if stopped:
+                        return
                     async with session.post(f"{url}/generate", data=body) as response:
                         answers.append(orjson.loads(await response.read()))
 
+            async def stop() -> None:
+                nonlocal stopped
+                await marked("stop")
+                stopped = True
+
+            if window is not None:
+                await marked("go")
             wall, cpu, loop_cpu = time.perf_counter(), time.process_time(), time.thread_time()
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            await asyncio.gather(*(worker() for _ in range(concurrency)), *([stop()] if window else []))
             result = {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu,
                       "loop_cpu_s": time.thread_time() - loop_cpu}
-        assert len(answers) == len(bodies) and all("output_ids" in a for a in answers)
+        assert (window is not None or len(answers) == len(bodies)) and all("output_ids" in a for a in answers)
         return {**result, "samples": len(answers)}
 
     import uvloop
@@ -160,21 +195,31 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+class Child:
+    """A child pass in its own process, and the simulator's CPU while it runs (the simulator shares the two cores:
+    the rate a client reaches is bounded by the client's and the server's CPU per sample together)."""
+
+    def __init__(self, simulator: int, *args: str) -> None:
+        self.simulator, self.kind = simulator, args[0]
+        self.out = tempfile.TemporaryFile()
+        self.served = process_cpu_s(simulator)
+        self.process = subprocess.Popen([sys.executable, __file__, "child", *args], stdout=self.out)
+
+    def result(self) -> dict[str, Any]:
+        """Its answer, plus its whole process's CPU (start-up included) and peak RSS from wait4."""
+        _, status, usage = os.wait4(self.process.pid, 0)
+        served = process_cpu_s(self.simulator) - self.served
+        with self.out:
+            self.out.seek(0)
+            text = self.out.read().decode()
+        if os.waitstatus_to_exitcode(status) != 0:
+            raise SystemExit(f"child {self.kind} failed: {text[-2000:]}")
+        return {**json.loads(text.strip().splitlines()[-1]), "process_cpu_s": usage.ru_utime + usage.ru_stime,
+                "peak_rss_mib": usage.ru_maxrss / 1024, "simulator_cpu_s": served}
+
+
 def run_child(simulator: int, *args: str) -> dict[str, Any]:
-    """A child pass; its answer, plus its whole process's CPU (start-up included) and peak RSS from wait4, and the
-    simulator's CPU over the pass (it shares the two cores: the rate both clients reach is bounded by the client's
-    and the server's CPU per sample together)."""
-    with tempfile.TemporaryFile() as out:
-        served = process_cpu_s(simulator)
-        process = subprocess.Popen([sys.executable, __file__, "child", *args], stdout=out)
-        _, status, usage = os.wait4(process.pid, 0)
-        served = process_cpu_s(simulator) - served
-        out.seek(0)
-        text = out.read().decode()
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"child {args[0]} failed: {text[-2000:]}")
-    return {**json.loads(text.strip().splitlines()[-1]), "process_cpu_s": usage.ru_utime + usage.ru_stime,
-            "peak_rss_mib": usage.ru_maxrss / 1024, "simulator_cpu_s": served}
+    return Child(simulator, *args).result()
 
 
 # --- the parent ---------------------------------------------------------------------------------------------------
@@ -191,13 +236,17 @@ def main() -> None:
     parser.add_argument("--time-scale", type=float, default=20000.0)
     parser.add_argument("--profile", default=None, help="the simulator's length profile (default: its own)")
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--together", type=int, default=3,
+                        help="repetitions with both clients at once, each on a simulator of its own")
     parser.add_argument("--bare-loop", choices=("asyncio", "uvloop"), default="asyncio",
                         help="the bare client's event loop (asyncio's: the baseline of perf-f9665d2 and issue 44)")
     parser.add_argument("--json", help="write every pass's figures here")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     simulator, url = start_simulator(args.concurrency, args.time_scale, args.profile)
+    second: subprocess.Popen | None = None  # the together passes' other simulator
     passes: list[dict[str, Any]] = []
+    together: list[dict[str, Any]] = []
     try:
         with tempfile.TemporaryDirectory(prefix="tokenmill-bench-runner-") as tmp:
             bodies = Path(tmp) / "bodies.jsonl"  # the first tokenmill pass's; every pass sends the same (seeded)
@@ -219,12 +268,32 @@ def main() -> None:
                     other = bare()
                     passes.append({"tokenmill": tokenmill(rep), "bare": other})
                 assert passes[-1]["tokenmill"]["samples"] == passes[-1]["bare"]["samples"] == args.samples, passes
+            sims: list[tuple[subprocess.Popen, str]] = [(simulator, url)]
+            if args.together:
+                second, second_url = start_simulator(args.concurrency, args.time_scale, args.profile)
+                sims.append((second, second_url))
+            for rep in range(args.together):
+                window = Path(tmp) / f"window{rep}"
+                window.mkdir()
+                spec = write_workload(Path(tmp) / f"together{rep}", args.samples // args.samples_per_prompt,
+                                      args.max_new_tokens, args.samples_per_prompt)
+                servers = sims[::1 if rep % 2 == 0 else -1]
+                bare_pass = Child(servers[1][0].pid, "bare", servers[1][1], str(bodies), str(args.concurrency),
+                                  args.bare_loop, str(window))
+                tokenmill_pass = Child(servers[0][0].pid, "tokenmill", str(spec), servers[0][1],
+                                       str(args.concurrency), str(Path(tmp) / "unused.jsonl"), str(window))
+                together.append({"tokenmill": tokenmill_pass.result(), "bare": bare_pass.result()})
+                assert together[-1]["tokenmill"]["samples"] == args.samples, together
     finally:
-        simulator.terminate()
-        simulator.wait()
+        for server in (simulator, second):
+            if server is not None:
+                server.terminate()
+                server.wait()
     report(args, passes)
+    if together:
+        report_together(together)
     if args.json:
-        Path(args.json).write_text(json.dumps(passes, indent=1))
+        Path(args.json).write_text(json.dumps({"in_turn": passes, "together": together}, indent=1))
 
 
 def _spread(values: list[float], fmt: str = "{:.3f}") -> str:
@@ -260,13 +329,25 @@ def report(args: argparse.Namespace, passes: list[dict[str, Any]]) -> None:
           f"{_spread(bound['tokenmill'], '{:.0f}')}/s, bare {_spread(bound['bare'], '{:.0f}')}/s")
 
 
+def report_together(together: list[dict[str, Any]]) -> None:
+    """Both clients at once: each one's own samples (the bare client's are as many as it answered in the window)."""
+    def per_sample(kind: str, key: str) -> list[float]:
+        return [p[kind][key] / p[kind]["samples"] * 1000 for p in together]
+
+    print(f"at once, each on its own simulator (swapped every repetition), over {len(together)} repetitions:")
+    for label, key in (("CPU ms per sample", "cpu_s"), ("  of it on the event loop's thread", "loop_cpu_s")):
+        print(f"{label:<32}{_spread(per_sample('tokenmill', key)):>26}{_spread(per_sample('bare', key)):>26}")
+    cpu = [t / b for t, b in zip(per_sample("tokenmill", "cpu_s"), per_sample("bare", "cpu_s"), strict=True)]
+    print(f"paired tokenmill / bare at once: CPU per sample x{_spread(cpu, '{:.2f}')} (goal <= x1.5)")
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "child":
         kind, rest = sys.argv[2], sys.argv[3:]
         if kind == "tokenmill":
-            answer = child_tokenmill(rest[0], rest[1], int(rest[2]), rest[3])
+            answer = child_tokenmill(rest[0], rest[1], int(rest[2]), rest[3], *rest[4:5])
         else:
-            answer = child_bare(rest[0], rest[1], int(rest[2]), rest[3])
+            answer = child_bare(rest[0], rest[1], int(rest[2]), rest[3], *rest[4:5])
         print(json.dumps(answer))
     else:
         main()
