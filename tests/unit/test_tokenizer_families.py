@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from tests.reference.families import FIXTURES, PROMPTS, VARIANTS, Variant
+from tokenmill_runner.render import segments
 from tokenmill_runner.render.pretokenize import PromptEncoder, TokenizerError, describe_tokenizer, load_tokenizer
 from tokenmill_runner.source.prompts import Prompt, RowError
 
@@ -23,11 +24,20 @@ def prompts() -> list[Prompt]:
     return [Prompt(i + 1, row["sample_id"], row["messages"], row.get("tools")) for i, row in enumerate(rows)]
 
 
+@pytest.mark.parametrize("by_pieces", [False, True], ids=["checked", "by-pieces"])
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
-def test_prompt_ids_equal_the_family_reference(variant: Variant, reference: dict) -> None:
+def test_prompt_ids_equal_the_family_reference(variant: Variant, by_pieces: bool, reference: dict,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both ways a fast tokenizer's prompts are encoded: a run's first texts, whole and checked against their pieces,
+    and every later text, by its pieces between added tokens (render/segments.py)."""
     expected = reference["fixtures"][variant.name]["results"]
     tokenizer = load_tokenizer(str(variant.path), variant.trust_remote_code)
-    encoded = PromptEncoder(tokenizer).encode_batch(prompts(), variant.kwargs)
+    if by_pieces:
+        monkeypatch.setattr(segments, "CHECKED_TEXTS", 0)
+    encoder = PromptEncoder(tokenizer)
+    encoded = encoder.encode_batch(prompts(), variant.kwargs)
+    if by_pieces and variant.family not in ("kimi-k2.5", "mistral-tekken"):  # their own code encodes, not Rust
+        assert encoder._segments is not None and encoder._segments._trusted
     for prompt, ids in zip(prompts(), encoded, strict=True):
         want = expected[prompt.sample_id]
         if "error" in want:

@@ -17,6 +17,7 @@ from ..source.prompts import Prompt, RowError
 from ..store.storage import StorageRetry, open_storage, write_atomic
 from .chat_render import ChatRenderer
 from .content_format import flatten, template_content_format
+from .segments import SegmentEncoder
 from .tokenizer_info import TokenizerInfo
 from .tokenizers_compat import SPEC_ALLOWS_REMOTE_CODE, TokenizerError, is_fast, load_folder_tokenizer
 
@@ -217,6 +218,8 @@ class PromptEncoder:
             template = template.get("default")
         self.content_format = template_content_format(template if isinstance(template, str) else None)
         self.renderer = ChatRenderer(tokenizer)
+        backend: Any = getattr(tokenizer, "backend_tokenizer", None)
+        self._segments = SegmentEncoder.for_backend(backend) if self.fast and backend is not None else None
 
     def _messages(self, prompt: Prompt) -> list[dict[str, Any]]:
         return flatten(prompt.messages, self.content_format)
@@ -251,9 +254,12 @@ class PromptEncoder:
     def _encode_texts(self, texts: list[str]) -> list[list[int]]:
         """The ids of rendered texts, no special tokens added. Straight through the Rust tokenizer's batch encoding
         without offsets (`encode_batch_fast`: the same ids for half the CPU, which the runner spends per prompt)
-        when it has that call and no truncation or padding of its own; else through the transformers call."""
+        when it has that call and no truncation or padding of its own, the text between added tokens encoded once
+        per distinct piece where the tokenizer allows (segments.py); else through the transformers call."""
         backend: Any = getattr(self.tokenizer, "backend_tokenizer", None)
         fast = getattr(backend, "encode_batch_fast", None)
         if fast is not None and backend.truncation is None and backend.padding is None:
+            if self._segments is not None:
+                return self._segments.encode(texts)
             return [encoding.ids for encoding in fast(texts, add_special_tokens=False)]
         return list(self.tokenizer(texts, add_special_tokens=False)["input_ids"])
