@@ -79,7 +79,7 @@ def test_tokenizers_whose_pieces_depend_on_their_place_are_encoded_whole(why: st
 
 
 def test_the_cache_of_pieces_stays_within_its_bound_and_the_ids_stay_exact(monkeypatch) -> None:
-    monkeypatch.setattr(segments, "CACHE_CHARS", 400)
+    monkeypatch.setattr(segments, "CACHE_IDS", 200)
     monkeypatch.setattr(segments, "CHECKED_TEXTS", 0)
     backend = load_tokenizer(str(DEMO)).backend_tokenizer
     encoder = SegmentEncoder.for_backend(backend)
@@ -89,7 +89,7 @@ def test_the_cache_of_pieces_stays_within_its_bound_and_the_ids_stay_exact(monke
     for start in range(0, len(texts), 16):
         batch = texts[start:start + 16]
         assert encoder.encode(batch) == whole(backend, batch)
-        assert encoder._chars <= 400 and sum(len(piece) for piece in encoder._pieces) == encoder._chars
-    # A piece longer than the whole cache is encoded and never kept.
-    long = f"{token}{'x' * 500}{token}"
-    assert encoder.encode([long]) == whole(backend, [long]) and "x" * 500 not in encoder._pieces
+        assert encoder._kept <= 200 and sum(len(ids) for ids in encoder._pieces.values()) == encoder._kept
+    # A piece of more ids than the whole cache holds is encoded and never kept.
+    long = f"{token}{'x y ' * 250}{token}"
+    assert encoder.encode([long]) == whole(backend, [long]) and "x y " * 250 not in encoder._pieces

@@ -25,9 +25,10 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-# The pieces kept: at most this many characters of piece text in all (their ids take ~9 bytes a character at most);
-# past it the cache starts again, so a source of unique long prompts costs a lookup a piece, never memory.
-CACHE_CHARS = 1 << 20
+# The pieces kept: at most this many of their ids in all (~36 bytes an id as Python ints: under 10 MB, plus the
+# pieces' text, about 4 characters an id); past it the cache starts again, so a source of unique long prompts costs
+# a lookup a piece, never memory.
+CACHE_IDS = 1 << 18
 CHECKED_TEXTS = 64  # texts encoded both ways before the pieces are trusted
 
 
@@ -48,7 +49,7 @@ class SegmentEncoder:
         # Longest first: at the leftmost position a token occurs, the longest one there is cut (leftmost-longest).
         self._cut = re.compile("(" + "|".join(re.escape(text) for text in sorted(added, key=len, reverse=True)) + ")")
         self._pieces: dict[str, list[int]] = {}
-        self._chars = 0
+        self._kept = 0  # ids in the cache
         self._checked = 0
         self._trusted = True
         self._lock = threading.Lock()  # the check's count and the cache's filling; reads take the dict as it is
@@ -119,10 +120,10 @@ class SegmentEncoder:
         return out
 
     def _keep(self, pieces: list[str], found: dict[str, list[int]]) -> None:
-        chars = sum(len(piece) for piece in pieces)
-        if self._chars + chars > CACHE_CHARS:
+        ids = sum(len(found[piece]) for piece in pieces)
+        if self._kept + ids > CACHE_IDS:
             self._pieces = {}
-            self._chars = 0
-        if chars <= CACHE_CHARS:
+            self._kept = 0
+        if ids <= CACHE_IDS:
             self._pieces.update((piece, found[piece]) for piece in pieces)
-            self._chars += chars
+            self._kept += ids
